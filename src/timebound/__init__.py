@@ -1,0 +1,46 @@
+"""timebound: one deadline model for Python.
+
+A deadline enters with a request, and every scope, retry, pipeline region, workflow node,
+deferred operation, outgoing call and database query under it sees the smallest remaining budget.
+"""
+
+from ._core._deadline import Deadline
+from ._core._durations import Duration
+from ._core._errors import ConfigurationError, DeadlineExceeded, RetryExhausted, TimeboundError
+from ._core._scopes import (
+    CancelScope,
+    acheckpoint,
+    checkpoint,
+    current_deadline,
+    fail_after,
+    fail_at,
+    inherit_deadline,
+    move_on_after,
+    move_on_at,
+    no_deadline,
+    remaining,
+    spawn_background,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CancelScope",
+    "ConfigurationError",
+    "Deadline",
+    "DeadlineExceeded",
+    "Duration",
+    "RetryExhausted",
+    "TimeboundError",
+    "acheckpoint",
+    "checkpoint",
+    "current_deadline",
+    "fail_after",
+    "fail_at",
+    "inherit_deadline",
+    "move_on_after",
+    "move_on_at",
+    "no_deadline",
+    "remaining",
+    "spawn_background",
+]

@@ -1,0 +1,73 @@
+"""Durations: seconds, ``timedelta`` and Constellation duration strings (DECISIONS D1.2)."""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import timedelta
+
+from ._errors import ConfigurationError
+
+__all__ = ["Duration", "format_duration", "parse_duration", "to_seconds"]
+
+#: What the Python API accepts wherever it takes a duration.
+Duration = float | int | timedelta | str
+
+# Integer, no space, no fraction; units as the Constellation language spells them.
+_UNITS_MS = {"ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+_DURATION_RE = re.compile(r"(\d+)(ms|s|min|h|d)")
+
+
+def parse_duration(text: str, *, option: str = "duration") -> float:
+    """Parse ``250ms``, ``5s``, ``2min``, ``1h``, ``1d`` into seconds.
+
+    Raises :class:`ConfigurationError` naming ``option`` for anything else.
+    """
+    m = _DURATION_RE.fullmatch(text)
+    if m is None:
+        raise ConfigurationError(
+            f"invalid {option} {text!r}: expected an integer followed by ms, s, min, h or d "
+            f"(e.g. '250ms', '5s'), with no space or fraction",
+            option=option,
+        )
+    return int(m.group(1)) * _UNITS_MS[m.group(2)] / 1000
+
+
+def to_seconds(value: Duration, *, option: str = "duration", allow_zero: bool = True) -> float:
+    """Convert any accepted duration form to float seconds, validating it.
+
+    Negative, NaN and (unless ``allow_zero``) zero values raise :class:`ConfigurationError`
+    naming ``option``. ``math.inf`` is accepted and means "no bound".
+    """
+    if isinstance(value, bool):
+        raise ConfigurationError(f"{option} must be a duration, not a bool", option=option)
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, str):
+        seconds = parse_duration(value, option=option)
+    else:
+        raise ConfigurationError(
+            f"{option} must be seconds, a timedelta or a string like '250ms', "
+            f"not {type(value).__name__}",
+            option=option,
+        )
+    if math.isnan(seconds):
+        raise ConfigurationError(f"{option} must not be NaN", option=option)
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigurationError(f"{option} must be {bound}, got {value!r}", option=option)
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """Render seconds the way people read them: ``250ms``, ``5s``, ``1.5s``, ``2min``."""
+    if math.isinf(seconds):
+        return "never"
+    ms = seconds * 1000
+    if ms < 1000:
+        return f"{ms:.0f}ms" if abs(ms - round(ms)) < 1e-6 else f"{ms:.3g}ms"
+    if seconds < 60 or not float(seconds / 60).is_integer():
+        return f"{seconds:g}s"
+    return f"{seconds / 60:g}min"

@@ -1,0 +1,157 @@
+"""The error hierarchy (DECISIONS D2): one root, builtin bases callers already catch, picklable."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any, Literal
+
+__all__ = [
+    "ConfigurationError",
+    "DeadlineExceeded",
+    "RetryExhausted",
+    "Source",
+    "TimeboundError",
+]
+
+#: Which bound fired (D2.1).
+Source = Literal[
+    "scope",
+    "attempt",
+    "total",
+    "inherited",
+    "propagated",
+    "region",
+    "workflow",
+    "node",
+    "synchronization",
+    "deferred",
+]
+
+SOURCES: frozenset[str] = frozenset(
+    (
+        "scope",
+        "attempt",
+        "total",
+        "inherited",
+        "propagated",
+        "region",
+        "workflow",
+        "node",
+        "synchronization",
+        "deferred",
+    )
+)
+
+
+class TimeboundError(Exception):
+    """Root of every error timebound raises. ``code`` is stable for storage, UIs and CLIs."""
+
+    code = "timebound-error"
+
+
+class ConfigurationError(TimeboundError, ValueError):
+    """An option was invalid when a scope or policy was built. ``option`` names it."""
+
+    code = "configuration-error"
+
+    def __init__(self, message: str, *, option: str | None = None) -> None:
+        super().__init__(message)
+        self.option = option
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_configuration_error, (str(self), self.option))
+
+
+def _rebuild_configuration_error(message: str, option: str | None) -> ConfigurationError:
+    return ConfigurationError(message, option=option)
+
+
+def _format_seconds(seconds: float) -> str:
+    if seconds >= 1 and float(seconds).is_integer():
+        return f"{int(seconds)}s"
+    if seconds < 1:
+        ms = seconds * 1000
+        return f"{int(ms)}ms" if float(ms).is_integer() else f"{ms:.3g}ms"
+    return f"{seconds:.3g}s"
+
+
+class DeadlineExceeded(TimeboundError, TimeoutError):
+    """A deadline was reached. Also a builtin ``TimeoutError``.
+
+    ``source`` says which bound fired (``scope``, ``attempt``, ``total``, ``inherited``,
+    ``propagated``, ``region``, ``workflow``, ``node``, ``synchronization``, ``deferred``);
+    ``timeout`` is the relative budget in seconds when known; ``deadline`` is the
+    :class:`~timebound.Deadline` that was reached, when known.
+    """
+
+    code = "deadline-exceeded"
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        source: str = "scope",
+        timeout: float | None = None,
+        deadline: Any = None,
+        what: str | None = None,
+    ) -> None:
+        if source not in SOURCES:
+            raise ValueError(f"unknown deadline source {source!r}")
+        if message is None:
+            finite = timeout is not None and math.isfinite(timeout)
+            if what is not None:
+                message = (
+                    f"{what} timed out after {_format_seconds(timeout)} ({source} deadline)"
+                    if finite and timeout is not None
+                    else f"{what} timed out ({source} deadline exceeded)"
+                )
+            elif finite and timeout is not None:
+                message = f"{source} deadline of {_format_seconds(timeout)} exceeded"
+            else:
+                message = f"{source} deadline exceeded"
+        super().__init__(message)
+        self.source = source
+        self.timeout = timeout
+        self.deadline = deadline
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_deadline_exceeded,
+            (str(self), self.source, self.timeout, self.deadline),
+        )
+
+
+def _rebuild_deadline_exceeded(
+    message: str, source: str, timeout: float | None, deadline: Any
+) -> DeadlineExceeded:
+    return DeadlineExceeded(message, source=source, timeout=timeout, deadline=deadline)
+
+
+class RetryExhausted(TimeboundError):
+    """Every attempt failed (D3.1). ``attempts`` counts them; ``errors`` holds each attempt's error."""
+
+    code = "retry-exhausted"
+
+    def __init__(
+        self, errors: Sequence[BaseException], *, what: str | None = None, message: str | None = None
+    ) -> None:
+        self.errors: list[BaseException] = list(errors)
+        self.attempts = len(self.errors)
+        self.what = what
+        if message is None:
+            subject = what or "call"
+            lines = [f"{subject} failed after {self.attempts} attempts"]
+            for i, err in enumerate(self.errors, 1):
+                lines.append(f"  attempt {i}: {type(err).__name__}: {err}")
+            message = "\n".join(lines)
+        super().__init__(message)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_retry_exhausted, (self.errors, self.what, str(self)))
+
+
+def _rebuild_retry_exhausted(
+    errors: list[BaseException], what: str | None, message: str
+) -> RetryExhausted:
+    return RetryExhausted(errors, what=what, message=message)

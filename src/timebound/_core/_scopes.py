@@ -1,0 +1,745 @@
+"""Deadline scopes and the effective deadline (DECISIONS D1, D2).
+
+The effective deadline lives in one context variable, ``_frame``, holding the innermost *frame*.
+A frame is either a :class:`CancelScope` (``fail_*``/``move_on_*``; cancels work at its deadline) or
+a :class:`_Bound` (a deadline that is only *visible*: one inherited from a request, or the blocker
+``no_deadline()``). Every frame stores the minimum over its enclosing frames when it is entered,
+so ``current_deadline()`` and ``remaining()`` read one attribute at any depth.
+
+Because the frame lives in a context variable, asyncio child tasks and ``asyncio.to_thread``
+workers see it (they copy the context); ``spawn_background`` gives a task a clean one.
+
+Cancellation in asyncio
+-----------------------
+A scope cancels only the task that entered it (child tasks *see* its deadline; a TaskGroup
+cancels them when the parent's error propagates). Each task keeps one :class:`_TaskTimer` with a
+single loop timer, armed at the earliest deadline any of its frames needs. Entering a scope
+whose deadline is later than the armed timer creates no timer at all; the timer, when it fires,
+re-reads the task's innermost frame and re-arms if nothing is due yet (so it may wake early, but
+never declares expiry early, D1.3). Only the binding deadline arms a timer.
+
+The frame that must *catch* a firing deadline is its ``catcher``: the outermost scope of this task
+whose effective deadline is the one that fired. It cancels its task, and at exit tells its own
+cancellation from anybody else's by the task's cancel count (as ``asyncio.timeout`` does), so an
+explicit cancel, an outer deadline and its own deadline are never confused (D2.2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import math
+import sys
+from collections.abc import Coroutine
+from types import TracebackType
+from typing import Any, Final, TypeVar
+
+from . import _clock
+from ._deadline import Deadline
+from ._durations import Duration, format_duration, to_seconds
+from ._errors import ConfigurationError, DeadlineExceeded
+
+__all__ = [
+    "CancelScope",
+    "acheckpoint",
+    "checkpoint",
+    "current_deadline",
+    "fail_after",
+    "fail_at",
+    "inherit_deadline",
+    "move_on_after",
+    "move_on_at",
+    "no_deadline",
+    "remaining",
+    "spawn_background",
+]
+
+_T = TypeVar("_T")
+_INF: Final = math.inf
+_get_running_loop = asyncio._get_running_loop
+_current_task = asyncio.current_task
+_CancelledError = asyncio.CancelledError
+
+# Marks the one cancel request a scope made, so it can be told apart from any other.
+_CANCEL_MSG: Final = "timebound: deadline reached"
+
+
+class _Frame:
+    """Common shape of every entry in the deadline context.
+
+    ``eff``/``binder``: the visible effective deadline and the frame that owns it.
+    ``c_task``/``c_at``/``c_binder``/``catcher``: the cancellation chain for ``c_task``: when it
+    must be cancelled, which bound that is, and which scope of that task catches it.
+    """
+
+    __slots__ = (
+        "_own",
+        "_source",
+        "_timeout",
+        "binder",
+        "c_at",
+        "c_binder",
+        "c_task",
+        "catcher",
+        "eff",
+    )
+
+    _own: float
+    _source: str
+    _timeout: float | None
+    eff: float
+    binder: _Frame | None
+    c_task: asyncio.Task[Any] | None
+    c_at: float
+    c_binder: _Frame | None
+    catcher: CancelScope | None
+
+    def _deadline_error(self, what: str | None = None) -> DeadlineExceeded:
+        """The error that reports this frame's own deadline."""
+        err = DeadlineExceeded(
+            source=self._source,
+            timeout=self._timeout,
+            deadline=Deadline(self._own),
+            what=what,
+        )
+        err._timebound_binder = self  # type: ignore[attr-defined]
+        return err
+
+
+class _Root(_Frame):
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        self._own = _INF
+        self._source = "scope"
+        self._timeout = None
+        self.eff = _INF
+        self.binder = None
+        self.c_task = None
+        self.c_at = _INF
+        self.c_binder = None
+        self.catcher = None
+
+
+_ROOT: Final = _Root()
+_frame: contextvars.ContextVar[_Frame] = contextvars.ContextVar("timebound.frame", default=_ROOT)
+
+
+class _TaskTimer:
+    """One loop timer per asyncio task, shared by all its scopes."""
+
+    __slots__ = ("armed_at", "handle", "loop", "task", "top")
+
+    def __init__(self, task: asyncio.Task[Any], loop: asyncio.AbstractEventLoop) -> None:
+        self.task = task
+        self.loop = loop
+        self.top: _Frame = _ROOT
+        self.armed_at = _INF
+        self.handle: asyncio.TimerHandle | None = None
+        # The timer outlives scopes on purpose; it must not outlive the task.
+        task.add_done_callback(self._task_done)
+
+    def arm(self, when: float) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+        self.armed_at = when
+        self.handle = self.loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self.handle = None
+        self.armed_at = _INF
+        top = self.top
+        catcher = top.catcher
+        if catcher is None or top.c_task is not self.task or self.task.done():
+            return
+        due = top.c_at
+        if due == _INF:
+            return
+        if _clock.now() >= due:
+            catcher._fire(top.c_binder)
+        else:
+            # Woke early (cpython#127859, uvloop's ms rounding): re-arm, never expire early.
+            self.arm(due)
+
+    def _task_done(self, _task: object) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+        self.top = _ROOT
+
+
+_task_timer: contextvars.ContextVar[_TaskTimer | None] = contextvars.ContextVar(
+    "timebound.task_timer", default=None
+)
+
+
+def _timer_for(task: asyncio.Task[Any], loop: asyncio.AbstractEventLoop) -> _TaskTimer:
+    ts = _task_timer.get()
+    if ts is None or ts.task is not task:
+        ts = _TaskTimer(task, loop)
+        _task_timer.set(ts)
+    return ts
+
+
+def _trio_module() -> Any:
+    """trio, when the caller runs under ``trio.run``; ``None`` otherwise (trio is optional)."""
+    trio = sys.modules.get("trio")
+    if trio is None:
+        return None
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:
+        return None
+    return trio
+
+
+class CancelScope(_Frame):
+    """A deadline scope: the object ``fail_after``/``move_on_after`` and friends return.
+
+    Usable as ``with`` and ``async with`` (the same scope, D1.6). In a coroutine it cancels the
+    task's awaits at the deadline; in sync code it is cooperative (:func:`checkpoint`, clamped
+    clients, a check at exit). ``.deadline`` is the scope's own deadline (fixed at entry for
+    relative budgets, D1.4); ``.expired`` is true when that deadline passed before the scope
+    exited (D1.7).
+    """
+
+    __slots__ = (
+        "_cancelling",
+        "_entered",
+        "_fired",
+        "_fired_binder",
+        "_mode",
+        "_pending_cancel",
+        "_prev_top",
+        "_raise",
+        "_relative",
+        "_shield",
+        "_token",
+        "_trio_scope",
+        "_ts",
+        "_what",
+        "expired",
+    )
+
+    def __init__(
+        self,
+        *,
+        when: float | None = None,
+        relative: float | None = None,
+        raise_on_expiry: bool,
+        shield: bool = False,
+        source: str = "scope",
+        what: str | None = None,
+    ) -> None:
+        self._own = _INF if when is None else when
+        self._relative = relative
+        self._timeout = relative
+        self._raise = raise_on_expiry
+        self._shield = shield
+        self._source = source
+        self._what = what
+        self._entered = False
+        self._fired = False
+        self._fired_binder: _Frame | None = None
+        self._trio_scope: Any = None
+        self._ts: _TaskTimer | None = None
+        self.expired = False
+
+    # Public attributes -------------------------------------------------------------------
+
+    @property
+    def deadline(self) -> Deadline:
+        """This scope's own deadline (not the effective one; see :func:`current_deadline`)."""
+        if self._relative is not None and not self._entered:
+            # A relative budget starts at entry (D1.4); before that it is not an instant yet.
+            return Deadline.after(self._relative)
+        return Deadline(self._own)
+
+    @property
+    def shield(self) -> bool:
+        return self._shield
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    # Entry and exit ----------------------------------------------------------------------
+
+    def __enter__(self) -> CancelScope:
+        if self._entered:
+            raise RuntimeError("a timebound scope can be entered only once")
+        self._entered = True
+        now = _clock.now()
+        if self._relative is not None:
+            self._own = now + self._relative
+        own = self._own
+        parent = _frame.get()
+        if self._shield:
+            self.eff = own
+            self.binder = self
+        elif own < parent.eff:
+            self.eff = own
+            self.binder = self
+        else:
+            self.eff = parent.eff
+            self.binder = parent.binder
+
+        loop = _get_running_loop()
+        if loop is not None:
+            task = _current_task(loop)
+            if task is not None:
+                self._enter_asyncio(task, loop, parent, own)
+                return self
+        else:
+            trio = _trio_module()
+            if trio is not None:
+                self._enter_trio(trio, now)
+                return self
+        self._mode = 0
+        self.c_task = None
+        self.c_at = self.eff
+        self.c_binder = self.binder
+        self.catcher = None
+        self._token = _frame.set(self)
+        return self
+
+    def _enter_asyncio(
+        self,
+        task: asyncio.Task[Any],
+        loop: asyncio.AbstractEventLoop,
+        parent: _Frame,
+        own: float,
+    ) -> None:
+        self._mode = 1
+        if self._shield:
+            base_at, base_binder, base_catcher = _INF, None, None
+        elif parent.c_task is task:
+            base_at, base_binder, base_catcher = parent.c_at, parent.c_binder, parent.catcher
+        else:
+            # The enclosing bounds belong to another task or none (an inherited deadline):
+            # this task's first scope under them is the one that catches them.
+            base_at, base_binder, base_catcher = parent.eff, parent.binder, None
+        self.c_task = task
+        if own < base_at:
+            self.c_at = own
+            self.c_binder = self
+            self.catcher = self
+        else:
+            self.c_at = base_at
+            self.c_binder = base_binder
+            self.catcher = base_catcher if base_catcher is not None else self
+        self._cancelling = cancelling = task.cancelling()
+        self._pending_cancel = cancelling > 0
+        self._token = _frame.set(self)
+        ts = _task_timer.get()
+        if ts is None or ts.task is not task:
+            ts = _TaskTimer(task, loop)
+            _task_timer.set(ts)
+        self._ts = ts
+        self._prev_top = ts.top
+        ts.top = self
+        if self.c_at < ts.armed_at:
+            ts.arm(self.c_at)
+
+    def _enter_trio(self, trio: Any, now: float) -> None:
+        self._mode = 2
+        self.c_task = None
+        self.c_at = self.eff
+        self.c_binder = self.binder
+        self.catcher = None
+        # trio's clock may have another base (or be a MockClock): convert through "remaining".
+        trio_deadline = (
+            _INF if self.eff == _INF else trio.current_time() + max(0.0, self.eff - now)
+        )
+        self._trio_scope = scope = trio.CancelScope(deadline=trio_deadline, shield=self._shield)
+        scope.__enter__()
+        self._token = _frame.set(self)
+
+    def _fire(self, binder: _Frame | None) -> None:
+        """Called by the task timer: this scope catches the deadline of ``binder``."""
+        if self._fired or not self._entered:
+            return
+        self._fired = True
+        self._fired_binder = binder
+        task = self.c_task
+        if task is not None:
+            task.cancel(_CANCEL_MSG)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        _frame.reset(self._token)
+        now = _clock.now()
+        own_expired = now >= self._own
+        self.expired = own_expired
+        mode = self._mode
+        if mode == 1:
+            return self._exit_asyncio(exc_type, exc, own_expired)
+        if mode == 2:
+            return self._exit_trio(exc_type, exc, tb, own_expired)
+        return self._exit_plain(exc, own_expired)
+
+    async def __aenter__(self) -> CancelScope:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        return self.__exit__(exc_type, exc, tb)
+
+    # Exit paths ----------------------------------------------------------------------------
+
+    def _exit_plain(self, exc: BaseException | None, own_expired: bool) -> bool:
+        if exc is None:
+            if own_expired and self._raise:
+                # Sync code cannot be interrupted: the body overran and its result is late.
+                raise self._deadline_error(self._what)
+            return False
+        if getattr(exc, "_timebound_binder", None) is self:
+            # A checkpoint inside reported this scope's own deadline.
+            self.expired = True
+            return not self._raise
+        return False
+
+    def _exit_asyncio(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, own_expired: bool
+    ) -> bool:
+        ts = self._ts
+        assert ts is not None
+        ts.top = prev = self._prev_top
+        self._ts = None
+        if prev.c_task is self.c_task and prev.catcher is not None and prev.c_at < ts.armed_at:
+            # Leaving a shield, or the timer was consumed inside us: the enclosing bound still
+            # needs its timer.
+            ts.arm(prev.c_at)
+        if not self._fired:
+            if exc is None:
+                if own_expired and self._raise:
+                    raise self._deadline_error(self._what)
+                return False
+            if getattr(exc, "_timebound_binder", None) is self:
+                self.expired = True
+                return not self._raise
+            return False
+
+        # We asked for a cancellation: withdraw it, then decide whose it is.
+        task = self.c_task
+        assert task is not None
+        ours = task.uncancel() <= self._cancelling and not self._pending_cancel
+        binder = self._fired_binder
+        if exc_type is not None and issubclass(exc_type, _CancelledError):
+            if not ours:
+                # Someone else cancelled too (or a cancel was pending before we were entered,
+                # cpython#134471): their cancellation wins and propagates unchanged.
+                return False
+            return self._report(binder, exc)
+        if exc is None:
+            # The body swallowed our CancelledError (cpython#111379) and returned late.
+            if own_expired and self._raise:
+                raise self._deadline_error(self._what)
+            if binder is not self and binder is not None:
+                raise binder._deadline_error()
+            return False
+        if getattr(exc, "_timebound_binder", None) is self:
+            return not self._raise
+        return False
+
+    def _report(self, binder: _Frame | None, cause: BaseException) -> bool:
+        if binder is self or binder is None:
+            self.expired = True
+            if self._raise:
+                raise self._deadline_error(self._what) from cause
+            return True
+        # The bound that fired is an enclosing one this task has no scope for (an inherited
+        # request deadline, another task's scope): report *that* bound, never this scope.
+        raise binder._deadline_error() from cause
+
+    def _exit_trio(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+        own_expired: bool,
+    ) -> bool:
+        scope = self._trio_scope
+        try:
+            handled = bool(scope.__exit__(exc_type, exc, tb))
+        except BaseException as new_exc:  # trio re-raises a (possibly new) exception group
+            raise new_exc
+        if handled and scope.cancelled_caught:
+            binder = self.binder
+            if binder is self or binder is None:
+                self.expired = True
+                if self._raise:
+                    raise self._deadline_error(self._what) from exc
+                return True
+            raise binder._deadline_error() from exc
+        if exc is None:
+            if own_expired and self._raise:
+                raise self._deadline_error(self._what)
+            return False
+        if getattr(exc, "_timebound_binder", None) is self:
+            self.expired = True
+            return not self._raise
+        return handled
+
+    def __repr__(self) -> str:
+        kind = "fail" if self._raise else "move_on"
+        state = "expired" if self.expired else ("entered" if self._entered else "new")
+        return f"<CancelScope {kind} source={self._source} {state} deadline={self.deadline!r}>"
+
+
+class _Bound(_Frame):
+    """A visible deadline that cancels nothing by itself: an inherited one, or the blocker."""
+
+    __slots__ = ("_prev_top", "_token", "_ts", "_blocker")
+
+    def __init__(self, when: float, *, source: str, timeout: float | None, blocker: bool) -> None:
+        self._own = when
+        self._source = source
+        self._timeout = timeout
+        self._blocker = blocker
+        self._ts = None
+
+    def __enter__(self) -> Deadline:
+        parent = _frame.get()
+        own = self._own
+        if self._blocker:
+            self.eff = _INF
+            self.binder = None
+        elif own < parent.eff:
+            self.eff = own
+            self.binder = self
+        else:
+            self.eff = parent.eff
+            self.binder = parent.binder
+        loop = _get_running_loop()
+        task = _current_task(loop) if loop is not None else None
+        if task is not None and parent.c_task is task:
+            base_at, base_binder, catcher = parent.c_at, parent.c_binder, parent.catcher
+        elif self._blocker:
+            base_at, base_binder, catcher = _INF, None, None
+        else:
+            base_at, base_binder, catcher = parent.eff, parent.binder, None
+        if not self._blocker and own < base_at:
+            base_at, base_binder = own, self
+        self.c_task = task
+        self.c_at = base_at
+        self.c_binder = base_binder
+        self.catcher = catcher
+        self._token = _frame.set(self)
+        if task is not None and loop is not None:
+            ts = _timer_for(task, loop)
+            self._ts = ts
+            self._prev_top = ts.top
+            ts.top = self
+        return Deadline(self.eff)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        _frame.reset(self._token)
+        ts = self._ts
+        if ts is not None:
+            ts.top = prev = self._prev_top
+            self._ts = None
+            if prev.catcher is not None and prev.c_task is ts.task and prev.c_at < ts.armed_at:
+                ts.arm(prev.c_at)
+
+    async def __aenter__(self) -> Deadline:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+
+# Public constructors ---------------------------------------------------------------------
+
+
+def _seconds(value: Duration, option: str) -> float:
+    if type(value) is float or type(value) is int:
+        if value >= 0:
+            return float(value)
+    return to_seconds(value, option=option)
+
+
+def fail_after(
+    seconds: Duration, *, shield: bool = False, source: str = "scope", what: str | None = None
+) -> CancelScope:
+    """A scope that raises :class:`DeadlineExceeded` when ``seconds`` (from entry) run out.
+
+    ``with`` and ``async with`` both work. ``source`` and ``what`` shape the error report; engines
+    pass ``"attempt"``, ``"region"``, ``"node"`` … and the call's name.
+    """
+    return CancelScope(
+        relative=_seconds(seconds, "seconds"),
+        raise_on_expiry=True,
+        shield=shield,
+        source=source,
+        what=what,
+    )
+
+
+def fail_at(
+    deadline: Deadline, *, shield: bool = False, source: str = "scope", what: str | None = None
+) -> CancelScope:
+    """A scope that raises :class:`DeadlineExceeded` at the absolute ``deadline``."""
+    if not isinstance(deadline, Deadline):
+        raise ConfigurationError(
+            f"fail_at() takes a Deadline, not {type(deadline).__name__}; "
+            "use fail_after(seconds) for a relative budget",
+            option="deadline",
+        )
+    return CancelScope(
+        when=deadline.when, raise_on_expiry=True, shield=shield, source=source, what=what
+    )
+
+
+def move_on_after(
+    seconds: Duration, *, shield: bool = False, source: str = "scope", what: str | None = None
+) -> CancelScope:
+    """A scope that stops its body quietly when ``seconds`` (from entry) run out; see ``.expired``."""
+    return CancelScope(
+        relative=_seconds(seconds, "seconds"),
+        raise_on_expiry=False,
+        shield=shield,
+        source=source,
+        what=what,
+    )
+
+
+def move_on_at(
+    deadline: Deadline, *, shield: bool = False, source: str = "scope", what: str | None = None
+) -> CancelScope:
+    """A scope that stops its body quietly at the absolute ``deadline``; see ``.expired``."""
+    if not isinstance(deadline, Deadline):
+        raise ConfigurationError(
+            f"move_on_at() takes a Deadline, not {type(deadline).__name__}; "
+            "use move_on_after(seconds) for a relative budget",
+            option="deadline",
+        )
+    return CancelScope(
+        when=deadline.when, raise_on_expiry=False, shield=shield, source=source, what=what
+    )
+
+
+def no_deadline() -> _Bound:
+    """Block deadline propagation: inside, ``current_deadline()`` is never (userver's blocker).
+
+    Enclosing ``fail_*``/``move_on_*`` scopes of the same task still cancel at their deadlines;
+    what is blocked is the deadline *seen* by clients, checkpoints and new scopes.
+    """
+    return _Bound(_INF, source="scope", timeout=None, blocker=True)
+
+
+def inherit_deadline(
+    deadline: Deadline, *, source: str = "inherited", timeout: float | None = None
+) -> _Bound:
+    """Make ``deadline`` visible as an enclosing bound without cancelling anything by itself.
+
+    This is how a request's deadline enters (``source="inherited"``): clients clamp to it,
+    checkpoints raise at it, and ``fail_*``/``move_on_*`` scopes inside end at it and report it
+    with this ``source``. The effective deadline is still the minimum (D1.5).
+    """
+    if not isinstance(deadline, Deadline):
+        raise ConfigurationError(
+            f"inherit_deadline() takes a Deadline, not {type(deadline).__name__}",
+            option="deadline",
+        )
+    return _Bound(deadline.when, source=source, timeout=timeout, blocker=False)
+
+
+# Queries -----------------------------------------------------------------------------------
+
+
+def current_deadline() -> Deadline:
+    """The effective deadline here: the earliest of every enclosing bound (never if none)."""
+    eff = _frame.get().eff
+    if eff == _INF:
+        return Deadline.never()
+    return Deadline(eff)
+
+
+def remaining() -> float:
+    """Seconds until the effective deadline, never negative; ``math.inf`` when there is none."""
+    left = _frame.get().eff - _clock.now()
+    return left if left > 0.0 else 0.0
+
+
+def current_bound_error(what: str | None = None) -> DeadlineExceeded | None:
+    """The :class:`DeadlineExceeded` the binding bound would raise now, or ``None`` if time is left.
+
+    Adapters and policies use this to fail fast with the right ``source`` (D2.1).
+    """
+    f = _frame.get()
+    if f.eff == _INF or _clock.now() < f.eff:
+        return None
+    binder = f.binder
+    assert binder is not None
+    return binder._deadline_error(what)
+
+
+def current_bound_source() -> str | None:
+    """The ``source`` of the bound that sets the effective deadline, or ``None`` without one."""
+    binder = _frame.get().binder
+    return None if binder is None else binder._source
+
+
+def checkpoint() -> None:
+    """Raise :class:`DeadlineExceeded` if the effective deadline has passed (sync code)."""
+    f = _frame.get()
+    if f.eff != _INF and _clock.now() >= f.eff:
+        binder = f.binder
+        assert binder is not None
+        raise binder._deadline_error()
+
+
+async def acheckpoint() -> None:
+    """Async checkpoint: raise if the effective deadline passed, then yield to the event loop."""
+    checkpoint()
+    loop = _get_running_loop()
+    if loop is not None:
+        await asyncio.sleep(0)
+    else:
+        trio = _trio_module()
+        if trio is not None:
+            await trio.lowlevel.checkpoint()
+
+
+# Background work ---------------------------------------------------------------------------
+
+_background: set[asyncio.Task[Any]] = set()
+
+
+def _clean_context() -> contextvars.Context:
+    ctx = contextvars.copy_context()
+    ctx.run(_frame.set, _ROOT)
+    ctx.run(_task_timer.set, None)
+    return ctx
+
+
+def spawn_background(coro: Coroutine[Any, Any, _T], *, name: str | None = None) -> asyncio.Task[_T]:
+    """Start ``coro`` as an asyncio task that does **not** inherit the current deadline.
+
+    Use it for work that must outlive the request (userver's ``AsyncBackground``). timebound keeps
+    a reference until the task finishes, so it is not garbage-collected mid-flight.
+    """
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(coro, name=name, context=_clean_context())
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+    return task

@@ -1,0 +1,209 @@
+"""Virtual time for sync code, asyncio and trio (``timebound.testing``).
+
+:class:`VirtualClock` replaces timebound's clock (``_clock.now``/``_clock.sleep``) while it is
+installed, and provides an asyncio event loop whose ``time()`` is the virtual clock. With
+*autojump*, when every task is blocked waiting for a timer, time leaps straight to the next timer,
+so a test of a 30 s timeout runs in microseconds and asserts exact instants (trio's
+``MockClock(autojump_threshold=0)`` is the model).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import selectors
+import threading
+from collections.abc import Coroutine, Iterator, Mapping
+from typing import Any, TypeVar
+
+from .._core import _clock
+from .._core._durations import Duration, to_seconds
+
+__all__ = ["VirtualClock", "VirtualEventLoop"]
+
+_T = TypeVar("_T")
+
+
+class VirtualClock:
+    """A clock that moves only when told to, or (autojump) when every task waits for a timer.
+
+    ``start`` is the initial reading of :meth:`now`. ``autojump_threshold`` is how long, in *real*
+    seconds, the event loop must be idle before time jumps (0: jump at once; raise it when tests
+    wait on real threads or sockets).
+    """
+
+    def __init__(self, start: float = 0.0, *, autojump_threshold: float = 0.0) -> None:
+        if autojump_threshold < 0:
+            raise ValueError("autojump_threshold must be >= 0")
+        self._now = float(start)
+        self._lock = threading.Lock()
+        self.autojump_threshold = autojump_threshold
+        self._saved: tuple[Any, Any] | None = None
+        self._jumps = 0
+
+    # The clock ------------------------------------------------------------------------------
+
+    def now(self) -> float:
+        """The current virtual time in seconds."""
+        return self._now
+
+    def advance(self, seconds: Duration) -> None:
+        """Move time forward by ``seconds`` (never backwards)."""
+        delta = to_seconds(seconds, option="seconds")
+        with self._lock:
+            self._now += delta
+
+    def jump_to(self, instant: float) -> None:
+        """Move time forward to ``instant`` exactly (no-op if it is in the past)."""
+        with self._lock:
+            if instant > self._now:
+                self._now = instant
+                self._jumps += 1
+
+    def sleep(self, seconds: float) -> None:
+        """A blocking sleep on virtual time: returns at once, ``seconds`` later."""
+        if seconds > 0:
+            self.advance(seconds)
+
+    @property
+    def jumps(self) -> int:
+        """How many times autojump moved time (useful to assert no real waiting happened)."""
+        return self._jumps
+
+    # Installation ------------------------------------------------------------------------------
+
+    def install(self) -> None:
+        """Make timebound read this clock (``now``) and sleep on it (``sleep``)."""
+        if self._saved is not None:
+            raise RuntimeError("this VirtualClock is already installed")
+        self._saved = (_clock.now, _clock.sleep)
+        _clock.now = self.now
+        _clock.sleep = self.sleep
+
+    def uninstall(self) -> None:
+        """Restore the clock that was in place before :meth:`install`."""
+        if self._saved is None:
+            return
+        _clock.now, _clock.sleep = self._saved
+        self._saved = None
+
+    def __enter__(self) -> VirtualClock:
+        self.install()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstall()
+
+    # asyncio ---------------------------------------------------------------------------------
+
+    def new_event_loop(self) -> VirtualEventLoop:
+        """An asyncio event loop that runs on this clock."""
+        return VirtualEventLoop(self)
+
+    def run(self, main: Coroutine[Any, Any, _T], *, debug: bool = False) -> _T:
+        """Run ``main`` like :func:`asyncio.run`, on a loop driven by this clock.
+
+        Installs the clock for the duration of the run if it is not installed yet.
+        """
+        with contextlib.ExitStack() as stack:
+            if self._saved is None:
+                stack.enter_context(self)
+            with asyncio.Runner(debug=debug, loop_factory=self.new_event_loop) as runner:
+                return runner.run(main)
+
+    # trio --------------------------------------------------------------------------------------
+
+    def trio_clock(self) -> Any:
+        """A ``trio.abc.Clock`` on this virtual time with autojump: ``trio.run(f, clock=...)``."""
+        import trio
+
+        vclock = self
+
+        class _TrioVirtualClock(trio.abc.Clock):  # type: ignore[misc]
+            def start_clock(self) -> None:
+                return None
+
+            def current_time(self) -> float:
+                return vclock.now()
+
+            def deadline_to_sleep_time(self, deadline: float) -> float:
+                if deadline <= vclock.now():
+                    return 0.0
+                # trio asks how long to block: say "not at all" after jumping, so the run loop
+                # wakes and finds the timer due (trio's own MockClock autojump does the same).
+                if vclock.autojump_threshold == 0:
+                    vclock.jump_to(deadline)
+                    return 0.0
+                return vclock.autojump_threshold
+
+        return _TrioVirtualClock()
+
+
+class _VirtualSelector(selectors.BaseSelector):
+    """Wraps the real selector: polls real I/O, and jumps virtual time instead of blocking."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        self._real = selectors.DefaultSelector()
+        self._clock = clock
+        self.loop: VirtualEventLoop | None = None
+
+    def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._real.register(fileobj, events, data)
+
+    def unregister(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._real.unregister(fileobj)
+
+    def modify(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
+        return self._real.modify(fileobj, events, data)
+
+    def get_key(self, fileobj: Any) -> selectors.SelectorKey:
+        return self._real.get_key(fileobj)
+
+    def get_map(self) -> Mapping[Any, selectors.SelectorKey]:
+        return self._real.get_map()
+
+    def close(self) -> None:
+        self._real.close()
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout is not None and timeout <= 0:
+            return self._real.select(0)
+        threshold = self._clock.autojump_threshold
+        events = self._real.select(threshold if timeout is None else min(timeout, threshold))
+        if events:
+            return events
+        if timeout is None:
+            # Nothing is scheduled: only real I/O or another thread can wake us.
+            return self._real.select(None)
+        loop = self.loop
+        nxt = loop._next_timer() if loop is not None else None
+        self._clock.jump_to(nxt if nxt is not None else self._clock.now() + timeout)
+        return []
+
+
+class VirtualEventLoop(asyncio.SelectorEventLoop):
+    """An asyncio selector loop whose ``time()`` is a :class:`VirtualClock`."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        selector = _VirtualSelector(clock)
+        super().__init__(selector)
+        selector.loop = self
+        self._virtual_clock = clock
+
+    def time(self) -> float:
+        return self._virtual_clock.now()
+
+    def _next_timer(self) -> float | None:
+        scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
+        for handle in scheduled:
+            if not handle.cancelled():
+                return min(h.when() for h in scheduled if not h.cancelled())
+        return None
+
+
+@contextlib.contextmanager
+def virtual_time(start: float = 0.0, *, autojump_threshold: float = 0.0) -> Iterator[VirtualClock]:
+    """``with virtual_time() as clock:`` installs a fresh :class:`VirtualClock` for the block."""
+    clock = VirtualClock(start, autojump_threshold=autojump_threshold)
+    with clock:
+        yield clock
