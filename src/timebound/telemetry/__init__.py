@@ -1,0 +1,18 @@
+"""Telemetry: events to pluggable listeners, counters with userver's metric names.
+
+Exporters live behind extras: :mod:`timebound.telemetry.otel` (``timebound[otel]``) and
+:mod:`timebound.telemetry.prometheus` (``timebound[prometheus]``).
+"""
+
+from ._events import Counters, Event, Listener, add_listener, counters, emit, enabled, remove_listener
+
+__all__ = [
+    "Counters",
+    "Event",
+    "Listener",
+    "add_listener",
+    "counters",
+    "emit",
+    "enabled",
+    "remove_listener",
+]
