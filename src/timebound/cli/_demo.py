@@ -1,0 +1,135 @@
+"""``timebound demo``: a short, real demonstration printed as a timeline.
+
+Three scenes, each on the real clock (about a second in all): nested deadlines, a retry under a
+total budget, and a fallback. Every line is an event that really happened, with its offset from
+the start of the scene.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import timebound as tb
+from timebound._core import _clock
+from timebound.telemetry import Event, add_listener
+
+__all__ = ["register"]
+
+
+class _Timeline:
+    """Prints events as ``+  123.4 ms  what happened`` lines relative to a scene's start."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.start = _clock.now()
+
+    def scene(self, title: str) -> None:
+        self.start = _clock.now()
+        print(f"\n== {title}", file=self.out)
+
+    def say(self, text: str) -> None:
+        elapsed_ms = (_clock.now() - self.start) * 1000
+        print(f"  +{elapsed_ms:7.1f} ms  {text}", file=self.out)
+
+    def listener(self, event: Event) -> None:
+        attrs = event.attrs
+        name = event.name
+        policy = attrs.get("policy", "?")
+        if name == "attempt.start":
+            self.say(f"{policy}: attempt {attrs.get('attempt')} starts")
+        elif name == "attempt.end":
+            outcome = attrs.get("outcome")
+            detail = f" ({attrs.get('error')})" if outcome != "ok" and attrs.get("error") else ""
+            self.say(f"{policy}: attempt {attrs.get('attempt')} -> {outcome}{detail}")
+        elif name == "retry.delay":
+            self.say(f"{policy}: waiting {attrs.get('delay', 0) * 1000:.0f} ms before retrying")
+        elif name == "fallback":
+            self.say(f"{policy}: fallback used ({attrs.get('reason')})")
+
+
+async def _scene_nested(tl: _Timeline) -> None:
+    tl.scene("Nested deadlines: the earliest bound wins, and the scope that fired is reported")
+    try:
+        async with tb.fail_after(0.3) as request:
+            tl.say(f"request scope entered, {tb.remaining() * 1000:.0f} ms left")
+            async with tb.move_on_after(1.0) as step:
+                tl.say(
+                    f"inner step asks for 1000 ms but sees {tb.remaining() * 1000:.0f} ms "
+                    "(min of every enclosing bound)"
+                )
+                await asyncio.sleep(10)
+    except tb.DeadlineExceeded as exc:
+        tl.say(f"DeadlineExceeded(source={exc.source!r}): {exc}")
+        tl.say(f"request.expired={request.expired}, inner step.expired={step.expired}")
+
+
+async def _scene_retry(tl: _Timeline) -> None:
+    tl.scene("Retry under a total budget: attempts and delays must fit the deadline")
+    calls = {"n": 0}
+
+    @tb.resilient(
+        name="flaky", retry=3, delay="40ms", backoff="exponential", timeout="100ms",
+        total_timeout="400ms",
+    )
+    async def flaky() -> str:
+        calls["n"] += 1
+        if calls["n"] < 3:
+            raise ConnectionError(f"connection reset (call {calls['n']})")
+        return "ok"
+
+    tl.say(f"flaky() returned {await flaky()!r} after {calls['n']} calls")
+
+    @tb.resilient(name="slow", retry=5, delay="100ms", timeout="100ms", total_timeout="350ms")
+    async def slow() -> str:
+        await asyncio.sleep(1)
+        return "never"
+
+    try:
+        await slow()
+    except tb.DeadlineExceeded as exc:
+        tl.say(
+            f"stopped without sleeping: DeadlineExceeded(source={exc.source!r}) "
+            f"— the next delay + attempt could not fit the 350 ms budget"
+        )
+
+
+async def _scene_fallback(tl: _Timeline) -> None:
+    tl.scene("Fallback: evaluated once, after every attempt failed")
+
+    @tb.resilient(name="recommendations", timeout="80ms", retry=1, fallback=["bestsellers"])
+    async def recommendations(user: str) -> list[str]:
+        await asyncio.sleep(random.uniform(0.2, 0.3))
+        return [f"personal picks for {user}"]
+
+    tl.say(f"recommendations('ada') -> {await recommendations('ada')!r}")
+
+
+async def _demo(out: TextIO) -> None:
+    tl = _Timeline(out)
+    remove: Callable[[], None] = add_listener(tl.listener)
+    try:
+        await _scene_nested(tl)
+        await _scene_retry(tl)
+        await _scene_fallback(tl)
+    finally:
+        remove()
+    print("\nEvery bound above came from one deadline model: see docs/deadlines.md.", file=out)
+
+
+def _run(args: argparse.Namespace) -> int:
+    asyncio.run(_demo(sys.stdout))
+    return 0
+
+
+def register(sub: Any) -> None:
+    parser = sub.add_parser(
+        "demo",
+        help="show nested deadlines, a retry under a total budget and a fallback, as a timeline",
+        description=__doc__,
+    )
+    parser.set_defaults(handler=_run)
