@@ -111,7 +111,7 @@ def test_format_duration() -> None:
 
 
 def test_deadline_exceeded_is_timeout_error_and_pickles() -> None:
-    """DeadlineExceeded is a TimeoutError with structured fields that survive pickling (D2.1, D2.4)."""
+    """DeadlineExceeded is a TimeoutError with fields that survive pickling (D2.1, D2.4)."""
     err = tb.DeadlineExceeded(source="attempt", timeout=10.0, what="GetUser")
     assert isinstance(err, TimeoutError) and isinstance(err, tb.TimeboundError)
     assert str(err) == "GetUser timed out after 10s (attempt deadline)"

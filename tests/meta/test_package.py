@@ -130,4 +130,6 @@ def test_dependencies_point_down(layer: str) -> None:
     allowed = LAYERS[layer]
     for path in root.rglob("*.py"):
         bad = {dep for dep in _timebound_imports(path) if dep in LAYERS and dep not in allowed}
-        assert not bad, f"{path.relative_to(SRC)} imports {sorted(bad)} (allowed: {sorted(allowed)})"
+        assert not bad, (
+            f"{path.relative_to(SRC)} imports {sorted(bad)} (allowed: {sorted(allowed)})"
+        )

@@ -5,8 +5,8 @@ Scheduling uses a monotonic clock only. Every module in timebound calls ``_clock
 directly, so :mod:`timebound.testing` can swap in virtual time by rebinding them.
 
 In asyncio code the event loop's ``time()`` must share this base: the default loops use
-``time.monotonic`` and :class:`timebound.testing.VirtualClock` installs a loop whose ``time()`` is the
-virtual clock, so deadlines computed here can be handed to ``loop.call_at`` unchanged.
+``time.monotonic``, and :class:`timebound.testing.VirtualClock` provides a loop whose ``time()`` is
+the virtual clock, so deadlines computed here can be handed to ``loop.call_at`` unchanged.
 """
 
 from __future__ import annotations

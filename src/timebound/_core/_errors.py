@@ -129,12 +129,16 @@ def _rebuild_deadline_exceeded(
 
 
 class RetryExhausted(TimeboundError):
-    """Every attempt failed (D3.1). ``attempts`` counts them; ``errors`` holds each attempt's error."""
+    """Every attempt failed (D3.1): ``attempts`` counts them, ``errors`` holds each one's error."""
 
     code = "retry-exhausted"
 
     def __init__(
-        self, errors: Sequence[BaseException], *, what: str | None = None, message: str | None = None
+        self,
+        errors: Sequence[BaseException],
+        *,
+        what: str | None = None,
+        message: str | None = None,
     ) -> None:
         self.errors: list[BaseException] = list(errors)
         self.attempts = len(self.errors)

@@ -73,7 +73,11 @@ async def _scene_retry(tl: _Timeline) -> None:
     calls = {"n": 0}
 
     @tb.resilient(
-        name="flaky", retry=3, delay="40ms", backoff="exponential", timeout="100ms",
+        name="flaky",
+        retry=3,
+        delay="40ms",
+        backoff="exponential",
+        timeout="100ms",
         total_timeout="400ms",
     )
     async def flaky() -> str:

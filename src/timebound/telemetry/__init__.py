@@ -4,7 +4,16 @@ Exporters live behind extras: :mod:`timebound.telemetry.otel` (``timebound[otel]
 :mod:`timebound.telemetry.prometheus` (``timebound[prometheus]``).
 """
 
-from ._events import Counters, Event, Listener, add_listener, counters, emit, enabled, remove_listener
+from ._events import (
+    Counters,
+    Event,
+    Listener,
+    add_listener,
+    counters,
+    emit,
+    enabled,
+    remove_listener,
+)
 
 __all__ = [
     "Counters",

@@ -74,7 +74,7 @@ def emit(name: str, **attrs: Any) -> None:
     for listener in listeners:
         try:
             listener(event)
-        except Exception:  # noqa: BLE001 - telemetry must never break the work it observes
+        except Exception:
             import logging
 
             logging.getLogger("timebound.telemetry").exception("telemetry listener failed")

@@ -119,7 +119,7 @@ class VirtualClock:
 
         vclock = self
 
-        class _TrioVirtualClock(trio.abc.Clock):  # type: ignore[misc]
+        class _TrioVirtualClock(trio.abc.Clock):
             def start_clock(self) -> None:
                 return None
 
