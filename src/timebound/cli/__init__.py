@@ -9,12 +9,28 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 __all__ = ["main"]
 
-# Modules that contribute sub-commands, in the order they appear in --help.
-_COMMAND_MODULES = ("timebound.cli._demo", "timebound.cli._dsl")
+# Modules that contribute sub-commands, in the order they appear in --help, with the commands
+# they provide and the extra their dependencies come from.
+_COMMAND_MODULES: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
+    ("timebound.cli._demo", ("demo",), None),
+    ("timebound.cli._dsl", ("run", "check"), "dsl"),
+)
+
+
+def _missing_extra(command: str, extra: str, missing: str) -> Callable[[argparse.Namespace], int]:
+    def handler(args: argparse.Namespace) -> int:
+        print(
+            f"timebound {command}: needs the '{extra}' extra ({missing} is not installed); "
+            f"install it with: pip install 'timebound[{extra}]'",
+            file=sys.stderr,
+        )
+        return 2
+
+    return handler
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,13 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="One deadline model for Python: run demos and Constellation programs.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in _COMMAND_MODULES:
+    for name, commands, extra in _COMMAND_MODULES:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
-            if exc.name is not None and exc.name.startswith("timebound"):
-                continue  # a command module not present in this build
-            raise
+            if exc.name is None or exc.name.startswith("timebound") or extra is None:
+                raise
+            for command in commands:
+                stub = sub.add_parser(command, help=f"(needs timebound[{extra}])")
+                stub.add_argument("rest", nargs=argparse.REMAINDER)
+                stub.set_defaults(handler=_missing_extra(command, extra, exc.name))
+            continue
         module.register(sub)
     return parser
 
