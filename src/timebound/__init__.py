@@ -7,6 +7,13 @@ deferred operation, outgoing call and database query under it sees the smallest 
 from ._core._deadline import Deadline
 from ._core._durations import Duration
 from ._core._errors import ConfigurationError, DeadlineExceeded, RetryExhausted, TimeboundError
+from ._core._preempt import (
+    AbandonedThreadWarning,
+    abandoned_threads,
+    run_in_process,
+    run_in_thread,
+    run_with_signal,
+)
 from ._core._scopes import (
     CancelScope,
     acheckpoint,
@@ -25,6 +32,7 @@ from ._core._scopes import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "AbandonedThreadWarning",
     "CancelScope",
     "ConfigurationError",
     "Deadline",
@@ -32,6 +40,7 @@ __all__ = [
     "Duration",
     "RetryExhausted",
     "TimeboundError",
+    "abandoned_threads",
     "acheckpoint",
     "checkpoint",
     "current_deadline",
@@ -42,5 +51,8 @@ __all__ = [
     "move_on_at",
     "no_deadline",
     "remaining",
+    "run_in_process",
+    "run_in_thread",
+    "run_with_signal",
     "spawn_background",
 ]

@@ -1,0 +1,371 @@
+"""Stopping blocking sync code at its deadline: three explicit tiers (docs/blocking.md).
+
+Deadlines in sync code are cooperative (checkpoints, clamped clients, a check at exit). Code that
+blocks and must be *stopped* needs one of these tiers, each bounded by the effective deadline
+(``current_deadline()``) and an optional ``timeout``, whichever is earlier (D1.5):
+
+* :func:`run_with_signal` — main thread only: a ``SIGALRM`` from ``setitimer`` raises
+  :class:`DeadlineExceeded` inside the running Python code. Cannot interrupt a long C call before
+  it returns.
+* :func:`run_in_thread` — runs the function in a daemon thread and stops *waiting* at the
+  deadline. The thread is **abandoned, not stopped**: it keeps running. Every abandonment is
+  counted (:func:`abandoned_threads`, counter ``abandoned-threads``) and warned about.
+* :func:`run_in_process` — runs a picklable function in a subprocess and kills it at the
+  deadline (terminate, then kill). The only tier that stops anything for sure.
+
+Each tier makes the deadline visible inside the function (``current_deadline()``/``checkpoint()``
+work there, also in the subprocess), never raises before the deadline (D1.3), and reports the
+bound that fired: ``source="scope"`` for ``timeout``, else the enclosing bound's own source.
+These tiers use real OS timers and waits; under virtual time only their arithmetic is virtual.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import multiprocessing
+import pickle
+import signal
+import sys
+import threading
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, Final, TypeVar
+
+from . import _clock
+from ._deadline import Deadline
+from ._durations import Duration, to_seconds
+from ._errors import ConfigurationError, DeadlineExceeded
+from ._scopes import _frame, inherit_deadline
+
+__all__ = [
+    "AbandonedThreadWarning",
+    "abandoned_threads",
+    "run_in_process",
+    "run_in_thread",
+    "run_with_signal",
+]
+
+_T = TypeVar("_T")
+_INF: Final = float("inf")
+
+# A timer can wake a hair early (clock granularity, cpython#127859): re-arm at least this far out.
+_MIN_REARM: Final = 1e-5
+
+
+class AbandonedThreadWarning(RuntimeWarning):
+    """:func:`run_in_thread` gave up waiting for a thread that is still running."""
+
+
+@dataclass(frozen=True)
+class _Bounds:
+    """The instant a tier stops waiting, and the error it raises then."""
+
+    when: float
+    error: DeadlineExceeded | None  # None: no bound at all (wait forever)
+    own: bool  # True when ``timeout`` binds (then the deadline must be made visible inside)
+
+
+def _bounds(timeout: Duration | None, what: str | None) -> _Bounds:
+    """Effective deadline = min(current deadline, now + timeout); the error of the binding one."""
+    frame = _frame.get()
+    eff = frame.eff
+    if timeout is not None:
+        seconds = to_seconds(timeout, option="timeout")
+        own = _clock.now() + seconds
+        if own < eff:
+            err = DeadlineExceeded(
+                source="scope", timeout=seconds, deadline=Deadline(own), what=what
+            )
+            return _Bounds(own, err, True)
+    if eff == _INF:
+        return _Bounds(_INF, None, False)
+    binder = frame.binder
+    assert binder is not None
+    return _Bounds(eff, binder._deadline_error(what), False)
+
+
+def _expired_now(b: _Bounds) -> None:
+    """Never start work that cannot finish in time: raise at once when the bound is spent."""
+    if b.error is not None and _clock.now() >= b.when:
+        raise b.error
+
+
+def _left(b: _Bounds) -> float:
+    return b.when - _clock.now()
+
+
+# Tier 1: SIGALRM in the main thread ---------------------------------------------------------
+
+
+@dataclass
+class _Alarm:
+    bounds: _Bounds
+    active: bool = True
+
+
+_alarms: list[_Alarm] = []  # main thread only; innermost last
+
+
+def _on_alarm(signum: int, frame: FrameType | None) -> None:
+    if not _alarms:
+        return
+    alarm = _alarms[-1]
+    if not alarm.active:
+        return
+    left = _left(alarm.bounds)
+    if left > 0:
+        # Woke before the deadline: re-arm, never expire early (D1.3).
+        signal.setitimer(signal.ITIMER_REAL, max(left, _MIN_REARM))
+        return
+    alarm.active = False
+    assert alarm.bounds.error is not None
+    raise alarm.bounds.error
+
+
+def run_with_signal(
+    fn: Callable[..., _T],
+    /,
+    *args: Any,
+    timeout: Duration | None = None,
+    what: str | None = None,
+    **kwargs: Any,
+) -> _T:
+    """Call ``fn(*args, **kwargs)`` and interrupt it with ``SIGALRM`` at the effective deadline.
+
+    ``timeout`` (seconds, timedelta or ``"250ms"``): the effective deadline is the earlier of it
+    and ``current_deadline()``; ``what`` names the call in the error. Other keyword arguments go
+    to ``fn``. Raises :class:`DeadlineExceeded` inside ``fn`` at the deadline, which
+    unwinds it like any exception (``finally`` blocks run). Pure Python is interrupted within
+    ~0.1 ms; a long C call only when it returns.
+
+    Main thread only, and only when no one else owns ``SIGALRM``: otherwise ``RuntimeError``.
+    Nested calls are safe; the previous handler and any previous ``ITIMER_REAL`` are restored.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError(
+            "run_with_signal() works only in the main thread (signals are delivered there); "
+            "use run_in_thread() or run_in_process() elsewhere"
+        )
+    previous = signal.getsignal(signal.SIGALRM)
+    if previous not in (_on_alarm, signal.SIG_DFL, signal.SIG_IGN, None):
+        raise RuntimeError(
+            f"run_with_signal(): SIGALRM already has a handler ({previous!r}); refusing to "
+            "replace it. Use run_in_thread() or run_in_process() instead"
+        )
+    b = _bounds(timeout, what)
+    _expired_now(b)
+    if b.error is None:
+        return fn(*args, **kwargs)
+
+    prev_delay, prev_interval = signal.setitimer(signal.ITIMER_REAL, 0)
+    started = _clock.now()
+    alarm = _Alarm(b)
+    outer = _alarms[-1] if _alarms else None
+    _alarms.append(alarm)
+    signal.signal(signal.SIGALRM, _on_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, max(_left(b), _MIN_REARM))
+        if b.own:
+            with inherit_deadline(Deadline(b.when), source="scope", timeout=b.error.timeout):
+                result = fn(*args, **kwargs)
+        else:
+            result = fn(*args, **kwargs)
+        alarm.active = False
+    finally:
+        alarm.active = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        _alarms.pop()
+        if outer is not None:
+            # Nested: the enclosing call's alarm takes over (it may already be due).
+            signal.setitimer(signal.ITIMER_REAL, max(_left(outer.bounds), _MIN_REARM))
+        else:
+            signal.signal(signal.SIGALRM, previous)
+            if prev_delay > 0:
+                rest = prev_delay - (_clock.now() - started)
+                signal.setitimer(signal.ITIMER_REAL, max(rest, _MIN_REARM), prev_interval)
+    if _clock.now() >= b.when:
+        # The body swallowed the DeadlineExceeded (or finished in the race window): it is late.
+        raise b.error
+    return result
+
+
+# Tier 2: a daemon thread that is abandoned at the deadline -------------------------------------
+
+_abandoned_lock = threading.Lock()
+_abandoned = 0
+
+
+def abandoned_threads() -> int:
+    """How many :func:`run_in_thread` threads were abandoned at their deadline (process-wide)."""
+    return _abandoned
+
+
+def _count_abandoned(name: str, what: str | None) -> None:
+    global _abandoned
+    with _abandoned_lock:
+        _abandoned += 1
+    # _core imports nothing above it; when telemetry is loaded, it gets the counter and event.
+    events = sys.modules.get("timebound.telemetry._events")
+    if events is not None:
+        events.counters.inc("abandoned-threads")
+        events.emit("thread.abandoned", thread=name, what=what)
+
+
+def run_in_thread(
+    fn: Callable[..., _T],
+    /,
+    *args: Any,
+    timeout: Duration | None = None,
+    what: str | None = None,
+    **kwargs: Any,
+) -> _T:
+    """Call ``fn(*args, **kwargs)`` in a daemon thread; stop waiting at the effective deadline.
+
+    Keyword options: ``timeout`` and ``what`` as for :func:`run_with_signal`. The thread sees the
+    caller's context (``current_deadline()``, ``checkpoint()``). At the deadline the caller gets
+    :class:`DeadlineExceeded` while **the thread keeps running** (Python cannot stop a thread):
+    it is counted in :func:`abandoned_threads` and an :class:`AbandonedThreadWarning` is issued.
+    Give the function cooperative checkpoints or clamped timeouts so abandoned threads finish.
+    """
+    b = _bounds(timeout, what)
+    _expired_now(b)
+    done = threading.Event()
+    outcome: list[Any] = []
+
+    def body() -> None:
+        try:
+            if b.own:
+                assert b.error is not None
+                with inherit_deadline(Deadline(b.when), source="scope", timeout=b.error.timeout):
+                    outcome.append((True, fn(*args, **kwargs)))
+            else:
+                outcome.append((True, fn(*args, **kwargs)))
+        except BaseException as exc:  # handed to the caller, not lost in the thread
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    ctx = contextvars.copy_context()
+    name = f"timebound:{what or getattr(fn, '__name__', 'call')}"
+    thread = threading.Thread(target=ctx.run, args=(body,), name=name, daemon=True)
+    thread.start()
+    while not done.is_set():
+        if b.error is None:
+            done.wait()
+            break
+        left = _left(b)
+        if left <= 0:
+            _count_abandoned(name, what)
+            warnings.warn(
+                f"{name}: deadline reached, abandoning a thread that is still running "
+                f"({abandoned_threads()} abandoned so far)",
+                AbandonedThreadWarning,
+                stacklevel=2,
+            )
+            raise b.error
+        done.wait(left)
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    result: _T = value
+    return result
+
+
+# Tier 3: a subprocess that is killed at the deadline --------------------------------------------
+
+#: How long ``terminate()`` (SIGTERM) gets before ``kill()`` (SIGKILL).
+_TERMINATE_GRACE: Final = 0.05
+
+
+def _default_start_method() -> str:
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def _child(conn: Any, fn: Callable[..., Any], args: Any, kwargs: Any, left: float) -> None:
+    """Subprocess entry: run ``fn`` under the parent's remaining budget, send the outcome."""
+    try:
+        if left == _INF:
+            result = fn(*args, **kwargs)
+        else:
+            with inherit_deadline(Deadline.after(left), source="scope"):
+                result = fn(*args, **kwargs)
+        message: tuple[bool, Any] = (True, result)
+    except BaseException as exc:
+        message = (False, exc)
+    try:
+        conn.send(message)
+    except Exception as exc:  # an unpicklable result or exception: send what can be sent
+        conn.send((False, RuntimeError(f"run_in_process(): cannot send the outcome back: {exc!r}")))
+    finally:
+        conn.close()
+
+
+def run_in_process(
+    fn: Callable[..., _T],
+    /,
+    *args: Any,
+    timeout: Duration | None = None,
+    what: str | None = None,
+    start_method: str | None = None,
+    **kwargs: Any,
+) -> _T:
+    """Call a picklable ``fn(*args, **kwargs)`` in a subprocess; kill it at the effective deadline.
+
+    Keyword options: ``timeout`` and ``what`` as for :func:`run_with_signal`, and
+    ``start_method`` (``"forkserver"`` where available, else ``"spawn"``; never ``"fork"``,
+    which is unsafe with threads). The function, its arguments, result and exception must pickle.
+    The subprocess sees the remaining budget as its deadline. At the deadline it is terminated
+    (SIGTERM), then killed (SIGKILL) if it has not exited within 50 ms, and the caller gets
+    :class:`DeadlineExceeded`. Process start-up counts against the deadline.
+    """
+    method = start_method or _default_start_method()
+    if method not in ("forkserver", "spawn"):
+        raise ConfigurationError(
+            f"run_in_process() start_method must be 'forkserver' or 'spawn', not {method!r}",
+            option="start_method",
+        )
+    b = _bounds(timeout, what)
+    _expired_now(b)
+    ctx: Any = multiprocessing.get_context(method)
+    receiver, sender = ctx.Pipe(duplex=False)
+    left = _left(b) if b.error is not None else _INF
+    proc = ctx.Process(target=_child, args=(sender, fn, args, kwargs, left), daemon=True)
+    try:
+        proc.start()
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        receiver.close()
+        sender.close()
+        raise ConfigurationError(
+            f"run_in_process() needs a picklable function and arguments: {exc}", option="fn"
+        ) from exc
+    sender.close()  # the child holds its end; EOF then means the child is gone
+    try:
+        while True:
+            wait = None if b.error is None else max(_left(b), 0.0)
+            if receiver.poll(wait):
+                try:
+                    ok, value = receiver.recv()
+                except EOFError:
+                    proc.join()
+                    raise ChildProcessError(
+                        f"run_in_process(): the subprocess exited with code {proc.exitcode} "
+                        "without a result"
+                    ) from None
+                proc.join()
+                if not ok:
+                    raise value
+                result: _T = value
+                return result
+            if b.error is not None and _clock.now() >= b.when:
+                raise b.error
+    finally:
+        receiver.close()
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(_TERMINATE_GRACE)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        proc.close()
