@@ -28,6 +28,7 @@ from ._core._scopes import (
     remaining,
     spawn_background,
 )
+from .policies import resilient
 
 __version__ = "0.1.0"
 
@@ -51,6 +52,7 @@ __all__ = [
     "move_on_at",
     "no_deadline",
     "remaining",
+    "resilient",
     "run_in_process",
     "run_in_thread",
     "run_with_signal",

@@ -1,0 +1,41 @@
+"""Resilience policies: timeout, retry, backoff, fallback, cache, throttle, concurrency, on_error.
+
+One implementation, composed as DECISIONS D3 orders it, used by ``timebound.resilient`` and by
+every engine (the Constellation runtime builds one :class:`Policy` per call site)::
+
+    policy = Policy("GetUser", timeout="2s", retry=3, delay="100ms", backoff="exponential")
+    user = await policy.execute(get_user, (user_id,))
+
+See ``docs/policies.md``.
+"""
+
+from ._cache import (
+    CacheBackend,
+    InMemoryCache,
+    cache_key,
+    get_cache_backend,
+    register_cache_backend,
+)
+from ._decorator import resilient
+from ._limits import Slots, TokenBucket
+from ._policy import MISSING, Observer, Policy
+from ._result import Err, Ok, Result
+from ._zero import zero_value_for
+
+__all__ = [
+    "MISSING",
+    "CacheBackend",
+    "Err",
+    "InMemoryCache",
+    "Observer",
+    "Ok",
+    "Policy",
+    "Result",
+    "Slots",
+    "TokenBucket",
+    "cache_key",
+    "get_cache_backend",
+    "register_cache_backend",
+    "resilient",
+    "zero_value_for",
+]
