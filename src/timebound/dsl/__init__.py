@@ -1,0 +1,67 @@
+"""The Constellation language: typed dataflow programs whose module calls carry resilience
+options (``with timeout: 2s, retry: 3, fallback: ...``), compiled to a DAG and run concurrently on
+timebound's policies and deadlines.
+
+>>> from timebound.dsl import ModuleRegistry, compile
+>>> registry = ModuleRegistry()
+>>> @registry.module
+... def Greet(name: str) -> str:
+...     return f"hello {name}"
+>>> program = compile('in who: String\\ngreeting = Greet(who)\\nout greeting', modules=registry)
+>>> program.run_sync({"who": "ada"})
+{'greeting': 'hello ada'}
+"""
+
+from __future__ import annotations
+
+from ._diagnostics import CODES, CompileError, Diagnostic, format_diagnostic
+from ._registry import ModuleRegistry, ModuleSpec
+from ._runtime import AttemptTrace, CallSite, CallTrace, InputError, Program, RunResult
+from ._types import Type
+
+__all__ = [
+    "CODES",
+    "AttemptTrace",
+    "CallSite",
+    "CallTrace",
+    "CompileError",
+    "Diagnostic",
+    "InputError",
+    "ModuleRegistry",
+    "ModuleSpec",
+    "Program",
+    "RunResult",
+    "Type",
+    "compile",
+    "format_diagnostic",
+]
+
+
+def compile(source: str, *, modules: ModuleRegistry) -> Program:
+    """Parse and type-check ``source`` against ``modules``; return a runnable :class:`Program`.
+
+    Raises :class:`CompileError` whose ``.diagnostics`` lists every error (with line and
+    column); warnings of a program that compiles are in ``Program.warnings``.
+    """
+    from ._compiler import compile_program
+    from ._parser import ParseFailure, parse
+
+    if not isinstance(source, str):
+        raise TypeError(f"source must be a str, not {type(source).__name__}")
+    if not isinstance(modules, ModuleRegistry):
+        raise TypeError(f"modules must be a ModuleRegistry, not {type(modules).__name__}")
+    diags: list[Diagnostic] = []
+    try:
+        tree = parse(source, diags)
+        program = compile_program(tree, modules, diags, source)
+    except ParseFailure as exc:
+        diags.append(exc.diag)
+        program = None
+    except RecursionError:
+        # The nesting limits (E004) normally stop a hostile program long before this.
+        diags.append(Diagnostic("E004", "error", "Program nested too deeply", 1, 1))
+        program = None
+    if program is None:
+        diags.sort(key=lambda d: (d.line, d.column, d.severity != "error"))
+        raise CompileError(diags, source)
+    return program

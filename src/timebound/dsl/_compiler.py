@@ -1,0 +1,792 @@
+"""Type checking and compilation of a parsed program into a DAG of calls and closures.
+
+Every expression compiles to a closure ``fn(run) -> value`` (or an ``async`` one when it must
+await: it forces a lazy value or makes a call in a conditional position). Calls in unconditional
+positions are *lifted*: each becomes its own DAG node (or, with ``lazy``, a thunk), so independent
+calls run concurrently. Calls inside ``if``/``else`` branches, the right side of ``??``/``and``/
+``or`` and ``fallback:`` run only when that branch is taken, in place.
+"""
+
+from __future__ import annotations
+
+import difflib
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .._core._errors import ConfigurationError
+from .._engine import DagPlan, Node
+from . import _ast as A
+from ._diagnostics import Diagnostic
+from ._registry import ModuleRegistry, ModuleSpec
+from ._runtime import (
+    CURRENT_RUN,
+    CallSite,
+    CompiledCall,
+    Program,
+    Thunk,
+    _Run,
+    lazy_ref,
+    render_text,
+)
+from ._types import (
+    BOOLEAN,
+    ERROR,
+    FLOAT,
+    INT,
+    NOTHING,
+    STRING,
+    ErrorType,
+    ListType,
+    MapType,
+    OptionalType,
+    RecordType,
+    ResultType,
+    Type,
+    UnionType,
+    is_assignable,
+    join,
+    union_of,
+    zero_value,
+)
+
+__all__ = ["compile_program"]
+
+Fn = Callable[[_Run], Any]
+
+
+@dataclass(slots=True)
+class CE:
+    """A compiled expression: its type, closure, whether the closure is async, and the DAG
+    nodes it reads (its dependencies)."""
+
+    type: Type
+    fn: Fn
+    is_async: bool
+    deps: frozenset[str]
+
+
+@dataclass(slots=True)
+class Var:
+    key: str
+    type: Type
+    deps: frozenset[str]  # what a reader depends on: {key}, or a lazy value's own deps
+    lazy: bool
+    pos: A.Pos
+
+
+def _const(value: Any) -> CE:
+    t: Type
+    if isinstance(value, bool):
+        t = BOOLEAN
+    elif isinstance(value, int):
+        t = INT
+    elif isinstance(value, float):
+        t = FLOAT
+    else:
+        t = STRING
+    return CE(t, lambda run: value, False, frozenset())
+
+
+def _to_async(ce: CE) -> Callable[[_Run], Any]:
+    if ce.is_async:
+        return ce.fn
+    f = ce.fn
+
+    async def wrapped(run: _Run) -> Any:
+        return f(run)
+
+    return wrapped
+
+
+def _numeric(t: Type) -> bool:
+    return t in (INT, FLOAT) or isinstance(t, ErrorType)
+
+
+def _get_field(value: Any, name: str) -> Any:
+    if isinstance(value, dict):
+        return value[name]
+    # Ok/Err of `on_error: wrap`
+    if name == "ok":
+        return bool(value.ok)
+    if name == "value":
+        return value.value if value.ok else None
+    if name == "error":
+        return None if value.ok else f"{type(value.error).__name__}: {value.error}"
+    raise KeyError(name)
+
+
+def _divide(pos: A.Pos) -> Callable[[Any, Any], Any]:
+    def div(a: Any, b: Any) -> Any:
+        if b == 0:
+            raise ZeroDivisionError(f"division by zero at line {pos[0]}, column {pos[1]}")
+        return a / b
+
+    return div
+
+
+_ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+_COMPARE = {
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    ">": operator.gt,
+    "<=": operator.le,
+    ">=": operator.ge,
+}
+
+
+class _Compiler:
+    def __init__(self, registry: ModuleRegistry, diags: list[Diagnostic]) -> None:
+        self.registry = registry
+        self.diags = diags
+        self.types: dict[str, Type] = {}
+        self.scope: dict[str, Var] = {}
+        self.later: dict[str, A.Pos] = {}
+        self.aliases: dict[str, str] = {}
+        self.nodes: list[Node[_Run]] = []
+        self.lazy: list[tuple[str, CompiledCall]] = []
+        self.counter = 0
+
+    def error(self, code: str, message: str, pos: A.Pos) -> None:
+        self.diags.append(Diagnostic(code, "error", message, pos[0], pos[1]))
+
+    def warn(self, code: str, message: str, pos: A.Pos) -> None:
+        self.diags.append(Diagnostic(code, "warning", message, pos[0], pos[1]))
+
+    # Types ---------------------------------------------------------------------------------
+
+    def resolve_aliases(self, defs: list[A.TypeDef]) -> None:
+        by_name: dict[str, A.TypeDef] = {}
+        for d in defs:
+            if d.name in by_name:
+                first = by_name[d.name].pos
+                self.error("E006", f"Type '{d.name}' is already defined at line {first[0]}", d.pos)
+                continue
+            if d.name in ("String", "Int", "Float", "Boolean", "List", "Map", "Optional"):
+                self.error("E006", f"'{d.name}' is a built-in type and cannot be redefined", d.pos)
+                continue
+            by_name[d.name] = d
+        resolving: list[str] = []
+
+        def resolve(name: str, pos: A.Pos) -> Type:
+            if name in self.types:
+                return self.types[name]
+            if name in resolving:
+                cycle = " -> ".join([*resolving[resolving.index(name) :], name])
+                self.error("E006", f"Type alias '{name}' refers to itself ({cycle})", pos)
+                self.types[name] = ERROR
+                return ERROR
+            d = by_name[name]
+            resolving.append(name)
+            t = self.type_of(d.type, resolve)
+            resolving.pop()
+            self.types.setdefault(name, t)
+            return self.types[name]
+
+        self._alias_resolver = resolve
+        self._alias_names = by_name
+        for name, d in by_name.items():
+            resolve(name, d.pos)
+
+    def type_of(self, te: A.TypeExpr, resolve: Callable[[str, A.Pos], Type] | None = None) -> Type:
+        if isinstance(te, A.TPrim):
+            return {"String": STRING, "Int": INT, "Float": FLOAT, "Boolean": BOOLEAN}[te.name]
+        if isinstance(te, A.TName):
+            names = getattr(self, "_alias_names", {})
+            if te.name in names:
+                r = resolve or self._alias_resolver
+                return r(te.name, te.pos)
+            hint = self._suggest(te.name, [*names, "String", "Int", "Float", "Boolean"])
+            self.error("E005", f"Unknown type '{te.name}'{hint}", te.pos)
+            return ERROR
+        if isinstance(te, A.TList):
+            return ListType(self.type_of(te.elem, resolve))
+        if isinstance(te, A.TOptional):
+            return OptionalType(self.type_of(te.inner, resolve))
+        if isinstance(te, A.TMap):
+            return MapType(self.type_of(te.key, resolve), self.type_of(te.value, resolve))
+        if isinstance(te, A.TRecord):
+            seen: set[str] = set()
+            fields: list[tuple[str, Type]] = []
+            for name, ft, pos in te.fields:
+                if name in seen:
+                    self.error("E008", f"Duplicate field '{name}' in record type", pos)
+                    continue
+                seen.add(name)
+                fields.append((name, self.type_of(ft, resolve)))
+            return RecordType(tuple(fields))
+        assert isinstance(te, A.TUnion)
+        return union_of([self.type_of(m, resolve) for m in te.members])
+
+    @staticmethod
+    def _suggest(name: str, candidates: list[str]) -> str:
+        close = difflib.get_close_matches(name, candidates, n=1)
+        return f" (did you mean '{close[0]}'?)" if close else ""
+
+    # Declarations ----------------------------------------------------------------------------
+
+    def define(self, name: str, var: Var) -> bool:
+        if name in self.scope:
+            first = self.scope[name].pos
+            self.error("E008", f"'{name}' is already defined at line {first[0]}", var.pos)
+            return False
+        self.scope[name] = var
+        return True
+
+    def use(self, d: A.UseDecl) -> None:
+        names = self.registry.names()
+        q = d.qualname
+        if q not in self.registry and not any(n.startswith(q + ".") for n in names):
+            hint = self._suggest(q, names)
+            self.error("E015", f"No module or namespace '{q}' is registered{hint}", d.pos)
+            return
+        alias = d.alias or q.rsplit(".", 1)[-1]
+        if alias in self.aliases and self.aliases[alias] != q:
+            self.error("E015", f"'{alias}' already names '{self.aliases[alias]}'", d.pos)
+            return
+        self.aliases[alias] = q
+
+    def new_key(self) -> str:
+        self.counter += 1
+        return f"%{self.counter}"
+
+    def assign(self, d: A.Assign) -> None:
+        if d.name in self.scope:
+            self.define(d.name, Var(d.name, ERROR, frozenset(), False, d.pos))
+            return
+        self.later.pop(d.name, None)
+        e = d.expr
+        if isinstance(e, A.Call):
+            # A binding that is a call: the call's own node carries the binding's name.
+            ce = self.call(e, lifted=True, key=d.name)
+            lazy = bool(ce is not None and ce.is_async and d.name in dict(self.lazy))
+            if ce is None:
+                self.define(d.name, Var(d.name, ERROR, frozenset(), False, d.pos))
+            elif lazy:
+                self.define(d.name, Var(d.name, ce.type, ce.deps, True, d.pos))
+            else:
+                self.define(d.name, Var(d.name, ce.type, frozenset({d.name}), False, d.pos))
+            return
+        ce = self.expr(e, lifted=True)
+        key = d.name
+        fn = ce.fn
+        if ce.is_async:
+
+            async def action(run: _Run, fn: Fn = fn, key: str = key) -> None:
+                run.env[key] = await fn(run)
+
+            self.nodes.append(Node(key, action, tuple(sorted(ce.deps)), 50, True))
+        else:
+
+            def sync_action(run: _Run, fn: Fn = fn, key: str = key) -> None:
+                run.env[key] = fn(run)
+
+            self.nodes.append(Node(key, sync_action, tuple(sorted(ce.deps)), 50, False))
+        self.define(d.name, Var(key, ce.type, frozenset({key}), False, d.pos))
+
+    # Expressions -----------------------------------------------------------------------------
+
+    def expr(self, e: A.Expr, *, lifted: bool) -> CE:
+        if isinstance(e, A.Lit):
+            return _const(e.value)
+        if isinstance(e, A.Name):
+            return self.name(e)
+        if isinstance(e, A.Call):
+            ce = self.call(e, lifted=lifted, key=None)
+            return ce if ce is not None else CE(ERROR, lambda run: None, False, frozenset())
+        if isinstance(e, A.Binary):
+            return self.binary(e, lifted)
+        if isinstance(e, A.Unary):
+            return self.unary(e, lifted)
+        if isinstance(e, A.Cond):
+            return self.cond(e, lifted)
+        if isinstance(e, A.ListLit):
+            return self.list_lit(e, lifted)
+        if isinstance(e, A.RecordLit):
+            return self.record_lit(e, lifted)
+        if isinstance(e, A.FieldAccess):
+            return self.field(e, lifted)
+        assert isinstance(e, A.Interp)
+        return self.interp(e, lifted)
+
+    def name(self, e: A.Name) -> CE:
+        var = self.scope.get(e.name)
+        if var is None:
+            if e.name in self.later:
+                line = self.later[e.name][0]
+                self.error(
+                    "E007", f"'{e.name}' is used before it is defined (at line {line})", e.pos
+                )
+            else:
+                hint = self._suggest(e.name, list(self.scope))
+                self.error("E007", f"Undefined name '{e.name}'{hint}", e.pos)
+            return CE(ERROR, lambda run: None, False, frozenset())
+        key = var.key
+        if var.lazy:
+            return CE(var.type, lazy_ref(key), True, var.deps)
+        return CE(var.type, lambda run: run.env[key], False, var.deps)
+
+    def binary(self, e: A.Binary, lifted: bool) -> CE:
+        op = e.op
+        left = self.expr(e.left, lifted=lifted)
+        # The right side of ?? / and / or is evaluated only when needed: conditional position.
+        conditional = op in ("??", "and", "or")
+        right = self.expr(e.right, lifted=lifted and not conditional)
+        lt, rt = left.type, right.type
+        deps = left.deps | right.deps
+        if op == "??":
+            base = lt.inner if isinstance(lt, OptionalType) else lt
+            ct = join(base, rt)
+            lf, rf = left.fn, right.fn
+            if not left.is_async and not right.is_async:
+                return CE(ct, lambda run: v if (v := lf(run)) is not None else rf(run), False, deps)
+            la, ra = _to_async(left), _to_async(right)
+
+            async def coalesce(run: _Run) -> Any:
+                v = await la(run)
+                return v if v is not None else await ra(run)
+
+            return CE(ct, coalesce, True, deps)
+        if op in ("and", "or"):
+            for side, st in ((e.left, lt), (e.right, rt)):
+                if not is_assignable(st, BOOLEAN):
+                    self.error(
+                        "E011", f"Operator '{op}' needs Boolean operands, got {st}", side.pos
+                    )
+            lf, rf = left.fn, right.fn
+            is_and = op == "and"
+            if not left.is_async and not right.is_async:
+                if is_and:
+                    return CE(BOOLEAN, lambda run: lf(run) and rf(run), False, deps)
+                return CE(BOOLEAN, lambda run: lf(run) or rf(run), False, deps)
+            la, ra = _to_async(left), _to_async(right)
+
+            async def logic(run: _Run) -> Any:
+                v = await la(run)
+                if bool(v) != is_and:
+                    return v
+                return await ra(run)
+
+            return CE(BOOLEAN, logic, True, deps)
+        func: Callable[[Any, Any], Any]
+        if op in _COMPARE:
+            func = _COMPARE[op]
+            if op in ("==", "!="):
+                ok = is_assignable(lt, rt) or is_assignable(rt, lt)
+            else:
+                ok = (_numeric(lt) and _numeric(rt)) or (
+                    is_assignable(lt, STRING) and is_assignable(rt, STRING)
+                )
+            if not ok:
+                self.error("E011", f"Cannot compare {lt} with {rt} using '{op}'", e.pos)
+            t: Type = BOOLEAN
+        else:
+            func = _divide(e.pos) if op == "/" else _ARITH[op]
+            if _numeric(lt) and _numeric(rt):
+                t = FLOAT if (op == "/" or FLOAT in (lt, rt)) else INT
+                if isinstance(lt, ErrorType) or isinstance(rt, ErrorType):
+                    t = ERROR
+            elif op == "+" and is_assignable(lt, STRING) and is_assignable(rt, STRING):
+                t = STRING
+            elif op == "+" and isinstance(lt, ListType) and isinstance(rt, ListType):
+                t = ListType(join(lt.elem, rt.elem))
+            else:
+                self.error("E011", f"Operator '{op}' cannot be applied to {lt} and {rt}", e.pos)
+                t = ERROR
+        lf, rf = left.fn, right.fn
+        if not left.is_async and not right.is_async:
+            return CE(t, lambda run: func(lf(run), rf(run)), False, deps)
+        la, ra = _to_async(left), _to_async(right)
+
+        async def both(run: _Run) -> Any:
+            return func(await la(run), await ra(run))
+
+        return CE(t, both, True, deps)
+
+    def unary(self, e: A.Unary, lifted: bool) -> CE:
+        inner = self.expr(e.operand, lifted=lifted)
+        f = inner.fn
+        if e.op == "not":
+            if not is_assignable(inner.type, BOOLEAN):
+                self.error("E011", f"Operator 'not' needs a Boolean, got {inner.type}", e.pos)
+            t: Type = BOOLEAN
+            func: Callable[[Any], Any] = operator.not_
+        else:
+            if not _numeric(inner.type):
+                self.error("E011", f"Operator '-' needs a number, got {inner.type}", e.pos)
+            t = inner.type
+            func = operator.neg
+        if not inner.is_async:
+            return CE(t, lambda run: func(f(run)), False, inner.deps)
+
+        async def g(run: _Run) -> Any:
+            return func(await f(run))
+
+        return CE(t, g, True, inner.deps)
+
+    def cond(self, e: A.Cond, lifted: bool) -> CE:
+        c = self.expr(e.cond, lifted=lifted)
+        if not is_assignable(c.type, BOOLEAN):
+            self.error("E011", f"The condition of 'if' must be Boolean, got {c.type}", e.cond.pos)
+        a = self.expr(e.then, lifted=False)
+        b = self.expr(e.other, lifted=False)
+        t = join(a.type, b.type)
+        deps = c.deps | a.deps | b.deps
+        cf, af, bf = c.fn, a.fn, b.fn
+        if not (c.is_async or a.is_async or b.is_async):
+            return CE(t, lambda run: af(run) if cf(run) else bf(run), False, deps)
+        ca, aa, ba = _to_async(c), _to_async(a), _to_async(b)
+
+        async def g(run: _Run) -> Any:
+            return await aa(run) if await ca(run) else await ba(run)
+
+        return CE(t, g, True, deps)
+
+    def _many(self, items: list[CE]) -> tuple[bool, Callable[[_Run], Any]]:
+        """A closure producing the list of ``items``' values (async if any item is)."""
+        if not any(i.is_async for i in items):
+            fns = tuple(i.fn for i in items)
+            return False, lambda run: [f(run) for f in fns]
+        afns = tuple(_to_async(i) for i in items)
+
+        async def g(run: _Run) -> list[Any]:
+            return [await f(run) for f in afns]
+
+        return True, g
+
+    def list_lit(self, e: A.ListLit, lifted: bool) -> CE:
+        items = [self.expr(x, lifted=lifted) for x in e.items]
+        t: Type = NOTHING
+        for i in items:
+            t = join(t, i.type)
+        is_async, fn = self._many(items)
+        deps = frozenset().union(*(i.deps for i in items))
+        return CE(ListType(t), fn, is_async, deps)
+
+    def record_lit(self, e: A.RecordLit, lifted: bool) -> CE:
+        items = [self.expr(x, lifted=lifted) for _, x, _ in e.fields]
+        names = tuple(n for n, _, _ in e.fields)
+        t = RecordType(tuple((n, i.type) for n, i in zip(names, items, strict=True)))
+        is_async, many = self._many(items)
+        deps = frozenset().union(*(i.deps for i in items))
+        if not is_async:
+            return CE(t, lambda run: dict(zip(names, many(run), strict=True)), False, deps)
+
+        async def g(run: _Run) -> Any:
+            return dict(zip(names, await many(run), strict=True))
+
+        return CE(t, g, True, deps)
+
+    def field(self, e: A.FieldAccess, lifted: bool) -> CE:
+        obj = self.expr(e.obj, lifted=lifted)
+        t = self.field_type(obj.type, e.name, e.name_pos)
+        name = e.name
+        f = obj.fn
+        if not obj.is_async:
+            if isinstance(obj.type, RecordType):
+                return CE(t, lambda run: f(run)[name], False, obj.deps)
+            return CE(t, lambda run: _get_field(f(run), name), False, obj.deps)
+
+        async def g(run: _Run) -> Any:
+            return _get_field(await f(run), name)
+
+        return CE(t, g, True, obj.deps)
+
+    def field_type(self, t: Type, name: str, pos: A.Pos) -> Type:
+        if isinstance(t, ErrorType):
+            return ERROR
+        if isinstance(t, RecordType):
+            fields = t.field_map()
+            if name in fields:
+                return fields[name]
+            hint = self._suggest(name, list(fields))
+            self.error("E012", f"Record {t} has no field '{name}'{hint}", pos)
+            return ERROR
+        if isinstance(t, ResultType):
+            rf = t.field_types()
+            if name in rf:
+                return rf[name]
+            self.error("E012", f"{t} has no field '{name}' (it has ok, value, error)", pos)
+            return ERROR
+        if isinstance(t, UnionType) and all(isinstance(m, RecordType) for m in t.members):
+            found = [self.field_type_quiet(m, name) for m in t.members]
+            if all(f is not None for f in found):
+                out: Type = NOTHING
+                for f in found:
+                    assert f is not None
+                    out = join(out, f)
+                return out
+            self.error("E012", f"Not every member of {t} has a field '{name}'", pos)
+            return ERROR
+        if isinstance(t, OptionalType):
+            self.error(
+                "E012",
+                f"Cannot read field '{name}' of an optional value ({t}); give a default first "
+                f"with ??",
+                pos,
+            )
+            return ERROR
+        self.error("E012", f"Cannot read field '{name}' of a value of type {t}", pos)
+        return ERROR
+
+    @staticmethod
+    def field_type_quiet(t: Type, name: str) -> Type | None:
+        assert isinstance(t, RecordType)
+        return t.field_map().get(name)
+
+    def interp(self, e: A.Interp, lifted: bool) -> CE:
+        parts: list[CE] = []
+        for p in e.parts:
+            parts.append(_const(p) if isinstance(p, str) else self.expr(p, lifted=lifted))
+        is_async, many = self._many(parts)
+        deps = frozenset().union(*(p.deps for p in parts))
+        if not is_async:
+            return CE(STRING, lambda run: "".join(map(render_text, many(run))), False, deps)
+
+        async def g(run: _Run) -> str:
+            return "".join(map(render_text, await many(run)))
+
+        return CE(STRING, g, True, deps)
+
+    # Calls ---------------------------------------------------------------------------------
+
+    def resolve_module(self, name: str) -> ModuleSpec | None:
+        spec = self.registry.get(name)
+        if spec is not None:
+            return spec
+        head, _, rest = name.partition(".")
+        if head in self.aliases:
+            target = self.aliases[head] + ("." + rest if rest else "")
+            return self.registry.get(target)
+        return None
+
+    def call(self, e: A.Call, *, lifted: bool, key: str | None) -> CE | None:
+        spec = self.resolve_module(e.module)
+        args = [self.expr(a, lifted=lifted) for a in e.args]
+        if spec is None:
+            hint = self._suggest(e.module, [*self.registry.names(), *self.aliases])
+            self.error("E009", f"Unknown module '{e.module}'{hint}", e.module_pos)
+            self.check_options(e, None, ERROR)
+            return None
+        if len(args) != spec.arity:
+            self.error(
+                "E010",
+                f"Module '{spec.name}' takes {spec.arity} argument{'s' * (spec.arity != 1)} but "
+                f"{len(args)} {'was' if len(args) == 1 else 'were'} given",
+                e.pos,
+            )
+        else:
+            for i, (a, ae, (pname, pt)) in enumerate(
+                zip(args, e.args, spec.params, strict=True), 1
+            ):
+                if not is_assignable(a.type, pt):
+                    self.error(
+                        "E011",
+                        f"Argument {i} ('{pname}') of '{spec.name}' expects {pt}, got {a.type}",
+                        ae.pos,
+                    )
+        result_type = spec.returns
+        fallback = self.check_options(e, spec, result_type)
+        opts = e.options
+        on_error = opts["on_error"].value if "on_error" in opts else "propagate"
+        if on_error == "wrap":
+            result_type = ResultType(spec.returns)
+        deps = frozenset().union(*(a.deps for a in args))
+        if fallback is not None:
+            deps |= fallback.deps
+        site = CallSite(spec.name, e.module_pos[0], e.module_pos[1])
+        priority = int(opts["priority"].value) if "priority" in opts else 50
+        lazy = bool(opts["lazy"].value) if "lazy" in opts else False
+        cc = CompiledCall(
+            site=site,
+            fn=self._callable(spec),
+            is_async=spec.is_async,
+            args=[(a.is_async, a.fn) for a in args],
+            policy=self.policy(spec, e, fallback),
+            lazy=lazy and lifted,
+            priority=priority,
+        )
+        if not lifted:
+            return CE(result_type, cc.invoke, True, deps)
+        node_key = key or self.new_key()
+        if lazy:
+            self.lazy.append((node_key, cc))
+            return CE(result_type, lazy_ref(node_key), True, deps)
+        invoke = cc.invoke
+
+        async def action(run: _Run) -> None:
+            run.env[node_key] = await invoke(run)
+
+        self.nodes.append(Node(node_key, action, tuple(sorted(deps)), priority, True))
+        return CE(result_type, lambda run: run.env[node_key], False, frozenset({node_key}))
+
+    @staticmethod
+    def _callable(spec: ModuleSpec) -> Callable[..., Any]:
+        fn = spec.fn
+        convs = spec.arg_converters
+        rconv = spec.result_converter
+        if not any(convs) and rconv is None:
+            return fn
+        if spec.is_async:
+
+            async def aconverted(*args: Any) -> Any:
+                r = await fn(*(c(a) if c else a for c, a in zip(convs, args, strict=True)))
+                return rconv(r) if rconv else r
+
+            return aconverted
+
+        def converted(*args: Any) -> Any:
+            r = fn(*(c(a) if c else a for c, a in zip(convs, args, strict=True)))
+            return rconv(r) if rconv else r
+
+        return converted
+
+    def check_options(self, e: A.Call, spec: ModuleSpec | None, ret: Type) -> CE | None:
+        """D3.9 checks and warnings; compiles the fallback (in a conditional position)."""
+        opts = e.options
+        fallback: CE | None = None
+        if "fallback" in opts:
+            fo = opts["fallback"]
+            fallback = self.expr(fo.value, lifted=False)
+            if spec is not None and not is_assignable(fallback.type, ret):
+                self.error(
+                    "E017",
+                    f"Fallback type mismatch: module returns {ret} but fallback is {fallback.type}",
+                    fo.value_pos,
+                )
+        retry = opts["retry"].value if "retry" in opts else 0
+        if "delay" in opts and retry == 0:
+            self.warn("W001", "'delay' without 'retry' has no effect", opts["delay"].pos)
+        if "backoff" in opts and "delay" not in opts:
+            self.warn("W002", "'backoff' without 'delay' has no effect", opts["backoff"].pos)
+        if "backoff" in opts and retry == 0:
+            self.warn("W003", "'backoff' without 'retry' has no effect", opts["backoff"].pos)
+        if "cache_backend" in opts and "cache" not in opts:
+            self.warn(
+                "W004", "'cache_backend' without 'cache' has no effect", opts["cache_backend"].pos
+            )
+        if retry > 10:
+            self.warn(
+                "W005",
+                f"High retry count ({retry}) - consider using a lower value with exponential "
+                "backoff",
+                opts["retry"].pos,
+            )
+        return fallback
+
+    def policy(self, spec: ModuleSpec, e: A.Call, fallback: CE | None) -> Any:
+        """One Policy per call site, or None for a call without resilience options."""
+        opts = e.options
+        relevant = [n for n in opts if n not in ("lazy", "priority")]
+        if not relevant or any(d.severity == "error" for d in self.diags):
+            return None  # no policy needed (or the program will not compile anyway)
+        from ..policies import Policy
+
+        kwargs: dict[str, Any] = {"name": spec.name}
+        if "timeout" in opts:
+            kwargs["timeout"] = opts["timeout"].value
+        if "retry" in opts:
+            kwargs["retry"] = opts["retry"].value
+        if "delay" in opts:
+            kwargs["delay"] = opts["delay"].value
+        if "backoff" in opts:
+            kwargs["backoff"] = opts["backoff"].value
+        if "cache" in opts:
+            kwargs["cache"] = opts["cache"].value
+        if "cache_backend" in opts:
+            kwargs["cache_backend"] = opts["cache_backend"].value
+        if "throttle" in opts:
+            kwargs["throttle"] = opts["throttle"].value[2]
+        if "concurrency" in opts:
+            kwargs["concurrency"] = opts["concurrency"].value
+        if "on_error" in opts:
+            kwargs["on_error"] = opts["on_error"].value
+            kwargs["zero"] = zero_value(spec.returns)
+        if fallback is not None:
+            kwargs["fallback"] = _fallback_callable(fallback)
+        try:
+            return Policy(**kwargs)
+        except ConfigurationError as exc:
+            self.error("E013", f"Invalid options for '{spec.name}': {exc}", e.pos)
+            return None
+
+
+def _fallback_callable(fallback: CE) -> Callable[..., Any]:
+    """The fallback as the policy wants it: a callable taking the module's arguments. It reads
+    the run from the context (the expression may use any value of the program)."""
+    fn = fallback.fn
+    if fallback.is_async:
+
+        async def afb(*_args: Any, **_kwargs: Any) -> Any:
+            return await fn(CURRENT_RUN.get())
+
+        return afb
+
+    def fb(*_args: Any, **_kwargs: Any) -> Any:
+        return fn(CURRENT_RUN.get())
+
+    return fb
+
+
+def compile_program(
+    prog: A.Program, registry: ModuleRegistry, diags: list[Diagnostic], source: str
+) -> Program | None:
+    """Check ``prog`` and build the runnable :class:`Program` (None when there are errors)."""
+    c = _Compiler(registry, diags)
+    c.resolve_aliases([d for d in prog.decls if isinstance(d, A.TypeDef)])
+    for d in prog.decls:
+        if isinstance(d, A.UseDecl):
+            c.use(d)
+    for d in prog.decls:
+        if isinstance(d, A.Assign):
+            c.later.setdefault(d.name, d.pos)
+    inputs: dict[str, Type] = {}
+    outputs_decl: list[A.OutputDecl] = []
+    for d in prog.decls:
+        if isinstance(d, A.InputDecl):
+            t = c.type_of(d.type)
+            if c.define(d.name, Var(d.name, t, frozenset(), False, d.pos)):
+                inputs[d.name] = t
+        elif isinstance(d, A.Assign):
+            c.assign(d)
+        elif isinstance(d, A.OutputDecl):
+            outputs_decl.append(d)
+    outputs: dict[str, Type] = {}
+    output_keys: list[tuple[str, str]] = []
+    for o in outputs_decl:
+        if o.name in outputs:
+            c.error("E014", f"Output '{o.name}' is declared twice", o.pos)
+            continue
+        var = c.scope.get(o.name)
+        if var is None:
+            hint = c._suggest(o.name, list(c.scope))
+            c.error("E014", f"Output '{o.name}' is not defined{hint}", o.pos)
+            continue
+        outputs[o.name] = var.type
+        output_keys.append((o.name, var.key))
+        if var.lazy:
+            # A lazy output is needed: force it (concurrently with the rest) and store the value.
+            key = var.key
+
+            async def force(run: _Run, key: str = key) -> None:
+                v = run.env[key]
+                if type(v) is Thunk:
+                    run.env[key] = await v.force()
+
+            c.nodes.append(Node(f"out:{o.name}", force, tuple(sorted(var.deps)), 50, True))
+    if not outputs_decl:
+        c.error("E014", "A program needs at least one 'out' declaration", (1, 1))
+    if any(d.severity == "error" for d in diags):
+        return None
+    plan: DagPlan[_Run] = DagPlan(c.nodes)
+    return Program(
+        inputs=inputs,
+        outputs=outputs,
+        warnings=[d for d in diags if d.severity == "warning"],
+        plan=plan,
+        lazy=c.lazy,
+        output_keys=output_keys,
+        source=source,
+    )

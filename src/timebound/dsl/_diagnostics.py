@@ -1,0 +1,87 @@
+"""Diagnostics: stable codes, positions, and rendering with the source line and a caret."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from .._core._errors import TimeboundError
+
+__all__ = ["CODES", "CompileError", "Diagnostic", "format_diagnostic"]
+
+#: Every diagnostic code and what it means (documented in docs/constellation.md).
+CODES: dict[str, str] = {
+    "E001": "syntax error",
+    "E002": "unterminated string or interpolation",
+    "E003": "invalid character, escape or literal",
+    "E004": "nesting too deep or program too large",
+    "E005": "unknown type",
+    "E006": "invalid type definition (duplicate or cyclic alias)",
+    "E007": "undefined name",
+    "E008": "duplicate definition",
+    "E009": "unknown module",
+    "E010": "wrong number of arguments",
+    "E011": "type mismatch",
+    "E012": "unknown or invalid field access",
+    "E013": "invalid option value",
+    "E014": "invalid output",
+    "E015": "invalid use declaration",
+    "E016": "option value must be > 0",
+    "E017": "fallback type mismatch",
+    "E018": "duplicate option",
+    "E019": "unknown option",
+    "W001": "'delay' without 'retry'",
+    "W002": "'backoff' without 'delay'",
+    "W003": "'backoff' without 'retry'",
+    "W004": "'cache_backend' without 'cache'",
+    "W005": "high retry count",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Diagnostic:
+    """One compile-time finding. ``line`` and ``column`` are 1-based."""
+
+    code: str
+    severity: Literal["error", "warning"]
+    message: str
+    line: int
+    column: int
+
+    def __str__(self) -> str:
+        return f"{self.line}:{self.column}: {self.severity} {self.code}: {self.message}"
+
+
+def format_diagnostic(diag: Diagnostic, source: str, filename: str = "<source>") -> str:
+    """``FILE:LINE:COL: severity CODE: message`` then the source line and a caret under it."""
+    head = f"{filename}:{diag.line}:{diag.column}: {diag.severity} {diag.code}: {diag.message}"
+    lines = source.splitlines()
+    if 1 <= diag.line <= len(lines):
+        text = lines[diag.line - 1]
+        if len(text) > 200:  # keep huge lines readable: show a window around the column
+            start = max(0, diag.column - 100)
+            text = text[start : start + 200]
+            col = diag.column - start
+        else:
+            col = diag.column
+        # Tabs keep their width under the caret so it lines up.
+        pad = "".join("\t" if ch == "\t" else " " for ch in text[: max(0, col - 1)])
+        return f"{head}\n    {text}\n    {pad}^"
+    return head
+
+
+class CompileError(TimeboundError, ValueError):
+    """A program did not compile. ``diagnostics`` lists every error (and warning) found."""
+
+    code = "constellation-compile-error"
+
+    def __init__(self, diagnostics: list[Diagnostic], source: str = "") -> None:
+        self.diagnostics = diagnostics
+        self.source = source
+        errors = [d for d in diagnostics if d.severity == "error"]
+        shown = "\n".join(format_diagnostic(d, source) for d in errors[:20])
+        more = f"\n... and {len(errors) - 20} more" if len(errors) > 20 else ""
+        super().__init__(f"{len(errors)} error(s) in Constellation program:\n{shown}{more}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (CompileError, (self.diagnostics, self.source))

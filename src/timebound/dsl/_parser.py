@@ -1,0 +1,759 @@
+"""Lexer and recursive-descent parser for the Constellation subset.
+
+Hand-written rather than generated (lark) for three reasons: string interpolation needs the lexer
+to recurse into ``${...}`` with exact source positions; a hostile program must hit a clear nesting
+limit (E004) instead of Python's recursion limit; and each error can say what was expected and
+what closes what ("expected ')' to close '(' at 3:9"). Lexing errors and syntax errors stop at the
+first one; option errors (E013, E016, E018, E019) are collected and parsing goes on.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass
+from typing import Any, Final
+
+from . import _ast as A
+from ._diagnostics import Diagnostic
+
+__all__ = ["KEYWORDS", "MAX_DEPTH", "ParseFailure", "parse"]
+
+KEYWORDS: Final = frozenset(
+    {"type", "in", "out", "use", "as", "if", "else", "true", "false", "and", "or", "not", "with"}
+)
+#: How deeply brackets, calls, conditionals and operators may nest (E004 beyond).
+MAX_DEPTH: Final = 64
+_MAX_INT: Final = 2**63 - 1
+
+DURATION_UNITS_MS: Final = {"ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+BACKOFFS: Final = ("fixed", "linear", "exponential")
+ON_ERRORS: Final = ("propagate", "skip", "log", "wrap")
+PRIORITIES: Final = {"critical": 100, "high": 80, "normal": 50, "low": 20, "background": 0}
+OPTION_NAMES: Final = (
+    "retry",
+    "timeout",
+    "delay",
+    "cache",
+    "backoff",
+    "fallback",
+    "cache_backend",
+    "throttle",
+    "concurrency",
+    "on_error",
+    "lazy",
+    "priority",
+)
+
+_TOKEN_RE = re.compile(
+    r"""
+    (?P<ws>[ \t\r\n\f]+|\#[^\n]*)
+  | (?P<num>\d+(?:\.\d+)?)
+  | (?P<op>==|!=|<=|>=|\?\?|[-+*/<>()\[\]{},:.=|])
+  | (?P<ident>[^\W\d]\w*)
+    """,
+    re.VERBOSE,
+)
+_WORD_TAIL = re.compile(r"\w+")
+
+
+@dataclass(slots=True)
+class Token:
+    kind: str  # ident, kw, int, float, duration, string, op, eof
+    text: str
+    value: Any
+    line: int
+    col: int
+
+    @property
+    def pos(self) -> A.Pos:
+        return (self.line, self.col)
+
+
+class ParseFailure(Exception):
+    """Raised internally at the first lexing or syntax error."""
+
+    def __init__(self, diag: Diagnostic) -> None:
+        super().__init__(diag.message)
+        self.diag = diag
+
+
+def _describe(tok: Token) -> str:
+    if tok.kind == "eof":
+        return "end of input"
+    if tok.kind == "string":
+        return "a string"
+    text = tok.text if len(tok.text) <= 20 else tok.text[:17] + "..."
+    if tok.kind == "kw":
+        return f"keyword '{text}'"
+    return f"'{text}'"
+
+
+class _Lexer:
+    def __init__(self, source: str) -> None:
+        self.src = source
+        self.depth = 0
+        self.line_starts = [0] + [m.end() for m in re.finditer("\n", source)]
+
+    def pos(self, index: int) -> A.Pos:
+        line = bisect.bisect_right(self.line_starts, index)
+        return (line, index - self.line_starts[line - 1] + 1)
+
+    def fail(self, code: str, message: str, index: int) -> ParseFailure:
+        line, col = self.pos(index)
+        return ParseFailure(Diagnostic(code, "error", message, line, col))
+
+    def tokens(self, start: int, end: int) -> list[Token]:
+        src = self.src
+        out: list[Token] = []
+        i = start
+        match = _TOKEN_RE.match
+        while i < end:
+            ch = src[i]
+            if ch == '"':
+                out.append(self.string(i, end))
+                i = self._string_end
+                continue
+            m = match(src, i, end)
+            if m is None:
+                char = src[i]
+                shown = repr(char) if char.isprintable() else f"U+{ord(char):04X}"
+                raise self.fail("E003", f"Unexpected character {shown}", i)
+            kind = m.lastgroup
+            text = m.group()
+            j = m.end()
+            if kind == "ws":
+                i = j
+                continue
+            line, col = self.pos(i)
+            if kind == "num":
+                tail = _WORD_TAIL.match(src, j, end)
+                if tail is not None:
+                    unit = tail.group()
+                    if "." in text:
+                        raise self.fail(
+                            "E003",
+                            f"Invalid literal '{text}{unit}': durations are whole numbers "
+                            "(use 1500ms, not 1.5s)",
+                            i,
+                        )
+                    if unit not in DURATION_UNITS_MS:
+                        raise self.fail(
+                            "E003",
+                            f"Invalid literal '{text}{unit}': a duration unit is one of ms, s, "
+                            "min, h, d",
+                            i,
+                        )
+                    n = self._int(text, i)
+                    out.append(Token("duration", text + unit, (n, unit), line, col))
+                    i = tail.end()
+                    continue
+                if "." in text:
+                    out.append(Token("float", text, float(text), line, col))
+                else:
+                    out.append(Token("int", text, self._int(text, i), line, col))
+            elif kind == "ident":
+                out.append(Token("kw" if text in KEYWORDS else "ident", text, text, line, col))
+            else:
+                out.append(Token("op", text, text, line, col))
+            i = j
+        line, col = self.pos(end)
+        out.append(Token("eof", "", None, line, col))
+        return out
+
+    def _int(self, text: str, index: int) -> int:
+        # Check the length before int(): CPython refuses to convert very long digit strings.
+        if len(text.lstrip("0")) > 19 or int(text) > _MAX_INT:
+            raise self.fail("E003", f"Integer literal too large (max {_MAX_INT})", index)
+        return int(text)
+
+    _string_end: int = 0
+
+    def string(self, start: int, end: int) -> Token:
+        """Lex a string starting at the quote; parts are text and interpolation token lists."""
+        src = self.src
+        parts: list[str | tuple[int, list[Token]]] = []
+        buf: list[str] = []
+        i = start + 1
+        while True:
+            if i >= end or src[i] == "\n":
+                raise self.fail("E002", "Unterminated string", start)
+            ch = src[i]
+            if ch == '"':
+                i += 1
+                break
+            if ch == "\\":
+                if i + 1 >= end:
+                    raise self.fail("E002", "Unterminated string", start)
+                esc = src[i + 1]
+                simple = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "$": "$"}
+                if esc in simple:
+                    buf.append(simple[esc])
+                    i += 2
+                    continue
+                if esc == "u":
+                    m = re.match(r"u\{([0-9a-fA-F]{1,6})\}", src[i + 1 : i + 11])
+                    if m is None or int(m.group(1), 16) > 0x10FFFF:
+                        raise self.fail("E003", "Invalid unicode escape (use \\u{1F600})", i)
+                    buf.append(chr(int(m.group(1), 16)))
+                    i += 1 + m.end()
+                    continue
+                shown = esc if esc.isprintable() else f"U+{ord(esc):04X}"
+                raise self.fail("E003", f"Invalid escape '\\{shown}' in string", i)
+            if ch == "$" and i + 1 < end and src[i + 1] == "{":
+                close = self._interp_end(i + 2, end, i)
+                if buf:
+                    parts.append("".join(buf))
+                    buf = []
+                self.depth += 1
+                if self.depth > MAX_DEPTH:
+                    raise self.fail(
+                        "E004", f"Interpolations nested too deep (more than {MAX_DEPTH})", i
+                    )
+                inner = self.tokens(i + 2, close)
+                self.depth -= 1
+                if inner[0].kind == "eof":
+                    raise self.fail("E001", "Empty interpolation '${}'", i)
+                parts.append((i, inner))
+                i = close + 1
+                continue
+            buf.append(ch)
+            i += 1
+        if buf or not parts:
+            parts.append("".join(buf))
+        self._string_end = i
+        line, col = self.pos(start)
+        return Token("string", src[start:i], parts, line, col)
+
+    def _skip_string(self, start: int, end: int) -> int:
+        """Index just after the string starting at ``start`` (scanned, not tokenised)."""
+        src = self.src
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise self.fail(
+                "E004", f"Strings nested too deep (more than {MAX_DEPTH} levels)", start
+            )
+        i = start + 1
+        while i < end and src[i] != "\n":
+            ch = src[i]
+            if ch == '"':
+                self.depth -= 1
+                return i + 1
+            if ch == "\\":
+                i += 2
+                continue
+            if ch == "$" and i + 1 < end and src[i + 1] == "{":
+                i = self._interp_end(i + 2, end, i) + 1
+                continue
+            i += 1
+        raise self.fail("E002", "Unterminated string", start)
+
+    def _interp_end(self, i: int, end: int, opener: int) -> int:
+        """Index of the '}' closing an interpolation that starts at ``i``."""
+        src = self.src
+        depth = 0
+        while i < end:
+            ch = src[i]
+            if ch == "\n":
+                break
+            if ch == '"':
+                i = self._skip_string(i, end)
+                continue
+            if ch == "{":
+                depth += 1
+            elif ch == "}":
+                if depth == 0:
+                    return i
+                depth -= 1
+            i += 1
+        raise self.fail("E002", "Unterminated interpolation '${' in string", opener)
+
+
+class _Parser:
+    def __init__(self, lexer: _Lexer, tokens: list[Token], diags: list[Diagnostic]) -> None:
+        self.lexer = lexer
+        self.toks = tokens
+        self.i = 0
+        self.diags = diags
+        self.depth = 0
+
+    # Token helpers -------------------------------------------------------------------------
+
+    @property
+    def tok(self) -> Token:
+        return self.toks[self.i]
+
+    def peek(self, n: int = 1) -> Token:
+        j = min(self.i + n, len(self.toks) - 1)
+        return self.toks[j]
+
+    def advance(self) -> Token:
+        t = self.toks[self.i]
+        if t.kind != "eof":
+            self.i += 1
+        return t
+
+    def at_op(self, text: str) -> bool:
+        t = self.toks[self.i]
+        return t.kind == "op" and t.text == text
+
+    def at_kw(self, text: str) -> bool:
+        t = self.toks[self.i]
+        return t.kind == "kw" and t.text == text
+
+    def error(self, message: str, tok: Token | None = None, code: str = "E001") -> ParseFailure:
+        t = tok or self.tok
+        return ParseFailure(Diagnostic(code, "error", message, t.line, t.col))
+
+    def expect_op(self, text: str, context: str = "") -> Token:
+        if not self.at_op(text):
+            raise self.error(f"Expected '{text}'{context}, found {_describe(self.tok)}")
+        return self.advance()
+
+    def expect_ident(self, what: str) -> Token:
+        t = self.tok
+        if t.kind != "ident":
+            extra = f" ('{t.text}' is a keyword)" if t.kind == "kw" else ""
+            raise self.error(f"Expected {what}, found {_describe(t)}{extra}")
+        return self.advance()
+
+    def enter(self, tok: Token) -> None:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise self.error(f"Nesting too deep (more than {MAX_DEPTH} levels)", tok, "E004")
+
+    def leave(self) -> None:
+        self.depth -= 1
+
+    # Declarations ----------------------------------------------------------------------------
+
+    def program(self) -> A.Program:
+        decls: list[A.Decl] = []
+        while self.tok.kind != "eof":
+            decls.append(self.declaration())
+        return A.Program(decls)
+
+    def declaration(self) -> A.Decl:
+        t = self.tok
+        if t.kind == "kw":
+            if t.text == "type":
+                self.advance()
+                name = self.expect_ident("a type name after 'type'")
+                self.expect_op("=", f" after 'type {name.text}'")
+                return A.TypeDef(t.pos, name.text, self.type_expr())
+            if t.text == "in":
+                self.advance()
+                name = self.expect_ident("an input name after 'in'")
+                self.expect_op(":", f" and a type after 'in {name.text}'")
+                return A.InputDecl(t.pos, name.text, self.type_expr())
+            if t.text == "out":
+                self.advance()
+                name = self.expect_ident("a name after 'out'")
+                return A.OutputDecl(name.pos, name.text)
+            if t.text == "use":
+                self.advance()
+                first = self.expect_ident("a module name after 'use'")
+                parts = [first.text]
+                while self.at_op("."):
+                    self.advance()
+                    parts.append(self.expect_ident("a name after '.'").text)
+                alias = None
+                if self.at_kw("as"):
+                    self.advance()
+                    alias = self.expect_ident("a name after 'as'").text
+                return A.UseDecl(first.pos, ".".join(parts), alias)
+        if t.kind == "ident" and self.peek().kind == "op" and self.peek().text == "=":
+            self.advance()
+            self.advance()
+            return A.Assign(t.pos, t.text, self.expr())
+        raise self.error(
+            f"Expected a declaration (type, in, out, use or NAME = expression), "
+            f"found {_describe(t)}"
+        )
+
+    # Types -----------------------------------------------------------------------------------
+
+    def type_expr(self) -> A.TypeExpr:
+        start = self.tok
+        self.enter(start)
+        members = [self.type_term()]
+        while self.at_op("|"):
+            self.advance()
+            members.append(self.type_term())
+        self.leave()
+        return members[0] if len(members) == 1 else A.TUnion(start.pos, members)
+
+    def type_term(self) -> A.TypeExpr:
+        t = self.tok
+        if t.kind == "ident":
+            self.advance()
+            if t.text in ("String", "Int", "Float", "Boolean"):
+                return A.TPrim(t.pos, t.text)
+            if t.text in ("List", "Optional"):
+                self.expect_op("<", f" after '{t.text}'")
+                inner = self.type_expr()
+                self.expect_op(">", f" to close '{t.text}<' at {t.line}:{t.col}")
+                return A.TList(t.pos, inner) if t.text == "List" else A.TOptional(t.pos, inner)
+            if t.text == "Map":
+                self.expect_op("<", " after 'Map'")
+                key = self.type_expr()
+                self.expect_op(",", " between the key and value types of 'Map'")
+                value = self.type_expr()
+                self.expect_op(">", f" to close 'Map<' at {t.line}:{t.col}")
+                return A.TMap(t.pos, key, value)
+            return A.TName(t.pos, t.text)
+        if self.at_op("{"):
+            self.advance()
+            self.enter(t)
+            fields: list[tuple[str, A.TypeExpr, A.Pos]] = []
+            if not self.at_op("}"):
+                while True:
+                    name = self.expect_ident("a field name")
+                    self.expect_op(":", f" after field '{name.text}'")
+                    fields.append((name.text, self.type_expr(), name.pos))
+                    if not self.at_op(","):
+                        break
+                    self.advance()
+            self.expect_op("}", f" to close the record type at {t.line}:{t.col}")
+            self.leave()
+            return A.TRecord(t.pos, fields)
+        raise self.error(f"Expected a type, found {_describe(t)}")
+
+    # Expressions -----------------------------------------------------------------------------
+
+    def expr(self) -> A.Expr:
+        t = self.tok
+        self.enter(t)
+        left = self.binary(0)
+        if self.at_op("??"):
+            op = self.advance()
+            right = self.expr()
+            left = A.Binary(op.pos, "??", left, right)
+        self.leave()
+        return left
+
+    # Binary operators by precedence level (lowest first); `not` sits between and and compare.
+    _LEVELS: Final = (
+        ("or",),
+        ("and",),
+        None,
+        ("==", "!=", "<", ">", "<=", ">="),
+        ("+", "-"),
+        ("*", "/"),
+    )
+
+    def binary(self, level: int) -> A.Expr:
+        if level == len(self._LEVELS):
+            return self.unary()
+        ops = self._LEVELS[level]
+        if ops is None:  # the `not` level
+            if self.at_kw("not"):
+                t = self.advance()
+                self.enter(t)
+                operand = self.binary(level)
+                self.leave()
+                return A.Unary(t.pos, "not", operand)
+            return self.binary(level + 1)
+        left = self.binary(level + 1)
+        count = 0
+        while True:
+            t = self.tok
+            if not ((t.kind == "op" or t.kind == "kw") and t.text in ops):
+                break
+            if level == 3 and count == 1:
+                raise self.error(
+                    f"Comparisons do not chain: parenthesise '{t.text}' (e.g. (a < b) == c)"
+                )
+            self.advance()
+            count += 1
+            self.enter(t)  # a long operator chain builds a deep tree: it counts as nesting
+            right = self.binary(level + 1)
+            left = A.Binary(t.pos, t.text, left, right)
+        self.depth -= count
+        return left
+
+    def unary(self) -> A.Expr:
+        if self.at_op("-"):
+            t = self.advance()
+            self.enter(t)
+            operand = self.unary()
+            self.leave()
+            if (
+                isinstance(operand, A.Lit)
+                and isinstance(operand.value, int | float)
+                and not (isinstance(operand.value, bool))
+            ):
+                return A.Lit(t.pos, -operand.value)
+            return A.Unary(t.pos, "-", operand)
+        return self.postfix()
+
+    def postfix(self) -> A.Expr:
+        node = self.primary()
+        count = 0
+        while self.at_op("."):
+            dot = self.advance()
+            name = self.expect_ident("a field name after '.'")
+            self.enter(dot)
+            count += 1
+            node = A.FieldAccess(dot.pos, node, name.text, name.pos)
+        self.depth -= count
+        return node
+
+    def primary(self) -> A.Expr:
+        t = self.tok
+        k = t.kind
+        if k == "int" or k == "float":
+            self.advance()
+            return A.Lit(t.pos, t.value)
+        if k == "string":
+            self.advance()
+            return self.string(t)
+        if k == "kw":
+            if t.text in ("true", "false"):
+                self.advance()
+                return A.Lit(t.pos, t.text == "true")
+            if t.text == "if":
+                self.advance()
+                self.enter(t)
+                self.expect_op("(", " after 'if'")
+                cond = self.expr()
+                self.expect_op(")", f" to close the condition of 'if' at {t.line}:{t.col}")
+                then = self.expr()
+                if not self.at_kw("else"):
+                    raise self.error(
+                        f"Expected 'else' for the 'if' at {t.line}:{t.col}, "
+                        f"found {_describe(self.tok)}"
+                    )
+                self.advance()
+                other = self.expr()
+                self.leave()
+                return A.Cond(t.pos, cond, then, other)
+            raise self.error(f"Expected an expression, found {_describe(t)}")
+        if k == "duration":
+            raise self.error(
+                f"A duration like '{t.text}' is only allowed as an option value "
+                "(timeout, delay, cache, throttle)",
+                t,
+                "E013",
+            )
+        if k == "ident":
+            return self.name_or_call()
+        if k == "op":
+            if t.text == "(":
+                self.advance()
+                self.enter(t)
+                inner = self.expr()
+                self.expect_op(")", f" to close '(' at {t.line}:{t.col}")
+                self.leave()
+                return inner
+            if t.text == "[":
+                self.advance()
+                self.enter(t)
+                items: list[A.Expr] = []
+                if not self.at_op("]"):
+                    while True:
+                        items.append(self.expr())
+                        if not self.at_op(","):
+                            break
+                        self.advance()
+                self.expect_op("]", f" to close '[' at {t.line}:{t.col}")
+                self.leave()
+                return A.ListLit(t.pos, items)
+            if t.text == "{":
+                self.advance()
+                self.enter(t)
+                fields: list[tuple[str, A.Expr, A.Pos]] = []
+                seen: set[str] = set()
+                if not self.at_op("}"):
+                    while True:
+                        name = self.expect_ident("a field name in the record")
+                        if name.text in seen:
+                            raise self.error(
+                                f"Duplicate field '{name.text}' in record", name, "E008"
+                            )
+                        seen.add(name.text)
+                        self.expect_op(":", f" after field '{name.text}'")
+                        fields.append((name.text, self.expr(), name.pos))
+                        if not self.at_op(","):
+                            break
+                        self.advance()
+                self.expect_op("}", f" to close '{{' at {t.line}:{t.col}")
+                self.leave()
+                return A.RecordLit(t.pos, fields)
+        raise self.error(f"Expected an expression, found {_describe(t)}")
+
+    def string(self, t: Token) -> A.Expr:
+        raw: list[str | tuple[int, list[Token]]] = t.value
+        if len(raw) == 1 and isinstance(raw[0], str):
+            return A.Lit(t.pos, raw[0])
+        parts: list[str | A.Expr] = []
+        for part in raw:
+            if isinstance(part, str):
+                parts.append(part)
+                continue
+            _, toks = part
+            sub = _Parser(self.lexer, toks, self.diags)
+            sub.depth = self.depth + 1
+            e = sub.expr()
+            if sub.tok.kind != "eof":
+                raise sub.error(f"Unexpected {_describe(sub.tok)} in interpolation")
+            parts.append(e)
+        return A.Interp(t.pos, parts)
+
+    def name_or_call(self) -> A.Expr:
+        first = self.advance()
+        parts = [first.text]
+        j = self.i
+        # a.b.c( ... ) is a call of the qualified module a.b.c; a.b.c alone is field access.
+        while (
+            self.toks[j].kind == "op"
+            and self.toks[j].text == "."
+            and self.toks[j + 1].kind == "ident"
+        ):
+            parts.append(self.toks[j + 1].text)
+            j += 2
+        if self.toks[j].kind == "op" and self.toks[j].text == "(":
+            self.i = j
+            open_tok = self.advance()
+            self.enter(open_tok)
+            args: list[A.Expr] = []
+            if not self.at_op(")"):
+                while True:
+                    args.append(self.expr())
+                    if not self.at_op(","):
+                        break
+                    self.advance()
+            self.expect_op(
+                ")", f" to close the call of '{'.'.join(parts)}' at {open_tok.line}:{open_tok.col}"
+            )
+            call = A.Call(first.pos, ".".join(parts), first.pos, args)
+            if self.at_kw("with"):
+                self.advance()
+                self.options(call)
+            self.leave()
+            return call
+        return A.Name(first.pos, first.text)
+
+    # Options ---------------------------------------------------------------------------------
+
+    def options(self, call: A.Call) -> None:
+        while True:
+            self.option(call)
+            # A comma continues the clause only when an option follows (`, name:` or `, lazy`).
+            if not self.at_op(","):
+                return
+            nxt, after = self.peek(1), self.peek(2)
+            if nxt.kind == "ident" and (
+                (after.kind == "op" and after.text == ":") or nxt.text == "lazy"
+            ):
+                self.advance()
+                continue
+            return
+
+    def _diag(self, code: str, message: str, pos: A.Pos, severity: str = "error") -> None:
+        self.diags.append(Diagnostic(code, severity, message, pos[0], pos[1]))  # type: ignore[arg-type]
+
+    def option(self, call: A.Call) -> None:
+        name_tok = self.tok
+        if name_tok.kind != "ident":
+            raise self.error(f"Expected an option name after 'with', found {_describe(name_tok)}")
+        self.advance()
+        name = name_tok.text
+        if name == "lazy" and not self.at_op(":"):
+            self._store(call, A.Option(name, True, name_tok.pos, name_tok.pos, "true"))
+            return
+        self.expect_op(":", f" after option '{name}'")
+        vt = self.tok
+        if name not in OPTION_NAMES:
+            self._diag("E019", f"Unknown option '{name}'", name_tok.pos)
+            self.expr()  # consume the value to go on parsing
+            return
+        value: Any = None
+        text = vt.text
+        bad: str | None = None
+        if name in ("timeout", "delay", "cache"):
+            if vt.kind == "duration":
+                self.advance()
+                n, unit = vt.value
+                value = n * DURATION_UNITS_MS[unit] / 1000
+                if n == 0:
+                    self._diag("E016", f"Invalid value for '{name}': {text} (must be > 0)", vt.pos)
+            else:
+                bad = "a duration literal such as 250ms, 5s, 2min, 1h or 1d"
+        elif name in ("retry", "concurrency"):
+            if vt.kind == "int":
+                self.advance()
+                value = vt.value
+                if name == "concurrency" and value == 0:
+                    self._diag("E016", f"Invalid value for '{name}': {text} (must be > 0)", vt.pos)
+            else:
+                bad = "a whole number literal"
+        elif name == "backoff" or name == "on_error":
+            allowed = BACKOFFS if name == "backoff" else ON_ERRORS
+            if vt.kind == "ident" and vt.text in allowed:
+                self.advance()
+                value = vt.text
+            else:
+                bad = "one of " + ", ".join(allowed)
+        elif name == "lazy":
+            if vt.kind == "kw" and vt.text in ("true", "false"):
+                self.advance()
+                value = vt.text == "true"
+            else:
+                bad = "true or false"
+        elif name == "priority":
+            if vt.kind == "ident" and vt.text in PRIORITIES:
+                self.advance()
+                value = PRIORITIES[vt.text]
+            elif vt.kind == "int":
+                self.advance()
+                value = vt.value
+            else:
+                bad = "critical, high, normal, low, background or a whole number"
+        elif name == "cache_backend":
+            if vt.kind == "string" and len(vt.value) == 1 and isinstance(vt.value[0], str):
+                self.advance()
+                value = vt.value[0]
+                if not value:
+                    bad = "a non-empty string literal"
+            else:
+                bad = "a string literal without interpolation"
+        elif name == "throttle":
+            if (
+                vt.kind == "int"
+                and self.peek().kind == "op"
+                and self.peek().text == "/"
+                and self.peek(2).kind == "duration"
+            ):
+                self.advance()
+                self.advance()
+                dur = self.advance()
+                n, unit = dur.value
+                text = f"{vt.text}/{dur.text}"
+                value = (vt.value, n * DURATION_UNITS_MS[unit] / 1000, text)
+                if vt.value == 0 or n == 0:
+                    self._diag("E016", f"Invalid value for '{name}': {text} (must be > 0)", vt.pos)
+            else:
+                bad = "a rate literal COUNT/DURATION such as 10/1s"
+        else:  # fallback
+            value = self.expr()
+            text = "expression"
+        if bad is not None:
+            self._diag("E013", f"Option '{name}' expects {bad}, found {_describe(vt)}", vt.pos)
+            self.expr()  # consume the (non-literal) value
+            return
+        self._store(call, A.Option(name, value, name_tok.pos, vt.pos, text))
+
+    def _store(self, call: A.Call, opt: A.Option) -> None:
+        if opt.name in call.options:
+            self._diag("E018", f"Duplicate option '{opt.name}'", opt.pos)
+            return
+        call.options[opt.name] = opt
+
+
+def parse(source: str, diags: list[Diagnostic]) -> A.Program:
+    """Parse ``source``; option findings go to ``diags``; the first syntax error raises
+    :class:`ParseFailure`."""
+    lexer = _Lexer(source)
+    tokens = lexer.tokens(0, len(source))
+    return _Parser(lexer, tokens, diags).program()

@@ -1,0 +1,235 @@
+"""``ModuleRegistry``: the Python functions a Constellation program may call.
+
+A module's Constellation signature comes from the function's annotations, mapped once when it
+is registered: ``int``->Int, ``str``->String, ``float``->Float, ``bool``->Boolean, ``list[T]``,
+``dict[str, T]``, ``Optional[T]``/``T | None``, unions, dataclasses and TypedDicts -> records.
+Records are dicts at run time; a parameter annotated with a dataclass receives an instance built
+from the dict, and a dataclass result is turned back into a dict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar, overload
+
+from .._core._errors import ConfigurationError
+from ._types import (
+    BOOLEAN,
+    FLOAT,
+    INT,
+    STRING,
+    ListType,
+    MapType,
+    OptionalType,
+    RecordType,
+    Type,
+    union_of,
+)
+
+__all__ = ["ModuleRegistry", "ModuleSpec"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+_PRIMS: dict[Any, Type] = {int: INT, str: STRING, float: FLOAT, bool: BOOLEAN}
+
+
+@dataclass(frozen=True, slots=True)
+class ModuleSpec:
+    """One registered module: its name, function, Constellation signature and converters."""
+
+    name: str
+    fn: Callable[..., Any]
+    params: tuple[tuple[str, Type], ...]
+    returns: Type
+    is_async: bool
+    # Per parameter: a function turning a record dict into the dataclass the function expects,
+    # or None when the value passes unchanged (the common, free case).
+    arg_converters: tuple[Callable[[Any], Any] | None, ...]
+    result_converter: Callable[[Any], Any] | None
+
+    @property
+    def arity(self) -> int:
+        return len(self.params)
+
+
+class _MappingError(Exception):
+    pass
+
+
+def _map_annotation(ann: Any, seen: tuple[Any, ...]) -> Type:
+    if ann in _PRIMS:
+        return _PRIMS[ann]
+    origin = typing.get_origin(ann)
+    args = typing.get_args(ann)
+    if origin is list and len(args) == 1:
+        return ListType(_map_annotation(args[0], seen))
+    if origin is dict and len(args) == 2:
+        if args[0] is not str:
+            raise _MappingError(f"dict keys must be str, got {_name(args[0])}")
+        return MapType(STRING, _map_annotation(args[1], seen))
+    if origin in (typing.Union, types.UnionType):
+        members = [a for a in args if a is not type(None)]
+        inner = union_of([_map_annotation(a, seen) for a in members])
+        return OptionalType(inner) if len(members) < len(args) else inner
+    if isinstance(ann, type) and (dataclasses.is_dataclass(ann) or typing.is_typeddict(ann)):
+        if ann in seen:
+            raise _MappingError(f"recursive record type {ann.__name__}")
+        try:
+            hints = typing.get_type_hints(ann)
+        except Exception as exc:
+            raise _MappingError(f"cannot resolve the annotations of {ann.__name__}: {exc}")
+        if dataclasses.is_dataclass(ann):
+            names = [f.name for f in dataclasses.fields(ann)]
+        else:
+            names = list(hints)
+        return RecordType(tuple((n, _map_annotation(hints[n], (*seen, ann))) for n in names))
+    raise _MappingError(f"unsupported annotation {_name(ann)}")
+
+
+def _name(ann: Any) -> str:
+    if ann is inspect.Parameter.empty:
+        return "(missing)"
+    return getattr(ann, "__name__", None) or repr(ann)
+
+
+def _to_dataclass(cls: Any) -> Callable[[Any], Any]:
+    hints = typing.get_type_hints(cls)
+    nested = {
+        f.name: _to_dataclass(hints[f.name])
+        for f in dataclasses.fields(cls)
+        if isinstance(hints[f.name], type) and dataclasses.is_dataclass(hints[f.name])
+    }
+
+    def convert(value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        kwargs = {k: (nested[k](v) if k in nested else v) for k, v in value.items()}
+        return cls(**kwargs)
+
+    return convert
+
+
+def _from_dataclass(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
+
+
+def _build_spec(name: str, fn: Callable[..., Any]) -> ModuleSpec:
+    fname = getattr(fn, "__qualname__", repr(fn))
+    try:
+        sig = inspect.signature(fn)
+        hints = typing.get_type_hints(fn)
+    except Exception as exc:
+        raise ConfigurationError(
+            f"module {name!r} ({fname}): cannot read its annotations: {exc}", option=name
+        ) from exc
+    params: list[tuple[str, Type]] = []
+    converters: list[Callable[[Any], Any] | None] = []
+    for pname, p in sig.parameters.items():
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.KEYWORD_ONLY):
+            if p.kind == p.KEYWORD_ONLY and p.default is not p.empty:
+                continue  # keyword-only with a default: not part of the Constellation signature
+            raise ConfigurationError(
+                f"module {name!r} ({fname}): parameter {pname!r} must be positional", option=name
+            )
+        ann = hints.get(pname, inspect.Parameter.empty)
+        try:
+            params.append((pname, _map_annotation(ann, ())))
+        except _MappingError as exc:
+            raise ConfigurationError(
+                f"module {name!r} ({fname}): parameter {pname!r} has an annotation Constellation "
+                f"cannot map: {exc}",
+                option=name,
+            ) from None
+        converters.append(
+            _to_dataclass(ann) if isinstance(ann, type) and dataclasses.is_dataclass(ann) else None
+        )
+    ret = hints.get("return", inspect.Parameter.empty)
+    try:
+        returns = _map_annotation(ret, ())
+    except _MappingError as exc:
+        raise ConfigurationError(
+            f"module {name!r} ({fname}): return annotation cannot be mapped: {exc}", option=name
+        ) from None
+    result_converter = (
+        _from_dataclass if isinstance(ret, type) and dataclasses.is_dataclass(ret) else None
+    )
+    return ModuleSpec(
+        name=name,
+        fn=fn,
+        params=tuple(params),
+        returns=returns,
+        is_async=inspect.iscoroutinefunction(fn),
+        arg_converters=tuple(converters),
+        result_converter=result_converter,
+    )
+
+
+def _check_name(name: str) -> None:
+    parts = name.split(".")
+    if not all(
+        p and (p[0].isalpha() or p[0] == "_") and p.replace("_", "a").isalnum() for p in parts
+    ):
+        raise ConfigurationError(
+            f"invalid module name {name!r}: use identifiers separated by dots", option="name"
+        )
+
+
+class ModuleRegistry:
+    """The modules a program may call, by (case-sensitive, possibly qualified) name.
+
+    ``@registry.module`` registers a function under its own name, ``@registry.module(name="X")``
+    under ``X``, and ``registry.register("X", fn)`` does the same without a decorator. Sync and
+    async functions are accepted; the signature comes from the annotations and a function whose
+    annotations cannot be mapped raises :class:`~timebound.ConfigurationError` naming the
+    function and the parameter.
+    """
+
+    def __init__(self) -> None:
+        self._modules: dict[str, ModuleSpec] = {}
+
+    @overload
+    def module(self, fn: _F, /) -> _F: ...
+
+    @overload
+    def module(self, *, name: str | None = None) -> Callable[[_F], _F]: ...
+
+    def module(  # type: ignore[misc]
+        self, fn: _F | None = None, /, *, name: str | None = None
+    ) -> _F | Callable[[_F], _F]:
+        """Decorator registering a function as a module (optionally under ``name``)."""
+
+        def decorate(f: _F) -> _F:
+            self.register(name or f.__name__, f)
+            return f
+
+        if fn is not None:
+            return decorate(fn)
+        return decorate
+
+    def register(self, name: str, fn: Callable[..., Any]) -> None:
+        """Register ``fn`` as module ``name``; a name may be registered once."""
+        _check_name(name)
+        if name in self._modules:
+            raise ConfigurationError(f"module {name!r} is already registered", option="name")
+        self._modules[name] = _build_spec(name, fn)
+
+    def get(self, name: str) -> ModuleSpec | None:
+        """The module registered as ``name``, or None."""
+        return self._modules.get(name)
+
+    def names(self) -> list[str]:
+        """Every registered module name, sorted."""
+        return sorted(self._modules)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._modules
+
+    def __len__(self) -> int:
+        return len(self._modules)

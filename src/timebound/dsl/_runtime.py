@@ -1,0 +1,480 @@
+"""Running a compiled Constellation program: calls under policies, lazy thunks, the trace.
+
+Per-call hot path (kept lean on purpose; ``bench/dsl.py`` measures it): evaluate the argument
+closures, then either call the module directly (a call without options needs no policy) or hand it
+to the call site's one :class:`~timebound.policies.Policy`, built at compile time. Tracing, site
+attachment on failure and record conversion cost nothing unless used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from .._core import _clock
+from .._core._durations import Duration, to_seconds
+from .._core._errors import DeadlineExceeded, TimeboundError
+from .._core._scopes import fail_after
+from .._engine import DagPlan
+from ._diagnostics import Diagnostic
+from ._types import Type, validate_value
+
+__all__ = ["CallSite", "CallTrace", "InputError", "Program", "RunResult"]
+
+
+@dataclass(frozen=True, slots=True)
+class CallSite:
+    """Where a module call is written: attached to a failed run's error as ``.call_site``."""
+
+    module: str
+    line: int
+    column: int
+
+    def __str__(self) -> str:
+        return f"line {self.line}, column {self.column}: {self.module}"
+
+
+@dataclass(slots=True)
+class AttemptTrace:
+    """One attempt of a call: start and end in seconds since the run started, and its outcome."""
+
+    start: float
+    end: float | None = None
+    outcome: str = "running"
+
+
+@dataclass(slots=True)
+class CallTrace:
+    """What one module call did, in seconds since the run started.
+
+    ``outcome`` is ``ok``, ``cache`` (a cache hit), ``fallback``, ``skip``/``log``/``wrap``
+    (``on_error`` absorbed a failure), ``error`` or ``cancelled``.
+    """
+
+    module: str
+    line: int
+    column: int
+    start: float
+    end: float = math.nan
+    attempts: int = 0
+    timeouts: int = 0
+    delays: list[float] = field(default_factory=list)
+    fallback: bool = False
+    cache_hit: bool = False
+    outcome: str = "running"
+    error: str | None = None
+    lazy: bool = False
+    priority: int = 50
+    attempt_log: list[AttemptTrace] = field(default_factory=list)
+    _t0: float = field(default=0.0, repr=False)
+
+    def observe(self, event: Any) -> None:
+        """Policy observer: turn the policy's events into this record."""
+        name = event.name
+        attrs = event.attrs
+        at = event.at - self._t0
+        if name == "attempt.start":
+            self.attempts += 1
+            self.attempt_log.append(AttemptTrace(at))
+        elif name == "attempt.end":
+            outcome = str(attrs.get("outcome", "error"))
+            err = attrs.get("error")
+            if isinstance(err, DeadlineExceeded) or outcome == "timeout":
+                self.timeouts += 1
+                outcome = "timeout"
+            if self.attempt_log:
+                self.attempt_log[-1].end = at
+                self.attempt_log[-1].outcome = outcome
+        elif name == "retry.delay":
+            self.delays.append(float(attrs.get("delay", 0.0)))
+        elif name == "cache.hit":
+            self.cache_hit = True
+        elif name == "fallback":
+            self.fallback = True
+        elif name == "on_error":
+            self.outcome = str(attrs.get("mode", "on_error"))
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    """What :meth:`Program.run_traced` returns: the outputs and every call that ran."""
+
+    outputs: dict[str, Any]
+    trace: list[CallTrace]
+    duration: float
+
+
+class InputError(TimeboundError, ValueError):
+    """A run's inputs do not match the program's declarations; ``input`` names the input."""
+
+    code = "constellation-input-error"
+
+    def __init__(self, message: str, *, input: str | None = None) -> None:
+        super().__init__(message)
+        self.input = input
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_input_error, (str(self), self.input))
+
+
+def _rebuild_input_error(message: str, name: str | None) -> InputError:
+    return InputError(message, input=name)
+
+
+class _Run:
+    """The state of one run: values by key, the trace (or None) and the start instant."""
+
+    __slots__ = ("env", "t0", "trace")
+
+    def __init__(self, env: dict[str, Any], trace: list[CallTrace] | None, t0: float) -> None:
+        self.env = env
+        self.trace = trace
+        self.t0 = t0
+
+
+#: The run being evaluated: read by fallback closures, which the policy calls with the module's
+#: arguments only but which may refer to any value of the program.
+CURRENT_RUN: contextvars.ContextVar[_Run] = contextvars.ContextVar("timebound.dsl.run")
+
+_NEVER_ATTACH: Final = (asyncio.CancelledError, KeyboardInterrupt, SystemExit, GeneratorExit)
+
+
+def attach_site(exc: BaseException, site: CallSite) -> None:
+    """Attach ``site`` to ``exc`` (attribute and message), innermost call first (D3.10).
+
+    The error keeps its type: ``except TimeoutError`` still works and the message still reads
+    ``... timed out ...``/``... failed after N attempts``, now followed by where the call is.
+    """
+    if isinstance(exc, _NEVER_ATTACH) or getattr(exc, "call_site", None) is not None:
+        return
+    try:
+        exc.call_site = site  # type: ignore[attr-defined]
+    except Exception:
+        exc.add_note(f"Constellation call at {site}")
+        return
+    where = f" [at {site}]"
+    args = exc.args
+    if type(exc).__str__ is BaseException.__str__ and len(args) <= 1:
+        text = args[0] if args else type(exc).__name__
+        if isinstance(text, str):
+            head, sep, tail = text.partition("\n")
+            exc.args = (head + where + sep + tail,)
+            return
+    exc.add_note(f"Constellation call at {site}")
+
+
+class CompiledCall:
+    """One call site, compiled: argument closures, the function, its policy (or None)."""
+
+    __slots__ = (
+        "_arg_kinds",
+        "args",
+        "async_args",
+        "fn",
+        "is_async",
+        "lazy",
+        "policy",
+        "priority",
+        "site",
+    )
+
+    def __init__(
+        self,
+        *,
+        site: CallSite,
+        fn: Callable[..., Any],
+        is_async: bool,
+        args: list[tuple[bool, Callable[[_Run], Any]]],
+        policy: Any,
+        lazy: bool,
+        priority: int,
+    ) -> None:
+        self.site = site
+        self.fn = fn
+        self.is_async = is_async
+        self.async_args = any(a for a, _ in args)
+        self.args: tuple[Callable[[_Run], Any], ...] = tuple(f for _, f in args)
+        self._arg_kinds = tuple(a for a, _ in args) if self.async_args else ()
+        self.policy = policy
+        self.lazy = lazy
+        self.priority = priority
+
+    async def _eval_args(self, run: _Run) -> list[Any]:
+        out = []
+        for is_async, f in zip(self._arg_kinds, self.args, strict=True):
+            out.append(await f(run) if is_async else f(run))
+        return out
+
+    async def invoke(self, run: _Run) -> Any:
+        """Evaluate the arguments and make the call under this site's policy."""
+        if self.async_args:
+            args = await self._eval_args(run)
+        else:
+            args = [f(run) for f in self.args]
+        if run.trace is not None:
+            return await self._invoke_traced(run, args)
+        try:
+            policy = self.policy
+            if policy is None:
+                result = self.fn(*args)
+                if self.is_async:
+                    result = await result
+                return result
+            return await policy.execute(self.fn, tuple(args))
+        except BaseException as exc:
+            attach_site(exc, self.site)
+            raise
+
+    async def _invoke_traced(self, run: _Run, args: list[Any]) -> Any:
+        site = self.site
+        rec = CallTrace(
+            site.module,
+            site.line,
+            site.column,
+            _clock.now() - run.t0,
+            lazy=self.lazy,
+            priority=self.priority,
+            _t0=run.t0,
+        )
+        assert run.trace is not None
+        run.trace.append(rec)
+        try:
+            policy = self.policy
+            if policy is None:
+                rec.attempts = 1
+                rec.attempt_log.append(AttemptTrace(rec.start))
+                result = self.fn(*args)
+                if self.is_async:
+                    result = await result
+                rec.attempt_log[-1].end = _clock.now() - run.t0
+                rec.attempt_log[-1].outcome = "ok"
+            else:
+                result = await policy.execute(self.fn, tuple(args), observer=rec.observe)
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                rec.outcome = "cancelled"
+            else:
+                rec.outcome = "error"
+                rec.error = f"{type(exc).__name__}: {str(exc).partition(chr(10))[0]}"
+            if policy is None and rec.attempt_log and rec.attempt_log[-1].end is None:
+                rec.attempt_log[-1].end = _clock.now() - run.t0
+                rec.attempt_log[-1].outcome = rec.outcome
+            attach_site(exc, site)
+            raise
+        finally:
+            rec.end = _clock.now() - run.t0
+        if rec.outcome == "running":
+            rec.outcome = "cache" if rec.cache_hit else "fallback" if rec.fallback else "ok"
+        return result
+
+
+class Thunk:
+    """A lazy call: evaluated once, when the first consumer needs it; later consumers share it."""
+
+    __slots__ = ("call", "fut", "run")
+
+    def __init__(self, call: CompiledCall, run: _Run) -> None:
+        self.call = call
+        self.run = run
+        self.fut: asyncio.Future[Any] | None = None
+
+    async def force(self) -> Any:
+        fut = self.fut
+        if fut is not None:
+            # shield: a consumer that is cancelled must not cancel the shared evaluation.
+            return await asyncio.shield(fut)
+        fut = self.fut = asyncio.get_running_loop().create_future()
+        try:
+            value = await self.call.invoke(self.run)
+        except BaseException as exc:
+            if isinstance(exc, asyncio.CancelledError):
+                fut.cancel()
+            else:
+                fut.set_exception(exc)
+                fut.exception()  # retrieved here; other consumers re-raise it themselves
+            raise
+        fut.set_result(value)
+        return value
+
+
+def lazy_ref(key: str) -> Callable[[_Run], Any]:
+    """An async closure reading ``key``, forcing it first if it is still a thunk."""
+
+    async def ref(run: _Run) -> Any:
+        v = run.env[key]
+        if type(v) is Thunk:
+            v = await v.force()
+        return v
+
+    return ref
+
+
+def to_json_value(value: Any) -> Any:
+    """A JSON-compatible form of a run value (``Ok``/``Err`` become records)."""
+    if isinstance(value, dict):
+        return {str(k): to_json_value(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [to_json_value(v) for v in value]
+    ok = getattr(value, "ok", None)
+    if ok is True and hasattr(value, "value"):
+        return {"ok": True, "value": to_json_value(value.value)}
+    if ok is False and hasattr(value, "error"):
+        return {"ok": False, "error": f"{type(value.error).__name__}: {value.error}"}
+    return value
+
+
+def render_text(value: Any) -> str:
+    """How ``${expr}`` renders a value: strings as is, booleans as true/false, others as JSON."""
+    if isinstance(value, str):
+        return value
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if value is None:
+        return "none"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(to_json_value(value), ensure_ascii=False, default=str)
+
+
+class Program:
+    """A compiled Constellation program. Build it with :func:`timebound.dsl.compile`.
+
+    ``inputs`` and ``outputs`` map names to their types (``str(t)`` spells them); ``warnings``
+    holds the compile-time warnings. A program is immutable and may run any number of times,
+    concurrently too.
+    """
+
+    def __init__(
+        self,
+        *,
+        inputs: dict[str, Type],
+        outputs: dict[str, Type],
+        warnings: list[Diagnostic],
+        plan: DagPlan[_Run],
+        lazy: list[tuple[str, CompiledCall]],
+        output_keys: list[tuple[str, str]],
+        source: str,
+    ) -> None:
+        self.inputs = inputs
+        self.outputs = outputs
+        self.warnings = warnings
+        self.source = source
+        self._plan = plan
+        self._lazy = lazy
+        self._output_keys = output_keys
+
+    def _bind_inputs(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(inputs, Mapping):
+            raise InputError(
+                f"inputs must be a mapping of names to values, not {type(inputs).__name__}"
+            )
+        env: dict[str, Any] = {}
+        for name, t in self.inputs.items():
+            if name not in inputs:
+                raise InputError(f"missing input '{name}' ({t})", input=name)
+            try:
+                env[name] = validate_value(inputs[name], t, f"input '{name}'")
+            except TypeError as exc:
+                raise InputError(str(exc), input=name) from None
+            except RecursionError:
+                raise InputError(f"input '{name}' is nested too deeply", input=name) from None
+        for name in inputs:
+            if name not in self.inputs:
+                known = ", ".join(self.inputs) or "none"
+                raise InputError(f"unknown input '{name}' (declared inputs: {known})", input=name)
+        return env
+
+    async def _execute(
+        self,
+        inputs: Mapping[str, Any],
+        timeout: Duration | None,
+        concurrency: int | None,
+        traced: bool,
+    ) -> RunResult:
+        env = self._bind_inputs(inputs)
+        seconds = (
+            None if timeout is None else to_seconds(timeout, option="timeout", allow_zero=False)
+        )
+        t0 = _clock.now()
+        run = _Run(env, [] if traced else None, t0)
+        for key, call in self._lazy:
+            env[key] = Thunk(call, run)
+        token = CURRENT_RUN.set(run)
+        try:
+            if seconds is None:
+                await self._plan.execute(run, concurrency=concurrency)
+            else:
+                with fail_after(seconds, source="scope", what="run"):
+                    await self._plan.execute(run, concurrency=concurrency)
+        finally:
+            CURRENT_RUN.reset(token)
+        outputs = {name: env[key] for name, key in self._output_keys}
+        return RunResult(outputs, run.trace or [], _clock.now() - t0)
+
+    async def run(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        timeout: Duration | None = None,
+        concurrency: int | None = None,
+    ) -> dict[str, Any]:
+        """Run the program; returns the outputs by name.
+
+        ``timeout`` is a deadline for the whole run that every call inherits (D1.5).
+        ``concurrency`` limits how many calls run at once; ready calls then start by ``priority``
+        (D3.8). A failed call fails the run with its own error, ``.call_site`` attached (D3.10).
+        """
+        result = await self._execute(inputs, timeout, concurrency, False)
+        return result.outputs
+
+    async def run_traced(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        timeout: Duration | None = None,
+        concurrency: int | None = None,
+    ) -> RunResult:
+        """Like :meth:`run`, also recording a :class:`CallTrace` per call that ran."""
+        return await self._execute(inputs, timeout, concurrency, True)
+
+    def run_sync(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        timeout: Duration | None = None,
+        concurrency: int | None = None,
+    ) -> dict[str, Any]:
+        """:meth:`run` from synchronous code (starts an event loop; not inside a running one)."""
+        outputs: dict[str, Any] = _run_in_new_loop(
+            self.run(inputs, timeout=timeout, concurrency=concurrency)
+        )
+        return outputs
+
+    def run_traced_sync(
+        self,
+        inputs: Mapping[str, Any],
+        *,
+        timeout: Duration | None = None,
+        concurrency: int | None = None,
+    ) -> RunResult:
+        """:meth:`run_traced` from synchronous code."""
+        result: RunResult = _run_in_new_loop(
+            self.run_traced(inputs, timeout=timeout, concurrency=concurrency)
+        )
+        return result
+
+
+def _run_in_new_loop(coro: Any) -> Any:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    coro.close()
+    raise RuntimeError("run_sync() cannot be used inside a running event loop; await run()")
