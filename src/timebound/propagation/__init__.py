@@ -1,5 +1,24 @@
-"""Deadline propagation across services, wire-compatible with userver (DECISIONS D4)."""
+"""Deadline propagation across services, wire-compatible with userver (DECISIONS D4).
 
+Adapters live in submodules so that importing this package needs nothing outside the standard
+library: :mod:`~timebound.propagation.asgi`, :mod:`~timebound.propagation.wsgi` (servers),
+:mod:`~timebound.propagation.httpx`, :mod:`~timebound.propagation.requests`,
+:mod:`~timebound.propagation.aiohttp` (clients).
+"""
+
+from ._codec import (
+    ENVOY_TIMEOUT_HEADER,
+    EXPIRED_HEADER,
+    GRPC_TIMEOUT_HEADER,
+    TIMEOUT_HEADER,
+    HeaderNames,
+    format_grpc_timeout,
+    format_timeout_ms,
+    parse_envoy_timeout,
+    parse_grpc_timeout,
+    parse_timeout_ms,
+)
+from ._config import is_enabled, set_enabled
 from ._state import (
     ClampedTimeout,
     RequestState,
@@ -9,9 +28,21 @@ from ._state import (
 )
 
 __all__ = [
+    "ENVOY_TIMEOUT_HEADER",
+    "EXPIRED_HEADER",
+    "GRPC_TIMEOUT_HEADER",
+    "TIMEOUT_HEADER",
     "ClampedTimeout",
+    "HeaderNames",
     "RequestState",
     "clamp_timeout",
     "current_request",
+    "format_grpc_timeout",
+    "format_timeout_ms",
+    "is_enabled",
     "mark_cancelled_by_deadline",
+    "parse_envoy_timeout",
+    "parse_grpc_timeout",
+    "parse_timeout_ms",
+    "set_enabled",
 ]

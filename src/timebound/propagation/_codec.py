@@ -1,0 +1,229 @@
+"""Wire codecs for deadline propagation headers (DECISIONS D4.1, D4.3).
+
+Parsing never raises: a header that cannot be read means *no deadline* and a rate-limited
+warning, exactly like userver, because a malformed header from a caller must not turn into a 500.
+
+Formats
+-------
+``X-YaTaxi-Client-TimeoutMs`` (userver)
+    Decimal milliseconds, ASCII digits only, an optional leading ``+``. ``0`` and ``-0`` mean the
+    caller's deadline is already spent. Empty, spaces inside, units, fractions, other signs,
+    non-ASCII digits and values that overflow a signed 64-bit integer are invalid.
+``grpc-timeout`` (gRPC over HTTP/2)
+    1 to 8 ASCII digits and one unit: ``H`` hours, ``M`` minutes, ``S`` seconds, ``m`` ms,
+    ``u`` µs, ``n`` ns. ``0<unit>`` means already expired.
+``x-envoy-expected-rq-timeout-ms`` (Envoy)
+    Decimal milliseconds like userver's header, but ``0`` means *infinite* in Envoy, so it gives
+    no deadline here.
+
+All three: a value of 10 years or more is ignored (no deadline, no warning). Leading and trailing
+spaces/tabs are stripped first: RFC 9110 §5.5 says they are not part of a field value, and most
+servers strip them already, so the result does not depend on the server. The effective received
+timeout is the minimum of every valid header present.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final
+
+from .._core import _clock
+
+__all__ = [
+    "ENVOY_TIMEOUT_HEADER",
+    "EXPIRED_BODY",
+    "EXPIRED_HEADER",
+    "GRPC_TIMEOUT_HEADER",
+    "TIMEOUT_HEADER",
+    "HeaderNames",
+    "ReceivedTimeout",
+    "format_grpc_timeout",
+    "format_timeout_ms",
+    "parse_envoy_timeout",
+    "parse_grpc_timeout",
+    "parse_timeout_ms",
+    "read_timeout",
+]
+
+logger = logging.getLogger("timebound.propagation")
+
+TIMEOUT_HEADER: Final = "X-YaTaxi-Client-TimeoutMs"
+EXPIRED_HEADER: Final = "X-YaTaxi-Deadline-Expired"
+GRPC_TIMEOUT_HEADER: Final = "grpc-timeout"
+ENVOY_TIMEOUT_HEADER: Final = "x-envoy-expected-rq-timeout-ms"
+EXPIRED_BODY: Final = b"Deadline expired"
+
+#: Values at or above this are not deadlines (D4.1): "10 years" is userver's cut-off.
+MAX_TIMEOUT_SECONDS: Final = 10 * 365 * 24 * 3600.0
+_INT64_MAX: Final = 2**63 - 1
+_OWS: Final = " \t"
+
+# fullmatch + ASCII classes: ``\d`` and ``int()`` accept Unicode digits ("٣"), ``$`` accepts a
+# trailing newline; neither is a valid wire value.
+_MS_RE: Final = re.compile(r"(\+?)([0-9]+)|-(0+)", re.ASCII)
+_GRPC_RE: Final = re.compile(r"([0-9]{1,8})([HMSmun])", re.ASCII)
+_GRPC_UNITS: Final = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+
+# One warning per header name per interval, so a misbehaving caller cannot flood the logs.
+_WARN_INTERVAL: Final = 60.0
+_last_warning: dict[str, float] = {}
+
+
+def _warn_invalid(header: str, value: str) -> None:
+    now = _clock.now()
+    last = _last_warning.get(header)
+    if last is not None and now - last < _WARN_INTERVAL:
+        return
+    _last_warning[header] = now
+    shown = value if len(value) <= 64 else value[:64] + "…"
+    logger.warning("ignoring invalid %s header %r: treated as no deadline", header, shown)
+
+
+def _text(value: str | bytes) -> str | None:
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    return value.strip(_OWS)
+
+
+class _Invalid:
+    """Marker for a value that could not be parsed (distinct from "no deadline")."""
+
+
+INVALID: Final = _Invalid()
+
+
+def _parse_ms(value: str | bytes) -> float | _Invalid | None:
+    text = _text(value)
+    if text is None:
+        return INVALID
+    m = _MS_RE.fullmatch(text)
+    if m is None:
+        return INVALID
+    if m.group(3) is not None:  # "-0", "-00": zero with a sign is still zero
+        return 0.0
+    digits = m.group(2)
+    # Check the length before int(): a million-digit header must not cost a bignum conversion.
+    if len(digits.lstrip("0")) > 19:
+        return INVALID
+    ms = int(digits)
+    if ms > _INT64_MAX:
+        return INVALID
+    seconds = ms / 1000.0
+    if seconds >= MAX_TIMEOUT_SECONDS:
+        return None
+    return seconds
+
+
+def parse_timeout_ms(value: str | bytes, *, header: str = TIMEOUT_HEADER) -> float | None:
+    """Seconds carried by an ``X-YaTaxi-Client-TimeoutMs`` value; ``None`` for no deadline.
+
+    ``0.0`` means already expired. Invalid values give ``None`` and a rate-limited warning.
+    """
+    result = _parse_ms(value)
+    if isinstance(result, _Invalid):
+        _warn_invalid(header, _printable(value))
+        return None
+    return result
+
+
+def parse_envoy_timeout(value: str | bytes, *, header: str = ENVOY_TIMEOUT_HEADER) -> float | None:
+    """Seconds carried by ``x-envoy-expected-rq-timeout-ms``; ``0`` is infinite in Envoy."""
+    result = _parse_ms(value)
+    if isinstance(result, _Invalid):
+        _warn_invalid(header, _printable(value))
+        return None
+    if result == 0.0:
+        return None
+    return result
+
+
+def parse_grpc_timeout(value: str | bytes, *, header: str = GRPC_TIMEOUT_HEADER) -> float | None:
+    """Seconds carried by a ``grpc-timeout`` value (``100m``, ``5S``); ``None`` for no deadline."""
+    text = _text(value)
+    m = None if text is None else _GRPC_RE.fullmatch(text)
+    if m is None:
+        _warn_invalid(header, _printable(value))
+        return None
+    seconds = int(m.group(1)) * _GRPC_UNITS[m.group(2)]
+    if seconds >= MAX_TIMEOUT_SECONDS:
+        return None
+    return seconds
+
+
+def _printable(value: str | bytes) -> str:
+    if isinstance(value, bytes):
+        return value.decode("latin-1")
+    return value
+
+
+def format_timeout_ms(seconds: float) -> str:
+    """The ``X-YaTaxi-Client-TimeoutMs`` value for ``seconds``: whole ms, rounded up, never 0.
+
+    Rounding up (D4.3) means the callee never sees less time than we have; ``round(…, 6)`` first
+    absorbs float noise such as ``0.3 * 1000 == 300.00000000000006``.
+    """
+    return str(max(1, math.ceil(round(seconds * 1000, 6))))
+
+
+def format_grpc_timeout(seconds: float) -> str:
+    """The ``grpc-timeout`` value for ``seconds``: at most 8 digits, rounded up, never 0."""
+    for unit, scale in (("n", 1e-9), ("u", 1e-6), ("m", 1e-3), ("S", 1.0), ("M", 60.0)):
+        count = max(1, math.ceil(round(seconds / scale, 6)))
+        if count < 100_000_000:
+            return f"{count}{unit}"
+    return f"{min(99_999_999, max(1, math.ceil(seconds / 3600.0)))}H"
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderNames:
+    """Which request/response headers carry deadlines. ``None`` disables reading that header."""
+
+    timeout: str = TIMEOUT_HEADER
+    expired: str = EXPIRED_HEADER
+    grpc_timeout: str | None = GRPC_TIMEOUT_HEADER
+    envoy_timeout: str | None = ENVOY_TIMEOUT_HEADER
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedTimeout:
+    """The timeout a request arrived with: ``seconds`` (0.0 = already expired) and its wire ms."""
+
+    seconds: float
+
+    @property
+    def ms(self) -> int:
+        """Whole milliseconds, rounded up (the ``deadline_received_ms`` span tag)."""
+        return math.ceil(round(self.seconds * 1000, 6))
+
+
+def read_timeout(
+    headers: Iterable[tuple[str, str | bytes]], names: HeaderNames = HeaderNames()
+) -> ReceivedTimeout | None:
+    """The minimum timeout over every deadline header in ``headers`` (lower-case names).
+
+    ``headers`` holds (lower-cased name, value) pairs; a repeated header counts once per value,
+    and the minimum wins. Never raises.
+    """
+    timeout_name = names.timeout.lower()
+    grpc_name = names.grpc_timeout.lower() if names.grpc_timeout else None
+    envoy_name = names.envoy_timeout.lower() if names.envoy_timeout else None
+    best: float | None = None
+    for name, value in headers:
+        if name == timeout_name:
+            seconds = parse_timeout_ms(value, header=names.timeout)
+        elif name == grpc_name:
+            seconds = parse_grpc_timeout(value, header=grpc_name)
+        elif name == envoy_name:
+            seconds = parse_envoy_timeout(value, header=envoy_name)
+        else:
+            continue
+        if seconds is not None and (best is None or seconds < best):
+            best = seconds
+    return None if best is None else ReceivedTimeout(best)

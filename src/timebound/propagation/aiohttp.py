@@ -1,0 +1,173 @@
+"""Deadline propagation for aiohttp clients, as a client middleware (aiohttp >= 3.12).
+
+::
+
+    import aiohttp
+    from timebound.propagation.aiohttp import DeadlineMiddleware
+
+    async with aiohttp.ClientSession(middlewares=(DeadlineMiddleware(timeout=5.0),)) as session:
+        async with session.get(url) as response:
+            body = await response.read()
+
+Every attempt's timeout is ``min(static, remaining)``. The static timeout is the middleware's
+``timeout`` when given, else the session's ``ClientTimeout.total`` (a per-request ``timeout=``
+override is not visible to middlewares: pass ``timeout=`` here to be exact). The exchange until
+the headers arrive runs under a timebound scope, and the response's ``content`` stream is wrapped
+so every read (``read()``, ``text()``, ``json()``, ``iter_chunked()`` …) ends at the attempt's
+end. Errors are as for :mod:`timebound.propagation.httpx`; :class:`AttemptTimeout` is also an
+``aiohttp.ServerTimeoutError``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    import aiohttp
+    from aiohttp.streams import AsyncStreamIterator, ChunkTupleAsyncStreamIterator
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "timebound.propagation.aiohttp needs aiohttp: pip install 'timebound[aiohttp]'"
+    ) from exc
+
+from .._core._durations import Duration, to_seconds
+from .._core._errors import DeadlineExceeded
+from ._client import Attempt, ClientOptions, begin, bounded
+from ._codec import EXPIRED_HEADER, TIMEOUT_HEADER
+
+__all__ = ["AttemptTimeout", "DeadlineMiddleware"]
+
+_TIMEOUTS: tuple[type[BaseException], ...] = (aiohttp.ServerTimeoutError,)
+
+
+class AttemptTimeout(DeadlineExceeded, aiohttp.ServerTimeoutError):
+    """The attempt's own timeout ran out (retryable, D2.5).
+
+    Both a :class:`timebound.DeadlineExceeded` with ``source="attempt"`` and an
+    :class:`aiohttp.ServerTimeoutError`; ``remote`` is true for a server's "deadline expired"
+    answer (D4.5 case 2).
+    """
+
+    def __init__(self, message: str, *, remote: bool = False, timeout: float | None = None) -> None:
+        DeadlineExceeded.__init__(self, message, source="attempt", timeout=timeout)
+        self.remote = remote
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (str(self), self.remote, self.timeout))
+
+
+def _rebuild(message: str, remote: bool, timeout: float | None) -> AttemptTimeout:
+    return AttemptTimeout(message, remote=remote, timeout=timeout)
+
+
+class DeadlineMiddleware:
+    """An aiohttp client middleware that clamps, propagates and enforces the deadline."""
+
+    def __init__(
+        self,
+        *,
+        timeout: Duration | None = None,
+        propagate_header: bool = True,
+        timeout_header: str = TIMEOUT_HEADER,
+        expired_header: str = EXPIRED_HEADER,
+        what: str = "http request",
+    ) -> None:
+        self._timeout = None if timeout is None else to_seconds(timeout, option="timeout")
+        self._options = ClientOptions(
+            propagate_header=propagate_header,
+            timeout_header=timeout_header,
+            expired_header=expired_header,
+            what=what,
+        )
+
+    def _static(self, request: aiohttp.ClientRequest) -> float | None:
+        if self._timeout is not None:
+            return self._timeout
+        # ``ClientSession.timeout`` is public; the request's link to its session is not.
+        session = getattr(request, "_session", None)
+        total = getattr(getattr(session, "timeout", None), "total", None)
+        return float(total) if isinstance(total, int | float) else None
+
+    async def __call__(
+        self, request: aiohttp.ClientRequest, handler: Any
+    ) -> aiohttp.ClientResponse:
+        attempt = begin(self._static(request), self._options)
+        if attempt.header_value is not None:
+            request.headers[self._options.timeout_header] = attempt.header_value
+        if attempt.end is None:
+            response: aiohttp.ClientResponse = await handler(request)
+            return response
+        make = self._factory(attempt)
+        response = await bounded(attempt, make, _TIMEOUTS, handler, request)
+        header = response.headers.get(self._options.expired_header)
+        if attempt.is_remote_expired(response.status, header):
+            # Read the short body so the connection returns to the pool intact (D4.8).
+            try:
+                await bounded(attempt, make, _TIMEOUTS, response.read)
+            finally:
+                response.release()
+            raise attempt.remote_expired(response.status, self._factory(attempt, remote=True))
+        response.content = _BoundedContent(response.content, attempt, make)  # type: ignore[assignment]
+        return response
+
+    def _factory(self, attempt: Attempt, *, remote: bool = False) -> Any:
+        def make(message: str) -> AttemptTimeout:
+            return AttemptTimeout(message, remote=remote, timeout=attempt.clamped.seconds)
+
+        return make
+
+
+class _BoundedContent:
+    """``ClientResponse.content`` with every read bounded by the attempt's end."""
+
+    def __init__(self, inner: Any, attempt: Attempt, make: Any) -> None:
+        self._inner = inner
+        self._attempt = attempt
+        self._make = make
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        async def call() -> Any:
+            return await fn(*args, **kwargs)
+
+        return await bounded(self._attempt, self._make, _TIMEOUTS, call)
+
+    async def read(self, n: int = -1) -> bytes:
+        data: bytes = await self._call(self._inner.read, n)
+        return data
+
+    async def readany(self) -> bytes:
+        data: bytes = await self._call(self._inner.readany)
+        return data
+
+    async def readline(self, **kwargs: Any) -> bytes:
+        data: bytes = await self._call(self._inner.readline, **kwargs)
+        return data
+
+    async def readuntil(self, separator: bytes = b"\n", **kwargs: Any) -> bytes:
+        data: bytes = await self._call(self._inner.readuntil, separator, **kwargs)
+        return data
+
+    async def readexactly(self, n: int) -> bytes:
+        data: bytes = await self._call(self._inner.readexactly, n)
+        return data
+
+    async def readchunk(self) -> tuple[bytes, bool]:
+        chunk: tuple[bytes, bool] = await self._call(self._inner.readchunk)
+        return chunk
+
+    def __aiter__(self) -> AsyncStreamIterator[bytes]:
+        return AsyncStreamIterator(self.readline)
+
+    def iter_chunked(self, n: int) -> AsyncStreamIterator[bytes]:
+        if hasattr(self._inner, "set_read_chunk_size"):
+            self._inner.set_read_chunk_size(n)
+        return AsyncStreamIterator(lambda: self.read(n))
+
+    def iter_any(self) -> AsyncStreamIterator[bytes]:
+        return AsyncStreamIterator(self.readany)
+
+    def iter_chunks(self) -> ChunkTupleAsyncStreamIterator:
+        return ChunkTupleAsyncStreamIterator(self)  # type: ignore[arg-type]

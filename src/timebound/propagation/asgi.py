@@ -1,0 +1,259 @@
+"""Deadline propagation for ASGI servers (Starlette, FastAPI, any ASGI app; DECISIONS D4).
+
+A pure ASGI middleware — never Starlette's ``BaseHTTPMiddleware``, which breaks
+``request.is_disconnected()`` and streaming (starlette discussion 2094)::
+
+    from fastapi import FastAPI
+    from timebound.propagation.asgi import DeadlineMiddleware
+
+    app = FastAPI()
+    app.add_middleware(DeadlineMiddleware)          # or: app = DeadlineMiddleware(app)
+
+Rules, in the order a request meets them:
+
+1. The deadline counts from the moment the ``http`` scope arrives, so reading the body counts
+   (D4.2). It is the minimum of ``X-YaTaxi-Client-TimeoutMs``, ``grpc-timeout`` and
+   ``x-envoy-expected-rq-timeout-ms`` (D4.1); a bad header means no deadline, never an error.
+2. A request whose deadline is already spent is answered ``498 Deadline expired`` with
+   ``X-YaTaxi-Deadline-Expired: 1`` and the app is never called (D4.4).
+3. Otherwise the app runs inside ``timebound.inherit_deadline(deadline)``: every client call and
+   scope inside sees the request's deadline. The handler is *not* cancelled at the deadline
+   unless ``cancel_on_expiry=True`` (as in userver).
+4. ``http.response.start`` is held back until the first body message. If by then the deadline
+   has passed — or a client call failed because of it (``RequestState.cancelled_by_deadline``) —
+   the response is replaced by the 498 answer. For a normal response the first body message is the
+   whole body, so "by the end of handling" (userver's rule) is exactly when we check. A streaming
+   response is committed at its first chunk: after that nothing can be replaced, and a deadline
+   that passes mid-stream is only recorded (span tag ``dp_response_already_started``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from .._core._deadline import Deadline
+from .._core._errors import DeadlineExceeded
+from .._core._scopes import inherit_deadline, move_on_at
+from ..telemetry._events import emit, enabled
+from . import _config
+from ._codec import (
+    ENVOY_TIMEOUT_HEADER,
+    EXPIRED_BODY,
+    EXPIRED_HEADER,
+    GRPC_TIMEOUT_HEADER,
+    TIMEOUT_HEADER,
+)
+from ._server import COMPONENT, ServerConfig, arrive, expired_headers, now, record_cancelled
+from ._state import RequestState, _request
+
+__all__ = ["DeadlineMiddleware"]
+
+logger = logging.getLogger("timebound.propagation")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class DeadlineMiddleware:
+    """ASGI middleware that reads, enforces and exposes the caller's deadline (D4.1-D4.5).
+
+    ``expired_status``: status of the "Deadline expired" answer (498, or e.g. 504 for
+    environments that reject unknown codes). Header names are configurable; pass ``None`` for
+    ``grpc_timeout_header``/``envoy_timeout_header`` to ignore those headers.
+    ``cancel_on_expiry``: cancel the handler at the deadline and answer 498 (off by default, as in
+    userver). ``enabled=False`` is the static kill switch;
+    :func:`timebound.propagation.set_enabled` is the runtime one.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        expired_status: int = 498,
+        timeout_header: str = TIMEOUT_HEADER,
+        expired_header: str = EXPIRED_HEADER,
+        grpc_timeout_header: str | None = GRPC_TIMEOUT_HEADER,
+        envoy_timeout_header: str | None = ENVOY_TIMEOUT_HEADER,
+        cancel_on_expiry: bool = False,
+        enabled: bool = True,
+    ) -> None:
+        self.app = app
+        self._config = ServerConfig.build(
+            expired_status=expired_status,
+            timeout_header=timeout_header,
+            expired_header=expired_header,
+            grpc_timeout_header=grpc_timeout_header,
+            envoy_timeout_header=envoy_timeout_header,
+            enabled=enabled,
+        )
+        self.cancel_on_expiry = bool(cancel_on_expiry)
+        names = self._config.names
+        self._wanted = frozenset(
+            n.lower().encode("latin-1")
+            for n in (names.timeout, names.grpc_timeout, names.envoy_timeout)
+            if n
+        )
+        self._expired_start: Message = {
+            "type": "http.response.start",
+            "status": self._config.expired_status,
+            "headers": [
+                (k.lower().encode("latin-1"), v.encode("latin-1"))
+                for k, v in expired_headers(names)
+            ],
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self._config.enabled or not _config.is_enabled():
+            await self.app(scope, receive, send)
+            return
+        # D4.2: the deadline counts from here, before the app reads the body.
+        start = now()
+        wanted = self._wanted
+        found = [
+            (k.decode("latin-1").lower(), v)
+            for k, v in scope.get("headers", ())
+            if k.lower() in wanted
+        ]
+        arrival = arrive(found, self._config.names, start) if found else None
+        if arrival is None:
+            await self.app(scope, receive, send)
+            return
+        if arrival.deadline.expired:
+            # Already spent when read: answer without calling the app (D4.4).
+            record_cancelled(arrival.state, None)
+            await self._send_expired(send)
+            return
+        await self._handle(arrival.deadline, arrival.state, scope, receive, send)
+
+    async def _send_expired(self, send: Send) -> None:
+        await send(dict(self._expired_start))
+        await send({"type": "http.response.body", "body": EXPIRED_BODY, "more_body": False})
+
+    async def _handle(
+        self, deadline: Deadline, state: RequestState, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        response = _HeldResponse(send, deadline, state, self)
+        token = _request.set(state)
+        try:
+            with inherit_deadline(deadline):
+                try:
+                    if self.cancel_on_expiry:
+                        # The inherited bound is the binding one, so a firing scope reports
+                        # source="inherited" (DeadlineExceeded), handled just below.
+                        with move_on_at(deadline):
+                            await self.app(scope, receive, response.send)
+                    else:
+                        await self.app(scope, receive, response.send)
+                except Exception as exc:
+                    if response.started or not response.late():
+                        raise
+                    if not isinstance(exc, DeadlineExceeded):
+                        # The request is answered 498 anyway; keep the failure visible.
+                        logger.warning(
+                            "handler failed after its request deadline; answering %d",
+                            self._config.expired_status,
+                            exc_info=exc,
+                        )
+                    response.replace_pending()
+        finally:
+            _request.reset(token)
+        await response.finish()
+
+
+class _HeldResponse:
+    """The app's ``send``, holding ``http.response.start`` until the first body message."""
+
+    __slots__ = (
+        "_deadline",
+        "_mw",
+        "_send",
+        "_state",
+        "dropped",
+        "expired_sent",
+        "pending",
+        "replaced",
+        "started",
+    )
+
+    def __init__(
+        self, send: Send, deadline: Deadline, state: RequestState, mw: DeadlineMiddleware
+    ) -> None:
+        self._send = send
+        self._deadline = deadline
+        self._state = state
+        self._mw = mw
+        self.pending: Message | None = None
+        self.started = False
+        self.replaced = False
+        self.expired_sent = False
+        self.dropped = 0
+
+    def late(self) -> bool:
+        """The deadline passed, or a downstream call failed because of it (D4.5)."""
+        return self._state.cancelled_by_deadline or self._deadline.expired
+
+    def replace_pending(self) -> None:
+        """Mark the response for replacement (sent by :meth:`finish`)."""
+        self.replaced = True
+        self.pending = None
+
+    async def send(self, message: Message) -> None:
+        if self.replaced:
+            # Swallow the rest of a replaced response, counting what the app wanted to send.
+            if message.get("type") == "http.response.body":
+                self.dropped += len(message.get("body", b""))
+            return
+        if self.started:
+            await self._send(message)
+            return
+        if message["type"] == "http.response.start":
+            self.pending = message
+            return
+        # The first message after the start: the last moment the response can be replaced.
+        if self.late():
+            self.replaced = True
+            self.pending = None
+            if message.get("type") == "http.response.body":
+                self.dropped += len(message.get("body", b""))
+            self.expired_sent = True
+            await self._mw._send_expired(self._send)
+            return
+        self.started = True
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            await self._send(pending)
+        await self._send(message)
+
+    async def finish(self) -> None:
+        """After the app returned: send or record whatever is still owed."""
+        if self.replaced:
+            if not self.expired_sent:
+                await self._mw._send_expired(self._send)
+            record_cancelled(self._state, self.dropped)
+            return
+        if self.started:
+            if self._deadline.expired and enabled():
+                # A streaming response committed before the deadline: nothing can be replaced.
+                emit("span.tags", component=COMPONENT, dp_response_already_started=1)
+            return
+        if self.pending is not None:
+            # The app returned after the start without any body message.
+            if self.late():
+                self.pending = None
+                await self._mw._send_expired(self._send)
+                record_cancelled(self._state, 0)
+                return
+            self.started = True
+            pending, self.pending = self.pending, None
+            await self._send(pending)
+            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+        if self.late():
+            # The app sent nothing and the deadline passed (e.g. it swallowed a cancellation).
+            await self._mw._send_expired(self._send)
+            record_cancelled(self._state, None)

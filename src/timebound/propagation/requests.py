@@ -1,0 +1,223 @@
+"""Deadline propagation for requests (DECISIONS D4.3, D4.5, D4.8).
+
+Mount the adapter on a session::
+
+    import requests
+    from timebound.propagation.requests import DeadlineAdapter
+
+    session = requests.Session()
+    adapter = DeadlineAdapter(timeout=5.0)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+
+Every attempt's timeout is ``min(static, remaining)``. The static timeout is the adapter's own
+``timeout`` (a total per attempt) when given, else the call's ``timeout=`` (the larger of a
+``(connect, read)`` pair). The connect and read timeouts are set to at most the time left, and the
+body is read through a stream that checks the clock after every chunk, so the whole exchange is
+bounded (a sync read cannot be interrupted: a server trickling bytes can overrun by at most one
+read timeout). Errors are as for :mod:`timebound.propagation.httpx`; :class:`AttemptTimeout` is
+also a ``requests.exceptions.Timeout``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+try:
+    import requests
+    from requests.adapters import HTTPAdapter
+    from urllib3.exceptions import ReadTimeoutError
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "timebound.propagation.requests needs requests: pip install 'timebound[requests]'"
+    ) from exc
+
+from .._core._durations import Duration, to_seconds
+from .._core._errors import DeadlineExceeded
+from ._client import Attempt, ClientOptions, begin
+from ._codec import EXPIRED_HEADER, TIMEOUT_HEADER
+
+__all__ = ["AttemptTimeout", "DeadlineAdapter"]
+
+
+class AttemptTimeout(DeadlineExceeded, requests.exceptions.Timeout):
+    """The attempt's own timeout ran out (retryable, D2.5).
+
+    Both a :class:`timebound.DeadlineExceeded` with ``source="attempt"`` and a
+    :class:`requests.exceptions.Timeout`; ``remote`` is true for a server's "deadline expired"
+    answer (D4.5 case 2).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        request: Any = None,
+        remote: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        DeadlineExceeded.__init__(self, message, source="attempt", timeout=timeout)
+        self.request = request
+        self.response = None
+        self.remote = remote
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (str(self), self.remote, self.timeout))
+
+
+def _rebuild(message: str, remote: bool, timeout: float | None) -> AttemptTimeout:
+    return AttemptTimeout(message, remote=remote, timeout=timeout)
+
+
+def _phases(timeout: Any) -> tuple[float | None, float | None]:
+    if timeout is None:
+        return (None, None)
+    if isinstance(timeout, tuple):
+        connect, read = timeout
+        return (connect, read)
+    if isinstance(timeout, int | float):
+        return (float(timeout), float(timeout))
+    # A urllib3 ``Timeout``: its total bounds both phases.
+    total = getattr(timeout, "total", None)
+    connect = getattr(timeout, "_connect", None)
+    read = getattr(timeout, "_read", None)
+    pair = [v if isinstance(v, int | float) else None for v in (connect, read)]
+    if isinstance(total, int | float):
+        pair = [total if v is None else min(v, total) for v in pair]
+    return (pair[0], pair[1])
+
+
+class DeadlineAdapter(HTTPAdapter):
+    """A requests transport adapter that clamps, propagates and enforces the deadline.
+
+    ``timeout``: a total per attempt (seconds, timedelta or ``"5s"``); other keyword arguments go
+    to :class:`requests.adapters.HTTPAdapter` (``pool_maxsize``, ``max_retries`` …).
+    """
+
+    def __init__(
+        self,
+        *,
+        timeout: Duration | None = None,
+        propagate_header: bool = True,
+        timeout_header: str = TIMEOUT_HEADER,
+        expired_header: str = EXPIRED_HEADER,
+        what: str = "http request",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self._timeout = None if timeout is None else to_seconds(timeout, option="timeout")
+        self._options = ClientOptions(
+            propagate_header=propagate_header,
+            timeout_header=timeout_header,
+            expired_header=expired_header,
+            what=what,
+        )
+
+    def send(
+        self,
+        request: requests.PreparedRequest,
+        stream: bool = False,
+        timeout: Any = None,
+        verify: bool | str = True,
+        cert: Any = None,
+        proxies: Mapping[str, str] | None = None,
+    ) -> requests.Response:
+        """Send one attempt under the effective deadline (see the module docstring)."""
+        connect, read = _phases(timeout)
+        if self._timeout is not None:
+            static: float | None = self._timeout
+        else:
+            configured = [v for v in (connect, read) if v is not None]
+            static = max(configured) if configured else None
+        attempt = begin(static, self._options)
+        if attempt.header_value is not None:
+            request.headers[self._options.timeout_header] = attempt.header_value
+        seconds = attempt.clamped.seconds
+        if seconds is not None:
+            timeout = (
+                seconds if connect is None else min(connect, seconds),
+                seconds if read is None else min(read, seconds),
+            )
+        make = self._factory(request, attempt)
+        try:
+            response = super().send(
+                request,
+                stream=stream,
+                timeout=timeout,
+                verify=verify,
+                cert=cert,
+                proxies=dict(proxies) if proxies is not None else None,
+            )
+        except requests.exceptions.Timeout as exc:
+            if attempt.expired():
+                raise attempt.cut(make) from exc
+            raise
+        header = response.headers.get(self._options.expired_header)
+        if attempt.is_remote_expired(response.status_code, header):
+            # Read the short body so the connection returns to the pool intact (D4.8).
+            try:
+                _ = response.content
+            finally:
+                response.close()
+            raise attempt.remote_expired(
+                response.status_code, self._factory(request, attempt, remote=True)
+            )
+        if attempt.end is not None:
+            response.raw = _BoundedRaw(response.raw, attempt, make)
+        return response
+
+    def _factory(self, request: Any, attempt: Attempt, *, remote: bool = False) -> Any:
+        def make(message: str) -> AttemptTimeout:
+            return AttemptTimeout(
+                message, request=request, remote=remote, timeout=attempt.clamped.seconds
+            )
+
+        return make
+
+
+class _BoundedRaw:
+    """urllib3's response, with the body read chunk by chunk under the attempt's end."""
+
+    def __init__(self, raw: Any, attempt: Attempt, make: Any) -> None:
+        self._raw = raw
+        self._attempt = attempt
+        self._make = make
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+    def _abort(self) -> None:
+        # The body is unread: this connection cannot be reused; close it and free its slot.
+        self._raw.close()
+        self._raw.release_conn()
+
+    def stream(
+        self, amt: int | None = 2**16, decode_content: bool | None = None
+    ) -> Iterator[bytes]:
+        attempt = self._attempt
+        try:
+            for chunk in self._raw.stream(amt, decode_content=decode_content):
+                if attempt.expired():
+                    self._abort()
+                    raise attempt.cut(self._make)
+                yield chunk
+        except ReadTimeoutError as exc:
+            if attempt.expired():
+                self._abort()
+                raise attempt.cut(self._make) from exc
+            raise
+
+    def read(self, *args: Any, **kwargs: Any) -> bytes:
+        attempt = self._attempt
+        try:
+            data: bytes = self._raw.read(*args, **kwargs)
+        except ReadTimeoutError as exc:
+            if attempt.expired():
+                self._abort()
+                raise attempt.cut(self._make) from exc
+            raise
+        if attempt.expired():
+            self._abort()
+            raise attempt.cut(self._make)
+        return data

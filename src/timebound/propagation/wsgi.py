@@ -1,0 +1,226 @@
+"""Deadline propagation for WSGI servers (Flask, Django, any WSGI app; DECISIONS D4).
+
+The same rules as :mod:`timebound.propagation.asgi`::
+
+    from flask import Flask
+    from timebound.propagation.wsgi import DeadlineMiddleware
+
+    app = Flask(__name__)
+    app.wsgi_app = DeadlineMiddleware(app.wsgi_app)
+
+* The deadline counts from the moment the middleware is called (D4.2) and is the minimum of the
+  deadline headers present (D4.1); a bad header means no deadline.
+* An already expired request is answered ``498 Deadline expired`` and the app is never called.
+* The app (and the iteration of its response) runs under ``timebound.inherit_deadline``, so
+  ``timebound.checkpoint()`` and the clients (requests, httpx) see the request's deadline.
+* ``start_response`` is held until the first non-empty body chunk (or the end of the body):
+  a response finished after the deadline, or after a client call failed because of it, is
+  replaced by the 498 answer. A streamed response is committed at its first chunk.
+
+Sync code cannot be preempted, so there is no ``cancel_on_expiry`` here: a handler stops at the
+deadline only where it calls ``timebound.checkpoint()`` or a clamped client.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import http
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from types import TracebackType
+from typing import Any
+
+from .._core._deadline import Deadline
+from .._core._errors import DeadlineExceeded
+from .._core._scopes import inherit_deadline
+from ..telemetry._events import emit, enabled
+from . import _config
+from ._codec import (
+    ENVOY_TIMEOUT_HEADER,
+    EXPIRED_BODY,
+    EXPIRED_HEADER,
+    GRPC_TIMEOUT_HEADER,
+    TIMEOUT_HEADER,
+)
+from ._server import COMPONENT, ServerConfig, arrive, expired_headers, now, record_cancelled
+from ._state import RequestState, _request
+
+__all__ = ["DeadlineMiddleware"]
+
+logger = logging.getLogger("timebound.propagation")
+
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
+StartResponse = Callable[..., Callable[[bytes], object]]
+WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
+
+
+def _environ_key(header: str) -> str:
+    return "HTTP_" + header.upper().replace("-", "_")
+
+
+def _status_line(status: int) -> str:
+    if status == 498:
+        return "498 Deadline Expired"
+    try:
+        return f"{status} {http.HTTPStatus(status).phrase}"
+    except ValueError:
+        return f"{status} Deadline Expired"
+
+
+class DeadlineMiddleware:
+    """WSGI middleware that reads, enforces and exposes the caller's deadline (D4.1-D4.5).
+
+    Options as for the ASGI middleware, except ``cancel_on_expiry`` (sync code is cooperative).
+    """
+
+    def __init__(
+        self,
+        app: WSGIApp,
+        *,
+        expired_status: int = 498,
+        timeout_header: str = TIMEOUT_HEADER,
+        expired_header: str = EXPIRED_HEADER,
+        grpc_timeout_header: str | None = GRPC_TIMEOUT_HEADER,
+        envoy_timeout_header: str | None = ENVOY_TIMEOUT_HEADER,
+        enabled: bool = True,
+    ) -> None:
+        self.app = app
+        self._config = ServerConfig.build(
+            expired_status=expired_status,
+            timeout_header=timeout_header,
+            expired_header=expired_header,
+            grpc_timeout_header=grpc_timeout_header,
+            envoy_timeout_header=envoy_timeout_header,
+            enabled=enabled,
+        )
+        names = self._config.names
+        self._keys = [
+            (n.lower(), _environ_key(n))
+            for n in (names.timeout, names.grpc_timeout, names.envoy_timeout)
+            if n
+        ]
+        self._status = _status_line(self._config.expired_status)
+        self._headers = expired_headers(names)
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        if not self._config.enabled or not _config.is_enabled():
+            return self.app(environ, start_response)
+        start = now()
+        found: list[tuple[str, str | bytes]] = []
+        for name, key in self._keys:
+            value = environ.get(key)
+            if isinstance(value, str):
+                found.append((name, value))
+        arrival = arrive(found, self._config.names, start) if found else None
+        if arrival is None:
+            return self.app(environ, start_response)
+        if arrival.deadline.expired:
+            record_cancelled(arrival.state, None)
+            return self._expired(start_response)
+        # A private context per request: the deadline and request state live in it, and the
+        # response iterator re-enters it for every chunk (the server iterates after we return).
+        ctx = contextvars.copy_context()
+        return ctx.run(self._handle, ctx, arrival.deadline, arrival.state, environ, start_response)
+
+    def _expired(self, start_response: StartResponse) -> list[bytes]:
+        start_response(self._status, list(self._headers))
+        return [EXPIRED_BODY]
+
+    def _handle(
+        self,
+        ctx: contextvars.Context,
+        deadline: Deadline,
+        state: RequestState,
+        environ: dict[str, Any],
+        start_response: StartResponse,
+    ) -> Iterable[bytes]:
+        _request.set(state)
+        # Entered in ``ctx`` and never exited: the context is discarded with the request.
+        inherit_deadline(deadline).__enter__()
+
+        def late() -> bool:
+            return state.cancelled_by_deadline or deadline.expired
+
+        captured: list[Any] = []
+        written: list[bytes] = []
+
+        def capture(
+            status: str, headers: list[tuple[str, str]], exc_info: ExcInfo | None = None
+        ) -> Callable[[bytes], object]:
+            captured[:] = [status, headers, exc_info]
+            # PEP 3333's legacy write(): buffered and sent as the first chunk.
+            return written.append
+
+        result: Iterable[bytes] | None = None
+        try:
+            result = self.app(environ, capture)
+            iterator = iter(result)
+            first = b"".join(written)
+            if not first:
+                for chunk in iterator:
+                    if chunk:
+                        first = chunk
+                        break
+        except Exception as exc:
+            _close(result)
+            if not late():
+                raise
+            if not isinstance(exc, DeadlineExceeded):
+                logger.warning(
+                    "handler failed after its request deadline; answering %d",
+                    self._config.expired_status,
+                    exc_info=exc,
+                )
+            record_cancelled(state, None)
+            return self._expired(start_response)
+        if late() or not captured:
+            _close(result)
+            if not captured and not late():
+                raise RuntimeError("WSGI app returned without calling start_response")
+            record_cancelled(state, len(first))
+            return self._expired(start_response)
+        status, headers, exc_info = captured
+        if exc_info is not None:
+            start_response(status, headers, exc_info)
+        else:
+            start_response(status, headers)
+        return _Body(ctx, deadline, first, iterator, result)
+
+
+def _close(result: Iterable[bytes] | None) -> None:
+    close = getattr(result, "close", None)
+    if close is not None:
+        close()
+
+
+class _Body:
+    """The committed response: the first chunk, then the rest, each read inside the request's
+    context (so a streaming generator still sees the deadline)."""
+
+    def __init__(
+        self,
+        ctx: contextvars.Context,
+        deadline: Deadline,
+        first: bytes,
+        iterator: Iterator[bytes],
+        result: Iterable[bytes],
+    ) -> None:
+        self._ctx = ctx
+        self._deadline = deadline
+        self._first: bytes | None = first or None
+        self._iterator = iterator
+        self._result = result
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        return self._ctx.run(next, self._iterator)
+
+    def close(self) -> None:
+        if self._deadline.expired and enabled():
+            emit("span.tags", component=COMPONENT, dp_response_already_started=1)
+        self._ctx.run(_close, self._result)
