@@ -1,0 +1,783 @@
+"""Implementation of :mod:`timebound.propagation.grpc` (DECISIONS D4.6, D4.7).
+
+gRPC carries the deadline itself (the ``grpc-timeout`` header), so nothing is added to the wire:
+
+* **Server interceptors** read ``context.time_remaining()`` and make it the handler's inherited
+  deadline (``timebound.inherit_deadline(..., source="inherited")``) together with a
+  :class:`~timebound.propagation.RequestState`. A call whose deadline is already spent is answered
+  ``DEADLINE_EXCEEDED`` / ``Deadline propagation: Not enough time to handle this call`` without
+  running the handler (userver's wording, verbatim).
+* **Client interceptors** lower the call's ``timeout`` to the remaining time
+  (``min(timeout, remaining)``), fail locally with :class:`~timebound.DeadlineExceeded` when
+  nothing is left (nothing is sent), and turn a ``DEADLINE_EXCEEDED`` that our deadline caused into
+  :class:`PropagatedDeadlineExceeded` — which is *both* a ``DeadlineExceeded(source="propagated")``
+  and a ``grpc.RpcError`` (``grpc.aio.AioRpcError`` for aio), so existing ``except grpc.RpcError``
+  code keeps working while policies see a spent deadline they must not retry (D2.5).
+
+Metrics use userver's names verbatim (D4.7) with the label ``grpc_destination=SERVICE/METHOD``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, Final, NamedTuple
+
+from .._core._deadline import Deadline
+from .._core._errors import DeadlineExceeded
+from .._core._scopes import inherit_deadline
+from ..telemetry._events import counters
+from ._state import RequestState, _request, clamp_timeout
+
+try:
+    import grpc
+    import grpc.aio
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "timebound.propagation.grpc needs grpcio: pip install 'timebound[grpc]'"
+    ) from exc
+
+__all__ = [
+    "AioPropagatedDeadlineExceeded",
+    "EXPIRED_DETAILS",
+    "PropagatedDeadlineExceeded",
+    "aio_client_interceptor",
+    "aio_server_interceptor",
+    "client_interceptor",
+    "server_interceptor",
+]
+
+#: The status details of a call rejected because its deadline was spent (userver, verbatim).
+EXPIRED_DETAILS: Final = "Deadline propagation: Not enough time to handle this call"
+
+#: ``time_remaining()`` at or above this means "no deadline" (D4.6, grpc#26236).
+_NO_DEADLINE_AT: Final = 365 * 24 * 3600.0
+
+SERVER_PROPAGATED: Final = "grpc.server.by-destination.deadline-propagated"
+SERVER_CANCELLED: Final = "grpc.server.by-destination.cancelled-by-deadline-propagation"
+CLIENT_PROPAGATED: Final = "grpc.client.by-destination.deadline-propagated"
+CLIENT_CANCELLED: Final = "grpc.client.by-destination.cancelled-by-deadline-propagation"
+
+Destination = Callable[[str], str]
+
+
+def _default_destination(method: str) -> str:
+    """``/pkg.Service/Method`` → ``pkg.Service/Method`` (userver's ``SERVICE/METHOD``)."""
+    return method[1:] if method.startswith("/") else method
+
+
+def _method_name(method: str | bytes) -> str:
+    return method.decode("utf-8", "replace") if isinstance(method, bytes) else method
+
+
+def _received_deadline(time_remaining: float | None) -> float | None:
+    """Seconds left from the client's deadline, or ``None`` for no deadline (D4.6)."""
+    if time_remaining is None or time_remaining >= _NO_DEADLINE_AT:
+        return None
+    return time_remaining
+
+
+# Errors --------------------------------------------------------------------------------------
+
+
+class _StatusCode(str):
+    """``"deadline-exceeded"`` that can also be called like ``grpc.RpcError.code()``.
+
+    :class:`~timebound.TimeboundError` exposes its stable error code as the attribute ``code``
+    (a string, for storage and UIs, D2.4) while ``grpc.RpcError`` has a method ``code()``. The
+    propagated error is both, so its ``code`` is a string that answers the call too:
+    ``err.code == "deadline-exceeded"`` and ``err.code() is grpc.StatusCode.DEADLINE_EXCEEDED``.
+    """
+
+    __slots__ = ()
+
+    def __call__(self) -> grpc.StatusCode:
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class PropagatedDeadlineExceeded(DeadlineExceeded, grpc.RpcError):  # type: ignore[misc]
+    """A gRPC call ended ``DEADLINE_EXCEEDED`` because our own deadline had lowered its timeout.
+
+    It is a :class:`~timebound.DeadlineExceeded` with ``source="propagated"`` (policies do not
+    retry it, D2.5) and a ``grpc.RpcError`` whose ``code()`` is ``DEADLINE_EXCEEDED`` and whose
+    ``details()``/metadata are those of the failed call, which is also chained as ``__cause__``.
+    ``err.code`` also compares equal to the stable string ``"deadline-exceeded"``.
+    """
+
+    code = _StatusCode("deadline-exceeded")
+
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        details: str | None = None,
+        initial_metadata: Any = None,
+        trailing_metadata: Any = None,
+        debug_error_string: str | None = None,
+        timeout: float | None = None,
+        deadline: Any = None,
+        what: str | None = None,
+    ) -> None:
+        DeadlineExceeded.__init__(
+            self, message, source="propagated", timeout=timeout, deadline=deadline, what=what
+        )
+        self._details = details
+        self._initial_metadata = initial_metadata
+        self._trailing_metadata = trailing_metadata
+        self._debug_error_string = debug_error_string
+
+    def details(self) -> str | None:
+        """The call's status details."""
+        return self._details
+
+    def initial_metadata(self) -> Any:
+        """The call's initial metadata, when it had any."""
+        return self._initial_metadata
+
+    def trailing_metadata(self) -> Any:
+        """The call's trailing metadata, when it had any."""
+        return self._trailing_metadata
+
+    def debug_error_string(self) -> str | None:
+        """grpc's debug string for the failed call."""
+        return self._debug_error_string
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Metadata objects of the live call may not pickle; the details always do.
+        return (
+            _rebuild_propagated,
+            (type(self), str(self), self._details, self.timeout, self.deadline),
+        )
+
+
+class AioPropagatedDeadlineExceeded(
+    PropagatedDeadlineExceeded,
+    grpc.aio.AioRpcError,  # type: ignore[misc]
+):
+    """:class:`PropagatedDeadlineExceeded` for ``grpc.aio``: also a ``grpc.aio.AioRpcError``."""
+
+
+def _rebuild_propagated(
+    cls: type[PropagatedDeadlineExceeded],
+    message: str,
+    details: str | None,
+    timeout: float | None,
+    deadline: Any,
+) -> PropagatedDeadlineExceeded:
+    return cls(message, details=details, timeout=timeout, deadline=deadline)
+
+
+def _propagated_from(
+    cls: type[PropagatedDeadlineExceeded], err: Any, timeout: float | None, destination: str
+) -> PropagatedDeadlineExceeded:
+    def _get(name: str) -> Any:
+        fn = getattr(err, name, None)
+        try:
+            return fn() if callable(fn) else None
+        except Exception:  # a half-built grpc error must not hide the deadline
+            return None
+
+    return cls(
+        f"gRPC {destination} timed out: our deadline lowered its timeout "
+        f"(propagated deadline exceeded)",
+        details=_get("details"),
+        initial_metadata=_get("initial_metadata"),
+        trailing_metadata=_get("trailing_metadata"),
+        debug_error_string=_get("debug_error_string"),
+        timeout=timeout,
+        what=f"gRPC {destination}",
+    )
+
+
+# Server side ---------------------------------------------------------------------------------
+
+
+class _CallBound:
+    """The inherited deadline and request state of one server call, entered in one Context."""
+
+    __slots__ = ("_bound", "state")
+
+    def __init__(self, left: float | None) -> None:
+        self.state = RequestState(
+            deadline_received_ms=None if left is None else max(0, math.ceil(left * 1000))
+        )
+        self._bound = (
+            None
+            if left is None
+            else inherit_deadline(Deadline.after(max(0.0, left)), source="inherited", timeout=left)
+        )
+
+    def enter(self) -> contextvars.Token[RequestState | None]:
+        token = _request.set(self.state)
+        if self._bound is not None:
+            self._bound.__enter__()
+        return token
+
+    def exit(self, token: contextvars.Token[RequestState | None]) -> None:
+        if self._bound is not None:
+            self._bound.__exit__(None, None, None)
+        _request.reset(token)
+
+
+class _ServerBase:
+    def __init__(self, *, enabled: bool, destination: Destination | None) -> None:
+        self._enabled = enabled
+        self._destination = destination or _default_destination
+
+    def _start(self, method: str, context: Any) -> tuple[_CallBound, bool]:
+        """Open the call's bound; the flag says the deadline is already spent."""
+        left = _received_deadline(context.time_remaining())
+        dest = self._destination(method)
+        if left is not None:
+            counters.inc(SERVER_PROPAGATED, grpc_destination=dest)
+        expired = left is not None and left <= 0.0
+        if expired:
+            counters.inc(SERVER_CANCELLED, grpc_destination=dest)
+        return _CallBound(left), expired
+
+    def _finished_cancelled(self, method: str) -> None:
+        counters.inc(SERVER_CANCELLED, grpc_destination=self._destination(method))
+
+
+def _is_request_deadline(err: DeadlineExceeded) -> bool:
+    """Our request's own deadline (inherited, or spent by a propagated call) is what fired."""
+    return err.source in ("inherited", "propagated")
+
+
+class _SyncServerInterceptor(_ServerBase, grpc.ServerInterceptor):  # type: ignore[misc]
+    """See :func:`server_interceptor`."""
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        handler = continuation(details)
+        if handler is None or not self._enabled:
+            return handler
+        method = _method_name(details.method)
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._wrap_unary(handler.unary_unary, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(
+                self._wrap_unary(handler.stream_unary, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._wrap_stream(handler.unary_stream, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_stream is not None:
+            return grpc.stream_stream_rpc_method_handler(
+                self._wrap_stream(handler.stream_stream, method),
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+    def _wrap_unary(self, behavior: Callable[[Any, Any], Any], method: str) -> Any:
+        def wrapped(request: Any, context: Any) -> Any:
+            # This runs in grpc's thread-pool thread: the context variables are set (and reset)
+            # here, around the handler, so nothing leaks into the pooled thread.
+            call, expired = self._start(method, context)
+            if expired:
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, EXPIRED_DETAILS)
+            token = call.enter()
+            try:
+                try:
+                    response = behavior(request, context)
+                except DeadlineExceeded as err:
+                    if not _is_request_deadline(err):
+                        raise
+                    call.state.cancelled_by_deadline = True
+                    response = None
+            finally:
+                call.exit(token)
+            if call.state.cancelled_by_deadline:
+                # A nested call gave up because this request's deadline was spent (D4.5): the
+                # answer is DEADLINE_EXCEEDED even if the handler swallowed the error.
+                self._finished_cancelled(method)
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, EXPIRED_DETAILS)
+            return response
+
+        return wrapped
+
+    def _wrap_stream(self, behavior: Callable[[Any, Any], Any], method: str) -> Any:
+        def wrapped(request: Any, context: Any) -> Iterator[Any]:
+            call, expired = self._start(method, context)
+            if expired:
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, EXPIRED_DETAILS)
+            # The response iterator is advanced by grpc between our frames, so the bound lives
+            # in a private Context that every step runs in; the pooled thread's own context
+            # never sees it.
+            ctx = contextvars.copy_context()
+            token = ctx.run(call.enter)
+            try:
+                responses = ctx.run(behavior, request, context)
+                while True:
+                    try:
+                        item = ctx.run(next, responses)
+                    except StopIteration:
+                        break
+                    except DeadlineExceeded as err:
+                        if not _is_request_deadline(err):
+                            raise
+                        call.state.cancelled_by_deadline = True
+                        break
+                    yield item
+            finally:
+                ctx.run(call.exit, token)
+            if call.state.cancelled_by_deadline:
+                self._finished_cancelled(method)
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, EXPIRED_DETAILS)
+
+        return wrapped
+
+
+class _AioServerInterceptor(_ServerBase, grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """See :func:`aio_server_interceptor`."""
+
+    async def intercept_service(
+        self, continuation: Callable[[Any], Awaitable[Any]], details: Any
+    ) -> Any:
+        handler = await continuation(details)
+        if handler is None or not self._enabled:
+            return handler
+        method = _method_name(details.method)
+        kinds = (
+            ("unary_unary", grpc.unary_unary_rpc_method_handler),
+            ("stream_unary", grpc.stream_unary_rpc_method_handler),
+            ("unary_stream", grpc.unary_stream_rpc_method_handler),
+            ("stream_stream", grpc.stream_stream_rpc_method_handler),
+        )
+        for kind, factory in kinds:
+            behavior = getattr(handler, kind)
+            if behavior is None:
+                continue
+            if inspect.isasyncgenfunction(behavior):
+                wrapped: Any = self._wrap_asyncgen(behavior, method)
+            elif inspect.iscoroutinefunction(behavior):
+                wrapped = self._wrap_coroutine(behavior, method)
+            else:
+                # A sync handler under grpc.aio runs in grpc's executor, which does not copy
+                # context variables: it is left as it is (documented).
+                return handler
+            return factory(
+                wrapped,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+    def _wrap_coroutine(
+        self, behavior: Callable[[Any, Any], Awaitable[Any]], method: str
+    ) -> Callable[[Any, Any], Awaitable[Any]]:
+        async def wrapped(request: Any, context: Any) -> Any:
+            # grpc.aio runs each call in its own task: setting the variables here scopes them
+            # to this call.
+            call, expired = self._start(method, context)
+            if expired:
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, EXPIRED_DETAILS)
+            token = call.enter()
+            try:
+                try:
+                    response = await behavior(request, context)
+                except DeadlineExceeded as err:
+                    if not _is_request_deadline(err):
+                        raise
+                    call.state.cancelled_by_deadline = True
+                    response = None
+            finally:
+                call.exit(token)
+            if call.state.cancelled_by_deadline:
+                self._finished_cancelled(method)
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, EXPIRED_DETAILS)
+            return response
+
+        return wrapped
+
+    def _wrap_asyncgen(
+        self, behavior: Callable[[Any, Any], AsyncIterator[Any]], method: str
+    ) -> Callable[[Any, Any], AsyncIterator[Any]]:
+        async def wrapped(request: Any, context: Any) -> AsyncIterator[Any]:
+            call, expired = self._start(method, context)
+            if expired:
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, EXPIRED_DETAILS)
+            # The generator is driven by the call's own task, so the variables set here stay
+            # with this call for every step.
+            token = call.enter()
+            try:
+                try:
+                    async for item in behavior(request, context):
+                        yield item
+                except DeadlineExceeded as err:
+                    if not _is_request_deadline(err):
+                        raise
+                    call.state.cancelled_by_deadline = True
+            finally:
+                call.exit(token)
+            if call.state.cancelled_by_deadline:
+                self._finished_cancelled(method)
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, EXPIRED_DETAILS)
+
+        return wrapped
+
+
+def server_interceptor(
+    *, enabled: bool = True, destination: Destination | None = None
+) -> grpc.ServerInterceptor:
+    """A ``grpc.ServerInterceptor`` that makes the client's deadline the handler's deadline.
+
+    ``grpc.server(executor, interceptors=[server_interceptor()])``. Covers all four call kinds:
+    the bound is set in the thread-pool thread around the handler (and, for response streams,
+    around every step of the response iterator). ``enabled=False`` passes calls through
+    untouched; ``destination`` maps the full method name (``/pkg.Service/Method``) to the
+    metrics label (default ``pkg.Service/Method``).
+    """
+    return _SyncServerInterceptor(enabled=enabled, destination=destination)
+
+
+def aio_server_interceptor(
+    *, enabled: bool = True, destination: Destination | None = None
+) -> grpc.aio.ServerInterceptor:
+    """The ``grpc.aio`` twin of :func:`server_interceptor`: the bound is set in the call's task.
+
+    Covers coroutine handlers of every kind and async-generator response streams; a plain
+    (sync) handler under ``grpc.aio`` is passed through untouched.
+    """
+    return _AioServerInterceptor(enabled=enabled, destination=destination)
+
+
+# Client side ---------------------------------------------------------------------------------
+
+
+class _SyncDetails(NamedTuple):
+    method: str
+    timeout: float | None
+    metadata: Any
+    credentials: Any
+    wait_for_ready: Any
+    compression: Any
+
+
+class _ClientCallDetails(_SyncDetails, grpc.ClientCallDetails):  # type: ignore[misc]
+    """A ``grpc.ClientCallDetails`` with our timeout."""
+
+
+class _Clamp(NamedTuple):
+    timeout: float | None
+    lowered: bool
+    destination: str
+    state: RequestState | None
+
+
+class _ClientBase:
+    def __init__(self, *, enabled: bool, destination: Destination | None) -> None:
+        self._enabled = enabled
+        self._destination = destination or _default_destination
+
+    def _clamp(self, method: str | bytes, timeout: float | None) -> _Clamp:
+        dest = self._destination(_method_name(method))
+        try:
+            clamped = clamp_timeout(timeout, what=f"gRPC {dest}")
+        except DeadlineExceeded:
+            # Nothing is sent (D4.3); clamp_timeout has marked the request.
+            counters.inc(CLIENT_CANCELLED, grpc_destination=dest)
+            raise
+        if clamped.lowered:
+            counters.inc(CLIENT_PROPAGATED, grpc_destination=dest)
+        return _Clamp(clamped.seconds, clamped.lowered, dest, _request.get())
+
+    @staticmethod
+    def _spent(clamp: _Clamp) -> None:
+        """Our deadline cut a call short: count it and mark the request it belongs to."""
+        counters.inc(CLIENT_CANCELLED, grpc_destination=clamp.destination)
+        if clamp.state is not None:
+            clamp.state.cancelled_by_deadline = True
+
+
+def _is_deadline_code(outcome: Any) -> bool:
+    try:
+        return bool(outcome.code() == grpc.StatusCode.DEADLINE_EXCEEDED)
+    except Exception:  # outcomes that are not calls have no code
+        return False
+
+
+class _PropagatingOutcome(grpc.Call, grpc.Future):  # type: ignore[misc]
+    """A unary call's outcome whose ``DEADLINE_EXCEEDED`` surfaces as our propagated error."""
+
+    def __init__(self, outcome: Any, clamp: _Clamp) -> None:
+        self._outcome = outcome
+        self._clamp = clamp
+        self._converted: PropagatedDeadlineExceeded | None = None
+
+    def _error(self, timeout: float | None) -> BaseException | None:
+        err = self._outcome.exception(timeout)
+        if err is None or not _is_deadline_code(self._outcome):
+            return err  # type: ignore[no-any-return]
+        if self._converted is None:
+            conv = _propagated_from(
+                PropagatedDeadlineExceeded, err, self._clamp.timeout, self._clamp.destination
+            )
+            conv.__cause__ = err
+            self._converted = conv
+        return self._converted
+
+    def result(self, timeout: float | None = None) -> Any:
+        err = self._error(timeout)
+        if isinstance(err, PropagatedDeadlineExceeded):
+            raise err
+        return self._outcome.result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return self._error(timeout)
+
+    def traceback(self, timeout: float | None = None) -> Any:
+        return self._outcome.traceback(timeout)
+
+    def add_done_callback(self, fn: Callable[[Any], None]) -> None:
+        self._outcome.add_done_callback(lambda _f: fn(self))
+
+    def cancel(self) -> bool:
+        return bool(self._outcome.cancel())
+
+    def cancelled(self) -> bool:
+        return bool(self._outcome.cancelled())
+
+    def running(self) -> bool:
+        return bool(self._outcome.running())
+
+    def done(self) -> bool:
+        return bool(self._outcome.done())
+
+    def is_active(self) -> bool:
+        return bool(self._outcome.is_active())
+
+    def time_remaining(self) -> float | None:
+        return self._outcome.time_remaining()  # type: ignore[no-any-return]
+
+    def add_callback(self, callback: Callable[[], None]) -> bool:
+        return bool(self._outcome.add_callback(callback))
+
+    def initial_metadata(self) -> Any:
+        return self._outcome.initial_metadata()
+
+    def trailing_metadata(self) -> Any:
+        return self._outcome.trailing_metadata()
+
+    def code(self) -> Any:
+        return self._outcome.code()
+
+    def details(self) -> Any:
+        return self._outcome.details()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._outcome, name)
+
+
+class _SyncClientInterceptor(
+    _ClientBase,
+    grpc.UnaryUnaryClientInterceptor,  # type: ignore[misc]
+    grpc.UnaryStreamClientInterceptor,  # type: ignore[misc]
+    grpc.StreamUnaryClientInterceptor,  # type: ignore[misc]
+    grpc.StreamStreamClientInterceptor,  # type: ignore[misc]
+):
+    """See :func:`client_interceptor`."""
+
+    def _details(self, details: Any) -> tuple[Any, _Clamp | None]:
+        if not self._enabled:
+            return details, None
+        clamp = self._clamp(details.method, details.timeout)
+        if not clamp.lowered:
+            return details, clamp
+        new = _ClientCallDetails(
+            details.method,
+            clamp.timeout,
+            details.metadata,
+            details.credentials,
+            getattr(details, "wait_for_ready", None),
+            getattr(details, "compression", None),
+        )
+        return new, clamp
+
+    def _watch(self, outcome: Any, clamp: _Clamp | None) -> None:
+        if clamp is None or not clamp.lowered:
+            return
+
+        def done(call: Any) -> None:
+            if _is_deadline_code(call):
+                self._spent(clamp)
+
+        try:
+            outcome.add_done_callback(done)
+        except AttributeError:  # a streaming call: ends through add_callback instead
+            outcome.add_callback(lambda: done(outcome))
+
+    def _unary(self, continuation: Callable[[Any, Any], Any], details: Any, request: Any) -> Any:
+        new, clamp = self._details(details)
+        outcome = continuation(new, request)
+        self._watch(outcome, clamp)
+        if clamp is None or not clamp.lowered:
+            return outcome
+        return _PropagatingOutcome(outcome, clamp)
+
+    def _stream(self, continuation: Callable[[Any, Any], Any], details: Any, request: Any) -> Any:
+        new, clamp = self._details(details)
+        outcome = continuation(new, request)
+        self._watch(outcome, clamp)
+        return outcome
+
+    def intercept_unary_unary(
+        self, continuation: Callable[[Any, Any], Any], client_call_details: Any, request: Any
+    ) -> Any:
+        return self._unary(continuation, client_call_details, request)
+
+    def intercept_stream_unary(
+        self,
+        continuation: Callable[[Any, Any], Any],
+        client_call_details: Any,
+        request_iterator: Any,
+    ) -> Any:
+        return self._unary(continuation, client_call_details, request_iterator)
+
+    def intercept_unary_stream(
+        self, continuation: Callable[[Any, Any], Any], client_call_details: Any, request: Any
+    ) -> Any:
+        return self._stream(continuation, client_call_details, request)
+
+    def intercept_stream_stream(
+        self,
+        continuation: Callable[[Any, Any], Any],
+        client_call_details: Any,
+        request_iterator: Any,
+    ) -> Any:
+        return self._stream(continuation, client_call_details, request_iterator)
+
+
+class _AioClientBase(_ClientBase):
+    def _details(self, details: Any) -> tuple[Any, _Clamp | None]:
+        if not self._enabled:
+            return details, None
+        clamp = self._clamp(details.method, details.timeout)
+        if not clamp.lowered:
+            return details, clamp
+        return details._replace(timeout=clamp.timeout), clamp
+
+    async def _unary(
+        self, continuation: Callable[[Any, Any], Awaitable[Any]], details: Any, request: Any
+    ) -> Any:
+        new, clamp = self._details(details)
+        call = await continuation(new, request)
+        if clamp is None or not clamp.lowered:
+            return call
+        try:
+            await call
+        except grpc.aio.AioRpcError as err:
+            if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise
+            self._spent(clamp)
+            raise _propagated_from(
+                AioPropagatedDeadlineExceeded, err, clamp.timeout, clamp.destination
+            ) from err
+        # The call is finished; returning it keeps code(), details() and metadata available.
+        return call
+
+    async def _stream(
+        self, continuation: Callable[[Any, Any], Awaitable[Any]], details: Any, request: Any
+    ) -> Any:
+        new, clamp = self._details(details)
+        call = await continuation(new, request)
+        if clamp is not None and clamp.lowered:
+            call.add_done_callback(lambda finished: _aio_stream_done(self, finished, clamp))
+        return call
+
+
+_pending_checks: set[asyncio.Task[None]] = set()
+
+
+def _aio_stream_done(client: _ClientBase, call: Any, clamp: _Clamp) -> None:
+    """Count and mark a response stream that ended ``DEADLINE_EXCEEDED`` under our deadline."""
+
+    async def check() -> None:
+        # The call is done, so code() answers at once; it is a coroutine in grpc.aio.
+        if await call.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            client._spent(clamp)
+
+    task = asyncio.get_running_loop().create_task(check())
+    _pending_checks.add(task)
+    task.add_done_callback(_pending_checks.discard)
+
+
+class _AioUnaryUnary(_AioClientBase, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    async def intercept_unary_unary(
+        self,
+        continuation: Callable[[Any, Any], Awaitable[Any]],
+        client_call_details: Any,
+        request: Any,
+    ) -> Any:
+        return await self._unary(continuation, client_call_details, request)
+
+
+class _AioStreamUnary(_AioClientBase, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
+    async def intercept_stream_unary(
+        self,
+        continuation: Callable[[Any, Any], Awaitable[Any]],
+        client_call_details: Any,
+        request_iterator: Any,
+    ) -> Any:
+        return await self._unary(continuation, client_call_details, request_iterator)
+
+
+class _AioUnaryStream(_AioClientBase, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    async def intercept_unary_stream(
+        self,
+        continuation: Callable[[Any, Any], Awaitable[Any]],
+        client_call_details: Any,
+        request: Any,
+    ) -> Any:
+        return await self._stream(continuation, client_call_details, request)
+
+
+class _AioStreamStream(_AioClientBase, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
+    async def intercept_stream_stream(
+        self,
+        continuation: Callable[[Any, Any], Awaitable[Any]],
+        client_call_details: Any,
+        request_iterator: Any,
+    ) -> Any:
+        return await self._stream(continuation, client_call_details, request_iterator)
+
+
+def client_interceptor(*, enabled: bool = True, destination: Destination | None = None) -> Any:
+    """A client interceptor (all four kinds) that bounds every call by the current deadline.
+
+    ``grpc.intercept_channel(channel, client_interceptor())``. The call's ``timeout`` becomes
+    ``min(timeout, remaining)``; with no time left the call raises
+    :class:`~timebound.DeadlineExceeded` (the binding bound's ``source``) and nothing is sent.
+    A unary-response call that ends ``DEADLINE_EXCEEDED`` after our deadline lowered its
+    timeout raises :class:`PropagatedDeadlineExceeded` and marks the request; response streams
+    keep grpc's own ``RpcError`` on iteration but are counted and mark the request too.
+    """
+    return _SyncClientInterceptor(enabled=enabled, destination=destination)
+
+
+def aio_client_interceptor(
+    *, enabled: bool = True, destination: Destination | None = None
+) -> list[grpc.aio.ClientInterceptor]:
+    """The ``grpc.aio`` client interceptors, one per call kind (grpc.aio dispatches on the type).
+
+    ``grpc.aio.insecure_channel(target, interceptors=aio_client_interceptor())``. Same rules as
+    :func:`client_interceptor`; the unary-response error is :class:`AioPropagatedDeadlineExceeded`.
+    """
+    return [
+        _AioUnaryUnary(enabled=enabled, destination=destination),
+        _AioStreamUnary(enabled=enabled, destination=destination),
+        _AioUnaryStream(enabled=enabled, destination=destination),
+        _AioStreamStream(enabled=enabled, destination=destination),
+    ]

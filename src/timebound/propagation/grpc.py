@@ -1,0 +1,31 @@
+"""Deadline propagation for grpcio, sync and ``grpc.aio`` (DECISIONS D4.6, D4.7).
+
+Server interceptors make the client's deadline the handler's inherited deadline and reject a
+call whose deadline is already spent (``DEADLINE_EXCEEDED``, ``Deadline propagation: Not enough
+time to handle this call``). Client interceptors lower every call's timeout to the time left,
+fail locally when none is, and surface a ``DEADLINE_EXCEEDED`` that our own deadline caused as
+:class:`PropagatedDeadlineExceeded` (a ``DeadlineExceeded`` *and* a ``grpc.RpcError``).
+See ``docs/propagation-grpc.md``. Needs ``pip install 'timebound[grpc]'``.
+"""
+
+from __future__ import annotations
+
+from ._grpc_interceptors import (
+    EXPIRED_DETAILS,
+    AioPropagatedDeadlineExceeded,
+    PropagatedDeadlineExceeded,
+    aio_client_interceptor,
+    aio_server_interceptor,
+    client_interceptor,
+    server_interceptor,
+)
+
+__all__ = [
+    "AioPropagatedDeadlineExceeded",
+    "EXPIRED_DETAILS",
+    "PropagatedDeadlineExceeded",
+    "aio_client_interceptor",
+    "aio_server_interceptor",
+    "client_interceptor",
+    "server_interceptor",
+]
