@@ -91,7 +91,9 @@ class CallTrace:
                 self.attempt_log[-1].end = at
                 self.attempt_log[-1].outcome = outcome
         elif name == "retry.delay":
-            self.delays.append(float(attrs.get("delay", 0.0)))
+            delay = float(attrs.get("delay", 0.0))
+            if delay > 0:  # retries without `delay` follow each other at once
+                self.delays.append(delay)
         elif name == "cache.hit":
             self.cache_hit = True
         elif name == "fallback":
@@ -397,13 +399,16 @@ class Program:
         timeout: Duration | None,
         concurrency: int | None,
         traced: bool,
+        *,
+        sink: list[CallTrace] | None = None,
     ) -> RunResult:
+        """One run. ``sink`` (the CLI's) receives the trace even when the run fails."""
         env = self._bind_inputs(inputs)
         seconds = (
             None if timeout is None else to_seconds(timeout, option="timeout", allow_zero=False)
         )
         t0 = _clock.now()
-        run = _Run(env, [] if traced else None, t0)
+        run = _Run(env, (sink if sink is not None else []) if traced else None, t0)
         for key, call in self._lazy:
             env[key] = Thunk(call, run)
         token = CURRENT_RUN.set(run)

@@ -1,0 +1,340 @@
+"""``timebound run`` and ``timebound check``: Constellation programs from the command line.
+
+Exit codes (docs/constellation.md): 0 success; 1 compile errors (``check``/``run``) or a failed
+run; 2 bad command-line usage (unreadable file, module that cannot be imported, bad input).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import math
+import os
+import sys
+from typing import Any, TextIO
+
+from .._core._durations import to_seconds
+from .._core._errors import ConfigurationError
+from ..dsl import (
+    CallTrace,
+    CompileError,
+    InputError,
+    ModuleRegistry,
+    Program,
+    compile,
+    format_diagnostic,
+)
+from ..dsl._runtime import to_json_value
+from ..dsl._types import BOOLEAN, FLOAT, INT, STRING, Type
+
+__all__ = ["register"]
+
+
+class _Usage(Exception):
+    """Bad command-line usage: message printed, exit code 2."""
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``run`` and ``check`` commands."""
+    run = subparsers.add_parser(
+        "run",
+        help="run a Constellation program",
+        description="Compile and run a Constellation program (.cst) against Python modules.",
+    )
+    _common(run)
+    run.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an input; VALUE is converted by the input's declared type (JSON for records, "
+        "lists, maps and optionals)",
+    )
+    run.add_argument("--inputs-json", metavar="FILE", help="all inputs as one JSON object")
+    run.add_argument("--timeout", metavar="DURATION", help="deadline for the whole run, e.g. 2s")
+    run.add_argument(
+        "--concurrency", type=int, metavar="N", help="run at most N calls at once (by priority)"
+    )
+    run.add_argument("--json", action="store_true", help="print the outputs as JSON")
+    run.add_argument("--trace", action="store_true", help="print a timeline of the calls")
+    run.set_defaults(handler=_run)
+
+    check = subparsers.add_parser(
+        "check",
+        help="type-check a Constellation program",
+        description="Parse and type-check a Constellation program; print its diagnostics.",
+    )
+    _common(check)
+    check.set_defaults(handler=_check)
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", metavar="FILE.cst", help="the program")
+    p.add_argument(
+        "--modules",
+        required=True,
+        metavar="MODULE[:NAME]",
+        help="the Python module defining the ModuleRegistry (NAME picks one of several)",
+    )
+
+
+# Loading -----------------------------------------------------------------------------------
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _Usage(f"cannot read {path}: {exc}") from None
+
+
+def _registry(spec: str) -> ModuleRegistry:
+    mod_name, _, attr = spec.partition(":")
+    cwd = os.getcwd()
+    # The current directory must be importable (as with `python -m`), whatever the entry point.
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        module = importlib.import_module(mod_name)
+    except ImportError as exc:
+        raise _Usage(f"cannot import modules {mod_name!r}: {exc}") from None
+    if attr:
+        reg = getattr(module, attr, None)
+        if not isinstance(reg, ModuleRegistry):
+            raise _Usage(f"{mod_name}:{attr} is not a ModuleRegistry")
+        return reg
+    found = {n: v for n, v in vars(module).items() if isinstance(v, ModuleRegistry)}
+    if len(found) == 1:
+        return next(iter(found.values()))
+    if not found:
+        raise _Usage(f"module {mod_name!r} defines no ModuleRegistry at module level")
+    names = ", ".join(f"{mod_name}:{n}" for n in sorted(found))
+    raise _Usage(f"module {mod_name!r} defines several registries; pick one of {names}")
+
+
+def _compile(args: argparse.Namespace, out: TextIO) -> tuple[Program | None, str]:
+    source = _read(args.file)
+    registry = _registry(args.modules)
+    try:
+        program = compile(source, modules=registry)
+    except CompileError as exc:
+        for d in exc.diagnostics:
+            print(format_diagnostic(d, source, args.file), file=out)
+        return None, source
+    return program, source
+
+
+# check --------------------------------------------------------------------------------------
+
+
+def _check(args: argparse.Namespace) -> int:
+    try:
+        program, source = _compile(args, sys.stdout)
+    except _Usage as exc:
+        print(f"timebound check: {exc}", file=sys.stderr)
+        return 2
+    if program is None:
+        return 1
+    for d in program.warnings:
+        print(format_diagnostic(d, source, args.file))
+    print(
+        f"{args.file}: ok ({len(program.inputs)} inputs, {len(program.outputs)} outputs, "
+        f"{len(program.warnings)} warnings)"
+    )
+    return 0
+
+
+# run ----------------------------------------------------------------------------------------
+
+
+def _convert(name: str, text: str, t: Type) -> Any:
+    try:
+        if t == STRING:
+            return text
+        if t == INT:
+            return int(text)
+        if t == FLOAT:
+            return float(text)
+        if t == BOOLEAN:
+            if text in ("true", "false"):
+                return text == "true"
+            raise ValueError("expected true or false")
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise _Usage(f"--input {name}: cannot read {text!r} as {t}: {exc}") from None
+
+
+def _inputs(args: argparse.Namespace, program: Program) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    if args.inputs_json:
+        try:
+            data = json.loads(_read(args.inputs_json))
+        except (ValueError, RecursionError) as exc:
+            raise _Usage(f"--inputs-json {args.inputs_json}: invalid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise _Usage(f"--inputs-json {args.inputs_json}: expected a JSON object")
+        values.update(data)
+    for item in args.input:
+        name, sep, text = item.partition("=")
+        if not sep:
+            raise _Usage(f"--input {item!r}: expected NAME=VALUE")
+        if name not in program.inputs:
+            known = ", ".join(program.inputs) or "none"
+            raise _Usage(f"--input {name}: the program has no input '{name}' (inputs: {known})")
+        values[name] = _convert(name, text, program.inputs[name])
+    return values
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        program, source = _compile(args, sys.stderr)
+        if program is None:
+            return 1
+        for d in program.warnings:
+            print(format_diagnostic(d, source, args.file), file=sys.stderr)
+        inputs = _inputs(args, program)
+        timeout = None
+        if args.timeout is not None:
+            try:
+                timeout = to_seconds(args.timeout, option="--timeout", allow_zero=False)
+            except ConfigurationError as exc:
+                raise _Usage(str(exc)) from None
+        if args.concurrency is not None and args.concurrency < 1:
+            raise _Usage("--concurrency must be >= 1")
+    except _Usage as exc:
+        print(f"timebound run: {exc}", file=sys.stderr)
+        return 2
+    trace: list[CallTrace] = []
+    try:
+        result = asyncio.run(
+            program._execute(inputs, timeout, args.concurrency, args.trace, sink=trace)
+        )
+    except InputError as exc:
+        print(f"timebound run: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        if args.trace:
+            _print_trace(trace, None, sys.stderr)
+        _print_failure(exc, source, args.file)
+        return 1
+    outputs = to_json_value(result.outputs)
+    if args.json:
+        doc: Any = outputs
+        if args.trace:
+            doc = {"outputs": outputs, "trace": [_trace_json(t) for t in trace]}
+        print(json.dumps(doc, ensure_ascii=False, indent=2))
+        return 0
+    for name, value in outputs.items():
+        shown = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        print(f"{name} = {shown}")
+    if args.trace:
+        print()
+        _print_trace(trace, result.duration, sys.stdout)
+    return 0
+
+
+def _print_failure(exc: BaseException, source: str, filename: str) -> None:
+    site = getattr(exc, "call_site", None)
+    message = str(exc)
+    if site is not None:
+        lines = source.splitlines()
+        print(
+            f"{filename}:{site.line}:{site.column}: run failed: {type(exc).__name__}: {message}",
+            file=sys.stderr,
+        )
+        if 1 <= site.line <= len(lines):
+            text = lines[site.line - 1]
+            print(f"    {text}\n    {' ' * (site.column - 1)}^", file=sys.stderr)
+    else:
+        print(f"{filename}: run failed: {type(exc).__name__}: {message}", file=sys.stderr)
+
+
+def _trace_json(t: CallTrace) -> dict[str, Any]:
+    return {
+        "module": t.module,
+        "line": t.line,
+        "column": t.column,
+        "start_ms": round(t.start * 1000, 3),
+        "end_ms": None if math.isnan(t.end) else round(t.end * 1000, 3),
+        "attempts": t.attempts,
+        "timeouts": t.timeouts,
+        "delays_ms": [round(d * 1000, 3) for d in t.delays],
+        "fallback": t.fallback,
+        "cache_hit": t.cache_hit,
+        "outcome": t.outcome,
+        "error": t.error,
+        "lazy": t.lazy,
+        "priority": t.priority,
+    }
+
+
+_BAR = 40
+
+
+def _bar(t: CallTrace, total: float) -> str:
+    """One character per 1/40 of the run: # attempt that succeeded, x failed, T timed out,
+    . waiting (delays, fallback, admission); C a cache hit."""
+    cells = [" "] * _BAR
+    if total <= 0:
+        total = 1e-9
+
+    def col(at: float) -> int:
+        return min(_BAR - 1, max(0, int(at / total * _BAR)))
+
+    end = t.start if math.isnan(t.end) else t.end
+    for i in range(col(t.start), col(end) + 1):
+        cells[i] = "."
+    for a in t.attempt_log:
+        a_end = end if a.end is None else a.end
+        mark = {"ok": "#", "timeout": "T"}.get(a.outcome, "x")
+        for i in range(col(a.start), col(a_end) + 1):
+            cells[i] = mark
+    if t.cache_hit:
+        cells[col(t.start)] = "C"
+    return "|" + "".join(cells) + "|"
+
+
+def _print_trace(trace: list[CallTrace], duration: float | None, out: TextIO) -> None:
+    rows = sorted(trace, key=lambda t: (t.start, t.line, t.column))
+    ends = [t.end for t in rows if not math.isnan(t.end)]
+    total = duration if duration is not None else (max(ends) if ends else 0.0)
+    width = max([len("call"), *(len(t.module) for t in rows)])
+    print(
+        f"{'call':<{width}}  {'at':>7}  {'start ms':>9}  {'end ms':>9}  {'tries':>5}  "
+        f"{'outcome':<9}  timeline (0 .. {total * 1000:.0f} ms)",
+        file=out,
+    )
+    for t in rows:
+        end = "-" if math.isnan(t.end) else f"{t.end * 1000:.1f}"
+        at = f"{t.line}:{t.column}"
+        print(
+            f"{t.module:<{width}}  {at:>7}  {t.start * 1000:>9.1f}  {end:>9}  {t.attempts:>5}  "
+            f"{t.outcome:<9}  {_bar(t, total)}",
+            file=out,
+        )
+        notes = []
+        if t.timeouts:
+            notes.append(f"{t.timeouts} timed out")
+        failed = sum(1 for a in t.attempt_log if a.outcome == "error")
+        if failed:
+            notes.append(f"{failed} failed")
+        if t.delays:
+            notes.append("waited " + ", ".join(f"{d * 1000:.0f}ms" for d in t.delays))
+        if t.fallback:
+            notes.append("fallback used")
+        if t.cache_hit:
+            notes.append("cache hit")
+        if t.lazy:
+            notes.append("lazy")
+        if t.error:
+            notes.append(t.error)
+        if notes:
+            print(f"{'':<{width}}  {'':>7}  -> " + "; ".join(notes), file=out)
+    print(
+        "legend: # attempt succeeded, x attempt failed, T attempt timed out, . waiting "
+        "(delay, fallback), C cache hit",
+        file=out,
+    )
