@@ -116,7 +116,10 @@ class _AsyncioWaiter(_Waiter):
         self.fut: asyncio.Future[None] = loop.create_future()
 
     def wake(self) -> None:
-        # Thread-safe and loop-agnostic; a closed loop means the waiter is gone with it.
+        if asyncio._get_running_loop() is self.loop:
+            _set_future(self.fut)
+            return
+        # Another thread or loop: hand over thread-safely; a closed loop took the waiter with it.
         try:
             self.loop.call_soon_threadsafe(_set_future, self.fut)
         except RuntimeError:
@@ -137,6 +140,15 @@ class _TrioWaiter(_Waiter):
         self.token = trio.lowlevel.current_trio_token()
 
     def wake(self) -> None:
+        trio = sys.modules["trio"]
+        try:
+            same_run = trio.lowlevel.current_trio_token() is self.token
+        except RuntimeError:
+            same_run = False
+        if same_run:
+            # Same trio run (the common case): wake directly, no trip through the entry queue.
+            self.event.set()
+            return
         try:
             self.token.run_sync_soon(self.event.set)
         except RuntimeError:
@@ -167,6 +179,11 @@ class Slots:
     def in_use(self) -> int:
         """Slots held right now."""
         return self.limit - self._free
+
+    @property
+    def waiting(self) -> int:
+        """Callers queued for a slot right now."""
+        return len(self._waiters)
 
     def try_acquire(self) -> bool:
         """Take a slot if one is free and nobody is queued before us."""
