@@ -1,0 +1,593 @@
+"""Core benchmarks: scope overhead, remaining(), policies' happy path, lateness, sync tiers.
+
+Run: ``python bench/core.py`` (about 1.5 minutes on 2 cores). Prints a table and writes
+``bench/results/core.json``. Every timebound number is compared with a baseline measured in the
+same process and run (asyncio.timeout, asyncio.sleep, backoff, time.sleep, ...), interleaved and
+summarised by medians of best-of-batches, so the ratio — not the absolute value — is what the
+targets judge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from _common import US, Row, interleave, no_gc, percentile, print_table, write_results
+
+import timebound as tb
+
+QUICK = "--quick" in sys.argv  # a smoke run for CI: fewer samples, same rows
+ROUNDS = 3 if QUICK else 9
+N = 2_000 if QUICK else 20_000
+
+
+class _Empty:
+    """The trivial async context manager every overhead is measured against."""
+
+    async def __aenter__(self) -> _Empty:
+        return self
+
+    async def __aexit__(self, *exc: object) -> bool:
+        return False
+
+
+def _timed_async(loop: asyncio.AbstractEventLoop, body: Callable[[], Awaitable[float]]) -> Any:
+    return lambda: loop.run_until_complete(body())
+
+
+# 1. Scope overhead (asyncio) ---------------------------------------------------------------
+
+
+def bench_scopes(rows: list[Row]) -> float:
+    """Per-call overhead of one scope and of a nested non-binding scope. Returns asyncio's."""
+    import anyio
+
+    empty = _Empty()
+    n = N
+
+    async def base() -> float:
+        t = time.perf_counter()
+        for _ in range(n):
+            async with empty:
+                pass
+        return time.perf_counter() - t
+
+    async def aio_timeout() -> float:
+        t = time.perf_counter()
+        for _ in range(n):
+            async with asyncio.timeout(10):
+                pass
+        return time.perf_counter() - t
+
+    async def tb_fail_after() -> float:
+        t = time.perf_counter()
+        for _ in range(n):
+            async with tb.fail_after(10):
+                pass
+        return time.perf_counter() - t
+
+    async def anyio_fail_after() -> float:
+        t = time.perf_counter()
+        for _ in range(n):
+            with anyio.fail_after(10):
+                pass
+        return time.perf_counter() - t
+
+    async def nested_base() -> float:
+        async with tb.fail_after(5):
+            t = time.perf_counter()
+            for _ in range(n):
+                async with empty:
+                    pass
+            return time.perf_counter() - t
+
+    async def nested_tb() -> float:
+        # The inner scope ends later than the outer one: it is never the binding deadline.
+        async with tb.fail_after(5):
+            t = time.perf_counter()
+            for _ in range(n):
+                async with tb.fail_after(10):
+                    pass
+            return time.perf_counter() - t
+
+    loop = asyncio.new_event_loop()
+    try:
+        per_call = interleave(
+            {
+                "base": _timed_async(loop, base),
+                "asyncio.timeout": _timed_async(loop, aio_timeout),
+                "tb.fail_after": _timed_async(loop, tb_fail_after),
+                "anyio.fail_after": _timed_async(loop, anyio_fail_after),
+                "nested_base": _timed_async(loop, nested_base),
+                "nested_tb": _timed_async(loop, nested_tb),
+            },
+            rounds=ROUNDS,
+            n=n,
+        )
+    finally:
+        loop.close()
+
+    aio = (per_call["asyncio.timeout"] - per_call["base"]) * US
+    mine = (per_call["tb.fail_after"] - per_call["base"]) * US
+    nested = (per_call["nested_tb"] - per_call["nested_base"]) * US
+    any_ = (per_call["anyio.fail_after"] - per_call["base"]) * US
+    rows.append(
+        Row(
+            "scope.fail_after.overhead",
+            mine,
+            "us",
+            "asyncio.timeout",
+            aio,
+            "<= 1.0x",
+            mine <= 1.0 * aio,
+        )
+    )
+    rows.append(
+        Row(
+            "scope.nested_non_binding.overhead",
+            nested,
+            "us",
+            "asyncio.timeout",
+            aio,
+            "<= 0.3x",
+            nested <= 0.3 * aio,
+        )
+    )
+    rows.append(Row("ref.anyio.fail_after.overhead", any_, "us", "asyncio.timeout", aio))
+    rows.append(Row("ref.trio.fail_after.overhead", _trio_overhead(), "us", "asyncio.timeout", aio))
+    return aio
+
+
+def _trio_overhead() -> float:
+    """``trio.fail_after`` under ``trio.run``, minus an empty ``with`` of a trivial manager."""
+    import trio
+
+    n = N
+
+    @contextlib.contextmanager
+    def _nothing() -> Any:
+        yield
+
+    class _SyncEmpty:
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, *exc: object) -> bool:
+            return False
+
+    empty = _SyncEmpty()
+
+    async def main() -> float:
+        samples: dict[str, list[float]] = {"base": [], "trio": []}
+        for _ in range(ROUNDS):
+            with no_gc():
+                best = []
+                for _ in range(3):
+                    t = time.perf_counter()
+                    for _ in range(n):
+                        with empty:
+                            pass
+                    best.append(time.perf_counter() - t)
+                samples["base"].append(min(best) / n)
+                best = []
+                for _ in range(3):
+                    t = time.perf_counter()
+                    for _ in range(n):
+                        with trio.fail_after(10):
+                            pass
+                    best.append(time.perf_counter() - t)
+                samples["trio"].append(min(best) / n)
+        return (statistics.median(samples["trio"]) - statistics.median(samples["base"])) * US
+
+    result: float = trio.run(main)
+    return result
+
+
+def bench_remaining(rows: list[Row]) -> None:
+    """``remaining()`` at depth 1, 10 and 100 (scopes entered in an asyncio task)."""
+    n = N * 5
+
+    def empty_loop() -> float:
+        f = _noop
+        t = time.perf_counter()
+        for _ in range(n):
+            f()
+        return time.perf_counter() - t
+
+    def monotonic_loop() -> float:
+        f = time.monotonic
+        t = time.perf_counter()
+        for _ in range(n):
+            f()
+        return time.perf_counter() - t
+
+    def remaining_loop() -> float:
+        f = tb.remaining
+        t = time.perf_counter()
+        for _ in range(n):
+            f()
+        return time.perf_counter() - t
+
+    async def main() -> None:
+        for depth in (1, 10, 100):
+            with contextlib.ExitStack() as stack:
+                for i in range(depth):
+                    stack.enter_context(tb.fail_after(100 + i))
+                per_call = interleave(
+                    {"empty": empty_loop, "monotonic": monotonic_loop, "rem": remaining_loop},
+                    rounds=ROUNDS,
+                    n=n,
+                )
+            value = (per_call["rem"] - per_call["empty"]) * US
+            base = (per_call["monotonic"] - per_call["empty"]) * US
+            rows.append(
+                Row(
+                    f"remaining.depth_{depth}",
+                    value,
+                    "us",
+                    "time.monotonic()",
+                    base,
+                    "<= 0.3 us",
+                    value <= 0.3,
+                )
+            )
+
+    asyncio.run(main())
+
+
+def _noop() -> None:
+    return None
+
+
+# 2. Policies' happy path -------------------------------------------------------------------
+
+
+def bench_policies(rows: list[Row], aio_overhead: float) -> None:
+    """``resilient`` vs backoff, tenacity and stamina on a function that succeeds at once."""
+    resilient = getattr(tb, "resilient", None)
+    if resilient is None:
+        try:
+            from timebound.policies import resilient
+        except ImportError:
+            print("timebound.resilient is not available: policy rows skipped", file=sys.stderr)
+            return
+    import backoff
+    import stamina
+    import tenacity
+
+    stamina.set_testing(False)
+    n = N // 4
+
+    async def ok() -> int:
+        return 1
+
+    tb_retry = resilient(retry=3)(ok)
+    tb_full = resilient(total_timeout=10, retry=3, timeout=5, fallback=0)(ok)
+    bo = backoff.on_exception(backoff.expo, Exception, max_tries=4)(ok)
+    ten = tenacity.retry(stop=tenacity.stop_after_attempt(4), reraise=True)(ok)
+    sta = stamina.retry(on=Exception, attempts=4)(ok)
+
+    def loop_of(fn: Callable[[], Awaitable[int]]) -> Callable[[], Awaitable[float]]:
+        async def run() -> float:
+            t = time.perf_counter()
+            for _ in range(n):
+                await fn()
+            return time.perf_counter() - t
+
+        return run
+
+    loop = asyncio.new_event_loop()
+    try:
+        per_call = interleave(
+            {
+                "base": _timed_async(loop, loop_of(ok)),
+                "tb.retry": _timed_async(loop, loop_of(tb_retry)),
+                "tb.full": _timed_async(loop, loop_of(tb_full)),
+                "backoff": _timed_async(loop, loop_of(bo)),
+                "tenacity": _timed_async(loop, loop_of(ten)),
+                "stamina": _timed_async(loop, loop_of(sta)),
+            },
+            rounds=ROUNDS,
+            n=n,
+        )
+    finally:
+        loop.close()
+    over = {k: (v - per_call["base"]) * US for k, v in per_call.items()}
+    rows.append(
+        Row(
+            "policy.resilient_retry3.overhead",
+            over["tb.retry"],
+            "us",
+            "backoff",
+            over["backoff"],
+            "<= 1.0x",
+            over["tb.retry"] <= over["backoff"],
+        )
+    )
+    rows.append(
+        Row("ref.tenacity_retry3.overhead", over["tenacity"], "us", "backoff", over["backoff"])
+    )
+    rows.append(
+        Row("ref.stamina_retry3.overhead", over["stamina"], "us", "backoff", over["backoff"])
+    )
+    rows.append(
+        Row(
+            "policy.resilient_full.overhead",
+            over["tb.full"],
+            "us",
+            "asyncio.timeout",
+            aio_overhead,
+            "<= 2.0x",
+            over["tb.full"] <= 2.0 * aio_overhead,
+        )
+    )
+
+
+# 3. Lateness of asyncio deadlines -----------------------------------------------------------
+
+DEADLINE = 0.010
+
+
+async def _late_tb() -> float:
+    scope = tb.fail_after(DEADLINE)
+    try:
+        async with scope:
+            await asyncio.sleep(1)
+    except tb.DeadlineExceeded:
+        return time.monotonic() - scope.deadline.when
+    raise AssertionError("the scope did not fire")
+
+
+async def _late_sleep() -> float:
+    due = time.monotonic() + DEADLINE
+    await asyncio.sleep(DEADLINE)
+    return time.monotonic() - due
+
+
+async def _late_asyncio_timeout() -> float:
+    try:
+        async with asyncio.timeout(DEADLINE) as cm:
+            await asyncio.sleep(1)
+    except TimeoutError:
+        when = cm.when()
+        assert when is not None
+        return time.monotonic() - when
+    raise AssertionError("asyncio.timeout did not fire")
+
+
+async def _hog(stop: asyncio.Event) -> None:
+    """A CPU-bound task that yields to the loop every 2 ms."""
+    while not stop.is_set():
+        until = time.perf_counter() + 0.002
+        while time.perf_counter() < until:
+            pass
+        await asyncio.sleep(0)
+
+
+async def _interleaved_lateness(
+    samplers: dict[str, Callable[[], Awaitable[float]]], count: int
+) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {name: [] for name in samplers}
+    for _ in range(count):
+        for name, sample in samplers.items():
+            out[name].append(await sample())
+    return out
+
+
+async def _concurrent_tb(batch: int) -> list[float]:
+    """``batch`` tasks with deadlines spread over 5 ms, all running at once."""
+
+    async def one(delay: float) -> float:
+        scope = tb.fail_after(delay)
+        try:
+            async with scope:
+                await asyncio.sleep(1)
+        except tb.DeadlineExceeded:
+            return time.monotonic() - scope.deadline.when
+        raise AssertionError("the scope did not fire")
+
+    return list(await asyncio.gather(*(one(DEADLINE + 0.005 * i / batch) for i in range(batch))))
+
+
+def bench_lateness(rows: list[Row]) -> None:
+    idle_n = 60 if QUICK else 400
+    load_n = 40 if QUICK else 250
+    early_target = 10_000
+
+    async def main() -> dict[str, list[float]]:
+        with no_gc():
+            idle = await _interleaved_lateness(
+                {
+                    "tb": _late_tb,
+                    "sleep": _late_sleep,
+                    "asyncio.timeout": _late_asyncio_timeout,
+                },
+                idle_n,
+            )
+            stop = asyncio.Event()
+            hogs = [asyncio.create_task(_hog(stop)) for _ in range(2)]
+            await asyncio.sleep(0.01)
+            try:
+                load = await _interleaved_lateness({"tb": _late_tb, "sleep": _late_sleep}, load_n)
+            finally:
+                stop.set()
+                await asyncio.gather(*hogs)
+            extra: list[float] = []
+            need = early_target - len(idle["tb"]) - len(load["tb"])
+            while len(extra) < need:
+                extra += await _concurrent_tb(100)
+        return {
+            "idle_tb": idle["tb"],
+            "idle_sleep": idle["sleep"],
+            "idle_aio": idle["asyncio.timeout"],
+            "load_tb": load["tb"],
+            "load_sleep": load["sleep"],
+            "all_tb": idle["tb"] + load["tb"] + extra,
+        }
+
+    s = asyncio.run(main())
+    us = US
+    idle_p50 = statistics.median(s["idle_tb"]) * us
+    sleep_p50 = statistics.median(s["idle_sleep"]) * us
+    idle_p99 = percentile(s["idle_tb"], 99) * us
+    rows.append(
+        Row(
+            "lateness.idle.p50",
+            idle_p50,
+            "us",
+            "asyncio.sleep(0.01) p50",
+            sleep_p50,
+            "<= baseline + 50 us",
+            idle_p50 <= sleep_p50 + 50,
+        )
+    )
+    rows.append(
+        Row(
+            "lateness.idle.p99",
+            idle_p99,
+            "us",
+            "asyncio.sleep(0.01) p99",
+            percentile(s["idle_sleep"], 99) * us,
+            "<= 1000 us",
+            idle_p99 <= 1000,
+        )
+    )
+    rows.append(
+        Row(
+            "ref.lateness.idle.asyncio_timeout.p50",
+            statistics.median(s["idle_aio"]) * us,
+            "us",
+            "asyncio.sleep(0.01) p50",
+            sleep_p50,
+        )
+    )
+    load_p50 = statistics.median(s["load_tb"]) * us
+    load_sleep_p50 = statistics.median(s["load_sleep"]) * us
+    rows.append(
+        Row(
+            "lateness.load.p50",
+            load_p50,
+            "us",
+            "asyncio.sleep(0.01) p50 under load",
+            load_sleep_p50,
+            "<= 1.05x",
+            load_p50 <= 1.05 * load_sleep_p50,
+        )
+    )
+    rows.append(
+        Row(
+            "lateness.load.p99",
+            percentile(s["load_tb"], 99) * us,
+            "us",
+            "asyncio.sleep(0.01) p99 under load",
+            percentile(s["load_sleep"], 99) * us,
+        )
+    )
+    early = sum(1 for x in s["all_tb"] if x < 0)
+    rows.append(
+        Row(
+            f"lateness.early_firings_in_{len(s['all_tb'])}",
+            early,
+            "count",
+            target="== 0",
+            passed=early == 0 and len(s["all_tb"]) >= early_target,
+        )
+    )
+
+
+# 4. Sync tiers ------------------------------------------------------------------------------
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+def _sleep_lateness(count: int) -> list[float]:
+    out = []
+    for _ in range(count):
+        due = time.monotonic() + DEADLINE
+        time.sleep(DEADLINE)
+        out.append(time.monotonic() - due)
+    return out
+
+
+def _tier_lateness(call: Callable[[], object], deadline: float, count: int) -> list[float]:
+    out = []
+    for _ in range(count):
+        with tb.inherit_deadline(tb.Deadline.after(deadline)) as d:
+            try:
+                call()
+            except tb.DeadlineExceeded:
+                out.append(time.monotonic() - d.when)
+            else:
+                raise AssertionError("the tier did not fire")
+    return out
+
+
+def bench_sync_tiers(rows: list[Row]) -> None:
+    count = 10 if QUICK else 40
+    base = _sleep_lateness(count)
+    base_p50 = statistics.median(base) * US
+    signal_late = _tier_lateness(lambda: tb.run_with_signal(_spin), DEADLINE, count)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", tb.AbandonedThreadWarning)
+        thread_late = _tier_lateness(lambda: tb.run_in_thread(time.sleep, 0.2), DEADLINE, count)
+    tb.run_in_process(_noop)  # start the forkserver outside the measurement
+    proc_deadline = 0.3
+    proc_late = _tier_lateness(
+        lambda: tb.run_in_process(time.sleep, 30), proc_deadline, 3 if QUICK else 8
+    )
+    for name, samples in (
+        ("signal", signal_late),
+        ("thread", thread_late),
+        ("process", proc_late),
+    ):
+        rows.append(
+            Row(
+                f"sync.{name}.lateness.p50",
+                statistics.median(samples) * US,
+                "us",
+                "time.sleep(0.01) oversleep p50",
+                base_p50,
+            )
+        )
+        rows.append(Row(f"sync.{name}.lateness.max", max(samples) * US, "us"))
+        early = sum(1 for x in samples if x < 0)
+        rows.append(
+            Row(
+                f"sync.{name}.early_firings_in_{len(samples)}",
+                early,
+                "count",
+                target="== 0",
+                passed=early == 0,
+            )
+        )
+
+
+def main() -> None:
+    started = time.perf_counter()
+    gc.collect()
+    rows: list[Row] = []
+    aio = bench_scopes(rows)
+    bench_remaining(rows)
+    bench_policies(rows, aio)
+    bench_lateness(rows)
+    bench_sync_tiers(rows)
+    print_table(rows, title=f"timebound core benchmarks (Python {sys.version.split()[0]})")
+    missed = [r.metric for r in rows if r.passed is False]
+    print(f"\n{len(rows)} rows, {len(missed)} missed target(s) {missed or ''}")
+    print(f"took {time.perf_counter() - started:.0f} s")
+    if not QUICK:
+        print(f"wrote {write_results('core', rows)}")
+
+
+if __name__ == "__main__":
+    main()
