@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import trio
 
 from timebound import DeadlineExceeded, RetryExhausted
 from timebound.policies import Policy
 from timebound.testing import VirtualClock
-
-trio = pytest.importorskip("trio")
 
 
 def test_retry_with_timeouts_under_trio(virtual_clock: VirtualClock) -> None:
