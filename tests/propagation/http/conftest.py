@@ -137,6 +137,8 @@ class ServerThread:
 
         def stop() -> None:
             server.should_exit = True
+            if self._thread is not None:
+                self._thread.join(timeout=10)
             sock.close()
 
         self._stop = stop
@@ -169,6 +171,10 @@ class ServerThread:
 
         def stop() -> None:
             loop.call_soon_threadsafe(stop_event.set)
+            if self._thread is not None:
+                self._thread.join(timeout=10)
+            # Held until here (hypercorn serves on this descriptor and closes it itself).
+            sock.detach()
 
         self._stop = stop
 
@@ -311,13 +317,15 @@ def build_propagating_service(
     """A FastAPI service that takes part in deadline propagation (reusable by other suites).
 
     ``GET /work`` runs ``work()`` (e.g. a database query) under the request's deadline, then,
-    when ``downstream_url`` is set, calls ``{downstream_url}/ok`` through
-    ``AsyncDeadlineTransport``. It answers JSON: ``remaining_ms`` (the budget seen on entry),
-    ``work`` (repr of what ``work()`` returned) and ``downstream_status``.
+    when ``downstream_url`` is set, calls ``GET {downstream_url}`` through
+    ``AsyncDeadlineTransport``. It answers JSON: ``deadline_received_ms`` (from the wire),
+    ``remaining_ms`` (the budget seen on entry), ``work`` (repr of what ``work()`` returned),
+    ``downstream_status`` and ``downstream`` (the downstream's JSON body, when it is JSON).
     """
     from fastapi import FastAPI
 
     import timebound as tb
+    from timebound.propagation import current_request
     from timebound.propagation.asgi import DeadlineMiddleware
     from timebound.propagation.httpx import AsyncDeadlineTransport
 
@@ -328,12 +336,18 @@ def build_propagating_service(
     @app.get("/work")
     async def do_work() -> dict[str, Any]:
         left = tb.remaining()
-        result: dict[str, Any] = {"remaining_ms": None if left == float("inf") else left * 1000}
+        state = current_request()
+        result: dict[str, Any] = {
+            "deadline_received_ms": None if state is None else state.deadline_received_ms,
+            "remaining_ms": None if left == float("inf") else left * 1000,
+        }
         if work is not None:
             result["work"] = repr(await work())
         if downstream_url is not None:
-            response = await client.get(f"{downstream_url}/ok")
+            response = await client.get(downstream_url)
             result["downstream_status"] = response.status_code
+            if response.headers.get("content-type", "").startswith("application/json"):
+                result["downstream"] = response.json()
         return result
 
     return app
