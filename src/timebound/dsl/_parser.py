@@ -257,7 +257,12 @@ class _Lexer:
             if ch == "\n":
                 break
             if ch == '"':
-                i = self._skip_string(i, end)
+                try:
+                    i = self._skip_string(i, end)
+                except ParseFailure as exc:
+                    if exc.diag.code != "E002":
+                        raise
+                    break  # `"${a + "` : the interpolation is what was left open
                 continue
             if ch == "{":
                 depth += 1
@@ -404,7 +409,6 @@ class _Parser:
             return A.TName(t.pos, t.text)
         if self.at_op("{"):
             self.advance()
-            self.enter(t)
             fields: list[tuple[str, A.TypeExpr, A.Pos]] = []
             if not self.at_op("}"):
                 while True:
@@ -415,7 +419,6 @@ class _Parser:
                         break
                     self.advance()
             self.expect_op("}", f" to close the record type at {t.line}:{t.col}")
-            self.leave()
             return A.TRecord(t.pos, fields)
         raise self.error(f"Expected a type, found {_describe(t)}")
 
@@ -514,7 +517,6 @@ class _Parser:
                 return A.Lit(t.pos, t.text == "true")
             if t.text == "if":
                 self.advance()
-                self.enter(t)
                 self.expect_op("(", " after 'if'")
                 cond = self.expr()
                 self.expect_op(")", f" to close the condition of 'if' at {t.line}:{t.col}")
@@ -526,7 +528,6 @@ class _Parser:
                     )
                 self.advance()
                 other = self.expr()
-                self.leave()
                 return A.Cond(t.pos, cond, then, other)
             raise self.error(f"Expected an expression, found {_describe(t)}")
         if k == "duration":
@@ -541,14 +542,11 @@ class _Parser:
         if k == "op":
             if t.text == "(":
                 self.advance()
-                self.enter(t)
                 inner = self.expr()
                 self.expect_op(")", f" to close '(' at {t.line}:{t.col}")
-                self.leave()
                 return inner
             if t.text == "[":
                 self.advance()
-                self.enter(t)
                 items: list[A.Expr] = []
                 if not self.at_op("]"):
                     while True:
@@ -557,11 +555,9 @@ class _Parser:
                             break
                         self.advance()
                 self.expect_op("]", f" to close '[' at {t.line}:{t.col}")
-                self.leave()
                 return A.ListLit(t.pos, items)
             if t.text == "{":
                 self.advance()
-                self.enter(t)
                 fields: list[tuple[str, A.Expr, A.Pos]] = []
                 seen: set[str] = set()
                 if not self.at_op("}"):
@@ -578,7 +574,6 @@ class _Parser:
                             break
                         self.advance()
                 self.expect_op("}", f" to close '{{' at {t.line}:{t.col}")
-                self.leave()
                 return A.RecordLit(t.pos, fields)
         raise self.error(f"Expected an expression, found {_describe(t)}")
 
@@ -615,7 +610,6 @@ class _Parser:
         if self.toks[j].kind == "op" and self.toks[j].text == "(":
             self.i = j
             open_tok = self.advance()
-            self.enter(open_tok)
             args: list[A.Expr] = []
             if not self.at_op(")"):
                 while True:
@@ -630,7 +624,6 @@ class _Parser:
             if self.at_kw("with"):
                 self.advance()
                 self.options(call)
-            self.leave()
             return call
         return A.Name(first.pos, first.text)
 

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from .._core import _clock
 from .._core._durations import Duration, to_seconds
-from .._core._errors import DeadlineExceeded, TimeboundError
+from .._core._errors import ConfigurationError, DeadlineExceeded, TimeboundError
 from .._core._scopes import fail_after
 from .._engine import DagPlan
 from ._diagnostics import Diagnostic
@@ -161,7 +161,9 @@ def attach_site(exc: BaseException, site: CallSite) -> None:
         return
     where = f" [at {site}]"
     args = exc.args
-    if type(exc).__str__ is BaseException.__str__ and len(args) <= 1:
+    # Only where str() is the message itself (BaseException's or a one-argument OSError's,
+    # which covers TimeoutError/DeadlineExceeded and ConnectionError); other types get a note.
+    if type(exc).__str__ in (BaseException.__str__, OSError.__str__) and len(args) <= 1:
         text = args[0] if args else type(exc).__name__
         if isinstance(text, str):
             head, sep, tail = text.partition("\n")
@@ -403,6 +405,12 @@ class Program:
         sink: list[CallTrace] | None = None,
     ) -> RunResult:
         """One run. ``sink`` (the CLI's) receives the trace even when the run fails."""
+        if concurrency is not None and (
+            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+        ):
+            raise ConfigurationError(
+                f"concurrency must be an integer >= 1, got {concurrency!r}", option="concurrency"
+            )
         env = self._bind_inputs(inputs)
         seconds = (
             None if timeout is None else to_seconds(timeout, option="timeout", allow_zero=False)
