@@ -54,6 +54,26 @@ def resilient(
     'n/a'
     """
 
+    # Validate now, so a bad option fails where resilient(...) is written even if it is never
+    # applied; the real policy (named after the function) is built when it is.
+    Policy(
+        name if name is not None else "resilient",
+        timeout=timeout,
+        retry=retry,
+        delay=delay,
+        backoff=backoff,
+        max_delay=max_delay,
+        jitter=jitter,
+        fallback=fallback,
+        fallback_on=fallback_on,
+        cache=cache,
+        cache_backend=cache_backend,
+        on_error=on_error,
+        throttle=throttle,
+        concurrency=concurrency,
+        total_timeout=total_timeout,
+    )
+
     def decorate(fn: _F) -> _F:
         if zero is MISSING:
             zero_value = (
