@@ -1,0 +1,44 @@
+"""What the database adapters share: fail fast, count, and report a spent deadline (D4.8).
+
+userver's rules for database clients: stop waiting for a free connection and fail at once when
+the deadline has passed; use the deadline to update the timeout; include the deadline in the
+query. Every adapter reports with userver's metric names (D4.7), labelled ``client=<driver>``.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from .._core._errors import DeadlineExceeded
+from .._core._scopes import current_bound_error
+from ..telemetry._events import counters
+from ._state import ClampedTimeout, clamp_timeout, mark_cancelled_by_deadline
+
+#: A database call whose timeout the deadline lowered (userver's name, D4.7).
+TIMEOUT_UPDATED: Final = "timeout-updated-by-deadline"
+#: A database call given up because the deadline was spent (userver's name, D4.7).
+CANCELLED: Final = "cancelled-by-deadline"
+
+
+def budget(static: float | None, *, what: str, client: str) -> ClampedTimeout:
+    """``min(static, remaining)``; raises (and counts, and marks) when nothing is left."""
+    try:
+        return clamp_timeout(static, what=what)
+    except DeadlineExceeded:
+        counters.inc(CANCELLED, client=client)
+        raise
+
+
+def spent(*, what: str, client: str) -> DeadlineExceeded | None:
+    """The binding bound's error when the deadline has passed (counted, request marked)."""
+    err = current_bound_error(what)
+    if err is None:
+        return None
+    mark_cancelled_by_deadline()
+    counters.inc(CANCELLED, client=client)
+    return err
+
+
+def updated(client: str) -> None:
+    """Count a call whose timeout the deadline lowered."""
+    counters.inc(TIMEOUT_UPDATED, client=client)
