@@ -1,0 +1,657 @@
+"""The propagation benchmark — "the work saved".
+
+A chain ``load generator -> A -> B -> C`` of uvicorn services on loopback, each its own process
+(``bench/_services.py``). C is the bottleneck: CPU-bound work in ~0.5 ms quanta with
+``timebound.checkpoint()`` between them. The load generator (this process) sends open-loop Poisson
+arrivals at ``rho`` times C's measured capacity and gives up on each request at 250 ms.
+
+Modes: M0 no propagation; M1 clients only (A and B clamp to their own static budget); M2 clients +
+``DeadlineMiddleware`` on every server; M3 M2 with ``cancel_on_expiry=True`` (see
+``bench/_services.py`` and ``docs/propagation.md`` for the precise definitions).
+
+Per mode and load it reports:
+
+- PDW: the fraction of C's CPU (and of A+B+C's CPU) spent on requests after the client's
+  deadline had passed, during the measurement window;
+- goodput: responses delivered within the 250 ms deadline per second;
+- L: downstream calls sent after the origin deadline had passed (counted at B and C).
+
+At rho = 0.5 it also compares M2 with M0 for CPU per request and the latency each hop adds.
+
+``python bench/propagation.py`` runs everything (about 2-3 minutes) and writes
+``bench/results/propagation.json``; ``--smoke`` is a seconds-long run for the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS_DIR, Row, print_table
+
+HERE = Path(__file__).resolve().parent
+SERVICES = HERE / "_services.py"
+CLIENT_DEADLINE = 0.250  # seconds; the load generator gives up here in every mode
+QUANTUM = 0.0005  # seconds of CPU per work quantum
+MODES = ("M0", "M1", "M2", "M3")
+LOADS = (0.5, 1.0, 2.0, 3.0)
+
+
+# --- small helpers -------------------------------------------------------------------------
+
+
+def log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def calibrate_iters() -> int:
+    """Loop iterations of ``_services.quantum`` that take ~0.5 ms of CPU on this machine."""
+    from _services import quantum
+
+    n = 2000
+    samples = []
+    for _ in range(30):
+        c0 = time.thread_time()
+        quantum(n)
+        samples.append(time.thread_time() - c0)
+    per_iter = statistics.median(samples) / n
+    return max(1, round(QUANTUM / per_iter))
+
+
+def propagation_available() -> bool:
+    """Whether the middleware and the transport exist yet (M1-M3 need them)."""
+    try:
+        import timebound.propagation.asgi
+        import timebound.propagation.httpx  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+# --- the service processes ------------------------------------------------------------------
+
+
+class Service:
+    """One ``_services.py`` process, controlled over its stdin/stdout."""
+
+    def __init__(
+        self, role: str, mode: str, port: int, next_url: str | None, iters: int, quanta: int
+    ):
+        cmd = [
+            sys.executable,
+            str(SERVICES),
+            "--role",
+            role,
+            "--mode",
+            mode,
+            "--port",
+            str(port),
+            "--iters",
+            str(iters),
+            "--quanta",
+            str(quanta),
+        ]
+        if next_url:
+            cmd += ["--next", next_url]
+        self.role = role
+        self.url = f"http://127.0.0.1:{port}/"
+        # A new session: a Ctrl-C in the terminal reaches only the harness, which then stops
+        # the services itself (in order, and for sure).
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self._lock = threading.Lock()
+
+    def _ask(self, cmd: str | None, timeout: float = 15.0) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        result: list[str] = []
+
+        def read() -> None:
+            assert self.proc.stdout is not None
+            result.append(self.proc.stdout.readline())
+
+        with self._lock:
+            if cmd is not None:
+                self.proc.stdin.write(cmd + "\n")
+                self.proc.stdin.flush()
+            reader = threading.Thread(target=read, daemon=True)
+            reader.start()
+            reader.join(timeout)
+        if not result or not result[0]:
+            raise RuntimeError(f"service {self.role} did not answer {cmd or 'ready'!r}")
+        return dict(json.loads(result[0]))
+
+    def wait_ready(self) -> None:
+        self._ask(None)
+
+    def mark(self) -> None:
+        self._ask("mark")
+
+    def stats(self) -> dict[str, Any]:
+        return self._ask("stats")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(2.0)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(2.0)
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                if f is not None:
+                    f.close()
+            except OSError:
+                pass
+
+
+_LIVE: list[Service] = []
+VERBOSE = False
+
+
+def stop_all() -> None:
+    while _LIVE:
+        _LIVE.pop().stop()
+
+
+def start_chain(mode: str, iters: int, quanta: int, roles: str = "ABC") -> dict[str, Service]:
+    """Start the services of ``roles`` (C, then B, then A; each knows the next one's port)."""
+    ports = {r: free_port() for r in roles}
+    services: dict[str, Service] = {}
+    nxt = {"A": "B", "B": "C"}
+    for role in reversed(roles):
+        nr = nxt.get(role)
+        next_url = f"http://127.0.0.1:{ports[nr]}/" if nr in ports else None
+        svc = Service(role, mode, ports[role], next_url, iters, quanta)
+        _LIVE.append(svc)
+        services[role] = svc
+    for svc in services.values():
+        svc.wait_ready()
+        if VERBOSE:
+            log(f"service {svc.role} ({mode}) pid={svc.proc.pid} url={svc.url}")
+    return services
+
+
+def stop_chain(services: dict[str, Service]) -> None:
+    for svc in services.values():
+        svc.stop()
+        if svc in _LIVE:
+            _LIVE.remove(svc)
+
+
+# --- load generation ------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    sent: float  # epoch seconds
+    status: int  # HTTP status; 0 = gave up at the deadline; -1 = transport error
+    latency: float
+
+
+async def closed_loop(url: str, seconds: float, warm: float, workers: int = 4) -> float:
+    """Completions per second of a closed loop with ``workers`` callers (C's capacity)."""
+    done: list[float] = []
+    async with httpx.AsyncClient(timeout=10.0) as client:
+        start = time.monotonic()
+
+        async def worker() -> None:
+            while time.monotonic() - start < warm + seconds:
+                r = await client.get(url, headers={"x-bench-id": "0"})
+                if r.status_code == 200:
+                    done.append(time.monotonic())
+
+        await asyncio.gather(*(worker() for _ in range(workers)))
+    counted = [t for t in done if start + warm <= t < start + warm + seconds]
+    return len(counted) / seconds
+
+
+async def open_loop(
+    url: str,
+    rate: float,
+    total: float,
+    propagate: bool,
+    seed: int,
+    on_mark: float,
+    mark: Any,
+) -> tuple[list[Outcome], float]:
+    """Poisson arrivals at ``rate``/s for ``total`` seconds; calls ``mark()`` at ``on_mark`` s.
+
+    Returns every outcome and the epoch time of the mark.
+    """
+    rng = random.Random(seed)
+    outcomes: list[Outcome] = []
+    limits = httpx.Limits(max_connections=4000, max_keepalive_connections=4000)
+    tasks: set[asyncio.Task[None]] = set()
+    mark_at = 0.0
+    async with httpx.AsyncClient(timeout=2.0, limits=limits) as client:
+
+        async def one(i: int) -> None:
+            sent = time.time()
+            headers = {
+                "x-bench-origin-deadline-epoch-ms": f"{(sent + CLIENT_DEADLINE) * 1000:.3f}",
+                "x-bench-id": str(i),
+            }
+            if propagate:
+                headers["X-YaTaxi-Client-TimeoutMs"] = str(round(CLIENT_DEADLINE * 1000))
+            try:
+                async with asyncio.timeout(CLIENT_DEADLINE):
+                    r = await client.get(url, headers=headers)
+                outcomes.append(Outcome(sent, r.status_code, time.time() - sent))
+            except TimeoutError:
+                outcomes.append(Outcome(sent, 0, CLIENT_DEADLINE))
+            except httpx.HTTPError:
+                outcomes.append(Outcome(sent, -1, time.time() - sent))
+
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        t = 0.0
+        i = 0
+        marked = False
+        while True:
+            t += rng.expovariate(rate)
+            if t >= total:
+                break
+            if not marked and t >= on_mark:
+                await asyncio.sleep(max(0.0, start + on_mark - loop.time()))
+                # The control channel is a blocking pipe round-trip: keep it off the loop.
+                await asyncio.to_thread(mark)
+                mark_at = time.time()
+                marked = True
+            delay = start + t - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            i += 1
+            task = asyncio.create_task(one(i))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        await asyncio.sleep(max(0.0, start + total - loop.time()))
+        if tasks:
+            await asyncio.wait(tasks, timeout=CLIENT_DEADLINE + 1.0)
+    return outcomes, mark_at
+
+
+# --- one run ------------------------------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    mode: str
+    rho: float
+    rate: float
+    window: float
+    sent: int
+    goodput: float
+    pdw_c: float
+    pdw_total: float
+    late_calls: int
+    late_by_service: dict[str, int]
+    cpu_per_request: float  # A+B+C process CPU per request received by A (s)
+    fwd_cpu_per_request: float  # A+B process CPU per request received by A (s)
+    p50_latency: float  # end to end, successful requests (s)
+    hop_own_p50: dict[str, float] = field(default_factory=dict)  # s
+    #: C's own deadline minus the origin deadline (s), p50 and p90, when C received a header:
+    #: the time the relative header cannot account for (each hop's transit and queueing before
+    #: its middleware sees the request).
+    c_slack: tuple[float, float] = (math.nan, math.nan)
+
+
+def _own_times(stats: dict[str, dict[str, Any]]) -> dict[str, list[float]]:
+    """Per request, the time each service spent itself (its app time minus the next one's)."""
+    recs = {r: {int(x[0]): x for x in stats[r]["records"]} for r in "ABC"}
+    own: dict[str, list[float]] = {"A": [], "B": [], "C": []}
+    for rid, a in recs["A"].items():
+        b = recs["B"].get(rid)
+        c = recs["C"].get(rid)
+        if b is None or c is None:
+            continue
+        da, db, dc = a[2] - a[1], b[2] - b[1], c[2] - c[1]
+        own["A"].append(da - db)
+        own["B"].append(db - dc)
+        own["C"].append(dc - c[3])
+    return own
+
+
+def run_one(
+    mode: str,
+    rho: float,
+    capacity: float,
+    iters: int,
+    quanta: int,
+    warm: float,
+    measure: float,
+    seed: int,
+) -> RunResult:
+    services = start_chain(mode, iters, quanta)
+    try:
+        rate = rho * capacity
+
+        def mark() -> None:
+            for svc in services.values():
+                svc.mark()
+
+        outcomes, mark_at = asyncio.run(
+            open_loop(services["A"].url, rate, warm + measure, mode != "M0", seed, warm, mark)
+        )
+        # Stats right after the window (not after the load generator's last give-up), so the
+        # services' window matches the requests sent in it.
+        stats = {r: services[r].stats() for r in "ABC"}
+    finally:
+        stop_chain(services)
+    window = stats["A"]["wall"]
+    end = mark_at + window
+    in_window = [o for o in outcomes if mark_at <= o.sent < end]
+    good = [o for o in in_window if o.status == 200 and o.latency < CLIENT_DEADLINE]
+    cpu = {r: float(stats[r]["process_cpu"]) for r in "ABC"}
+    after = {r: float(stats[r]["cpu_after"]) for r in "ABC"}
+    received = max(1, int(stats["A"]["received"]))
+    own = _own_times(stats)
+    late = {r: int(stats[r]["late_calls"]) for r in "ABC"}
+    # Only where C reads the header (M2, M3): in M1 C ignores it.
+    slack = sorted(
+        x[1] + x[5] / 1e3 - x[4]
+        for x in stats["C"]["records"]
+        if mode in ("M2", "M3") and x[5] >= 0 and mark_at <= x[4] - CLIENT_DEADLINE < end
+    )
+    c_slack = (
+        (slack[len(slack) // 2], slack[int(0.9 * (len(slack) - 1))])
+        if slack
+        else (math.nan, math.nan)
+    )
+    return RunResult(
+        mode=mode,
+        rho=rho,
+        rate=rate,
+        window=window,
+        sent=len(in_window),
+        goodput=len(good) / window,
+        pdw_c=after["C"] / cpu["C"] if cpu["C"] > 0 else 0.0,
+        pdw_total=sum(after.values()) / max(1e-9, sum(cpu.values())),
+        late_calls=late["B"] + late["C"],
+        late_by_service=late,
+        cpu_per_request=sum(cpu.values()) / received,
+        fwd_cpu_per_request=(cpu["A"] + cpu["B"]) / received,
+        p50_latency=median([o.latency for o in good]),
+        hop_own_p50={r: median(v) for r, v in own.items()},
+        c_slack=c_slack,
+    )
+
+
+def measure_capacity(iters: int, quanta: int, seconds: float, warm: float) -> float:
+    services = start_chain("M0", iters, quanta, roles="C")
+    try:
+        return asyncio.run(closed_loop(services["C"].url, seconds, warm))
+    finally:
+        stop_chain(services)
+
+
+# --- rows ---------------------------------------------------------------------------------
+
+
+def rho_name(rho: float) -> str:
+    return f"rho{rho:g}"
+
+
+def build_rows(capacity: float, results: list[RunResult]) -> list[Row]:
+    rows = [Row("propagation.c_capacity", capacity, "req/s")]
+    by = {(r.mode, r.rho): r for r in results}
+    for r in results:
+        base = by.get(("M0", r.rho))
+        key = f"propagation.{r.mode}.{rho_name(r.rho)}"
+        is_target = r.mode == "M2" and r.rho == 2.0
+        for name, value, bval in (
+            ("pdw_c", r.pdw_c, base.pdw_c if base else None),
+            ("pdw_total", r.pdw_total, base.pdw_total if base else None),
+        ):
+            target = passed = None
+            if is_target and bval is not None:
+                target = "<= 0.1 x M0 and <= 0.05"
+                passed = value <= 0.1 * bval and value <= 0.05
+            rows.append(
+                Row(
+                    f"{key}.{name}",
+                    value,
+                    "fraction",
+                    "M0" if r.mode != "M0" else None,
+                    bval if r.mode != "M0" else None,
+                    target,
+                    passed,
+                )
+            )
+        if is_target:
+            rows.append(
+                Row(
+                    f"{key}.goodput",
+                    r.goodput,
+                    "req/s",
+                    "C capacity",
+                    capacity,
+                    ">= 0.8 x C capacity",
+                    r.goodput >= 0.8 * capacity,
+                )
+            )
+        else:
+            rows.append(
+                Row(
+                    f"{key}.goodput",
+                    r.goodput,
+                    "req/s",
+                    "M0" if base and r.mode != "M0" else None,
+                    base.goodput if base and r.mode != "M0" else None,
+                )
+            )
+        target = passed = None
+        if r.mode != "M0":
+            target, passed = "= 0", r.late_calls == 0
+        for svc in "BC":
+            rows.append(Row(f"{key}.late_calls_at_{svc}", r.late_by_service[svc], "calls"))
+        rows.append(
+            Row(
+                f"{key}.late_calls",
+                r.late_calls,
+                "calls",
+                "M0" if base and r.mode != "M0" else None,
+                base.late_calls if base and r.mode != "M0" else None,
+                target,
+                passed,
+            )
+        )
+        rows.append(Row(f"{key}.sent", r.sent, "requests"))
+        if not math.isnan(r.c_slack[0]):
+            rows.append(Row(f"{key}.c_deadline_slack_p50", r.c_slack[0] * 1e3, "ms"))
+            rows.append(Row(f"{key}.c_deadline_slack_p90", r.c_slack[1] * 1e3, "ms"))
+    # Overhead at light load: M2 against M0.
+    m0, m2 = by.get(("M0", 0.5)), by.get(("M2", 0.5))
+    if m0 and m2:
+        rows.append(
+            Row(
+                "propagation.M2.rho0.5.cpu_per_request",
+                m2.cpu_per_request * 1e3,
+                "ms",
+                "M0",
+                m0.cpu_per_request * 1e3,
+                "<= 1.03 x M0",
+                m2.cpu_per_request <= 1.03 * m0.cpu_per_request,
+            )
+        )
+        rows.append(
+            Row(
+                "propagation.M2.rho0.5.fwd_cpu_per_request",
+                m2.fwd_cpu_per_request * 1e3,
+                "ms",
+                "M0",
+                m0.fwd_cpu_per_request * 1e3,
+            )
+        )
+        deltas = [m2.hop_own_p50[h] - m0.hop_own_p50[h] for h in "ABC"]
+        for h in "ABC":
+            rows.append(
+                Row(
+                    f"propagation.M2.rho0.5.hop_{h}_p50",
+                    m2.hop_own_p50[h] * 1e6,
+                    "us",
+                    "M0",
+                    m0.hop_own_p50[h] * 1e6,
+                )
+            )
+        per_hop = sum(deltas) / len(deltas)
+        rows.append(
+            Row(
+                "propagation.M2.rho0.5.added_p50_per_hop",
+                per_hop * 1e6,
+                "us",
+                None,
+                None,
+                "<= 100 us",
+                per_hop <= 100e-6,
+            )
+        )
+        rows.append(
+            Row(
+                "propagation.M2.rho0.5.e2e_p50",
+                m2.p50_latency * 1e3,
+                "ms",
+                "M0",
+                m0.p50_latency * 1e3,
+            )
+        )
+    return rows
+
+
+def markdown_table(capacity: float, results: list[RunResult]) -> str:
+    lines = [
+        f"C's capacity: {capacity:.1f} req/s (one process, {QUANTUM * 1e3:g} ms quanta). "
+        f"Client deadline {CLIENT_DEADLINE * 1e3:g} ms.",
+        "",
+        "| mode | rho | offered req/s | goodput req/s | goodput / capacity | PDW C | PDW A+B+C | L (at B, C) | C's deadline - origin's, p50 / p90 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        slack = (
+            "—"
+            if math.isnan(r.c_slack[0])
+            else f"{r.c_slack[0] * 1e3:.1f} / {r.c_slack[1] * 1e3:.1f} ms"
+        )
+        lines.append(
+            f"| {r.mode} | {r.rho:g} | {r.rate:.0f} | {r.goodput:.1f} | {r.goodput / capacity:.2f} | "
+            f"{r.pdw_c:.1%} | {r.pdw_total:.1%} | {r.late_calls} | {slack} |"
+        )
+    return "\n".join(lines)
+
+
+def write_json(path: Path, rows: Iterable[Row]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([r.as_json() for r in rows], indent=2) + "\n")
+
+
+# --- main ---------------------------------------------------------------------------------
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="Deadline propagation benchmark: the work saved.")
+    p.add_argument("--smoke", action="store_true", help="a seconds-long run (tests)")
+    p.add_argument("--modes", default=None, help="comma-separated, e.g. M0,M2")
+    p.add_argument("--loads", default=None, help="comma-separated rho values, e.g. 0.5,2")
+    p.add_argument("--warm", type=float, default=1.0)
+    p.add_argument("--measure", type=float, default=5.0)
+    p.add_argument("--quanta", type=int, default=40, help="work quanta per request at C")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR / "propagation.json")
+    p.add_argument("--markdown", type=Path, default=None, help="also write the markdown table here")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--verbose", action="store_true", help="log each service's pid")
+    args = p.parse_args(argv)
+    global VERBOSE
+    VERBOSE = args.verbose
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    t_start = time.monotonic()
+    modes = tuple(args.modes.split(",")) if args.modes else MODES
+    loads = tuple(float(x) for x in args.loads.split(",")) if args.loads else LOADS
+    cap_seconds, cap_warm = 2.0, 0.5
+    if args.smoke:
+        modes = tuple(args.modes.split(",")) if args.modes else ("M0", "M2")
+        loads = tuple(float(x) for x in args.loads.split(",")) if args.loads else (1.0,)
+        args.warm, args.measure, args.quanta = 0.3, 0.7, 8
+        cap_seconds, cap_warm = 0.5, 0.2
+    if any(m != "M0" for m in modes) and not propagation_available():
+        log("timebound.propagation.asgi/httpx not importable yet: running M0 only")
+        modes = ("M0",)
+
+    try:
+        iters = calibrate_iters()
+        log(
+            f"[{time.monotonic() - t_start:6.1f}s] calibrated: {iters} iterations per 0.5 ms quantum"
+        )
+        capacity = measure_capacity(iters, args.quanta, cap_seconds, cap_warm)
+        log(
+            f"[{time.monotonic() - t_start:6.1f}s] C capacity: {capacity:.1f} req/s "
+            f"({args.quanta} quanta per request)"
+        )
+        results: list[RunResult] = []
+        for rho in loads:
+            for mode in modes:
+                r = run_one(
+                    mode, rho, capacity, iters, args.quanta, args.warm, args.measure, args.seed
+                )
+                results.append(r)
+                log(
+                    f"[{time.monotonic() - t_start:6.1f}s] {mode} rho={rho:g}: "
+                    f"goodput {r.goodput:.1f}/s, PDW C {r.pdw_c:.1%}, total {r.pdw_total:.1%}, "
+                    f"L {r.late_calls}"
+                )
+    except KeyboardInterrupt:
+        log("interrupted")
+        return 130
+    finally:
+        stop_all()
+
+    rows = build_rows(capacity, results)
+    print_table(rows, title="Deadline propagation: the work saved")
+    md = markdown_table(capacity, results)
+    print()
+    print(md)
+    write_json(args.out, rows)
+    if args.markdown:
+        args.markdown.write_text(md + "\n")
+    log(f"[{time.monotonic() - t_start:6.1f}s] wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
