@@ -105,10 +105,15 @@ def _to_dataclass(cls: Any) -> Callable[[Any], Any]:
         if isinstance(hints[f.name], type) and dataclasses.is_dataclass(hints[f.name])
     }
 
+    names = frozenset(f.name for f in dataclasses.fields(cls) if f.init)
+
     def convert(value: Any) -> Any:
         if not isinstance(value, dict):
             return value
-        kwargs = {k: (nested[k](v) if k in nested else v) for k, v in value.items()}
+        # Width subtyping: a record may carry more fields than the dataclass has; drop them.
+        kwargs = {
+            k: (nested[k](v) if k in nested else v) for k, v in value.items() if k in names
+        }
         return cls(**kwargs)
 
     return convert

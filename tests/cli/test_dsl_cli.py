@@ -1,0 +1,285 @@
+"""`timebound run` and `timebound check`, invoked in-process through timebound.cli.main."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import pathlib
+import sys
+import textwrap
+
+import pytest
+
+from timebound.cli import main
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
+_ids = itertools.count()
+
+MODULES = """
+import asyncio
+from timebound.dsl import ModuleRegistry
+
+registry = ModuleRegistry()
+
+@registry.module
+def Greet(name: str) -> str:
+    return "hello " + name
+
+@registry.module
+def Add(a: int, b: float) -> float:
+    return a + b
+
+@registry.module
+async def Hang(x: int) -> int:
+    await asyncio.sleep(3600)
+    return x
+
+@registry.module
+def Boom(x: int) -> int:
+    raise ValueError("boom")
+"""
+
+
+@pytest.fixture
+def workdir(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
+    """A temporary current directory; sys.path is restored afterwards."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    return tmp_path
+
+
+def _setup(workdir: pathlib.Path, program: str, modules: str = MODULES) -> tuple[str, str]:
+    """Write prog.cst and a uniquely named module; returns (file, module name)."""
+    name = f"cst_mods_{next(_ids)}"
+    (workdir / f"{name}.py").write_text(modules)
+    (workdir / "prog.cst").write_text(textwrap.dedent(program).lstrip())
+    return "prog.cst", name
+
+
+GREET = """
+in who: String
+in n: Int
+in f: Float
+in b: Boolean
+in tags: List<String>
+g = Greet(who)
+s = Add(n, f)
+t = if (b) tags else []
+out g
+out s
+out t
+"""
+
+
+def _argv(name: str) -> list[str]:
+    return [
+        "--input",
+        "who=Ada",
+        "--input",
+        "n=2",
+        "--input",
+        "f=0.5",
+        "--input",
+        "b=true",
+        "--input",
+        'tags=["x", "y"]',
+    ]
+
+
+def test_run_prints_outputs(workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Outputs print as `name = value`, inputs converted by their declared types."""
+    file, mod = _setup(workdir, GREET)
+    assert main(["run", file, "--modules", mod, *_argv(mod)]) == 0
+    assert capsys.readouterr().out == 'g = hello Ada\ns = 2.5\nt = ["x", "y"]\n'
+
+
+def test_run_json(workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--json prints the outputs as one JSON object."""
+    file, mod = _setup(workdir, GREET)
+    assert main(["run", file, "--modules", mod, "--json", *_argv(mod)]) == 0
+    assert json.loads(capsys.readouterr().out) == {"g": "hello Ada", "s": 2.5, "t": ["x", "y"]}
+
+
+def test_run_inputs_json(workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--inputs-json gives every input; --input overrides one."""
+    file, mod = _setup(workdir, GREET)
+    (workdir / "in.json").write_text(
+        json.dumps({"who": "Bo", "n": 1, "f": 1.0, "b": False, "tags": []})
+    )
+    code = main(["run", file, "--modules", mod, "--inputs-json", "in.json", "--input", "n=5"])
+    assert code == 0
+    assert capsys.readouterr().out == "g = hello Bo\ns = 6.0\nt = []\n"
+
+
+def test_run_trace_table(workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--trace adds a timeline: a header, a row per call with its position, and a legend."""
+    file, mod = _setup(workdir, GREET)
+    assert main(["run", file, "--modules", mod, "--trace", *_argv(mod)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    header = next(line for line in out if line.startswith("call"))
+    assert "start ms" in header and "end ms" in header and "tries" in header
+    rows = [line for line in out if line.startswith(("Greet", "Add"))]
+    assert len(rows) == 2 and "6:5" in rows[0] and "ok" in rows[0] and "|" in rows[0]
+    assert out[-1].startswith("legend:")
+
+
+def test_run_json_trace(workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--json --trace prints {outputs, trace} with one record per call."""
+    file, mod = _setup(workdir, GREET)
+    assert main(["run", file, "--modules", mod, "--json", "--trace", *_argv(mod)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["outputs"]["g"] == "hello Ada"
+    assert [
+        (t["module"], t["line"], t["column"], t["attempts"], t["outcome"]) for t in doc["trace"]
+    ] == [("Greet", 6, 5, 1, "ok"), ("Add", 7, 5, 1, "ok")]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--input", "n=two"], "--input n: cannot read 'two' as Int"),
+        (["--input", "b=yes"], "--input b: cannot read 'yes' as Boolean: expected true or false"),
+        (["--input", "tags=[1"], "--input tags: cannot read '[1' as List<String>"),
+        (["--input", "zz=1"], "--input zz: the program has no input 'zz'"),
+        (["--input", "who"], "--input 'who': expected NAME=VALUE"),
+        (["--timeout", "soon"], "invalid --timeout 'soon'"),
+        (["--concurrency", "0"], "--concurrency must be >= 1"),
+        (["--inputs-json", "nope.json"], "cannot read nope.json"),
+    ],
+)
+def test_run_usage_errors_exit_2(
+    workdir: pathlib.Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    """Bad command-line input exits 2 with a message naming what is wrong."""
+    file, mod = _setup(workdir, GREET)
+    assert main(["run", file, "--modules", mod, *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_run_missing_input_exits_2(
+    workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An input left out is named (InputError), exit 2."""
+    file, mod = _setup(workdir, GREET)
+    assert main(["run", file, "--modules", mod, "--input", "who=A"]) == 2
+    assert "missing input 'n' (Int)" in capsys.readouterr().err
+
+
+def test_run_failure_exits_1_with_the_call_site(
+    workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A failed call: exit 1, FILE:LINE:COL, the error, the source line and a caret."""
+    file, mod = _setup(workdir, "in x: Int\n\ny =   Boom(x)\nout y\n")
+    assert main(["run", file, "--modules", mod, "--input", "x=1"]) == 1
+    err = capsys.readouterr().err
+    assert err == (
+        "prog.cst:3:7: run failed: ValueError: boom [at line 3, column 7: Boom]\n"
+        "    y =   Boom(x)\n"
+        "          ^\n"
+    )
+
+
+def test_run_timeout_exits_1(workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--timeout bounds the whole run; a run that outlives it fails with exit 1."""
+    file, mod = _setup(workdir, "in x: Int\ny = Hang(x)\nout y\n")
+    assert main(["run", file, "--modules", mod, "--input", "x=1", "--timeout", "20ms"]) == 1
+    assert "DeadlineExceeded: run timed out after 20ms" in capsys.readouterr().err
+
+
+def test_run_compile_errors_exit_1(
+    workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """run refuses a program with errors: diagnostics on stderr, exit 1."""
+    file, mod = _setup(workdir, "y = Nope(1)\nout y\n")
+    assert main(["run", file, "--modules", mod]) == 1
+    assert "prog.cst:1:5: error E009: Unknown module 'Nope'" in capsys.readouterr().err
+
+
+def test_check_ok(workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """check on a good program: exit 0 and a summary."""
+    file, mod = _setup(workdir, GREET)
+    assert main(["check", file, "--modules", mod]) == 0
+    assert capsys.readouterr().out == "prog.cst: ok (5 inputs, 3 outputs, 0 warnings)\n"
+
+
+def test_check_errors(workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """check prints each diagnostic as FILE:LINE:COL: error CODE: message + line + caret."""
+    file, mod = _setup(workdir, 'in x: Int\ny = Greet("a") with timeout: 0s\nout y\n')
+    assert main(["check", file, "--modules", mod]) == 1
+    assert capsys.readouterr().out == (
+        "prog.cst:2:30: error E016: Invalid value for 'timeout': 0s (must be > 0)\n"
+        '    y = Greet("a") with timeout: 0s\n'
+        "    " + " " * 29 + "^\n"
+    )
+
+
+def test_check_warnings_exit_0(workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Warnings alone do not fail check."""
+    file, mod = _setup(workdir, 'y = Greet("a") with delay: 1s\nout y\n')
+    assert main(["check", file, "--modules", mod]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("prog.cst:1:21: warning W001: 'delay' without 'retry' has no effect\n")
+    assert out.endswith("prog.cst: ok (0 inputs, 1 outputs, 1 warnings)\n")
+
+
+@pytest.mark.parametrize(
+    ("modules", "spec", "message"),
+    [
+        (MODULES, "no_such_module_xyz", "cannot import modules 'no_such_module_xyz'"),
+        ("x = 1\n", None, "defines no ModuleRegistry at module level"),
+        (MODULES + "\nother = ModuleRegistry()\n", None, "defines several registries; pick one"),
+        (MODULES, ":nothing", "is not a ModuleRegistry"),
+    ],
+)
+def test_bad_modules_exit_2(
+    workdir: pathlib.Path,
+    capsys: pytest.CaptureFixture[str],
+    modules: str,
+    spec: str | None,
+    message: str,
+) -> None:
+    """An unimportable module, or one without exactly one registry, is a usage error."""
+    file, mod = _setup(workdir, 'y = Greet("a")\nout y\n', modules)
+    if spec is None:
+        spec = mod
+    elif spec.startswith(":"):
+        spec = mod + spec
+    assert main(["check", file, "--modules", spec]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_pick_a_registry_by_name(workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--modules MOD:name picks one of several registries."""
+    file, mod = _setup(workdir, 'y = Greet("a")\nout y\n', MODULES + "\nother = ModuleRegistry()\n")
+    assert main(["run", file, "--modules", f"{mod}:registry"]) == 0
+    assert capsys.readouterr().out == "y = hello a\n"
+
+
+def test_missing_file_exits_2(workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """An unreadable program file is a usage error."""
+    _, mod = _setup(workdir, "y = 1\nout y\n")
+    assert main(["check", "missing.cst", "--modules", mod]) == 2
+    assert "cannot read missing.cst" in capsys.readouterr().err
+
+
+def test_modules_is_required(capsys: pytest.CaptureFixture[str]) -> None:
+    """Leaving out --modules is an argparse usage error (exit 2)."""
+    with pytest.raises(SystemExit) as info:
+        main(["run", "x.cst"])
+    assert info.value.code == 2
+
+
+def test_resilience_tour(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's command: cd examples && timebound run resilience_tour.cst ... --trace."""
+    monkeypatch.chdir(EXAMPLES)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert main(["run", "resilience_tour.cst", "--modules", "resilience_tour", "--trace"]) == 0
+    out = capsys.readouterr().out
+    assert 'quote = {"sku": "A-17", "stock": 42, "price": 22.5, "currency": "USD"}' in out
+    assert 'recs = ["bestsellers", "new arrivals"]' in out
+    assert "2 failed; waited 100ms, 200ms" in out
+    assert "1 timed out" in out
+    assert "fallback used" in out
+    assert "cache hit" in out
