@@ -31,6 +31,7 @@ the attempt's end is httpx's own error, unchanged.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -41,8 +42,10 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "timebound.propagation.httpx needs httpx: pip install 'timebound[httpx]'"
     ) from exc
 
+from .._core._deadline import Deadline
 from .._core._durations import Duration, to_seconds
 from .._core._errors import DeadlineExceeded
+from .._core._scopes import fail_after, move_on_after, move_on_at, spawn_background
 from ._client import Attempt, ClientOptions, begin, bounded
 from ._codec import EXPIRED_HEADER, TIMEOUT_HEADER
 
@@ -89,11 +92,11 @@ def _static_timeout(own: float | None, request: httpx.Request) -> float | None:
     return max(configured) if configured else None
 
 
-def _prepare(request: httpx.Request, attempt: Attempt) -> None:
-    """Write the header and clamp every phase timeout to the attempt's timeout."""
+def _prepare(request: httpx.Request, attempt: Attempt, phases_to: float | None = None) -> None:
+    """Write the header and clamp every phase timeout to ``phases_to`` (default: the attempt's)."""
     if attempt.header_value is not None:
         request.headers[attempt.options.timeout_header] = attempt.header_value
-    seconds = attempt.clamped.seconds
+    seconds = attempt.clamped.seconds if phases_to is None else phases_to
     if seconds is None:
         return
     phases = dict(request.extensions.get("timeout") or {})
@@ -125,6 +128,9 @@ class _Base:
         attempt = begin(_static_timeout(self._timeout, request), self._options)
         _prepare(request, attempt)
         return attempt
+
+    def _static(self, request: httpx.Request) -> float | None:
+        return _static_timeout(self._timeout, request)
 
     def _factory(self, request: httpx.Request, attempt: Attempt, *, remote: bool = False) -> Any:
         def make(message: str) -> AttemptTimeout:
@@ -228,6 +234,7 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
         timeout_header: str = TIMEOUT_HEADER,
         expired_header: str = EXPIRED_HEADER,
         what: str = "http request",
+        save_connections: bool = True,
     ) -> None:
         super().__init__(
             timeout=timeout,
@@ -237,15 +244,25 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
             what=what,
         )
         self._inner = inner if inner is not None else httpx.AsyncHTTPTransport()
+        self._save_connections = bool(save_connections)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        attempt = self._attempt(request)
-        if attempt.end is None:
-            return await self._inner.handle_async_request(request)
+        static = self._static(request)
+        attempt = begin(static, self._options)
         make = self._factory(request, attempt)
-        response: httpx.Response = await bounded(
-            attempt, make, _TIMEOUTS, self._inner.handle_async_request, request
-        )
+        response: httpx.Response
+        if attempt.end is None:
+            _prepare(request, attempt)
+            return await self._inner.handle_async_request(request)
+        if attempt.lowered and static is not None and self._save_connections:
+            # Phases get the static timeout: the exchange may outlive our deadline (below).
+            _prepare(request, attempt, phases_to=static)
+            response = await self._exchange_saving_connection(request, attempt, static, make)
+        else:
+            _prepare(request, attempt)
+            response = await bounded(
+                attempt, make, _TIMEOUTS, self._inner.handle_async_request, request
+            )
         if self._remote_expired(response, attempt):
             try:
                 await bounded(attempt, make, _TIMEOUTS, response.aread)
@@ -259,6 +276,63 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+    async def _exchange_saving_connection(
+        self, request: httpx.Request, attempt: Attempt, static: float, make: Any
+    ) -> httpx.Response:
+        """Run the exchange in a background task; at our deadline release the caller only.
+
+        userver's rule (D4.8, FIELD-NOTES): when a *propagated* deadline cuts a call short, the
+        caller gets its error at once, but the physical request goes on in the background, up
+        to the static timeout, so its pooled connection is not closed. Cancelling the exchange
+        mid-response would force httpcore to close the connection, and under overload — exactly
+        when deadlines fire — reconnecting is the expensive part. The server got our header, so
+        it usually answers "deadline expired" right after our deadline anyway.
+        """
+        inner = self._inner
+
+        async def exchange() -> httpx.Response:
+            with fail_after(static, source="attempt"):
+                response = await inner.handle_async_request(request)
+            return response
+
+        task = spawn_background(exchange(), name="timebound-httpx-exchange")
+        assert attempt.end is not None
+        scope = move_on_at(Deadline(attempt.end))
+        try:
+            with scope:
+                response: httpx.Response = await asyncio.shield(task)
+                return response
+        except (DeadlineExceeded, asyncio.CancelledError):
+            if attempt.expired():
+                attempt.note_cut()
+                _finish_in_background(task, static)
+            else:
+                task.cancel()
+            raise
+        except httpx.TimeoutException as exc:
+            if attempt.expired():
+                raise attempt.cut(make) from exc
+            raise
+        _finish_in_background(task, static)
+        raise attempt.cut(make)
+
+
+def _finish_in_background(task: asyncio.Task[httpx.Response], budget: float) -> None:
+    """Let a cut exchange finish, read and release its response, within ``budget`` seconds."""
+
+    async def finish() -> None:
+        try:
+            response = await task
+        except BaseException:  # nobody waits for this exchange any more
+            return
+        try:
+            with move_on_after(budget):
+                await response.aread()
+        finally:
+            await response.aclose()
+
+    spawn_background(finish(), name="timebound-httpx-drain")
 
 
 class _AsyncStream(httpx.AsyncByteStream):

@@ -220,12 +220,14 @@ class Downstream:
     """A bare ASGI app that records requests and answers per path.
 
     ``/ok`` 200 ``ok``; ``/slow`` waits until the client goes away (or 10 s) then 200;
+    ``/held`` waits until the test sets ``held`` (or the client goes away) then 200;
     ``/expired`` 498 with ``X-YaTaxi-Deadline-Expired: 1``; ``/stream`` sends one chunk, then
     stalls like ``/slow`` before the rest.
     """
 
     seen: list[Seen] = field(default_factory=list)
     release: threading.Event = field(default_factory=threading.Event)
+    held: threading.Event = field(default_factory=threading.Event)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -245,25 +247,29 @@ class Downstream:
             await send({"type": "http.response.body", "body": b"Deadline expired"})
             return
         if path == "/slow":
-            await self._stall(receive)
+            await self._stall(receive, self.release)
             await _plain(send, 200, b"late")
+            return
+        if path == "/held":
+            await self._stall(receive, self.held)
+            await _plain(send, 200, b"held")
             return
         if path == "/stream":
             await send({"type": "http.response.start", "status": 200, "headers": []})
             await send({"type": "http.response.body", "body": b"first", "more_body": True})
-            await self._stall(receive)
+            await self._stall(receive, self.release)
             await send({"type": "http.response.body", "body": b"rest", "more_body": False})
             return
         await _plain(send, 200, b"ok")
 
-    async def _stall(self, receive: Receive) -> None:
-        # Until the client disconnects (a cut closes the connection) or the test releases us.
+    async def _stall(self, receive: Receive, event: threading.Event) -> None:
+        # Until the client disconnects (a cut closes the connection) or ``event`` is set.
         async def disconnected() -> None:
             while (await receive())["type"] != "http.disconnect":
                 pass
 
         async def released() -> None:
-            while not self.release.is_set():
+            while not event.is_set():
                 await asyncio.sleep(0.02)
 
         tasks = [asyncio.ensure_future(disconnected()), asyncio.ensure_future(released())]
@@ -295,6 +301,7 @@ def downstream() -> Iterator[tuple[Downstream, str]]:
     with ServerThread(app) as srv:
         yield app, srv.url
         app.release.set()
+        app.held.set()
 
 
 @pytest.fixture
@@ -302,7 +309,9 @@ def svc(downstream: tuple[Downstream, str]) -> Iterator[tuple[Downstream, str]]:
     """The module's downstream service with an empty record."""
     app, url = downstream
     app.seen.clear()
+    app.held.clear()
     yield app, url
+    app.held.set()
 
 
 # --- the app factory for end-to-end scenarios ------------------------------------------------

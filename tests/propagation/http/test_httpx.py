@@ -408,3 +408,46 @@ def test_header_sent_on_every_attempt(svc: tuple[Downstream, str]) -> None:
     values = [s.timeout_ms for s in app.seen]
     assert all(v is not None and 1 <= v <= 3000 for v in values)
     assert values == sorted(values, reverse=True)  # type: ignore[type-var]
+
+
+async def _wait_idle(inner: httpx.AsyncHTTPTransport) -> None:
+    """Until the pool holds only idle connections (the background exchange has finished)."""
+    for _ in range(500):
+        conns = inner._pool.connections
+        if conns and all(c.is_idle() for c in conns):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the cut exchange never returned its connection")
+
+
+@pytest.mark.asyncio_real
+async def test_cut_exchange_finishes_in_background_keeping_connection(
+    svc: tuple[Downstream, str],
+) -> None:
+    """D4.8: a propagated cut releases the caller; the exchange ends later on the same conn."""
+    app, url = svc
+    inner = httpx.AsyncHTTPTransport()
+    async with httpx.AsyncClient(transport=AsyncDeadlineTransport(inner, timeout=5)) as c:
+        with tb.inherit_deadline(tb.Deadline.after(0.2)):
+            with pytest.raises(tb.DeadlineExceeded) as info:
+                await c.get(f"{url}/held")
+        assert info.value.source == "inherited"
+        assert [s.path for s in app.seen] == ["/held"]  # the caller is free; the server still works
+        app.held.set()
+        await _wait_idle(inner)
+        assert (await c.get(f"{url}/ok")).status_code == 200
+    assert app.seen[0].client_port == app.seen[1].client_port
+
+
+@pytest.mark.asyncio_real
+async def test_cut_without_saving_closes_the_connection(svc: tuple[Downstream, str]) -> None:
+    """save_connections=False cancels the exchange: the next request needs a new connection."""
+    app, url = svc
+    inner = httpx.AsyncHTTPTransport()
+    transport = AsyncDeadlineTransport(inner, timeout=5, save_connections=False)
+    async with httpx.AsyncClient(transport=transport) as c:
+        with tb.inherit_deadline(tb.Deadline.after(0.2)):
+            with pytest.raises(tb.DeadlineExceeded):
+                await c.get(f"{url}/held")
+        assert (await c.get(f"{url}/ok")).status_code == 200
+    assert app.seen[0].client_port != app.seen[1].client_port
