@@ -111,9 +111,7 @@ def _to_dataclass(cls: Any) -> Callable[[Any], Any]:
         if not isinstance(value, dict):
             return value
         # Width subtyping: a record may carry more fields than the dataclass has; drop them.
-        kwargs = {
-            k: (nested[k](v) if k in nested else v) for k, v in value.items() if k in names
-        }
+        kwargs = {k: (nested[k](v) if k in nested else v) for k, v in value.items() if k in names}
         return cls(**kwargs)
 
     return convert
