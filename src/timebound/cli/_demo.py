@@ -46,7 +46,7 @@ class _Timeline:
             outcome = attrs.get("outcome")
             detail = f" ({attrs.get('error')})" if outcome != "ok" and attrs.get("error") else ""
             self.say(f"{policy}: attempt {attrs.get('attempt')} -> {outcome}{detail}")
-        elif name == "retry.delay":
+        elif name == "retry.delay" and attrs.get("delay", 0) > 0:
             self.say(f"{policy}: waiting {attrs.get('delay', 0) * 1000:.0f} ms before retrying")
         elif name == "fallback":
             self.say(f"{policy}: fallback used ({attrs.get('reason')})")
@@ -87,6 +87,8 @@ async def _scene_retry(tl: _Timeline) -> None:
         return "ok"
 
     tl.say(f"flaky() returned {await flaky()!r} after {calls['n']} calls")
+
+    tl.scene("A budget that cannot fit another attempt: stop at once, without sleeping")
 
     @tb.resilient(name="slow", retry=5, delay="100ms", timeout="100ms", total_timeout="350ms")
     async def slow() -> str:
