@@ -254,7 +254,12 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
         if attempt.end is None:
             _prepare(request, attempt)
             return await self._inner.handle_async_request(request)
-        if attempt.lowered and static is not None and self._save_connections:
+        if (
+            attempt.lowered
+            and static is not None
+            and self._save_connections
+            and asyncio._get_running_loop() is not None  # background tasks need asyncio, not trio
+        ):
             # Phases get the static timeout: the exchange may outlive our deadline (below).
             _prepare(request, attempt, phases_to=static)
             response = await self._exchange_saving_connection(request, attempt, static, make)

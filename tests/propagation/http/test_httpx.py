@@ -451,3 +451,27 @@ async def test_cut_without_saving_closes_the_connection(svc: tuple[Downstream, s
                 await c.get(f"{url}/held")
         assert (await c.get(f"{url}/ok")).status_code == 200
     assert app.seen[0].client_port != app.seen[1].client_port
+
+
+def test_async_transport_under_trio() -> None:
+    """Under trio the transport clamps, sends the header and cuts at the deadline too."""
+    import trio
+
+    seen: list[str | None] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.headers.get(TIMEOUT_HEADER))
+        await trio.sleep(10)
+        return httpx.Response(200)
+
+    async def main() -> str:
+        async with async_client(handler, timeout=5) as c:
+            with tb.inherit_deadline(tb.Deadline.after(0.05)):
+                try:
+                    await c.get("http://svc/")
+                except tb.DeadlineExceeded as exc:
+                    return exc.source
+        return "no error"
+
+    assert trio.run(main) == "inherited"
+    assert seen[0] is not None and 1 <= int(seen[0]) <= 50
