@@ -43,3 +43,54 @@ def test_without_header_no_deadline_crosses(svc: tuple[Downstream, str]) -> None
         r = httpx.get(f"{a.url}/work")
     assert r.json()["remaining_ms"] is None
     assert recorder.seen[-1].timeout_ms == 5000
+
+
+def test_swallowed_propagated_expiry_still_answers_498(svc: tuple[Downstream, str]) -> None:
+    """A handler that catches the downstream's propagated expiry and answers 200 is overruled."""
+    from fastapi import FastAPI
+
+    import timebound as tb
+    from timebound.propagation.asgi import DeadlineMiddleware
+    from timebound.propagation.httpx import AsyncDeadlineTransport
+
+    _, c_url = svc
+    app = FastAPI()
+    app.add_middleware(DeadlineMiddleware)
+    client = httpx.AsyncClient(transport=AsyncDeadlineTransport(timeout=5))
+
+    @app.get("/swallow")
+    async def swallow() -> dict[str, str]:
+        try:
+            await client.get(f"{c_url}/expired")
+        except tb.DeadlineExceeded:
+            return {"result": "fallback"}  # userver: the handler must answer "Deadline expired"
+        return {"result": "downstream"}
+
+    with ServerThread(app) as a:
+        r = httpx.get(f"{a.url}/swallow", headers={H: "2000"})
+    assert (r.status_code, r.text) == (498, "Deadline expired")
+
+
+def test_flask_with_requests_forwards_the_deadline(svc: tuple[Downstream, str]) -> None:
+    """A Flask app (WSGI) calling downstream with requests carries <= its received deadline."""
+    import requests
+    from flask import Flask
+
+    from timebound.propagation.requests import DeadlineAdapter
+    from timebound.propagation.wsgi import DeadlineMiddleware
+
+    recorder, c_url = svc
+    app = Flask(__name__)
+    app.wsgi_app = DeadlineMiddleware(app.wsgi_app)  # type: ignore[method-assign]
+    session = requests.Session()
+    session.mount("http://", DeadlineAdapter(timeout=5))
+
+    @app.get("/forward")
+    def forward() -> str:
+        return str(session.get(f"{c_url}/ok").status_code)
+
+    with ServerThread(app, kind="wsgi") as a:
+        r = httpx.get(f"{a.url}/forward", headers={H: "300"})
+    assert r.text == "200"
+    sent = recorder.seen[-1].timeout_ms
+    assert sent is not None and 1 <= sent <= 300
