@@ -493,11 +493,13 @@ def bench_lateness(rows: list[Row]) -> None:
     early = sum(1 for x in s["all_tb"] if x < 0)
     rows.append(
         Row(
-            f"lateness.early_firings_in_{len(s['all_tb'])}",
+            "lateness.early_firings",
             early,
             "count",
-            target="== 0",
-            passed=early == 0 and len(s["all_tb"]) >= early_target,
+            "samples",
+            len(s["all_tb"]),
+            f"== 0 in >= {early_target} samples",
+            early == 0 and len(s["all_tb"]) >= early_target,
         )
     )
 
@@ -563,11 +565,13 @@ def bench_sync_tiers(rows: list[Row]) -> None:
         early = sum(1 for x in samples if x < 0)
         rows.append(
             Row(
-                f"sync.{name}.early_firings_in_{len(samples)}",
+                f"sync.{name}.early_firings",
                 early,
                 "count",
-                target="== 0",
-                passed=early == 0,
+                "samples",
+                len(samples),
+                "== 0",
+                early == 0,
             )
         )
 
