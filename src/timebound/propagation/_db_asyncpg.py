@@ -93,9 +93,10 @@ class DeadlineConnection(asyncpg.Connection):  # type: ignore[misc]
         if self.is_in_transaction():
             prev, narrowed = await _Conn.fetchrow(self, NARROW_ASYNCPG, ms)
             result = await _statement(call, backstop, narrowed)
-            # Only reached on success: a failed statement aborts the caller's transaction, and
-            # its rollback drops our SET LOCAL with everything else.
-            await _Conn.fetchval(self, RESTORE_ASYNCPG, prev)
+            if narrowed:
+                # Only reached on success: a failed statement aborts the caller's transaction,
+                # and its rollback drops our SET LOCAL with everything else.
+                await _Conn.fetchval(self, RESTORE_ASYNCPG, prev, ms)
             return result
         async with self.transaction():
             _prev, narrowed = await _Conn.fetchrow(self, NARROW_ASYNCPG, ms)

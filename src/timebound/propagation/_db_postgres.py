@@ -33,7 +33,14 @@ _NARROW = (
 NARROW_ASYNCPG: Final = _NARROW.format(ms="$1")
 #: The same for psycopg (named parameter ``ms``).
 NARROW_PSYCOPG: Final = _NARROW.format(ms="%(ms)s")
-#: Put the previous value back, for the rest of the caller's transaction (asyncpg).
-RESTORE_ASYNCPG: Final = "SELECT set_config('statement_timeout', $1, true)"
-#: The same for psycopg.
-RESTORE_PSYCOPG: Final = "SELECT set_config('statement_timeout', %(prev)s, true)"
+# Put the previous value back for the rest of the caller's transaction — unless the statement
+# itself changed the setting (``SET LOCAL statement_timeout = …``), which then stands.
+_RESTORE = (
+    "SELECT set_config('statement_timeout', {prev}, true) FROM pg_settings "
+    "WHERE name = 'statement_timeout' AND setting::bigint = {ms}::bigint"
+)
+
+#: Restore ``$1`` (previous ms as text) if ``$2`` ms is still in force (asyncpg).
+RESTORE_ASYNCPG: Final = _RESTORE.format(prev="$1", ms="$2")
+#: The same for psycopg (named parameters ``prev`` and ``ms``).
+RESTORE_PSYCOPG: Final = _RESTORE.format(prev="%(prev)s", ms="%(ms)s")

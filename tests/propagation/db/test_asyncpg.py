@@ -267,3 +267,16 @@ async def test_cancellation_is_never_converted(postgres_dsn: str) -> None:
         assert await con.fetchval("SHOW statement_timeout") == "0"
     finally:
         await con.close()
+
+
+async def test_setting_changed_by_the_statement_stands(postgres_dsn: str) -> None:
+    """A ``SET LOCAL statement_timeout`` run under a deadline is not undone by the restore."""
+    con = await connect(postgres_dsn)
+    try:
+        async with con.transaction():
+            with tb.inherit_deadline(tb.Deadline.after(5)):
+                await con.execute("SET LOCAL statement_timeout = 7000")
+            after = await con.fetchval("SHOW statement_timeout")
+        assert after == "7s"
+    finally:
+        await con.close()
