@@ -88,6 +88,8 @@ class DagPlan(Generic[_C]):
                 self._dependents[j].append(i)
                 self._indegree[i] += 1
         self._roots = [i for i, d in enumerate(self._indegree) if d == 0]
+        # Ready-queue entries, built once: higher priority first, then declaration order.
+        self._entries = [(-n.priority, i) for i, n in enumerate(self.nodes)]
         self._check_acyclic()
 
     def _check_acyclic(self) -> None:
@@ -128,7 +130,7 @@ class DagPlan(Generic[_C]):
     def _make_ready(self, st: _Exec, i: int) -> None:
         node = self.nodes[i]
         if node.is_async:
-            heapq.heappush(st.ready, (-node.priority, i))
+            heapq.heappush(st.ready, self._entries[i])
         else:
             st.sync_ready.append(i)
 
@@ -144,12 +146,22 @@ class DagPlan(Generic[_C]):
                 self._make_ready(st, j)
 
     async def _loop(self, st: _Exec, ctx: _C, concurrency: int | None) -> None:
+        # The per-node path is written out with locals (no helper calls): it is what every
+        # Constellation call pays (bench/dsl.py).
         nodes = self.nodes
+        dependents = self._dependents
+        entries = self._entries
+        remaining = st.remaining
+        ready = st.ready
+        sync_ready = st.sync_ready
+        running = st.running
         spans = st.spans
+        heappush = heapq.heappush
+        heappop = heapq.heappop
         loop = asyncio.get_running_loop()
         while True:
-            while st.sync_ready:
-                i = st.sync_ready.pop()
+            while sync_ready:
+                i = sync_ready.pop()
                 if spans is not None:
                     spans[i].start = _clock.now()
                 try:
@@ -164,13 +176,12 @@ class DagPlan(Generic[_C]):
                     spans[i].end = spans[i].start
                     spans[i].outcome = "ok"
                 self._complete(st, i)
-            ready = st.ready
-            while ready and (concurrency is None or len(st.running) < concurrency):
-                _, i = heapq.heappop(ready)
+            while ready and (concurrency is None or len(running) < concurrency):
+                i = heappop(ready)[1]
                 node = nodes[i]
                 if spans is not None:
                     spans[i].start = _clock.now()
-                if not st.running and not ready:
+                if not running and not ready:
                     # The only thing to do: await it here, no task needed.
                     try:
                         await node.action(ctx)
@@ -183,16 +194,28 @@ class DagPlan(Generic[_C]):
                             )
                         raise
                     if spans is not None:
-                        spans[i].end = _clock.now()
+                        spans[i].end = now = _clock.now()
                         spans[i].outcome = "ok"
-                    self._complete(st, i)
+                        for j in dependents[i]:
+                            remaining[j] -= 1
+                            if remaining[j] == 0:
+                                spans[j].ready = now
+                                self._make_ready(st, j)
+                    else:
+                        for j in dependents[i]:
+                            remaining[j] -= 1
+                            if remaining[j] == 0:
+                                if nodes[j].is_async:
+                                    heappush(ready, entries[j])
+                                else:
+                                    sync_ready.append(j)
                     break  # sync nodes may have become ready: handle them first
                 task = loop.create_task(node.action(ctx))
-                st.running[task] = i
+                running[task] = i
                 task.add_done_callback(functools.partial(_on_done, st))
             else:
-                if not st.running:
-                    if not st.sync_ready and not ready:
+                if not running:
+                    if not sync_ready and not ready:
                         return
                     continue
                 if not st.finished:
@@ -200,8 +223,6 @@ class DagPlan(Generic[_C]):
                     await st.waiter
                     st.waiter = None
                 self._drain(st)
-                continue
-            # reached through `break` (inline completion): loop again
 
     def _drain(self, st: _Exec) -> None:
         spans = st.spans

@@ -65,6 +65,7 @@ class CE:
     fn: Fn
     is_async: bool
     deps: frozenset[str]
+    key: str | None = None  # set when the expression is a plain read of one value
 
 
 @dataclass(slots=True)
@@ -326,7 +327,7 @@ class _Compiler:
         key = var.key
         if var.lazy:
             return CE(var.type, lazy_ref(key), True, var.deps)
-        return CE(var.type, lambda run: run.env[key], False, var.deps)
+        return CE(var.type, lambda run: run.env[key], False, var.deps, key)
 
     def binary(self, e: A.Binary, lifted: bool) -> CE:
         op = e.op
@@ -603,7 +604,7 @@ class _Compiler:
             site=site,
             fn=self._callable(spec),
             is_async=spec.is_async,
-            args=[(a.is_async, a.fn) for a in args],
+            args=[(a.is_async, a.fn, a.key) for a in args],
             policy=self.policy(spec, e, fallback),
             lazy=lazy and lifted,
             priority=priority,
@@ -614,13 +615,11 @@ class _Compiler:
         if lazy:
             self.lazy.append((node_key, cc))
             return CE(result_type, lazy_ref(node_key), True, deps)
-        invoke = cc.invoke
-
-        async def action(run: _Run) -> None:
-            run.env[node_key] = await invoke(run)
-
-        self.nodes.append(Node(node_key, action, tuple(sorted(deps)), priority, True))
-        return CE(result_type, lambda run: run.env[node_key], False, frozenset({node_key}))
+        cc.key = node_key
+        self.nodes.append(Node(node_key, cc.run_node, tuple(sorted(deps)), priority, True))
+        return CE(
+            result_type, lambda run: run.env[node_key], False, frozenset({node_key}), node_key
+        )
 
     @staticmethod
     def _callable(spec: ModuleSpec) -> Callable[..., Any]:

@@ -12,6 +12,7 @@ import asyncio
 import contextvars
 import json
 import math
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -172,15 +173,44 @@ def attach_site(exc: BaseException, site: CallSite) -> None:
     exc.add_note(f"Constellation call at {site}")
 
 
+ArgSpec = tuple[bool, Callable[[_Run], Any], str | None]
+
+
+def _arg_builder(args: list[ArgSpec]) -> Callable[[_Run], tuple[Any, ...]] | None:
+    """A closure building the argument tuple in one step (None if an argument must await).
+
+    Arguments that are plain reads of values (the usual case) become one ``itemgetter`` call.
+    """
+    if any(is_async for is_async, _, _ in args):
+        return None
+    n = len(args)
+    if n == 0:
+        return lambda run: ()
+    keys = [k for _, _, k in args]
+    if all(k is not None for k in keys):
+        get = operator.itemgetter(*keys)
+        if n == 1:
+            return lambda run: (get(run.env),)
+        return lambda run: get(run.env)
+    fns = [f for _, f, _ in args]
+    if n == 1:
+        f0 = fns[0]
+        return lambda run: (f0(run),)
+    if n == 2:
+        f0, f1 = fns
+        return lambda run: (f0(run), f1(run))
+    return lambda run: tuple([f(run) for f in fns])
+
+
 class CompiledCall:
     """One call site, compiled: argument closures, the function, its policy (or None)."""
 
     __slots__ = (
-        "_arg_kinds",
-        "args",
-        "async_args",
+        "_arg_fns",
+        "_build",
         "fn",
         "is_async",
+        "key",
         "lazy",
         "policy",
         "priority",
@@ -193,7 +223,7 @@ class CompiledCall:
         site: CallSite,
         fn: Callable[..., Any],
         is_async: bool,
-        args: list[tuple[bool, Callable[[_Run], Any]]],
+        args: list[ArgSpec],
         policy: Any,
         lazy: bool,
         priority: int,
@@ -201,25 +231,23 @@ class CompiledCall:
         self.site = site
         self.fn = fn
         self.is_async = is_async
-        self.async_args = any(a for a, _ in args)
-        self.args: tuple[Callable[[_Run], Any], ...] = tuple(f for _, f in args)
-        self._arg_kinds = tuple(a for a, _ in args) if self.async_args else ()
+        self._build = _arg_builder(args)
+        self._arg_fns = tuple((a, f) for a, f, _ in args)
         self.policy = policy
         self.lazy = lazy
         self.priority = priority
+        self.key = ""  # set by the compiler for a call that is a DAG node
 
-    async def _eval_args(self, run: _Run) -> list[Any]:
+    async def _eval_args(self, run: _Run) -> tuple[Any, ...]:
         out = []
-        for is_async, f in zip(self._arg_kinds, self.args, strict=True):
+        for is_async, f in self._arg_fns:
             out.append(await f(run) if is_async else f(run))
-        return out
+        return tuple(out)
 
     async def invoke(self, run: _Run) -> Any:
         """Evaluate the arguments and make the call under this site's policy."""
-        if self.async_args:
-            args = await self._eval_args(run)
-        else:
-            args = [f(run) for f in self.args]
+        build = self._build
+        args = build(run) if build is not None else await self._eval_args(run)
         if run.trace is not None:
             return await self._invoke_traced(run, args)
         try:
@@ -229,12 +257,36 @@ class CompiledCall:
                 if self.is_async:
                     result = await result
                 return result
-            return await policy.execute(self.fn, tuple(args))
+            return await policy.execute(self.fn, args)
         except BaseException as exc:
             attach_site(exc, self.site)
             raise
 
-    async def _invoke_traced(self, run: _Run, args: list[Any]) -> Any:
+    async def run_node(self, run: _Run) -> None:
+        """:meth:`invoke` as a DAG node: the value goes to ``run.env[self.key]``.
+
+        The same steps as ``invoke``, written out: one coroutine per call instead of two, on
+        the path every call takes (bench/dsl.py).
+        """
+        build = self._build
+        args = build(run) if build is not None else await self._eval_args(run)
+        if run.trace is not None:
+            run.env[self.key] = await self._invoke_traced(run, args)
+            return
+        try:
+            policy = self.policy
+            if policy is None:
+                result = self.fn(*args)
+                if self.is_async:
+                    result = await result
+            else:
+                result = await policy.execute(self.fn, args)
+        except BaseException as exc:
+            attach_site(exc, self.site)
+            raise
+        run.env[self.key] = result
+
+    async def _invoke_traced(self, run: _Run, args: tuple[Any, ...]) -> Any:
         site = self.site
         rec = CallTrace(
             site.module,
@@ -258,7 +310,7 @@ class CompiledCall:
                 rec.attempt_log[-1].end = _clock.now() - run.t0
                 rec.attempt_log[-1].outcome = "ok"
             else:
-                result = await policy.execute(self.fn, tuple(args), observer=rec.observe)
+                result = await policy.execute(self.fn, args, observer=rec.observe)
         except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError):
                 rec.outcome = "cancelled"
