@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from timebound.propagation import (
     HeaderNames,
@@ -171,3 +173,24 @@ def test_outgoing_grpc_timeout_has_at_most_8_digits(seconds: float, wire: str) -
     """grpc-timeout is encoded with at most 8 digits, rounded up."""
     assert format_grpc_timeout(seconds) == wire
     assert parse_grpc_timeout(wire) is None or parse_grpc_timeout(wire) >= seconds  # type: ignore[operator]
+
+
+@given(st.one_of(st.text(max_size=64), st.binary(max_size=64)))
+def test_parsers_never_raise(value: str | bytes) -> None:
+    """Property: no header value makes any parser raise; results are None or >= 0."""
+    for parse in (parse_timeout_ms, parse_grpc_timeout, parse_envoy_timeout):
+        result = parse(value)
+        assert result is None or result >= 0.0
+
+
+@given(st.integers(min_value=0, max_value=315_359_999_999))
+def test_every_decimal_below_ten_years_parses_exactly(ms: int) -> None:
+    """Property: any decimal count of ms under 10 years reads back as that many ms."""
+    assert parse_timeout_ms(str(ms)) == ms / 1000
+
+
+@given(st.floats(min_value=0.0, max_value=3.0e8, allow_nan=False))
+def test_outgoing_value_never_below_what_is_left(seconds: float) -> None:
+    """Property: the wire value is >= 1 ms and never less than the time we have (rounded up)."""
+    ms = int(format_timeout_ms(seconds))
+    assert ms >= 1 and ms >= round(seconds * 1000, 6)
