@@ -18,7 +18,15 @@ from ..telemetry._events import counters, emit, enabled
 from ._codec import EXPIRED_BODY, HeaderNames, read_timeout
 from ._state import RequestState
 
-__all__ = ["COMPONENT", "ServerConfig", "Arrival", "arrive", "expired_headers", "record_cancelled"]
+__all__ = [
+    "COMPONENT",
+    "Arrival",
+    "ServerConfig",
+    "arrive",
+    "expired_headers",
+    "now",
+    "record_cancelled",
+]
 
 COMPONENT = "http-server"
 
