@@ -10,7 +10,8 @@ Roles
   (static timeouts A->B 1 s, B->C 0.5 s; B retries a timed-out call once).
 - ``C`` is the bottleneck: CPU-bound work in quanta of ~0.5 ms (``--iters`` loop iterations,
   calibrated by the harness) with a checkpoint before each quantum, one request at a time in
-  arrival order (one FIFO worker), yielding to the event loop between quanta.
+  arrival order (one FIFO worker; ``--queue lifo`` for the diagnostic variant), yielding to the
+  event loop between quanta.
 
 Modes (what each service does; see ``docs/propagation.md``)
 -----------------------------------------------------------
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextvars
 import json
 import math
@@ -157,7 +159,7 @@ def _timed_run(self: asyncio.events.Handle) -> None:
     _cur = ctx.get(_ACCT) if ctx is not None else None
     _cpu0, _wall0 = _thread_time(), _wall()
     try:
-        _orig_run(self)  # type: ignore[no-untyped-call]
+        _orig_run(self)
     finally:
         acct = _cur
         if acct is not None:
@@ -197,6 +199,49 @@ def quantum(iters: int) -> int:
     return acc
 
 
+class OrderedLock:
+    """An async lock handing itself to waiters first-in-first-out or last-in-first-out.
+
+    FIFO (the default, like ``asyncio.Lock``) is how a CPU-bound service's queue behaves; LIFO is
+    a diagnostic variant of the benchmark (``--queue lifo``) showing how much of the work saved
+    depends on the queue discipline. A waiter cancelled while waiting (M3's
+    ``cancel_on_expiry``) leaves the queue; one cancelled after the lock was handed to it passes
+    the lock on.
+    """
+
+    def __init__(self, lifo: bool = False) -> None:
+        self._lifo = lifo
+        self._locked = False
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    async def __aenter__(self) -> None:
+        if not self._locked and not self._waiters:
+            self._locked = True
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled():
+                self._release()  # handed over, then cancelled: pass it on
+            else:
+                self._waiters.remove(fut)
+            raise
+        # Handed over by _release: still locked, now ours.
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        while self._waiters:
+            fut = self._waiters.pop() if self._lifo else self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                return
+        self._locked = False
+
+
 class Work:
     """C's handler: ``quanta`` quanta of CPU work, one request at a time, checkpoint before each.
 
@@ -207,10 +252,10 @@ class Work:
     arrives, not when the worker gets to it.
     """
 
-    def __init__(self, iters: int, quanta: int) -> None:
+    def __init__(self, iters: int, quanta: int, lifo: bool = False) -> None:
         self.iters = iters
         self.quanta = quanta
-        self.lock = asyncio.Lock()
+        self.lock = OrderedLock(lifo)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         w0 = _wall()
@@ -332,8 +377,10 @@ class BenchApp:
         )
 
 
-def build_app(role: str, mode: str, next_url: str | None, iters: int, quanta: int) -> Any:
-    handler: Any = Work(iters, quanta) if role == "C" else Forward(role, mode, next_url or "")
+def build_app(
+    role: str, mode: str, next_url: str | None, iters: int, quanta: int, lifo: bool = False
+) -> Any:
+    handler: Any = Work(iters, quanta, lifo) if role == "C" else Forward(role, mode, next_url or "")
     if mode in ("M2", "M3"):
         from timebound.propagation.asgi import DeadlineMiddleware
 
@@ -367,7 +414,7 @@ def _control() -> None:
 
 async def _serve(args: argparse.Namespace) -> None:
     install_accounting()
-    app = build_app(args.role, args.mode, args.next, args.iters, args.quanta)
+    app = build_app(args.role, args.mode, args.next, args.iters, args.quanta, args.queue == "lifo")
     config = uvicorn.Config(
         app,
         host="127.0.0.1",
@@ -398,6 +445,7 @@ def main() -> None:
     p.add_argument("--next", default=None)
     p.add_argument("--iters", type=int, default=1000)
     p.add_argument("--quanta", type=int, default=40)
+    p.add_argument("--queue", choices=["fifo", "lifo"], default="fifo", help="C's queue order")
     args = p.parse_args()
     asyncio.run(_serve(args))
 

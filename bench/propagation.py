@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import random
 import signal
 import socket
@@ -81,6 +82,37 @@ def calibrate_iters() -> int:
     return max(1, round(QUANTUM / per_iter))
 
 
+def cpu_busy() -> float | None:
+    """Busy CPU seconds of the whole machine so far (all cores), from /proc/stat; None elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()[1:]
+    except OSError:
+        return None
+    ticks = [int(x) for x in fields]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_quiet(limit: float, threshold: float = 0.3) -> float | None:
+    """Wait (up to ``limit`` s) until other processes use at most ``threshold`` cores.
+
+    The machine may be shared (2 cores): a benchmark measured under someone else's load measures
+    that load. Returns the last measured busy cores (None where /proc/stat is unavailable).
+    """
+    deadline = time.monotonic() + limit
+    while True:
+        b0, c0 = cpu_busy(), time.process_time()
+        time.sleep(1.0)
+        b1, c1 = cpu_busy(), time.process_time()
+        if b0 is None or b1 is None:
+            return None
+        busy = (b1 - b0) - (c1 - c0)
+        if busy <= threshold or time.monotonic() >= deadline:
+            return busy
+        log(f"waiting for a quiet machine: other processes use {busy:.2f} cores")
+
+
 def propagation_available() -> bool:
     """Whether the middleware and the transport exist yet (M1-M3 need them)."""
     try:
@@ -102,7 +134,14 @@ class Service:
     """One ``_services.py`` process, controlled over its stdin/stdout."""
 
     def __init__(
-        self, role: str, mode: str, port: int, next_url: str | None, iters: int, quanta: int
+        self,
+        role: str,
+        mode: str,
+        port: int,
+        next_url: str | None,
+        iters: int,
+        quanta: int,
+        queue: str = "fifo",
     ):
         cmd = [
             sys.executable,
@@ -117,6 +156,8 @@ class Service:
             str(iters),
             "--quanta",
             str(quanta),
+            "--queue",
+            queue,
         ]
         if next_url:
             cmd += ["--next", next_url]
@@ -186,7 +227,9 @@ def stop_all() -> None:
         _LIVE.pop().stop()
 
 
-def start_chain(mode: str, iters: int, quanta: int, roles: str = "ABC") -> dict[str, Service]:
+def start_chain(
+    mode: str, iters: int, quanta: int, roles: str = "ABC", queue: str = "fifo"
+) -> dict[str, Service]:
     """Start the services of ``roles`` (C, then B, then A; each knows the next one's port)."""
     ports = {r: free_port() for r in roles}
     services: dict[str, Service] = {}
@@ -194,7 +237,7 @@ def start_chain(mode: str, iters: int, quanta: int, roles: str = "ABC") -> dict[
     for role in reversed(roles):
         nr = nxt.get(role)
         next_url = f"http://127.0.0.1:{ports[nr]}/" if nr in ports else None
-        svc = Service(role, mode, ports[role], next_url, iters, quanta)
+        svc = Service(role, mode, ports[role], next_url, iters, quanta, queue)
         _LIVE.append(svc)
         services[role] = svc
     for svc in services.values():
@@ -310,32 +353,39 @@ async def open_loop(
 class RunResult:
     mode: str
     rho: float
+    queue: str
     rate: float
     window: float
     sent: int
     goodput: float
     pdw_c: float
     pdw_total: float
-    late_calls: int
     late_by_service: dict[str, int]
-    cpu_per_request: float  # A+B+C process CPU per request received by A (s)
-    fwd_cpu_per_request: float  # A+B process CPU per request received by A (s)
+    cpu: dict[str, float]  # process CPU per service in the window (s)
+    received: int  # requests that reached A in the window
     p50_latency: float  # end to end, successful requests (s)
-    hop_own_p50: dict[str, float] = field(default_factory=dict)  # s
-    #: C's own deadline minus the origin deadline (s), p50 and p90, when C received a header:
-    #: the time the relative header cannot account for (each hop's transit and queueing before
-    #: its middleware sees the request).
+    #: Per request, each service's own time (s): its app time minus the next service's (A, B);
+    #: C's app time minus its queue and work (C).
+    own: dict[str, list[float]] = field(default_factory=dict)
+    #: C's own deadline minus the origin deadline (s), p50 and p90, where C reads the header
+    #: (M2, M3): the time a relative header cannot account for (each hop's transit and queueing
+    #: before its middleware sees the request).
     c_slack: tuple[float, float] = (math.nan, math.nan)
+    #: Cores used by other processes on the machine during the window (noise indicator).
+    foreign_cpu: float = math.nan
+
+    @property
+    def late_calls(self) -> int:
+        return self.late_by_service["B"] + self.late_by_service["C"]
 
 
 def _own_times(stats: dict[str, dict[str, Any]]) -> dict[str, list[float]]:
-    """Per request, the time each service spent itself (its app time minus the next one's)."""
     recs = {r: {int(x[0]): x for x in stats[r]["records"]} for r in "ABC"}
     own: dict[str, list[float]] = {"A": [], "B": [], "C": []}
     for rid, a in recs["A"].items():
         b = recs["B"].get(rid)
         c = recs["C"].get(rid)
-        if b is None or c is None:
+        if b is None or c is None or a[6] != 200:
             continue
         da, db, dc = a[2] - a[1], b[2] - b[1], c[2] - c[1]
         own["A"].append(da - db)
@@ -353,14 +403,18 @@ def run_one(
     warm: float,
     measure: float,
     seed: int,
+    queue: str = "fifo",
 ) -> RunResult:
-    services = start_chain(mode, iters, quanta)
+    services = start_chain(mode, iters, quanta, queue=queue)
     try:
         rate = rho * capacity
+
+        marks: dict[str, float | None] = {}
 
         def mark() -> None:
             for svc in services.values():
                 svc.mark()
+            marks["busy"], marks["own"] = cpu_busy(), time.process_time()
 
         outcomes, mark_at = asyncio.run(
             open_loop(services["A"].url, rate, warm + measure, mode != "M0", seed, warm, mark)
@@ -368,44 +422,47 @@ def run_one(
         # Stats right after the window (not after the load generator's last give-up), so the
         # services' window matches the requests sent in it.
         stats = {r: services[r].stats() for r in "ABC"}
+        busy_end, own_end = cpu_busy(), time.process_time()
     finally:
         stop_chain(services)
-    window = stats["A"]["wall"]
+    window = float(stats["A"]["wall"])
+    # CPU used by anything but this benchmark during the window, in cores (shared machines).
+    foreign = math.nan
+    b0, o0 = marks.get("busy"), marks.get("own")
+    if b0 is not None and busy_end is not None and o0 is not None:
+        ours = sum(float(stats[r]["process_cpu"]) for r in "ABC") + (own_end - o0)
+        foreign = max(0.0, (busy_end - b0) - ours) / window
     end = mark_at + window
     in_window = [o for o in outcomes if mark_at <= o.sent < end]
     good = [o for o in in_window if o.status == 200 and o.latency < CLIENT_DEADLINE]
     cpu = {r: float(stats[r]["process_cpu"]) for r in "ABC"}
     after = {r: float(stats[r]["cpu_after"]) for r in "ABC"}
-    received = max(1, int(stats["A"]["received"]))
-    own = _own_times(stats)
-    late = {r: int(stats[r]["late_calls"]) for r in "ABC"}
-    # Only where C reads the header (M2, M3): in M1 C ignores it.
     slack = sorted(
         x[1] + x[5] / 1e3 - x[4]
         for x in stats["C"]["records"]
         if mode in ("M2", "M3") and x[5] >= 0 and mark_at <= x[4] - CLIENT_DEADLINE < end
     )
-    c_slack = (
-        (slack[len(slack) // 2], slack[int(0.9 * (len(slack) - 1))])
-        if slack
-        else (math.nan, math.nan)
-    )
     return RunResult(
         mode=mode,
         rho=rho,
+        queue=queue,
         rate=rate,
         window=window,
         sent=len(in_window),
         goodput=len(good) / window,
         pdw_c=after["C"] / cpu["C"] if cpu["C"] > 0 else 0.0,
         pdw_total=sum(after.values()) / max(1e-9, sum(cpu.values())),
-        late_calls=late["B"] + late["C"],
-        late_by_service=late,
-        cpu_per_request=sum(cpu.values()) / received,
-        fwd_cpu_per_request=(cpu["A"] + cpu["B"]) / received,
+        late_by_service={r: int(stats[r]["late_calls"]) for r in "ABC"},
+        cpu=cpu,
+        received=max(1, int(stats["A"]["received"])),
         p50_latency=median([o.latency for o in good]),
-        hop_own_p50={r: median(v) for r, v in own.items()},
-        c_slack=c_slack,
+        own=_own_times(stats),
+        c_slack=(
+            (slack[len(slack) // 2], slack[int(0.9 * (len(slack) - 1))])
+            if slack
+            else (math.nan, math.nan)
+        ),
+        foreign_cpu=foreign,
     )
 
 
@@ -420,17 +477,46 @@ def measure_capacity(iters: int, quanta: int, seconds: float, warm: float) -> fl
 # --- rows ---------------------------------------------------------------------------------
 
 
+@dataclass
+class Overhead:
+    """M2 against M0 at rho = 0.5, pooled over every run of each (interleaved repeats)."""
+
+    cpu_per_request: dict[str, float]  # A+B+C (s)
+    fwd_cpu_per_request: dict[str, float]  # A+B (s)
+    hop_p50: dict[str, dict[str, float]]  # mode -> service -> s
+    requests: dict[str, int]
+
+    @classmethod
+    def pool(cls, runs: list[RunResult]) -> Overhead | None:
+        by_mode = {m: [r for r in runs if r.mode == m] for m in ("M0", "M2")}
+        if not by_mode["M0"] or not by_mode["M2"]:
+            return None
+        cpu, fwd, hop, n = {}, {}, {}, {}
+        for m, rs in by_mode.items():
+            received = sum(r.received for r in rs)
+            cpu[m] = sum(sum(r.cpu.values()) for r in rs) / received
+            fwd[m] = sum(r.cpu["A"] + r.cpu["B"] for r in rs) / received
+            hop[m] = {h: median([x for r in rs for x in r.own[h]]) for h in "ABC"}
+            n[m] = received
+        return cls(cpu, fwd, hop, n)
+
+    @property
+    def added_per_hop(self) -> float:
+        return sum(self.hop_p50["M2"][h] - self.hop_p50["M0"][h] for h in "ABC") / 3
+
+
 def rho_name(rho: float) -> str:
     return f"rho{rho:g}"
 
 
-def build_rows(capacity: float, results: list[RunResult]) -> list[Row]:
-    rows = [Row("propagation.c_capacity", capacity, "req/s")]
+def _mode_rows(prefix: str, results: list[RunResult], capacity: float, targets: bool) -> list[Row]:
+    rows: list[Row] = []
     by = {(r.mode, r.rho): r for r in results}
     for r in results:
-        base = by.get(("M0", r.rho))
-        key = f"propagation.{r.mode}.{rho_name(r.rho)}"
-        is_target = r.mode == "M2" and r.rho == 2.0
+        base = by.get(("M0", r.rho)) if r.mode != "M0" else None
+        bname = "M0" if base else None
+        key = f"{prefix}.{r.mode}.{rho_name(r.rho)}"
+        is_target = targets and r.mode == "M2" and r.rho == 2.0
         for name, value, bval in (
             ("pdw_c", r.pdw_c, base.pdw_c if base else None),
             ("pdw_total", r.pdw_total, base.pdw_total if base else None),
@@ -439,17 +525,7 @@ def build_rows(capacity: float, results: list[RunResult]) -> list[Row]:
             if is_target and bval is not None:
                 target = "<= 0.1 x M0 and <= 0.05"
                 passed = value <= 0.1 * bval and value <= 0.05
-            rows.append(
-                Row(
-                    f"{key}.{name}",
-                    value,
-                    "fraction",
-                    "M0" if r.mode != "M0" else None,
-                    bval if r.mode != "M0" else None,
-                    target,
-                    passed,
-                )
-            )
+            rows.append(Row(f"{key}.{name}", value, "fraction", bname, bval, target, passed))
         if is_target:
             rows.append(
                 Row(
@@ -464,110 +540,147 @@ def build_rows(capacity: float, results: list[RunResult]) -> list[Row]:
             )
         else:
             rows.append(
-                Row(
-                    f"{key}.goodput",
-                    r.goodput,
-                    "req/s",
-                    "M0" if base and r.mode != "M0" else None,
-                    base.goodput if base and r.mode != "M0" else None,
-                )
+                Row(f"{key}.goodput", r.goodput, "req/s", bname, base.goodput if base else None)
             )
         target = passed = None
-        if r.mode != "M0":
+        if targets and r.mode != "M0":
             target, passed = "= 0", r.late_calls == 0
-        for svc in "BC":
-            rows.append(Row(f"{key}.late_calls_at_{svc}", r.late_by_service[svc], "calls"))
         rows.append(
             Row(
                 f"{key}.late_calls",
                 r.late_calls,
                 "calls",
-                "M0" if base and r.mode != "M0" else None,
-                base.late_calls if base and r.mode != "M0" else None,
+                bname,
+                base.late_calls if base else None,
                 target,
                 passed,
             )
         )
+        for svc in "BC":
+            rows.append(Row(f"{key}.late_calls_at_{svc}", r.late_by_service[svc], "calls"))
         rows.append(Row(f"{key}.sent", r.sent, "requests"))
         if not math.isnan(r.c_slack[0]):
             rows.append(Row(f"{key}.c_deadline_slack_p50", r.c_slack[0] * 1e3, "ms"))
             rows.append(Row(f"{key}.c_deadline_slack_p90", r.c_slack[1] * 1e3, "ms"))
-    # Overhead at light load: M2 against M0.
-    m0, m2 = by.get(("M0", 0.5)), by.get(("M2", 0.5))
-    if m0 and m2:
+    return rows
+
+
+def build_rows(
+    capacity: float, results: list[RunResult], overhead: Overhead | None, lifo: list[RunResult]
+) -> list[Row]:
+    rows = [Row("propagation.c_capacity", capacity, "req/s")]
+    foreign = [r.foreign_cpu for r in results + lifo if not math.isnan(r.foreign_cpu)]
+    if foreign:
+        rows.append(Row("propagation.other_processes_cpu_max", max(foreign), "cores"))
+    rows += _mode_rows("propagation", results, capacity, targets=True)
+    if overhead is not None:
+        o = overhead
         rows.append(
             Row(
                 "propagation.M2.rho0.5.cpu_per_request",
-                m2.cpu_per_request * 1e3,
+                o.cpu_per_request["M2"] * 1e3,
                 "ms",
                 "M0",
-                m0.cpu_per_request * 1e3,
+                o.cpu_per_request["M0"] * 1e3,
                 "<= 1.03 x M0",
-                m2.cpu_per_request <= 1.03 * m0.cpu_per_request,
+                o.cpu_per_request["M2"] <= 1.03 * o.cpu_per_request["M0"],
             )
         )
         rows.append(
             Row(
                 "propagation.M2.rho0.5.fwd_cpu_per_request",
-                m2.fwd_cpu_per_request * 1e3,
+                o.fwd_cpu_per_request["M2"] * 1e3,
                 "ms",
                 "M0",
-                m0.fwd_cpu_per_request * 1e3,
+                o.fwd_cpu_per_request["M0"] * 1e3,
             )
         )
-        deltas = [m2.hop_own_p50[h] - m0.hop_own_p50[h] for h in "ABC"]
         for h in "ABC":
             rows.append(
                 Row(
-                    f"propagation.M2.rho0.5.hop_{h}_p50",
-                    m2.hop_own_p50[h] * 1e6,
+                    f"propagation.M2.rho0.5.hop_{h}_own_p50",
+                    o.hop_p50["M2"][h] * 1e6,
                     "us",
                     "M0",
-                    m0.hop_own_p50[h] * 1e6,
+                    o.hop_p50["M0"][h] * 1e6,
                 )
             )
-        per_hop = sum(deltas) / len(deltas)
         rows.append(
             Row(
                 "propagation.M2.rho0.5.added_p50_per_hop",
-                per_hop * 1e6,
+                o.added_per_hop * 1e6,
                 "us",
                 None,
                 None,
                 "<= 100 us",
-                per_hop <= 100e-6,
+                o.added_per_hop <= 100e-6,
             )
         )
-        rows.append(
-            Row(
-                "propagation.M2.rho0.5.e2e_p50",
-                m2.p50_latency * 1e3,
-                "ms",
-                "M0",
-                m0.p50_latency * 1e3,
-            )
-        )
+    rows += _mode_rows("propagation.lifo", lifo, capacity, targets=False)
     return rows
 
 
-def markdown_table(capacity: float, results: list[RunResult]) -> str:
+def _table(results: list[RunResult], capacity: float) -> list[str]:
     lines = [
-        f"C's capacity: {capacity:.1f} req/s (one process, {QUANTUM * 1e3:g} ms quanta). "
-        f"Client deadline {CLIENT_DEADLINE * 1e3:g} ms.",
-        "",
-        "| mode | rho | offered req/s | goodput req/s | goodput / capacity | PDW C | PDW A+B+C | L (at B, C) | C's deadline - origin's, p50 / p90 |",
+        "| mode | rho | offered req/s | goodput req/s | goodput / capacity | PDW C | PDW A+B+C "
+        "| L (at B + C) | C's deadline - origin's, p50 / p90 |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         slack = (
-            "—"
+            "-"
             if math.isnan(r.c_slack[0])
             else f"{r.c_slack[0] * 1e3:.1f} / {r.c_slack[1] * 1e3:.1f} ms"
         )
         lines.append(
-            f"| {r.mode} | {r.rho:g} | {r.rate:.0f} | {r.goodput:.1f} | {r.goodput / capacity:.2f} | "
-            f"{r.pdw_c:.1%} | {r.pdw_total:.1%} | {r.late_calls} | {slack} |"
+            f"| {r.mode} | {r.rho:g} | {r.rate:.0f} | {r.goodput:.1f} | "
+            f"{r.goodput / capacity:.2f} | {r.pdw_c:.1%} | {r.pdw_total:.1%} | "
+            f"{r.late_by_service['B']} + {r.late_by_service['C']} | {slack} |"
         )
+    return lines
+
+
+def markdown_table(
+    capacity: float, results: list[RunResult], overhead: Overhead | None, lifo: list[RunResult]
+) -> str:
+    foreign = [r.foreign_cpu for r in results + lifo if not math.isnan(r.foreign_cpu)]
+    max_foreign = max(foreign) if foreign else math.nan
+    lines = [
+        f"C's capacity: {capacity:.1f} req/s (one process; {QUANTUM * 1e3:g} ms quanta). "
+        f"Client deadline {CLIENT_DEADLINE * 1e3:g} ms. C's queue: FIFO. Other processes on "
+        f"the machine used at most {max_foreign:.2f} cores during the runs.",
+        "",
+        *_table(results, capacity),
+    ]
+    if overhead is not None:
+        o = overhead
+        lines += [
+            "",
+            f"Overhead at rho = 0.5, M2 against M0 (pooled: {o.requests['M0']} and "
+            f"{o.requests['M2']} requests):",
+            "",
+            "| | M0 | M2 | M2 - M0 |",
+            "|---|---|---|---|",
+            f"| CPU per request, A+B+C | {o.cpu_per_request['M0'] * 1e3:.2f} ms | "
+            f"{o.cpu_per_request['M2'] * 1e3:.2f} ms | "
+            f"{(o.cpu_per_request['M2'] / o.cpu_per_request['M0'] - 1):+.1%} |",
+            f"| CPU per request, A+B (forwarders) | {o.fwd_cpu_per_request['M0'] * 1e3:.2f} ms | "
+            f"{o.fwd_cpu_per_request['M2'] * 1e3:.2f} ms | "
+            f"{(o.fwd_cpu_per_request['M2'] / o.fwd_cpu_per_request['M0'] - 1):+.1%} |",
+        ]
+        for h in "ABC":
+            m0, m2 = o.hop_p50["M0"][h] * 1e6, o.hop_p50["M2"][h] * 1e6
+            lines.append(
+                f"| own latency of {h}, p50 | {m0:.0f} us | {m2:.0f} us | {m2 - m0:+.0f} us |"
+            )
+        lines.append(f"| added p50 latency per hop | | | {o.added_per_hop * 1e6:+.0f} us |")
+    if lifo:
+        lines += [
+            "",
+            "Diagnostic variant, C's queue LIFO (same load, same code otherwise):",
+            "",
+            *_table(lifo, capacity),
+        ]
     return "\n".join(lines)
 
 
@@ -591,10 +704,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warm", type=float, default=1.0)
     p.add_argument("--measure", type=float, default=5.0)
     p.add_argument("--quanta", type=int, default=40, help="work quanta per request at C")
+    p.add_argument(
+        "--repeats", type=int, default=1, help="extra M2/M0 runs at rho=0.5 for the overhead"
+    )
+    p.add_argument("--no-lifo", action="store_true", help="skip the LIFO diagnostic variant")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "propagation.json")
-    p.add_argument("--markdown", type=Path, default=None, help="also write the markdown table here")
+    p.add_argument("--markdown", type=Path, default=None, help="also write the markdown here")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--verbose", action="store_true", help="log each service's pid")
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=180.0,
+        help="wait up to this many seconds for other processes to go quiet (0: do not wait)",
+    )
     args = p.parse_args(argv)
     global VERBOSE
     VERBOSE = args.verbose
@@ -608,42 +731,61 @@ def main(argv: list[str] | None = None) -> int:
         modes = tuple(args.modes.split(",")) if args.modes else ("M0", "M2")
         loads = tuple(float(x) for x in args.loads.split(",")) if args.loads else (1.0,)
         args.warm, args.measure, args.quanta = 0.3, 0.7, 8
+        args.repeats, args.no_lifo, args.quiet_wait = 0, True, 0.0
         cap_seconds, cap_warm = 0.5, 0.2
     if any(m != "M0" for m in modes) and not propagation_available():
-        log("timebound.propagation.asgi/httpx not importable yet: running M0 only")
+        log("timebound.propagation.asgi/httpx not importable: running M0 only")
         modes = ("M0",)
 
-    try:
-        iters = calibrate_iters()
+    def progress(r: RunResult) -> None:
         log(
-            f"[{time.monotonic() - t_start:6.1f}s] calibrated: {iters} iterations per 0.5 ms quantum"
+            f"[{time.monotonic() - t_start:6.1f}s] {r.mode} rho={r.rho:g} queue={r.queue}: "
+            f"goodput {r.goodput:.1f}/s, PDW C {r.pdw_c:.1%}, total {r.pdw_total:.1%}, "
+            f"L {r.late_calls}, other processes {r.foreign_cpu:.2f} cores"
         )
+
+    def run(mode: str, rho: float, queue: str = "fifo") -> RunResult:
+        r = run_one(
+            mode, rho, capacity, iters, args.quanta, args.warm, args.measure, args.seed, queue
+        )
+        progress(r)
+        return r
+
+    results: list[RunResult] = []
+    extra: list[RunResult] = []
+    lifo: list[RunResult] = []
+    try:
+        if args.quiet_wait > 0:
+            busy = wait_quiet(args.quiet_wait)
+            if busy is not None:
+                log(f"[{time.monotonic() - t_start:6.1f}s] other processes use {busy:.2f} cores")
+        iters = calibrate_iters()
+        log(f"[{time.monotonic() - t_start:6.1f}s] calibrated: {iters} iterations per quantum")
         capacity = measure_capacity(iters, args.quanta, cap_seconds, cap_warm)
         log(
             f"[{time.monotonic() - t_start:6.1f}s] C capacity: {capacity:.1f} req/s "
             f"({args.quanta} quanta per request)"
         )
-        results: list[RunResult] = []
         for rho in loads:
             for mode in modes:
-                r = run_one(
-                    mode, rho, capacity, iters, args.quanta, args.warm, args.measure, args.seed
-                )
-                results.append(r)
-                log(
-                    f"[{time.monotonic() - t_start:6.1f}s] {mode} rho={rho:g}: "
-                    f"goodput {r.goodput:.1f}/s, PDW C {r.pdw_c:.1%}, total {r.pdw_total:.1%}, "
-                    f"L {r.late_calls}"
-                )
+                results.append(run(mode, rho))
+        if 0.5 in loads and {"M0", "M2"} <= set(modes):
+            # Interleaved repeats (M2 first this time) so drift hits both modes alike.
+            for _ in range(args.repeats):
+                extra += [run("M2", 0.5), run("M0", 0.5)]
+        if not args.no_lifo and {"M0", "M2"} <= set(modes):
+            for rho in (x for x in loads if x >= 2.0):
+                lifo += [run("M0", rho, "lifo"), run("M2", rho, "lifo")]
     except KeyboardInterrupt:
         log("interrupted")
         return 130
     finally:
         stop_all()
 
-    rows = build_rows(capacity, results)
+    overhead = Overhead.pool([r for r in results + extra if r.rho == 0.5])
+    rows = build_rows(capacity, results, overhead, lifo)
     print_table(rows, title="Deadline propagation: the work saved")
-    md = markdown_table(capacity, results)
+    md = markdown_table(capacity, results, overhead, lifo)
     print()
     print(md)
     write_json(args.out, rows)
