@@ -538,3 +538,38 @@ async def test_lazy_call_with_options(virtual_clock: VirtualClock) -> None:
     program, _ = _program("with lazy, retry: 1, delay: 1s", s)
     assert await program.run({"x": 1}) == {"y": 8}
     assert s.starts == [0.0, 2.0]
+
+
+# more interactions -------------------------------------------------------------------------
+
+
+async def test_each_attempt_takes_its_own_token(virtual_clock: VirtualClock) -> None:
+    """throttle 1/1s with retries: every attempt waits for its own token."""
+    s = Service(failures=2)
+    program, _ = _program("with retry: 2, throttle: 1/1s", s)
+    assert await program.run({"x": 1}) == {"y": 8}
+    assert s.starts == [0.0, 1.0, 2.0]
+
+
+async def test_a_success_after_retries_is_cached(virtual_clock: VirtualClock) -> None:
+    """The module's own success, even on a later attempt, is stored."""
+    s = Service(failures=1)
+    program, _ = _program("with retry: 1, cache: 1min", s)
+    await program.run({"x": 1})
+    await program.run({"x": 1})
+    assert len(s.starts) == 2
+
+
+async def test_wrap_with_a_fallback_wraps_the_fallback(virtual_clock: VirtualClock) -> None:
+    """on_error: wrap with a fallback: the fallback value comes back as Ok."""
+    program, _ = _program("with on_error: wrap, fallback: 5", Service(failures=1))
+    assert await program.run({"x": 1}) == {"y": Ok(5)}
+
+
+async def test_lazy_and_cache(virtual_clock: VirtualClock) -> None:
+    """A lazy cached call is a hit on the next run when it is needed, and not run if not."""
+    s = Service(duration=1)
+    program, _ = _program("with lazy, cache: 1min", s)
+    await program.run({"x": 1})
+    result = await program.run_traced({"x": 1})
+    assert len(s.starts) == 1 and result.trace[0].cache_hit and result.trace[0].lazy
