@@ -1,0 +1,226 @@
+"""Implementation of :mod:`timebound.propagation.redis` (DECISIONS D4.8).
+
+A Redis command is never cancelled mid-flight: cancelling an in-flight command left replies on
+the connection for the next caller (redis-py#2624, #2665; CVE-2023-28858/28859). So the
+deadline acts at the two safe points only: *before sending* (fail fast, nothing sent) and *on
+the wait for the reply* (the socket's read timeout is lowered to the time left). When that wait
+ends at the deadline the reply may still be on its way, so the connection is closed, never put
+back in use; the next command gets a fresh connection and its own reply.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Final
+
+from .._core._errors import DeadlineExceeded
+from .._core._scopes import remaining
+from ._db_common import budget, spent, updated
+
+try:
+    import redis
+    import redis.asyncio
+    import redis.exceptions
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "timebound.propagation.redis needs redis-py: pip install 'timebound[redis]'"
+    ) from exc
+
+__all__ = ["AsyncDeadlineConnection", "DeadlineConnection", "afrom_url", "from_url"]
+
+_CLIENT: Final = "redis"
+_WHAT: Final = "redis command"
+_SENTINEL: Any = getattr(redis.connection, "SENTINEL", object())
+
+
+class _NoRetryPastDeadline:
+    """Wraps a connection's ``Retry`` so a spent deadline is never retried (D2.5).
+
+    ``DeadlineExceeded`` is a builtin ``TimeoutError`` — which redis-py's ``Retry`` retries by
+    default, with backoff sleeps in between. No attempt could finish in time, so it is raised
+    at once instead.
+    """
+
+    __slots__ = ("_inner",)
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def call_with_retry(
+        self,
+        do: Callable[[], Any],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> Any:
+        def retryable(error: Exception) -> bool:
+            if isinstance(error, DeadlineExceeded):
+                return False
+            return True if is_retryable is None else is_retryable(error)
+
+        return self._inner.call_with_retry(
+            do, fail, is_retryable=retryable, with_failure_count=with_failure_count
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _NoRetryPastDeadline:
+        import copy
+
+        return _NoRetryPastDeadline(copy.deepcopy(self._inner, memo))
+
+
+def _read_wait(socket_timeout: float | None) -> float | None:
+    """The read timeout the deadline imposes, or ``None`` when the connection's own is tighter.
+
+    Rounded *up* to the millisecond, so the wait never ends before the deadline (D1.3).
+    """
+    left = remaining()
+    if left == math.inf:
+        return None
+    if socket_timeout is not None and socket_timeout <= left:
+        return None
+    return max(0.001, math.ceil(left * 1000) / 1000)
+
+
+class DeadlineConnection(redis.Connection):
+    """A redis-py ``Connection`` that obeys the current deadline (TCP; ``redis://`` URLs).
+
+    ``redis.Redis(connection_pool=redis.ConnectionPool(connection_class=DeadlineConnection,
+    ...))`` or :func:`from_url`. Every command (also in pipelines):
+
+    * fails fast with :class:`~timebound.DeadlineExceeded` (the binding bound's ``source``)
+      when the deadline has passed — nothing is sent, and redis-py does not retry it;
+    * waits for its reply no longer than the time left; if the deadline ends the wait, the
+      connection is closed (its reply may still arrive) and ``DeadlineExceeded`` is raised,
+      chained to redis-py's ``TimeoutError``, with the request marked.
+
+    A tighter ``socket_timeout`` stays in force and fails as redis-py does. Reads with an
+    explicit timeout of their own (pub/sub ``get_message``) are left to the caller.
+    """
+
+    @property
+    def retry(self) -> Any:
+        """redis-py's retry policy, wrapped so that a spent deadline is never retried."""
+        return self._timebound_retry
+
+    @retry.setter
+    def retry(self, value: Any) -> None:
+        if value is not None and not isinstance(value, _NoRetryPastDeadline):
+            value = _NoRetryPastDeadline(value)
+        self._timebound_retry = value
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        """Send, unless the deadline has passed (then nothing is sent)."""
+        budget(None, what=_WHAT, client=_CLIENT)
+        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
+
+    def read_response(
+        self,
+        disable_decoding: bool = False,
+        *,
+        timeout: Any = _SENTINEL,
+        disconnect_on_error: bool = True,
+        push_request: bool = False,
+    ) -> Any:
+        """Read a reply, waiting no longer than the deadline allows."""
+        wait = None if timeout is not _SENTINEL else _read_wait(self.socket_timeout)
+        if wait is None:
+            return super().read_response(
+                disable_decoding,
+                timeout=timeout,
+                disconnect_on_error=disconnect_on_error,
+                push_request=push_request,
+            )
+        updated(_CLIENT)
+        try:
+            return super().read_response(
+                disable_decoding,
+                timeout=wait,
+                disconnect_on_error=disconnect_on_error,
+                push_request=push_request,
+            )
+        except (redis.exceptions.TimeoutError, TimeoutError) as exc:
+            # The reply may still be on its way: this connection must never serve another
+            # command (redis-py#2624, CVE-2023-28858). Closed here, reconnected on next use.
+            self.disconnect()  # type: ignore[no-untyped-call]
+            if (err := spent(what=_WHAT, client=_CLIENT)) is not None:
+                raise err from exc
+            raise
+
+
+class AsyncDeadlineConnection(redis.asyncio.Connection):
+    """The ``redis.asyncio`` twin of :class:`DeadlineConnection`.
+
+    ``redis.asyncio.Redis(connection_pool=redis.asyncio.ConnectionPool(
+    connection_class=AsyncDeadlineConnection, ...))`` or :func:`afrom_url`. The wait for a
+    reply is bounded by lowering the read timeout — the task is never cancelled mid-command.
+    """
+
+    @property
+    def retry(self) -> Any:
+        """redis-py's retry policy, wrapped so that a spent deadline is never retried."""
+        return self._timebound_retry
+
+    @retry.setter
+    def retry(self, value: Any) -> None:
+        if value is not None and not isinstance(value, _NoRetryPastDeadline):
+            value = _NoRetryPastDeadline(value)
+        self._timebound_retry = value
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        """Send, unless the deadline has passed (then nothing is sent)."""
+        budget(None, what=_WHAT, client=_CLIENT)
+        await super().send_packed_command(command, check_health)
+
+    async def read_response(
+        self,
+        disable_decoding: bool = False,
+        timeout: float | None = None,
+        *,
+        disconnect_on_error: bool = True,
+        push_request: bool | None = False,
+    ) -> Any:
+        """Read a reply, waiting no longer than the deadline allows."""
+        wait = None if timeout is not None else _read_wait(self.socket_timeout)
+        if wait is None:
+            return await super().read_response(
+                disable_decoding,
+                timeout,
+                disconnect_on_error=disconnect_on_error,
+                push_request=push_request,
+            )
+        updated(_CLIENT)
+        # An explicit ``timeout`` makes redis-py return None on expiry and keep the connection
+        # (its pub/sub polling contract); the socket timeout path raises and disconnects, which
+        # is what a command whose reply is still due needs.
+        saved = self.socket_timeout
+        self.socket_timeout = wait
+        try:
+            return await super().read_response(
+                disable_decoding,
+                None,
+                disconnect_on_error=disconnect_on_error,
+                push_request=push_request,
+            )
+        except (redis.exceptions.TimeoutError, TimeoutError) as exc:
+            await self.disconnect(nowait=True)
+            if (err := spent(what=_WHAT, client=_CLIENT)) is not None:
+                raise err from exc
+            raise
+        finally:
+            self.socket_timeout = saved
+
+
+def from_url(url: str, **kwargs: Any) -> redis.Redis:
+    """``redis.Redis.from_url`` with :class:`DeadlineConnection` (``redis://`` URLs)."""
+    kwargs.setdefault("connection_class", DeadlineConnection)
+    return redis.Redis.from_url(url, **kwargs)
+
+
+def afrom_url(url: str, **kwargs: Any) -> redis.asyncio.Redis:
+    """``redis.asyncio.Redis.from_url`` with :class:`AsyncDeadlineConnection`."""
+    kwargs.setdefault("connection_class", AsyncDeadlineConnection)
+    return redis.asyncio.Redis.from_url(url, **kwargs)

@@ -1,0 +1,214 @@
+"""redis-py (sync and asyncio) under a deadline, against the real Redis."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio
+import redis.exceptions
+from redis.backoff import AbstractBackoff, NoBackoff
+from redis.retry import Retry
+
+import timebound as tb
+from timebound.propagation import RequestState
+from timebound.propagation.redis import afrom_url, from_url
+from timebound.telemetry import counters
+
+from .conftest import in_request, leave_request, unique
+
+pytestmark = pytest.mark.redis
+
+
+class CountingBackoff(AbstractBackoff):
+    """A backoff that records every retry redis-py decides to make."""
+
+    def __init__(self) -> None:
+        self.retries = 0
+
+    def reset(self) -> None:
+        pass
+
+    def compute(self, failures: int) -> float:
+        self.retries += 1
+        return 0.0
+
+
+@pytest.fixture
+def keys(redis_url: str) -> Iterator[list[str]]:
+    """Unique key names for one test, deleted afterwards."""
+    names: list[str] = []
+    yield names
+    if names:
+        with redis.Redis.from_url(redis_url) as plain:
+            plain.delete(*names)
+
+
+def test_blpop_wait_ends_at_the_deadline_and_the_connection_is_discarded(
+    redis_url: str, keys: list[str], request_state: RequestState
+) -> None:
+    """BLPOP with a 5 s server timeout under a 200 ms deadline: released at the deadline, and
+    the next command on the client gets its own reply, not BLPOP's late one (redis-py#2624)."""
+    queue, mine = unique("queue"), unique("mine")
+    keys += [queue, mine]
+    client = from_url(redis_url)
+    client.set(mine, "mine")
+    first_id = client.client_id()
+    with tb.inherit_deadline(tb.Deadline.after(0.2)):
+        with pytest.raises(tb.DeadlineExceeded) as info:
+            client.blpop([queue], timeout=5)
+    assert info.value.source == "inherited"
+    assert isinstance(info.value.__cause__, redis.exceptions.TimeoutError)
+    assert request_state.cancelled_by_deadline is True
+    # Make BLPOP's reply ready: a reused connection would now hand it to the next command.
+    client.rpush(queue, "late")
+    assert client.get(mine) == b"mine"
+    assert client.client_id() != first_id
+    client.close()
+
+
+def test_spent_deadline_fails_fast_and_sends_nothing(
+    redis_url: str, keys: list[str], request_state: RequestState
+) -> None:
+    """With the deadline spent the command raises the binding bound's error; nothing is sent."""
+    key = unique("nothing")
+    keys.append(key)
+    client = from_url(redis_url)
+    with tb.inherit_deadline(tb.Deadline.after(0)):
+        with pytest.raises(tb.DeadlineExceeded) as info:
+            client.set(key, "x")
+    assert info.value.source == "inherited"
+    assert client.exists(key) == 0
+    assert request_state.cancelled_by_deadline is True
+    assert counters.get("cancelled-by-deadline", client="redis") == 1
+    client.close()
+
+
+def test_spent_deadline_is_not_retried(redis_url: str, keys: list[str]) -> None:
+    """redis-py retries TimeoutErrors; a DeadlineExceeded (one of them) is never retried."""
+    queue = unique("noretry")
+    keys.append(queue)
+    backoff = CountingBackoff()
+    client = from_url(redis_url, retry=Retry(backoff, 3))
+    with tb.inherit_deadline(tb.Deadline.after(0.1)):
+        with pytest.raises(tb.DeadlineExceeded):
+            client.blpop([queue], timeout=5)
+    assert backoff.retries == 0
+    client.close()
+
+
+def test_tighter_socket_timeout_stays_redis_own_error(
+    redis_url: str, keys: list[str], request_state: RequestState
+) -> None:
+    """A socket timeout shorter than the deadline fails as redis-py does; no deadline error."""
+    queue = unique("static")
+    keys.append(queue)
+    client = from_url(redis_url, socket_timeout=0.1, retry=Retry(NoBackoff(), 0))
+    with tb.inherit_deadline(tb.Deadline.after(5)):
+        with pytest.raises(redis.exceptions.TimeoutError) as info:
+            client.blpop([queue], timeout=5)
+    assert not isinstance(info.value, tb.DeadlineExceeded)
+    assert request_state.cancelled_by_deadline is False
+    client.close()
+
+
+def test_without_a_deadline_commands_are_unchanged(redis_url: str, keys: list[str]) -> None:
+    """No deadline: commands run as redis-py runs them; nothing is counted."""
+    key = unique("plain")
+    keys.append(key)
+    client = from_url(redis_url)
+    client.set(key, "v")
+    assert client.get(key) == b"v"
+    assert counters.total("timeout-updated-by-deadline") == 0
+    client.close()
+
+
+def test_pipeline_wait_is_bounded_and_the_next_pipeline_is_correct(
+    redis_url: str, keys: list[str]
+) -> None:
+    """A pipeline's replies are awaited no longer than the deadline; the next one reads its own."""
+    queue, mine = unique("pqueue"), unique("pmine")
+    keys += [queue, mine]
+    client = from_url(redis_url)
+    client.set(mine, "mine")
+    with tb.inherit_deadline(tb.Deadline.after(0.2)):
+        with pytest.raises(tb.DeadlineExceeded):
+            client.pipeline(transaction=False).get(mine).blpop([queue], timeout=5).execute()
+    client.rpush(queue, "late")
+    assert client.pipeline(transaction=False).get(mine).ping().execute() == [b"mine", True]
+    client.close()
+
+
+@pytest.mark.asyncio_real
+async def test_async_blpop_wait_ends_at_the_deadline_and_the_connection_is_discarded(
+    redis_url: str, keys: list[str]
+) -> None:
+    """asyncio: released at the deadline without cancelling the task mid-command; the next
+    command gets its own reply (redis-py#2624, CVE-2023-28858)."""
+    queue, mine = unique("aqueue"), unique("amine")
+    keys += [queue, mine]
+    client = afrom_url(redis_url)
+    state, token = in_request()
+    try:
+        await client.set(mine, "mine")
+        first_id = await client.client_id()
+        with tb.inherit_deadline(tb.Deadline.after(0.2)):
+            with pytest.raises(tb.DeadlineExceeded) as info:
+                await client.blpop([queue], timeout=5)
+        await client.rpush(queue, "late")
+        assert await client.get(mine) == b"mine"
+        assert await client.client_id() != first_id
+    finally:
+        leave_request(token)
+        await client.aclose()
+    assert info.value.source == "inherited"
+    assert state.cancelled_by_deadline is True
+
+
+@pytest.mark.asyncio_real
+async def test_async_spent_deadline_fails_fast(redis_url: str, keys: list[str]) -> None:
+    """asyncio: a spent deadline raises at once and sends nothing."""
+    key = unique("anothing")
+    keys.append(key)
+    client = afrom_url(redis_url)
+    try:
+        with tb.inherit_deadline(tb.Deadline.after(0)):
+            with pytest.raises(tb.DeadlineExceeded):
+                await client.set(key, "x")
+        assert await client.exists(key) == 0
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.asyncio_real
+async def test_async_enclosing_scope_is_reported_as_the_source(
+    redis_url: str, keys: list[str]
+) -> None:
+    """When an attempt scope is the binding bound, the error says ``attempt``."""
+    queue = unique("ascope")
+    keys.append(queue)
+    client = afrom_url(redis_url)
+    try:
+        with tb.inherit_deadline(tb.Deadline.after(30)):
+            with pytest.raises(tb.DeadlineExceeded) as info:
+                with tb.fail_after(0.2, source="attempt"):
+                    await client.blpop([queue], timeout=5)
+        assert info.value.source == "attempt"
+        assert await client.ping() is True
+    finally:
+        await client.aclose()
+
+
+def test_retry_policy_replaced_later_is_still_guarded(redis_url: str) -> None:
+    """A retry policy set after construction is wrapped too (``Redis.set_retry``)."""
+    client = from_url(redis_url)
+    client.set_retry(Retry(NoBackoff(), 2))
+    conn: Any = client.connection_pool.get_connection()
+    try:
+        assert type(conn.retry).__name__ == "_NoRetryPastDeadline"
+        assert conn.retry.get_retries() == 2
+    finally:
+        client.connection_pool.release(conn)
+        client.close()
