@@ -283,3 +283,14 @@ def test_resilience_tour(
     assert "1 timed out" in out
     assert "fallback used" in out
     assert "cache hit" in out
+
+
+def test_failed_run_with_trace_shows_the_calls(
+    workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--trace on a failed run prints the timeline (to stderr) before the failure."""
+    file, mod = _setup(workdir, 'in x: Int\na = Greet("a")\ny = Boom(x)\nout a\nout y\n')
+    assert main(["run", file, "--modules", mod, "--input", "x=1", "--trace"]) == 1
+    err = capsys.readouterr().err
+    assert "ValueError: boom" in err
+    assert any(line.startswith("Boom") and "error" in line for line in err.splitlines())

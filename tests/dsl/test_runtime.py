@@ -375,3 +375,20 @@ async def test_untraced_runs_record_nothing(virtual_clock: VirtualClock) -> None
     program = build("in x: Int\ny = Inc(x)\nout y")
     assert await program.run({"x": 1}) == {"y": 2}
     assert _clock.now() == 1.0
+
+
+def test_public_names() -> None:
+    """timebound.dsl exports exactly its __all__ (nothing leaks, nothing is missing)."""
+    import timebound.dsl as dsl
+
+    public = {n for n, v in vars(dsl).items() if not n.startswith("_") and n != "annotations"}
+    public = {n for n in public if not isinstance(getattr(dsl, n), type(dsl))}
+    assert public == set(dsl.__all__)
+
+
+def test_trio_callers_get_a_clear_error() -> None:
+    """Under trio the runtime says it needs asyncio (run_sync works from sync code)."""
+    trio = pytest.importorskip("trio")
+    program = build("y = 1\nout y")
+    with pytest.raises(RuntimeError, match="asyncio event loop"):
+        trio.run(program.run, {})

@@ -463,6 +463,14 @@ class Program:
             raise ConfigurationError(
                 f"concurrency must be an integer >= 1, got {concurrency!r}", option="concurrency"
             )
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            # The DAG executor is asyncio's (tasks, futures); trio callers use run_sync().
+            raise RuntimeError(
+                "Constellation programs run on an asyncio event loop; "
+                "from other code use run_sync()"
+            ) from None
         env = self._bind_inputs(inputs)
         seconds = (
             None if timeout is None else to_seconds(timeout, option="timeout", allow_zero=False)
