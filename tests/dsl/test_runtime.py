@@ -392,3 +392,14 @@ def test_trio_callers_get_a_clear_error() -> None:
     program = build("y = 1\nout y")
     with pytest.raises(RuntimeError, match="asyncio event loop"):
         trio.run(program.run, {})
+
+
+async def test_calls_inside_an_unneeded_lazy_call_never_run(virtual_clock: VirtualClock) -> None:
+    """The argument calls of a lazy call run only when the lazy call does."""
+    log = Log()
+    program = build(
+        "in x: Int\nv = Inc(Inc(x)) with lazy\nw = Inc(Inc(x)) with lazy\nout w",
+        make_registry(log),
+    )
+    assert await program.run({"x": 1}) == {"w": 3}
+    assert [c[1] for c in log.calls] == [1, 2] and virtual_clock.now() == 2.0

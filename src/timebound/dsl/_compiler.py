@@ -565,7 +565,11 @@ class _Compiler:
 
     def call(self, e: A.Call, *, lifted: bool, key: str | None) -> CE | None:
         spec = self.resolve_module(e.module)
-        args = [self.expr(a, lifted=lifted) for a in e.args]
+        lazy_opt = e.options.get("lazy")
+        # A lazy call's arguments are computed only when the call is: calls inside them are
+        # not lifted into eager nodes of their own.
+        lift_args = lifted and not (lazy_opt is not None and lazy_opt.value is True)
+        args = [self.expr(a, lifted=lift_args) for a in e.args]
         if spec is None:
             hint = self._suggest(e.module, [*self.registry.names(), *self.aliases])
             self.error("E009", f"Unknown module '{e.module}'{hint}", e.module_pos)
