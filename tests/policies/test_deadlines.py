@@ -45,6 +45,8 @@ async def test_total_timeout_stops_before_a_delay_that_cannot_fit(
     assert fn.calls == [0.0, 5.0]
     err = info.value
     assert err.source == "total"
+    assert err.timeout == 10.0
+    assert err.deadline == Deadline(10.0)
     assert isinstance(err.__cause__, DeadlineExceeded)
     assert err.__cause__.source == "attempt"
     assert "stopped before attempt 3" in str(err)
@@ -71,6 +73,8 @@ async def test_total_timeout_cuts_a_running_attempt(virtual_clock: VirtualClock)
     assert virtual_clock.now() == 10.0
     assert fn.calls == [0.0, 7.0]
     assert info.value.source == "total"
+    assert info.value.timeout == 10.0
+    assert info.value.deadline == Deadline(10.0)
 
 
 async def test_total_timeout_without_attempt_timeout(virtual_clock: VirtualClock) -> None:

@@ -25,11 +25,12 @@ from .._core._deadline import Deadline
 from .._core._durations import Duration, format_duration, to_seconds
 from .._core._errors import ConfigurationError, DeadlineExceeded, RetryExhausted
 from .._core._scopes import (
+    CancelScope,
     current_bound_error,
     current_bound_source,
     current_deadline,
     fail_after,
-    inherit_deadline,
+    fail_at,
     remaining,
 )
 from ..telemetry import Event, emit
@@ -117,6 +118,7 @@ class Policy:
         "_fallback_on_deadline",
         "_has_fallback",
         "_plain",
+        "_scoped",
         "_slots",
         "_wrap",
         "_zero_is_immutable",
@@ -250,6 +252,10 @@ class Policy:
         # The happy path of a policy with nothing but retries and a fallback: no scope, no
         # admission, no cache.
         self._plain = self._attempt_timeout is None and self._bucket is None and self._slots is None
+        # An attempt with a scope but no admission: the async loop runs it inline.
+        self._scoped = (
+            self._attempt_timeout is not None and self._bucket is None and self._slots is None
+        )
 
     def __repr__(self) -> str:
         opts = []
@@ -309,20 +315,50 @@ class Policy:
 
     # Errors ----------------------------------------------------------------------------------
 
-    def _no_room(self, last: BaseException | None, next_attempt: int, wait: float) -> BaseException:
+    def _attempt_scope(self, total_at: float) -> CancelScope:
+        """The one cancel scope of an attempt: its own timeout or the total budget, the earlier.
+
+        D3.3: inside it the effective deadline is min(timeout, total, enclosing bounds); the core
+        reports whichever bound fires. The total budget is not a separate scope around the loop
+        (that would cost a second scope per call): each attempt's scope ends at the earlier of
+        the two, and the loop checks the total between attempts. A tie goes to the total, as a
+        tie with any enclosing bound does.
+        """
+        t = self._attempt_timeout
+        assert t is not None
+        if total_at != _INF and _clock.now() + t >= total_at:
+            return fail_at(Deadline(total_at), source="total", what=self.name)
+        return fail_after(t, source="attempt", what=self.name)
+
+    def _total_error(self, total_at: float) -> DeadlineExceeded:
+        return DeadlineExceeded(
+            source="total",
+            timeout=self.total_timeout,
+            deadline=Deadline(total_at),
+            what=self.name,
+        )
+
+    def _no_room(self, next_attempt: int, wait: float, total_at: float) -> BaseException:
         """D3.3: the effective deadline cannot fit the next delay/attempt; stop without sleeping."""
         spent = current_bound_error(self.name)
         if spent is not None:
             return spent
-        source = current_bound_source() or "scope"
-        left = remaining()
+        now = _clock.now()
+        enclosing = current_deadline()
+        if total_at <= enclosing.when:
+            if now >= total_at:
+                return self._total_error(total_at)
+            source, left, deadline = "total", total_at - now, Deadline(total_at)
+        else:
+            source = current_bound_source() or "scope"
+            left, deadline = remaining(), enclosing
         return DeadlineExceeded(
             f"{self.name}: stopped before attempt {next_attempt}: the {source} deadline leaves "
             f"{format_duration(left)}, not enough for the {format_duration(wait)} delay and "
             "another attempt",
             source=source,
             timeout=self.total_timeout if source == "total" else None,
-            deadline=current_deadline(),
+            deadline=deadline,
             what=self.name,
         )
 
@@ -407,16 +443,11 @@ class Policy:
                         self._emit(observer, "cache.hit")
                         self._emit(observer, "call.end", outcome="cached")
                     return Ok(value) if self._wrap else value
+        total = self.total_timeout
         try:
-            if self.total_timeout is None:
-                value = await self._retry_async(fn, args, kwargs, tele, observer)
-            else:
-                with inherit_deadline(
-                    Deadline(_clock.now() + self.total_timeout),
-                    source="total",
-                    timeout=self.total_timeout,
-                ):
-                    value = await self._retry_async(fn, args, kwargs, tele, observer)
+            value = await self._retry_async(
+                fn, args, kwargs, tele, observer, _INF if total is None else _clock.now() + total
+            )
         except Exception as exc:
             if self._has_fallback and self._fallback_applies(exc):
                 if tele:
@@ -450,14 +481,18 @@ class Policy:
         kwargs: Mapping[str, Any],
         tele: bool,
         observer: Observer | None,
+        total_at: float,
     ) -> Any:
         attempt = 0
         errors: list[BaseException] | None = None
         plain = self._plain
+        scoped = self._scoped
         while True:
             attempt += 1
             # D3.3: never start an attempt the effective deadline cannot fit.
             spent = current_bound_error(self.name)
+            if spent is None and total_at != _INF and _clock.now() >= total_at:
+                spent = self._total_error(total_at)
             if spent is not None:
                 if errors:
                     raise spent from errors[-1]
@@ -469,8 +504,18 @@ class Policy:
                     value = fn(*args, **kwargs)
                     if type(value) is CoroutineType or inspect.isawaitable(value):
                         value = await value
+                elif scoped:
+                    # The common "timeout, no admission" attempt, inlined: one coroutine less.
+                    with self._attempt_scope(total_at):
+                        value = fn(*args, **kwargs)
+                        if type(value) is CoroutineType or inspect.isawaitable(value):
+                            value = await value
+                        else:
+                            late = current_bound_error(self.name)
+                            if late is not None:
+                                raise late
                 else:
-                    value = await self._attempt_async(fn, args, kwargs)
+                    value = await self._attempt_async(fn, args, kwargs, total_at)
             except Exception as exc:
                 is_timeout = isinstance(exc, DeadlineExceeded)
                 if tele:
@@ -483,6 +528,8 @@ class Policy:
                     )
                 if is_timeout and exc.source != "attempt":  # type: ignore[attr-defined]
                     # D2.5: a spent total/caller deadline: no further attempt could finish.
+                    if exc.source == "total" and exc.timeout is None:  # type: ignore[attr-defined]
+                        exc.timeout = self.total_timeout  # type: ignore[attr-defined]
                     raise
                 if attempt > self.retry:
                     if errors is None:
@@ -494,8 +541,11 @@ class Policy:
                 else:
                     errors.append(exc)
                 wait = self.delay_after(attempt)
-                if wait >= remaining():
-                    raise self._no_room(exc, attempt + 1, wait) from exc
+                left = remaining()
+                if total_at != _INF:
+                    left = min(left, total_at - _clock.now())
+                if wait >= left:
+                    raise self._no_room(attempt + 1, wait, total_at) from exc
                 if tele:
                     self._emit(observer, "retry.delay", attempt=attempt, delay=wait)
                 if wait > 0:
@@ -512,7 +562,11 @@ class Policy:
             return value
 
     async def _attempt_async(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        total_at: float,
     ) -> Any:
         bucket = self._bucket
         slots = self._slots
@@ -529,7 +583,7 @@ class Policy:
                     slots.release()
         # D3.7: the scope is entered before admission, so waiting for a token or a slot counts
         # against the attempt timeout. D3.3: the scope's deadline is min(timeout, effective).
-        with fail_after(t, source="attempt", what=self.name):
+        with self._attempt_scope(total_at):
             if bucket is not None or slots is not None:
                 await self._admit_async(bucket, slots)
             try:
@@ -591,16 +645,11 @@ class Policy:
                         self._emit(observer, "cache.hit")
                         self._emit(observer, "call.end", outcome="cached")
                     return Ok(value) if self._wrap else value
+        total = self.total_timeout
         try:
-            if self.total_timeout is None:
-                value = self._retry_sync(fn, args, kwargs, tele, observer)
-            else:
-                with inherit_deadline(
-                    Deadline(_clock.now() + self.total_timeout),
-                    source="total",
-                    timeout=self.total_timeout,
-                ):
-                    value = self._retry_sync(fn, args, kwargs, tele, observer)
+            value = self._retry_sync(
+                fn, args, kwargs, tele, observer, _INF if total is None else _clock.now() + total
+            )
         except Exception as exc:
             if self._has_fallback and self._fallback_applies(exc):
                 if tele:
@@ -638,6 +687,7 @@ class Policy:
         kwargs: Mapping[str, Any],
         tele: bool,
         observer: Observer | None,
+        total_at: float,
     ) -> Any:
         attempt = 0
         errors: list[BaseException] | None = None
@@ -645,6 +695,8 @@ class Policy:
         while True:
             attempt += 1
             spent = current_bound_error(self.name)
+            if spent is None and total_at != _INF and _clock.now() >= total_at:
+                spent = self._total_error(total_at)
             if spent is not None:
                 if errors:
                     raise spent from errors[-1]
@@ -655,7 +707,7 @@ class Policy:
                 value = (
                     _call_sync(self.name, fn, args, kwargs)
                     if plain
-                    else self._attempt_sync(fn, args, kwargs)
+                    else self._attempt_sync(fn, args, kwargs, total_at)
                 )
             except Exception as exc:
                 is_timeout = isinstance(exc, DeadlineExceeded)
@@ -668,6 +720,8 @@ class Policy:
                         error=exc,
                     )
                 if is_timeout and exc.source != "attempt":  # type: ignore[attr-defined]
+                    if exc.source == "total" and exc.timeout is None:  # type: ignore[attr-defined]
+                        exc.timeout = self.total_timeout  # type: ignore[attr-defined]
                     raise
                 if attempt > self.retry:
                     if errors is None:
@@ -679,8 +733,11 @@ class Policy:
                 else:
                     errors.append(exc)
                 wait = self.delay_after(attempt)
-                if wait >= remaining():
-                    raise self._no_room(exc, attempt + 1, wait) from exc
+                left = remaining()
+                if total_at != _INF:
+                    left = min(left, total_at - _clock.now())
+                if wait >= left:
+                    raise self._no_room(attempt + 1, wait, total_at) from exc
                 if tele:
                     self._emit(observer, "retry.delay", attempt=attempt, delay=wait)
                 if wait > 0:
@@ -697,7 +754,11 @@ class Policy:
             return value
 
     def _attempt_sync(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        total_at: float,
     ) -> Any:
         bucket = self._bucket
         slots = self._slots
@@ -709,7 +770,7 @@ class Policy:
             finally:
                 if slots is not None:
                     slots.release()
-        with fail_after(t, source="attempt", what=self.name):
+        with self._attempt_scope(total_at):
             if bucket is not None or slots is not None:
                 self._admit_sync(bucket, slots)
             try:
