@@ -181,3 +181,28 @@ async def test_fallback_runs_with_wrap_as_ok(virtual_clock: VirtualClock) -> Non
     from timebound.policies import Ok
 
     assert await Policy("op", fallback=7, on_error="wrap").execute(AsyncFlaky(1)) == Ok(7)
+
+
+def test_sync_timeouts_trigger_the_fallback(virtual_clock: VirtualClock) -> None:
+    """Sync: two late attempts (2 s each against 1 s) fall back at t=4."""
+    from ._helpers import SlowSync
+
+    assert Policy("op", timeout=1, retry=1, fallback="fb").execute_sync(SlowSync(2)) == "fb"
+    assert virtual_clock.now() == 4.0
+
+
+def test_sync_call_of_an_async_function_is_a_clear_error(virtual_clock: VirtualClock) -> None:
+    """execute_sync on a call returning a coroutine raises TypeError: no retry, no fallback."""
+    calls = 0
+
+    async def body() -> None:
+        pass
+
+    def fn() -> object:
+        nonlocal calls
+        calls += 1
+        return body()
+
+    with pytest.raises(TypeError, match="awaitable in a sync call"):
+        Policy("op", retry=3, fallback="fb", on_error="skip").execute_sync(fn)
+    assert calls == 1

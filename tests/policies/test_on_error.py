@@ -190,3 +190,13 @@ def test_decorator_zero_override(virtual_clock: VirtualClock) -> None:
         raise ConnectionError
 
     assert name() == "n/a"
+
+
+def test_sync_wrap_returns_err_for_a_timeout(virtual_clock: VirtualClock) -> None:
+    """Sync: a late attempt under wrap becomes Err(DeadlineExceeded(source=attempt))."""
+    from ._helpers import SlowSync
+
+    result = Policy("op", timeout=1, on_error="wrap").execute_sync(SlowSync(2))
+    assert isinstance(result, Err)
+    assert isinstance(result.error, DeadlineExceeded)
+    assert result.error.source == "attempt"

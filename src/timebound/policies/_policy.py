@@ -651,6 +651,8 @@ class Policy:
                 fn, args, kwargs, tele, observer, _INF if total is None else _clock.now() + total
             )
         except Exception as exc:
+            if type(exc) is _Misuse:
+                raise  # nor replaced by a fallback or a zero value
             if self._has_fallback and self._fallback_applies(exc):
                 if tele:
                     self._emit(observer, "fallback", reason=_reason(exc), error=exc)
@@ -710,6 +712,8 @@ class Policy:
                     else self._attempt_sync(fn, args, kwargs, total_at)
                 )
             except Exception as exc:
+                if type(exc) is _Misuse:
+                    raise  # a programming error is never retried
                 is_timeout = isinstance(exc, DeadlineExceeded)
                 if tele:
                     self._emit(
@@ -828,11 +832,15 @@ def _call_sync(
     value = fn(*args, **kwargs)
     if type(value) is CoroutineType or inspect.isawaitable(value):
         _discard(value)
-        raise TypeError(
+        raise _Misuse(
             f"{name}: the callable returned an awaitable in a sync call; "
             "await Policy.execute() for async callables"
         )
     return value
+
+
+class _Misuse(TypeError):
+    """An async callable run by ``execute_sync``: a bug in the caller, not a transient failure."""
 
 
 def _discard(awaitable: Awaitable[Any]) -> None:
