@@ -232,3 +232,54 @@ def test_in_memory_cache_is_bounded(virtual_clock: VirtualClock) -> None:
     assert cache.get("b") == (False, None)
     assert cache.get("a") == (True, 1)
     assert len(cache) == 2
+
+
+async def test_deeply_nested_arguments_bypass_the_cache(virtual_clock: VirtualClock) -> None:
+    """An argument nested deeper than the recursion limit runs uncached instead of failing."""
+    deep: list[Any] = []
+    for _ in range(100_000):
+        deep = [deep]
+    fn = AsyncFlaky(0)
+    policy = Policy("CacheDeep", cache="1min")
+    assert await policy.execute(fn, (deep,)) == "ok"
+    assert await policy.execute(fn, (deep,)) == "ok"
+    assert len(fn.calls) == 2
+
+
+class BadRepr:
+    """An argument whose repr() raises."""
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+def test_arguments_whose_repr_fails_bypass_the_cache(virtual_clock: VirtualClock) -> None:
+    """A failing repr() makes the call run uncached rather than fail."""
+    fn = Flaky(0)
+    policy = Policy("CacheBadRepr", cache="1min")
+    assert policy.execute_sync(fn, (BadRepr(),)) == "ok"
+    assert policy.execute_sync(fn, (BadRepr(),)) == "ok"
+    assert len(fn.calls) == 2
+
+
+class BrokenBackend:
+    """A backend whose every operation fails, like a cache server that is down."""
+
+    def get(self, key: str) -> tuple[bool, Any]:
+        raise ConnectionError("cache down")
+
+    def set(self, key: str, value: Any, ttl: float) -> None:
+        raise ConnectionError("cache down")
+
+
+def test_a_failing_backend_never_fails_the_call(
+    virtual_clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """get() failures are misses and set() failures are logged; the call still succeeds."""
+    fn = Flaky(0)
+    policy = Policy("CacheBroken", cache="1min", cache_backend=BrokenBackend())
+    assert policy.execute_sync(fn) == "ok"
+    assert policy.execute_sync(fn) == "ok"
+    assert len(fn.calls) == 2
+    assert any("cache backend get() failed" in r.getMessage() for r in caplog.records)
+    assert any("cache backend set() failed" in r.getMessage() for r in caplog.records)

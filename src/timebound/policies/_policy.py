@@ -18,7 +18,7 @@ import random
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from types import CoroutineType
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from .._core import _clock
 from .._core._deadline import Deadline
@@ -60,12 +60,20 @@ _INF: Final = math.inf
 _OWN_SOURCES: Final = frozenset({"attempt", "total"})
 _IMMUTABLE_ZEROS: Final = (str, int, float, bool, bytes, complex, type(None), frozenset)
 _rng = random.Random()
+_OptFloat = TypeVar("_OptFloat", bound=float | None)
 
 
 def _check_positive(value: Duration | None, option: str) -> float | None:
     if value is None:
         return None
     return to_seconds(value, option=option, allow_zero=False)
+
+
+def _check_finite(value: _OptFloat, option: str) -> _OptFloat:
+    # A wait must end: an infinite delay would sleep forever, or be refused by every deadline.
+    if value is not None and math.isinf(value):
+        raise ConfigurationError(f"{option} must be finite", option=option)
+    return value
 
 
 def _check_exception_types(value: Any) -> tuple[type[BaseException], ...] | None:
@@ -169,14 +177,14 @@ class Policy:
                 f"retry must be an integer >= 0, got {retry!r}", option="retry"
             )
         self.retry = retry
-        self.delay = _check_positive(delay, "delay")
+        self.delay = _check_finite(_check_positive(delay, "delay"), "delay")
         if backoff not in BACKOFFS:
             raise ConfigurationError(
                 f"unknown backoff {backoff!r} (expected fixed, linear or exponential)",
                 option="backoff",
             )
         self.backoff = backoff
-        max_delay_s = _check_positive(max_delay, "max_delay")
+        max_delay_s = _check_finite(_check_positive(max_delay, "max_delay"), "max_delay")
         assert max_delay_s is not None
         self.max_delay = max_delay_s
         if jitter is True:
@@ -184,7 +192,9 @@ class Policy:
         elif jitter is False or jitter is None:
             self.jitter = False
         else:
-            self.jitter = to_seconds(jitter, option="jitter", allow_zero=False)
+            self.jitter = _check_finite(
+                to_seconds(jitter, option="jitter", allow_zero=False), "jitter"
+            )
 
         self._has_fallback = fallback is not MISSING
         self.fallback = fallback
@@ -437,7 +447,7 @@ class Policy:
         if cache is not None:
             key = self._key(args, kwargs)
             if key is not None:
-                hit, value = cache.get(key)
+                hit, value = self._cache_get(cache, key)
                 if hit:
                     if tele:
                         self._emit(observer, "cache.hit")
@@ -467,8 +477,7 @@ class Policy:
             raise
         if key is not None:
             assert cache is not None
-            cache.set(key, value, self.cache)  # type: ignore[arg-type]
-            if tele:
+            if self._cache_set(cache, key, value) and tele:
                 self._emit(observer, "cache.store")
         if tele:
             self._emit(observer, "call.end", outcome="ok")
@@ -639,7 +648,7 @@ class Policy:
         if cache is not None:
             key = self._key(args, kwargs)
             if key is not None:
-                hit, value = cache.get(key)
+                hit, value = self._cache_get(cache, key)
                 if hit:
                     if tele:
                         self._emit(observer, "cache.hit")
@@ -675,8 +684,7 @@ class Policy:
             raise
         if key is not None:
             assert cache is not None
-            cache.set(key, value, self.cache)  # type: ignore[arg-type]
-            if tele:
+            if self._cache_set(cache, key, value) and tele:
                 self._emit(observer, "cache.store")
         if tele:
             self._emit(observer, "call.end", outcome="ok")
@@ -822,8 +830,32 @@ class Policy:
     def _key(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
         try:
             return cache_key(self.name, args, kwargs)
-        except Uncacheable:
+        except (Uncacheable, RecursionError):
             return None
+        except Exception:
+            # An argument whose repr() fails: the call runs, uncached, rather than failing.
+            _log.debug("%s: arguments cannot be encoded for the cache", self.name, exc_info=True)
+            return None
+
+    def _cache_get(self, cache: CacheBackend, key: str) -> tuple[bool, Any]:
+        try:
+            return cache.get(key)
+        except Exception:
+            # The cache is an optimisation: a failing backend is a miss, never a failed call.
+            _log.warning(
+                "%s: cache backend get() failed; treating as a miss", self.name, exc_info=True
+            )
+            return False, None
+
+    def _cache_set(self, cache: CacheBackend, key: str, value: Any) -> bool:
+        try:
+            cache.set(key, value, self.cache)  # type: ignore[arg-type]
+        except Exception:
+            _log.warning(
+                "%s: cache backend set() failed; result not cached", self.name, exc_info=True
+            )
+            return False
+        return True
 
 
 def _call_sync(
