@@ -66,7 +66,10 @@ def test_sync_total_timeout_stops_before_a_delay_that_cannot_fit(
 
 
 async def test_total_timeout_cuts_a_running_attempt(virtual_clock: VirtualClock) -> None:
-    """The second attempt (started at 7) is cut at the 10 s total, not at its own 13 s."""
+    """The second attempt (started at 7) is cut at the 10 s total, not at its own 13 s.
+
+    tenacity (tenacity#373) and backoff (backoff#186) check a total budget only between attempts.
+    """
     fn = Hang()
     with pytest.raises(DeadlineExceeded) as info:
         await Policy("op", timeout=6, retry=3, delay=1, total_timeout=10).execute(fn)

@@ -1,0 +1,66 @@
+"""The public surface: the contract the engines code against, and nothing leaking."""
+
+from __future__ import annotations
+
+import sys
+
+import timebound
+import timebound.policies as policies
+
+
+def test_contract_names_are_exported() -> None:
+    """Every name of the engines' contract is importable from timebound.policies."""
+    for name in [
+        "Policy",
+        "Ok",
+        "Err",
+        "CacheBackend",
+        "InMemoryCache",
+        "register_cache_backend",
+        "get_cache_backend",
+        "zero_value_for",
+        "resilient",
+        "MISSING",
+    ]:
+        assert name in policies.__all__, name
+        assert hasattr(policies, name), name
+    assert timebound.resilient is policies.resilient
+    assert "resilient" in timebound.__all__
+
+
+def test_nothing_leaks() -> None:
+    """Every public attribute of timebound.policies is listed in __all__."""
+    public = {
+        attr
+        for attr, value in vars(policies).items()
+        if not attr.startswith("_") and not isinstance(value, type(sys)) and attr != "annotations"
+    }
+    assert public <= set(policies.__all__)
+
+
+def test_policy_signature_matches_the_contract() -> None:
+    """Policy takes the contract's keywords with the contract's defaults."""
+    import inspect
+
+    params = inspect.signature(policies.Policy).parameters
+    defaults = {n: p.default for n, p in params.items() if n != "name"}
+    assert defaults == {
+        "timeout": None,
+        "retry": 0,
+        "delay": None,
+        "backoff": "fixed",
+        "max_delay": 30.0,
+        "jitter": False,
+        "fallback": policies.MISSING,
+        "fallback_on": None,
+        "cache": None,
+        "cache_backend": None,
+        "on_error": "propagate",
+        "zero": None,
+        "throttle": None,
+        "concurrency": None,
+        "total_timeout": None,
+    }
+    execute = inspect.signature(policies.Policy.execute).parameters
+    assert list(execute) == ["self", "fn", "args", "kwargs", "observer"]
+    assert execute["observer"].kind is inspect.Parameter.KEYWORD_ONLY
