@@ -88,7 +88,7 @@ class DeadlineConnection(asyncpg.Connection):  # type: ignore[misc]
             return await call(timeout)
         ms = clamped.ms
         assert ms is not None
-        updated(_CLIENT)
+        updated(_CLIENT, ms)
         backstop = clamped.seconds + self._timebound_grace
         if self.is_in_transaction():
             prev, narrowed = await _Conn.fetchrow(self, NARROW_ASYNCPG, ms)

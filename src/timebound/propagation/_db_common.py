@@ -11,7 +11,7 @@ from typing import Final
 
 from .._core._errors import DeadlineExceeded
 from .._core._scopes import current_bound_error
-from ..telemetry._events import counters
+from ..telemetry._events import counters, emit, enabled
 from ._state import ClampedTimeout, clamp_timeout, mark_cancelled_by_deadline
 
 #: A database call whose timeout the deadline lowered (userver's name, D4.7).
@@ -25,7 +25,7 @@ def budget(static: float | None, *, what: str, client: str) -> ClampedTimeout:
     try:
         return clamp_timeout(static, what=what)
     except DeadlineExceeded:
-        counters.inc(CANCELLED, client=client)
+        _cancelled(client)
         raise
 
 
@@ -35,10 +35,18 @@ def spent(*, what: str, client: str) -> DeadlineExceeded | None:
     if err is None:
         return None
     mark_cancelled_by_deadline()
-    counters.inc(CANCELLED, client=client)
+    _cancelled(client)
     return err
 
 
-def updated(client: str) -> None:
-    """Count a call whose timeout the deadline lowered."""
-    counters.inc(TIMEOUT_UPDATED, client=client)
+def _cancelled(client: str) -> None:
+    counters.inc(CANCELLED, component=client)
+    if enabled():
+        emit("span.tags", component=client, cancelled_by_deadline=1)
+
+
+def updated(client: str, timeout_ms: int | None = None) -> None:
+    """Count a call whose timeout the deadline lowered (span tag ``timeout_ms``)."""
+    counters.inc(TIMEOUT_UPDATED, component=client)
+    if enabled():
+        emit("span.tags", component=client, timeout_ms=timeout_ms)

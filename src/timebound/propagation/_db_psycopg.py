@@ -64,7 +64,7 @@ def _plan(query: Any, conn: Any) -> tuple[int, bool] | None:
     status = conn.info.transaction_status
     if status == pq.TransactionStatus.INERROR:
         return None  # the statement fails on its own: the transaction is already aborted
-    updated(_CLIENT)
+    updated(_CLIENT, clamped.ms)
     # In autocommit mode an idle connection gets a transaction of ours (SET LOCAL needs one);
     # otherwise psycopg's implicit transaction, or the caller's, holds the narrowed value and
     # it is put back after the statement.

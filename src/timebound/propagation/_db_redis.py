@@ -134,7 +134,7 @@ class DeadlineConnection(redis.Connection):
                 disconnect_on_error=disconnect_on_error,
                 push_request=push_request,
             )
-        updated(_CLIENT)
+        updated(_CLIENT, math.ceil(wait * 1000))
         try:
             return super().read_response(
                 disable_decoding,
@@ -192,7 +192,7 @@ class AsyncDeadlineConnection(redis.asyncio.Connection):
                 disconnect_on_error=disconnect_on_error,
                 push_request=push_request,
             )
-        updated(_CLIENT)
+        updated(_CLIENT, math.ceil(wait * 1000))
         # An explicit ``timeout`` makes redis-py return None on expiry and keep the connection
         # (its pub/sub polling contract); the socket timeout path raises and disconnects, which
         # is what a command whose reply is still due needs.

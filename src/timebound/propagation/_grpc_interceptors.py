@@ -29,7 +29,7 @@ from typing import Any, Final, NamedTuple
 from .._core._deadline import Deadline
 from .._core._errors import DeadlineExceeded
 from .._core._scopes import inherit_deadline
-from ..telemetry._events import counters
+from ..telemetry._events import counters, emit, enabled
 from ._state import RequestState, _request, clamp_timeout
 
 try:
@@ -60,6 +60,8 @@ SERVER_PROPAGATED: Final = "grpc.server.by-destination.deadline-propagated"
 SERVER_CANCELLED: Final = "grpc.server.by-destination.cancelled-by-deadline-propagation"
 CLIENT_PROPAGATED: Final = "grpc.client.by-destination.deadline-propagated"
 CLIENT_CANCELLED: Final = "grpc.client.by-destination.cancelled-by-deadline-propagation"
+SERVER_COMPONENT: Final = "grpc-server"
+CLIENT_COMPONENT: Final = "grpc-client"
 
 Destination = Callable[[str], str]
 
@@ -231,15 +233,31 @@ class _ServerBase:
         """Open the call's bound; the flag says the deadline is already spent."""
         left = _received_deadline(context.time_remaining())
         dest = self._destination(method)
+        call = _CallBound(left)
         if left is not None:
             counters.inc(SERVER_PROPAGATED, grpc_destination=dest)
+            if enabled():
+                emit(
+                    "span.tags",
+                    component=SERVER_COMPONENT,
+                    grpc_destination=dest,
+                    deadline_received_ms=call.state.deadline_received_ms,
+                )
         expired = left is not None and left <= 0.0
         if expired:
-            counters.inc(SERVER_CANCELLED, grpc_destination=dest)
-        return _CallBound(left), expired
+            self._finished_cancelled(method)
+        return call, expired
 
     def _finished_cancelled(self, method: str) -> None:
-        counters.inc(SERVER_CANCELLED, grpc_destination=self._destination(method))
+        dest = self._destination(method)
+        counters.inc(SERVER_CANCELLED, grpc_destination=dest)
+        if enabled():
+            emit(
+                "span.tags",
+                component=SERVER_COMPONENT,
+                grpc_destination=dest,
+                cancelled_by_deadline=1,
+            )
 
 
 def _is_request_deadline(err: DeadlineExceeded) -> bool:
@@ -488,18 +506,35 @@ class _ClientBase:
             clamped = clamp_timeout(timeout, what=f"gRPC {dest}")
         except DeadlineExceeded:
             # Nothing is sent (D4.3); clamp_timeout has marked the request.
-            counters.inc(CLIENT_CANCELLED, grpc_destination=dest)
+            _client_cancelled(dest)
             raise
         if clamped.lowered:
             counters.inc(CLIENT_PROPAGATED, grpc_destination=dest)
+            if enabled():
+                # userver's gRPC client span tags.
+                emit(
+                    "span.tags",
+                    component=CLIENT_COMPONENT,
+                    grpc_destination=dest,
+                    deadline_updated=1,
+                    timeout_ms=clamped.ms,
+                )
         return _Clamp(clamped.seconds, clamped.lowered, dest, _request.get())
 
     @staticmethod
     def _spent(clamp: _Clamp) -> None:
         """Our deadline cut a call short: count it and mark the request it belongs to."""
-        counters.inc(CLIENT_CANCELLED, grpc_destination=clamp.destination)
+        _client_cancelled(clamp.destination)
         if clamp.state is not None:
             clamp.state.cancelled_by_deadline = True
+
+
+def _client_cancelled(dest: str) -> None:
+    counters.inc(CLIENT_CANCELLED, grpc_destination=dest)
+    if enabled():
+        emit(
+            "span.tags", component=CLIENT_COMPONENT, grpc_destination=dest, cancelled_by_deadline=1
+        )
 
 
 def _is_deadline_code(outcome: Any) -> bool:

@@ -38,7 +38,7 @@ async def test_pg_sleep_is_cancelled_by_postgres_at_the_deadline(postgres_dsn: s
         assert isinstance(info.value.__cause__, asyncpg.QueryCanceledError)
         assert info.value.__cause__.sqlstate == "57014"
         assert state.cancelled_by_deadline is True
-        assert counters.get("cancelled-by-deadline", client="asyncpg") == 1
+        assert counters.get("cancelled-by-deadline", component="asyncpg") == 1
         # The connection is usable and clean: no transaction, no changed setting.
         assert await con.fetchval("SELECT 1") == 1
         assert con.is_in_transaction() is False
@@ -57,7 +57,7 @@ async def test_query_runs_under_the_narrowed_statement_timeout(postgres_dsn: str
                 "SELECT setting::int FROM pg_settings WHERE name = 'statement_timeout'"
             )
         assert 0 < ms <= 5000
-        assert counters.get("timeout-updated-by-deadline", client="asyncpg") == 1
+        assert counters.get("timeout-updated-by-deadline", component="asyncpg") == 1
     finally:
         await con.close()
 
@@ -280,3 +280,22 @@ async def test_setting_changed_by_the_statement_stands(postgres_dsn: str) -> Non
         assert after == "7s"
     finally:
         await con.close()
+
+
+async def test_span_tags_report_timeout_and_cancel(postgres_dsn: str) -> None:
+    """The narrowed timeout and the cut are reported as ``timeout_ms``/``cancelled_by_deadline``."""
+    from timebound.telemetry import Event, add_listener
+
+    seen: list[Event] = []
+    remove = add_listener(seen.append)
+    con = await connect(postgres_dsn)
+    try:
+        with tb.inherit_deadline(tb.Deadline.after(0.2)):
+            with pytest.raises(tb.DeadlineExceeded):
+                await con.fetchval("SELECT pg_sleep(10)")
+    finally:
+        remove()
+        await con.close()
+    tags = [e.attrs for e in seen if e.name == "span.tags" and e.attrs["component"] == "asyncpg"]
+    assert 0 < tags[0]["timeout_ms"] <= 200
+    assert tags[1] == {"component": "asyncpg", "cancelled_by_deadline": 1}

@@ -55,7 +55,7 @@ def test_pg_sleep_is_cancelled_by_postgres_at_the_deadline(
     assert isinstance(info.value.__cause__, psycopg.errors.QueryCanceled)
     assert info.value.__cause__.sqlstate == "57014"
     assert request_state.cancelled_by_deadline is True
-    assert counters.get("cancelled-by-deadline", client="psycopg") == 1
+    assert counters.get("cancelled-by-deadline", component="psycopg") == 1
     assert scalar(conn, "SELECT 1") == 1
     assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
     assert scalar(conn, "SHOW statement_timeout") == "0"
@@ -78,7 +78,7 @@ def test_query_runs_under_the_narrowed_statement_timeout(conn: psycopg.Connectio
     with tb.inherit_deadline(tb.Deadline.after(5)):
         ms = scalar(conn, SETTING)
     assert 0 < ms <= 5000
-    assert counters.get("timeout-updated-by-deadline", client="psycopg") == 1
+    assert counters.get("timeout-updated-by-deadline", component="psycopg") == 1
 
 
 def test_without_a_deadline_the_statement_runs_alone(conn: psycopg.Connection[Any]) -> None:
@@ -95,7 +95,7 @@ def test_spent_deadline_fails_fast(
             conn.execute("SELECT 1")
     assert info.value.source == "inherited"
     assert request_state.cancelled_by_deadline is True
-    assert counters.get("cancelled-by-deadline", client="psycopg") == 1
+    assert counters.get("cancelled-by-deadline", component="psycopg") == 1
 
 
 def test_transactional_caller_gets_its_setting_back(postgres_dsn: str) -> None:

@@ -82,7 +82,7 @@ def test_spent_deadline_fails_fast_and_sends_nothing(
     assert info.value.source == "inherited"
     assert client.exists(key) == 0
     assert request_state.cancelled_by_deadline is True
-    assert counters.get("cancelled-by-deadline", client="redis") == 1
+    assert counters.get("cancelled-by-deadline", component="redis") == 1
     client.close()
 
 

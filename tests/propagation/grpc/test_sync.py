@@ -418,3 +418,31 @@ def test_destination_label_is_configurable(leaf: tuple[Leaf, int]) -> None:
         channel.unary_unary(LEAF)(b"", timeout=30.0)
     channel.close()
     assert counters.get(CLI_PROPAGATED, grpc_destination="Echo") == 1
+
+
+def test_span_tags_use_userver_names(leaf: tuple[Leaf, int]) -> None:
+    """Client and server report userver's span tags as ``span.tags`` telemetry events."""
+    from timebound.telemetry import Event, add_listener
+
+    seen: list[Event] = []
+    remove = add_listener(seen.append)
+    _, port = leaf
+    channel = leaf_channel(port)
+    try:
+        with tb.inherit_deadline(tb.Deadline.after(2.0)):
+            channel.unary_unary(LEAF)(b"", timeout=30.0)
+    finally:
+        remove()
+        channel.close()
+    tags = {
+        (e.attrs["component"], key)
+        for e in seen
+        if e.name == "span.tags"
+        for key in e.attrs
+        if key not in ("component", "grpc_destination")
+    }
+    assert {
+        ("grpc-client", "deadline_updated"),
+        ("grpc-client", "timeout_ms"),
+        ("grpc-server", "deadline_received_ms"),
+    } <= tags
