@@ -229,3 +229,26 @@ def test_sync_throttle_is_thread_safe(virtual_clock: VirtualClock) -> None:
         t.join()
     assert sorted(waits) == [0.0, 0.0, 0.0, 0.0, 0.25, 0.5, 0.75, 1.0]
     assert _clock.now() == 0.0
+
+
+async def test_timed_out_slot_waiter_refunds_its_token(virtual_clock: VirtualClock) -> None:
+    """An attempt that got a token but timed out waiting for a slot gives the token back."""
+
+    async def work() -> None:
+        await asyncio.sleep(5)
+
+    holder = Policy("TokenAndSlot", throttle="2/1min", concurrency=1)
+    waiter = Policy("TokenAndSlot", throttle="2/1min", concurrency=1, timeout=1)
+    first = asyncio.ensure_future(holder.execute(work))
+    await asyncio.sleep(0)
+    with pytest.raises(DeadlineExceeded):
+        await waiter.execute(work)
+    await first
+    # Two tokens per minute: the holder used one, the waiter's was refunded, so one is left now.
+    starts: list[float] = []
+
+    async def record() -> None:
+        starts.append(virtual_clock.now())
+
+    await holder.execute(record)
+    assert starts == [5.0]

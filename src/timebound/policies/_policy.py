@@ -619,7 +619,13 @@ class Policy:
                     bucket.refund()
                     raise
         if slots is not None:
-            await slots.acquire()
+            try:
+                await slots.acquire()
+            except BaseException:
+                # No call was made: the attempt's token goes back to the bucket.
+                if bucket is not None:
+                    bucket.refund()
+                raise
 
     # Sync execution --------------------------------------------------------------------------
 
@@ -811,6 +817,8 @@ class Policy:
         if slots is not None:
             left = remaining()
             if not slots.acquire_sync(None if left == _INF else left):
+                if bucket is not None:
+                    bucket.refund()
                 raise self._spent_now()
 
     def _spent_now(self) -> DeadlineExceeded:
