@@ -43,3 +43,16 @@ def test_example_runs_and_prints_what_it_promises(doc: str, index: int, code: st
     assert len(printed) >= len(promises)
     for line, promise in zip(printed, promises, strict=False):
         assert line.startswith(promise), (line, promise)
+
+
+@pytest.mark.parametrize(
+    "module", ["timebound.policies._decorator", "timebound.telemetry.prometheus"]
+)
+def test_docstring_examples(module: str) -> None:
+    """The examples in public docstrings pass as doctests."""
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted > 0
+    assert result.failed == 0
