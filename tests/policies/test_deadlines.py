@@ -300,3 +300,36 @@ def test_retry_exhausted_is_raised_only_for_own_failures(virtual_clock: VirtualC
     with pytest.raises(RetryExhausted) as info:
         Policy("op", timeout=2, retry=1).execute_sync(mixed)
     assert [type(e).__name__ for e in info.value.errors] == ["ValueError", "DeadlineExceeded"]
+
+
+def test_sync_checkpoint_inside_the_call_sees_the_attempt_deadline(
+    virtual_clock: VirtualClock,
+) -> None:
+    """A sync call that checks tb.checkpoint() stops at its attempt's deadline and is retried."""
+    from timebound import checkpoint
+
+    starts: list[float] = []
+
+    def cooperative() -> str:
+        starts.append(virtual_clock.now())
+        for _ in range(10):
+            virtual_clock.advance(1)
+            checkpoint()
+        return "done"
+
+    with pytest.raises(RetryExhausted) as info:
+        Policy("op", timeout="2500ms", retry=1, delay=1).execute_sync(cooperative)
+    assert starts == [0.0, 4.0]
+    assert virtual_clock.now() == 7.0
+    assert all(e.source == "attempt" for e in info.value.errors)  # type: ignore[attr-defined]
+
+
+@pytest.mark.realtime
+@pytest.mark.asyncio_real
+async def test_attempt_timeout_on_a_real_event_loop() -> None:
+    """On a real asyncio loop a hung attempt is cut by its timeout and retried."""
+    fn = Hang()
+    with pytest.raises(RetryExhausted) as info:
+        await Policy("op", timeout="10ms", retry=1, delay="1ms").execute(fn)
+    assert len(fn.calls) == 2
+    assert all(e.source == "attempt" for e in info.value.errors)  # type: ignore[attr-defined]
