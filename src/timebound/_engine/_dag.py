@@ -24,7 +24,7 @@ import asyncio
 import functools
 import heapq
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from .._core import _clock
@@ -36,8 +36,8 @@ _C = TypeVar("_C")
 
 @dataclass(frozen=True, slots=True)
 class Node(Generic[_C]):
-    """One unit of work. ``action(ctx)`` returns an awaitable when ``is_async`` else a value
-    (the executor ignores results: actions store what they produce in ``ctx``)."""
+    """One unit of work. ``action(ctx)`` returns an awaitable when ``is_async``, else the value
+    itself; with ``execute(..., results=d)`` each node's value is stored as ``d[key]``."""
 
     key: Hashable
     action: Callable[[_C], Any]
@@ -57,15 +57,31 @@ class Span:
     outcome: str = "pending"  # ok | error | cancelled | pending (never started)
 
 
-@dataclass(slots=True)
 class _Exec:
-    remaining: list[int]
-    sync_ready: list[int]
-    ready: list[tuple[int, int]]  # heap of (-priority, index)
-    running: dict[asyncio.Task[Any], int] = field(default_factory=dict)
-    finished: list[asyncio.Task[Any]] = field(default_factory=list)
-    waiter: asyncio.Future[None] | None = None
-    spans: list[Span] | None = None
+    """The state of one execution (a plain class: built once per run, on the hot path)."""
+
+    __slots__ = (
+        "finished",
+        "ready",
+        "remaining",
+        "results",
+        "running",
+        "spans",
+        "sync_ready",
+        "waiter",
+    )
+
+    def __init__(
+        self, remaining: list[int], sync_ready: list[int], ready: list[tuple[int, int]]
+    ) -> None:
+        self.remaining = remaining
+        self.sync_ready = sync_ready
+        self.ready = ready  # heap of (-priority, index)
+        self.running: dict[asyncio.Task[Any], int] = {}
+        self.finished: list[asyncio.Task[Any]] = []
+        self.waiter: asyncio.Future[None] | None = None
+        self.spans: list[Span] | None = None
+        self.results: dict[Any, Any] | None = None
 
 
 class DagPlan(Generic[_C]):
@@ -90,6 +106,10 @@ class DagPlan(Generic[_C]):
         self._roots = [i for i, d in enumerate(self._indegree) if d == 0]
         # Ready-queue entries, built once: higher priority first, then declaration order.
         self._entries = [(-n.priority, i) for i, n in enumerate(self.nodes)]
+        self._keys = [n.key for n in self.nodes]
+        self._async_roots = sorted(self._entries[i] for i in self._roots if self.nodes[i].is_async)
+        # popped from the end: reverse declaration order keeps sync roots in declaration order
+        self._sync_roots = [i for i in reversed(self._roots) if not self.nodes[i].is_async]
         self._check_acyclic()
 
     def _check_acyclic(self) -> None:
@@ -108,18 +128,25 @@ class DagPlan(Generic[_C]):
             raise ValueError(f"dependency cycle among nodes {cyclic!r}")
 
     async def execute(
-        self, ctx: _C, *, concurrency: int | None = None, record: bool = False
+        self,
+        ctx: _C,
+        *,
+        concurrency: int | None = None,
+        record: bool = False,
+        results: dict[Any, Any] | None = None,
     ) -> list[Span] | None:
-        """Run every node once; returns the spans (in node order) when ``record`` is true."""
+        """Run every node once; returns the spans (in node order) when ``record`` is true.
+
+        With ``results``, each node's value is stored there under its key as it completes.
+        """
         if concurrency is not None and concurrency < 1:
             raise ValueError("concurrency must be >= 1")
         nodes = self.nodes
-        st = _Exec(list(self._indegree), [], [])
+        st = _Exec(self._indegree.copy(), self._sync_roots.copy(), self._async_roots.copy())
+        st.results = results
         if record:
             now = _clock.now()
             st.spans = [Span(n.key, now) for n in nodes]
-        for i in self._roots:
-            self._make_ready(st, i)
         try:
             await self._loop(st, ctx, concurrency)
         except BaseException:
@@ -156,6 +183,8 @@ class DagPlan(Generic[_C]):
         sync_ready = st.sync_ready
         running = st.running
         spans = st.spans
+        results = st.results
+        keys = self._keys
         heappush = heapq.heappush
         heappop = heapq.heappop
         loop = asyncio.get_running_loop()
@@ -165,13 +194,15 @@ class DagPlan(Generic[_C]):
                 if spans is not None:
                     spans[i].start = _clock.now()
                 try:
-                    nodes[i].action(ctx)
+                    value = nodes[i].action(ctx)
                 except BaseException as exc:
                     _mark(exc, nodes[i].key)
                     if spans is not None:
                         spans[i].end = _clock.now()
                         spans[i].outcome = "error"
                     raise
+                if results is not None:
+                    results[keys[i]] = value
                 if spans is not None:
                     spans[i].end = spans[i].start
                     spans[i].outcome = "ok"
@@ -184,7 +215,7 @@ class DagPlan(Generic[_C]):
                 if not running and not ready:
                     # The only thing to do: await it here, no task needed.
                     try:
-                        await node.action(ctx)
+                        value = await node.action(ctx)
                     except BaseException as exc:
                         _mark(exc, node.key)
                         if spans is not None:
@@ -193,6 +224,8 @@ class DagPlan(Generic[_C]):
                                 "cancelled" if isinstance(exc, asyncio.CancelledError) else "error"
                             )
                         raise
+                    if results is not None:
+                        results[keys[i]] = value
                     if spans is not None:
                         spans[i].end = now = _clock.now()
                         spans[i].outcome = "ok"
@@ -243,6 +276,8 @@ class DagPlan(Generic[_C]):
                 if spans is not None:
                     spans[i].outcome = "error"
                 raise exc
+            if st.results is not None:
+                st.results[self._keys[i]] = task.result()
             if spans is not None:
                 spans[i].outcome = "ok"
             self._complete(st, i)

@@ -209,7 +209,7 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     trace: list[CallTrace] = []
     try:
-        result = asyncio.run(
+        run = asyncio.run(
             program._execute(inputs, timeout, args.concurrency, args.trace, sink=trace)
         )
     except InputError as exc:
@@ -220,7 +220,7 @@ def _run(args: argparse.Namespace) -> int:
             _print_trace(trace, None, sys.stderr)
         _print_failure(exc, source, args.file)
         return 1
-    outputs = to_json_value(result.outputs)
+    outputs = to_json_value(program._outputs(run.env))
     if args.json:
         doc: Any = outputs
         if args.trace:
@@ -232,7 +232,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"{name} = {shown}")
     if args.trace:
         print()
-        _print_trace(trace, result.duration, sys.stdout)
+        _print_trace(trace, None, sys.stdout)
     return 0
 
 

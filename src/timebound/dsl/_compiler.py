@@ -148,6 +148,9 @@ class _Compiler:
         self.aliases: dict[str, str] = {}
         self.nodes: list[Node[_Run]] = []
         self.lazy: list[tuple[str, CompiledCall]] = []
+        self.sites: dict[str, CallSite] = {}
+        # Call nodes' actions for untraced runs (CompiledCall.fast_action), by node key.
+        self.fast: dict[str, Callable[[_Run], Any]] = {}
         self.counter = 0
 
     def error(self, code: str, message: str, pos: A.Pos) -> None:
@@ -272,19 +275,8 @@ class _Compiler:
             return
         ce = self.expr(e, lifted=True)
         key = d.name
-        fn = ce.fn
-        if ce.is_async:
-
-            async def action(run: _Run, fn: Fn = fn, key: str = key) -> None:
-                run.env[key] = await fn(run)
-
-            self.nodes.append(Node(key, action, tuple(sorted(ce.deps)), 50, True))
-        else:
-
-            def sync_action(run: _Run, fn: Fn = fn, key: str = key) -> None:
-                run.env[key] = fn(run)
-
-            self.nodes.append(Node(key, sync_action, tuple(sorted(ce.deps)), 50, False))
+        # The executor stores each node's value under its key in run.env (results=env).
+        self.nodes.append(Node(key, ce.fn, tuple(sorted(ce.deps)), 50, ce.is_async))
         self.define(d.name, Var(key, ce.type, frozenset({key}), False, d.pos))
 
     # Expressions -----------------------------------------------------------------------------
@@ -620,7 +612,14 @@ class _Compiler:
             self.lazy.append((node_key, cc))
             return CE(result_type, lazy_ref(node_key), True, deps)
         cc.key = node_key
-        self.nodes.append(Node(node_key, cc.run_node, tuple(sorted(deps)), priority, True))
+        node_deps = tuple(sorted(deps))
+        if cc.sync_node:
+            node = Node(node_key, cc.call_now, node_deps, priority, False)
+        else:
+            node = Node(node_key, cc.start, node_deps, priority, True)
+        self.nodes.append(node)
+        self.fast[node_key] = cc.fast_action()
+        self.sites[node_key] = site
         return CE(
             result_type, lambda run: run.env[node_key], False, frozenset({node_key}), node_key
         )
@@ -777,6 +776,7 @@ def compile_program(
                 v = run.env[key]
                 if type(v) is Thunk:
                     run.env[key] = await v.force()
+                # returns None: the executor stores it under "out:<name>", which nothing reads
 
             c.nodes.append(Node(f"out:{o.name}", force, tuple(sorted(var.deps)), 50, True))
     if not outputs_decl:
@@ -784,12 +784,20 @@ def compile_program(
     if any(d.severity == "error" for d in diags):
         return None
     plan: DagPlan[_Run] = DagPlan(c.nodes)
+    fast_plan: DagPlan[_Run] = DagPlan(
+        [
+            Node(n.key, c.fast[n.key], n.deps, n.priority, n.is_async) if n.key in c.fast else n
+            for n in c.nodes
+        ]
+    )
     return Program(
         inputs=inputs,
         outputs=outputs,
         warnings=[d for d in diags if d.severity == "warning"],
         plan=plan,
+        fast_plan=fast_plan,
         lazy=c.lazy,
         output_keys=output_keys,
+        sites=c.sites,
         source=source,
     )

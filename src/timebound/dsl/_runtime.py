@@ -143,6 +143,7 @@ class _Run:
 #: The run being evaluated: read by fallback closures, which the policy calls with the module's
 #: arguments only but which may refer to any value of the program.
 CURRENT_RUN: contextvars.ContextVar[_Run] = contextvars.ContextVar("timebound.dsl.run")
+_get_running_loop = asyncio._get_running_loop
 
 _NEVER_ATTACH: Final = (asyncio.CancelledError, KeyboardInterrupt, SystemExit, GeneratorExit)
 
@@ -208,6 +209,7 @@ class CompiledCall:
     __slots__ = (
         "_arg_fns",
         "_build",
+        "_plain_keys",
         "fn",
         "is_async",
         "key",
@@ -232,6 +234,8 @@ class CompiledCall:
         self.fn = fn
         self.is_async = is_async
         self._build = _arg_builder(args)
+        keys = [k for _, _, k in args if k is not None]
+        self._plain_keys: tuple[str, ...] | None = tuple(keys) if len(keys) == len(args) else None
         self._arg_fns = tuple((a, f) for a, f, _ in args)
         self.policy = policy
         self.lazy = lazy
@@ -262,29 +266,74 @@ class CompiledCall:
             attach_site(exc, self.site)
             raise
 
-    async def run_node(self, run: _Run) -> None:
-        """:meth:`invoke` as a DAG node: the value goes to ``run.env[self.key]``.
+    @property
+    def sync_node(self) -> bool:
+        """A sync module without options and with plain arguments: a sync DAG node."""
+        return self.policy is None and not self.is_async and self._build is not None
 
-        The same steps as ``invoke``, written out: one coroutine per call instead of two, on
-        the path every call takes (bench/dsl.py).
+    def start(self, run: _Run) -> Any:
+        """The DAG node's action: an awaitable of the call's value.
+
+        Equivalent to ``invoke(run)``, but hands the executor the policy's (or the module's)
+        own coroutine: one coroutine per call instead of two on the path every call takes
+        (bench/dsl.py). A failure gets its call site from the run (``Program._execute``).
         """
         build = self._build
-        args = build(run) if build is not None else await self._eval_args(run)
-        if run.trace is not None:
-            run.env[self.key] = await self._invoke_traced(run, args)
-            return
+        if build is None or run.trace is not None:
+            return self.invoke(run)
+        policy = self.policy
+        if policy is None:
+            return self.fn(*build(run))  # an async module (sync ones are sync nodes)
+        return policy.execute(self.fn, build(run))
+
+    def fast_action(self) -> Callable[[_Run], Any]:
+        """The node's action for untraced runs, specialised once at compile time.
+
+        Same result as :meth:`start` (or :meth:`call_now` for a sync node) without the per-call
+        checks: the common one-argument call reads its argument straight from the run.
+        """
+        build = self._build
+        if build is None:
+            return self.invoke
+        fn = self.fn
+        keys = self._plain_keys
+        policy = self.policy
+        if policy is not None:
+            execute = policy.execute
+            if keys is not None and len(keys) == 1:
+                k = keys[0]
+                return lambda run: execute(fn, (run.env[k],))
+            return lambda run: execute(fn, build(run))
+        if keys is not None and len(keys) == 1:
+            k = keys[0]
+            return lambda run: fn(run.env[k])
+        return lambda run: fn(*build(run))
+
+    def call_now(self, run: _Run) -> Any:
+        """The action of a sync node (see :attr:`sync_node`): call and return the value."""
+        build = self._build
+        assert build is not None
+        if run.trace is None:
+            return self.fn(*build(run))
+        site = self.site
+        t = _clock.now() - run.t0
+        rec = CallTrace(site.module, site.line, site.column, t, priority=self.priority, _t0=run.t0)
+        rec.attempts = 1
+        rec.attempt_log.append(AttemptTrace(t))
+        assert run.trace is not None
+        run.trace.append(rec)
         try:
-            policy = self.policy
-            if policy is None:
-                result = self.fn(*args)
-                if self.is_async:
-                    result = await result
-            else:
-                result = await policy.execute(self.fn, args)
+            value = self.fn(*build(run))
         except BaseException as exc:
-            attach_site(exc, self.site)
+            rec.outcome = "error"
+            rec.error = f"{type(exc).__name__}: {str(exc).partition(chr(10))[0]}"
             raise
-        run.env[self.key] = result
+        finally:
+            rec.end = _clock.now() - run.t0
+            rec.attempt_log[-1].end = rec.end
+            rec.attempt_log[-1].outcome = "ok" if rec.outcome == "running" else rec.outcome
+        rec.outcome = "ok"
+        return value
 
     async def _invoke_traced(self, run: _Run, args: tuple[Any, ...]) -> Any:
         site = self.site
@@ -414,8 +463,10 @@ class Program:
         outputs: dict[str, Type],
         warnings: list[Diagnostic],
         plan: DagPlan[_Run],
+        fast_plan: DagPlan[_Run],
         lazy: list[tuple[str, CompiledCall]],
         output_keys: list[tuple[str, str]],
+        sites: dict[str, CallSite],
         source: str,
     ) -> None:
         self.inputs = inputs
@@ -423,8 +474,10 @@ class Program:
         self.warnings = warnings
         self.source = source
         self._plan = plan
+        self._fast_plan = fast_plan
         self._lazy = lazy
         self._output_keys = output_keys
+        self._sites = sites
 
     def _bind_inputs(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(inputs, Mapping):
@@ -455,41 +508,51 @@ class Program:
         traced: bool,
         *,
         sink: list[CallTrace] | None = None,
-    ) -> RunResult:
-        """One run. ``sink`` (the CLI's) receives the trace even when the run fails."""
+    ) -> _Run:
+        """One run; the outputs are in ``run.env``. ``sink`` (the CLI's) receives the trace
+        even when the run fails."""
         if concurrency is not None and (
             isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
         ):
             raise ConfigurationError(
                 f"concurrency must be an integer >= 1, got {concurrency!r}", option="concurrency"
             )
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
+        if _get_running_loop() is None:
             # The DAG executor is asyncio's (tasks, futures); trio callers use run_sync().
             raise RuntimeError(
                 "Constellation programs run on an asyncio event loop; "
                 "from other code use run_sync()"
-            ) from None
+            )
         env = self._bind_inputs(inputs)
         seconds = (
             None if timeout is None else to_seconds(timeout, option="timeout", allow_zero=False)
         )
-        t0 = _clock.now()
-        run = _Run(env, (sink if sink is not None else []) if traced else None, t0)
+        run = _Run(env, (sink if sink is not None else []) if traced else None, _clock.now())
         for key, call in self._lazy:
             env[key] = Thunk(call, run)
+        plan = self._plan if traced else self._fast_plan
         token = CURRENT_RUN.set(run)
         try:
             if seconds is None:
-                await self._plan.execute(run, concurrency=concurrency)
+                await plan.execute(run, concurrency=concurrency, results=env)
             else:
                 with fail_after(seconds, source="scope", what="run"):
-                    await self._plan.execute(run, concurrency=concurrency)
+                    await plan.execute(run, concurrency=concurrency, results=env)
+        except BaseException as exc:
+            # A call node's error reaches here straight from the policy: name its call site.
+            site = self._sites.get(getattr(exc, "__timebound_node__", None))  # type: ignore[arg-type]
+            if site is not None:
+                attach_site(exc, site)
+            raise
         finally:
             CURRENT_RUN.reset(token)
-        outputs = {name: env[key] for name, key in self._output_keys}
-        return RunResult(outputs, run.trace or [], _clock.now() - t0)
+        return run
+
+    def _outputs(self, env: dict[str, Any]) -> dict[str, Any]:
+        out = {}
+        for name, key in self._output_keys:
+            out[name] = env[key]
+        return out
 
     async def run(
         self,
@@ -504,8 +567,8 @@ class Program:
         ``concurrency`` limits how many calls run at once; ready calls then start by ``priority``
         (D3.8). A failed call fails the run with its own error, ``.call_site`` attached (D3.10).
         """
-        result = await self._execute(inputs, timeout, concurrency, False)
-        return result.outputs
+        run = await self._execute(inputs, timeout, concurrency, False)
+        return self._outputs(run.env)
 
     async def run_traced(
         self,
@@ -515,7 +578,8 @@ class Program:
         concurrency: int | None = None,
     ) -> RunResult:
         """Like :meth:`run`, also recording a :class:`CallTrace` per call that ran."""
-        return await self._execute(inputs, timeout, concurrency, True)
+        run = await self._execute(inputs, timeout, concurrency, True)
+        return RunResult(self._outputs(run.env), run.trace or [], _clock.now() - run.t0)
 
     def run_sync(
         self,
