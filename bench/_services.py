@@ -111,8 +111,9 @@ class Meter:
 
 METER = Meter()
 #: Per request: (id, app start epoch s, app end epoch s, C's queue + work wall s, origin deadline
-#: epoch s, received X-YaTaxi-Client-TimeoutMs or -1, status). Bounded by the run's load.
-RECORDS: list[tuple[int, float, float, float, float, float, int]] = []
+#: epoch s, received X-YaTaxi-Client-TimeoutMs or -1, status, sent stamp epoch s or -1).
+#: Bounded by the run's load.
+RECORDS: list[tuple[int, float, float, float, float, float, int, float]] = []
 _ACCT: contextvars.ContextVar[Acct | None] = contextvars.ContextVar("bench_acct", default=None)
 _thread_time = time.thread_time
 _wall = time.time
@@ -373,6 +374,7 @@ class BenchApp:
                 deadline,
                 float(received_ms) if received_ms.isdigit() else -1.0,
                 status,
+                int(sent) / 1e6 if sent is not None else -1.0,
             )
         )
 

@@ -371,6 +371,9 @@ class RunResult:
     #: (M2, M3): the time a relative header cannot account for (each hop's transit and queueing
     #: before its middleware sees the request).
     c_slack: tuple[float, float] = (math.nan, math.nan)
+    #: p50 of C's app start minus the moment B wrote the request head (s): the part of the
+    #: slack spent between the wire and the receiving app.
+    c_wire_to_app: float = math.nan
     #: Cores used by other processes on the machine during the window (noise indicator).
     foreign_cpu: float = math.nan
 
@@ -463,6 +466,13 @@ def run_one(
             else (math.nan, math.nan)
         ),
         foreign_cpu=foreign,
+        c_wire_to_app=median(
+            [
+                x[1] - x[7]
+                for x in stats["C"]["records"]
+                if x[7] > 0 and mark_at <= x[4] - CLIENT_DEADLINE < end
+            ]
+        ),
     )
 
 
@@ -562,6 +572,7 @@ def _mode_rows(prefix: str, results: list[RunResult], capacity: float, targets: 
         if not math.isnan(r.c_slack[0]):
             rows.append(Row(f"{key}.c_deadline_slack_p50", r.c_slack[0] * 1e3, "ms"))
             rows.append(Row(f"{key}.c_deadline_slack_p90", r.c_slack[1] * 1e3, "ms"))
+            rows.append(Row(f"{key}.c_wire_to_app_p50", r.c_wire_to_app * 1e3, "ms"))
     return rows
 
 
@@ -641,12 +652,17 @@ def _table(results: list[RunResult], capacity: float) -> list[str]:
 
 
 def markdown_table(
-    capacity: float, results: list[RunResult], overhead: Overhead | None, lifo: list[RunResult]
+    capacity: float,
+    results: list[RunResult],
+    overhead: Overhead | None,
+    lifo: list[RunResult],
+    quanta: int,
 ) -> str:
     foreign = [r.foreign_cpu for r in results + lifo if not math.isnan(r.foreign_cpu)]
     max_foreign = max(foreign) if foreign else math.nan
     lines = [
-        f"C's capacity: {capacity:.1f} req/s (one process; {QUANTUM * 1e3:g} ms quanta). "
+        f"C's capacity: {capacity:.1f} req/s (one process; {quanta} quanta of "
+        f"{QUANTUM * 1e3:g} ms per request). "
         f"Client deadline {CLIENT_DEADLINE * 1e3:g} ms. C's queue: FIFO. Other processes on "
         f"the machine used at most {max_foreign:.2f} cores during the runs.",
         "",
@@ -703,9 +719,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loads", default=None, help="comma-separated rho values, e.g. 0.5,2")
     p.add_argument("--warm", type=float, default=1.0)
     p.add_argument("--measure", type=float, default=5.0)
-    p.add_argument("--quanta", type=int, default=40, help="work quanta per request at C")
+    # 80 quanta (40 ms): C's capacity is ~23 req/s, so at rho = 3 the forwarders and the load
+    # generator still fit on the second core and C stays the only bottleneck.
+    p.add_argument("--quanta", type=int, default=80, help="work quanta per request at C")
     p.add_argument(
-        "--repeats", type=int, default=1, help="extra M2/M0 runs at rho=0.5 for the overhead"
+        "--repeats", type=int, default=2, help="extra M2/M0 runs at rho=0.5 for the overhead"
+    )
+    p.add_argument(
+        "--max-foreign",
+        type=float,
+        default=0.5,
+        help="re-run (twice at most) a run during which other processes used more cores",
     )
     p.add_argument("--no-lifo", action="store_true", help="skip the LIFO diagnostic variant")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "propagation.json")
@@ -745,11 +769,17 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     def run(mode: str, rho: float, queue: str = "fifo") -> RunResult:
-        r = run_one(
-            mode, rho, capacity, iters, args.quanta, args.warm, args.measure, args.seed, queue
-        )
-        progress(r)
-        return r
+        for attempt in range(3):
+            r = run_one(
+                mode, rho, capacity, iters, args.quanta, args.warm, args.measure, args.seed, queue
+            )
+            progress(r)
+            if args.smoke or not r.foreign_cpu > args.max_foreign or attempt == 2:
+                return r
+            # Someone else's load was measured too: wait for quiet and run it again.
+            log(f"  other processes used {r.foreign_cpu:.2f} cores: running it again")
+            wait_quiet(60.0)
+        raise AssertionError("unreachable")
 
     results: list[RunResult] = []
     extra: list[RunResult] = []
@@ -785,7 +815,7 @@ def main(argv: list[str] | None = None) -> int:
     overhead = Overhead.pool([r for r in results + extra if r.rho == 0.5])
     rows = build_rows(capacity, results, overhead, lifo)
     print_table(rows, title="Deadline propagation: the work saved")
-    md = markdown_table(capacity, results, overhead, lifo)
+    md = markdown_table(capacity, results, overhead, lifo, args.quanta)
     print()
     print(md)
     write_json(args.out, rows)
