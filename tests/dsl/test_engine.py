@@ -139,3 +139,18 @@ async def test_outer_cancellation_cancels_running_nodes(virtual_clock: VirtualCl
     with pytest.raises(asyncio.CancelledError):
         await task
     assert sorted(cancelled) == ["a", "b"]
+
+
+async def test_results_are_stored_by_key(virtual_clock: VirtualClock) -> None:
+    """With results=, each node's value (sync or async) lands under its key."""
+
+    async def two(ctx: object) -> int:
+        await asyncio.sleep(1)
+        return 2
+
+    plan: DagPlan[None] = DagPlan(
+        [Node("a", two), Node("b", lambda ctx: 3, ("a",), is_async=False), Node("c", two)]
+    )
+    results: dict[str, int] = {}
+    await plan.execute(None, results=results)
+    assert results == {"a": 2, "b": 3, "c": 2}
