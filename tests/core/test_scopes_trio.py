@@ -93,3 +93,13 @@ def test_acheckpoint_under_trio(virtual_clock: VirtualClock) -> None:
                 await tb.acheckpoint()
 
     run(virtual_clock, main)
+
+
+def test_virtual_trio_clock_waits_for_threads(virtual_clock: VirtualClock) -> None:
+    """With no timer pending, the virtual trio clock waits for a thread instead of jumping to inf."""
+
+    async def main() -> int:
+        return await trio.to_thread.run_sync(lambda: 41 + 1)
+
+    assert trio.run(main, clock=virtual_clock.trio_clock()) == 42
+    assert virtual_clock.now() == 0.0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import selectors
 import threading
 from collections.abc import Coroutine, Iterator, Mapping
@@ -129,6 +130,9 @@ class VirtualClock:
             def deadline_to_sleep_time(self, deadline: float) -> float:
                 if deadline <= vclock.now():
                     return 0.0
+                if deadline == math.inf:
+                    # No timer at all: only real I/O or another thread can wake the run.
+                    return math.inf
                 # trio asks how long to block: say "not at all" after jumping, so the run loop
                 # wakes and finds the timer due (trio's own MockClock autojump does the same).
                 if vclock.autojump_threshold == 0:
