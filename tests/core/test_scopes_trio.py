@@ -96,7 +96,7 @@ def test_acheckpoint_under_trio(virtual_clock: VirtualClock) -> None:
 
 
 def test_virtual_trio_clock_waits_for_threads(virtual_clock: VirtualClock) -> None:
-    """With no timer pending, the virtual trio clock waits for a thread instead of jumping to inf."""
+    """With no timer pending, the virtual trio clock waits for a thread, never jumps to inf."""
 
     async def main() -> int:
         return await trio.to_thread.run_sync(lambda: 41 + 1)
