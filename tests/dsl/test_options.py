@@ -573,3 +573,20 @@ async def test_lazy_and_cache(virtual_clock: VirtualClock) -> None:
     await program.run({"x": 1})
     result = await program.run_traced({"x": 1})
     assert len(s.starts) == 1 and result.trace[0].cache_hit and result.trace[0].lazy
+
+
+async def test_fallback_may_be_a_record(virtual_clock: VirtualClock) -> None:
+    """A record fallback with extra fields fits the module's record type (width subtyping)."""
+    registry = ModuleRegistry()
+
+    async def Lookup(user_id: str) -> Rec:
+        raise LookupError(user_id)
+
+    registry.register("Lookup", Lookup)
+    program = compile(
+        "in id: String\nu = Lookup(id) with fallback: { s: id, i: 0, f: 0.5, b: false, o: 3, "
+        'inner: { tags: ["guest"], m: {} }, extra: "ignored by the type" }\nout u',
+        modules=registry,
+    )
+    out = await program.run({"id": "u1"})
+    assert out["u"]["s"] == "u1" and out["u"]["inner"]["tags"] == ["guest"]

@@ -403,3 +403,17 @@ async def test_calls_inside_an_unneeded_lazy_call_never_run(virtual_clock: Virtu
     )
     assert await program.run({"x": 1}) == {"w": 3}
     assert [c[1] for c in log.calls] == [1, 2] and virtual_clock.now() == 2.0
+
+
+def test_record_literal_as_a_map() -> None:
+    """`{}` and `{ a: 1 }` are accepted where a Map<String, Int> is expected."""
+    registry = ModuleRegistry()
+
+    def Total(m: dict[str, int]) -> int:
+        return sum(m.values())
+
+    registry.register("Total", Total)
+    program = compile("a = Total({})\nb = Total({ x: 1, y: 2 })\nout a\nout b", modules=registry)
+    assert program.run_sync({}) == {"a": 0, "b": 3}
+    with pytest.raises(Exception, match="E011"):
+        compile('c = Total({ x: "no" })\nout c', modules=registry)

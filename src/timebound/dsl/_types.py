@@ -166,7 +166,8 @@ def is_assignable(src: Type, dst: Type) -> bool:
     """Whether a value of type ``src`` may be used where ``dst`` is expected.
 
     Int widens to Float; records use width and depth subtyping (extra fields allowed, field
-    types assignable); lists, maps, optionals and results are covariant.
+    types assignable); a record whose fields all fit ``V`` is a ``Map<String, V>``; lists, maps,
+    optionals and results are covariant.
     """
     if src == dst or isinstance(src, NothingType | ErrorType) or isinstance(dst, ErrorType):
         return True
@@ -183,6 +184,11 @@ def is_assignable(src: Type, dst: Type) -> bool:
     if isinstance(dst, ListType):
         return isinstance(src, ListType) and is_assignable(src.elem, dst.elem)
     if isinstance(dst, MapType):
+        if isinstance(src, RecordType):
+            # A record literal is a dict at run time: `{}` or `{ a: 1 }` can be a Map<String, Int>.
+            return is_assignable(STRING, dst.key) and all(
+                is_assignable(t, dst.value) for _, t in src.fields
+            )
         return (
             isinstance(src, MapType)
             and is_assignable(src.key, dst.key)
