@@ -294,3 +294,29 @@ def test_failed_run_with_trace_shows_the_calls(
     err = capsys.readouterr().err
     assert "ValueError: boom" in err
     assert any(line.startswith("Boom") and "error" in line for line in err.splitlines())
+
+
+@pytest.mark.parametrize("program", sorted(p.name for p in EXAMPLES.glob("*.cst")))
+def test_every_example_checks(
+    program: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each examples/NAME.cst compiles against examples/NAME.py without warnings."""
+    monkeypatch.chdir(EXAMPLES)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert main(["check", program, "--modules", program.removesuffix(".cst")]) == 0
+    assert capsys.readouterr().out.endswith(" 0 warnings)\n")
+
+
+def test_user_profile_example(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The user_profile example runs: the slow cache is cut, the database answers."""
+    monkeypatch.chdir(EXAMPLES)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    argv = ["run", "user_profile.cst", "--modules", "user_profile", "--json"]
+    assert main([*argv, "--input", "userId=u1", "--input", "defaultScore=0"]) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "cached": {"id": "u1", "name": "Ada", "score": 17},
+        "score": 17,
+        "badge": "HIGH",
+    }
