@@ -25,7 +25,10 @@ import timebound as tb
 
 QUICK = "--quick" in sys.argv  # a smoke run for CI: fewer samples, same rows
 ROUNDS = 3 if QUICK else 9
-N = 2_000 if QUICK else 20_000
+# Short batches, many of them: on a shared machine the best of 7 short batches is far more
+# likely to be one that no other process interrupted than the best of 3 long ones.
+N = 1_000 if QUICK else 5_000
+BATCHES = 7
 
 
 class _Empty:
@@ -110,6 +113,7 @@ def bench_scopes(rows: list[Row]) -> float:
             },
             rounds=ROUNDS,
             n=n,
+            batches=BATCHES,
         )
     finally:
         loop.close()
@@ -151,10 +155,6 @@ def _trio_overhead() -> float:
 
     n = N
 
-    @contextlib.contextmanager
-    def _nothing() -> Any:
-        yield
-
     class _SyncEmpty:
         def __enter__(self) -> None:
             return None
@@ -169,7 +169,7 @@ def _trio_overhead() -> float:
         for _ in range(ROUNDS):
             with no_gc():
                 best = []
-                for _ in range(3):
+                for _ in range(BATCHES):
                     t = time.perf_counter()
                     for _ in range(n):
                         with empty:
@@ -177,7 +177,7 @@ def _trio_overhead() -> float:
                     best.append(time.perf_counter() - t)
                 samples["base"].append(min(best) / n)
                 best = []
-                for _ in range(3):
+                for _ in range(BATCHES):
                     t = time.perf_counter()
                     for _ in range(n):
                         with trio.fail_after(10):
@@ -224,6 +224,7 @@ def bench_remaining(rows: list[Row]) -> None:
                     {"empty": empty_loop, "monotonic": monotonic_loop, "rem": remaining_loop},
                     rounds=ROUNDS,
                     n=n,
+                    batches=BATCHES,
                 )
             value = (per_call["rem"] - per_call["empty"]) * US
             base = (per_call["monotonic"] - per_call["empty"]) * US
@@ -296,6 +297,7 @@ def bench_policies(rows: list[Row], aio_overhead: float) -> None:
             },
             rounds=ROUNDS,
             n=n,
+            batches=BATCHES,
         )
     finally:
         loop.close()
@@ -397,7 +399,7 @@ async def _concurrent_tb(batch: int) -> list[float]:
 
 
 def bench_lateness(rows: list[Row]) -> None:
-    idle_n = 60 if QUICK else 400
+    idle_n = 60 if QUICK else 600
     load_n = 40 if QUICK else 250
     early_target = 10_000
 
