@@ -469,7 +469,15 @@ class _Parser:
                 )
             self.advance()
             count += 1
-            self.enter(t)  # a long operator chain builds a deep tree: it counts as nesting
+            # A long operator chain builds a deep tree: it counts as nesting.
+            if self.depth + 1 > MAX_DEPTH:
+                raise self.error(
+                    f"Expression too long: more than {MAX_DEPTH} nested or chained operations "
+                    "(split it into named values)",
+                    t,
+                    "E004",
+                )
+            self.enter(t)
             right = self.binary(level + 1)
             left = A.Binary(t.pos, t.text, left, right)
         self.depth -= count
