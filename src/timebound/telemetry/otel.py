@@ -6,6 +6,12 @@ the counters ``timebound.attempts``, ``timebound.timeouts``, ``timebound.retries
 :data:`timebound.telemetry.counters` value (userver's metric names verbatim, D4.7, e.g.
 ``deadline-received``) as an observable counter read at collection time; and each policy event as
 a span event (``timebound.attempt.start``, …) on the current span when it is recording.
+
+The propagation adapters' ``span.tags`` events (userver's span tags, D4.7:
+``deadline_received_ms``, ``cancelled_by_deadline``, ``propagated_timeout_ms``, ``timeout_ms``,
+``dp_original_body_size``, …) become attributes of the current span under their names verbatim,
+so userver dashboards and queries carry over. ``component`` names the adapter that emitted the
+event, not a tag, and is not set.
 """
 
 from __future__ import annotations
@@ -56,7 +62,8 @@ _SPAN_EVENTS = frozenset(
 class OpenTelemetryExporter:
     """A telemetry listener that records timebound's metrics and span events in OpenTelemetry.
 
-    ``meter_provider`` defaults to the global one. :meth:`install` registers it as a global
+    ``meter_provider`` defaults to the global one. ``span_events=False`` stops the policy span
+    events, ``span_tags=False`` the userver span tags. :meth:`install` registers it as a global
     telemetry listener; :meth:`close` removes it. It is also usable directly as a policy
     ``observer``.
     """
@@ -66,6 +73,7 @@ class OpenTelemetryExporter:
         meter_provider: MeterProvider | None = None,
         *,
         span_events: bool = True,
+        span_tags: bool = True,
         source: Counters = counters,
     ) -> None:
         from .. import __version__
@@ -76,6 +84,7 @@ class OpenTelemetryExporter:
             for short, doc in POLICY_COUNTERS
         }
         self._span_events = span_events
+        self._span_tags = span_tags
         self._source = source
         self._observed: set[str] = set()
         self._lock = threading.Lock()
@@ -111,6 +120,10 @@ class OpenTelemetryExporter:
 
     def __call__(self, event: Event) -> None:
         name = event.name
+        if name == "span.tags":
+            if self._span_tags:
+                _set_span_tags(event)
+            return
         if name == "metric":
             metric = event.attrs.get("metric")
             if isinstance(metric, str):
@@ -145,3 +158,14 @@ class OpenTelemetryExporter:
 
 def _attributes(event: Event) -> Any:
     return span_attributes(event.attrs)
+
+
+def _set_span_tags(event: Event) -> None:
+    span = trace.get_current_span()
+    if not span.is_recording():
+        return
+    # ``component`` says which adapter spoke (a server and its clients share one span); a tag
+    # that is None (nothing to report) is not an attribute value OpenTelemetry accepts.
+    tags = {k: v for k, v in span_attributes(event.attrs).items() if k != "component"}
+    if tags:
+        span.set_attributes(tags)
