@@ -102,14 +102,29 @@ class _Frame:
 
     def _deadline_error(self, what: str | None = None) -> DeadlineExceeded:
         """The error that reports this frame's own deadline."""
+        source = self._source
+        timeout = self._timeout
+        # This runs between the deadline and the moment the caller sees the error, usually with
+        # cold caches after an idle wait, where formatting the message (float formatting) cost
+        # ~20 us of p50 lateness in bench/core.py. Timeouts repeat per call site: reuse the text
+        # DeadlineExceeded itself produced for the same (source, timeout, what).
+        key = (source, timeout, what)
+        message = _messages.get(key)
+        if message is None:
+            message = str(DeadlineExceeded(source=source, timeout=timeout, what=what))
+            if len(_messages) >= _MESSAGES_MAX:
+                _messages.clear()
+            _messages[key] = message
         err = DeadlineExceeded(
-            source=self._source,
-            timeout=self._timeout,
-            deadline=Deadline(self._own),
-            what=what,
+            message, source=source, timeout=timeout, deadline=Deadline(self._own), what=what
         )
         err._timebound_binder = self  # type: ignore[attr-defined]
         return err
+
+
+# Formatted DeadlineExceeded messages by (source, timeout, what); see _Frame._deadline_error.
+_messages: dict[tuple[str, float | None, str | None], str] = {}
+_MESSAGES_MAX: Final = 512
 
 
 class _Root(_Frame):
