@@ -16,7 +16,10 @@ cancels them when the parent's error propagates). Each task keeps one :class:`_T
 single loop timer, armed at the earliest deadline any of its frames needs. Entering a scope
 whose deadline is later than the armed timer creates no timer at all; the timer, when it fires,
 re-reads the task's innermost frame and re-arms if nothing is due yet (so it may wake early, but
-never declares expiry early, D1.3). Only the binding deadline arms a timer.
+never declares expiry early, D1.3). Only the binding deadline arms a timer. A nested scope that
+binds in no sense -- its deadline is no earlier than both the visible effective deadline and the
+one its task already cancels at -- is not even pushed into the context: as a frame it would only
+repeat its parent. It still checks its own deadline at exit (``.expired``, D1.7).
 
 The frame that must *catch* a firing deadline is its ``catcher``: the outermost scope of this task
 whose effective deadline is the one that fired. It cancels its task, and at exit tells its own
