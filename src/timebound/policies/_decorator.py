@@ -54,25 +54,25 @@ def resilient(
     'n/a'
     """
 
+    options: dict[str, Any] = {
+        "timeout": timeout,
+        "retry": retry,
+        "delay": delay,
+        "backoff": backoff,
+        "max_delay": max_delay,
+        "jitter": jitter,
+        "fallback": fallback,
+        "fallback_on": fallback_on,
+        "cache": cache,
+        "cache_backend": cache_backend,
+        "on_error": on_error,
+        "throttle": throttle,
+        "concurrency": concurrency,
+        "total_timeout": total_timeout,
+    }
     # Validate now, so a bad option fails where resilient(...) is written even if it is never
     # applied; the real policy (named after the function) is built when it is.
-    Policy(
-        name if name is not None else "resilient",
-        timeout=timeout,
-        retry=retry,
-        delay=delay,
-        backoff=backoff,
-        max_delay=max_delay,
-        jitter=jitter,
-        fallback=fallback,
-        fallback_on=fallback_on,
-        cache=cache,
-        cache_backend=cache_backend,
-        on_error=on_error,
-        throttle=throttle,
-        concurrency=concurrency,
-        total_timeout=total_timeout,
-    )
+    Policy(name if name is not None else "resilient", **options)
 
     def decorate(fn: _F) -> _F:
         if zero is MISSING:
@@ -81,24 +81,7 @@ def resilient(
             )
         else:
             zero_value = zero
-        policy = Policy(
-            name if name is not None else fn.__qualname__,
-            timeout=timeout,
-            retry=retry,
-            delay=delay,
-            backoff=backoff,
-            max_delay=max_delay,
-            jitter=jitter,
-            fallback=fallback,
-            fallback_on=fallback_on,
-            cache=cache,
-            cache_backend=cache_backend,
-            on_error=on_error,
-            zero=zero_value,
-            throttle=throttle,
-            concurrency=concurrency,
-            total_timeout=total_timeout,
-        )
+        policy = Policy(name if name is not None else fn.__qualname__, zero=zero_value, **options)
         execute = policy.execute
         execute_sync = policy.execute_sync
 

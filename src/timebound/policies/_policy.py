@@ -17,6 +17,7 @@ import math
 import random
 import sys
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from types import CoroutineType
 from typing import Any, Final, TypeVar
 
@@ -31,6 +32,7 @@ from .._core._scopes import (
     current_deadline,
     fail_after,
     fail_at,
+    inherit_deadline,
     remaining,
 )
 from ..telemetry import Event, emit
@@ -60,6 +62,10 @@ _INF: Final = math.inf
 _OWN_SOURCES: Final = frozenset({"attempt", "total"})
 _IMMUTABLE_ZEROS: Final = (str, int, float, bool, bytes, complex, type(None), frozenset)
 _rng = random.Random()
+# Internal markers: "no cached value" and "evaluate the fallback" (any value may be a result).
+_MISS: Final[Any] = object()
+_FALLBACK: Final[Any] = object()
+_NULL_CONTEXT: Final = nullcontext()
 _OptFloat = TypeVar("_OptFloat", bound=float | None)
 
 
@@ -323,7 +329,164 @@ class Policy:
                 _log.exception("policy observer failed")
         emit(name, **attrs)
 
-    # Errors ----------------------------------------------------------------------------------
+    # Decisions ---------------------------------------------------------------------------------
+    #
+    # Everything that *decides* (cache lookup and store, whether an attempt may start, what a
+    # failed attempt leads to, fallback or on_error, the events) lives in the methods below, once.
+    # The async and sync drivers further down only call, await and sleep; their common
+    # happy path stays inline so that it costs no extra call.
+
+    def _begin(
+        self,
+        args: tuple[Any, ...],
+        kwargs: Mapping[str, Any],
+        tele: bool,
+        observer: Observer | None,
+    ) -> tuple[str | None, Any]:
+        """``call.start`` and the cache lookup (D3.6): (key to store under, result or ``_MISS``)."""
+        if tele:
+            self._emit(observer, "call.start")
+        cache = self._cache
+        if cache is None:
+            return None, _MISS
+        key = self._key(args, kwargs)
+        if key is None:
+            return None, _MISS
+        hit, value = self._cache_get(cache, key)
+        if not hit:
+            return key, _MISS
+        if tele:
+            self._emit(observer, "cache.hit")
+            self._emit(observer, "call.end", outcome="cached")
+        return key, Ok(value) if self._wrap else value
+
+    def _succeeded(self, key: str | None, value: Any, tele: bool, observer: Observer | None) -> Any:
+        """The call itself produced ``value``: store it (D3.6), report it, wrap it."""
+        if key is not None:
+            assert self._cache is not None
+            if self._cache_set(self._cache, key, value) and tele:
+                self._emit(observer, "cache.store")
+        if tele:
+            self._emit(observer, "call.end", outcome="ok")
+        return Ok(value) if self._wrap else value
+
+    def _stop(self, errors: list[BaseException] | None, total_at: float) -> None:
+        """D3.3: the effective deadline or the total has passed; no attempt starts. Raises."""
+        spent = current_bound_error(self.name)
+        if spent is None:
+            spent = self._total_error(total_at)
+        if errors:
+            raise spent from errors[-1]
+        raise spent
+
+    def _failed(
+        self,
+        exc: Exception,
+        attempt: int,
+        errors: list[BaseException] | None,
+        total_at: float,
+        tele: bool,
+        observer: Observer | None,
+    ) -> tuple[list[BaseException], float]:
+        """Attempt number ``attempt`` raised ``exc``: decide what comes next.
+
+        Raises when the loop ends: the error itself (a programming error, a spent caller
+        deadline or total, D2.5; or the only attempt's error, D3.1), ``RetryExhausted``, or the
+        ``DeadlineExceeded`` of a delay that cannot fit (D3.3). Otherwise returns the errors so
+        far and the delay to wait before the next attempt (D3.2).
+        """
+        if type(exc) is _Misuse:
+            raise exc  # a programming error is never retried
+        is_timeout = isinstance(exc, DeadlineExceeded)
+        if tele:
+            self._emit(
+                observer,
+                "attempt.end",
+                attempt=attempt,
+                outcome="timeout" if is_timeout else "error",
+                error=exc,
+            )
+        if is_timeout and exc.source != "attempt":  # type: ignore[attr-defined]
+            if exc.source == "total" and total_at != _INF and _clock.now() >= total_at:  # type: ignore[attr-defined]
+                # This policy's own total budget: no further attempt could finish (D2.5).
+                if exc.timeout is None:  # type: ignore[attr-defined]
+                    exc.timeout = self.total_timeout  # type: ignore[attr-defined]
+                raise exc
+            if self._is_callers(exc):
+                raise exc  # D2.5: the caller's time is spent
+        if errors is None:
+            errors = [exc]
+        else:
+            errors.append(exc)
+        if attempt > self.retry:
+            if self.retry == 0:
+                raise exc  # D3.1: retry 0 surfaces the error unwrapped
+            raise self._exhausted(errors) from exc
+        wait = self.delay_after(attempt)
+        left = remaining()
+        if total_at != _INF:
+            left = min(left, total_at - _clock.now())
+        if wait >= left:
+            raise self._no_room(attempt + 1, wait, total_at) from exc
+        return errors, wait
+
+    def _between(self, total_at: float) -> AbstractContextManager[Any]:
+        """The context of the delay between attempts: the total budget is visible there (D1.5).
+
+        Inside an attempt the attempt scope already ends no later than the total; between
+        attempts a non-cancelling bound makes ``current_deadline()`` (listeners of
+        ``retry.delay``, anything that runs in this context during the wait) include it. It is
+        entered only on the retry path, so the happy path pays nothing for it.
+        """
+        if total_at == _INF:
+            return _NULL_CONTEXT
+        return inherit_deadline(Deadline(total_at), source="total", timeout=self.total_timeout)
+
+    def _is_callers(self, exc: Exception) -> bool:
+        """Whether ``exc`` means the *caller's* deadline is spent (not this call's failure).
+
+        Such an error is never retried (D2.5), never replaced by a fallback or an on_error value
+        (docs/policies.md). ``attempt`` and ``total`` are this call's own budgets. A propagated
+        expiry always means the caller's deadline (D4.5). Any other source counts only when it
+        really is an enclosing bound: that bound has passed, or this policy raised the error for
+        it (a delay the bound cannot fit). A ``DeadlineExceeded`` from a scope *inside* the call
+        (its own ``fail_after``, a blocking tier's ``timeout=``) is an ordinary failure.
+        """
+        if not isinstance(exc, DeadlineExceeded):
+            return False
+        source = exc.source
+        if source in _OWN_SOURCES:
+            return False
+        return (
+            source == "propagated"
+            or current_bound_error() is not None
+            or getattr(exc, "_timebound_policy", None) is self
+        )
+
+    def _settle(self, exc: Exception, tele: bool, observer: Observer | None) -> Any:
+        """The call failed with ``exc``: ``_FALLBACK`` when the fallback must be evaluated (D3.4),
+        else on_error's value (D3.5); raises for ``propagate`` and for what is never absorbed."""
+        if type(exc) is _Misuse:
+            raise exc  # nor replaced by a fallback or a zero value
+        if self._has_fallback and self._fallback_applies(exc):
+            if tele:
+                self._emit(observer, "fallback", reason=_reason(exc), error=exc)
+            return _FALLBACK
+        return self._absorb(exc, tele, observer)
+
+    def _fell_back(self, value: Any, tele: bool, observer: Observer | None) -> Any:
+        if tele:
+            self._emit(observer, "call.end", outcome="fallback")
+        return Ok(value) if self._wrap else value
+
+    def _cancelled(
+        self, where: str, attempt: int, exc: BaseException, observer: Observer | None
+    ) -> None:
+        """Report a cancellation (or KeyboardInterrupt, SystemExit) passing through (D2.3)."""
+        if where == "attempt":
+            self._emit(observer, "attempt.end", attempt=attempt, outcome="cancelled", error=exc)
+        else:
+            self._emit(observer, "call.end", outcome="cancelled")
 
     def _attempt_scope(self, total_at: float) -> CancelScope:
         """The one cancel scope of an attempt: its own timeout or the total budget, the earlier.
@@ -362,7 +525,7 @@ class Policy:
         else:
             source = current_bound_source() or "scope"
             left, deadline = remaining(), enclosing
-        return DeadlineExceeded(
+        err = DeadlineExceeded(
             f"{self.name}: stopped before attempt {next_attempt}: the {source} deadline leaves "
             f"{format_duration(left)}, not enough for the {format_duration(wait)} delay and "
             "another attempt",
@@ -371,12 +534,15 @@ class Policy:
             deadline=deadline,
             what=self.name,
         )
+        # The enclosing bound has not passed yet, so _is_callers() needs to be told.
+        err._timebound_policy = self  # type: ignore[attr-defined]
+        return err
 
     def _exhausted(self, errors: list[BaseException]) -> BaseException:
         return RetryExhausted(errors, what=self.name)
 
     def _fallback_applies(self, exc: Exception) -> bool:
-        if isinstance(exc, DeadlineExceeded) and exc.source not in _OWN_SOURCES:
+        if self._is_callers(exc):
             return self._fallback_on_deadline
         fb_on = self.fallback_on
         if fb_on is None:
@@ -397,9 +563,7 @@ class Policy:
     def _absorb(self, exc: Exception, tele: bool, observer: Observer | None) -> Any:
         """on_error for a call that failed without a fallback; re-raises for ``propagate``."""
         mode = self.on_error
-        if mode == "propagate" or (
-            isinstance(exc, DeadlineExceeded) and exc.source not in _OWN_SOURCES
-        ):
+        if mode == "propagate" or self._is_callers(exc):
             # A spent caller deadline is never turned into a value (see docs/policies.md).
             if tele:
                 self._emit(observer, "call.end", outcome="error", error=exc)
@@ -422,7 +586,7 @@ class Policy:
             self._emit(observer, "call.end", outcome="skipped", error=exc)
         return self._zero()
 
-    # Async execution -------------------------------------------------------------------------
+    # Async driver ------------------------------------------------------------------------------
 
     async def execute(
         self,
@@ -440,48 +604,33 @@ class Policy:
         if kwargs is None:
             kwargs = _NO_KWARGS
         tele = observer is not None or _telemetry_enabled()
-        if tele:
-            self._emit(observer, "call.start")
-        key: str | None = None
-        cache = self._cache
-        if cache is not None:
-            key = self._key(args, kwargs)
-            if key is not None:
-                hit, value = self._cache_get(cache, key)
-                if hit:
-                    if tele:
-                        self._emit(observer, "cache.hit")
-                        self._emit(observer, "call.end", outcome="cached")
-                    return Ok(value) if self._wrap else value
+        key = None
+        if tele or self._cache is not None:
+            key, found = self._begin(args, kwargs, tele, observer)
+            if found is not _MISS:
+                return found
         total = self.total_timeout
         try:
             value = await self._retry_async(
                 fn, args, kwargs, tele, observer, _INF if total is None else _clock.now() + total
             )
         except Exception as exc:
-            if self._has_fallback and self._fallback_applies(exc):
-                if tele:
-                    self._emit(observer, "fallback", reason=_reason(exc), error=exc)
-                fb = self.fallback
-                if self._fallback_callable:
-                    fb = fb(*args, **kwargs)
-                    if inspect.isawaitable(fb):
-                        fb = await fb
-                if tele:
-                    self._emit(observer, "call.end", outcome="fallback")
-                return Ok(fb) if self._wrap else fb
-            return self._absorb(exc, tele, observer)
-        except BaseException:
+            result = self._settle(exc, tele, observer)
+            if result is not _FALLBACK:
+                return result
+            fb = self.fallback
+            if self._fallback_callable:
+                fb = fb(*args, **kwargs)
+                if inspect.isawaitable(fb):
+                    fb = await fb
+            return self._fell_back(fb, tele, observer)
+        except BaseException as exc:
             if tele:
-                self._emit(observer, "call.end", outcome="cancelled")
+                self._cancelled("call", 0, exc, observer)
             raise
-        if key is not None:
-            assert cache is not None
-            if self._cache_set(cache, key, value) and tele:
-                self._emit(observer, "cache.store")
-        if tele:
-            self._emit(observer, "call.end", outcome="ok")
-        return Ok(value) if self._wrap else value
+        if key is None and not tele and not self._wrap:
+            return value
+        return self._succeeded(key, value, tele, observer)
 
     async def _retry_async(
         self,
@@ -492,20 +641,18 @@ class Policy:
         observer: Observer | None,
         total_at: float,
     ) -> Any:
+        name = self.name
         attempt = 0
         errors: list[BaseException] | None = None
         plain = self._plain
         scoped = self._scoped
         while True:
             attempt += 1
-            # D3.3: never start an attempt the effective deadline cannot fit.
-            spent = current_bound_error(self.name)
-            if spent is None and total_at != _INF and _clock.now() >= total_at:
-                spent = self._total_error(total_at)
-            if spent is not None:
-                if errors:
-                    raise spent from errors[-1]
-                raise spent
+            # D3.3: never start an attempt once the effective deadline or the total has passed.
+            if current_bound_error(name) is not None or (
+                total_at != _INF and _clock.now() >= total_at
+            ):
+                self._stop(errors, total_at)
             if tele:
                 self._emit(observer, "attempt.start", attempt=attempt)
             try:
@@ -520,51 +667,20 @@ class Policy:
                         if type(value) is CoroutineType or inspect.isawaitable(value):
                             value = await value
                         else:
-                            late = current_bound_error(self.name)
-                            if late is not None:
-                                raise late
+                            _raise_if_late(name)
                 else:
                     value = await self._attempt_async(fn, args, kwargs, total_at)
             except Exception as exc:
-                is_timeout = isinstance(exc, DeadlineExceeded)
-                if tele:
-                    self._emit(
-                        observer,
-                        "attempt.end",
-                        attempt=attempt,
-                        outcome="timeout" if is_timeout else "error",
-                        error=exc,
-                    )
-                if is_timeout and exc.source != "attempt":  # type: ignore[attr-defined]
-                    # D2.5: a spent total/caller deadline: no further attempt could finish.
-                    if exc.source == "total" and exc.timeout is None:  # type: ignore[attr-defined]
-                        exc.timeout = self.total_timeout  # type: ignore[attr-defined]
-                    raise
-                if attempt > self.retry:
-                    if errors is None:
-                        raise  # D3.1: retry 0 surfaces the error unwrapped
-                    errors.append(exc)
-                    raise self._exhausted(errors) from exc
-                if errors is None:
-                    errors = [exc]
-                else:
-                    errors.append(exc)
-                wait = self.delay_after(attempt)
-                left = remaining()
-                if total_at != _INF:
-                    left = min(left, total_at - _clock.now())
-                if wait >= left:
-                    raise self._no_room(attempt + 1, wait, total_at) from exc
-                if tele:
-                    self._emit(observer, "retry.delay", attempt=attempt, delay=wait)
-                if wait > 0:
-                    await _asleep(wait)
+                errors, wait = self._failed(exc, attempt, errors, total_at, tele, observer)
+                with self._between(total_at):
+                    if tele:
+                        self._emit(observer, "retry.delay", attempt=attempt, delay=wait)
+                    if wait > 0:
+                        await _asleep(wait)
                 continue
             except BaseException as exc:
                 if tele:
-                    self._emit(
-                        observer, "attempt.end", attempt=attempt, outcome="cancelled", error=exc
-                    )
+                    self._cancelled("attempt", attempt, exc, observer)
                 raise
             if tele:
                 self._emit(observer, "attempt.end", attempt=attempt, outcome="ok", error=None)
@@ -577,39 +693,26 @@ class Policy:
         kwargs: Mapping[str, Any],
         total_at: float,
     ) -> Any:
-        bucket = self._bucket
+        """An attempt with admission (throttle and/or concurrency)."""
         slots = self._slots
-        t = self._attempt_timeout
-        if t is None:
-            await self._admit_async(bucket, slots)
-            try:
-                value = fn(*args, **kwargs)
-                if inspect.isawaitable(value):
-                    value = await value
-                return value
-            finally:
-                if slots is not None:
-                    slots.release()
         # D3.7: the scope is entered before admission, so waiting for a token or a slot counts
         # against the attempt timeout. D3.3: the scope's deadline is min(timeout, effective).
-        with self._attempt_scope(total_at):
-            if bucket is not None or slots is not None:
-                await self._admit_async(bucket, slots)
+        with _NULL_CONTEXT if self._attempt_timeout is None else self._attempt_scope(total_at):
+            await self._admit_async()
             try:
                 value = fn(*args, **kwargs)
                 if type(value) is CoroutineType or inspect.isawaitable(value):
-                    value = await value
-                else:
-                    # A sync callable cannot be interrupted: report a late result (D1.7).
-                    late = current_bound_error(self.name)
-                    if late is not None:
-                        raise late
-                return value
+                    return await value
             finally:
                 if slots is not None:
                     slots.release()
+            if self._attempt_timeout is not None:
+                _raise_if_late(self.name)
+            return value
 
-    async def _admit_async(self, bucket: TokenBucket | None, slots: Slots | None) -> None:
+    async def _admit_async(self) -> None:
+        bucket = self._bucket
+        slots = self._slots
         if bucket is not None:
             wait = bucket.reserve()
             if wait > 0:
@@ -627,7 +730,7 @@ class Policy:
                     bucket.refund()
                 raise
 
-    # Sync execution --------------------------------------------------------------------------
+    # Sync driver -------------------------------------------------------------------------------
 
     def execute_sync(
         self,
@@ -647,54 +750,42 @@ class Policy:
         if kwargs is None:
             kwargs = _NO_KWARGS
         tele = observer is not None or _telemetry_enabled()
-        if tele:
-            self._emit(observer, "call.start")
-        key: str | None = None
-        cache = self._cache
-        if cache is not None:
-            key = self._key(args, kwargs)
-            if key is not None:
-                hit, value = self._cache_get(cache, key)
-                if hit:
-                    if tele:
-                        self._emit(observer, "cache.hit")
-                        self._emit(observer, "call.end", outcome="cached")
-                    return Ok(value) if self._wrap else value
+        key = None
+        if tele or self._cache is not None:
+            key, found = self._begin(args, kwargs, tele, observer)
+            if found is not _MISS:
+                return found
         total = self.total_timeout
         try:
             value = self._retry_sync(
                 fn, args, kwargs, tele, observer, _INF if total is None else _clock.now() + total
             )
         except Exception as exc:
-            if type(exc) is _Misuse:
-                raise  # nor replaced by a fallback or a zero value
-            if self._has_fallback and self._fallback_applies(exc):
-                if tele:
-                    self._emit(observer, "fallback", reason=_reason(exc), error=exc)
-                fb = self.fallback
-                if self._fallback_callable:
-                    fb = fb(*args, **kwargs)
-                    if inspect.isawaitable(fb):
-                        _discard(fb)
-                        raise TypeError(
-                            f"{self.name}: the fallback returned an awaitable in a sync call; "
-                            "use a sync fallback or run the call with execute()"
-                        ) from exc
-                if tele:
-                    self._emit(observer, "call.end", outcome="fallback")
-                return Ok(fb) if self._wrap else fb
-            return self._absorb(exc, tele, observer)
-        except BaseException:
+            result = self._settle(exc, tele, observer)
+            if result is not _FALLBACK:
+                return result
+            return self._fell_back(self._sync_fallback(args, kwargs, exc), tele, observer)
+        except BaseException as exc:
             if tele:
-                self._emit(observer, "call.end", outcome="cancelled")
+                self._cancelled("call", 0, exc, observer)
             raise
-        if key is not None:
-            assert cache is not None
-            if self._cache_set(cache, key, value) and tele:
-                self._emit(observer, "cache.store")
-        if tele:
-            self._emit(observer, "call.end", outcome="ok")
-        return Ok(value) if self._wrap else value
+        if key is None and not tele and not self._wrap:
+            return value
+        return self._succeeded(key, value, tele, observer)
+
+    def _sync_fallback(
+        self, args: tuple[Any, ...], kwargs: Mapping[str, Any], exc: Exception
+    ) -> Any:
+        fb = self.fallback
+        if self._fallback_callable:
+            fb = fb(*args, **kwargs)
+            if inspect.isawaitable(fb):
+                _discard(fb)
+                raise TypeError(
+                    f"{self.name}: the fallback returned an awaitable in a sync call; "
+                    "use a sync fallback or run the call with execute()"
+                ) from exc
+        return fb
 
     def _retry_sync(
         self,
@@ -705,67 +796,35 @@ class Policy:
         observer: Observer | None,
         total_at: float,
     ) -> Any:
+        name = self.name
         attempt = 0
         errors: list[BaseException] | None = None
         plain = self._plain
         while True:
             attempt += 1
-            spent = current_bound_error(self.name)
-            if spent is None and total_at != _INF and _clock.now() >= total_at:
-                spent = self._total_error(total_at)
-            if spent is not None:
-                if errors:
-                    raise spent from errors[-1]
-                raise spent
+            if current_bound_error(name) is not None or (
+                total_at != _INF and _clock.now() >= total_at
+            ):
+                self._stop(errors, total_at)
             if tele:
                 self._emit(observer, "attempt.start", attempt=attempt)
             try:
                 value = (
-                    _call_sync(self.name, fn, args, kwargs)
+                    _call_sync(name, fn, args, kwargs)
                     if plain
                     else self._attempt_sync(fn, args, kwargs, total_at)
                 )
             except Exception as exc:
-                if type(exc) is _Misuse:
-                    raise  # a programming error is never retried
-                is_timeout = isinstance(exc, DeadlineExceeded)
-                if tele:
-                    self._emit(
-                        observer,
-                        "attempt.end",
-                        attempt=attempt,
-                        outcome="timeout" if is_timeout else "error",
-                        error=exc,
-                    )
-                if is_timeout and exc.source != "attempt":  # type: ignore[attr-defined]
-                    if exc.source == "total" and exc.timeout is None:  # type: ignore[attr-defined]
-                        exc.timeout = self.total_timeout  # type: ignore[attr-defined]
-                    raise
-                if attempt > self.retry:
-                    if errors is None:
-                        raise
-                    errors.append(exc)
-                    raise self._exhausted(errors) from exc
-                if errors is None:
-                    errors = [exc]
-                else:
-                    errors.append(exc)
-                wait = self.delay_after(attempt)
-                left = remaining()
-                if total_at != _INF:
-                    left = min(left, total_at - _clock.now())
-                if wait >= left:
-                    raise self._no_room(attempt + 1, wait, total_at) from exc
-                if tele:
-                    self._emit(observer, "retry.delay", attempt=attempt, delay=wait)
-                if wait > 0:
-                    _clock.sleep(wait)
+                errors, wait = self._failed(exc, attempt, errors, total_at, tele, observer)
+                with self._between(total_at):
+                    if tele:
+                        self._emit(observer, "retry.delay", attempt=attempt, delay=wait)
+                    if wait > 0:
+                        _clock.sleep(wait)
                 continue
             except BaseException as exc:
                 if tele:
-                    self._emit(
-                        observer, "attempt.end", attempt=attempt, outcome="cancelled", error=exc
-                    )
+                    self._cancelled("attempt", attempt, exc, observer)
                 raise
             if tele:
                 self._emit(observer, "attempt.end", attempt=attempt, outcome="ok", error=None)
@@ -778,32 +837,24 @@ class Policy:
         kwargs: Mapping[str, Any],
         total_at: float,
     ) -> Any:
-        bucket = self._bucket
+        """An attempt with a scope and/or admission, run to its end (cooperative)."""
         slots = self._slots
-        t = self._attempt_timeout
-        if t is None:
-            self._admit_sync(bucket, slots)
-            try:
-                return _call_sync(self.name, fn, args, kwargs)
-            finally:
-                if slots is not None:
-                    slots.release()
-        with self._attempt_scope(total_at):
-            if bucket is not None or slots is not None:
-                self._admit_sync(bucket, slots)
+        with _NULL_CONTEXT if self._attempt_timeout is None else self._attempt_scope(total_at):
+            self._admit_sync()
             try:
                 value = _call_sync(self.name, fn, args, kwargs)
             finally:
                 if slots is not None:
                     slots.release()
-            # Cooperative: the attempt ran to its end; if a bound passed meanwhile the result is
-            # late. The enclosing bound wins a tie, as it does in asyncio.
-            late = current_bound_error(self.name)
-            if late is not None:
-                raise late
+            if self._attempt_timeout is not None:
+                # The attempt ran to its end; if a bound passed meanwhile the result is late
+                # (D1.7). The enclosing bound wins a tie, as it does in asyncio.
+                _raise_if_late(self.name)
             return value
 
-    def _admit_sync(self, bucket: TokenBucket | None, slots: Slots | None) -> None:
+    def _admit_sync(self) -> None:
+        bucket = self._bucket
+        slots = self._slots
         if bucket is not None:
             wait = bucket.reserve()
             if wait > 0:
@@ -877,6 +928,13 @@ def _call_sync(
             "await Policy.execute() for async callables"
         )
     return value
+
+
+def _raise_if_late(name: str) -> None:
+    """A sync callable cannot be interrupted: a result that came after a bound passed is late."""
+    late = current_bound_error(name)
+    if late is not None:
+        raise late
 
 
 class _Misuse(TypeError):
