@@ -10,11 +10,13 @@ from timebound import (
     Deadline,
     DeadlineExceeded,
     RetryExhausted,
+    current_deadline,
     fail_after,
     inherit_deadline,
 )
 from timebound._core import _clock
 from timebound.policies import Policy
+from timebound.telemetry import Event
 from timebound.testing import VirtualClock
 
 from ._helpers import AsyncFlaky, Flaky, Hang, SlowSync
@@ -333,3 +335,82 @@ async def test_attempt_timeout_on_a_real_event_loop() -> None:
         await Policy("op", timeout="10ms", retry=1, delay="1ms").execute(fn)
     assert len(fn.calls) == 2
     assert all(e.source == "attempt" for e in info.value.errors)  # type: ignore[attr-defined]
+
+
+async def test_total_budget_is_visible_during_the_delay(virtual_clock: VirtualClock) -> None:
+    """Between attempts current_deadline() includes total_timeout (D1.5), e.g. for listeners."""
+    seen: list[Deadline] = []
+
+    def observer(event: Event) -> None:
+        if event.name == "retry.delay":
+            seen.append(current_deadline())
+
+    policy = Policy("op", retry=1, delay=1, total_timeout=10)
+    assert await policy.execute(AsyncFlaky(1), observer=observer) == "ok"
+    assert seen == [Deadline(10.0)]
+    assert current_deadline() == Deadline.never()
+
+
+def test_sync_total_budget_is_visible_during_the_delay(virtual_clock: VirtualClock) -> None:
+    """Sync: during the delay the effective deadline is min(total, enclosing bounds)."""
+    seen: list[Deadline] = []
+
+    def observer(event: Event) -> None:
+        if event.name == "retry.delay":
+            seen.append(current_deadline())
+
+    policy = Policy("op", retry=2, delay=1, total_timeout=10)
+    with inherit_deadline(Deadline.after(20)):
+        assert policy.execute_sync(Flaky(1), observer=observer) == "ok"
+    with inherit_deadline(Deadline.after(5)):
+        assert policy.execute_sync(Flaky(1), observer=observer) == "ok"
+    assert seen == [Deadline(10.0), Deadline(6.0)]
+
+
+async def test_a_deadline_from_a_scope_inside_the_call_is_retried(
+    virtual_clock: VirtualClock,
+) -> None:
+    """The call's own fail_after (source scope) is its failure, not the caller's: retried."""
+    calls: list[float] = []
+
+    async def fn() -> str:
+        calls.append(virtual_clock.now())
+        if len(calls) == 1:
+            async with fail_after(1):
+                await asyncio.sleep(5)
+        return "ok"
+
+    assert await Policy("op", retry=1, delay=2).execute(fn) == "ok"
+    assert calls == [0.0, 3.0]
+
+
+def test_sync_a_deadline_from_a_scope_inside_the_call_is_retried(
+    virtual_clock: VirtualClock,
+) -> None:
+    """Sync: an inner scope that overran raises source scope at its exit; the policy retries."""
+    calls: list[float] = []
+
+    def fn() -> str:
+        calls.append(virtual_clock.now())
+        if len(calls) == 1:
+            with fail_after(1):
+                _clock.sleep(2)
+        return "ok"
+
+    assert Policy("op", retry=1, delay=1).execute_sync(fn) == "ok"
+    assert calls == [0.0, 3.0]
+
+
+async def test_an_inner_scope_error_exhausts_retries_like_any_error(
+    virtual_clock: VirtualClock,
+) -> None:
+    """Retries exhausted on inner-scope timeouts end in RetryExhausted of those errors."""
+
+    async def fn() -> None:
+        async with fail_after(1):
+            await asyncio.sleep(5)
+
+    with pytest.raises(RetryExhausted) as info:
+        await Policy("op", retry=2).execute(fn)
+    assert virtual_clock.now() == 3.0
+    assert [e.source for e in info.value.errors] == ["scope", "scope", "scope"]  # type: ignore[attr-defined]

@@ -206,3 +206,29 @@ def test_sync_call_of_an_async_function_is_a_clear_error(virtual_clock: VirtualC
     with pytest.raises(TypeError, match="awaitable in a sync call"):
         Policy("op", retry=3, fallback="fb", on_error="skip").execute_sync(fn)
     assert calls == 1
+
+
+async def test_a_deadline_from_a_scope_inside_the_call_falls_back(
+    virtual_clock: VirtualClock,
+) -> None:
+    """The call's own fail_after firing is the call's failure: the fallback applies."""
+
+    async def fn() -> str:
+        async with fail_after(1):
+            await asyncio.sleep(5)
+        return "ok"
+
+    assert await Policy("op", fallback="fb").execute(fn) == "fb"
+    assert virtual_clock.now() == 1.0
+
+
+async def test_caller_deadline_too_short_for_the_delay_skips_the_fallback(
+    virtual_clock: VirtualClock,
+) -> None:
+    """A request deadline that cannot fit the next delay ends the call without the fallback."""
+    with inherit_deadline(Deadline.after(4)):
+        with pytest.raises(DeadlineExceeded) as info:
+            await Policy("op", timeout=3, retry=3, delay=2, fallback="fb").execute(Hang())
+    assert virtual_clock.now() == 3.0
+    assert info.value.source == "inherited"
+    assert isinstance(info.value.__cause__, DeadlineExceeded)

@@ -9,7 +9,8 @@ from typing import Any, NamedTuple, Optional, TypedDict
 import pytest
 
 import timebound as tb
-from timebound import Deadline, DeadlineExceeded, RetryExhausted, inherit_deadline
+from timebound import Deadline, DeadlineExceeded, RetryExhausted, fail_after, inherit_deadline
+from timebound._core import _clock
 from timebound.policies import Err, Ok, Policy, zero_value_for
 from timebound.testing import VirtualClock
 
@@ -200,3 +201,17 @@ def test_sync_wrap_returns_err_for_a_timeout(virtual_clock: VirtualClock) -> Non
     assert isinstance(result, Err)
     assert isinstance(result.error, DeadlineExceeded)
     assert result.error.source == "attempt"
+
+
+def test_skip_absorbs_a_deadline_from_a_scope_inside_the_call(
+    virtual_clock: VirtualClock,
+) -> None:
+    """on_error=skip returns the zero value when the call's own inner scope overran."""
+
+    def fn() -> int:
+        with fail_after(1):
+            _clock.sleep(2)
+        return 7
+
+    assert Policy("op", on_error="skip", zero=0).execute_sync(fn) == 0
+    assert virtual_clock.now() == 2.0
