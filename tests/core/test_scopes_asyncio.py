@@ -390,3 +390,31 @@ async def test_context_copy_sees_frozen_deadline(virtual_clock: VirtualClock) ->
         ctx = contextvars.copy_context()
     assert ctx.run(tb.remaining) == 3.0
     assert tb.remaining() == math.inf
+
+
+async def test_nested_later_scope_overruns_after_swallowing(virtual_clock: VirtualClock) -> None:
+    """A nested later fail_after whose body swallows the outer cancel and overruns raises its own
+    error at exit; the outer scope lets it through and the task's cancel count is restored."""
+    task = asyncio.current_task()
+    assert task is not None
+    with pytest.raises(tb.DeadlineExceeded) as info:
+        async with tb.move_on_after(1) as outer:
+            async with tb.fail_after(2) as inner:
+                try:
+                    await never()
+                except asyncio.CancelledError:
+                    pass
+                await asyncio.sleep(5)
+    assert info.value.timeout == 2
+    assert inner.expired and outer.expired
+    assert virtual_clock.now() == 6.0
+    assert task.cancelling() == 0
+
+
+async def test_nested_equal_deadline_scope_reports_outer(virtual_clock: VirtualClock) -> None:
+    """Two scopes with the same deadline: the outer one catches, the inner still reads expired."""
+    async with tb.move_on_after(3) as outer:
+        async with tb.fail_after(3) as inner:
+            await never()
+    assert outer.expired and inner.expired
+    assert virtual_clock.now() == 3.0
