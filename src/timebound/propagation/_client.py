@@ -9,8 +9,14 @@ One outgoing attempt goes through three decisions:
    (``lowered``) it is *our* deadline that is spent: raise ``DeadlineExceeded`` with the binding
    bound's source and mark the request (D4.5); otherwise the attempt's own static timeout fired.
 3. :meth:`Attempt.remote_expired` — a response ``>= 400`` carrying ``X-YaTaxi-Deadline-Expired``:
-   if we lowered the timeout, raise ``DeadlineExceeded(source="propagated")`` and mark the
-   request (never retried); otherwise it is an ordinary attempt timeout (retryable).
+   if our deadline lowered the timeout, raise ``DeadlineExceeded(source="propagated")`` and mark
+   the request (never retried); otherwise it is an ordinary attempt timeout (retryable). A
+   timeout lowered by the attempt's own bound (a policy's per-attempt timeout, source
+   ``attempt``) is the attempt's time, not our deadline: ordinary and retryable (D2.5).
+
+The request is marked only when the spent bound is the request's own deadline
+(:meth:`RequestState.cut_by`): an attempt timeout or a local scope that ends earlier leaves the
+request with time, so it is not answered "Deadline expired".
 
 The "ordinary timeout" type is each adapter's ``AttemptTimeout``: a ``DeadlineExceeded`` with
 ``source="attempt"`` (retryable by timebound's policies, D2.5) that is *also* the client
@@ -41,7 +47,7 @@ from .._core._scopes import (
 from ..telemetry._events import counters, emit, enabled
 from . import _config
 from ._codec import EXPIRED_HEADER, TIMEOUT_HEADER
-from ._state import ClampedTimeout, clamp_timeout, mark_cancelled_by_deadline
+from ._state import ClampedTimeout, clamp_timeout, mark_spent
 
 __all__ = ["COMPONENT", "Attempt", "ClientOptions", "begin", "bounded"]
 
@@ -60,8 +66,8 @@ class ClientOptions:
     what: str = "http request"
 
 
-def _record_cancelled() -> None:
-    mark_cancelled_by_deadline()
+def _record_cancelled(bound: float | None) -> None:
+    mark_spent(None if bound is None else Deadline(bound))
     counters.inc("cancelled-by-deadline", component=COMPONENT)
     if enabled():
         emit("span.tags", component=COMPONENT, cancelled_by_deadline=1)
@@ -91,7 +97,7 @@ class Attempt:
     def note_cut(self) -> None:
         """Record a cut by our own deadline (counters, span tag, the request's mark)."""
         if self.lowered:
-            _record_cancelled()
+            _record_cancelled(self.end)
 
     def cut(self, attempt_timeout: Callable[[str], BaseException]) -> BaseException:
         """The error for an exchange that ran past :attr:`end`.
@@ -100,7 +106,7 @@ class Attempt:
         """
         what = self.options.what
         if self.lowered:
-            _record_cancelled()
+            _record_cancelled(self.end)
             err = current_bound_error(what)
             if err is not None:
                 return err
@@ -128,8 +134,8 @@ class Attempt:
     ) -> BaseException:
         """The error for a response marked "deadline expired" by the server (D4.5)."""
         what = self.options.what
-        if self.lowered:
-            _record_cancelled()
+        if self.lowered and self.source != "attempt":
+            _record_cancelled(self.end)
             return DeadlineExceeded(
                 f"{what} answered {status} deadline expired: our deadline is spent"
                 " (propagated deadline)",

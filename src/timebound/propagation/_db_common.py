@@ -12,7 +12,7 @@ from typing import Final
 from .._core._errors import DeadlineExceeded
 from .._core._scopes import current_bound_error
 from ..telemetry._events import counters, emit, enabled
-from ._state import ClampedTimeout, clamp_timeout, mark_cancelled_by_deadline
+from ._state import ClampedTimeout, clamp_timeout, mark_spent
 
 #: A database call whose timeout the deadline lowered (userver's name, D4.7).
 TIMEOUT_UPDATED: Final = "timeout-updated-by-deadline"
@@ -30,11 +30,12 @@ def budget(static: float | None, *, what: str, client: str) -> ClampedTimeout:
 
 
 def spent(*, what: str, client: str) -> DeadlineExceeded | None:
-    """The binding bound's error when the deadline has passed (counted, request marked)."""
+    """The binding bound's error when the deadline has passed (counted; the request marked when
+    that bound is its own deadline)."""
     err = current_bound_error(what)
     if err is None:
         return None
-    mark_cancelled_by_deadline()
+    mark_spent()
     _cancelled(client)
     return err
 

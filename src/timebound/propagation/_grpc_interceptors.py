@@ -28,7 +28,7 @@ from typing import Any, Final, NamedTuple
 
 from .._core._deadline import Deadline
 from .._core._errors import DeadlineExceeded
-from .._core._scopes import inherit_deadline
+from .._core._scopes import current_bound_source, current_deadline, inherit_deadline
 from ..telemetry._events import counters, emit, enabled
 from ._state import RequestState, _request, clamp_timeout
 
@@ -203,14 +203,15 @@ class _CallBound:
     __slots__ = ("_bound", "state")
 
     def __init__(self, left: float | None) -> None:
+        if left is None:
+            self.state = RequestState()
+            self._bound = None
+            return
+        deadline = Deadline.after(max(0.0, left))
         self.state = RequestState(
-            deadline_received_ms=None if left is None else max(0, math.ceil(left * 1000))
+            deadline_received_ms=max(0, math.ceil(left * 1000)), deadline=deadline
         )
-        self._bound = (
-            None
-            if left is None
-            else inherit_deadline(Deadline.after(max(0.0, left)), source="inherited", timeout=left)
-        )
+        self._bound = inherit_deadline(deadline, source="inherited", timeout=left)
 
     def enter(self) -> contextvars.Token[RequestState | None]:
         token = _request.set(self.state)
@@ -493,6 +494,11 @@ class _Clamp(NamedTuple):
     lowered: bool
     destination: str
     state: RequestState | None
+    #: The effective deadline the call runs under (``never`` when it did not lower the timeout).
+    bound: Deadline
+    #: A ``DEADLINE_EXCEEDED`` means our deadline is spent: the timeout was lowered by a bound
+    #: other than the attempt's own (a policy's per-attempt timeout is retryable, D2.5).
+    propagated: bool
 
 
 class _ClientBase:
@@ -519,14 +525,19 @@ class _ClientBase:
                     deadline_updated=1,
                     timeout_ms=clamped.ms,
                 )
-        return _Clamp(clamped.seconds, clamped.lowered, dest, _request.get())
+            bound = current_deadline()
+            propagated = current_bound_source() != "attempt"
+        else:
+            bound, propagated = Deadline.never(), False
+        return _Clamp(clamped.seconds, clamped.lowered, dest, _request.get(), bound, propagated)
 
     @staticmethod
     def _spent(clamp: _Clamp) -> None:
-        """Our deadline cut a call short: count it and mark the request it belongs to."""
+        """Our deadline cut a call short: count it and mark the request it belongs to (when
+        the bound that cut it is the request's own deadline)."""
         _client_cancelled(clamp.destination)
         if clamp.state is not None:
-            clamp.state.cancelled_by_deadline = True
+            clamp.state.cut_by(clamp.bound)
 
 
 def _client_cancelled(dest: str) -> None:
@@ -658,7 +669,7 @@ class _SyncClientInterceptor(
         new, clamp = self._details(details)
         outcome = continuation(new, request)
         self._watch(outcome, clamp)
-        if clamp is None or not clamp.lowered:
+        if clamp is None or not clamp.propagated:
             return outcome
         return _PropagatingOutcome(outcome, clamp)
 
@@ -717,6 +728,8 @@ class _AioClientBase(_ClientBase):
             if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise
             self._spent(clamp)
+            if not clamp.propagated:
+                raise
             raise _propagated_from(
                 AioPropagatedDeadlineExceeded, err, clamp.timeout, clamp.destination
             ) from err

@@ -91,9 +91,10 @@ def arrive(
     counters.inc("deadline-received", component=COMPONENT)
     if enabled():
         emit("span.tags", component=COMPONENT, deadline_received_ms=ms)
+    deadline = Deadline(start + received.seconds)
     return Arrival(
-        deadline=Deadline(start + received.seconds),
-        state=RequestState(deadline_received_ms=ms),
+        deadline=deadline,
+        state=RequestState(deadline_received_ms=ms, deadline=deadline),
         seconds=received.seconds,
     )
 

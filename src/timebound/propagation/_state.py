@@ -13,8 +13,9 @@ import contextvars
 import math
 from dataclasses import dataclass
 
+from .._core._deadline import Deadline
 from .._core._errors import DeadlineExceeded
-from .._core._scopes import current_bound_error, remaining
+from .._core._scopes import current_bound_error, current_deadline, remaining
 
 __all__ = [
     "ClampedTimeout",
@@ -33,6 +34,19 @@ class RequestState:
     deadline_received_ms: int | None = None
     #: Set when an operation gave up because this request's deadline was spent (D4.5).
     cancelled_by_deadline: bool = False
+    #: The request's own deadline, or ``None`` when unknown (then every cut counts as its own).
+    deadline: Deadline | None = None
+
+    def cut_by(self, bound: Deadline) -> None:
+        """An operation that ran under the effective deadline ``bound`` was cut short by it.
+
+        The request is marked only when ``bound`` is the request's own deadline. A bound that
+        ends earlier — an attempt timeout, a policy's total budget, a local ``fail_after`` — is
+        the caller's business: its error reaches the caller, who may retry or recover, and the
+        request still has time, so it must not be answered "Deadline expired" (D4.4, D4.5).
+        """
+        if self.deadline is None or bound >= self.deadline:
+            self.cancelled_by_deadline = True
 
 
 _request: contextvars.ContextVar[RequestState | None] = contextvars.ContextVar(
@@ -46,10 +60,25 @@ def current_request() -> RequestState | None:
 
 
 def mark_cancelled_by_deadline() -> None:
-    """Record that the current request's deadline cut an operation short (no-op outside one)."""
+    """Record that the current request's deadline cut an operation short (no-op outside one).
+
+    Unconditional: the server answers "Deadline expired" (adapters call :func:`mark_spent`,
+    which checks that the spent bound is the request's own).
+    """
     state = _request.get()
     if state is not None:
         state.cancelled_by_deadline = True
+
+
+def mark_spent(bound: Deadline | None = None) -> None:
+    """:meth:`RequestState.cut_by` for the current request (no-op outside one).
+
+    ``bound`` is the effective deadline the cut operation ran under; by default the current one
+    (right for a check made in the operation's own context).
+    """
+    state = _request.get()
+    if state is not None:
+        state.cut_by(current_deadline() if bound is None else bound)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,12 +103,13 @@ class ClampedTimeout:
 def clamp_timeout(static: float | None, *, what: str = "request") -> ClampedTimeout:
     """Clamp a client's static timeout by the effective deadline, failing fast when it is spent.
 
-    Raises :class:`DeadlineExceeded` (with the binding bound's ``source``) and marks the request
-    when no time is left: such a call must send nothing (D4.3).
+    When no time is left it raises :class:`DeadlineExceeded` (with the binding bound's
+    ``source``), marking the request when that bound is the request's own deadline: such a call
+    must send nothing (D4.3).
     """
     err: DeadlineExceeded | None = current_bound_error(what)
     if err is not None:
-        mark_cancelled_by_deadline()
+        mark_spent()
         raise err
     left = remaining()
     if left == math.inf:

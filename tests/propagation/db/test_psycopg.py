@@ -12,7 +12,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 import timebound as tb
-from timebound.propagation import RequestState
+from timebound.propagation import RequestState, _state
 from timebound.propagation.psycopg import (
     AsyncDeadlineCursor,
     DeadlineCursor,
@@ -275,3 +275,23 @@ def test_sync_deadline_in_a_worker_thread(postgres_dsn: str) -> None:
     t.start()
     t.join(10)
     assert results == {"source": "inherited"}
+
+
+def test_attempt_timeout_cut_leaves_the_request_unmarked(
+    conn: psycopg.Connection[Any], postgres_dsn: str
+) -> None:
+    """``pg_sleep(10)`` cut by a 200 ms attempt timeout in a request with 30 s left: the error
+    says ``attempt`` and the request is not marked (it is not answered "Deadline expired")."""
+    deadline = tb.Deadline.after(30)
+    state = RequestState(deadline_received_ms=30_000, deadline=deadline)
+    token = _state._request.set(state)
+    try:
+        with tb.inherit_deadline(deadline):
+            with pytest.raises(tb.DeadlineExceeded) as info:
+                with tb.fail_after(0.2, source="attempt"):
+                    conn.execute("SELECT pg_sleep(10)")
+    finally:
+        _state._request.reset(token)
+    assert info.value.source == "attempt"
+    assert isinstance(info.value.__cause__, psycopg.errors.QueryCanceled)
+    assert state.cancelled_by_deadline is False

@@ -446,3 +446,47 @@ def test_span_tags_use_userver_names(leaf: tuple[Leaf, int]) -> None:
         ("grpc-client", "timeout_ms"),
         ("grpc-server", "deadline_received_ms"),
     } <= tags
+
+
+@pytest.fixture
+def request_with_time() -> Iterator[RequestState]:
+    """A request with 30 s left, entered as the server interceptor enters it."""
+    deadline = tb.Deadline.after(30)
+    state = RequestState(deadline_received_ms=30_000, deadline=deadline)
+    token = _state._request.set(state)
+    with tb.inherit_deadline(deadline):
+        yield state
+    _state._request.reset(token)
+
+
+def test_attempt_timeout_expiry_stays_a_plain_rpc_error(
+    leaf: tuple[Leaf, int], request_with_time: RequestState
+) -> None:
+    """A timeout lowered by the attempt's own bound is the attempt's time, not our deadline:
+    grpc's own (retryable) error, and the request with 30 s left is not marked (D2.5, D4.5)."""
+    impl, port = leaf
+    impl.mode = "block"
+    channel = leaf_channel(port)
+    with pytest.raises(grpc.RpcError) as info:
+        with tb.fail_after(0.2, source="attempt"):
+            channel.unary_unary(LEAF)(b"", timeout=30.0)
+    channel.close()
+    assert not isinstance(info.value, PropagatedDeadlineExceeded)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert request_with_time.cancelled_by_deadline is False
+    assert counters.get(CLI_CANCELLED, grpc_destination="test.Leaf/Echo") == 1
+
+
+def test_local_scope_expiry_is_propagated_but_not_the_requests(
+    leaf: tuple[Leaf, int], request_with_time: RequestState
+) -> None:
+    """A local scope that lowered the timeout is spent (propagated), but the request with 30 s
+    left is not marked."""
+    impl, port = leaf
+    impl.mode = "block"
+    channel = leaf_channel(port)
+    with pytest.raises(PropagatedDeadlineExceeded):
+        with tb.fail_after(0.2):
+            channel.unary_unary(LEAF)(b"", timeout=30.0)
+    channel.close()
+    assert request_with_time.cancelled_by_deadline is False
