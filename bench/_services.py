@@ -92,6 +92,7 @@ class Meter:
         self.cpu_attr = 0.0  # CPU attributed to requests (s)
         self.cpu_after = 0.0  # ... of which after the request's origin deadline (s)
         self.work_cpu = 0.0  # C: CPU of work quanta (s)
+        self.quanta = 0  # C: work quanta done
         self.received = 0  # requests that reached the service's app
         self.late_calls = 0  # L: requests sent (stamp) at/after their origin deadline
         self.ok = 0  # responses with status 200
@@ -101,6 +102,7 @@ class Meter:
             "cpu_attr": self.cpu_attr,
             "cpu_after": self.cpu_after,
             "work_cpu": self.work_cpu,
+            "quanta": self.quanta,
             "received": self.received,
             "late_calls": self.late_calls,
             "ok": self.ok,
@@ -271,6 +273,7 @@ class Work:
                     c0 = _thread_time()
                     quantum(self.iters)
                     METER.work_cpu += _thread_time() - c0
+                    METER.quanta += 1
                     tick()
         except tb.DeadlineExceeded:
             status = 504

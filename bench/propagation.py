@@ -72,14 +72,85 @@ def calibrate_iters() -> int:
     """Loop iterations of ``_services.quantum`` that take ~0.5 ms of CPU on this machine."""
     from _services import quantum
 
-    n = 2000
+    n = 10_000
     samples = []
-    for _ in range(30):
+    for _ in range(20):
         c0 = time.thread_time()
         quantum(n)
         samples.append(time.thread_time() - c0)
-    per_iter = statistics.median(samples) / n
+    # The fastest sample: interference (another process, a cache flush) only ever adds time.
+    per_iter = min(samples) / n
     return max(1, round(QUANTUM / per_iter))
+
+
+async def _per_call(fn: Any, n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        await fn()
+    return (time.perf_counter() - t0) / n
+
+
+async def _micro(rounds: int = 7) -> dict[str, dict[str, float]]:
+    """In-process cost of the middleware and the transport, without sockets or other processes.
+
+    Seconds per request for each variant: the median over ``rounds`` interleaved rounds of the
+    best of three batches (as ``_common.interleave``).
+    """
+    import timebound as tb
+    from timebound.propagation.asgi import DeadlineMiddleware
+    from timebound.propagation.httpx import AsyncDeadlineTransport
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Any) -> None:
+        return None
+
+    def scope(with_header: bool) -> dict[str, Any]:
+        headers = [(b"host", b"c"), (b"x-bench-id", b"1")]
+        if with_header:
+            headers.append((b"x-yataxi-client-timeoutms", b"250"))
+        return {"type": "http", "method": "GET", "path": "/", "headers": headers}
+
+    mw = DeadlineMiddleware(app)
+    plain_scope, dp_scope = scope(False), scope(True)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=b"ok")
+
+    plain = httpx.AsyncClient(transport=httpx.MockTransport(handler), timeout=0.5)
+    dp = httpx.AsyncClient(
+        transport=AsyncDeadlineTransport(inner=httpx.MockTransport(handler)), timeout=0.5
+    )
+
+    async def client_plain() -> None:
+        await plain.get("http://c/")
+
+    async def client_dp() -> None:
+        await dp.get("http://c/")
+
+    variants: dict[str, dict[str, tuple[Any, int]]] = {
+        "asgi": {
+            "plain": (lambda: app(plain_scope, receive, send), 5000),
+            "dp": (lambda: mw(dp_scope, receive, send), 5000),
+        },
+        "httpx": {"plain": (client_plain, 1000), "dp": (client_dp, 1000)},
+    }
+    out: dict[str, dict[str, float]] = {}
+    with tb.inherit_deadline(tb.Deadline.after(3600)):
+        for name, pair in variants.items():
+            samples: dict[str, list[float]] = {k: [] for k in pair}
+            for _ in range(rounds):
+                for k, (fn, n) in pair.items():
+                    samples[k].append(min([await _per_call(fn, n) for _ in range(3)]))
+            out[name] = {k: statistics.median(v) for k, v in samples.items()}
+    await plain.aclose()
+    await dp.aclose()
+    return out
 
 
 def cpu_busy() -> float | None:
@@ -374,6 +445,8 @@ class RunResult:
     #: p50 of C's app start minus the moment B wrote the request head (s): the part of the
     #: slack spent between the wire and the receiving app.
     c_wire_to_app: float = math.nan
+    #: CPU of one work quantum at C, as measured there (s).
+    quantum_cpu: float = math.nan
     #: Cores used by other processes on the machine during the window (noise indicator).
     foreign_cpu: float = math.nan
 
@@ -466,6 +539,11 @@ def run_one(
             else (math.nan, math.nan)
         ),
         foreign_cpu=foreign,
+        quantum_cpu=(
+            float(stats["C"]["work_cpu"]) / int(stats["C"]["quanta"])
+            if int(stats["C"]["quanta"])
+            else math.nan
+        ),
         c_wire_to_app=median(
             [
                 x[1] - x[7]
@@ -495,6 +573,9 @@ class Overhead:
     fwd_cpu_per_request: dict[str, float]  # A+B (s)
     hop_p50: dict[str, dict[str, float]]  # mode -> service -> s
     requests: dict[str, int]
+    #: The same per-hop difference between two halves of the M0 runs (first run against the
+    #: repeats): what the measurement shows when nothing changed, i.e. its noise.
+    null_per_hop: float = math.nan
 
     @classmethod
     def pool(cls, runs: list[RunResult]) -> Overhead | None:
@@ -508,7 +589,13 @@ class Overhead:
             fwd[m] = sum(r.cpu["A"] + r.cpu["B"] for r in rs) / received
             hop[m] = {h: median([x for r in rs for x in r.own[h]]) for h in "ABC"}
             n[m] = received
-        return cls(cpu, fwd, hop, n)
+        m0 = by_mode["M0"]
+        null = math.nan
+        if len(m0) > 1:
+            first = {h: median(m0[0].own[h]) for h in "ABC"}
+            rest = {h: median([x for r in m0[1:] for x in r.own[h]]) for h in "ABC"}
+            null = sum(rest[h] - first[h] for h in "ABC") / 3
+        return cls(cpu, fwd, hop, n, null)
 
     @property
     def added_per_hop(self) -> float:
@@ -580,6 +667,9 @@ def build_rows(
     capacity: float, results: list[RunResult], overhead: Overhead | None, lifo: list[RunResult]
 ) -> list[Row]:
     rows = [Row("propagation.c_capacity", capacity, "req/s")]
+    quanta = [r.quantum_cpu for r in results if not math.isnan(r.quantum_cpu)]
+    if quanta:
+        rows.append(Row("propagation.c_quantum_cpu", statistics.median(quanta) * 1e6, "us"))
     foreign = [r.foreign_cpu for r in results + lifo if not math.isnan(r.foreign_cpu)]
     if foreign:
         rows.append(Row("propagation.other_processes_cpu_max", max(foreign), "cores"))
@@ -627,6 +717,8 @@ def build_rows(
                 o.added_per_hop <= 100e-6,
             )
         )
+        if not math.isnan(o.null_per_hop):
+            rows.append(Row("propagation.M0.rho0.5.null_p50_per_hop", o.null_per_hop * 1e6, "us"))
     rows += _mode_rows("propagation.lifo", lifo, capacity, targets=False)
     return rows
 
@@ -690,6 +782,11 @@ def markdown_table(
                 f"| own latency of {h}, p50 | {m0:.0f} us | {m2:.0f} us | {m2 - m0:+.0f} us |"
             )
         lines.append(f"| added p50 latency per hop | | | {o.added_per_hop * 1e6:+.0f} us |")
+        if not math.isnan(o.null_per_hop):
+            lines.append(
+                f"| the same, M0 repeats against the first M0 run (noise) | | | "
+                f"{o.null_per_hop * 1e6:+.0f} us |"
+            )
     if lifo:
         lines += [
             "",
@@ -806,6 +903,14 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_lifo and {"M0", "M2"} <= set(modes):
             for rho in (x for x in loads if x >= 2.0):
                 lifo += [run("M0", rho, "lifo"), run("M2", rho, "lifo")]
+        micro = None
+        if "M2" in modes and not args.smoke:
+            micro = asyncio.run(_micro())
+            log(
+                f"[{time.monotonic() - t_start:6.1f}s] in-process cost per request: middleware "
+                f"+{(micro['asgi']['dp'] - micro['asgi']['plain']) * 1e6:.1f} us, transport "
+                f"+{(micro['httpx']['dp'] - micro['httpx']['plain']) * 1e6:.1f} us"
+            )
     except KeyboardInterrupt:
         log("interrupted")
         return 130
@@ -814,8 +919,27 @@ def main(argv: list[str] | None = None) -> int:
 
     overhead = Overhead.pool([r for r in results + extra if r.rho == 0.5])
     rows = build_rows(capacity, results, overhead, lifo)
+    if micro is not None:
+        for name, what in (("asgi", "asgi_middleware"), ("httpx", "httpx_transport")):
+            rows.append(
+                Row(
+                    f"propagation.micro.{what}",
+                    micro[name]["dp"] * 1e6,
+                    "us",
+                    "without",
+                    micro[name]["plain"] * 1e6,
+                )
+            )
     print_table(rows, title="Deadline propagation: the work saved")
     md = markdown_table(capacity, results, overhead, lifo, args.quanta)
+    if micro is not None:
+        md += (
+            "\n\nIn-process cost per request, without sockets (median of interleaved rounds): "
+            f"`DeadlineMiddleware` {micro['asgi']['dp'] * 1e6:.1f} us against "
+            f"{micro['asgi']['plain'] * 1e6:.1f} us for the bare app; `AsyncDeadlineTransport` "
+            f"{micro['httpx']['dp'] * 1e6:.1f} us against {micro['httpx']['plain'] * 1e6:.1f} us "
+            "for a bare `httpx.MockTransport` client."
+        )
     print()
     print(md)
     write_json(args.out, rows)
