@@ -266,6 +266,42 @@ def _is_request_deadline(err: DeadlineExceeded) -> bool:
     return err.source in ("inherited", "propagated")
 
 
+def _absorbed(call: _CallBound, err: DeadlineExceeded) -> bool:
+    """A ``DeadlineExceeded`` left the handler: the request's own deadline marks the call (it is
+    answered ``DEADLINE_EXCEEDED`` afterwards); any other bound's error is the handler's own."""
+    if not _is_request_deadline(err):
+        return False
+    call.state.cancelled_by_deadline = True
+    return True
+
+
+# (attribute of grpc.RpcMethodHandler, its factory); a handler has exactly one behaviour set.
+_KINDS: Final = (
+    ("unary_unary", grpc.unary_unary_rpc_method_handler),
+    ("stream_unary", grpc.stream_unary_rpc_method_handler),
+    ("unary_stream", grpc.unary_stream_rpc_method_handler),
+    ("stream_stream", grpc.stream_stream_rpc_method_handler),
+)
+
+
+def _rewrap(handler: Any, wrap: Callable[[str, Any], Any]) -> Any:
+    """``handler`` with its behaviour replaced by ``wrap(kind, behaviour)``; ``handler`` itself
+    when ``wrap`` returns ``None`` (a behaviour the interceptor leaves alone)."""
+    for kind, factory in _KINDS:
+        behavior = getattr(handler, kind)
+        if behavior is None:
+            continue
+        wrapped = wrap(kind, behavior)
+        if wrapped is None:
+            return handler
+        return factory(
+            wrapped,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+    return handler
+
+
 class _SyncServerInterceptor(_ServerBase, grpc.ServerInterceptor):  # type: ignore[misc]
     """See :func:`server_interceptor`."""
 
@@ -274,31 +310,14 @@ class _SyncServerInterceptor(_ServerBase, grpc.ServerInterceptor):  # type: igno
         if handler is None or not self._enabled:
             return handler
         method = _method_name(details.method)
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                self._wrap_unary(handler.unary_unary, method),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(
-                self._wrap_unary(handler.stream_unary, method),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                self._wrap_stream(handler.unary_stream, method),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.stream_stream is not None:
-            return grpc.stream_stream_rpc_method_handler(
-                self._wrap_stream(handler.stream_stream, method),
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
+        return _rewrap(
+            handler,
+            lambda kind, behavior: (
+                self._wrap_stream(behavior, method)
+                if kind.endswith("_stream")
+                else self._wrap_unary(behavior, method)
+            ),
+        )
 
     def _wrap_unary(self, behavior: Callable[[Any, Any], Any], method: str) -> Any:
         def wrapped(request: Any, context: Any) -> Any:
@@ -312,9 +331,8 @@ class _SyncServerInterceptor(_ServerBase, grpc.ServerInterceptor):  # type: igno
                 try:
                     response = behavior(request, context)
                 except DeadlineExceeded as err:
-                    if not _is_request_deadline(err):
+                    if not _absorbed(call, err):
                         raise
-                    call.state.cancelled_by_deadline = True
                     response = None
             finally:
                 call.exit(token)
@@ -345,9 +363,8 @@ class _SyncServerInterceptor(_ServerBase, grpc.ServerInterceptor):  # type: igno
                     except StopIteration:
                         break
                     except DeadlineExceeded as err:
-                        if not _is_request_deadline(err):
+                        if not _absorbed(call, err):
                             raise
-                        call.state.cancelled_by_deadline = True
                         break
                     yield item
             finally:
@@ -369,30 +386,17 @@ class _AioServerInterceptor(_ServerBase, grpc.aio.ServerInterceptor):  # type: i
         if handler is None or not self._enabled:
             return handler
         method = _method_name(details.method)
-        kinds = (
-            ("unary_unary", grpc.unary_unary_rpc_method_handler),
-            ("stream_unary", grpc.stream_unary_rpc_method_handler),
-            ("unary_stream", grpc.unary_stream_rpc_method_handler),
-            ("stream_stream", grpc.stream_stream_rpc_method_handler),
-        )
-        for kind, factory in kinds:
-            behavior = getattr(handler, kind)
-            if behavior is None:
-                continue
+
+        def wrap(_kind: str, behavior: Any) -> Any:
             if inspect.isasyncgenfunction(behavior):
-                wrapped: Any = self._wrap_asyncgen(behavior, method)
-            elif inspect.iscoroutinefunction(behavior):
-                wrapped = self._wrap_coroutine(behavior, method)
-            else:
-                # A sync handler under grpc.aio runs in grpc's executor, which does not copy
-                # context variables: it is left as it is (documented).
-                return handler
-            return factory(
-                wrapped,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
+                return self._wrap_asyncgen(behavior, method)
+            if inspect.iscoroutinefunction(behavior):
+                return self._wrap_coroutine(behavior, method)
+            # A sync handler under grpc.aio runs in grpc's executor, which does not copy
+            # context variables: it is left as it is (documented).
+            return None
+
+        return _rewrap(handler, wrap)
 
     def _wrap_coroutine(
         self, behavior: Callable[[Any, Any], Awaitable[Any]], method: str
@@ -408,9 +412,8 @@ class _AioServerInterceptor(_ServerBase, grpc.aio.ServerInterceptor):  # type: i
                 try:
                     response = await behavior(request, context)
                 except DeadlineExceeded as err:
-                    if not _is_request_deadline(err):
+                    if not _absorbed(call, err):
                         raise
-                    call.state.cancelled_by_deadline = True
                     response = None
             finally:
                 call.exit(token)
@@ -436,9 +439,8 @@ class _AioServerInterceptor(_ServerBase, grpc.aio.ServerInterceptor):  # type: i
                     async for item in behavior(request, context):
                         yield item
                 except DeadlineExceeded as err:
-                    if not _is_request_deadline(err):
+                    if not _absorbed(call, err):
                         raise
-                    call.state.cancelled_by_deadline = True
             finally:
                 call.exit(token)
             if call.state.cancelled_by_deadline:
@@ -530,6 +532,19 @@ class _ClientBase:
         else:
             bound, propagated = Deadline.never(), False
         return _Clamp(clamped.seconds, clamped.lowered, dest, _request.get(), bound, propagated)
+
+    @staticmethod
+    def _with_timeout(details: Any, timeout: float | None) -> Any:
+        raise NotImplementedError
+
+    def _details(self, details: Any) -> tuple[Any, _Clamp | None]:
+        """The call's details with the clamped timeout, and the clamp (``None`` when off)."""
+        if not self._enabled:
+            return details, None
+        clamp = self._clamp(details.method, details.timeout)
+        if not clamp.lowered:
+            return details, clamp
+        return self._with_timeout(details, clamp.timeout), clamp
 
     @staticmethod
     def _spent(clamp: _Clamp) -> None:
@@ -636,21 +651,16 @@ class _SyncClientInterceptor(
 ):
     """See :func:`client_interceptor`."""
 
-    def _details(self, details: Any) -> tuple[Any, _Clamp | None]:
-        if not self._enabled:
-            return details, None
-        clamp = self._clamp(details.method, details.timeout)
-        if not clamp.lowered:
-            return details, clamp
-        new = _ClientCallDetails(
+    @staticmethod
+    def _with_timeout(details: Any, timeout: float | None) -> Any:
+        return _ClientCallDetails(
             details.method,
-            clamp.timeout,
+            timeout,
             details.metadata,
             details.credentials,
             getattr(details, "wait_for_ready", None),
             getattr(details, "compression", None),
         )
-        return new, clamp
 
     def _watch(self, outcome: Any, clamp: _Clamp | None) -> None:
         if clamp is None or not clamp.lowered:
@@ -679,41 +689,19 @@ class _SyncClientInterceptor(
         self._watch(outcome, clamp)
         return outcome
 
-    def intercept_unary_unary(
-        self, continuation: Callable[[Any, Any], Any], client_call_details: Any, request: Any
-    ) -> Any:
-        return self._unary(continuation, client_call_details, request)
-
-    def intercept_stream_unary(
-        self,
-        continuation: Callable[[Any, Any], Any],
-        client_call_details: Any,
-        request_iterator: Any,
-    ) -> Any:
-        return self._unary(continuation, client_call_details, request_iterator)
-
-    def intercept_unary_stream(
-        self, continuation: Callable[[Any, Any], Any], client_call_details: Any, request: Any
-    ) -> Any:
-        return self._stream(continuation, client_call_details, request)
-
-    def intercept_stream_stream(
-        self,
-        continuation: Callable[[Any, Any], Any],
-        client_call_details: Any,
-        request_iterator: Any,
-    ) -> Any:
-        return self._stream(continuation, client_call_details, request_iterator)
+    # grpc calls these positionally (continuation, details, request or request iterator); a
+    # unary-response call can be re-typed on failure, a response stream only watched.
+    intercept_unary_unary = _unary
+    intercept_stream_unary = _unary
+    intercept_unary_stream = _stream
+    intercept_stream_stream = _stream
 
 
 class _AioClientBase(_ClientBase):
-    def _details(self, details: Any) -> tuple[Any, _Clamp | None]:
-        if not self._enabled:
-            return details, None
-        clamp = self._clamp(details.method, details.timeout)
-        if not clamp.lowered:
-            return details, clamp
-        return details._replace(timeout=clamp.timeout), clamp
+    @staticmethod
+    def _with_timeout(details: Any, timeout: float | None) -> Any:
+        # grpc.aio's ClientCallDetails is a namedtuple.
+        return details._replace(timeout=timeout)
 
     async def _unary(
         self, continuation: Callable[[Any, Any], Awaitable[Any]], details: Any, request: Any
@@ -762,44 +750,22 @@ def _aio_stream_done(client: _ClientBase, call: Any, clamp: _Clamp) -> None:
     task.add_done_callback(_pending_checks.discard)
 
 
+# grpc.aio dispatches on the interceptor's type, so each call kind needs its own class; grpc calls
+# the method positionally (continuation, details, request or request iterator).
 class _AioUnaryUnary(_AioClientBase, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
-    async def intercept_unary_unary(
-        self,
-        continuation: Callable[[Any, Any], Awaitable[Any]],
-        client_call_details: Any,
-        request: Any,
-    ) -> Any:
-        return await self._unary(continuation, client_call_details, request)
+    intercept_unary_unary = _AioClientBase._unary
 
 
 class _AioStreamUnary(_AioClientBase, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
-    async def intercept_stream_unary(
-        self,
-        continuation: Callable[[Any, Any], Awaitable[Any]],
-        client_call_details: Any,
-        request_iterator: Any,
-    ) -> Any:
-        return await self._unary(continuation, client_call_details, request_iterator)
+    intercept_stream_unary = _AioClientBase._unary
 
 
 class _AioUnaryStream(_AioClientBase, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
-    async def intercept_unary_stream(
-        self,
-        continuation: Callable[[Any, Any], Awaitable[Any]],
-        client_call_details: Any,
-        request: Any,
-    ) -> Any:
-        return await self._stream(continuation, client_call_details, request)
+    intercept_unary_stream = _AioClientBase._stream
 
 
 class _AioStreamStream(_AioClientBase, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
-    async def intercept_stream_stream(
-        self,
-        continuation: Callable[[Any, Any], Awaitable[Any]],
-        client_call_details: Any,
-        request_iterator: Any,
-    ) -> Any:
-        return await self._stream(continuation, client_call_details, request_iterator)
+    intercept_stream_stream = _AioClientBase._stream
 
 
 def client_interceptor(*, enabled: bool = True, destination: Destination | None = None) -> Any:
