@@ -840,7 +840,8 @@ class Policy:
         """An attempt with a scope and/or admission, run to its end (cooperative)."""
         slots = self._slots
         with _NULL_CONTEXT if self._attempt_timeout is None else self._attempt_scope(total_at):
-            self._admit_sync()
+            if not self._scoped:  # a scope alone needs no admission (and no call for it)
+                self._admit_sync()
             try:
                 value = _call_sync(self.name, fn, args, kwargs)
             finally:
