@@ -8,13 +8,15 @@ that an exporter attaches to the request's span.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .._core import _clock
 from .._core._deadline import Deadline
-from .._core._errors import ConfigurationError
+from .._core._errors import ConfigurationError, DeadlineExceeded
 from ..telemetry._events import counters, emit, enabled
+from . import _config
 from ._codec import EXPIRED_BODY, HeaderNames, read_timeout
 from ._state import RequestState
 
@@ -24,11 +26,15 @@ __all__ = [
     "ServerConfig",
     "arrive",
     "expired_headers",
+    "log_late_failure",
     "now",
     "record_cancelled",
+    "record_started_late",
 ]
 
 COMPONENT = "http-server"
+
+logger = logging.getLogger("timebound.propagation")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +76,10 @@ class ServerConfig:
         )
         return cls(names=names, expired_status=expired_status, enabled=bool(enabled))
 
+    def active(self) -> bool:
+        """Both the middleware's static switch and the process-wide runtime switch are on."""
+        return self.enabled and _config.is_enabled()
+
 
 @dataclass(slots=True)
 class Arrival:
@@ -78,6 +88,11 @@ class Arrival:
     deadline: Deadline
     state: RequestState
     seconds: float
+
+    def late(self) -> bool:
+        """The deadline passed, or a downstream call failed because of it (D4.5): the response
+        must be replaced by the "Deadline expired" answer if it still can be."""
+        return self.state.cancelled_by_deadline or self.deadline.expired
 
 
 def arrive(
@@ -117,6 +132,24 @@ def record_cancelled(state: RequestState, original_body_size: int | None) -> Non
         if original_body_size is not None:
             tags["dp_original_body_size"] = original_body_size
         emit("span.tags", component=COMPONENT, **tags)
+
+
+def log_late_failure(exc: BaseException, status: int) -> None:
+    """A handler failed after its deadline: answered ``status`` anyway, the failure stays visible.
+
+    A ``DeadlineExceeded`` is the expected way to fail late and is not logged.
+    """
+    if not isinstance(exc, DeadlineExceeded):
+        logger.warning(
+            "handler failed after its request deadline; answering %d", status, exc_info=exc
+        )
+
+
+def record_started_late(arrival: Arrival) -> None:
+    """A response committed (streaming) before the deadline ended after it: nothing could be
+    replaced; the span tag ``dp_response_already_started`` records it."""
+    if arrival.deadline.expired and enabled():
+        emit("span.tags", component=COMPONENT, dp_response_already_started=1)
 
 
 def now() -> float:

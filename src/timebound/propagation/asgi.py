@@ -29,15 +29,10 @@ Rules, in the order a request meets them:
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from .._core._deadline import Deadline
-from .._core._errors import DeadlineExceeded
 from .._core._scopes import inherit_deadline, move_on_at
-from ..telemetry._events import emit, enabled
-from . import _config
 from ._codec import (
     ENVOY_TIMEOUT_HEADER,
     EXPIRED_BODY,
@@ -45,12 +40,19 @@ from ._codec import (
     GRPC_TIMEOUT_HEADER,
     TIMEOUT_HEADER,
 )
-from ._server import COMPONENT, ServerConfig, arrive, expired_headers, now, record_cancelled
-from ._state import RequestState, _request
+from ._server import (
+    Arrival,
+    ServerConfig,
+    arrive,
+    expired_headers,
+    log_late_failure,
+    now,
+    record_cancelled,
+    record_started_late,
+)
+from ._state import _request
 
 __all__ = ["DeadlineMiddleware"]
-
-logger = logging.getLogger("timebound.propagation")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -108,7 +110,7 @@ class DeadlineMiddleware:
         }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self._config.enabled or not _config.is_enabled():
+        if scope["type"] != "http" or not self._config.active():
             await self.app(scope, receive, send)
             return
         # D4.2: the deadline counts from here, before the app reads the body.
@@ -128,37 +130,29 @@ class DeadlineMiddleware:
             record_cancelled(arrival.state, None)
             await self._send_expired(send)
             return
-        await self._handle(arrival.deadline, arrival.state, scope, receive, send)
+        await self._handle(arrival, scope, receive, send)
 
     async def _send_expired(self, send: Send) -> None:
         await send(dict(self._expired_start))
         await send({"type": "http.response.body", "body": EXPIRED_BODY, "more_body": False})
 
-    async def _handle(
-        self, deadline: Deadline, state: RequestState, scope: Scope, receive: Receive, send: Send
-    ) -> None:
-        response = _HeldResponse(send, deadline, state, self)
-        token = _request.set(state)
+    async def _handle(self, arrival: Arrival, scope: Scope, receive: Receive, send: Send) -> None:
+        response = _HeldResponse(send, arrival, self)
+        token = _request.set(arrival.state)
         try:
-            with inherit_deadline(deadline):
+            with inherit_deadline(arrival.deadline):
                 try:
                     if self.cancel_on_expiry:
                         # The inherited bound is the binding one, so a firing scope reports
                         # source="inherited" (DeadlineExceeded), handled just below.
-                        with move_on_at(deadline):
+                        with move_on_at(arrival.deadline):
                             await self.app(scope, receive, response.send)
                     else:
                         await self.app(scope, receive, response.send)
                 except Exception as exc:
-                    if response.started or not response.late():
+                    if response.started or not arrival.late():
                         raise
-                    if not isinstance(exc, DeadlineExceeded):
-                        # The request is answered 498 anyway; keep the failure visible.
-                        logger.warning(
-                            "handler failed after its request deadline; answering %d",
-                            self._config.expired_status,
-                            exc_info=exc,
-                        )
+                    log_late_failure(exc, self._config.expired_status)
                     response.replace_pending()
         finally:
             _request.reset(token)
@@ -169,10 +163,9 @@ class _HeldResponse:
     """The app's ``send``, holding ``http.response.start`` until the first body message."""
 
     __slots__ = (
-        "_deadline",
+        "_arrival",
         "_mw",
         "_send",
-        "_state",
         "dropped",
         "expired_sent",
         "pending",
@@ -180,22 +173,15 @@ class _HeldResponse:
         "started",
     )
 
-    def __init__(
-        self, send: Send, deadline: Deadline, state: RequestState, mw: DeadlineMiddleware
-    ) -> None:
+    def __init__(self, send: Send, arrival: Arrival, mw: DeadlineMiddleware) -> None:
         self._send = send
-        self._deadline = deadline
-        self._state = state
+        self._arrival = arrival
         self._mw = mw
         self.pending: Message | None = None
         self.started = False
         self.replaced = False
         self.expired_sent = False
         self.dropped = 0
-
-    def late(self) -> bool:
-        """The deadline passed, or a downstream call failed because of it (D4.5)."""
-        return self._state.cancelled_by_deadline or self._deadline.expired
 
     def replace_pending(self) -> None:
         """Mark the response for replacement (sent by :meth:`finish`)."""
@@ -215,7 +201,7 @@ class _HeldResponse:
             self.pending = message
             return
         # The first message after the start: the last moment the response can be replaced.
-        if self.late():
+        if self._arrival.late():
             self.replaced = True
             self.pending = None
             if message.get("type") == "http.response.body":
@@ -231,29 +217,28 @@ class _HeldResponse:
 
     async def finish(self) -> None:
         """After the app returned: send or record whatever is still owed."""
+        state = self._arrival.state
         if self.replaced:
             if not self.expired_sent:
                 await self._mw._send_expired(self._send)
-            record_cancelled(self._state, self.dropped)
+            record_cancelled(state, self.dropped)
             return
         if self.started:
-            if self._deadline.expired and enabled():
-                # A streaming response committed before the deadline: nothing can be replaced.
-                emit("span.tags", component=COMPONENT, dp_response_already_started=1)
+            record_started_late(self._arrival)
             return
         if self.pending is not None:
             # The app returned after the start without any body message.
-            if self.late():
+            if self._arrival.late():
                 self.pending = None
                 await self._mw._send_expired(self._send)
-                record_cancelled(self._state, 0)
+                record_cancelled(state, 0)
                 return
             self.started = True
             pending, self.pending = self.pending, None
             await self._send(pending)
             await self._send({"type": "http.response.body", "body": b"", "more_body": False})
             return
-        if self.late():
+        if self._arrival.late():
             # The app sent nothing and the deadline passed (e.g. it swallowed a cancellation).
             await self._mw._send_expired(self._send)
-            record_cancelled(self._state, None)
+            record_cancelled(state, None)

@@ -25,16 +25,11 @@ from __future__ import annotations
 
 import contextvars
 import http
-import logging
 from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
-from .._core._deadline import Deadline
-from .._core._errors import DeadlineExceeded
 from .._core._scopes import inherit_deadline
-from ..telemetry._events import emit, enabled
-from . import _config
 from ._codec import (
     ENVOY_TIMEOUT_HEADER,
     EXPIRED_BODY,
@@ -42,12 +37,19 @@ from ._codec import (
     GRPC_TIMEOUT_HEADER,
     TIMEOUT_HEADER,
 )
-from ._server import COMPONENT, ServerConfig, arrive, expired_headers, now, record_cancelled
-from ._state import RequestState, _request
+from ._server import (
+    Arrival,
+    ServerConfig,
+    arrive,
+    expired_headers,
+    log_late_failure,
+    now,
+    record_cancelled,
+    record_started_late,
+)
+from ._state import _request
 
 __all__ = ["DeadlineMiddleware"]
-
-logger = logging.getLogger("timebound.propagation")
 
 ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
 StartResponse = Callable[..., Callable[[bytes], object]]
@@ -103,7 +105,7 @@ class DeadlineMiddleware:
         self._headers = expired_headers(names)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        if not self._config.enabled or not _config.is_enabled():
+        if not self._config.active():
             return self.app(environ, start_response)
         start = now()
         found: list[tuple[str, str | bytes]] = []
@@ -120,7 +122,7 @@ class DeadlineMiddleware:
         # A private context per request: the deadline and request state live in it, and the
         # response iterator re-enters it for every chunk (the server iterates after we return).
         ctx = contextvars.copy_context()
-        return ctx.run(self._handle, ctx, arrival.deadline, arrival.state, environ, start_response)
+        return ctx.run(self._handle, ctx, arrival, environ, start_response)
 
     def _expired(self, start_response: StartResponse) -> list[bytes]:
         start_response(self._status, list(self._headers))
@@ -129,17 +131,14 @@ class DeadlineMiddleware:
     def _handle(
         self,
         ctx: contextvars.Context,
-        deadline: Deadline,
-        state: RequestState,
+        arrival: Arrival,
         environ: dict[str, Any],
         start_response: StartResponse,
     ) -> Iterable[bytes]:
+        state = arrival.state
         _request.set(state)
         # Entered in ``ctx`` and never exited: the context is discarded with the request.
-        inherit_deadline(deadline).__enter__()
-
-        def late() -> bool:
-            return state.cancelled_by_deadline or deadline.expired
+        inherit_deadline(arrival.deadline).__enter__()
 
         captured: list[Any] = []
         written: list[bytes] = []
@@ -163,19 +162,14 @@ class DeadlineMiddleware:
                         break
         except Exception as exc:
             _close(result)
-            if not late():
+            if not arrival.late():
                 raise
-            if not isinstance(exc, DeadlineExceeded):
-                logger.warning(
-                    "handler failed after its request deadline; answering %d",
-                    self._config.expired_status,
-                    exc_info=exc,
-                )
+            log_late_failure(exc, self._config.expired_status)
             record_cancelled(state, None)
             return self._expired(start_response)
-        if late() or not captured:
+        if arrival.late() or not captured:
             _close(result)
-            if not captured and not late():
+            if not captured and not arrival.late():
                 raise RuntimeError("WSGI app returned without calling start_response")
             record_cancelled(state, len(first))
             return self._expired(start_response)
@@ -184,7 +178,7 @@ class DeadlineMiddleware:
             start_response(status, headers, exc_info)
         else:
             start_response(status, headers)
-        return _Body(ctx, deadline, first, iterator, result)
+        return _Body(ctx, arrival, first, iterator, result)
 
 
 def _close(result: Iterable[bytes] | None) -> None:
@@ -200,13 +194,13 @@ class _Body:
     def __init__(
         self,
         ctx: contextvars.Context,
-        deadline: Deadline,
+        arrival: Arrival,
         first: bytes,
         iterator: Iterator[bytes],
         result: Iterable[bytes],
     ) -> None:
         self._ctx = ctx
-        self._deadline = deadline
+        self._arrival = arrival
         self._first: bytes | None = first or None
         self._iterator = iterator
         self._result = result
@@ -221,6 +215,5 @@ class _Body:
         return self._ctx.run(next, self._iterator)
 
     def close(self) -> None:
-        if self._deadline.expired and enabled():
-            emit("span.tags", component=COMPONENT, dp_response_already_started=1)
+        record_started_late(self._arrival)
         self._ctx.run(_close, self._result)
