@@ -72,6 +72,24 @@ class _NoRetryPastDeadline:
         return _NoRetryPastDeadline(copy.deepcopy(self._inner, memo))
 
 
+class _GuardedRetry:
+    """Connection mixin: whatever ``Retry`` redis-py or the caller sets (``Redis.set_retry``
+    included) is wrapped in :class:`_NoRetryPastDeadline`."""
+
+    _timebound_retry: Any = None
+
+    @property
+    def retry(self) -> Any:
+        """redis-py's retry policy, wrapped so that a spent deadline is never retried."""
+        return self._timebound_retry
+
+    @retry.setter
+    def retry(self, value: Any) -> None:
+        if value is not None and not isinstance(value, _NoRetryPastDeadline):
+            value = _NoRetryPastDeadline(value)
+        self._timebound_retry = value
+
+
 def _read_wait(socket_timeout: float | None) -> float | None:
     """The read timeout the deadline imposes, or ``None`` when the connection's own is tighter.
 
@@ -85,7 +103,7 @@ def _read_wait(socket_timeout: float | None) -> float | None:
     return max(0.001, math.ceil(left * 1000) / 1000)
 
 
-class DeadlineConnection(redis.Connection):
+class DeadlineConnection(_GuardedRetry, redis.Connection):
     """A redis-py ``Connection`` that obeys the current deadline (TCP; ``redis://`` URLs).
 
     ``redis.Redis(connection_pool=redis.ConnectionPool(connection_class=DeadlineConnection,
@@ -100,17 +118,6 @@ class DeadlineConnection(redis.Connection):
     A tighter ``socket_timeout`` stays in force and fails as redis-py does. Reads with an
     explicit timeout of their own (pub/sub ``get_message``) are left to the caller.
     """
-
-    @property
-    def retry(self) -> Any:
-        """redis-py's retry policy, wrapped so that a spent deadline is never retried."""
-        return self._timebound_retry
-
-    @retry.setter
-    def retry(self, value: Any) -> None:
-        if value is not None and not isinstance(value, _NoRetryPastDeadline):
-            value = _NoRetryPastDeadline(value)
-        self._timebound_retry = value
 
     def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         """Send, unless the deadline has passed (then nothing is sent)."""
@@ -151,24 +158,13 @@ class DeadlineConnection(redis.Connection):
             raise
 
 
-class AsyncDeadlineConnection(redis.asyncio.Connection):
+class AsyncDeadlineConnection(_GuardedRetry, redis.asyncio.Connection):
     """The ``redis.asyncio`` twin of :class:`DeadlineConnection`.
 
     ``redis.asyncio.Redis(connection_pool=redis.asyncio.ConnectionPool(
     connection_class=AsyncDeadlineConnection, ...))`` or :func:`afrom_url`. The wait for a
     reply is bounded by lowering the read timeout — the task is never cancelled mid-command.
     """
-
-    @property
-    def retry(self) -> Any:
-        """redis-py's retry policy, wrapped so that a spent deadline is never retried."""
-        return self._timebound_retry
-
-    @retry.setter
-    def retry(self, value: Any) -> None:
-        if value is not None and not isinstance(value, _NoRetryPastDeadline):
-            value = _NoRetryPastDeadline(value)
-        self._timebound_retry = value
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         """Send, unless the deadline has passed (then nothing is sent)."""
