@@ -121,3 +121,17 @@ def test_inherit_deadline_never_lengthens(virtual_clock: VirtualClock) -> None:
         with tb.inherit_deadline(tb.Deadline.after(60)) as d:
             assert d == tb.Deadline(2.0)
             assert tb.remaining() == 2.0
+
+
+def test_bound_error_names_what_it_stopped(virtual_clock: VirtualClock) -> None:
+    """A client that finds an enclosing deadline spent says what it stopped, and whose bound it
+    was, without claiming it ran for the bound's whole budget."""
+    from timebound._core._scopes import current_bound_error
+
+    with tb.fail_after(0.3, what="checkout"):
+        assert current_bound_error("http request") is None
+        virtual_clock.advance(0.3)
+        err = current_bound_error("http request")
+    assert err is not None
+    assert err.source == "scope" and err.timeout == 0.3
+    assert str(err) == "http request stopped: checkout timed out after 300ms (scope deadline)"

@@ -83,7 +83,7 @@ def _bounds(timeout: Duration | None, what: str | None) -> _Bounds:
         return _Bounds(_INF, None, False)
     binder = frame.binder
     assert binder is not None
-    return _Bounds(eff, binder._deadline_error(what), False)
+    return _Bounds(eff, binder._deadline_error(context=what), False)
 
 
 def _expired_now(b: _Bounds) -> None:

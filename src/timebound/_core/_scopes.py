@@ -85,6 +85,7 @@ class _Frame:
         "_own",
         "_source",
         "_timeout",
+        "_what",
         "binder",
         "c_at",
         "c_binder",
@@ -96,6 +97,7 @@ class _Frame:
     _own: float
     _source: str
     _timeout: float | None
+    _what: str | None
     eff: float
     binder: _Frame | None
     c_task: asyncio.Task[Any] | None
@@ -103,10 +105,17 @@ class _Frame:
     c_binder: _Frame | None
     catcher: CancelScope | None
 
-    def _deadline_error(self, what: str | None = None) -> DeadlineExceeded:
-        """The error that reports this frame's own deadline."""
+    def _deadline_error(self, context: str | None = None) -> DeadlineExceeded:
+        """The error that reports this frame's own deadline.
+
+        ``context`` names the operation this deadline stopped when that is not the frame's own
+        ``what`` (a client that found an enclosing deadline spent): it prefixes the message, so
+        "http request stopped: scope deadline of 300ms exceeded" never claims the request itself
+        ran for 300 ms.
+        """
         source = self._source
         timeout = self._timeout
+        what = self._what
         # This runs between the deadline and the moment the caller sees the error, usually with
         # cold caches after an idle wait, where formatting the message (float formatting) cost
         # ~20 us of p50 lateness in bench/core.py. Timeouts repeat per call site: reuse the text
@@ -118,6 +127,8 @@ class _Frame:
             if len(_messages) >= _MESSAGES_MAX:
                 _messages.clear()
             _messages[key] = message
+        if context is not None and context != what:
+            message = f"{context} stopped: {message}"
         err = DeadlineExceeded(
             message, source=source, timeout=timeout, deadline=Deadline(self._own), what=what
         )
@@ -137,6 +148,7 @@ class _Root(_Frame):
         self._own = _INF
         self._source = "scope"
         self._timeout = None
+        self._what = None
         self.eff = _INF
         self.binder = None
         self.c_task = None
@@ -240,7 +252,6 @@ class CancelScope(_Frame):
         "_token",
         "_trio_scope",
         "_ts",
-        "_what",
         "expired",
     )
 
@@ -438,7 +449,7 @@ class CancelScope(_Frame):
             # Out of the context, never a binder, never fired: only its own deadline matters.
             self.expired = own_expired = _clock.now() >= self._own
             if exc is None and own_expired and self._raise:
-                raise self._deadline_error(self._what)
+                raise self._deadline_error()
             return False
         _frame.reset(self._token)
         self.expired = own_expired = _clock.now() >= self._own
@@ -447,7 +458,7 @@ class CancelScope(_Frame):
             if exc is None:
                 if own_expired and self._raise:
                     # Sync code cannot be interrupted: the body overran, its result is late.
-                    raise self._deadline_error(self._what)
+                    raise self._deadline_error()
                 return False
             return self._exit_plain(exc)
         if mode == 1:
@@ -488,7 +499,7 @@ class CancelScope(_Frame):
         if not self._fired:
             if exc is None:
                 if own_expired and self._raise:
-                    raise self._deadline_error(self._what)
+                    raise self._deadline_error()
                 return False
             if getattr(exc, "_timebound_binder", None) is self:
                 self.expired = True
@@ -510,7 +521,7 @@ class CancelScope(_Frame):
         if exc is None:
             # The body swallowed our CancelledError (cpython#111379) and returned late.
             if own_expired and self._raise:
-                raise self._deadline_error(self._what)
+                raise self._deadline_error()
             if binder is not self and binder is not None:
                 raise binder._deadline_error()
             return False
@@ -522,7 +533,7 @@ class CancelScope(_Frame):
         if binder is self or binder is None:
             self.expired = True
             if self._raise:
-                raise self._deadline_error(self._what) from cause
+                raise self._deadline_error() from cause
             return True
         # The bound that fired is an enclosing one this task has no scope for (an inherited
         # request deadline, another task's scope): report *that* bound, never this scope.
@@ -545,12 +556,12 @@ class CancelScope(_Frame):
             if binder is self or binder is None:
                 self.expired = True
                 if self._raise:
-                    raise self._deadline_error(self._what) from exc
+                    raise self._deadline_error() from exc
                 return True
             raise binder._deadline_error() from exc
         if exc is None:
             if own_expired and self._raise:
-                raise self._deadline_error(self._what)
+                raise self._deadline_error()
             return False
         if getattr(exc, "_timebound_binder", None) is self:
             self.expired = True
@@ -574,6 +585,7 @@ class _Bound(_Frame):
         self._own = when
         self._source = source
         self._timeout = timeout
+        self._what = None
         self._blocker = blocker
         self._ts = None
 
@@ -782,7 +794,7 @@ def current_bound_error(what: str | None = None) -> DeadlineExceeded | None:
         return None
     binder = f.binder
     assert binder is not None
-    return binder._deadline_error(what)
+    return binder._deadline_error(context=what)
 
 
 def current_bound_source() -> str | None:
