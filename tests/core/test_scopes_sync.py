@@ -128,7 +128,7 @@ def test_bound_error_names_what_it_stopped(virtual_clock: VirtualClock) -> None:
     was, without claiming it ran for the bound's whole budget."""
     from timebound._core._scopes import current_bound_error
 
-    with tb.fail_after(0.3, what="checkout"):
+    with tb.move_on_after(0.3, what="checkout"):
         assert current_bound_error("http request") is None
         virtual_clock.advance(0.3)
         err = current_bound_error("http request")
