@@ -10,12 +10,13 @@ back in use; the next command gets a fresh connection and its own reply.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from collections.abc import Callable
 from typing import Any, Final
 
 from .._core._errors import DeadlineExceeded
-from .._core._scopes import remaining
+from .._core._scopes import current_bound_error, remaining
 from ._db_common import budget, spent, updated
 
 try:
@@ -163,7 +164,9 @@ class AsyncDeadlineConnection(_GuardedRetry, redis.asyncio.Connection):
 
     ``redis.asyncio.Redis(connection_pool=redis.asyncio.ConnectionPool(
     connection_class=AsyncDeadlineConnection, ...))`` or :func:`afrom_url`. The wait for a
-    reply is bounded by lowering the read timeout — the task is never cancelled mid-command.
+    reply is bounded by lowering the read timeout, and a cancelling scope that fires at the
+    deadline does not interrupt the read: the read ends by itself at the same deadline (see
+    :func:`_finish_read`), so the command is never cancelled mid-flight by the deadline.
     """
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
@@ -194,13 +197,16 @@ class AsyncDeadlineConnection(_GuardedRetry, redis.asyncio.Connection):
         # is what a command whose reply is still due needs.
         saved = self.socket_timeout
         self.socket_timeout = wait
-        try:
-            return await super().read_response(
+        read = asyncio.ensure_future(
+            super().read_response(
                 disable_decoding,
                 None,
                 disconnect_on_error=disconnect_on_error,
                 push_request=push_request,
             )
+        )
+        try:
+            return await _finish_read(read)
         except (redis.exceptions.TimeoutError, TimeoutError) as exc:
             await self.disconnect(nowait=True)
             if (err := spent(what=_WHAT, client=_CLIENT)) is not None:
@@ -208,6 +214,33 @@ class AsyncDeadlineConnection(_GuardedRetry, redis.asyncio.Connection):
             raise
         finally:
             self.socket_timeout = saved
+
+
+async def _finish_read(read: asyncio.Future[Any]) -> Any:
+    """Await a bounded reply read without letting the deadline cancel it mid-command (D4.8).
+
+    The read's own wait ends at the deadline (rounded up to the ms), so when a cancelling scope
+    (``fail_after`` …) fires at that deadline, the read is left to end by itself a moment later
+    — redis-py then closes the connection, or the reply arrived in time and was consumed — and
+    the scope's cancellation is re-raised untouched (D2.3). Any other cancellation (an explicit
+    ``task.cancel()`` before the deadline) interrupts the read at once: the caller is released
+    and redis-py closes the connection, the only safe way out of a command mid-flight.
+    """
+    try:
+        return await asyncio.shield(read)
+    except asyncio.CancelledError:
+        if read.done() or current_bound_error(_WHAT) is None:
+            read.cancel()
+            raise
+        spent(what=_WHAT, client=_CLIENT)
+        try:
+            await asyncio.wait([read])
+        except asyncio.CancelledError:
+            read.cancel()
+            raise
+        if not read.cancelled():
+            read.exception()  # retrieved: its reply or timeout no longer has a caller
+        raise
 
 
 def from_url(url: str, **kwargs: Any) -> redis.Redis:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from typing import Any
 
@@ -212,3 +213,65 @@ def test_retry_policy_replaced_later_is_still_guarded(redis_url: str) -> None:
     finally:
         client.connection_pool.release(conn)
         client.close()
+
+
+@pytest.mark.asyncio_real
+async def test_async_cancelling_scope_does_not_cancel_the_command_mid_flight(
+    redis_url: str, keys: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``fail_after`` that fires while BLPOP waits: redis-py's read is never interrupted by
+    the cancellation (it ends by its own bounded wait), the scope reports itself, and the next
+    command gets its own reply (D4.8, redis-py#2624, CVE-2023-28858)."""
+    seen: list[str] = []
+    base = redis.asyncio.Connection.read_response
+
+    async def recording(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await base(self, *args, **kwargs)
+        except BaseException as exc:
+            seen.append(type(exc).__name__)
+            raise
+
+    monkeypatch.setattr(redis.asyncio.Connection, "read_response", recording)
+    queue, mine = unique("acancel"), unique("amine")
+    keys += [queue, mine]
+    client = afrom_url(redis_url)
+    try:
+        await client.set(mine, "mine")
+        seen.clear()
+        with pytest.raises(tb.DeadlineExceeded) as info:
+            with tb.fail_after(0.2, source="attempt"):
+                await client.blpop([queue], timeout=5)
+        assert info.value.source == "attempt"
+        assert "CancelledError" not in seen
+        assert "TimeoutError" in seen
+        await client.rpush(queue, "late")
+        assert await client.get(mine) == b"mine"
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.asyncio_real
+async def test_async_explicit_cancel_releases_the_caller_at_once(
+    redis_url: str, keys: list[str]
+) -> None:
+    """An explicit cancel long before the deadline interrupts the wait at once (it is not held
+    back like the deadline's own cancel) and stays a CancelledError (D2.3)."""
+    queue = unique("aexplicit")
+    keys.append(queue)
+    client = afrom_url(redis_url)
+
+    async def wait() -> Any:
+        with tb.inherit_deadline(tb.Deadline.after(30)):
+            return await client.blpop([queue], timeout=25)
+
+    try:
+        task = asyncio.ensure_future(wait())
+        await asyncio.sleep(0.1)
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=2)
+        assert done == {task}
+        assert task.cancelled()
+        assert await client.ping() is True
+    finally:
+        await client.aclose()
