@@ -1,8 +1,10 @@
 """Shared runner for the Python examples in README.md and docs/*.md.
 
 Every ```python block is executed as its own module. A line ``print(...)  # expected`` promises
-that the corresponding printed line starts with ``expected`` (text after `` — `` is commentary).
-Blocks that define ``test_*`` functions are pytest examples: they only have to compile and import.
+that the corresponding printed line is exactly ``expected`` (text after `` — `` is commentary), and
+an example that promises anything must print exactly its promises; a ``# prints:`` comment block
+promises the whole output, line for line. Blocks that only define
+``test_*`` functions are pytest examples: they have to compile and import.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 _BLOCK = re.compile(r"^( *)```python\n(.*?)^\1```", re.S | re.M)
 _PROMISE = re.compile(r"^\s*print\(.*\)\s+# (.+)$", re.M)
+_PRINTS = re.compile(r"^# prints:\n((?:# .*\n?)+)", re.M)
 
 
 def examples(*relative_paths: str) -> list[Any]:
@@ -48,8 +51,9 @@ def run_example(name: str, code: str) -> list[str]:
     finally:
         del sys.modules[module.__name__]
     printed = buf.getvalue().splitlines()
-    promises = [p.split(" — ", 1)[0].strip() for p in _PROMISE.findall(code)]
-    assert len(printed) >= len(promises), (name, printed, promises)
-    for line, promise in zip(printed, promises, strict=False):
-        assert line.startswith(promise), (name, line, promise)
+    block = _PRINTS.search(code)
+    if block is not None:
+        assert printed == [line[2:] for line in block.group(1).splitlines()], name
+    elif promises := [p.split(" — ", 1)[0].rstrip() for p in _PROMISE.findall(code)]:
+        assert printed == promises, name
     return printed
