@@ -49,7 +49,7 @@ from . import _config
 from ._codec import EXPIRED_HEADER, TIMEOUT_HEADER
 from ._state import ClampedTimeout, clamp_timeout, mark_spent
 
-__all__ = ["COMPONENT", "Attempt", "ClientOptions", "begin", "bounded"]
+__all__ = ["COMPONENT", "Attempt", "AttemptTimeoutBase", "ClientOptions", "begin", "bounded"]
 
 COMPONENT = "http-client"
 
@@ -64,6 +64,28 @@ class ClientOptions:
     timeout_header: str = TIMEOUT_HEADER
     expired_header: str = EXPIRED_HEADER
     what: str = "http request"
+
+
+class AttemptTimeoutBase(DeadlineExceeded):
+    """What every adapter's ``AttemptTimeout`` is besides the client library's own timeout:
+    a :class:`~timebound.DeadlineExceeded` with ``source="attempt"`` (retryable, D2.5).
+
+    ``remote`` is true when the server answered "deadline expired" (D4.5 case 2) rather than
+    the clock running out here. Pickles as its own subclass, without the live request.
+    """
+
+    def __init__(self, message: str, *, remote: bool = False, timeout: float | None = None) -> None:
+        DeadlineExceeded.__init__(self, message, source="attempt", timeout=timeout)
+        self.remote = remote
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_attempt_timeout, (type(self), str(self), self.remote, self.timeout))
+
+
+def _rebuild_attempt_timeout(
+    cls: type[AttemptTimeoutBase], message: str, remote: bool, timeout: float | None
+) -> AttemptTimeoutBase:
+    return cls(message, remote=remote, timeout=timeout)
 
 
 def _record_cancelled(bound: float | None) -> None:

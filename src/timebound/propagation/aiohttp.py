@@ -31,8 +31,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from .._core._durations import Duration, to_seconds
-from .._core._errors import DeadlineExceeded
-from ._client import Attempt, ClientOptions, begin, bounded
+from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin, bounded
 from ._codec import EXPIRED_HEADER, TIMEOUT_HEADER
 
 __all__ = ["AttemptTimeout", "DeadlineMiddleware"]
@@ -40,24 +39,13 @@ __all__ = ["AttemptTimeout", "DeadlineMiddleware"]
 _TIMEOUTS: tuple[type[BaseException], ...] = (aiohttp.ServerTimeoutError,)
 
 
-class AttemptTimeout(DeadlineExceeded, aiohttp.ServerTimeoutError):
+class AttemptTimeout(AttemptTimeoutBase, aiohttp.ServerTimeoutError):
     """The attempt's own timeout ran out (retryable, D2.5).
 
     Both a :class:`timebound.DeadlineExceeded` with ``source="attempt"`` and an
     :class:`aiohttp.ServerTimeoutError`; ``remote`` is true for a server's "deadline expired"
     answer (D4.5 case 2).
     """
-
-    def __init__(self, message: str, *, remote: bool = False, timeout: float | None = None) -> None:
-        DeadlineExceeded.__init__(self, message, source="attempt", timeout=timeout)
-        self.remote = remote
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (str(self), self.remote, self.timeout))
-
-
-def _rebuild(message: str, remote: bool, timeout: float | None) -> AttemptTimeout:
-    return AttemptTimeout(message, remote=remote, timeout=timeout)
 
 
 class DeadlineMiddleware:

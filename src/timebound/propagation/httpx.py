@@ -46,7 +46,7 @@ from .._core._deadline import Deadline
 from .._core._durations import Duration, to_seconds
 from .._core._errors import DeadlineExceeded
 from .._core._scopes import fail_after, move_on_after, move_on_at, spawn_background
-from ._client import Attempt, ClientOptions, begin, bounded
+from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin, bounded
 from ._codec import EXPIRED_HEADER, TIMEOUT_HEADER
 
 __all__ = ["AsyncDeadlineTransport", "AttemptTimeout", "DeadlineTransport"]
@@ -55,7 +55,7 @@ _PHASES = ("connect", "read", "write", "pool")
 _TIMEOUTS: tuple[type[BaseException], ...] = (httpx.TimeoutException,)
 
 
-class AttemptTimeout(DeadlineExceeded, httpx.TimeoutException):
+class AttemptTimeout(AttemptTimeoutBase, httpx.TimeoutException):
     """The attempt's own timeout ran out (retryable, D2.5).
 
     Both a :class:`timebound.DeadlineExceeded` with ``source="attempt"`` and an
@@ -71,16 +71,8 @@ class AttemptTimeout(DeadlineExceeded, httpx.TimeoutException):
         remote: bool = False,
         timeout: float | None = None,
     ) -> None:
-        DeadlineExceeded.__init__(self, message, source="attempt", timeout=timeout)
+        AttemptTimeoutBase.__init__(self, message, remote=remote, timeout=timeout)
         self._request = request
-        self.remote = remote
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (str(self), self.remote, self.timeout))
-
-
-def _rebuild(message: str, remote: bool, timeout: float | None) -> AttemptTimeout:
-    return AttemptTimeout(message, remote=remote, timeout=timeout)
 
 
 def _static_timeout(own: float | None, request: httpx.Request) -> float | None:

@@ -34,14 +34,13 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from .._core._durations import Duration, to_seconds
-from .._core._errors import DeadlineExceeded
-from ._client import Attempt, ClientOptions, begin
+from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin
 from ._codec import EXPIRED_HEADER, TIMEOUT_HEADER
 
 __all__ = ["AttemptTimeout", "DeadlineAdapter"]
 
 
-class AttemptTimeout(DeadlineExceeded, requests.exceptions.Timeout):
+class AttemptTimeout(AttemptTimeoutBase, requests.exceptions.Timeout):
     """The attempt's own timeout ran out (retryable, D2.5).
 
     Both a :class:`timebound.DeadlineExceeded` with ``source="attempt"`` and a
@@ -57,17 +56,9 @@ class AttemptTimeout(DeadlineExceeded, requests.exceptions.Timeout):
         remote: bool = False,
         timeout: float | None = None,
     ) -> None:
-        DeadlineExceeded.__init__(self, message, source="attempt", timeout=timeout)
+        AttemptTimeoutBase.__init__(self, message, remote=remote, timeout=timeout)
         self.request = request
         self.response = None
-        self.remote = remote
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (str(self), self.remote, self.timeout))
-
-
-def _rebuild(message: str, remote: bool, timeout: float | None) -> AttemptTimeout:
-    return AttemptTimeout(message, remote=remote, timeout=timeout)
 
 
 def _phases(timeout: Any) -> tuple[float | None, float | None]:
