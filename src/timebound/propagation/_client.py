@@ -166,7 +166,7 @@ class Attempt:
                 deadline=None if self.end is None else Deadline(self.end),
             )
         return attempt_timeout(
-            f"{what} answered {status} deadline expired before its static timeout"
+            f"{what} answered {status} deadline expired within the attempt's own timeout"
             " (attempt deadline)"
         )
 
