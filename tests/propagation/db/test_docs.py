@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-import pathlib
-import re
-
 import pytest
 
-DOC = pathlib.Path(__file__).resolve().parents[3] / "docs" / "databases.md"
-BLOCKS = re.findall(r"^```python\n(.*?)^```", DOC.read_text(), re.S | re.M)
+from tests.doc_examples import examples, run_example
+
+EXAMPLES = examples("docs/databases.md")
 
 
 @pytest.mark.postgres
 @pytest.mark.redis
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_doc_example_runs(index: int, postgres_dsn: str, redis_url: str) -> None:
-    """Each python block executes without error."""
-    exec(compile(BLOCKS[index], f"{DOC.name}[{index}]", "exec"), {"__name__": "doc"})
+@pytest.mark.parametrize(("name", "code"), EXAMPLES)
+def test_doc_example_runs(name: str, code: str, postgres_dsn: str, redis_url: str) -> None:
+    """Each python block executes and prints what it promises."""
+    run_example(name, code)
 
 
 def test_doc_has_examples() -> None:
     """The page keeps its runnable examples (asyncpg, psycopg sync and pool, redis, metrics)."""
-    assert len(BLOCKS) >= 6
+    assert len(EXAMPLES) >= 6

@@ -2,26 +2,19 @@
 
 from __future__ import annotations
 
-import pathlib
-import re
-
 import pytest
 
-DOC = pathlib.Path(__file__).resolve().parents[3] / "docs" / "propagation.md"
-BLOCKS = re.findall(r"^( *)```python\n(.*?)^\1```", DOC.read_text(), re.S | re.M)
+from tests.doc_examples import examples, run_example
+
+EXAMPLES = examples("docs/propagation.md")
 
 
-def _dedent(indent: str, code: str) -> str:
-    return "\n".join(line[len(indent) :] for line in code.splitlines())
-
-
-@pytest.mark.parametrize("index", range(len(BLOCKS)))
-def test_doc_example_runs(index: int) -> None:
-    """Each python block executes without error (servers are defined, not started)."""
-    indent, code = BLOCKS[index]
-    exec(compile(_dedent(indent, code), f"{DOC.name}[{index}]", "exec"), {"__name__": "doc"})
+@pytest.mark.parametrize(("name", "code"), EXAMPLES)
+def test_doc_example_runs(name: str, code: str) -> None:
+    """Each python block executes (servers are defined, not started) and prints its promises."""
+    run_example(name, code)
 
 
 def test_doc_has_examples() -> None:
     """The page keeps its runnable examples."""
-    assert len(BLOCKS) >= 6
+    assert len(EXAMPLES) >= 6
