@@ -1,6 +1,6 @@
 """One service of the propagation benchmark's chain ``A -> B -> C``, run as its own process.
 
-``python bench/_services.py --role C --mode M2 --port 8003 --iters 900 --quanta 40`` serves one
+``python bench/_services.py --role C --mode M2 --port 8003 --iters 11000 --quanta 80`` serves one
 uvicorn service on 127.0.0.1. ``bench/propagation.py`` starts three of them per run and drives
 them; nothing here is meant to be run by hand.
 
@@ -16,9 +16,9 @@ Roles
 Modes (what each service does; see ``docs/propagation.md``)
 -----------------------------------------------------------
 - ``M0``: plain ``httpx.AsyncClient(timeout=static)``; no middleware; headers ignored.
-- ``M1``: clients only. A and B run each request under their *own* static budget
-  (``timebound.fail_after(budget)``: A 250 ms, B 200 ms — the timeout each one's caller uses for
-  it) and call downstream through ``AsyncDeadlineTransport``, which clamps the static timeout to
+- ``M1``: clients only. A and B run each request under their *own* request budget
+  (``timebound.fail_after(budget)``: A 250 ms, B 200 ms — the latency each promises its caller)
+  and call downstream through ``AsyncDeadlineTransport``, which clamps the static timeout to
   that budget, fails fast when it is spent and sends ``X-YaTaxi-Client-TimeoutMs``. No server reads
   that header: C has no middleware and works every request to the end.
 - ``M2``: ``DeadlineMiddleware`` on A, B and C plus the transports; no local budgets — the deadline

@@ -1,9 +1,10 @@
 """The propagation benchmark — "the work saved".
 
 A chain ``load generator -> A -> B -> C`` of uvicorn services on loopback, each its own process
-(``bench/_services.py``). C is the bottleneck: CPU-bound work in ~0.5 ms quanta with
-``timebound.checkpoint()`` between them. The load generator (this process) sends open-loop Poisson
-arrivals at ``rho`` times C's measured capacity and gives up on each request at 250 ms.
+(``bench/_services.py``). C is the bottleneck: CPU-bound work in ~0.5 ms quanta, one request at a
+time in arrival order, with ``await timebound.acheckpoint()`` (a checkpoint and a yield) before
+every quantum. The load generator (this process) sends open-loop Poisson arrivals at ``rho`` times
+C's measured capacity and gives up on each request at 250 ms.
 
 Modes: M0 no propagation; M1 clients only (A and B clamp to their own static budget); M2 clients +
 ``DeadlineMiddleware`` on every server; M3 M2 with ``cancel_on_expiry=True`` (see
@@ -16,10 +17,14 @@ Per mode and load it reports:
 - goodput: responses delivered within the 250 ms deadline per second;
 - L: downstream calls sent after the origin deadline had passed (counted at B and C).
 
-At rho = 0.5 it also compares M2 with M0 for CPU per request and the latency each hop adds.
+At rho = 0.5 it also compares M2 with M0 for CPU per request and the latency each hop adds
+(pooled over interleaved repeats, with the M0-against-M0 difference as the noise floor), times the
+middleware and the transport in-process, and runs M0 and M2 at rho >= 2 once more with C's queue
+LIFO (a diagnostic that separates the queue discipline from propagation).
 
-``python bench/propagation.py`` runs everything (about 2-3 minutes) and writes
-``bench/results/propagation.json``; ``--smoke`` is a seconds-long run for the test suite.
+``python bench/propagation.py`` runs everything (about 3-4 minutes on 2 cores, plus any wait for
+a quiet machine) and writes ``bench/results/propagation.json``; ``--smoke`` is a seconds-long run
+for the test suite.
 """
 
 from __future__ import annotations
@@ -59,10 +64,12 @@ LOADS = (0.5, 1.0, 2.0, 3.0)
 
 
 def log(msg: str) -> None:
+    """Print a progress line now."""
     print(msg, flush=True)
 
 
 def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (loopback only)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -195,6 +202,7 @@ def propagation_available() -> bool:
 
 
 def median(values: Sequence[float]) -> float:
+    """The median, NaN for no values."""
     return statistics.median(values) if values else math.nan
 
 
@@ -294,6 +302,7 @@ VERBOSE = False
 
 
 def stop_all() -> None:
+    """Stop every service still running (the last line of defence: ``finally`` in main)."""
     while _LIVE:
         _LIVE.pop().stop()
 
@@ -319,6 +328,7 @@ def start_chain(
 
 
 def stop_chain(services: dict[str, Service]) -> None:
+    """Stop these services and forget them."""
     for svc in services.values():
         svc.stop()
         if svc in _LIVE:
@@ -481,6 +491,7 @@ def run_one(
     seed: int,
     queue: str = "fifo",
 ) -> RunResult:
+    """One mode at one load: fresh services, warm-up, measured window, figures; always cleaned up."""
     services = start_chain(mode, iters, quanta, queue=queue)
     try:
         rate = rho * capacity
@@ -611,10 +622,12 @@ class Overhead:
 
 
 def rho_name(rho: float) -> str:
+    """``rho2``, ``rho0.5``: the load part of a metric name."""
     return f"rho{rho:g}"
 
 
 def _mode_rows(prefix: str, results: list[RunResult], capacity: float, targets: bool) -> list[Row]:
+    """PDW, goodput and L rows per run, against M0 of the same load; targets where asked."""
     rows: list[Row] = []
     by = {(r.mode, r.rho): r for r in results}
     for r in results:
@@ -674,6 +687,7 @@ def _mode_rows(prefix: str, results: list[RunResult], capacity: float, targets: 
 def build_rows(
     capacity: float, results: list[RunResult], overhead: Overhead | None, lifo: list[RunResult]
 ) -> list[Row]:
+    """Every result row, with targets and pass/miss where the brief sets them."""
     rows = [Row("propagation.c_capacity", capacity, "req/s")]
     quanta = [r.quantum_cpu for r in results if not math.isnan(r.quantum_cpu)]
     if quanta:
@@ -732,6 +746,7 @@ def build_rows(
 
 
 def _table(results: list[RunResult], capacity: float) -> list[str]:
+    """Markdown table lines, one row per run."""
     lines = [
         "| mode | rho | offered req/s | goodput req/s | goodput / capacity | PDW C | PDW A+B+C "
         "| L (at B + C) | C's deadline - origin's, p50 / p90 |",
@@ -758,6 +773,7 @@ def markdown_table(
     lifo: list[RunResult],
     quanta: int,
 ) -> str:
+    """The results as markdown, as ``docs/propagation.md`` shows them."""
     foreign = [r.foreign_cpu for r in results + lifo if not math.isnan(r.foreign_cpu)]
     max_foreign = max(foreign) if foreign else math.nan
     lines = [
@@ -806,6 +822,7 @@ def markdown_table(
 
 
 def write_json(path: Path, rows: Iterable[Row]) -> None:
+    """Write the rows as a JSON list (the shared row shape of ``bench/_common.py``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps([r.as_json() for r in rows], indent=2) + "\n")
 
@@ -818,6 +835,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; 0 on success, 130 when interrupted (services stopped either way)."""
     p = argparse.ArgumentParser(description="Deadline propagation benchmark: the work saved.")
     p.add_argument("--smoke", action="store_true", help="a seconds-long run (tests)")
     p.add_argument("--modes", default=None, help="comma-separated, e.g. M0,M2")
