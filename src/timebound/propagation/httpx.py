@@ -42,10 +42,11 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "timebound.propagation.httpx needs httpx: pip install 'timebound[httpx]'"
     ) from exc
 
+from .._core import _clock
 from .._core._deadline import Deadline
 from .._core._durations import Duration, to_seconds
 from .._core._errors import DeadlineExceeded
-from .._core._scopes import fail_after, move_on_after, move_on_at, spawn_background
+from .._core._scopes import move_on_at, spawn_background
 from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin, bounded
 from ._codec import EXPIRED_HEADER, TIMEOUT_HEADER
 
@@ -285,51 +286,105 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
         mid-response would force httpcore to close the connection, and under overload — exactly
         when deadlines fire — reconnecting is the expensive part. The server got our header, so
         it usually answers "deadline expired" right after our deadline anyway.
+
+        The exchange cannot start in the caller's task and be handed over at the cut: httpcore's
+        anyio cancel scopes belong to the task that entered them. So it has its own task, kept
+        as cheap as a task can be, since every loop iteration it adds is paid again per hop
+        under load: the task hands the response straight to a future the caller awaits (one
+        wake-up; ``asyncio.shield`` over the task needs two), and it carries no scope of its
+        own — the caller's scope always ends first, since our deadline lowered the timeout.
+        Only an abandoned exchange gets its static bound (a timer) and drains its response.
         """
-        inner = self._inner
-
-        async def exchange() -> httpx.Response:
-            with fail_after(static, source="attempt"):
-                response = await inner.handle_async_request(request)
-            return response
-
-        task = spawn_background(exchange(), name="timebound-httpx-exchange")
+        loop = asyncio.get_running_loop()
+        until = _clock.now() + static  # the exchange's own bound, if it is ever abandoned
+        handoff: asyncio.Future[httpx.Response] = loop.create_future()
+        task = spawn_background(_exchange(self._inner, request, handoff), name=_EXCHANGE)
         assert attempt.end is not None
         scope = move_on_at(Deadline(attempt.end))
         try:
             with scope:
-                response: httpx.Response = await asyncio.shield(task)
-                return response
+                return await handoff
         except (DeadlineExceeded, asyncio.CancelledError):
             if attempt.expired():
                 attempt.note_cut()
-                _finish_in_background(task, static)
+                _abandon(handoff, task, loop, until)
             else:
                 task.cancel()
+                _release_unclaimed(handoff, until)
             raise
         except httpx.TimeoutException as exc:
             if attempt.expired():
                 raise attempt.cut(make) from exc
             raise
-        _finish_in_background(task, static)
+        _abandon(handoff, task, loop, until)
         raise attempt.cut(make)
 
 
-def _finish_in_background(task: asyncio.Task[httpx.Response], budget: float) -> None:
-    """Let a cut exchange finish, read and release its response, within ``budget`` seconds."""
+_EXCHANGE = "timebound-httpx-exchange"
 
-    async def finish() -> None:
-        try:
-            response = await task
-        except BaseException:  # nobody waits for this exchange any more
-            return
-        try:
-            with move_on_after(budget):
-                await response.aread()
-        finally:
-            await response.aclose()
 
-    spawn_background(finish(), name="timebound-httpx-drain")
+async def _exchange(
+    inner: httpx.AsyncBaseTransport,
+    request: httpx.Request,
+    handoff: asyncio.Future[httpx.Response],
+) -> None:
+    """The background half of a connection-saving exchange.
+
+    Hands the response (or the error) to ``handoff``. Once the caller has left (``handoff``
+    cancelled) it reads and releases the response, so the connection goes back to the pool;
+    :func:`_abandon` bounds it by then.
+    """
+    try:
+        response = await inner.handle_async_request(request)
+    except asyncio.CancelledError:
+        handoff.cancel()
+        raise
+    except Exception as exc:
+        if not handoff.done():
+            handoff.set_exception(exc)
+        return  # an abandoned exchange's failure has nobody to tell
+    if not handoff.done():
+        handoff.set_result(response)
+        return
+    await _release(response)
+
+
+async def _release(response: httpx.Response) -> None:
+    """Read a response nobody waits for to its end and close it (the connection is reused)."""
+    try:
+        await response.aread()
+    except Exception:  # nobody to tell; httpcore has dropped a broken connection already
+        pass
+    finally:
+        await response.aclose()
+
+
+async def _release_by(response: httpx.Response, until: float) -> None:
+    with move_on_at(Deadline(until)):
+        await _release(response)
+
+
+def _abandon(
+    handoff: asyncio.Future[httpx.Response],
+    task: asyncio.Task[None],
+    loop: asyncio.AbstractEventLoop,
+    until: float,
+) -> None:
+    """The caller leaves at the cut; the exchange goes on, bounded by its static timeout."""
+    if _release_unclaimed(handoff, until):
+        return
+    handoff.cancel()  # already cancelled with the caller's wait; this makes it explicit
+    if not task.done():
+        timer = loop.call_at(until, task.cancel)
+        task.add_done_callback(lambda _task: timer.cancel())
+
+
+def _release_unclaimed(handoff: asyncio.Future[httpx.Response], until: float) -> bool:
+    """Release a response handed over in the very iteration the caller left; True if one was."""
+    if handoff.done() and not handoff.cancelled() and handoff.exception() is None:
+        spawn_background(_release_by(handoff.result(), until), name="timebound-httpx-drain")
+        return True
+    return False
 
 
 class _AsyncStream(httpx.AsyncByteStream):

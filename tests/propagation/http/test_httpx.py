@@ -300,6 +300,59 @@ async def test_async_expired_sends_nothing(virtual_clock: VirtualClock) -> None:
     assert calls == [] and info.value.source == "inherited"
 
 
+async def test_abandoned_exchange_is_bounded_by_static_timeout(virtual_clock: VirtualClock) -> None:
+    """A cut exchange goes on in the background, but only until its static timeout ends."""
+    ended: list[float] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        try:
+            await asyncio.sleep(100)
+        finally:
+            ended.append(virtual_clock.now())
+        return httpx.Response(200)
+
+    with tb.inherit_deadline(tb.Deadline.after(0.3)), pytest.raises(tb.DeadlineExceeded):
+        await async_client(handler, timeout=5).get("http://svc/")
+    assert (virtual_clock.now(), ended) == (0.3, [])
+    await asyncio.sleep(10)
+    assert ended == [5.0]
+
+
+class _Closing(httpx.AsyncByteStream):
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield b"body"
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_response_arriving_at_the_cut_is_released(virtual_clock: VirtualClock) -> None:
+    """A response handed over in the loop iteration that cuts the caller is still closed."""
+    stream = _Closing()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        # In one callback: time reaches the deadline and the response becomes ready, so the
+        # exchange hands it over just before the caller's deadline timer runs.
+        ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def deadline_and_response() -> None:
+            virtual_clock.jump_to(0.3)
+            ready.set_result(None)
+
+        asyncio.get_running_loop().call_soon(deadline_and_response)
+        await ready
+        return httpx.Response(200, stream=stream)
+
+    with tb.inherit_deadline(tb.Deadline.after(0.3)), pytest.raises(tb.DeadlineExceeded):
+        await async_client(handler, timeout=5).get("http://svc/")
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert (virtual_clock.now(), stream.closed) == (0.3, True)
+
+
 # --- real server (uvicorn) --------------------------------------------------------------------
 
 
