@@ -32,7 +32,8 @@ the attempt's end is httpx's own error, unchanged.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+import sys
+from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any
 
 try:
@@ -46,7 +47,7 @@ from .._core import _clock
 from .._core._deadline import Deadline
 from .._core._durations import Duration, to_seconds
 from .._core._errors import DeadlineExceeded
-from .._core._scopes import move_on_at, spawn_background
+from .._core._scopes import _clean_context, move_on_at, spawn_background
 from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin, bounded
 from ._codec import EXPIRED_HEADER, TIMEOUT_HEADER
 
@@ -298,7 +299,7 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
         loop = asyncio.get_running_loop()
         until = _clock.now() + static  # the exchange's own bound, if it is ever abandoned
         handoff: asyncio.Future[httpx.Response] = loop.create_future()
-        task = spawn_background(_exchange(self._inner, request, handoff), name=_EXCHANGE)
+        task = _start(_exchange(self._inner, request, handoff), loop)
         assert attempt.end is not None
         scope = move_on_at(Deadline(attempt.end))
         try:
@@ -321,6 +322,28 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
 
 
 _EXCHANGE = "timebound-httpx-exchange"
+_EAGER = sys.version_info >= (3, 12)
+_exchanges: set[asyncio.Task[None]] = set()
+
+
+def _start(coro: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop) -> asyncio.Task[None]:
+    """Start an exchange task that does not inherit the caller's deadline (``spawn_background``).
+
+    From Python 3.12 the task starts eagerly: the request is written within the caller's own
+    step instead of one loop iteration later, and an exchange that completes without waiting
+    (an in-process transport) is handed over with no iteration at all.
+    """
+    if _EAGER:
+        task: asyncio.Task[None] = asyncio.Task(  # type: ignore[call-arg,unused-ignore]
+            coro, loop=loop, name=_EXCHANGE, context=_clean_context(), eager_start=True
+        )
+    else:
+        task = loop.create_task(coro, name=_EXCHANGE, context=_clean_context())
+    if not task.done():
+        # The loop keeps only weak references to tasks: hold this one until it ends.
+        _exchanges.add(task)
+        task.add_done_callback(_exchanges.discard)
+    return task
 
 
 async def _exchange(
