@@ -217,6 +217,15 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
     """An async httpx transport that clamps, propagates and enforces the deadline.
 
     ``inner`` defaults to ``httpx.AsyncHTTPTransport()``; options as :class:`DeadlineTransport`.
+
+    ``save_connections`` (default on, D4.8): when our deadline lowered the timeout, the exchange
+    runs in a background task so that a cut releases the caller at once without closing the
+    pooled connection. The price is paid on every such call, cut or not: one task and, before
+    Python 3.12, two more loop iterations (one on 3.12+). Measured on Python 3.11: ~14 us per
+    call in-process over the inline path, ~100 us of latency per forwarding hop in
+    ``bench/propagation.py`` (docs/propagation.md, "Benchmark: the work saved").
+    ``save_connections=False`` awaits the exchange inline and cancels it at the cut (the
+    connection mid-response is then closed): cheaper per call, costlier when deadlines fire.
     """
 
     def __init__(
