@@ -141,3 +141,20 @@ def test_configuration_error_pickles() -> None:
     err = tb.ConfigurationError("bad", option="retry")
     back = pickle.loads(pickle.dumps(err))
     assert back.option == "retry" and str(back) == "bad"
+
+
+def test_errors_keep_attached_attributes_through_pickle(virtual_clock: VirtualClock) -> None:
+    """Attributes an engine attaches (a call site) survive pickling; live scope links do not."""
+    with tb.move_on_after(1):
+        virtual_clock.advance(1)
+        try:
+            tb.checkpoint()
+        except tb.DeadlineExceeded as caught:
+            err = caught
+    err.call_site = ("prog.cst", 2, 5)  # type: ignore[attr-defined]
+    back = pickle.loads(pickle.dumps(err))
+    assert back.call_site == ("prog.cst", 2, 5)
+    assert not hasattr(back, "_timebound_binder")
+    retry = tb.RetryExhausted([ValueError("x")])
+    retry.call_site = "here"  # type: ignore[attr-defined]
+    assert pickle.loads(pickle.dumps(retry)).call_site == "here"

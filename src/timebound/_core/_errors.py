@@ -44,6 +44,16 @@ SOURCES: frozenset[str] = frozenset(
 )
 
 
+def _extra_state(err: BaseException) -> dict[str, Any] | None:
+    """Attributes attached after construction (e.g. a Constellation ``call_site``), for pickling.
+
+    timebound's private bookkeeping (``_timebound_*``: the live scope that raised the error) is
+    process-local and is dropped.
+    """
+    state = {k: v for k, v in vars(err).items() if not k.startswith("_timebound")}
+    return state or None
+
+
 class TimeboundError(Exception):
     """Root of every error timebound raises. ``code`` is stable for storage, UIs and CLIs."""
 
@@ -60,7 +70,7 @@ class ConfigurationError(TimeboundError, ValueError):
         self.option = option
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_configuration_error, (str(self), self.option))
+        return (_rebuild_configuration_error, (str(self), self.option), _extra_state(self))
 
 
 def _rebuild_configuration_error(message: str, option: str | None) -> ConfigurationError:
@@ -119,6 +129,7 @@ class DeadlineExceeded(TimeboundError, TimeoutError):
         return (
             _rebuild_deadline_exceeded,
             (str(self), self.source, self.timeout, self.deadline),
+            _extra_state(self),
         )
 
 
@@ -152,7 +163,11 @@ class RetryExhausted(TimeboundError):
         super().__init__(message)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_retry_exhausted, (self.errors, self.what, str(self)))
+        return (
+            _rebuild_retry_exhausted,
+            (self.errors, self.what, str(self)),
+            _extra_state(self),
+        )
 
 
 def _rebuild_retry_exhausted(
