@@ -418,3 +418,20 @@ async def test_nested_equal_deadline_scope_reports_outer(virtual_clock: VirtualC
             await never()
     assert outer.expired and inner.expired
     assert virtual_clock.now() == 3.0
+
+
+async def test_swallowed_cancel_under_inherited_reports_inherited(
+    virtual_clock: VirtualClock,
+) -> None:
+    """A body that swallows the cancel of an inherited deadline and returns late still reports
+    the inherited bound, not success and not this scope's own timeout."""
+    with tb.inherit_deadline(tb.Deadline.after(1)):
+        with pytest.raises(tb.DeadlineExceeded) as info:
+            async with tb.move_on_after(10) as scope:
+                try:
+                    await never()
+                except asyncio.CancelledError:
+                    pass
+    assert info.value.source == "inherited"
+    assert not scope.expired
+    assert virtual_clock.now() == 1.0

@@ -103,3 +103,18 @@ def test_virtual_trio_clock_waits_for_threads(virtual_clock: VirtualClock) -> No
 
     assert trio.run(main, clock=virtual_clock.trio_clock()) == 42
     assert virtual_clock.now() == 0.0
+
+
+def test_sync_overrun_under_trio(virtual_clock: VirtualClock) -> None:
+    """Under trio, a body that overran without yielding raises at exit (fail) or flags (move_on)."""
+
+    async def main() -> None:
+        with pytest.raises(tb.DeadlineExceeded):
+            with tb.fail_after(1):
+                virtual_clock.advance(2)
+        with tb.move_on_after(1) as scope:
+            virtual_clock.advance(2)
+            tb.checkpoint()
+        assert scope.expired
+
+    run(virtual_clock, main)

@@ -547,10 +547,8 @@ class CancelScope(_Frame):
         own_expired: bool,
     ) -> bool:
         scope = self._trio_scope
-        try:
-            handled = bool(scope.__exit__(exc_type, exc, tb))
-        except BaseException as new_exc:  # trio re-raises a (possibly new) exception group
-            raise new_exc
+        # trio may raise here (a new exception group): it propagates unchanged.
+        handled = bool(scope.__exit__(exc_type, exc, tb))
         if handled and scope.cancelled_caught:
             binder = self.binder
             if binder is self or binder is None:
