@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+import timebound as tb
 from timebound.policies import (
     CacheBackend,
     InMemoryCache,
@@ -283,3 +284,20 @@ def test_a_failing_backend_never_fails_the_call(
     assert len(fn.calls) == 2
     assert any("cache backend get() failed" in r.getMessage() for r in caplog.records)
     assert any("cache backend set() failed" in r.getMessage() for r in caplog.records)
+
+
+def test_positional_keyword_and_default_spellings_share_an_entry(
+    virtual_clock: VirtualClock,
+) -> None:
+    """f(1), f(a=1) and f(1, b=2) with b defaulting to 2 are one call for the cache (D3.6)."""
+    calls: list[tuple[int, int]] = []
+
+    @tb.resilient(cache=60)
+    def f(a: int, b: int = 2) -> int:
+        calls.append((a, b))
+        return a + b
+
+    assert [f(1), f(a=1), f(1, b=2), f(1, 2)] == [3, 3, 3, 3]
+    assert calls == [(1, 2)]
+    assert f(1, 3) == 4
+    assert calls == [(1, 2), (1, 3)]

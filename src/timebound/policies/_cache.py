@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
+import inspect
 import json
 import math
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
 from .._core import _clock
@@ -138,6 +140,36 @@ def _default_cache(policy_name: str) -> InMemoryCache:
 
 class Uncacheable(Exception):
     """An argument cannot be encoded canonically (a cycle); the call runs without the cache."""
+
+
+@functools.lru_cache(maxsize=512)
+def _signature(fn: Callable[..., Any]) -> inspect.Signature | None:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins without a signature
+        return None
+
+
+def canonical_arguments(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+) -> tuple[tuple[Any, ...], Mapping[str, Any]]:
+    """The call's arguments by parameter name, defaults applied, for a canonical cache key.
+
+    Falls back to the arguments as given when ``fn`` has no signature, is unhashable, or the
+    arguments do not bind (the call itself will then raise its own ``TypeError``).
+    """
+    try:
+        sig = _signature(fn)
+    except TypeError:  # an unhashable callable
+        return args, kwargs
+    if sig is None:
+        return args, kwargs
+    try:
+        bound = sig.bind(*args, **kwargs)
+    except TypeError:
+        return args, kwargs
+    bound.apply_defaults()
+    return (), bound.arguments
 
 
 def cache_key(name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str:

@@ -37,7 +37,14 @@ from .._core._scopes import (
 )
 from ..telemetry import Event, emit
 from ..telemetry import enabled as _telemetry_enabled
-from ._cache import CacheBackend, Uncacheable, _default_cache, cache_key, get_cache_backend
+from ._cache import (
+    CacheBackend,
+    Uncacheable,
+    _default_cache,
+    cache_key,
+    canonical_arguments,
+    get_cache_backend,
+)
 from ._limits import Slots, TokenBucket, parse_throttle, shared_bucket, shared_slots
 from ._result import Err, Ok
 
@@ -338,6 +345,7 @@ class Policy:
 
     def _begin(
         self,
+        fn: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: Mapping[str, Any],
         tele: bool,
@@ -349,7 +357,7 @@ class Policy:
         cache = self._cache
         if cache is None:
             return None, _MISS
-        key = self._key(args, kwargs)
+        key = self._key(fn, args, kwargs)
         if key is None:
             return None, _MISS
         hit, value = self._cache_get(cache, key)
@@ -606,7 +614,7 @@ class Policy:
         tele = observer is not None or _telemetry_enabled()
         key = None
         if tele or self._cache is not None:
-            key, found = self._begin(args, kwargs, tele, observer)
+            key, found = self._begin(fn, args, kwargs, tele, observer)
             if found is not _MISS:
                 return found
         total = self.total_timeout
@@ -752,7 +760,7 @@ class Policy:
         tele = observer is not None or _telemetry_enabled()
         key = None
         if tele or self._cache is not None:
-            key, found = self._begin(args, kwargs, tele, observer)
+            key, found = self._begin(fn, args, kwargs, tele, observer)
             if found is not _MISS:
                 return found
         total = self.total_timeout
@@ -887,8 +895,12 @@ class Policy:
 
     # Cache -----------------------------------------------------------------------------------
 
-    def _key(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> str | None:
+    def _key(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
+    ) -> str | None:
         try:
+            # f(1), f(a=1) and f(1, b=2) (b's default) are the same call: one cache entry.
+            args, kwargs = canonical_arguments(fn, args, kwargs)
             return cache_key(self.name, args, kwargs)
         except (Uncacheable, RecursionError):
             return None
