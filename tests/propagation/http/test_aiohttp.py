@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import aiohttp
 import pytest
 
@@ -10,7 +13,7 @@ from timebound.propagation import RequestState
 from timebound.propagation._state import _request
 from timebound.propagation.aiohttp import AttemptTimeout, DeadlineMiddleware
 
-from .conftest import Downstream
+from .conftest import TIMEOUT_HEADER, Downstream
 
 
 def session(**kw: object) -> aiohttp.ClientSession:
@@ -86,3 +89,90 @@ async def test_remote_expiry_cases(svc: tuple[Downstream, str]) -> None:
             await s.get(f"{url}/expired")
         assert info2.value.remote
     assert len({x.client_port for x in app.seen}) == 1
+
+
+@pytest.mark.asyncio_real
+async def test_no_deadline_and_no_timeout_sends_no_header(svc: tuple[Downstream, str]) -> None:
+    """With neither a deadline nor any static timeout, no header is sent (D4.3)."""
+    app, url = svc
+    async with aiohttp.ClientSession(
+        middlewares=(DeadlineMiddleware(),), timeout=aiohttp.ClientTimeout(total=None)
+    ) as s:
+        async with s.get(f"{url}/ok") as r:
+            assert await r.text() == "ok"
+    assert [x.timeout_ms for x in app.seen] == [None]
+    assert TIMEOUT_HEADER not in app.seen[0].headers
+
+
+async def _drain(content: Any, reader: str) -> list[bytes]:
+    """Read ``content`` with one of aiohttp's stream APIs until it ends or raises."""
+    got: list[bytes] = []
+    if reader.startswith("iter") or reader == "aiter":
+        iterators: dict[str, Callable[[], Any]] = {
+            "iter_chunked": lambda: content.iter_chunked(5),
+            "iter_any": lambda: content.iter_any(),
+            "iter_chunks": lambda: content.iter_chunks(),
+            "aiter": lambda: content,
+        }
+        iterator = iterators[reader]()
+        async for item in iterator:
+            got.append(item[0] if isinstance(item, tuple) else item)
+        return got
+    steps: dict[str, Callable[[], Any]] = {
+        "readany": lambda: content.readany(),
+        "readline": lambda: content.readline(),
+        "readuntil": lambda: content.readuntil(b"\n"),
+        "readexactly": lambda: content.readexactly(9),
+        "readchunk": lambda: content.readchunk(),
+    }
+    while True:
+        item = await steps[reader]()
+        data = item[0] if isinstance(item, tuple) else item
+        if not data:
+            return got
+        got.append(data)
+
+
+@pytest.mark.asyncio_real
+@pytest.mark.parametrize(
+    "reader",
+    [
+        "readany",
+        "readline",
+        "readuntil",
+        "readexactly",
+        "readchunk",
+        "iter_chunked",
+        "iter_any",
+        "iter_chunks",
+        "aiter",
+    ],
+)
+async def test_every_stream_reader_is_cut_by_the_deadline(
+    svc: tuple[Downstream, str], reader: str
+) -> None:
+    """Each ``response.content`` reader of a stalled body ends at our deadline (inherited)."""
+    _, url = svc
+    state = RequestState()
+    token = _request.set(state)
+    try:
+        async with session(timeout=5) as s:
+            with tb.inherit_deadline(tb.Deadline.after(0.15)):
+                async with s.get(f"{url}/stream") as r:
+                    with pytest.raises(tb.DeadlineExceeded) as info:
+                        await _drain(r.content, reader)
+        assert info.value.source == "inherited" and state.cancelled_by_deadline
+    finally:
+        _request.reset(token)
+
+
+@pytest.mark.asyncio_real
+async def test_stream_readers_return_the_whole_body_in_time(svc: tuple[Downstream, str]) -> None:
+    """Within the deadline the bounded readers return exactly the body, chunk by chunk."""
+    _, url = svc
+    async with session(timeout=5) as s:
+        with tb.inherit_deadline(tb.Deadline.after(5)):
+            async with s.get(f"{url}/ok") as r:
+                assert b"".join(await _drain(r.content, "iter_chunked")) == b"ok"
+            async with s.get(f"{url}/ok") as r:
+                assert b"".join(await _drain(r.content, "readchunk")) == b"ok"

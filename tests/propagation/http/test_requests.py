@@ -6,12 +6,14 @@ from collections.abc import Iterator
 
 import pytest
 import requests
+import urllib3
 
 import timebound as tb
 from timebound.propagation import RequestState
 from timebound.propagation._state import _request
 from timebound.propagation.requests import AttemptTimeout, DeadlineAdapter
 from timebound.telemetry import counters
+from timebound.testing import VirtualClock
 
 from .conftest import Downstream
 
@@ -110,3 +112,71 @@ def test_remote_expiry_case_2_attempt_timeout(
         session.get(f"{url}/expired")
     assert info.value.remote and info.value.source == "attempt"
     assert not state.cancelled_by_deadline
+
+
+def test_call_timeout_number_is_static(svc: tuple[Downstream, str]) -> None:
+    """A plain number as the call's ``timeout=`` is the static timeout sent on the wire."""
+    app, url = svc
+    with requests.Session() as s:
+        s.mount("http://", DeadlineAdapter())
+        s.get(f"{url}/ok", timeout=1.5)
+    assert [x.timeout_ms for x in app.seen] == [1500]
+
+
+def test_urllib3_timeout_total_caps_each_phase(svc: tuple[Downstream, str]) -> None:
+    """A urllib3 ``Timeout``'s total caps its phases; an unset phase is not a bound of its own."""
+    app, url = svc
+    with requests.Session() as s:
+        s.mount("http://", DeadlineAdapter())
+        # requests accepts urllib3's Timeout at run time; its stubs do not say so.
+        for t in (
+            urllib3.Timeout(connect=1, read=3, total=2),
+            urllib3.Timeout(read=4),
+            urllib3.Timeout(total=0.5),
+        ):
+            s.get(f"{url}/ok", timeout=t)  # type: ignore[arg-type]
+    assert [x.timeout_ms for x in app.seen] == [2000, 4000, 500]
+
+
+def test_own_read_timeout_inside_the_budget_stays_requests_own(
+    svc: tuple[Downstream, str], state: RequestState
+) -> None:
+    """The call's own read timeout firing before the attempt's end is requests' ReadTimeout."""
+    _, url = svc
+    with requests.Session() as s:
+        s.mount("http://", DeadlineAdapter(timeout=5))
+        with pytest.raises(requests.exceptions.ReadTimeout) as info:
+            s.get(f"{url}/slow", timeout=(5, 0.1))
+    assert not isinstance(info.value, tb.DeadlineExceeded)
+    assert not state.cancelled_by_deadline
+    assert counters.get("cancelled-by-deadline", component="http-client") == 0
+
+
+def test_raw_read_after_the_end_is_cut_and_the_connection_dropped(
+    svc: tuple[Downstream, str], virtual_clock: VirtualClock
+) -> None:
+    """A body chunk read with ``raw.read()`` after the attempt's end raises AttemptTimeout."""
+    app, url = svc
+    with requests.Session() as s:
+        s.mount("http://", DeadlineAdapter(timeout=5))
+        response = s.get(f"{url}/stream", stream=True)
+        virtual_clock.advance(5)
+        with pytest.raises(AttemptTimeout) as info:
+            response.raw.read(5)
+        assert info.value.timeout == 5.0 and not info.value.remote
+        assert s.get(f"{url}/ok").status_code == 200
+    # The half-read connection was closed, not put back: the next request came on a new one.
+    assert len({x.client_port for x in app.seen}) == 2
+
+
+def test_raw_read_of_a_stalled_body_is_cut_by_the_deadline(
+    svc: tuple[Downstream, str], session: requests.Session, state: RequestState
+) -> None:
+    """``raw.read()`` of a body stalled after its first chunk ends at our deadline (inherited)."""
+    _, url = svc
+    with tb.inherit_deadline(tb.Deadline.after(0.2)):
+        response = session.get(f"{url}/stream", stream=True)
+        with pytest.raises(tb.DeadlineExceeded) as info:
+            response.raw.read()
+    assert info.value.source == "inherited" and state.cancelled_by_deadline
+    assert session.get(f"{url}/ok").status_code == 200
