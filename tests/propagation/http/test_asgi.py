@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import pytest
@@ -267,3 +268,66 @@ async def test_request_state_does_not_leak_after_request(virtual_clock: VirtualC
     """After the middleware returns, neither the deadline nor the request state remain."""
     await call_asgi(DeadlineMiddleware(App()), {H: "300"})
     assert current_request() is None and tb.current_deadline() == tb.Deadline.never()
+
+
+async def test_other_error_after_deadline_answers_498_and_is_logged(
+    virtual_clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A handler failing late with its own error is answered 498, and the failure is logged."""
+    app = App(sleep=0.5, raise_=KeyError("boom"))
+    with caplog.at_level(logging.WARNING, logger="timebound"):
+        result = await call_asgi(DeadlineMiddleware(app), {H: "300"})
+    assert (result.status, result.body) == (498, b"Deadline expired")
+    [record] = [r for r in caplog.records if "after its request deadline" in r.getMessage()]
+    assert record.exc_info is not None and isinstance(record.exc_info[1], KeyError)
+    assert "answering 498" in record.getMessage()
+
+
+class StartOnly:
+    """An ASGI app that sends ``http.response.start`` (or nothing) and returns, after ``sleep``."""
+
+    def __init__(self, *, sleep: float, start: bool) -> None:
+        self.sleep = sleep
+        self.start = start
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        await asyncio.sleep(self.sleep)
+        if self.start:
+            await send({"type": "http.response.start", "status": 204, "headers": []})
+
+
+async def test_start_without_body_in_time_gets_an_empty_body(virtual_clock: VirtualClock) -> None:
+    """An app returning after the start alone, in time, gets its start and an empty last body."""
+    result = await call_asgi(DeadlineMiddleware(StartOnly(sleep=0.2, start=True)), {H: "300"})
+    assert result.status == 204
+    assert [m["type"] for m in result.messages] == ["http.response.start", "http.response.body"]
+    assert result.messages[1] == {"type": "http.response.body", "body": b"", "more_body": False}
+
+
+async def test_start_without_body_after_deadline_is_replaced(
+    virtual_clock: VirtualClock, events: list[Event]
+) -> None:
+    """An app returning after the start alone, late, is answered 498 with no original body."""
+    result = await call_asgi(DeadlineMiddleware(StartOnly(sleep=0.4, start=True)), {H: "300"})
+    assert (result.status, result.body) == (498, b"Deadline expired")
+    assert counters.get("cancelled-by-deadline", component="http-server") == 1
+    assert span_tags(events, "http-server")["dp_original_body_size"] == 0
+
+
+async def test_silent_app_after_deadline_gets_498(
+    virtual_clock: VirtualClock, events: list[Event]
+) -> None:
+    """An app that sends nothing and returns after the deadline is answered 498 by us."""
+    result = await call_asgi(DeadlineMiddleware(StartOnly(sleep=0.4, start=False)), {H: "300"})
+    assert (result.status, result.body) == (498, b"Deadline expired")
+    assert result.headers["x-yataxi-deadline-expired"] == "1"
+    tags = span_tags(events, "http-server")
+    assert tags["cancelled_by_deadline"] == 1 and "dp_original_body_size" not in tags
+
+
+async def test_silent_app_in_time_is_left_to_the_server(virtual_clock: VirtualClock) -> None:
+    """An app that sends nothing within the deadline: we add nothing (the server answers 500)."""
+    result = await call_asgi(DeadlineMiddleware(StartOnly(sleep=0.2, start=False)), {H: "300"})
+    assert result.messages == []
+    assert counters.get("cancelled-by-deadline", component="http-server") == 0
