@@ -528,3 +528,85 @@ def test_async_transport_under_trio() -> None:
 
     assert trio.run(main) == "inherited"
     assert seen[0] is not None and 1 <= int(seen[0]) <= 50
+
+
+# --- span tags, pass-through of the client's own phase timeouts, late body reads -----------------
+
+
+def test_fail_fast_is_tagged_cancelled_by_deadline(
+    virtual_clock: VirtualClock, events: list[Event]
+) -> None:
+    """A call that fails fast on a spent deadline carries the span tag cancelled_by_deadline=1."""
+    with tb.inherit_deadline(tb.Deadline.after(0.1)):
+        virtual_clock.advance(0.1)
+        with pytest.raises(tb.DeadlineExceeded):
+            client(Recorder(), timeout=5).get("http://svc/")
+    assert span_tags(events, "http-client") == {"cancelled_by_deadline": 1}
+
+
+async def test_async_cut_is_tagged_with_both_span_tags(
+    virtual_clock: VirtualClock, events: list[Event]
+) -> None:
+    """An exchange cut by our deadline is tagged propagated_timeout_ms and cancelled_by_deadline."""
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        await asyncio.sleep(10)
+        return httpx.Response(200)
+
+    with tb.inherit_deadline(tb.Deadline.after(0.3)), pytest.raises(tb.DeadlineExceeded):
+        await async_client(handler, timeout=5).get("http://svc/")
+    assert span_tags(events, "http-client") == {
+        "propagated_timeout_ms": 300,
+        "cancelled_by_deadline": 1,
+    }
+
+
+async def test_async_no_deadline_no_static_timeout_sends_no_header(
+    virtual_clock: VirtualClock,
+) -> None:
+    """Async: with neither a deadline nor a static timeout the request goes out untouched."""
+    seen: list[httpx.Request] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, content=b"ok")
+
+    async with httpx.AsyncClient(
+        transport=AsyncDeadlineTransport(httpx.MockTransport(handler)), timeout=None
+    ) as c:
+        assert (await c.get("http://svc/")).content == b"ok"
+    assert TIMEOUT_HEADER not in seen[0].headers
+    assert dict(seen[0].extensions["timeout"]) == dict.fromkeys(
+        ("connect", "read", "write", "pool")
+    )
+
+
+def test_sync_own_read_timeout_inside_the_budget_stays_httpx_own(
+    svc: tuple[Downstream, str], request_state: RequestState
+) -> None:
+    """The client's own read timeout firing before the attempt's end is httpx's ReadTimeout."""
+    _, url = svc
+    with httpx.Client(
+        transport=DeadlineTransport(timeout=5), timeout=httpx.Timeout(5, read=0.1)
+    ) as c:
+        with pytest.raises(httpx.ReadTimeout) as info:
+            c.get(f"{url}/slow")
+        assert not isinstance(info.value, tb.DeadlineExceeded)
+        with pytest.raises(httpx.ReadTimeout) as info2:
+            c.get(f"{url}/stream")
+        assert not isinstance(info2.value, tb.DeadlineExceeded)
+    assert not request_state.cancelled_by_deadline
+
+
+def test_sync_body_chunk_read_after_the_end_is_cut(
+    svc: tuple[Downstream, str], virtual_clock: VirtualClock
+) -> None:
+    """A streamed body chunk that is read after the attempt's end raises AttemptTimeout."""
+    _, url = svc
+    with httpx.Client(transport=DeadlineTransport(timeout=5)) as c:
+        with c.stream("GET", f"{url}/stream") as response:
+            virtual_clock.advance(5)
+            with pytest.raises(AttemptTimeout) as info:
+                response.read()
+        assert info.value.timeout == 5.0
+        assert c.get(f"{url}/ok").status_code == 200
