@@ -490,3 +490,64 @@ def test_local_scope_expiry_is_propagated_but_not_the_requests(
             channel.unary_unary(LEAF)(b"", timeout=30.0)
     channel.close()
     assert request_with_time.cancelled_by_deadline is False
+
+
+def test_future_done_callback_sees_the_propagated_error(
+    leaf: tuple[Leaf, int], request_state: RequestState
+) -> None:
+    """A ``.future()`` done-callback gets the wrapping future, whose error is the propagated one."""
+    impl, port = leaf
+    impl.mode = "block"
+    channel = leaf_channel(port)
+    seen: list[Any] = []
+    finished = threading.Event()
+
+    def on_done(f: Any) -> None:
+        seen.append(f)
+        finished.set()
+
+    with tb.inherit_deadline(tb.Deadline.after(0.2)):
+        fut = channel.unary_unary(LEAF).future(b"", timeout=30.0)
+    fut.add_done_callback(on_done)
+    assert finished.wait(10)
+    channel.close()
+    assert seen == [fut]
+    assert isinstance(seen[0].exception(), PropagatedDeadlineExceeded)
+    assert fut.done() and not fut.running() and not fut.cancelled() and not fut.is_active()
+    assert fut.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert fut.traceback() is not None
+
+
+def test_future_success_exposes_grpc_call_interface(leaf: tuple[Leaf, int]) -> None:
+    """A propagated ``.future()`` that succeeds answers as grpc's own future and call do."""
+    _, port = leaf
+    channel = leaf_channel(port)
+    with tb.inherit_deadline(tb.Deadline.after(5)):
+        fut = channel.unary_unary(LEAF).future(b"", timeout=30.0)
+    assert within(decode(fut.result())["received_ms"], 5)
+    assert fut.exception() is None and fut.traceback() is None
+    assert fut.code() == grpc.StatusCode.OK and fut.details() in ("", None)
+    assert fut.initial_metadata() is not None and fut.trailing_metadata() is not None
+    assert fut.done() and not fut.cancelled() and not fut.is_active()
+    assert fut.add_callback(lambda: None) is False  # the call is over: grpc refuses new ones
+    channel.close()
+
+
+def test_cancelled_future_is_not_a_deadline_expiry(
+    leaf: tuple[Leaf, int], request_state: RequestState
+) -> None:
+    """Cancelling a propagated ``.future()`` cancels the RPC; the request is not marked."""
+    impl, port = leaf
+    impl.mode = "block"
+    channel = leaf_channel(port)
+    with tb.inherit_deadline(tb.Deadline.after(5)):
+        fut = channel.unary_unary(LEAF).future(b"", timeout=30.0)
+    assert fut.running() and fut.is_active() and not fut.done()
+    assert fut.time_remaining() is not None and fut.time_remaining() <= 5
+    assert fut.cancel() is True
+    assert fut.cancelled()
+    with pytest.raises(grpc.FutureCancelledError):
+        fut.result()
+    channel.close()
+    assert request_state.cancelled_by_deadline is False
+    assert counters.total(CLI_CANCELLED) == 0
