@@ -299,3 +299,37 @@ async def test_span_tags_report_timeout_and_cancel(postgres_dsn: str) -> None:
     tags = [e.attrs for e in seen if e.name == "span.tags" and e.attrs["component"] == "asyncpg"]
     assert 0 < tags[0]["timeout_ms"] <= 200
     assert tags[1] == {"component": "asyncpg", "cancelled_by_deadline": 1}
+
+
+async def test_pool_shortcuts_run_under_the_deadline(postgres_dsn: str) -> None:
+    """The pool's ``executemany``/``fetchrow``/``fetchval`` run narrowed; the writes commit."""
+    table = unique("poolw")
+    async with await create_pool(postgres_dsn, min_size=1, max_size=1) as pool:
+        await pool.execute(f"CREATE TABLE {table} (v int)")
+        try:
+            with tb.inherit_deadline(tb.Deadline.after(5)):
+                await pool.executemany(f"INSERT INTO {table} VALUES ($1)", [(1,), (2,)])
+                row = await pool.fetchrow(f"SELECT count(*) AS n, sum(v) AS s FROM {table}")
+                ms = await pool.fetchval(
+                    "SELECT setting::int FROM pg_settings WHERE name = 'statement_timeout'"
+                )
+            assert (row["n"], row["s"]) == (2, 3)
+            assert 0 < ms <= 5000
+            assert counters.get("timeout-updated-by-deadline", component="asyncpg") == 3
+        finally:
+            await pool.execute(f"DROP TABLE {table}")
+        assert not pool.pool.is_closing()
+    assert pool.pool.is_closing()  # leaving ``async with`` closes the pool
+
+
+async def test_awaited_acquire_is_bounded_and_released(postgres_dsn: str) -> None:
+    """``await pool.acquire()`` on an exhausted pool ends at the deadline; ``release`` frees it."""
+    async with await create_pool(postgres_dsn, min_size=1, max_size=1) as pool:
+        con = await pool.acquire()
+        with tb.inherit_deadline(tb.Deadline.after(0.1)):
+            with pytest.raises(tb.DeadlineExceeded) as info:
+                await pool.acquire()
+        assert info.value.source == "inherited"
+        await pool.release(con)
+        with tb.inherit_deadline(tb.Deadline.after(5)):
+            assert await pool.fetchval("SELECT 1") == 1
