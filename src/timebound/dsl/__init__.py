@@ -50,6 +50,9 @@ def compile(source: str, *, modules: ModuleRegistry) -> Program:
         raise TypeError(f"source must be a str, not {type(source).__name__}")
     if not isinstance(modules, ModuleRegistry):
         raise TypeError(f"modules must be a ModuleRegistry, not {type(modules).__name__}")
+    # A UTF-8 byte order mark (Windows editors write one) is not part of the program; dropping
+    # it keeps line 1's columns as an editor shows them.
+    source = source.removeprefix("\ufeff")
     diags: list[Diagnostic] = []
     try:
         tree = parse(source, diags)

@@ -27,6 +27,7 @@ from ._runtime import (
     Program,
     Thunk,
     _Run,
+    error_text,
     lazy_ref,
     render_text,
 )
@@ -48,6 +49,7 @@ from ._types import (
     is_assignable,
     join,
     union_of,
+    without_none,
     zero_value,
 )
 
@@ -101,6 +103,15 @@ def _to_async(ce: CE) -> Callable[[_Run], Any]:
     return wrapped
 
 
+def _start(e: A.Expr) -> A.Pos:
+    """Where ``e`` begins in the source: a binary expression's and a field access's own position
+    is their operator's (for errors about the operator); errors about the whole value point here.
+    """
+    while isinstance(e, A.Binary | A.FieldAccess):
+        e = e.left if isinstance(e, A.Binary) else e.obj
+    return e.pos
+
+
 def _numeric(t: Type) -> bool:
     return t in (INT, FLOAT) or isinstance(t, ErrorType)
 
@@ -114,7 +125,7 @@ def _get_field(value: Any, name: str) -> Any:
     if name == "value":
         return value.value if value.ok else None
     if name == "error":
-        return None if value.ok else f"{type(value.error).__name__}: {value.error}"
+        return None if value.ok else error_text(value.error)
     raise KeyError(name)
 
 
@@ -330,8 +341,7 @@ class _Compiler:
         lt, rt = left.type, right.type
         deps = left.deps | right.deps
         if op == "??":
-            base = lt.inner if isinstance(lt, OptionalType) else lt
-            ct = join(base, rt)
+            ct = join(without_none(lt), rt)
             lf, rf = left.fn, right.fn
             if not left.is_async and not right.is_async:
                 return CE(ct, lambda run: v if (v := lf(run)) is not None else rf(run), False, deps)
@@ -346,7 +356,7 @@ class _Compiler:
             for side, st in ((e.left, lt), (e.right, rt)):
                 if not is_assignable(st, BOOLEAN):
                     self.error(
-                        "E011", f"Operator '{op}' needs Boolean operands, got {st}", side.pos
+                        "E011", f"Operator '{op}' needs Boolean operands, got {st}", _start(side)
                     )
             lf, rf = left.fn, right.fn
             is_and = op == "and"
@@ -422,7 +432,9 @@ class _Compiler:
     def cond(self, e: A.Cond, lifted: bool) -> CE:
         c = self.expr(e.cond, lifted=lifted)
         if not is_assignable(c.type, BOOLEAN):
-            self.error("E011", f"The condition of 'if' must be Boolean, got {c.type}", e.cond.pos)
+            self.error(
+                "E011", f"The condition of 'if' must be Boolean, got {c.type}", _start(e.cond)
+            )
         a = self.expr(e.then, lifted=False)
         b = self.expr(e.other, lifted=False)
         t = join(a.type, b.type)
@@ -582,7 +594,7 @@ class _Compiler:
                     self.error(
                         "E011",
                         f"Argument {i} ('{pname}') of '{spec.name}' expects {pt}, got {a.type}",
-                        ae.pos,
+                        _start(ae),
                     )
         result_type = spec.returns
         fallback = self.check_options(e, spec, result_type)

@@ -52,12 +52,20 @@ class Diagnostic:
         return f"{self.line}:{self.column}: {self.severity} {self.code}: {self.message}"
 
 
+def source_line(source: str, line: int) -> str | None:
+    """Line ``line`` (1-based) of ``source`` as the lexer counts lines: only ``\n`` ends one
+    (``str.splitlines`` would also split at form feeds, U+2028 and others inside comments)."""
+    lines = source.split("\n")
+    if 1 <= line <= len(lines):
+        return lines[line - 1].removesuffix("\r")
+    return None
+
+
 def format_diagnostic(diag: Diagnostic, source: str, filename: str = "<source>") -> str:
     """``FILE:LINE:COL: severity CODE: message`` then the source line and a caret under it."""
     head = f"{filename}:{diag.line}:{diag.column}: {diag.severity} {diag.code}: {diag.message}"
-    lines = source.splitlines()
-    if 1 <= diag.line <= len(lines):
-        text = lines[diag.line - 1]
+    text = source_line(source, diag.line)
+    if text is not None:
         if len(text) > 200:  # keep huge lines readable: show a window around the column
             start = max(0, diag.column - 100)
             text = text[start : start + 200]

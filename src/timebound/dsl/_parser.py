@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -281,6 +282,9 @@ class _Parser:
         self.i = 0
         self.diags = diags
         self.depth = 0
+        # True while parsing a record literal's field value (and not inside a nested bracket):
+        # there `, name: ...` after a `with` clause is the next field unless `name` is an option.
+        self.in_record = False
 
     # Token helpers -------------------------------------------------------------------------
 
@@ -329,6 +333,14 @@ class _Parser:
 
     def leave(self) -> None:
         self.depth -= 1
+
+    def nested(self, parse: Callable[[], A.Expr]) -> A.Expr:
+        """``parse()`` inside brackets: a comma there is the bracket's, not a record's."""
+        outer, self.in_record = self.in_record, False
+        try:
+            return parse()
+        finally:
+            self.in_record = outer
 
     # Declarations ----------------------------------------------------------------------------
 
@@ -550,7 +562,7 @@ class _Parser:
         if k == "op":
             if t.text == "(":
                 self.advance()
-                inner = self.expr()
+                inner = self.nested(self.expr)
                 self.expect_op(")", f" to close '(' at {t.line}:{t.col}")
                 return inner
             if t.text == "[":
@@ -558,7 +570,7 @@ class _Parser:
                 items: list[A.Expr] = []
                 if not self.at_op("]"):
                     while True:
-                        items.append(self.expr())
+                        items.append(self.nested(self.expr))
                         if not self.at_op(","):
                             break
                         self.advance()
@@ -577,7 +589,11 @@ class _Parser:
                             )
                         seen.add(name.text)
                         self.expect_op(":", f" after field '{name.text}'")
-                        fields.append((name.text, self.expr(), name.pos))
+                        outer, self.in_record = self.in_record, True
+                        try:
+                            fields.append((name.text, self.expr(), name.pos))
+                        finally:
+                            self.in_record = outer
                         if not self.at_op(","):
                             break
                         self.advance()
@@ -621,7 +637,7 @@ class _Parser:
             args: list[A.Expr] = []
             if not self.at_op(")"):
                 while True:
-                    args.append(self.expr())
+                    args.append(self.nested(self.expr))
                     if not self.at_op(","):
                         break
                     self.advance()
@@ -645,7 +661,8 @@ class _Parser:
                 return
             nxt, after = self.peek(1), self.peek(2)
             if nxt.kind == "ident" and (
-                (after.kind == "op" and after.text == ":") or nxt.text == "lazy"
+                nxt.text in OPTION_NAMES
+                or (not self.in_record and after.kind == "op" and after.text == ":")
             ):
                 self.advance()
                 continue
@@ -709,8 +726,14 @@ class _Parser:
             elif vt.kind == "int":
                 self.advance()
                 value = vt.value
+            elif vt.kind == "op" and vt.text == "-" and self.peek().kind == "int":
+                # priority takes an Int (the spec says Int, not Nat): below background is allowed
+                self.advance()
+                num = self.advance()
+                value = -num.value
+                text = f"-{num.text}"
             else:
-                bad = "critical, high, normal, low, background or a whole number"
+                bad = "critical, high, normal, low, background or an integer"
         elif name == "cache_backend":
             if vt.kind == "string" and len(vt.value) == 1 and isinstance(vt.value[0], str):
                 self.advance()

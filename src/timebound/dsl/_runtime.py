@@ -419,6 +419,11 @@ def lazy_ref(key: str) -> Callable[[_Run], Any]:
     return ref
 
 
+def error_text(exc: BaseException) -> str:
+    """How a wrapped error reads in a program (``r.error``) and in JSON: ``Type: message``."""
+    return f"{type(exc).__name__}: {exc}"
+
+
 def to_json_value(value: Any) -> Any:
     """A JSON-compatible form of a run value (``Ok``/``Err`` become records)."""
     if isinstance(value, dict):
@@ -426,10 +431,11 @@ def to_json_value(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [to_json_value(v) for v in value]
     ok = getattr(value, "ok", None)
+    # A Result has every field of its type (ok, value, error), as `y.value`/`y.error` read them.
     if ok is True and hasattr(value, "value"):
-        return {"ok": True, "value": to_json_value(value.value)}
+        return {"ok": True, "value": to_json_value(value.value), "error": None}
     if ok is False and hasattr(value, "error"):
-        return {"ok": False, "error": f"{type(value.error).__name__}: {value.error}"}
+        return {"ok": False, "value": None, "error": error_text(value.error)}
     return value
 
 

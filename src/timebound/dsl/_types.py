@@ -18,6 +18,7 @@ __all__ = [
     "INT",
     "NOTHING",
     "STRING",
+    "admits_none",
     "ErrorType",
     "ListType",
     "MapType",
@@ -32,6 +33,7 @@ __all__ = [
     "join",
     "union_of",
     "validate_value",
+    "without_none",
     "zero_value",
 ]
 
@@ -173,11 +175,12 @@ def is_assignable(src: Type, dst: Type) -> bool:
         return True
     if isinstance(src, UnionType):
         return all(is_assignable(m, dst) for m in src.members)
+    if isinstance(src, OptionalType):
+        # Optional<T> is T or none: each part must fit (none fits only an optional).
+        return admits_none(dst) and is_assignable(src.inner, dst)
     if isinstance(dst, UnionType):
         return any(is_assignable(src, m) for m in dst.members)
     if isinstance(dst, OptionalType):
-        if isinstance(src, OptionalType):
-            return is_assignable(src.inner, dst.inner)
         return is_assignable(src, dst.inner)
     if isinstance(dst, PrimType):
         return src == INT and dst == FLOAT
@@ -205,6 +208,22 @@ def is_assignable(src: Type, dst: Type) -> bool:
     if isinstance(dst, ResultType):
         return isinstance(src, ResultType) and is_assignable(src.inner, dst.inner)
     return False
+
+
+def admits_none(t: Type) -> bool:
+    """Whether none is a value of ``t`` (an optional, or a union with an optional member)."""
+    if isinstance(t, UnionType):
+        return any(isinstance(m, OptionalType | ErrorType) for m in t.members)
+    return isinstance(t, OptionalType | ErrorType)
+
+
+def without_none(t: Type) -> Type:
+    """``t`` with none taken out: what ``t ?? ...`` has when ``t`` is not none."""
+    if isinstance(t, OptionalType):
+        return without_none(t.inner)
+    if isinstance(t, UnionType):
+        return union_of([without_none(m) for m in t.members])
+    return t
 
 
 def join(a: Type, b: Type) -> Type:
