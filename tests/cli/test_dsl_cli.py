@@ -145,6 +145,12 @@ def test_run_json_trace(workdir: pathlib.Path, capsys: pytest.CaptureFixture[str
         (["--timeout", "soon"], "invalid --timeout 'soon'"),
         (["--concurrency", "0"], "--concurrency must be >= 1"),
         (["--inputs-json", "nope.json"], "cannot read nope.json"),
+        # Int, Float: the literal forms of the language, not everything Python's int() takes
+        (["--input", "n=1_000"], "--input n: cannot read '1_000' as Int"),
+        (["--input", "n= 5"], "--input n: cannot read ' 5' as Int"),
+        (["--input", "n=\uff15"], "--input n: cannot read '\uff15' as Int"),
+        (["--input", "f=1_0.5"], "--input f: cannot read '1_0.5' as Float"),
+        (["--input", "f=nan"], "--input f: cannot read 'nan' as Float"),
     ],
 )
 def test_run_usage_errors_exit_2(
@@ -229,6 +235,8 @@ def test_check_warnings_exit_0(workdir: pathlib.Path, capsys: pytest.CaptureFixt
         ("x = 1\n", None, "defines no ModuleRegistry at module level"),
         (MODULES + "\nother = ModuleRegistry()\n", None, "defines several registries; pick one"),
         (MODULES, ":nothing", "is not a ModuleRegistry"),
+        ('raise RuntimeError("no config")\n', None, "RuntimeError: no config"),
+        ("def f(:\n", None, "SyntaxError"),
     ],
 )
 def test_bad_modules_exit_2(
@@ -319,4 +327,71 @@ def test_user_profile_example(
         "cached": {"id": "u1", "name": "Ada", "score": 17},
         "score": 17,
         "badge": "HIGH",
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "value"), [("-3", -3), ("+4", 4), ("1e3", 1000.0), ("-.5", -0.5), ("7.", 7.0)]
+)
+def test_run_number_inputs(
+    workdir: pathlib.Path, capsys: pytest.CaptureFixture[str], text: str, value: float
+) -> None:
+    """Signed integers and the usual float spellings are read as numbers."""
+    file, mod = _setup(workdir, "in x: Float\nout x\n")
+    assert main(["run", file, "--modules", mod, "--json", "--input", f"x={text}"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"x": value}
+
+
+def test_run_map_with_int_keys(workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """JSON object keys are strings: a Map<Int, V> input (also nested) reads them as Int."""
+    file, mod = _setup(workdir, "in m: List<Map<Int, Boolean>>\nout m\n")
+    (workdir / "in.json").write_text('{"m": [{"1": true, "-2": false}]}')
+    assert main(["run", file, "--modules", mod, "--json", "--input", 'm=[{"3": true}]']) == 0
+    assert json.loads(capsys.readouterr().out) == {"m": [{"3": True}]}
+    assert main(["run", file, "--modules", mod, "--json", "--inputs-json", "in.json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"m": [{"1": True, "-2": False}]}
+
+
+def test_run_map_with_bad_int_key_exits_2(
+    workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Map<Int, V> key that is not an integer is a usage error naming the input."""
+    file, mod = _setup(workdir, "in m: Map<Int, Int>\nout m\n")
+    assert main(["run", file, "--modules", mod, "--input", 'm={"one": 1}']) == 2
+    assert "input 'm' key must be Int, got str 'one'" in capsys.readouterr().err
+
+
+def test_run_file_with_byte_order_mark(
+    workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A program saved with a UTF-8 byte order mark and CRLF line endings runs."""
+    _, mod = _setup(workdir, "y = 1\nout y\n")
+    (workdir / "bom.cst").write_bytes(b'\xef\xbb\xbfy = Greet("a")\r\nout y\r\n')
+    assert main(["run", "bom.cst", "--modules", mod]) == 0
+    assert capsys.readouterr().out == "y = hello a\n"
+
+
+def test_run_failure_caret_after_a_form_feed(
+    workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The failing line shown is the one the position names, whatever a comment contains."""
+    file, mod = _setup(workdir, "in x: Int # a\u2028b\ny = Boom(x)\nout y\n")
+    assert main(["run", file, "--modules", mod, "--input", "x=1"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("prog.cst:2:5: run failed: ValueError: boom")
+    assert err[1:] == ["    y = Boom(x)", "        ^"]
+
+
+def test_run_json_wrap_has_every_field(
+    workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An `on_error: wrap` value prints with all of ok, value and error, as its type has."""
+    file, mod = _setup(
+        workdir,
+        'a = Boom(1) with on_error: wrap\nb = Greet("x") with on_error: wrap\nout a\nout b\n',
+    )
+    assert main(["run", file, "--modules", mod, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "a": {"ok": False, "value": None, "error": "ValueError: boom"},
+        "b": {"ok": True, "value": "hello x", "error": None},
     }

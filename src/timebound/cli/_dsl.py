@@ -12,6 +12,7 @@ import importlib
 import json
 import math
 import os
+import re
 import sys
 from typing import Any, TextIO
 
@@ -26,8 +27,19 @@ from ..dsl import (
     compile,
     format_diagnostic,
 )
+from ..dsl._diagnostics import source_line
 from ..dsl._runtime import to_json_value
-from ..dsl._types import BOOLEAN, FLOAT, INT, STRING, Type
+from ..dsl._types import (
+    BOOLEAN,
+    FLOAT,
+    INT,
+    STRING,
+    ListType,
+    MapType,
+    OptionalType,
+    RecordType,
+    Type,
+)
 
 __all__ = ["register"]
 
@@ -85,7 +97,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _read(path: str) -> str:
     try:
-        with open(path, encoding="utf-8") as f:
+        # utf-8-sig: a byte order mark (Windows editors) is dropped, not read as a character.
+        with open(path, encoding="utf-8-sig") as f:
             return f.read()
     except (OSError, UnicodeDecodeError) as exc:
         raise _Usage(f"cannot read {path}: {exc}") from None
@@ -99,8 +112,8 @@ def _registry(spec: str) -> ModuleRegistry:
         sys.path.insert(0, cwd)
     try:
         module = importlib.import_module(mod_name)
-    except ImportError as exc:
-        raise _Usage(f"cannot import modules {mod_name!r}: {exc}") from None
+    except Exception as exc:  # ImportError, but also whatever the module raises as it loads
+        raise _Usage(f"cannot import modules {mod_name!r}: {type(exc).__name__}: {exc}") from None
     if attr:
         reg = getattr(module, attr, None)
         if not isinstance(reg, ModuleRegistry):
@@ -150,21 +163,46 @@ def _check(args: argparse.Namespace) -> int:
 # run ----------------------------------------------------------------------------------------
 
 
+# The literal forms of the language (Python's int()/float() also take "1_000", " 5", "nan",
+# other scripts' digits): what --input accepts for Int and Float.
+_INT_RE = re.compile(r"[+-]?[0-9]+")
+_FLOAT_RE = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
 def _convert(name: str, text: str, t: Type) -> Any:
     try:
         if t == STRING:
             return text
-        if t == INT:
-            return int(text)
-        if t == FLOAT:
-            return float(text)
+        if t in (INT, FLOAT):
+            if (_INT_RE if t == INT else _FLOAT_RE).fullmatch(text) is None:
+                raise ValueError("not a number literal")
+            return int(text) if t == INT else float(text)
         if t == BOOLEAN:
             if text in ("true", "false"):
                 return text == "true"
             raise ValueError("expected true or false")
-        return json.loads(text)
+        return _from_json(json.loads(text), t)
     except (ValueError, RecursionError) as exc:
         raise _Usage(f"--input {name}: cannot read {text!r} as {t}: {exc}") from None
+
+
+def _from_json(value: Any, t: Type) -> Any:
+    """``value`` as decoded from JSON, with the keys of maps whose key type is Int read as Int
+    (JSON object keys are always strings). Anything else is left to input validation."""
+    if isinstance(t, OptionalType):
+        return _from_json(value, t.inner)
+    if isinstance(t, ListType) and isinstance(value, list):
+        return [_from_json(v, t.elem) for v in value]
+    if isinstance(t, RecordType) and isinstance(value, dict):
+        fields = t.field_map()
+        return {k: _from_json(v, fields[k]) if k in fields else v for k, v in value.items()}
+    if isinstance(t, MapType) and isinstance(value, dict):
+        int_keys = t.key == INT
+        return {
+            (int(k) if int_keys and _INT_RE.fullmatch(k) else k): _from_json(v, t.value)
+            for k, v in value.items()
+        }
+    return value
 
 
 def _inputs(args: argparse.Namespace, program: Program) -> dict[str, Any]:
@@ -176,7 +214,9 @@ def _inputs(args: argparse.Namespace, program: Program) -> dict[str, Any]:
             raise _Usage(f"--inputs-json {args.inputs_json}: invalid JSON: {exc}") from None
         if not isinstance(data, dict):
             raise _Usage(f"--inputs-json {args.inputs_json}: expected a JSON object")
-        values.update(data)
+        for name, value in data.items():
+            t = program.inputs.get(name)
+            values[name] = value if t is None else _from_json(value, t)
     for item in args.input:
         name, sep, text = item.partition("=")
         if not sep:
@@ -240,13 +280,12 @@ def _print_failure(exc: BaseException, source: str, filename: str) -> None:
     site = getattr(exc, "call_site", None)
     message = str(exc)
     if site is not None:
-        lines = source.splitlines()
         print(
             f"{filename}:{site.line}:{site.column}: run failed: {type(exc).__name__}: {message}",
             file=sys.stderr,
         )
-        if 1 <= site.line <= len(lines):
-            text = lines[site.line - 1]
+        text = source_line(source, site.line)
+        if text is not None:
             print(f"    {text}\n    {' ' * (site.column - 1)}^", file=sys.stderr)
     else:
         print(f"{filename}: run failed: {type(exc).__name__}: {message}", file=sys.stderr)
