@@ -25,7 +25,6 @@ from ._runtime import (
     CallSite,
     CompiledCall,
     Program,
-    Thunk,
     _Run,
     error_text,
     lazy_ref,
@@ -137,6 +136,18 @@ def _divide(pos: A.Pos) -> Callable[[Any, Any], Any]:
 
     return div
 
+
+#: Options passed to Policy under their own name, with their parsed value as is.
+_POLICY_OPTIONS = (
+    "timeout",
+    "retry",
+    "delay",
+    "backoff",
+    "cache",
+    "cache_backend",
+    "concurrency",
+    "on_error",
+)
 
 _ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 _COMPARE = {
@@ -699,24 +710,14 @@ class _Compiler:
         from ..policies import Policy
 
         kwargs: dict[str, Any] = {"name": spec.name}
-        if "timeout" in opts:
-            kwargs["timeout"] = opts["timeout"].value
-        if "retry" in opts:
-            kwargs["retry"] = opts["retry"].value
-        if "delay" in opts:
-            kwargs["delay"] = opts["delay"].value
-        if "backoff" in opts:
-            kwargs["backoff"] = opts["backoff"].value
-        if "cache" in opts:
-            kwargs["cache"] = opts["cache"].value
-        if "cache_backend" in opts:
-            kwargs["cache_backend"] = opts["cache_backend"].value
+        # Option values are already what Policy takes (seconds, counts, names), except the
+        # throttle, kept as (count, seconds, text): Policy parses the text itself.
+        for name in _POLICY_OPTIONS:
+            if name in opts:
+                kwargs[name] = opts[name].value
         if "throttle" in opts:
             kwargs["throttle"] = opts["throttle"].value[2]
-        if "concurrency" in opts:
-            kwargs["concurrency"] = opts["concurrency"].value
         if "on_error" in opts:
-            kwargs["on_error"] = opts["on_error"].value
             kwargs["zero"] = zero_value(spec.returns)
         if fallback is not None:
             kwargs["fallback"] = _fallback_callable(fallback)
@@ -782,12 +783,10 @@ def compile_program(
         output_keys.append((o.name, var.key))
         if var.lazy:
             # A lazy output is needed: force it (concurrently with the rest) and store the value.
-            key = var.key
+            key, ref = var.key, lazy_ref(var.key)
 
-            async def force(run: _Run, key: str = key) -> None:
-                v = run.env[key]
-                if type(v) is Thunk:
-                    run.env[key] = await v.force()
+            async def force(run: _Run, key: str = key, ref: Fn = ref) -> None:
+                run.env[key] = await ref(run)
                 # returns None: the executor stores it under "out:<name>", which nothing reads
 
             c.nodes.append(Node(f"out:{o.name}", force, tuple(sorted(var.deps)), 50, True))

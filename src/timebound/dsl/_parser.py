@@ -10,10 +10,11 @@ first one; option errors (E013, E016, E018, E019) are collected and parsing goes
 from __future__ import annotations
 
 import bisect
+import functools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from . import _ast as A
 from ._diagnostics import Diagnostic
@@ -56,6 +57,7 @@ _TOKEN_RE = re.compile(
     re.VERBOSE,
 )
 _WORD_TAIL = re.compile(r"\w+")
+_T = TypeVar("_T")
 
 
 @dataclass(slots=True)
@@ -334,6 +336,19 @@ class _Parser:
     def leave(self) -> None:
         self.depth -= 1
 
+    def separated(self, item: Callable[[], _T], close: str, context: str) -> list[_T]:
+        """``item, item, ...`` (possibly none) up to ``close``, which is consumed; ``context``
+        ends the message when it is missing."""
+        items: list[_T] = []
+        if not self.at_op(close):
+            while True:
+                items.append(item())
+                if not self.at_op(","):
+                    break
+                self.advance()
+        self.expect_op(close, context)
+        return items
+
     def nested(self, parse: Callable[[], A.Expr]) -> A.Expr:
         """``parse()`` inside brackets: a comma there is the bracket's, not a record's."""
         outer, self.in_record = self.in_record, False
@@ -421,16 +436,13 @@ class _Parser:
             return A.TName(t.pos, t.text)
         if self.at_op("{"):
             self.advance()
-            fields: list[tuple[str, A.TypeExpr, A.Pos]] = []
-            if not self.at_op("}"):
-                while True:
-                    name = self.expect_ident("a field name")
-                    self.expect_op(":", f" after field '{name.text}'")
-                    fields.append((name.text, self.type_expr(), name.pos))
-                    if not self.at_op(","):
-                        break
-                    self.advance()
-            self.expect_op("}", f" to close the record type at {t.line}:{t.col}")
+
+            def field() -> tuple[str, A.TypeExpr, A.Pos]:
+                name = self.expect_ident("a field name")
+                self.expect_op(":", f" after field '{name.text}'")
+                return (name.text, self.type_expr(), name.pos)
+
+            fields = self.separated(field, "}", f" to close the record type at {t.line}:{t.col}")
             return A.TRecord(t.pos, fields)
         raise self.error(f"Expected a type, found {_describe(t)}")
 
@@ -567,38 +579,28 @@ class _Parser:
                 return inner
             if t.text == "[":
                 self.advance()
-                items: list[A.Expr] = []
-                if not self.at_op("]"):
-                    while True:
-                        items.append(self.nested(self.expr))
-                        if not self.at_op(","):
-                            break
-                        self.advance()
-                self.expect_op("]", f" to close '[' at {t.line}:{t.col}")
+                item = functools.partial(self.nested, self.expr)
+                items = self.separated(item, "]", f" to close '[' at {t.line}:{t.col}")
                 return A.ListLit(t.pos, items)
             if t.text == "{":
                 self.advance()
-                fields: list[tuple[str, A.Expr, A.Pos]] = []
                 seen: set[str] = set()
-                if not self.at_op("}"):
-                    while True:
-                        name = self.expect_ident("a field name in the record")
-                        if name.text in seen:
-                            raise self.error(
-                                f"Duplicate field '{name.text}' in record", name, "E008"
-                            )
-                        seen.add(name.text)
-                        self.expect_op(":", f" after field '{name.text}'")
-                        outer, self.in_record = self.in_record, True
-                        try:
-                            fields.append((name.text, self.expr(), name.pos))
-                        finally:
-                            self.in_record = outer
-                        if not self.at_op(","):
-                            break
-                        self.advance()
-                self.expect_op("}", f" to close '{{' at {t.line}:{t.col}")
-                return A.RecordLit(t.pos, fields)
+
+                def value_field() -> tuple[str, A.Expr, A.Pos]:
+                    name = self.expect_ident("a field name in the record")
+                    if name.text in seen:
+                        raise self.error(f"Duplicate field '{name.text}' in record", name, "E008")
+                    seen.add(name.text)
+                    self.expect_op(":", f" after field '{name.text}'")
+                    outer, self.in_record = self.in_record, True
+                    try:
+                        return (name.text, self.expr(), name.pos)
+                    finally:
+                        self.in_record = outer
+
+                close = f" to close '{{' at {t.line}:{t.col}"
+                value_fields = self.separated(value_field, "}", close)
+                return A.RecordLit(t.pos, value_fields)
         raise self.error(f"Expected an expression, found {_describe(t)}")
 
     def string(self, t: Token) -> A.Expr:
@@ -634,15 +636,10 @@ class _Parser:
         if self.toks[j].kind == "op" and self.toks[j].text == "(":
             self.i = j
             open_tok = self.advance()
-            args: list[A.Expr] = []
-            if not self.at_op(")"):
-                while True:
-                    args.append(self.nested(self.expr))
-                    if not self.at_op(","):
-                        break
-                    self.advance()
-            self.expect_op(
-                ")", f" to close the call of '{'.'.join(parts)}' at {open_tok.line}:{open_tok.col}"
+            args = self.separated(
+                functools.partial(self.nested, self.expr),
+                ")",
+                f" to close the call of '{'.'.join(parts)}' at {open_tok.line}:{open_tok.col}",
             )
             call = A.Call(first.pos, ".".join(parts), first.pos, args)
             if self.at_kw("with"):
