@@ -227,14 +227,10 @@ class DagPlan(Generic[_C]):
                     if results is not None:
                         results[keys[i]] = value
                     if spans is not None:
-                        spans[i].end = now = _clock.now()
+                        spans[i].end = _clock.now()
                         spans[i].outcome = "ok"
-                        for j in dependents[i]:
-                            remaining[j] -= 1
-                            if remaining[j] == 0:
-                                spans[j].ready = now
-                                self._make_ready(st, j)
-                    else:
+                        self._complete(st, i)
+                    else:  # _complete() written out: the untraced per-call path
                         for j in dependents[i]:
                             remaining[j] -= 1
                             if remaining[j] == 0:
