@@ -395,3 +395,36 @@ def test_run_json_wrap_has_every_field(
         "a": {"ok": False, "value": None, "error": "ValueError: boom"},
         "b": {"ok": True, "value": "hello x", "error": None},
     }
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b'{"who": ', "--inputs-json in.json: invalid JSON"),
+        (b'["who"]', "--inputs-json in.json: expected a JSON object"),
+        (b"\xff\xfe", "cannot read in.json"),
+        (b"[" * 100_000, "--inputs-json in.json: invalid JSON"),
+        (b'{"who": "A", "n": 1, "f": NaN, "b": true, "tags": []}', "must be a finite Float"),
+        (b'{"who": "A", "n": "1", "f": 1, "b": true, "tags": []}', "input 'n' must be Int"),
+        (b'{"who": "A", "n": 1, "f": 1, "b": true, "tags": [], "x": 1}', "unknown input 'x'"),
+    ],
+)
+def test_run_inputs_json_errors_exit_2(
+    workdir: pathlib.Path, capsys: pytest.CaptureFixture[str], content: bytes, message: str
+) -> None:
+    """A bad --inputs-json file (unreadable, not JSON, not an object, wrong values) exits 2."""
+    file, mod = _setup(workdir, GREET)
+    (workdir / "in.json").write_bytes(content)
+    assert main(["run", file, "--modules", mod, "--inputs-json", "in.json"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_run_inputs_json_with_byte_order_mark(
+    workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An inputs file saved with a byte order mark is read."""
+    file, mod = _setup(workdir, GREET)
+    doc = b'{"who": "Bo", "n": 1, "f": 1.0, "b": false, "tags": []}'
+    (workdir / "in.json").write_bytes(b"\xef\xbb\xbf" + doc)
+    assert main(["run", file, "--modules", mod, "--inputs-json", "in.json"]) == 0
+    assert capsys.readouterr().out == "g = hello Bo\ns = 2.0\nt = []\n"

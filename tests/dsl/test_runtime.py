@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Optional
 
 import pytest
 
@@ -302,6 +303,39 @@ class _Pt:
 def _flip(p: _Pt) -> _Pt:
     assert isinstance(p, _Pt)
     return _Pt(p.y, p.x)
+
+
+@dataclass
+class _Line:
+    points: list[_Pt]
+
+
+def test_dataclasses_inside_lists_and_optionals_are_converted() -> None:
+    """list[Dataclass], Optional[Dataclass] and dataclass fields holding lists of dataclasses
+    are instances inside the module and dicts in the program, as a top-level dataclass is."""
+    seen: list[object] = []
+
+    def Longest(lines: list[_Line], extra: Optional[_Pt]) -> Optional[_Line]:  # noqa: UP045
+        seen.append((lines, extra))
+        return max(lines, key=lambda line: len(line.points), default=None)
+
+    def Points(line: _Line) -> list[_Pt]:
+        return line.points
+
+    registry = ModuleRegistry()
+    registry.register("Longest", Longest)
+    registry.register("Points", Points)
+    program = compile(
+        "in lines: List<{ points: List<{ x: Int, y: Int }> }>\n"
+        "l = Longest(lines, { x: 0, y: 0 }) ?? { points: [] }\n"
+        "first = Points(l)\nn = l.points\nout first\nout n",
+        modules=registry,
+    )
+    lines = [{"points": [{"x": 1, "y": 2}]}, {"points": [{"x": 3, "y": 4}, {"x": 5, "y": 6}]}]
+    outputs = program.run_sync({"lines": lines})
+    assert outputs["first"] == [{"x": 3, "y": 4}, {"x": 5, "y": 6}]
+    assert outputs["n"] == outputs["first"]
+    assert seen == [([_Line([_Pt(1, 2)]), _Line([_Pt(3, 4), _Pt(5, 6)])], _Pt(0, 0))]
 
 
 def test_use_declarations() -> None:

@@ -3,8 +3,9 @@
 A module's Constellation signature comes from the function's annotations, mapped once when it
 is registered: ``int``->Int, ``str``->String, ``float``->Float, ``bool``->Boolean, ``list[T]``,
 ``dict[str, T]``, ``Optional[T]``/``T | None``, unions, dataclasses and TypedDicts -> records.
-Records are dicts at run time; a parameter annotated with a dataclass receives an instance built
-from the dict, and a dataclass result is turned back into a dict.
+Records are dicts at run time; a parameter annotated with a dataclass (also inside ``list``,
+``dict`` and ``Optional``) receives instances built from the dicts, and dataclasses in a result
+are turned back into dicts.
 """
 
 from __future__ import annotations
@@ -97,15 +98,34 @@ def _name(ann: Any) -> str:
     return getattr(ann, "__name__", None) or repr(ann)
 
 
+def _to_python(ann: Any) -> Callable[[Any], Any] | None:
+    """A function turning a run value of annotation ``ann`` into what the function expects:
+    record dicts into dataclass instances, also inside lists, dicts and optionals. None when
+    ``ann`` holds no dataclass (the value passes unchanged: the common, free case)."""
+    if isinstance(ann, type) and dataclasses.is_dataclass(ann):
+        return _to_dataclass(ann)
+    origin = typing.get_origin(ann)
+    args = typing.get_args(ann)
+    if origin is list and args:
+        item = _to_python(args[0])
+        return None if item is None else lambda v: [item(x) for x in v]
+    if origin is dict and len(args) == 2:
+        value = _to_python(args[1])
+        return None if value is None else lambda v: {k: value(x) for k, x in v.items()}
+    if origin in (typing.Union, types.UnionType):
+        # Optional[Dataclass] (the one member that is a record); none passes unchanged.
+        convs = [c for a in args if a is not type(None) and (c := _to_python(a)) is not None]
+        if len(convs) == 1:
+            conv = convs[0]
+            return lambda v: conv(v) if isinstance(v, dict) else v
+    return None
+
+
 def _to_dataclass(cls: Any) -> Callable[[Any], Any]:
     hints = typing.get_type_hints(cls)
-    nested = {
-        f.name: _to_dataclass(hints[f.name])
-        for f in dataclasses.fields(cls)
-        if isinstance(hints[f.name], type) and dataclasses.is_dataclass(hints[f.name])
-    }
-
-    names = frozenset(f.name for f in dataclasses.fields(cls) if f.init)
+    fields = [f.name for f in dataclasses.fields(cls) if f.init]
+    nested = {n: c for n in fields if (c := _to_python(hints[n])) is not None}
+    names = frozenset(fields)
 
     def convert(value: Any) -> Any:
         if not isinstance(value, dict):
@@ -117,9 +137,20 @@ def _to_dataclass(cls: Any) -> Callable[[Any], Any]:
     return convert
 
 
-def _from_dataclass(value: Any) -> Any:
+def _has_dataclass(ann: Any) -> bool:
+    if isinstance(ann, type) and dataclasses.is_dataclass(ann):
+        return True
+    return any(_has_dataclass(a) for a in typing.get_args(ann))
+
+
+def _from_python(value: Any) -> Any:
+    """A module's result with dataclass instances (at any depth) turned into record dicts."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
+    if isinstance(value, list | tuple):
+        return [_from_python(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _from_python(v) for k, v in value.items()}
     return value
 
 
@@ -150,9 +181,7 @@ def _build_spec(name: str, fn: Callable[..., Any]) -> ModuleSpec:
                 f"cannot map: {exc}",
                 option=name,
             ) from None
-        converters.append(
-            _to_dataclass(ann) if isinstance(ann, type) and dataclasses.is_dataclass(ann) else None
-        )
+        converters.append(_to_python(ann))
     ret = hints.get("return", inspect.Parameter.empty)
     try:
         returns = _map_annotation(ret, ())
@@ -160,9 +189,7 @@ def _build_spec(name: str, fn: Callable[..., Any]) -> ModuleSpec:
         raise ConfigurationError(
             f"module {name!r} ({fname}): return annotation cannot be mapped: {exc}", option=name
         ) from None
-    result_converter = (
-        _from_dataclass if isinstance(ret, type) and dataclasses.is_dataclass(ret) else None
-    )
+    result_converter = _from_python if _has_dataclass(ret) else None
     return ModuleSpec(
         name=name,
         fn=fn,
