@@ -151,3 +151,9 @@ def test_formatted_diagnostic_shows_the_right_line(separator: str) -> None:
     assert shown[0] == "p.cst:2:10: error E007: Undefined name 'z'"
     assert shown[1] == "    y = Echo(z)"
     assert shown[2] == "             ^"
+
+
+def test_unknown_bare_option_is_e019() -> None:
+    """`with cached` (no value) is an unknown option, not a syntax error on the next line."""
+    (d,) = _errors("y = Echo(1) with cached\nout y")
+    assert (d.code, d.message, d.line, d.column) == ("E019", "Unknown option 'cached'", 1, 18)

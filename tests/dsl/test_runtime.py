@@ -127,6 +127,38 @@ async def test_a_failure_cancels_the_other_calls(virtual_clock: VirtualClock) ->
     assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
 
 
+async def test_a_sync_failure_cancels_a_lazy_call_being_forced(
+    virtual_clock: VirtualClock,
+) -> None:
+    """A sync call failing at t=1 cancels a lazy call two consumers are forcing, and waits for
+    its cleanup before the run raises."""
+    cleanup: list[float] = []
+    registry = make_registry()
+
+    @registry.module
+    async def Slowly(x: int) -> int:
+        try:
+            await asyncio.sleep(100)
+        finally:
+            await asyncio.sleep(0)
+            cleanup.append(_clock.now())
+        return x
+
+    @registry.module
+    def Boom(x: int) -> int:
+        raise ValueError("boom")
+
+    program = build(
+        "in x: Int\nl = Slowly(x) with lazy\ne = l + 1\nf = l + 2\nc = Inc(x)\nd = Boom(c)\n"
+        "out e\nout f\nout d",
+        registry,
+    )
+    with pytest.raises(ValueError, match=r"^boom"):
+        await program.run({"x": 1})
+    assert cleanup == [1.0]
+    assert [t for t in asyncio.all_tasks() if t is not asyncio.current_task()] == []
+
+
 async def test_failure_message_names_the_call_site(virtual_clock: VirtualClock) -> None:
     """The error's message carries line, column and module (D3.10)."""
     program = build("in x: Int\n\n   b = Fail(x)\nout b")

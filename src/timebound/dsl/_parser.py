@@ -677,12 +677,14 @@ class _Parser:
         if name == "lazy" and not self.at_op(":"):
             self._store(call, A.Option(name, True, name_tok.pos, name_tok.pos, "true"))
             return
-        self.expect_op(":", f" after option '{name}'")
-        vt = self.tok
         if name not in OPTION_NAMES:
             self._diag("E019", f"Unknown option '{name}'", name_tok.pos)
-            self.expr()  # consume the value to go on parsing
+            if self.at_op(":"):  # consume the value to go on parsing (`with cached` has none)
+                self.advance()
+                self.expr()
             return
+        self.expect_op(":", f" after option '{name}'")
+        vt = self.tok
         value: Any = None
         text = vt.text
         bad: str | None = None
