@@ -11,7 +11,7 @@ import pytest
 
 from timebound import DeadlineExceeded, RetryExhausted
 from timebound._core import _clock
-from timebound.dsl import ModuleRegistry, Program, compile
+from timebound.dsl import CompileError, ModuleRegistry, Program, compile
 from timebound.policies import Err, Ok
 from timebound.testing import VirtualClock
 
@@ -473,6 +473,28 @@ async def test_concurrency_is_per_module_across_call_sites(virtual_clock: Virtua
     )
     await program.run({})
     assert sorted(s.starts) == [0.0, 1.0] and virtual_clock.now() == 2.0
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [("concurrency: 1", "concurrency: 2"), ("throttle: 2/1s", "throttle: 5/1s")],
+)
+def test_conflicting_limits_across_call_sites_are_an_error(first: str, second: str) -> None:
+    """D3.7 shares one limiter per module name, so call sites must agree on it (E013)."""
+    registry = ModuleRegistry()
+    registry.register("Limited", module(Service()))
+    source = f"a = Limited(1) with {first}\nb = Limited(2) with {second}\nout a\nout b"
+    with pytest.raises(CompileError) as info:
+        compile(source, modules=registry)
+    [diag] = info.value.diagnostics
+    option = first.split(":")[0]
+    # Both diagnostics point at the option's value: its column is after "option: ".
+    value_col = source.splitlines()[0].index(first) + len(option) + 3
+    assert (diag.code, diag.line, diag.column) == ("E013", 2, value_col)
+    assert diag.message == (
+        f"Conflicting '{option}' for 'Limited': every call site of a module shares one "
+        f"limiter, and line 1, column {value_col} already declares a different one"
+    )
 
 
 # deadline first and the whole-run timeout -----------------------------------------------------

@@ -174,6 +174,8 @@ class _Compiler:
         # Call nodes' actions for untraced runs (CompiledCall.fast_action), by node key.
         self.fast: dict[str, Callable[[_Run], Any]] = {}
         self.counter = 0
+        # (module, option) -> (value, position) of the first call site declaring a limit.
+        self.limits: dict[tuple[str, str], tuple[Any, A.Pos]] = {}
 
     def error(self, code: str, message: str, pos: A.Pos) -> None:
         self.diags.append(Diagnostic(code, "error", message, pos[0], pos[1]))
@@ -704,6 +706,7 @@ class _Compiler:
     def policy(self, spec: ModuleSpec, e: A.Call, fallback: CE | None) -> Any:
         """One Policy per call site, or None for a call without resilience options."""
         opts = e.options
+        self.check_shared_limits(spec.name, e)
         relevant = [n for n in opts if n not in ("lazy", "priority")]
         if not relevant or any(d.severity == "error" for d in self.diags):
             return None  # no policy needed (or the program will not compile anyway)
@@ -726,6 +729,24 @@ class _Compiler:
         except ConfigurationError as exc:
             self.error("E013", f"Invalid options for '{spec.name}': {exc}", e.pos)
             return None
+
+    def check_shared_limits(self, module: str, e: A.Call) -> None:
+        """D3.7: throttle and concurrency are per module name, shared by every call site, so
+        call sites of one module must not declare different limits (which one would bind?)."""
+        for option in ("throttle", "concurrency"):
+            if option not in e.options:
+                continue
+            opt = e.options[option]
+            value = opt.value[:2] if option == "throttle" else opt.value
+            first = self.limits.setdefault((module, option), (value, opt.value_pos))
+            if first[0] != value:
+                line, col = first[1]
+                self.error(
+                    "E013",
+                    f"Conflicting '{option}' for '{module}': every call site of a module shares "
+                    f"one limiter, and line {line}, column {col} already declares a different one",
+                    opt.value_pos,
+                )
 
 
 def _fallback_callable(fallback: CE) -> Callable[..., Any]:
