@@ -283,17 +283,41 @@ def _default_start_method() -> str:
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
-def _child(conn: Any, fn: Callable[..., Any], args: Any, kwargs: Any, left: float) -> None:
+def _child(
+    conn: Any,
+    fn_pickled: bytes,
+    args: Any,
+    kwargs: Any,
+    left: float,
+    source: str,
+    timeout: float | None,
+) -> None:
     """Subprocess entry: run ``fn`` under the parent's remaining budget, send the outcome."""
+    message: tuple[bool, Any]
     try:
-        if left == _INF:
-            result = fn(*args, **kwargs)
-        else:
-            with inherit_deadline(Deadline.after(left), source="scope"):
+        # Unpickled here, not by multiprocessing's bootstrap: a function the child cannot import
+        # then becomes a ConfigurationError for the caller instead of a silent exit code 1.
+        fn: Callable[..., Any] = pickle.loads(fn_pickled)
+    except Exception as exc:
+        message = (
+            False,
+            ConfigurationError(
+                f"run_in_process() needs an importable (module-level) function; the subprocess "
+                f"cannot load it: {exc!r}",
+                option="fn",
+            ),
+        )
+    else:
+        try:
+            if left == _INF:
                 result = fn(*args, **kwargs)
-        message: tuple[bool, Any] = (True, result)
-    except BaseException as exc:
-        message = (False, exc)
+            else:
+                # The same source and timeout as the bound that binds in the parent (D2.2).
+                with inherit_deadline(Deadline.after(left), source=source, timeout=timeout):
+                    result = fn(*args, **kwargs)
+            message = (True, result)
+        except BaseException as exc:
+            message = (False, exc)
     try:
         conn.send(message)
     except Exception as exc:  # an unpicklable result or exception: send what can be sent
@@ -328,10 +352,22 @@ def run_in_process(
         )
     b = _bounds(timeout, what)
     _expired_now(b)
+    try:
+        fn_pickled = pickle.dumps(fn)
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise ConfigurationError(
+            f"run_in_process() needs a picklable function and arguments: {exc}", option="fn"
+        ) from exc
     ctx: Any = multiprocessing.get_context(method)
     receiver, sender = ctx.Pipe(duplex=False)
     left = _left(b) if b.error is not None else _INF
-    proc = ctx.Process(target=_child, args=(sender, fn, args, kwargs, left), daemon=True)
+    source = b.error.source if b.error is not None else "scope"
+    timeout_s = b.error.timeout if b.error is not None else None
+    proc = ctx.Process(
+        target=_child,
+        args=(sender, fn_pickled, args, kwargs, left, source, timeout_s),
+        daemon=True,
+    )
     try:
         proc.start()
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
@@ -346,13 +382,22 @@ def run_in_process(
             wait = None if b.error is None else max(_left(b), 0.0)
             if receiver.poll(wait):
                 try:
-                    ok, value = receiver.recv()
+                    data = receiver.recv_bytes()
                 except EOFError:
                     proc.join()
                     raise ChildProcessError(
                         f"run_in_process(): the subprocess exited with code {proc.exitcode} "
                         "without a result"
                     ) from None
+                try:
+                    ok, value = pickle.loads(data)
+                except Exception as exc:
+                    # e.g. an exception whose __init__ does not accept its own ``args``: it
+                    # pickles in the child but cannot be rebuilt here. Say so, not TypeError.
+                    proc.join()
+                    raise RuntimeError(
+                        f"run_in_process(): cannot unpickle the outcome sent back: {exc!r}"
+                    ) from exc
                 proc.join()
                 if not ok:
                     raise value
