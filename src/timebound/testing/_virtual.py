@@ -14,6 +14,7 @@ import contextlib
 import math
 import selectors
 import threading
+import time
 from collections.abc import Coroutine, Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -121,6 +122,11 @@ class VirtualClock:
         vclock = self
 
         class _TrioVirtualClock(trio.abc.Clock):
+            # With a threshold, trio must stay idle that long in *real* time before time jumps.
+            # trio asks deadline_to_sleep_time() only when no task is runnable; being asked
+            # again before the real sleep we granted ran out means I/O or a thread woke it.
+            _idle_until: float | None = None
+
             def start_clock(self) -> None:
                 return None
 
@@ -135,10 +141,17 @@ class VirtualClock:
                     return math.inf
                 # trio asks how long to block: say "not at all" after jumping, so the run loop
                 # wakes and finds the timer due (trio's own MockClock autojump does the same).
-                if vclock.autojump_threshold == 0:
+                threshold = vclock.autojump_threshold
+                if threshold == 0:
                     vclock.jump_to(deadline)
                     return 0.0
-                return vclock.autojump_threshold
+                real = time.monotonic()  # real idle time, not scheduling: the threshold is real
+                if self._idle_until is not None and real >= self._idle_until:
+                    self._idle_until = None
+                    vclock.jump_to(deadline)
+                    return 0.0
+                self._idle_until = real + threshold
+                return threshold
 
         return _TrioVirtualClock()
 
