@@ -120,3 +120,14 @@ def test_cancel_scope_built_directly_without_deadline() -> None:
     with scope:
         assert tb.current_deadline() == tb.Deadline.never()
     assert not scope.expired
+
+
+async def test_inherit_deadline_as_async_with(virtual_clock: VirtualClock) -> None:
+    """``async with inherit_deadline(...)`` yields the effective deadline, like ``with``."""
+    async with tb.inherit_deadline(tb.Deadline.after(4), source="inherited") as deadline:
+        assert deadline == tb.Deadline(4.0)
+        with pytest.raises(tb.DeadlineExceeded) as info:
+            async with tb.fail_after(10, source="attempt"):
+                await asyncio.sleep(20)
+    assert info.value.source == "inherited"
+    assert virtual_clock.now() == 4.0
