@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
 import pytest
+from multidict import CIMultiDict
 
 import timebound as tb
 from timebound.propagation import RequestState
 from timebound.propagation._state import _request
 from timebound.propagation.aiohttp import AttemptTimeout, DeadlineMiddleware
+from timebound.testing import VirtualClock
 
 from .conftest import TIMEOUT_HEADER, Downstream
 
@@ -177,3 +181,45 @@ async def test_stream_readers_return_the_whole_body_in_time(svc: tuple[Downstrea
                     assert b"".join(await _drain(r.content, reader)) == b"ok", reader
             async with s.get(f"{url}/ok") as r:
                 assert await r.content.readexactly(2) == b"ok"
+
+
+@pytest.mark.asyncio_real
+async def test_own_read_timeout_inside_the_budget_stays_aiohttp_own(
+    svc: tuple[Downstream, str],
+) -> None:
+    """aiohttp's own socket-read timeout firing before our deadline is aiohttp's, unmarked."""
+    _, url = svc
+    state = RequestState()
+    token = _request.set(state)
+    try:
+        async with aiohttp.ClientSession(
+            middlewares=(DeadlineMiddleware(timeout=5),),
+            timeout=aiohttp.ClientTimeout(sock_read=0.05),
+        ) as s:
+            with tb.inherit_deadline(tb.Deadline.after(5)):
+                with pytest.raises(aiohttp.ServerTimeoutError) as info:
+                    await s.get(f"{url}/slow")
+            async with s.get(f"{url}/ok") as r:
+                assert r.status == 200
+        assert not isinstance(info.value, tb.DeadlineExceeded)
+        assert not state.cancelled_by_deadline
+    finally:
+        _request.reset(token)
+
+
+async def test_own_read_timeout_at_the_attempt_end_is_the_attempt_timeout(
+    virtual_clock: VirtualClock,
+) -> None:
+    """aiohttp's read timeout raised once the attempt's end is reached is our AttemptTimeout."""
+
+    async def handler(request: Any) -> Any:
+        await asyncio.sleep(0.1)
+        virtual_clock.jump_to(5.0)  # aiohttp's socket timer and ours are due at the same instant
+        raise aiohttp.ServerTimeoutError("Timeout on reading data from socket")
+
+    request = SimpleNamespace(headers=CIMultiDict[str]())
+    with pytest.raises(AttemptTimeout) as info:
+        await DeadlineMiddleware(timeout=5)(request, handler)  # type: ignore[arg-type]
+    assert (virtual_clock.now(), info.value.timeout, info.value.remote) == (5.0, 5.0, False)
+    assert isinstance(info.value.__cause__, aiohttp.ServerTimeoutError)
+    assert request.headers[TIMEOUT_HEADER] == "5000"
