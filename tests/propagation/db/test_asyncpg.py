@@ -333,3 +333,21 @@ async def test_awaited_acquire_is_bounded_and_released(postgres_dsn: str) -> Non
         await pool.release(con)
         with tb.inherit_deadline(tb.Deadline.after(5)):
             assert await pool.fetchval("SELECT 1") == 1
+
+
+async def test_tighter_setting_in_callers_transaction_needs_no_restore(postgres_dsn: str) -> None:
+    """In a transaction whose own timeout is tighter, the statement runs under it, unrestored."""
+    con = await connect(postgres_dsn)
+    log = QueryLog(con)
+    try:
+        async with con.transaction():
+            await con.execute("SET LOCAL statement_timeout = 100")
+            with tb.inherit_deadline(tb.Deadline.after(5)):
+                inside = await con.fetchval(
+                    "SELECT setting::int FROM pg_settings WHERE name = 'statement_timeout'"
+                )
+            after = await con.fetchval("SHOW statement_timeout")
+        assert (inside, after) == (100, "100ms")
+        assert not [q for q in log.queries if q.startswith("SELECT set_config")]
+    finally:
+        await con.close()
