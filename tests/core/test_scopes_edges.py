@@ -10,15 +10,28 @@ import timebound as tb
 from timebound.testing import VirtualClock
 
 
-async def test_bound_inside_scope_cancels_only_at_the_scope_deadline(
+async def test_earlier_bound_inside_scope_ends_the_scope_at_the_bound(
     virtual_clock: VirtualClock,
 ) -> None:
-    """An inherited deadline inside a scope cancels nothing itself: the scope fires at its own."""
-    with pytest.raises(tb.DeadlineExceeded):
-        async with tb.fail_after(5):
+    """An earlier inherited deadline inside a scope is the effective deadline there (D1.5): the
+    scope ends at it and reports the inherited bound, not its own later deadline."""
+    with pytest.raises(tb.DeadlineExceeded) as info:
+        async with tb.fail_after(5) as scope:
             with tb.inherit_deadline(tb.Deadline.after(1)):
                 await asyncio.sleep(10)
+    assert virtual_clock.now() == 1.0
+    assert info.value.source == "inherited"
+    assert not scope.expired
+
+
+async def test_later_bound_inside_scope_changes_nothing(virtual_clock: VirtualClock) -> None:
+    """A later inherited deadline inside a scope neither lengthens nor moves its cancellation."""
+    with pytest.raises(tb.DeadlineExceeded) as info:
+        async with tb.fail_after(5):
+            with tb.inherit_deadline(tb.Deadline.after(9)):
+                await asyncio.sleep(10)
     assert virtual_clock.now() == 5.0
+    assert info.value.source == "scope"
 
 
 async def test_bound_exit_after_shield_rearms_the_enclosing_scope(

@@ -619,6 +619,10 @@ class _Bound(_Frame):
             self._ts = ts
             self._prev_top = ts.top
             ts.top = self
+            if catcher is not None and self.c_at < ts.armed_at:
+                # An earlier bound inside a scope of this task: that scope ends at it (D1.5)
+                # and reports this bound, as it would a bound outside it.
+                ts.arm(self.c_at)
         return Deadline(self.eff)
 
     def __exit__(
