@@ -250,3 +250,27 @@ def test_invalid_start_method_rejected() -> None:
     with pytest.raises(tb.ConfigurationError) as info:
         tb.run_in_process(_add, 1, 1, start_method="teleport")
     assert info.value.option == "start_method"
+
+
+def test_thread_result_finished_after_the_deadline_is_late(virtual_clock: VirtualClock) -> None:
+    """A thread that finishes after the deadline, before the caller wakes, gives a late result:
+    DeadlineExceeded (D1.7), and nothing is counted as abandoned."""
+    before = tb.abandoned_threads()
+
+    def overrun() -> str:
+        virtual_clock.advance(2)  # the work ends past the 1 s deadline
+        return "late"
+
+    with pytest.raises(tb.DeadlineExceeded):
+        tb.run_in_thread(overrun, timeout=1)
+    assert tb.abandoned_threads() == before
+
+
+def test_thread_result_in_time_is_returned(virtual_clock: VirtualClock) -> None:
+    """A thread that finishes before the deadline returns its result."""
+
+    def quick() -> str:
+        virtual_clock.advance(0.5)
+        return "ok"
+
+    assert tb.run_in_thread(quick, timeout=1) == "ok"

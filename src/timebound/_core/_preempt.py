@@ -233,6 +233,7 @@ def run_in_thread(
     _expired_now(b)
     done = threading.Event()
     outcome: list[Any] = []
+    finished: list[float] = []
 
     def body() -> None:
         try:
@@ -245,6 +246,7 @@ def run_in_thread(
         except BaseException as exc:  # handed to the caller, not lost in the thread
             outcome.append((False, exc))
         finally:
+            finished.append(_clock.now())
             done.set()
 
     ctx = contextvars.copy_context()
@@ -269,6 +271,10 @@ def run_in_thread(
     ok, value = outcome[0]
     if not ok:
         raise value
+    if b.error is not None and finished[0] >= b.when:
+        # The thread finished, but after the deadline: its result is late (D1.7), as a
+        # fail_after around a sync body would say. Nothing was abandoned.
+        raise b.error
     result: _T = value
     return result
 
