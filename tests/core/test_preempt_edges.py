@@ -15,6 +15,7 @@ import pytest
 import timebound as tb
 from timebound._core import _preempt
 from timebound._core._scopes import current_bound_source
+from timebound.testing import VirtualClock
 
 # pytest-timeout's default method owns SIGALRM (run_with_signal refuses it): watch from a thread.
 pytestmark = [pytest.mark.realtime, pytest.mark.timeout(60, method="thread")]
