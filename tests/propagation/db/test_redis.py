@@ -14,7 +14,7 @@ from redis.backoff import AbstractBackoff, NoBackoff
 from redis.retry import Retry
 
 import timebound as tb
-from timebound.propagation import RequestState
+from timebound.propagation import RequestState, _db_redis
 from timebound.propagation.redis import afrom_url, from_url
 from timebound.telemetry import counters
 
@@ -253,25 +253,106 @@ async def test_async_cancelling_scope_does_not_cancel_the_command_mid_flight(
 
 @pytest.mark.asyncio_real
 async def test_async_explicit_cancel_releases_the_caller_at_once(
-    redis_url: str, keys: list[str]
+    redis_url: str, keys: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An explicit cancel long before the deadline interrupts the wait at once (it is not held
     back like the deadline's own cancel) and stays a CancelledError (D2.3)."""
+    seen = _record_read_errors(monkeypatch)
     queue = unique("aexplicit")
     keys.append(queue)
-    client = afrom_url(redis_url)
+    # No socket timeout of its own (redis-py's default, 5 s, would be the tighter bound and
+    # the deadline would not bound the read at all).
+    client = afrom_url(redis_url, socket_timeout=None)
 
     async def wait() -> Any:
         with tb.inherit_deadline(tb.Deadline.after(30)):
             return await client.blpop([queue], timeout=25)
 
     try:
+        await client.ping()  # connected: the handshake's replies are not recorded
+        seen.clear()
         task = asyncio.ensure_future(wait())
         await asyncio.sleep(0.1)
         task.cancel()
         done, _ = await asyncio.wait([task], timeout=2)
         assert done == {task}
         assert task.cancelled()
+        assert seen == ["CancelledError"]
         assert await client.ping() is True
     finally:
         await client.aclose()
+
+
+def _record_read_errors(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record the exception type every redis-py async reply read ends with."""
+    seen: list[str] = []
+    base = redis.asyncio.Connection.read_response
+
+    async def recording(self: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await base(self, *args, **kwargs)
+        except BaseException as exc:
+            seen.append(type(exc).__name__)
+            raise
+
+    monkeypatch.setattr(redis.asyncio.Connection, "read_response", recording)
+    return seen
+
+
+@pytest.mark.asyncio_real
+async def test_async_cancel_while_the_deadline_read_ends_interrupts_it(
+    redis_url: str, keys: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel that arrives while a deadline-cut read is left to end stays a CancelledError and
+    the connection is not reused mid-command (D2.3, redis-py#2624)."""
+    seen = _record_read_errors(monkeypatch)
+    queue = unique("asecond")
+    keys.append(queue)
+    client = afrom_url(redis_url, socket_timeout=None)
+    spent = _db_redis.spent
+
+    def spent_then_cancelled(**kwargs: Any) -> Any:
+        # The deadline's cancel was just taken; the task's owner cancels it in the same moment.
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()
+        return spent(**kwargs)
+
+    monkeypatch.setattr(_db_redis, "spent", spent_then_cancelled)
+
+    async def wait() -> Any:
+        with tb.fail_after(0.2):
+            return await client.blpop([queue], timeout=5)
+
+    try:
+        await client.ping()  # connected: the handshake's replies are not recorded
+        seen.clear()
+        task = asyncio.ensure_future(wait())
+        await asyncio.wait([task])
+        assert task.cancelled()
+        # The read was stopped (cancelled, or its own wait ended in the same instant, since
+        # it ends at the deadline too): it never completed with a reply nobody reads.
+        assert len(seen) == 1 and seen[0] in {"CancelledError", "TimeoutError"}
+        monkeypatch.setattr(_db_redis, "spent", spent)
+        await client.rpush(queue, "late")
+        assert await client.lpop(queue) == b"late"
+    finally:
+        await client.aclose()
+
+
+def test_guarded_retry_copied_into_another_client_stays_guarded_once(redis_url: str) -> None:
+    """A guarded retry passed on to a new client is deep-copied (as redis-py does) unnested."""
+    first = from_url(redis_url, retry=Retry(NoBackoff(), 2))
+    conn: Any = first.connection_pool.get_connection()
+    second = from_url(redis_url, retry=conn.retry)
+    copied: Any = second.connection_pool.get_connection()
+    try:
+        assert type(copied.retry).__name__ == "_NoRetryPastDeadline"
+        assert type(copied.retry._inner) is Retry
+        assert copied.retry is not conn.retry and copied.retry._inner is not conn.retry._inner
+        assert copied.retry.get_retries() == 2
+    finally:
+        first.connection_pool.release(conn)
+        second.connection_pool.release(copied)
+        first.close()
+        second.close()
