@@ -12,7 +12,11 @@ import pytest
 
 import timebound as tb
 from timebound.propagation import RequestState, _state
-from timebound.propagation.grpc import AioPropagatedDeadlineExceeded
+from timebound.propagation.grpc import (
+    EXPIRED_DETAILS,
+    AioPropagatedDeadlineExceeded,
+    aio_server_interceptor,
+)
 from timebound.telemetry import counters
 
 from .conftest import wait_until_spent
@@ -127,3 +131,39 @@ async def test_attempt_timeout_expiry_stays_a_plain_aio_rpc_error() -> None:
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert state.cancelled_by_deadline is False
     assert counters.get(CLI_CANCELLED, grpc_destination="test.Leaf/Echo") == 1
+
+
+async def test_expired_stream_call_is_rejected_without_running_the_generator() -> None:
+    """An async-generator stream already past its deadline is answered expired, never run."""
+    ran: list[bool] = []
+    status: list[Any] = []
+
+    async def stream(request: bytes, context: Any) -> AsyncIterator[bytes]:
+        ran.append(True)
+        yield b"late"
+
+    class DelayUntilSpent(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+        async def intercept_service(self, continuation: Any, details: Any) -> Any:
+            inner = (await continuation(details)).unary_stream
+
+            async def behavior(request: bytes, context: Any) -> AsyncIterator[bytes]:
+                wait_until_spent(context)  # blocks the loop: grpc.aio cannot cancel us first
+                try:
+                    async for item in inner(request, context):
+                        yield item
+                finally:
+                    status.append((context.code(), context.details()))
+
+            return grpc.unary_stream_rpc_method_handler(behavior)
+
+    server, port = await start(
+        {"Stream": grpc.unary_stream_rpc_method_handler(stream)},
+        interceptors=[DelayUntilSpent(), aio_server_interceptor()],
+    )
+    try:
+        items, err = await _stream_items(port, 0.05)
+    finally:
+        await server.stop(None)
+    assert (items, ran, err.code()) == ([], [], grpc.StatusCode.DEADLINE_EXCEEDED)
+    assert status == [(grpc.StatusCode.DEADLINE_EXCEEDED, EXPIRED_DETAILS)]
+    assert counters.get(SRV_CANCELLED, grpc_destination="test.Svc/Stream") == 1

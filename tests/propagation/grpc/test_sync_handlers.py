@@ -11,6 +11,7 @@ import pytest
 
 import timebound as tb
 from timebound.propagation.grpc import (
+    EXPIRED_DETAILS,
     PropagatedDeadlineExceeded,
     client_interceptor,
     server_interceptor,
@@ -137,3 +138,42 @@ def test_propagated_error_keeps_the_calls_status_and_metadata() -> None:
     assert ("retry-hint", "later") in tuple(err.trailing_metadata())
     assert err.initial_metadata() is not None
     assert "leaf gave up" in (err.debug_error_string() or "")
+
+
+def test_expired_stream_call_is_rejected_without_running_the_handler() -> None:
+    """A response-stream call already past its deadline is answered expired, never run."""
+    ran: list[bool] = []
+    status: list[Any] = []
+
+    def stream(request: bytes, context: Any) -> Iterator[bytes]:
+        ran.append(True)
+        yield b"late"
+
+    class DelayUntilSpent(grpc.ServerInterceptor):  # type: ignore[misc]
+        def intercept_service(self, continuation: Any, details: Any) -> Any:
+            inner = continuation(details).unary_stream
+
+            def behavior(request: bytes, context: Any) -> Iterator[bytes]:
+                wait_until_spent(context)
+                try:
+                    yield from inner(request, context)
+                finally:
+                    status.append((context.code(), context.details()))
+
+            return grpc.unary_stream_rpc_method_handler(behavior)
+
+    server, port = start_sync_server(
+        {"Stream": grpc.unary_stream_rpc_method_handler(stream)},
+        interceptors=[DelayUntilSpent(), server_interceptor()],
+    )
+    items: list[bytes] = []
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            with pytest.raises(grpc.RpcError) as info:
+                for item in channel.unary_stream("/test.Svc/Stream")(b"", timeout=0.05):
+                    items.append(item)
+    finally:
+        server.stop(None)
+    assert (items, ran, info.value.code()) == ([], [], grpc.StatusCode.DEADLINE_EXCEEDED)
+    assert status == [(grpc.StatusCode.DEADLINE_EXCEEDED, EXPIRED_DETAILS.encode())]
+    assert counters.get(SRV_CANCELLED, grpc_destination="test.Svc/Stream") == 1
