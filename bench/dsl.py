@@ -82,6 +82,34 @@ def _timed(
     return lambda: loop.run_until_complete(batch())
 
 
+def _compare(
+    loop: asyncio.AbstractEventLoop,
+    rows: list[Row],
+    metric: str,
+    baseline: str,
+    runtime: Callable[[], Awaitable[Any]],
+    direct: Callable[[], Awaitable[Any]],
+) -> None:
+    """Check both variants agree, time them interleaved, and add the per-call row."""
+    assert loop.run_until_complete(runtime()) == loop.run_until_complete(direct())
+    times = interleave(
+        {"direct": _timed(loop, direct), "runtime": _timed(loop, runtime)},
+        rounds=ROUNDS,
+        n=RUNS * CALLS,
+    )
+    rows.append(
+        Row(
+            metric,
+            times["runtime"] * US,
+            "us",
+            baseline,
+            times["direct"] * US,
+            f"<= {TARGET}x",
+            times["runtime"] <= TARGET * times["direct"],
+        )
+    )
+
+
 def bench_chain(loop: asyncio.AbstractEventLoop, rows: list[Row]) -> None:
     program: Program = compile(_chain(OPTIONS), modules=_registry())
     policies = _policies()
@@ -95,22 +123,8 @@ def bench_chain(loop: asyncio.AbstractEventLoop, rows: list[Row]) -> None:
             v = await p.execute(work, (v,))
         return {f"y{CALLS - 1}": v}
 
-    assert loop.run_until_complete(runtime()) == loop.run_until_complete(direct())
-    times = interleave(
-        {"direct": _timed(loop, direct), "runtime": _timed(loop, runtime)},
-        rounds=ROUNDS,
-        n=RUNS * CALLS,
-    )
-    rows.append(
-        Row(
-            "dsl.chain.per_call",
-            times["runtime"] * US,
-            "us",
-            "Policy.execute awaited in sequence",
-            times["direct"] * US,
-            f"<= {TARGET}x",
-            times["runtime"] <= TARGET * times["direct"],
-        )
+    _compare(
+        loop, rows, "dsl.chain.per_call", "Policy.execute awaited in sequence", runtime, direct
     )
 
 
@@ -125,23 +139,7 @@ def bench_fanout(loop: asyncio.AbstractEventLoop, rows: list[Row]) -> None:
         values = await asyncio.gather(*(p.execute(work, (i,)) for i, p in enumerate(policies)))
         return {"total": sum(values)}
 
-    assert loop.run_until_complete(runtime()) == loop.run_until_complete(direct())
-    times = interleave(
-        {"direct": _timed(loop, direct), "runtime": _timed(loop, runtime)},
-        rounds=ROUNDS,
-        n=RUNS * CALLS,
-    )
-    rows.append(
-        Row(
-            "dsl.fanout.per_call",
-            times["runtime"] * US,
-            "us",
-            "asyncio.gather of Policy.execute",
-            times["direct"] * US,
-            f"<= {TARGET}x",
-            times["runtime"] <= TARGET * times["direct"],
-        )
-    )
+    _compare(loop, rows, "dsl.fanout.per_call", "asyncio.gather of Policy.execute", runtime, direct)
 
 
 def bench_plain(loop: asyncio.AbstractEventLoop, rows: list[Row]) -> None:
