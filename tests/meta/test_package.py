@@ -1,4 +1,4 @@
-"""Package contracts: public names, stdlib-only core, layering (ARCHITECTURE.md)."""
+"""Package contracts: public names, stdlib-only core, layering (docs/design/README.md)."""
 
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def test_every_package_has_a_layer() -> None:
 
 @pytest.mark.parametrize("layer", [p for p in PACKAGES if p in LAYERS])
 def test_dependencies_point_down(layer: str) -> None:
-    """A layer imports only the layers below it (ARCHITECTURE.md)."""
+    """A layer imports only the layers below it (docs/design/README.md)."""
     root = SRC / layer
     allowed = LAYERS[layer]
     for path in root.rglob("*.py"):
