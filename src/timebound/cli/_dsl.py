@@ -26,8 +26,8 @@ from ..dsl import (
     Program,
     compile,
     format_diagnostic,
+    format_failure,
 )
-from ..dsl._diagnostics import source_line
 from ..dsl._runtime import to_json_value
 from ..dsl._types import (
     BOOLEAN,
@@ -277,18 +277,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _print_failure(exc: BaseException, source: str, filename: str) -> None:
-    site = getattr(exc, "call_site", None)
-    message = str(exc)
-    if site is not None:
-        print(
-            f"{filename}:{site.line}:{site.column}: run failed: {type(exc).__name__}: {message}",
-            file=sys.stderr,
-        )
-        text = source_line(source, site.line)
-        if text is not None:
-            print(f"    {text}\n    {' ' * (site.column - 1)}^", file=sys.stderr)
-    else:
-        print(f"{filename}: run failed: {type(exc).__name__}: {message}", file=sys.stderr)
+    print(format_failure(exc, source, filename), file=sys.stderr)
 
 
 def _trace_json(t: CallTrace) -> dict[str, Any]:
@@ -311,11 +300,13 @@ def _trace_json(t: CallTrace) -> dict[str, Any]:
 
 
 _BAR = 40
+_MARKS = {"ok": "#", "timeout": "T", "deadline": "D", "cancelled": "-"}
 
 
 def _bar(t: CallTrace, total: float) -> str:
     """One character per 1/40 of the run: # attempt that succeeded, x failed, T timed out,
-    . waiting (delays, fallback, admission); C a cache hit."""
+    D stopped by the run's deadline, - cancelled because another call failed, w waiting for a
+    throttle token or concurrency slot, . waiting (delays, fallback); C a cache hit."""
     cells = [" "] * _BAR
     if total <= 0:
         total = 1e-9
@@ -328,9 +319,13 @@ def _bar(t: CallTrace, total: float) -> str:
         cells[i] = "."
     for a in t.attempt_log:
         a_end = end if a.end is None else a.end
-        mark = {"ok": "#", "timeout": "T"}.get(a.outcome, "x")
+        mark = _MARKS.get(a.outcome, "x")
         for i in range(col(a.start), col(a_end) + 1):
             cells[i] = mark
+        if a.entered is not None and a.entered > a.start:
+            # Admission (throttle, concurrency) is a wait, not the module failing or working.
+            for i in range(col(a.start), col(a.entered)):
+                cells[i] = "w"
     if t.cache_hit:
         cells[col(t.start)] = "C"
     return "|" + "".join(cells) + "|"
@@ -373,7 +368,8 @@ def _print_trace(trace: list[CallTrace], duration: float | None, out: TextIO) ->
         if notes:
             print(f"{'':<{width}}  {'':>7}  -> " + "; ".join(notes), file=out)
     print(
-        "legend: # attempt succeeded, x attempt failed, T attempt timed out, . waiting "
-        "(delay, fallback), C cache hit",
+        "legend: # attempt succeeded, x attempt failed, T attempt timed out, D stopped by the "
+        "run's deadline, - cancelled (another call failed), w waiting for throttle/concurrency, "
+        ". waiting (delay, fallback), C cache hit",
         file=out,
     )
