@@ -413,3 +413,71 @@ def test_bad_definitions_are_rejected() -> None:
         DagPlan([], [Group("g", on_timeout="retry")])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="cycle"):
         DagPlan([Node("a", noop, ("b",)), Node("b", noop, ("a",))])
+
+
+def test_group_hooks_and_dependencies_on_groups(run: Runner) -> None:
+    """A group waits for its ``deps``; ``on_enter``/``on_success`` bracket it; a node may
+    depend on the group itself."""
+    log: list[tuple[str, float]] = []
+    plan: DagPlan[None] = DagPlan(
+        [
+            Node("first", sleeper(log, "first", 2)),
+            Node("member", sleeper(log, "member", 1), group="g"),
+            Node("last", sleeper(log, "last", 1), ("g",)),
+        ],
+        [
+            Group(
+                "g",
+                timeout=5,
+                deps=("first",),
+                on_enter=lambda ctx: log.append(("enter", _clock.now())),
+                on_success=lambda ctx: log.append(("success", _clock.now())),
+            )
+        ],
+    )
+
+    async def main() -> None:
+        await plan.execute(None)
+
+    run(main)
+    assert log == [
+        ("first", 0.0),
+        ("enter", 2.0),
+        ("member", 2.0),
+        ("success", 3.0),
+        ("last", 3.0),
+    ]
+
+
+def test_on_success_is_not_called_when_the_group_times_out(run: Runner) -> None:
+    """A group that timed out never reports success; its fallback runs instead."""
+    log: list[str] = []
+    plan: DagPlan[None] = DagPlan(
+        [Node("m", sleeper([], "m", 10), group="g")],
+        [
+            Group(
+                "g",
+                timeout=1,
+                on_success=lambda ctx: log.append("success"),
+                on_timeout=lambda ctx: log.append("fallback"),
+            )
+        ],
+    )
+
+    async def main() -> None:
+        await plan.execute(None)
+
+    run(main)
+    assert log == ["fallback"]
+
+
+def test_a_member_cannot_depend_on_its_own_group() -> None:
+    """Depending on the group one is in (or a group on its member) is a definition error."""
+
+    def noop(ctx: object) -> None:
+        return None
+
+    with pytest.raises(ValueError, match="its own group"):
+        DagPlan([Node("a", noop, ("g",), group="g")], [Group("g")])
+    with pytest.raises(ValueError, match="its own member"):
+        DagPlan([Node("a", noop, group="g")], [Group("g", deps=("a",))])

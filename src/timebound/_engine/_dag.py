@@ -93,6 +93,10 @@ class Group(Generic[_C]):
     context called at that moment (a budget that depends on the input), or ``None`` (no deadline
     of its own). ``parent`` nests groups. ``on_timeout`` is ``"fail"``, ``"collect"`` or a
     fallback ``fallback(ctx)`` (sync or async). ``on_error`` is the members' default policy.
+    ``deps`` are nodes or groups the group waits for before it is entered (a node may also
+    depend on a group: it waits for the group to settle). ``on_enter(ctx)`` runs when the group
+    is entered (before ``timeout`` is computed); ``on_success(ctx)`` when it settled in time
+    (every member done before its deadline) -- e.g. to begin and commit a transaction.
     """
 
     key: Hashable
@@ -101,6 +105,9 @@ class Group(Generic[_C]):
     on_timeout: Literal["fail", "collect"] | Callable[[_C], Any] = "fail"
     on_error: ErrorPolicy = "fail"
     source: str = "region"
+    deps: tuple[Hashable, ...] = ()
+    on_enter: Callable[[_C], None] | None = None
+    on_success: Callable[[_C], None] | None = None
 
 
 @dataclass(slots=True)
@@ -236,26 +243,42 @@ class DagPlan(Generic[_C]):
             self._chain.append(outer)  # enter
             self._chain.append(outer)  # exit (the fallback runs outside the group's own scope)
         edges: set[tuple[int, int]] = set()
+
+        def endpoint(d: Hashable, who: Hashable) -> tuple[int, tuple[int, ...]]:
+            """A dependency named ``d``: a node, or a group (then its exit)."""
+            j = index.get(d)
+            if j is not None:
+                return j, self._chain[j]
+            g = gindex.get(d)
+            if g is None:
+                raise ValueError(f"{who!r} depends on unknown node {d!r}")
+            return self._exit(g), self._gchain[g]
+
+        def link(src: int, theirs: tuple[int, ...], tgt: int, mine: tuple[int, ...]) -> None:
+            for g in theirs:  # the outermost group holding the dependency but not us
+                if g not in mine:
+                    src = self._exit(g)
+                    break
+            for g in mine:  # the outermost group holding us but not the dependency
+                if g not in theirs:
+                    tgt = self._enter(g)
+                    break
+            edges.add((src, tgt))
+
         for i, n in enumerate(self.nodes):
-            mine = self._chain[i]
             for d in n.deps:
-                j = index.get(d)
-                if j is None:
-                    raise ValueError(f"node {n.key!r} depends on unknown node {d!r}")
-                theirs = self._chain[j]
-                src = j
-                for g in theirs:  # the outermost group holding the dependency but not us
-                    if g not in mine:
-                        src = self._exit(g)
-                        break
-                tgt = i
-                for g in mine:  # the outermost group holding us but not the dependency
-                    if g not in theirs:
-                        tgt = self._enter(g)
-                        break
-                if src == tgt:
-                    raise ValueError(f"node {n.key!r} depends on its own group")
-                edges.add((src, tgt))
+                src, theirs = endpoint(d, n.key)
+                if src >= n_user and self._gof[src] in self._chain[i]:
+                    raise ValueError(f"node {n.key!r} depends on its own group {d!r}")
+                link(src, theirs, i, self._chain[i])
+        for gi, grp in enumerate(self.groups):
+            for d in grp.deps:
+                src, theirs = endpoint(d, grp.key)
+                if (src < n_user and gi in self._chain[src]) or (
+                    src >= n_user and gi in self._gchain[self._gof[src]]
+                ):
+                    raise ValueError(f"group {grp.key!r} depends on its own member {d!r}")
+                link(src, theirs, self._enter(gi), self._gchain[gi])
         for gi in range(len(self.groups)):
             enter, exit_ = self._enter(gi), self._exit(gi)
             edges.add((enter, exit_))
@@ -520,6 +543,8 @@ class DagPlan(Generic[_C]):
             return False
         timeout = group.timeout
         try:
+            if group.on_enter is not None:
+                group.on_enter(ctx)
             seconds = timeout(ctx) if callable(timeout) else timeout
         except BaseException as exc:
             return self._fail(st, i, exc)
@@ -543,6 +568,11 @@ class DagPlan(Generic[_C]):
         group = self.groups[g]
         poisoned = st.poisoned is not None and i in st.poisoned
         if not st.g_timed_out[g]:
+            if not poisoned and group.on_success is not None:
+                try:
+                    group.on_success(ctx)
+                except BaseException as exc:
+                    return self._fail(st, i, exc)
             self._end(st, i, "skipped" if poisoned else "ok")
             self._complete(st, i, poison=poisoned)
             return False
@@ -783,20 +813,32 @@ class DagPlan(Generic[_C]):
         """The chain of node spans that decided when the run ended, first to last.
 
         Starts from the node that ended last and repeatedly steps to the dependency that ended
-        last (the one that made it ready); group boundaries are looked through.
+        last (the one that made it ready), looking through group boundaries (a group's entry
+        ends when it starts, its exit when it ends).
         """
-        by_key = {s.key: s for s in spans[: self._n_user] if s.outcome != "pending"}
-        if not by_key:
+        n_user = self._n_user
+
+        def end(i: int) -> float:
+            if i < n_user:
+                return spans[i].end
+            span = spans[n_user + self._gof[i]]
+            return span.start if self._kind[i] == _ENTER else span.end
+
+        def ran(i: int) -> bool:
+            return spans[i if i < n_user else n_user + self._gof[i]].outcome != "pending"
+
+        done = [i for i in range(n_user) if ran(i)]
+        if not done:
             return []
-        index = {n.key: i for i, n in enumerate(self.nodes)}
-        current = max(by_key.values(), key=lambda s: (s.end, -index[s.key]))
-        path = [current]
+        current = max(done, key=lambda i: (spans[i].end, -i))
+        path = [spans[current]]
         while True:
-            deps = [by_key[d] for d in self.nodes[index[current.key]].deps if d in by_key]
+            deps = [j for j in self._deps[current] if ran(j)]
             if not deps:
                 break
-            current = max(deps, key=lambda s: (s.end, -index[s.key]))
-            path.append(current)
+            current = max(deps, key=lambda j: (end(j), -j))
+            if current < n_user:
+                path.append(spans[current])
         path.reverse()
         return path
 
