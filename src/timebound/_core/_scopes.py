@@ -924,7 +924,11 @@ async def acheckpoint() -> None:
 
 # Background work ---------------------------------------------------------------------------
 
+# The one registry of detached tasks: the loop keeps only weak references to tasks, so every task
+# timebound starts without awaiting it (spawn_background, the httpx exchange, the gRPC stream
+# check) is held here until it ends.
 _background: set[asyncio.Task[Any]] = set()
+_EAGER: Final = sys.version_info >= (3, 12)
 
 
 def _clean_context() -> contextvars.Context:
@@ -934,14 +938,36 @@ def _clean_context() -> contextvars.Context:
     return ctx
 
 
+def _spawn_detached(
+    coro: Coroutine[Any, Any, _T],
+    *,
+    loop: asyncio.AbstractEventLoop | None = None,
+    name: str | None = None,
+    eager: bool = False,
+) -> asyncio.Task[_T]:
+    """Start ``coro`` with no deadline (a clean context) and hold it until it ends.
+
+    ``eager`` (Python 3.12+, else ignored) runs its first step at once, within the caller's step.
+    """
+    if loop is None:
+        loop = asyncio.get_running_loop()
+    task: asyncio.Task[_T]
+    if eager and _EAGER:
+        task = asyncio.Task(  # type: ignore[call-arg,unused-ignore]
+            coro, loop=loop, name=name, context=_clean_context(), eager_start=True
+        )
+    else:
+        task = loop.create_task(coro, name=name, context=_clean_context())
+    if not task.done():
+        _background.add(task)
+        task.add_done_callback(_background.discard)
+    return task
+
+
 def spawn_background(coro: Coroutine[Any, Any, _T], *, name: str | None = None) -> asyncio.Task[_T]:
     """Start ``coro`` as an asyncio task that does **not** inherit the current deadline.
 
     Use it for work that must outlive the request (userver's ``AsyncBackground``). timebound keeps
     a reference until the task finishes, so it is not garbage-collected mid-flight.
     """
-    loop = asyncio.get_running_loop()
-    task = loop.create_task(coro, name=name, context=_clean_context())
-    _background.add(task)
-    task.add_done_callback(_background.discard)
-    return task
+    return _spawn_detached(coro, name=name)
