@@ -15,8 +15,8 @@ Duration = float | int | timedelta | str
 
 # Integer, no space, no fraction; units as the Constellation language spells them.
 _UNITS_MS = {"ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
-# ASCII digits only: ``\d`` would take '٥' or '５' (int() reads them), which the grammar and the
-# header codec reject; one duration must mean the same everywhere.
+# ASCII digits only: ``\d`` would take Arabic-Indic or full-width digits (int() reads them),
+# which the grammar and the header codec reject; one duration must mean the same everywhere.
 _DURATION_RE = re.compile(r"([0-9]+)(ms|s|min|h|d)")
 
 
