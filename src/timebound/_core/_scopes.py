@@ -12,11 +12,13 @@ workers see it (they copy the context); ``spawn_background`` gives a task a clea
 Cancellation in asyncio
 -----------------------
 A scope cancels only the task that entered it (child tasks *see* its deadline; a TaskGroup
-cancels them when the parent's error propagates). Each task keeps one :class:`_TaskTimer` with a
-single loop timer, armed at the earliest deadline any of its frames needs. Entering a scope
-whose deadline is later than the armed timer creates no timer at all; the timer, when it fires,
-re-reads the task's innermost frame and re-arms if nothing is due yet (so it may wake early, but
-never declares expiry early, D1.3). Only the binding deadline arms a timer. A nested scope that
+cancels them when the parent's error propagates). While a task has frames, it keeps one
+:class:`_TaskTimer` (found through the frame chain) with a single loop timer, armed at the
+earliest deadline any of its frames needs. Entering a scope whose deadline is later than the
+armed timer creates no timer at all; the timer, when it fires, re-reads the task's innermost
+frame and re-arms if nothing is due yet (so it may wake early, but never declares expiry early,
+D1.3). When the task's last frame exits, the timer is cancelled, as ``asyncio.timeout`` does.
+Only the binding deadline arms a timer. A nested scope that
 binds in no sense -- its deadline is no earlier than both the visible effective deadline and the
 one its task already cancels at -- is not even pushed into the context: as a frame it would only
 repeat its parent. It still checks its own deadline at exit (``.expired``, D1.7).
@@ -177,11 +179,12 @@ class _TaskTimer:
         self.armed_at = _INF
         self.handle: asyncio.Handle | None = None
 
-    def arm(self, when: float) -> None:
+    def arm(self, when: float, now: float) -> None:
+        """Arm the timer at ``when``; ``now`` is the clock as the caller just read it."""
         if self.handle is not None:
             self.handle.cancel()
         self.armed_at = when
-        if when <= _clock.now():
+        if when <= now:
             # Already due: call_soon, as asyncio.timeout does (cpython#95051). A past call_at
             # would run after the task's own next step, so its first await would complete.
             self.handle = self.loop.call_soon(self._fire)
@@ -198,11 +201,12 @@ class _TaskTimer:
         due = top.c_at
         if due == _INF:
             return
-        if _clock.now() >= due:
+        now = _clock.now()
+        if now >= due:
             catcher._fire(top.c_binder)
         else:
             # Woke early (cpython#127859, uvloop's ms rounding): re-arm, never expire early.
-            self.arm(due)
+            self.arm(due, now)
 
     def leave(self, prev: _Frame) -> None:
         """A frame of this task exited and ``prev`` is on top again: keep the timer it needs.
@@ -222,7 +226,7 @@ class _TaskTimer:
         elif prev.c_at < self.armed_at:
             # Leaving a shield, or the timer was consumed inside: the enclosing bound still
             # needs its timer.
-            self.arm(prev.c_at)
+            self.arm(prev.c_at, _clock.now())
 
 
 def _timer_for(
@@ -283,7 +287,6 @@ class CancelScope(_Frame):
         "_pending_cancel",
         "_prev_top",
         "_raise",
-        "_relative",
         "_shield",
         "_trio_scope",
         "expired",
@@ -311,8 +314,7 @@ class CancelScope(_Frame):
         # Keep in step with _new_scope(), the constructors' fast path.
         _check_source(source)
         self._own = _INF if when is None else when
-        self._relative = relative
-        self._timeout = relative
+        self._timeout = relative  # None: an absolute scope
         self._raise = raise_on_expiry
         self._shield = shield
         self._source = source
@@ -327,9 +329,9 @@ class CancelScope(_Frame):
     @property
     def deadline(self) -> Deadline:
         """This scope's own deadline (not the effective one; see :func:`current_deadline`)."""
-        if self._relative is not None and self._mode < 0:
+        if self._timeout is not None and self._mode < 0:
             # A relative budget starts at entry (D1.4); before that it is not an instant yet.
-            return Deadline.after(self._relative)
+            return Deadline.after(self._timeout)
         return Deadline(self._own)
 
     @property
@@ -346,8 +348,8 @@ class CancelScope(_Frame):
         if self._mode >= 0:
             raise RuntimeError("a timebound scope can be entered only once")
         now = _clock.now()
-        if self._relative is not None:
-            self._own = now + self._relative
+        if self._timeout is not None:
+            self._own = now + self._timeout
         own = self._own
         parent = _frame.get()
         loop = _get_running_loop()
@@ -458,11 +460,20 @@ class CancelScope(_Frame):
         self._pending_cancel = cancelling > 0 and getattr(task, "_must_cancel", True)
         self._parent = parent
         _frame.set(self)
-        self._ts = ts = _timer_for(parent, task, loop)
+        ts = parent._ts if parent.c_task is task else None  # _timer_for(), inlined: hot path
+        if ts is None:
+            # _TaskTimer(task, loop) without type.__call__ (one per task: ~0.1 us of ~4 us).
+            ts = _new(_TaskTimer)
+            ts.task = task
+            ts.loop = loop
+            ts.top = _ROOT
+            ts.armed_at = _INF
+            ts.handle = None
+        self._ts = ts
         self._prev_top = ts.top
         ts.top = self
         if self.c_at < ts.armed_at:
-            ts.arm(self.c_at)
+            ts.arm(self.c_at, now)
 
     def _enter_trio(self, trio: Any, parent: _Frame, now: float) -> None:
         self._mode = 2
@@ -496,6 +507,10 @@ class CancelScope(_Frame):
         tb: TracebackType | None,
     ) -> bool:
         mode = self._mode
+        if mode == 1:  # asyncio, timer-linked: the common case first
+            _frame.set(self._parent)
+            self.expired = own_expired = _clock.now() >= self._own
+            return self._exit_asyncio(exc_type, exc, own_expired)
         if mode == 3:
             # Out of the context, never a binder, never fired: only its own deadline matters.
             self.expired = own_expired = _clock.now() >= self._own
@@ -512,8 +527,6 @@ class CancelScope(_Frame):
                     raise self._deadline_error()
                 return False
             return self._exit_plain(exc)
-        if mode == 1:
-            return self._exit_asyncio(exc_type, exc, own_expired)
         return self._exit_trio(exc_type, exc, tb, own_expired)
 
     async def __aenter__(self) -> CancelScope:
@@ -541,7 +554,15 @@ class CancelScope(_Frame):
     ) -> bool:
         ts = self._ts
         assert ts is not None
-        ts.leave(self._prev_top)
+        prev = self._prev_top
+        if prev.c_task is not ts.task and ts.handle is not None:
+            # The task's last frame: the common exit of one scope per task (ts.leave, inlined).
+            ts.top = prev
+            ts.handle.cancel()
+            ts.handle = None
+            ts.armed_at = _INF
+        else:
+            ts.leave(prev)
         self._ts = None
         if not self._fired:
             if exc is None:
@@ -676,7 +697,7 @@ class _Bound(_Frame):
             if catcher is not None and self.c_at < ts.armed_at:
                 # An earlier bound inside a scope of this task: that scope ends at it (D1.5)
                 # and reports this bound, as it would a bound outside it.
-                ts.arm(self.c_at)
+                ts.arm(self.c_at, _clock.now())
         return Deadline(self.eff)
 
     def _enter_trio(self, trio: Any, parent: _Frame, own: float) -> None:
@@ -776,7 +797,6 @@ def _new_scope(
         _check_source(source)
     s: CancelScope = _new(CancelScope)
     s._own = when
-    s._relative = relative
     s._timeout = relative
     s._raise = raise_on_expiry
     s._shield = shield
