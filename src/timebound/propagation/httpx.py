@@ -32,7 +32,6 @@ the attempt's end is httpx's own error, unchanged.
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from typing import Any
 
@@ -47,7 +46,7 @@ from .._core import _clock
 from .._core._deadline import Deadline
 from .._core._durations import Duration, to_seconds
 from .._core._errors import DeadlineExceeded
-from .._core._scopes import _clean_context, move_on_at, spawn_background
+from .._core._scopes import _spawn_detached, move_on_at, spawn_background
 from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin, bounded
 from ._codec import EXPIRED_HEADER, TIMEOUT_HEADER
 
@@ -331,8 +330,6 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
 
 
 _EXCHANGE = "timebound-httpx-exchange"
-_EAGER = sys.version_info >= (3, 12)
-_exchanges: set[asyncio.Task[None]] = set()
 
 
 def _start(coro: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop) -> asyncio.Task[None]:
@@ -342,17 +339,7 @@ def _start(coro: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop) -> 
     step instead of one loop iteration later, and an exchange that completes without waiting
     (an in-process transport) is handed over with no iteration at all.
     """
-    if _EAGER:
-        task: asyncio.Task[None] = asyncio.Task(  # type: ignore[call-arg,unused-ignore]
-            coro, loop=loop, name=_EXCHANGE, context=_clean_context(), eager_start=True
-        )
-    else:
-        task = loop.create_task(coro, name=_EXCHANGE, context=_clean_context())
-    if not task.done():
-        # The loop keeps only weak references to tasks: hold this one until it ends.
-        _exchanges.add(task)
-        task.add_done_callback(_exchanges.discard)
-    return task
+    return _spawn_detached(coro, loop=loop, name=_EXCHANGE, eager=True)
 
 
 async def _exchange(
