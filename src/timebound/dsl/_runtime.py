@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .._core import _clock
+from .._core._classify import classify
 from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError, DeadlineExceeded, TimeboundError
 from .._core._scopes import current_bound_error, fail_after
@@ -91,7 +92,7 @@ class CallTrace:
         elif name == "attempt.end":
             outcome = str(attrs.get("outcome", "error"))
             err = attrs.get("error")
-            if isinstance(err, DeadlineExceeded) and err.source != "attempt":
+            if isinstance(err, DeadlineExceeded) and classify(err) != "own":
                 outcome = "deadline"  # the run's (or an inherited) deadline, not the timeout
             elif isinstance(err, DeadlineExceeded) or outcome == "timeout":
                 self.timeouts += 1
@@ -369,11 +370,8 @@ class CompiledCall:
             else:
                 result = await policy.execute(_entering(self.fn, rec), args, observer=rec.observe)
         except BaseException as exc:
-            own_timeout = isinstance(exc, DeadlineExceeded) and exc.source == "attempt"
-            if (
-                isinstance(exc, asyncio.CancelledError | DeadlineExceeded)
-                and not own_timeout
-                and current_bound_error() is not None
+            if (isinstance(exc, DeadlineExceeded) and classify(exc) != "own") or (
+                isinstance(exc, asyncio.CancelledError) and current_bound_error() is not None
             ):
                 # Stopped because the run's (or an inherited) deadline passed: not a failure of
                 # this call, and drawn differently in the trace.
