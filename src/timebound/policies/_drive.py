@@ -30,6 +30,7 @@ from .._core._scopes import (
     inherit_deadline,
     remaining,
 )
+from ..telemetry import enabled as _telemetry_enabled
 from ._result import Ok
 from ._retry import AttemptNow, FallBack, RetryAt, RetryState, Stop, misuse
 
@@ -73,13 +74,19 @@ async def execute_async(
     kwargs: Mapping[str, Any],
     observer: Observer | None,
 ) -> Any:
-    tele = policy.telemetry(observer)
+    """``Policy.execute``: the cache (and coalescing), the retry loop, then the ending."""
+    tele = observer is not None or _telemetry_enabled()
     if tele:
         policy.emit(observer, "call.start")
     flights = policy._flights
     key = None if flights is None else policy.key(fn, args, kwargs)
     if key is None:
-        return await _settle_async(policy, fn, args, kwargs, tele, observer, None)
+        ok, result = await _retry_async(policy, fn, args, kwargs, tele, observer)
+        if ok:
+            if not tele and not policy._wrap:
+                return result
+            return policy.succeeded(None, result, tele, observer)
+        return await _end_async(policy, result, args, kwargs, tele, observer)
     assert flights is not None
     while True:
         found = _lookup(policy, key, tele, observer)
@@ -90,9 +97,8 @@ async def execute_async(
             break
         await flights.wait(flight)
         if flight.error is not None:
-            return await _end_async(
-                policy, policy.plan.conclude(flight.error), args, kwargs, tele, observer
-            )
+            shared = policy.plan.conclude(flight.error)
+            return await _end_async(policy, shared, args, kwargs, tele, observer)
     ending: FallBack | Stop | None = None
     try:
         ok, result = await _retry_async(policy, fn, args, kwargs, tele, observer)
@@ -101,23 +107,6 @@ async def execute_async(
         ending = result
     finally:
         flights.finish(key, _shared_failure(policy, ending))
-    return await _end_async(policy, result, args, kwargs, tele, observer)
-
-
-async def _settle_async(
-    policy: Policy[Any],
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
-    tele: bool,
-    observer: Observer | None,
-    key: str | None,
-) -> Any:
-    ok, result = await _retry_async(policy, fn, args, kwargs, tele, observer)
-    if ok:
-        if not tele and not policy._wrap:
-            return result
-        return policy.succeeded(key, result, tele, observer)
     return await _end_async(policy, result, args, kwargs, tele, observer)
 
 
@@ -263,7 +252,8 @@ def execute_sync(
     kwargs: Mapping[str, Any],
     observer: Observer | None,
 ) -> Any:
-    tele = policy.telemetry(observer)
+    """``Policy.execute_sync``: as :func:`execute_async`, blocking."""
+    tele = observer is not None or _telemetry_enabled()
     if tele:
         policy.emit(observer, "call.start")
     flights = policy._flights

@@ -20,7 +20,6 @@ from .._core import _clock
 from .._core._durations import Duration
 from .._core._errors import ConfigurationError, DeadlineExceeded, RetryExhausted
 from ..telemetry import Event, emit
-from ..telemetry import enabled as _telemetry_enabled
 from . import _drive
 from ._cache import MEMORY, CacheBackend, InMemoryCache, Uncacheable, canonical_arguments
 from ._cache import cache_key as _encode_key
@@ -435,10 +434,6 @@ class Policy(Generic[_Mode]):
         )
 
     # Telemetry -------------------------------------------------------------------------------
-
-    def telemetry(self, observer: Observer | None) -> bool:
-        """Whether this execution reports events at all (the happy path skips them)."""
-        return observer is not None or _telemetry_enabled()
 
     def emit(self, observer: Observer | None, name: str, **attrs: Any) -> None:
         attrs = {"policy": self.name, **attrs}

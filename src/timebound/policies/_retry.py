@@ -81,6 +81,11 @@ class Stop(NamedTuple):
 
 Decision = AttemptNow | RetryAt | FallBack | Stop
 
+_FRESH: Final = RetryState()
+_new_state: Final = tuple.__new__
+_PREMADE: Final = 16
+_ATTEMPTS: Final = tuple(AttemptNow(n) for n in range(_PREMADE))
+
 
 _MISUSE: Final = "_timebound_misuse"
 
@@ -151,16 +156,23 @@ class RetryPlan:
     def start(self) -> RetryState:
         """The state of a call that starts now (its total budget, if any, starts with it)."""
         total = self.total_timeout
-        return RetryState(total_at=None if total is None else Deadline(_clock.now() + total))
+        if total is None:
+            return _FRESH  # immutable: one for every call without a total budget
+        # Positional construction: RetryState(total_at=...) costs twice as much on every call.
+        return _new_state(RetryState, (0, (), None, Deadline(_clock.now() + total)))
 
     def begin(self, state: RetryState) -> AttemptNow | FallBack | Stop:
         """D3.3: the next attempt may start unless the effective deadline or the total passed."""
-        total_at = _INF if state.total_at is None else state.total_at.when
         spent = current_bound_error(self.what)
-        if spent is None and total_at != _INF and _clock.now() >= total_at:
-            spent = self._total_error(total_at)
         if spent is None:
-            return AttemptNow(state.attempt + 1)
+            total_at = state.total_at
+            if total_at is not None and _clock.now() >= total_at.when:
+                spent = self._total_error(total_at.when)
+        if spent is None:
+            n = state.attempt + 1
+            # Decisions are immutable: the first few are made once (the happy path allocates
+            # nothing here).
+            return _ATTEMPTS[n] if n < _PREMADE else AttemptNow(n)
         if state.errors:
             spent.__cause__ = state.errors[-1]
         return self.conclude(spent)
