@@ -10,7 +10,7 @@ from typing import Any, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from .._core._durations import Duration
 from .._core._errors import ConfigurationError
-from . import _drive
+from . import _call
 from ._cache import CacheBackend
 from ._limits import Slots, TokenBucket
 from ._options import MISSING
@@ -177,8 +177,8 @@ def resilient(
         )
         # The drivers themselves, not the Policy methods around them: one call frame less on
         # every call (bench/core.py's policy rows measure this path).
-        execute = _drive.execute_async
-        execute_sync = _drive.execute_sync
+        execute = _call.execute_async
+        execute_sync = _call.execute_sync
 
         if inspect.iscoroutinefunction(fn):
 

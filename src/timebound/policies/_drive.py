@@ -1,9 +1,8 @@
-"""The two drivers of a :class:`~timebound.policies.Policy`: async (asyncio, trio) and sync.
+"""The two retry drivers of a :class:`~timebound.policies.Policy`: async (asyncio, trio) and sync.
 
-They call, await, sleep and wait for admission; everything they *decide* comes from the policy's
-:class:`~._retry.RetryPlan` (what follows a failure, whether an attempt may start) and from the
-policy itself (cache, events, on_error). Their common happy path stays inline, so a call that
-succeeds at once costs no decision objects beyond the first.
+They call, await, sleep and wait for admission; everything they *decide* (whether an attempt may
+start, what follows a failure) comes from the policy's :class:`~._retry.RetryPlan`. The common
+happy path stays inline, and a call that succeeds at once allocates no decision.
 """
 
 from __future__ import annotations
@@ -30,14 +29,12 @@ from .._core._scopes import (
     inherit_deadline,
     remaining,
 )
-from ..telemetry import enabled as _telemetry_enabled
-from ._result import Ok
-from ._retry import AttemptNow, FallBack, RetryAt, RetryState, Stop, misuse
+from ._retry import AttemptNow, RetryAt, RetryState, misuse
 
 if TYPE_CHECKING:
     from ._policy import Observer, Policy
 
-__all__ = ["execute_async", "execute_sync"]
+__all__ = ["discard", "in_trio", "retry_async", "retry_sync", "spent_now"]
 
 _INF: Final = math.inf
 _NULL_CONTEXT: Final = nullcontext()
@@ -45,96 +42,7 @@ _NULL_CONTEXT: Final = nullcontext()
 _MISS: Final[Any] = object()
 
 
-# Cache and coalescing (D3.6) ---------------------------------------------------------------------
-
-
-def _lookup(policy: Policy[Any], key: str, tele: bool, observer: Observer | None) -> Any:
-    hit, value = policy.cache_get(key)
-    if not hit:
-        return _MISS
-    if tele:
-        policy.emit(observer, "cache.hit")
-        policy.emit(observer, "call.end", outcome="cached")
-    return Ok(value) if policy._wrap else value
-
-
-def _shared_failure(policy: Policy[Any], ending: FallBack | Stop | None) -> Exception | None:
-    """What the followers of a leader that ended with ``ending`` get (see ``_flight``): the
-    call's own failure; nothing when the leader's caller ran out of time or it succeeded."""
-    if isinstance(ending, FallBack) or (isinstance(ending, Stop) and ending.absorbable):
-        error = ending.error
-        return error if isinstance(error, Exception) else None
-    return None
-
-
-async def execute_async(
-    policy: Policy[Any],
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
-    observer: Observer | None,
-) -> Any:
-    """``Policy.execute``: the cache (and coalescing), the retry loop, then the ending."""
-    tele = observer is not None or _telemetry_enabled()
-    if tele:
-        policy.emit(observer, "call.start")
-    flights = policy._flights
-    key = None if flights is None else policy.key(fn, args, kwargs)
-    if key is None:
-        ok, result = await _retry_async(policy, fn, args, kwargs, tele, observer)
-        if ok:
-            if not tele and not policy._wrap:
-                return result
-            return policy.succeeded(None, result, tele, observer)
-        return await _end_async(policy, result, args, kwargs, tele, observer)
-    assert flights is not None
-    while True:
-        found = _lookup(policy, key, tele, observer)
-        if found is not _MISS:
-            return found
-        flight = flights.join(key)
-        if flight is None:
-            break
-        await flights.wait(flight)
-        if flight.error is not None:
-            shared = policy.plan.conclude(flight.error)
-            return await _end_async(policy, shared, args, kwargs, tele, observer)
-    ending: FallBack | Stop | None = None
-    try:
-        ok, result = await _retry_async(policy, fn, args, kwargs, tele, observer)
-        if ok:
-            return policy.succeeded(key, result, tele, observer)
-        ending = result
-    finally:
-        flights.finish(key, _shared_failure(policy, ending))
-    return await _end_async(policy, result, args, kwargs, tele, observer)
-
-
-async def _end_async(
-    policy: Policy[Any],
-    ending: FallBack | Stop,
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
-    tele: bool,
-    observer: Observer | None,
-) -> Any:
-    """A call that did not succeed: the fallback (D3.4), or on_error (D3.5)."""
-    if isinstance(ending, Stop):
-        return policy.absorb(ending, tele, observer)
-    policy.report_fallback(ending, tele, observer)
-    fb = policy.fallback
-    if policy._fallback_callable:
-        try:
-            fb = fb(*args, **kwargs)
-            if inspect.isawaitable(fb):
-                fb = await fb
-        except BaseException as exc:
-            _in_context_of(exc, ending.error)
-            raise
-    return policy.fell_back(fb, tele, observer)
-
-
-async def _retry_async(
+async def retry_async(
     policy: Policy[Any],
     fn: Callable[..., Any],
     args: tuple[Any, ...],
@@ -245,84 +153,7 @@ async def _admit_async(policy: Policy[Any]) -> None:
 # Sync driver ---------------------------------------------------------------------------------
 
 
-def execute_sync(
-    policy: Policy[Any],
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
-    observer: Observer | None,
-) -> Any:
-    """``Policy.execute_sync``: as :func:`execute_async`, blocking."""
-    tele = observer is not None or _telemetry_enabled()
-    if tele:
-        policy.emit(observer, "call.start")
-    flights = policy._flights
-    key = None if flights is None else policy.key(fn, args, kwargs)
-    if key is None:
-        ok, result = _retry_sync(policy, fn, args, kwargs, tele, observer)
-        if ok:
-            if not tele and not policy._wrap:
-                return result
-            return policy.succeeded(None, result, tele, observer)
-        return _end_sync(policy, result, args, kwargs, tele, observer)
-    assert flights is not None
-    # A thread that runs an event loop must not block it waiting for a leader that may be a
-    # task of that very loop: such a caller runs the call itself.
-    may_follow = asyncio._get_running_loop() is None and not _in_trio()
-    while True:
-        found = _lookup(policy, key, tele, observer)
-        if found is not _MISS:
-            return found
-        flight = flights.join(key) if may_follow else None
-        if flight is None:
-            break
-        if not flights.wait_sync(flight):
-            err = current_bound_error(policy.name)
-            raise err if err is not None else _spent_now(policy)
-        if flight.error is not None:
-            return _end_sync(
-                policy, policy.plan.conclude(flight.error), args, kwargs, tele, observer
-            )
-    ending: FallBack | Stop | None = None
-    try:
-        ok, result = _retry_sync(policy, fn, args, kwargs, tele, observer)
-        if ok:
-            return policy.succeeded(key, result, tele, observer)
-        ending = result
-    finally:
-        if may_follow:
-            flights.finish(key, _shared_failure(policy, ending))
-    return _end_sync(policy, result, args, kwargs, tele, observer)
-
-
-def _end_sync(
-    policy: Policy[Any],
-    ending: FallBack | Stop,
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
-    tele: bool,
-    observer: Observer | None,
-) -> Any:
-    if isinstance(ending, Stop):
-        return policy.absorb(ending, tele, observer)
-    policy.report_fallback(ending, tele, observer)
-    fb = policy.fallback
-    if policy._fallback_callable:
-        try:
-            fb = fb(*args, **kwargs)
-        except BaseException as exc:
-            _in_context_of(exc, ending.error)
-            raise
-        if inspect.isawaitable(fb):
-            _discard(fb)
-            raise TypeError(
-                f"{policy.name}: the fallback returned an awaitable in a sync call; "
-                "use a sync fallback or run the call with execute()"
-            ) from ending.error
-    return policy.fell_back(fb, tele, observer)
-
-
-def _retry_sync(
+def retry_sync(
     policy: Policy[Any],
     fn: Callable[..., Any],
     args: tuple[Any, ...],
@@ -410,16 +241,16 @@ def _admit_sync(policy: Policy[Any]) -> None:
             _clock.sleep(min(wait, left))
             if wait >= left:
                 bucket.refund()
-                raise _spent_now(policy)
+                raise spent_now(policy)
     if slots is not None:
         left = remaining()
         if not slots.acquire_sync(None if left == _INF else left):
             if bucket is not None:
                 bucket.refund()
-            raise _spent_now(policy)
+            raise spent_now(policy)
 
 
-def _spent_now(policy: Policy[Any]) -> DeadlineExceeded:
+def spent_now(policy: Policy[Any]) -> DeadlineExceeded:
     err = current_bound_error(policy.name)
     if err is not None:
         return err
@@ -486,7 +317,7 @@ def _call_sync(
 ) -> Any:
     value = fn(*args, **kwargs)
     if type(value) is CoroutineType or inspect.isawaitable(value):
-        _discard(value)
+        discard(value)
         raise misuse(
             f"{name}: the callable returned an awaitable in a sync call; "
             "await Policy.execute() for async callables"
@@ -501,20 +332,13 @@ def _raise_if_late(name: str) -> None:
         raise late
 
 
-def _in_context_of(exc: BaseException, failure: BaseException) -> None:
-    """An error of the fallback reads as raised while handling the call's failure, as it would
-    inside an ``except`` block."""
-    if exc is not failure and exc.__context__ is None:
-        exc.__context__ = failure
-
-
-def _discard(awaitable: Awaitable[Any]) -> None:
+def discard(awaitable: Awaitable[Any]) -> None:
     close = getattr(awaitable, "close", None)
     if close is not None:
         close()  # no "coroutine was never awaited" warning
 
 
-def _in_trio() -> bool:
+def in_trio() -> bool:
     trio = sys.modules.get("trio")
     if trio is None:
         return False

@@ -5,24 +5,23 @@ concurrency and on_error, composed exactly as DECISIONS D3 orders them::
 
 A :class:`Policy` is built once (options validated and precomputed there) and executed many times;
 the Constellation runtime builds one per call site and ``timebound.resilient`` one per function.
-What comes after a failed attempt is decided by the policy's :class:`~._retry.RetryPlan`; the
-sync and async drivers (``_drive``) only call, await and sleep.
+What comes after a failed attempt is decided by the policy's :class:`~._retry.RetryPlan`; a
+call's beginning and end (cache, coalescing, fallback, on_error) are ``_call``'s, and the sync and
+async retry drivers (``_drive``) only call, await and sleep.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, Generic, Literal, TypeVar, overload
 
 from .._core import _clock
 from .._core._durations import Duration
-from .._core._errors import ConfigurationError, DeadlineExceeded, RetryExhausted
+from .._core._errors import ConfigurationError
 from ..telemetry import Event, emit
-from . import _drive
-from ._cache import MEMORY, CacheBackend, InMemoryCache, Uncacheable, canonical_arguments
-from ._cache import cache_key as _encode_key
+from . import _call
+from ._cache import MEMORY, CacheBackend, InMemoryCache
 from ._flight import Flights
 from ._limits import Slots, TokenBucket
 from ._options import (
@@ -37,7 +36,7 @@ from ._options import (
     check_throttle,
 )
 from ._result import Err, Ok
-from ._retry import FallBack, RetryPlan, Stop
+from ._retry import RetryPlan
 
 __all__ = ["BACKOFFS", "MISSING", "ON_ERROR_MODES", "Observer", "Policy"]
 
@@ -390,7 +389,7 @@ class Policy(Generic[_Mode]):
         Works under asyncio and trio. Returns the call's value (``Ok``/``Err`` with
         ``on_error="wrap"``), the fallback, or the zero value; raises as docs/policies.md says.
         """
-        return await _drive.execute_async(
+        return await _call.execute_async(
             self, fn, args, _NO_KWARGS if kwargs is None else kwargs, observer
         )
 
@@ -429,7 +428,7 @@ class Policy(Generic[_Mode]):
         ``attempt``) when it returns — its result is late (D1.7). Delays sleep on timebound's
         clock; the limiters are thread-safe.
         """
-        return _drive.execute_sync(
+        return _call.execute_sync(
             self, fn, args, _NO_KWARGS if kwargs is None else kwargs, observer
         )
 
@@ -446,25 +445,6 @@ class Policy(Generic[_Mode]):
 
     # Endings -------------------------------------------------------------------------------
 
-    def succeeded(self, key: str | None, value: Any, tele: bool, observer: Observer | None) -> Any:
-        """The call itself produced ``value``: store it (D3.6), report it, wrap it."""
-        if key is not None:
-            assert self._cache is not None
-            if self._cache_set(self._cache, key, value) and tele:
-                self.emit(observer, "cache.store")
-        if tele:
-            self.emit(observer, "call.end", outcome="ok")
-        return Ok(value) if self._wrap else value
-
-    def fell_back(self, value: Any, tele: bool, observer: Observer | None) -> Any:
-        if tele:
-            self.emit(observer, "call.end", outcome="fallback")
-        return Ok(value) if self._wrap else value
-
-    def report_fallback(self, decision: FallBack, tele: bool, observer: Observer | None) -> None:
-        if tele:
-            self.emit(observer, "fallback", reason=_reason(decision.error), error=decision.error)
-
     def cancelled(
         self, where: str, attempt: int, exc: BaseException, observer: Observer | None
     ) -> None:
@@ -473,87 +453,3 @@ class Policy(Generic[_Mode]):
             self.emit(observer, "attempt.end", attempt=attempt, outcome="cancelled", error=exc)
         else:
             self.emit(observer, "call.end", outcome="cancelled")
-
-    def absorb(self, stop: Stop, tele: bool, observer: Observer | None) -> Any:
-        """on_error for a call that ended with ``stop.error`` (D3.5); raises for ``propagate``
-        and for what is never absorbed (a spent caller deadline, a misuse)."""
-        exc = stop.error
-        mode = self.on_error
-        if mode == "propagate" or not stop.absorbable:
-            if tele:
-                self.emit(observer, "call.end", outcome="error", error=exc)
-            raise exc
-        if tele:
-            self.emit(observer, "on_error", mode=mode, error=exc)
-        if mode == "wrap":
-            if tele:
-                self.emit(observer, "call.end", outcome="wrapped", error=exc)
-            return Err(exc)
-        if mode == "log":
-            _log.warning(
-                "%s failed, returning the zero value %r: %s: %s",
-                self.name,
-                self.zero,
-                type(exc).__name__,
-                exc,
-            )
-        if tele:
-            self.emit(observer, "call.end", outcome="skipped", error=exc)
-        z = self.zero
-        return z if self._zero_is_immutable else copy.deepcopy(z)
-
-    # Cache -----------------------------------------------------------------------------------
-
-    def key(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]
-    ) -> str | None:
-        """The call's cache key, or ``None`` when it has no canonical encoding (run uncached).
-
-        The key names the policy and the function (module and qualified name) so that a
-        backend shared on purpose never mixes two functions' results (D3.6).
-        """
-        ident = f"{self.name}:{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', '')}"
-        key_fn = self._key_fn
-        try:
-            if key_fn is not None:
-                return _encode_key(ident, (key_fn(*args, **kwargs),), _NO_KWARGS)
-            # f(1), f(a=1) and f(1, b=2) (b's default) are the same call: one cache entry.
-            args, kwargs = canonical_arguments(fn, args, kwargs)
-            return _encode_key(ident, args, kwargs)
-        except (Uncacheable, RecursionError) as exc:
-            _log.debug("%s: call not cached: %s", self.name, exc)
-            return None
-        except Exception:
-            # A cache_key function or an argument that fails: the call runs, uncached.
-            _log.warning("%s: no cache key for this call; not cached", self.name, exc_info=True)
-            return None
-
-    def cache_get(self, key: str) -> tuple[bool, Any]:
-        cache = self._cache
-        assert cache is not None
-        try:
-            return cache.get(key)
-        except Exception:
-            # The cache is an optimisation: a failing backend is a miss, never a failed call.
-            _log.warning(
-                "%s: cache backend get() failed; treating as a miss", self.name, exc_info=True
-            )
-            return False, None
-
-    def _cache_set(self, cache: CacheBackend, key: str, value: Any) -> bool:
-        try:
-            cache.set(key, value, self.cache)  # type: ignore[arg-type]
-        except Exception:
-            _log.warning(
-                "%s: cache backend set() failed; result not cached", self.name, exc_info=True
-            )
-            return False
-        return True
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, RetryExhausted):
-        return "retry_exhausted"
-    if isinstance(exc, DeadlineExceeded):
-        return "timeout"
-    return "error"
