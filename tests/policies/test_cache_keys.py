@@ -217,3 +217,19 @@ def test_one_policy_running_two_functions_keys_them_apart(virtual_clock: Virtual
 
     assert policy.execute_sync(a, (1,)) == "a"
     assert policy.execute_sync(b, (1,)) == "b"
+
+
+def test_an_uncached_call_is_reported_once_per_policy(
+    virtual_clock: VirtualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first call without a canonical key logs a warning naming cache_key=; later ones not."""
+    policy = Policy("plain", cache="1min")
+
+    def f(x: object) -> int:
+        return 1
+
+    with caplog.at_level("WARNING", logger="timebound.policies"):
+        policy.execute_sync(f, (object(),))
+        policy.execute_sync(f, (object(),))
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "cache_key=" in warnings[0].getMessage()

@@ -271,7 +271,12 @@ def call_key(
         args, kwargs = canonical_arguments(fn, args, kwargs)
         return _encode_key(ident, args, kwargs)
     except (Uncacheable, RecursionError) as exc:
-        _log.debug("%s: call not cached: %s", policy.name, exc)
+        # Said once per policy: a cache that never hits should not go unnoticed, nor flood logs.
+        if policy._told_uncached:
+            _log.debug("%s: call not cached: %s", policy.name, exc)
+        else:
+            policy._told_uncached = True
+            _log.warning("%s: call not cached (said once per policy): %s", policy.name, exc)
         return None
     except Exception:
         # A cache_key function or an argument that fails: the call runs, uncached.

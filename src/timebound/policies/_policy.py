@@ -87,6 +87,7 @@ class Policy(Generic[_Mode]):
         "_plain",
         "_scoped",
         "_slots",
+        "_told_uncached",
         "_wrap",
         "_zero_is_immutable",
         "cache",
@@ -224,6 +225,7 @@ class Policy(Generic[_Mode]):
                 option="cache_key",
             )
         self._key_fn = cache_key
+        self._told_uncached = False
         self._cache: CacheBackend | None = None
         self._flights: Flights | None = None
         if self.cache is not None:
