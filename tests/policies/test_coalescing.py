@@ -187,3 +187,17 @@ def test_trio_tasks_are_coalesced(virtual_clock: VirtualClock) -> None:
     trio.run(main, clock=virtual_clock.trio_clock())
     assert results == ["k", "k", "k"]
     assert len(calls) == 1
+
+
+async def test_a_cancelled_leader_hands_over(virtual_clock: VirtualClock) -> None:
+    """A leader task cancelled mid-call shares nothing: its follower runs the call itself."""
+    slow = Slow(2, virtual_clock)
+    policy = Policy("s", cache="1min")
+    leader = asyncio.ensure_future(policy.execute(slow, ("k",)))
+    await asyncio.sleep(0)
+    follower = asyncio.ensure_future(policy.execute(slow, ("k",)))
+    await asyncio.sleep(1)
+    leader.cancel()
+    assert await follower == ["k"]
+    assert leader.cancelled()
+    assert slow.starts == [0.0, 1.0]
