@@ -25,6 +25,7 @@ from ._runtime import (
     CallSite,
     CompiledCall,
     Program,
+    ProgramResources,
     _Run,
     error_text,
     lazy_ref,
@@ -176,6 +177,8 @@ class _Compiler:
         self.counter = 0
         # (module, option) -> (value, position) of the first call site declaring a limit.
         self.limits: dict[tuple[str, str], tuple[Any, A.Pos]] = {}
+        # The program's own caches and limiters, shared by its call sites (D3.6, D3.7).
+        self.resources = ProgramResources(registry)
 
     def error(self, code: str, message: str, pos: A.Pos) -> None:
         self.diags.append(Diagnostic(code, "error", message, pos[0], pos[1]))
@@ -718,13 +721,21 @@ class _Compiler:
         for name in _POLICY_OPTIONS:
             if name in opts:
                 kwargs[name] = opts[name].value
+        res = self.resources
         if "throttle" in opts:
-            kwargs["throttle"] = opts["throttle"].value[2]
+            count, per = opts["throttle"].value[:2]
+            kwargs["throttle"] = res.bucket(spec.name, count, per)
+        if "concurrency" in opts:
+            kwargs["concurrency"] = res.slots(spec.name, opts["concurrency"].value)
         if "on_error" in opts:
             kwargs["zero"] = zero_value(spec.returns)
         if fallback is not None:
             kwargs["fallback"] = _fallback_callable(fallback)
         try:
+            if "cache" in opts:
+                kwargs["cache_backend"] = res.cache(spec.name, kwargs.get("cache_backend"))
+            else:
+                kwargs.pop("cache_backend", None)  # W004: no cache, no backend to look up
             return Policy(**kwargs)
         except ConfigurationError as exc:
             # Point at the option the policy refused (an unknown cache_backend...) when it
