@@ -85,6 +85,10 @@ def span_tags(events: list[Event], component: str) -> dict[str, Any]:
 def _bound_socket() -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Inherited by accepted sockets: uvicorn serves a socket it re-creates with fromfd(), whose
+    # protocol number asyncio does not recognise as TCP, so it never sets TCP_NODELAY itself
+    # and every response waits ~40 ms for a delayed ACK (Nagle).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     sock.setblocking(False)
