@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from .._core import _clock
+from .._core._classify import bound_origin
 from .._core._deadline import Deadline
 from .._core._errors import DeadlineExceeded
 from .._core._scopes import (
@@ -173,7 +174,7 @@ class Attempt:
     def propagated(self) -> bool:
         """A bound other than the attempt's own lowered the timeout: running out means our
         deadline is spent (a policy's per-attempt timeout is retryable, D2.5)."""
-        return self.lowered and self.source != "attempt"
+        return self.lowered and bound_origin(self.source) != "own"
 
     def expired(self) -> bool:
         """True once the attempt's end has passed (never early, D1.3)."""
