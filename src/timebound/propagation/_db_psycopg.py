@@ -164,7 +164,9 @@ class AsyncDeadlineCursor(psycopg.AsyncCursor[Row]):
     """The ``psycopg.AsyncCursor`` twin of :class:`DeadlineCursor`.
 
     ``await psycopg.AsyncConnection.connect(dsn, cursor_factory=AsyncDeadlineCursor)`` (or
-    :func:`aconnect`).
+    :func:`aconnect`). A cancellation can only ever interrupt the statement itself: the
+    bookkeeping around it (``BEGIN`` and narrowing, ``COMMIT``/``ROLLBACK``, restoring) always
+    finishes first, and a result is returned only once ``COMMIT`` has answered.
     """
 
     async def _bounded(self, query: Any, run: Callable[[], Awaitable[_T]]) -> _T:
