@@ -36,6 +36,7 @@ from ..dsl import (
     Type,
     compile,
     format_diagnostic,
+    format_failure,
     to_json_value,
 )
 
@@ -350,17 +351,7 @@ def _error_json(exc: BaseException, filename: str) -> dict[str, Any]:
 
 
 def _print_failure(exc: BaseException, source: str, filename: str) -> None:
-    site = getattr(exc, "call_site", None)
-    head = f"run failed: {type(exc).__name__}: {_message(exc)}"
-    if site is None:
-        print(f"{filename}: {head}", file=sys.stderr)
-        return
-    print(f"{filename}:{site.line}:{site.column}: {head}", file=sys.stderr)
-    # The source line and a caret under the call, laid out as a compile diagnostic shows them.
-    placed = Diagnostic("run", "error", head, site.line, site.column)
-    caret = format_diagnostic(placed, source, filename).partition("\n")[2]
-    if caret:
-        print(caret, file=sys.stderr)
+    print(format_failure(exc, source, filename), file=sys.stderr)
 
 
 def _trace_json(t: CallTrace) -> dict[str, Any]:
@@ -383,11 +374,13 @@ def _trace_json(t: CallTrace) -> dict[str, Any]:
 
 
 _BAR = 40
+_MARKS = {"ok": "#", "timeout": "T", "deadline": "D", "cancelled": "-"}
 
 
 def _bar(t: CallTrace, total: float) -> str:
     """One character per 1/40 of the run: # attempt that succeeded, x failed, T timed out,
-    . waiting (delays, fallback, admission); C a cache hit."""
+    D stopped by the run's deadline, - cancelled because another call failed, w waiting for a
+    throttle token or concurrency slot, . waiting (delays, fallback); C a cache hit."""
     cells = [" "] * _BAR
     if total <= 0:
         total = 1e-9
@@ -400,9 +393,13 @@ def _bar(t: CallTrace, total: float) -> str:
         cells[i] = "."
     for a in t.attempt_log:
         a_end = end if a.end is None else a.end
-        mark = {"ok": "#", "timeout": "T"}.get(a.outcome, "x")
+        mark = _MARKS.get(a.outcome, "x")
         for i in range(col(a.start), col(a_end) + 1):
             cells[i] = mark
+        if a.entered is not None and a.entered > a.start:
+            # Admission (throttle, concurrency) is a wait, not the module failing or working.
+            for i in range(col(a.start), col(a.entered)):
+                cells[i] = "w"
     if t.cache_hit:
         cells[col(t.start)] = "C"
     return "|" + "".join(cells) + "|"
@@ -445,7 +442,8 @@ def _print_trace(trace: list[CallTrace], duration: float | None, out: TextIO) ->
         if notes:
             print(f"{'':<{width}}  {'':>7}  -> " + "; ".join(notes), file=out)
     print(
-        "legend: # attempt succeeded, x attempt failed, T attempt timed out, . waiting "
-        "(delay, fallback), C cache hit",
+        "legend: # attempt succeeded, x attempt failed, T attempt timed out, D stopped by the "
+        "run's deadline, - cancelled (another call failed), w waiting for throttle/concurrency, "
+        ". waiting (delay, fallback), C cache hit",
         file=out,
     )

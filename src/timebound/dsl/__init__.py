@@ -14,7 +14,7 @@ timebound's policies and deadlines.
 
 from __future__ import annotations
 
-from ._diagnostics import CODES, CompileError, Diagnostic, format_diagnostic
+from ._diagnostics import CODES, CompileError, Diagnostic, format_diagnostic, format_failure
 from ._registry import ModuleRegistry, ModuleSpec
 from ._runtime import (
     AttemptTrace,
@@ -50,6 +50,7 @@ __all__ = [
     "Type",
     "compile",
     "format_diagnostic",
+    "format_failure",
     "to_json_value",
 ]
 
