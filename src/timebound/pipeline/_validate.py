@@ -97,6 +97,17 @@ def validate(
     return v.checked
 
 
+def _numeric(t: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t))
+
+
+def _assignable(value: pa.DataType, key: pa.DataType) -> bool:
+    """A vm result may be stored in a key of the same type, or a number in a number key (the
+    cast is checked per value at run time); anything else (a number into a string) is a type
+    error, not a silent conversion."""
+    return bool(value == key or pa.types.is_null(value) or (_numeric(value) and _numeric(key)))
+
+
 class _Validator:
     def __init__(self, artifact: Artifact, registry: Registry, params: Mapping[str, Any]) -> None:
         self.fragments = artifact.fragments
@@ -195,15 +206,13 @@ class _Validator:
                 if kdef is None:
                     raise self.error("reference", node, path, f"writes unknown key {key!r}")
                 rtype = self.expr(p["expr"], node, available, branch, path)
-                try:
-                    pa.array([], type=rtype).cast(kdef.type)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                if not _assignable(rtype, kdef.type):
                     raise self.error(
                         "type",
                         node,
                         path,
                         f"the expression gives {rtype}, key {key!r} holds {kdef.type}",
-                    ) from None
+                    )
                 available.add(key)
                 exact.add(key)
             elif op == "filter":
