@@ -221,8 +221,11 @@ def test_a_task_error_fails_the_plan_without_fallback() -> None:
         budget=BUDGET,
         on_timeout="fallback",
     )
-    with pytest.raises(LookupError):
+    with pytest.raises(LookupError) as info:
         run(pl.Engine(reg), pl.compile(plan), sample.rows(3))
+    assert info.value.__notes__[0].startswith(
+        "in pipeline node timeout_wrapper/success/task:broken (tests/pipeline/test_engine.py:"
+    )
 
 
 def test_an_outer_deadline_fails_the_plan_without_fallback() -> None:
@@ -369,7 +372,9 @@ def test_a_bad_column_is_a_task_error_naming_task_and_key(column: Any, message: 
     assert isinstance(plan, pl.Plan)
     with pytest.raises(pl.TaskError, match=message) as info:
         run(pl.Engine(reg), pl.compile(plan), sample.rows(3))
-    assert (info.value.task, info.value.key) == ("bad", "f_lsr")
+    assert (info.value.task, info.value.key, info.value.node_id) == ("bad", "f_lsr", "task:bad")
+    assert info.value.source_span is not None
+    assert info.value.source_span["file"] == "tests/pipeline/test_engine.py"
 
 
 def test_a_task_must_return_exactly_its_writes() -> None:

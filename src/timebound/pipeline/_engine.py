@@ -164,7 +164,11 @@ class Engine:
         trace = Trace(artifact.digest, time.time_ns())
         run = _Run(rowset, params, trace)
         run.sink = _sink(run, compiled.meta)
-        await compiled.plan.execute(run, sink=run.sink)
+        try:
+            await compiled.plan.execute(run, sink=run.sink)
+        except Exception as exc:
+            _locate(exc, compiled.meta)
+            raise
         keys = [k for k in self.registry.keys if rowset.has(k)]
         return Result(rowset.table(keys), trace)
 
@@ -253,6 +257,20 @@ class Engine:
         return out
 
 
+def _locate(exc: Exception, meta: Mapping[str, Mapping[str, Any]]) -> None:
+    """Map a run-time error back to the node and its authoring call (file and line)."""
+    key = getattr(exc, "__timebound_node__", None)
+    m = meta.get(key) if isinstance(key, str) else None
+    if m is None:
+        return
+    span = m["source_span"]
+    if isinstance(exc, TaskError | ValidationError) and exc.node_id is None:
+        exc.node_id = key
+        exc.source_span = span
+    elif not isinstance(exc, ValidationError | TaskError):
+        exc.add_note(f"in pipeline node {key} ({span['file']}:{span['line']})")
+
+
 def _sink(run: _Run, meta: dict[str, dict[str, Any]]) -> Callable[[Event], None]:
     """Turn executor events into trace spans (node ids are the executor keys)."""
     spans: dict[str, dict[str, Any]] = {}
@@ -326,6 +344,7 @@ class _Builder:
                 else node["op"],
                 "parent": parent,
                 "deps": deps,
+                "source_span": node["source_span"],
             }
             if node["op"] == "timeout_wrapper":
                 self._wrapper(node, key, tuple(deps), group)

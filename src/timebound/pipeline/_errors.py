@@ -76,7 +76,7 @@ def _rebuild_validation(
 
 class TaskError(TimeboundError):
     """A task broke its contract (a missing, extra, short or mistyped column). ``task`` and
-    ``key`` name where."""
+    ``key`` name what; ``node_id`` and ``source_span`` (the authoring call) name where."""
 
     code = "pipeline-task"
 
@@ -84,6 +84,8 @@ class TaskError(TimeboundError):
         super().__init__(message)
         self.task = task
         self.key = key
+        self.node_id: str | None = None
+        self.source_span: dict[str, Any] | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_task_error, (str(self), self.task, self.key))
