@@ -29,7 +29,7 @@ from .._engine import DagPlan, Event, Group, Node
 from . import _expr
 from ._artifact import Artifact
 from ._errors import PlanTimeout, TaskError, ValidationError
-from ._model import Registry, TaskDef, check_value, evaluate
+from ._model import Registry, TaskDef, Writes, check_value, evaluate
 from ._rowset import RowSet
 from ._trace import Trace
 from ._validate import SUPPORTED_CAPABILITIES, Checked, task_known, validate
@@ -70,11 +70,13 @@ class Result:
 class _Run:
     """The state of one run (the executor's context object)."""
 
-    __slots__ = ("base", "params", "rowset", "sink", "trace", "wrappers")
+    __slots__ = ("base", "params", "rowset", "sink", "trace", "values", "wrappers")
 
     def __init__(self, rowset: RowSet, params: dict[str, tuple[Any, str]], trace: Trace) -> None:
         self.rowset = rowset
         self.params = params  # param id -> (value, origin)
+        # what a task without arguments sees as ctx.params (read-only, shared by those tasks)
+        self.values: Mapping[str, Any] = MappingProxyType({p: v for p, (v, _) in params.items()})
         self.trace = trace
         self.base = _clock.now()
         self.wrappers: dict[str, _WrapperState] = {}
@@ -582,8 +584,10 @@ def _task_action(
     reads = task.reads
     timeout = task.timeout
 
-    def context(run: _Run) -> tuple[pa.Table, dict[str, Any]]:
-        params = {pid: value for pid, (value, _) in run.params.items()}
+    def context(run: _Run) -> tuple[pa.Table, Mapping[str, Any]]:
+        if not args:
+            return run.rowset.table(reads), run.values
+        params = dict(run.values)
         for arg, spec in args.items():
             if "const" in spec:
                 params[arg] = spec["const"]
@@ -598,19 +602,23 @@ def _task_action(
                 params[arg] = resolved[0]
         return run.rowset.table(reads), params
 
+    # Writes that do not depend on params are known now: no evaluation per call.
+    fixed = task.writes if isinstance(task.writes, tuple) else None
+    exact = None if fixed is None else frozenset(fixed)
+
     def apply(run: _Run, out: Any, params: Mapping[str, Any]) -> None:
-        _apply(registry, task, key, run.rowset, out, params)
+        _apply(registry, task, run.rowset, out, params, exact)
 
     if task.is_async:
 
         async def action(run: _Run) -> None:
             rows, params = context(run)
             if timeout is None:
-                ctx = TaskContext(MappingProxyType(params), current_deadline(), rows.num_rows)
+                ctx = TaskContext(params, current_deadline(), rows.num_rows)
                 out = await fn(ctx, rows)
             else:
                 async with fail_after(timeout, source="node", what=f"task {task.name}"):
-                    ctx = TaskContext(MappingProxyType(params), current_deadline(), rows.num_rows)
+                    ctx = TaskContext(params, current_deadline(), rows.num_rows)
                     out = await fn(ctx, rows)
             apply(run, out, params)
 
@@ -619,11 +627,11 @@ def _task_action(
     def sync_action(run: _Run) -> None:
         rows, params = context(run)
         if timeout is None:
-            ctx = TaskContext(MappingProxyType(params), current_deadline(), rows.num_rows)
+            ctx = TaskContext(params, current_deadline(), rows.num_rows)
             out = fn(ctx, rows)
         else:
             with fail_after(timeout, source="node", what=f"task {task.name}"):
-                ctx = TaskContext(MappingProxyType(params), current_deadline(), rows.num_rows)
+                ctx = TaskContext(params, current_deadline(), rows.num_rows)
                 out = fn(ctx, rows)
         if inspect.isawaitable(out):
             raise TaskError(f"task {task.name!r} is sync but returned an awaitable", task=task.name)
@@ -635,21 +643,20 @@ def _task_action(
 def _apply(
     registry: Registry,
     task: TaskDef,
-    key: str,
     rs: RowSet,
     out: Any,
     params: Mapping[str, Any],
+    exact: frozenset[str] | None,
 ) -> None:
     """Check a task's output against its spec, then write every column (all or nothing)."""
     name = task.name
-    if not isinstance(out, Mapping):
+    if type(out) is not dict and not isinstance(out, Mapping):
         raise TaskError(
             f"task {name!r} returned {type(out).__name__}; a task returns {{key: column}}",
             task=name,
         )
-    writes = evaluate(task.writes, params)
-    if writes.kind == "exact":
-        assert writes.keys is not None
+    writes = Writes("exact", exact) if exact is not None else evaluate(task.writes, params)
+    if writes.kind == "exact" and writes.keys is not None and set(out) != writes.keys:
         for k in sorted(writes.keys - set(out)):
             raise TaskError(f"task {name!r} did not return key {k!r}", task=name, key=k)
         for k in sorted(set(out) - writes.keys, key=str):

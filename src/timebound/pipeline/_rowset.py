@@ -20,12 +20,24 @@ __all__ = ["RowSet"]
 class RowSet:
     """Columns (one dict per overlay layer, base first) plus the active-row index."""
 
-    __slots__ = ("_layers", "index", "nrows")
+    __slots__ = ("_index", "_layers", "_tables", "nrows")
 
     def __init__(self, columns: dict[str, pa.Array], nrows: int) -> None:
         self._layers: list[dict[str, pa.Array]] = [columns]
-        self.index: pa.Array | None = None  # active base rows, in order; None = all, in order
+        self._index: pa.Array | None = None  # active base rows, in order; None = all, in order
         self.nrows = nrows  # base rows
+        # Projections handed to tasks, by key tuple: tasks reading the same keys share one
+        # until one of those keys is written or the rows change.
+        self._tables: dict[tuple[str, ...], pa.Table] = {}
+
+    @property
+    def index(self) -> pa.Array | None:
+        return self._index
+
+    @index.setter
+    def index(self, value: pa.Array | None) -> None:
+        self._index = value
+        self._tables.clear()
 
     # Reading ------------------------------------------------------------------------------
 
@@ -62,11 +74,16 @@ class RowSet:
 
     def table(self, keys: Iterable[str] | None = None) -> pa.Table:
         """The active rows of ``keys`` (every key by default) as a table, in order."""
-        names = self.keys() if keys is None else list(keys)
-        if not names:
-            # No columns, but still the right number of rows.
-            return pa.table({"_": pa.nulls(self.active_count)}).select([])
-        return pa.table({k: self.column(k) for k in names})
+        names = tuple(self.keys() if keys is None else keys)
+        table = self._tables.get(names)
+        if table is None:
+            if names:
+                table = pa.Table.from_arrays([self.column(k) for k in names], names=list(names))
+            else:
+                # No columns, but still the right number of rows.
+                table = pa.table({"_": pa.nulls(self.active_count)}).select([])
+            self._tables[names] = table
+        return table
 
     # Writing ------------------------------------------------------------------------------
 
@@ -75,6 +92,8 @@ class RowSet:
         if self.index is not None:
             self._compact()
         self._layers[-1][key] = column
+        for names in [n for n in self._tables if key in n]:
+            del self._tables[names]
 
     def _compact(self) -> None:
         """Make the active rows the base rows (after filter/sort/take/dedupe, before a write)."""
@@ -93,6 +112,7 @@ class RowSet:
         if self.index is not None and not self.depth:
             self._compact()
         self._layers.append({})
+        self._tables.clear()
 
     def commit(self) -> None:
         """Apply the top overlay's columns to the layer below (no row data is copied)."""
@@ -100,12 +120,14 @@ class RowSet:
             raise RuntimeError("commit without an open overlay")
         top = self._layers.pop()
         self._layers[-1].update(top)
+        self._tables.clear()
 
     def rollback(self) -> None:
         """Drop the top overlay: none of its writes remain visible."""
         if not self.depth:
             raise RuntimeError("rollback without an open overlay")
         self._layers.pop()
+        self._tables.clear()
 
     # Shape-changing operations (never inside an overlay) -----------------------------------
 
