@@ -31,6 +31,9 @@ _COMMANDS: tuple[_Command, ...] = (
     _Command("demo", "timebound.cli._demo", "nested deadlines, a retry and a fallback, live"),
     _Command("run", "timebound.cli._dsl", "run a Constellation program", "dsl"),
     _Command("check", "timebound.cli._dsl", "check a Constellation program", "dsl"),
+    _Command(
+        "pipeline", "timebound.cli._pipeline", "compile, validate and run pipelines", "pipeline"
+    ),
 )
 
 # Options whose value may start with "-" (a negative duration is a mistake worth a clear error,
