@@ -81,6 +81,7 @@ class Engine:
         lease_ms: int = 30_000,
         sweep_ms: int = 1_000,
         worker_id: str | None = None,
+        epoch_clock: EpochClock | None = None,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError("concurrency must be >= 1", option="concurrency")
@@ -95,6 +96,9 @@ class Engine:
         self._definitions: dict[tuple[str, int], Definition] = {}
         self._latest: dict[str, int] = {}
         self._machine = Machine(self._definitions, self._cancel_attempt, self._run_finished)
+        # Engines that must agree on epoch instants to the millisecond under virtual time (a
+        # restart test) share one clock explicitly; otherwise each anchors its own at open.
+        self._given_clock = epoch_clock
         self._clock: EpochClock | None = None
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
@@ -141,7 +145,7 @@ class Engine:
         if self._loop_task is not None:
             return
         await self._store.open()
-        self._clock = EpochClock()
+        self._clock = self._given_clock or EpochClock()
         if not self._store.shared:
             # One writer process: whatever a previous process left in flight died with it.
             async with self._txn() as tx:
@@ -157,6 +161,7 @@ class Engine:
         await asyncio.gather(*pending, return_exceptions=True)
         self._attempts.clear()
         await self._store.close()
+        self._clock = None
 
     @property
     def late_results_discarded(self) -> int:
@@ -202,7 +207,8 @@ class Engine:
                     return RunResult(run["status"], output, run["error"])
                 if self._store.shared:
                     try:
-                        await asyncio.wait_for(event.wait(), self._sweep_ms / 1000)
+                        async with asyncio.timeout(self._sweep_ms / 1000):
+                            await event.wait()
                     except TimeoutError:
                         pass
                 else:
@@ -332,8 +338,11 @@ class Engine:
                 delay = max(self._clock.to_monotonic(next_ms) - _clock.now(), 0) + _WAKE_MARGIN_S
             if self._store.shared:
                 delay = min(delay or self._sweep_ms / 1000, self._sweep_ms / 1000)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation that
+            # races with the event being set (cpython#86296), and close() would hang.
             try:
-                await asyncio.wait_for(self._wake.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
 
