@@ -38,7 +38,7 @@ class EpochClock:
 
     def __init__(self) -> None:
         self._mono = _clock.now()
-        self._wall_ms = math.floor(_clock.wall_time() * 1000)
+        self._wall_ms = math.floor(_clock.wall() * 1000)
 
     def now_ms(self) -> int:
         return self._wall_ms + math.floor((_clock.now() - self._mono) * 1000)

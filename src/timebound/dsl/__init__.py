@@ -14,26 +14,44 @@ timebound's policies and deadlines.
 
 from __future__ import annotations
 
-from ._diagnostics import CODES, CompileError, Diagnostic, format_diagnostic
+from ._diagnostics import CODES, CompileError, Diagnostic, format_diagnostic, format_failure
 from ._registry import ModuleRegistry, ModuleSpec
-from ._runtime import AttemptTrace, CallSite, CallTrace, InputError, Program, RunResult
-from ._types import Type
+from ._runtime import (
+    AttemptTrace,
+    CallSite,
+    CallTrace,
+    InputError,
+    Program,
+    RunResult,
+    to_json_value,
+)
+from ._types import BOOLEAN, FLOAT, INT, STRING, ListType, MapType, OptionalType, RecordType, Type
 
 __all__ = [
+    "BOOLEAN",
     "CODES",
+    "FLOAT",
+    "INT",
+    "STRING",
     "AttemptTrace",
     "CallSite",
     "CallTrace",
     "CompileError",
     "Diagnostic",
     "InputError",
+    "ListType",
+    "MapType",
     "ModuleRegistry",
     "ModuleSpec",
+    "OptionalType",
     "Program",
+    "RecordType",
     "RunResult",
     "Type",
     "compile",
     "format_diagnostic",
+    "format_failure",
+    "to_json_value",
 ]
 
 

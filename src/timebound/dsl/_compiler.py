@@ -400,10 +400,10 @@ class _Compiler:
             t: Type = BOOLEAN
         else:
             func = _divide(e.pos) if op == "/" else _ARITH[op]
-            if _numeric(lt) and _numeric(rt):
+            if isinstance(lt, ErrorType) or isinstance(rt, ErrorType):
+                t = ERROR  # the operand's own error is reported: one mistake, one diagnostic
+            elif _numeric(lt) and _numeric(rt):
                 t = FLOAT if (op == "/" or FLOAT in (lt, rt)) else INT
-                if isinstance(lt, ErrorType) or isinstance(rt, ErrorType):
-                    t = ERROR
             elif op == "+" and is_assignable(lt, STRING) and is_assignable(rt, STRING):
                 t = STRING
             elif op == "+" and isinstance(lt, ListType) and isinstance(rt, ListType):
@@ -727,7 +727,11 @@ class _Compiler:
         try:
             return Policy(**kwargs)
         except ConfigurationError as exc:
-            self.error("E013", f"Invalid options for '{spec.name}': {exc}", e.pos)
+            # Point at the option the policy refused (an unknown cache_backend...) when it
+            # says which one; otherwise at the call.
+            opt = opts.get(getattr(exc, "option", None) or "")
+            pos = opt.value_pos if opt is not None else e.pos
+            self.error("E013", f"Invalid options for '{spec.name}': {exc}", pos)
             return None
 
     def check_shared_limits(self, module: str, e: A.Call) -> None:

@@ -50,13 +50,15 @@ OPTION_NAMES: Final = (
 _TOKEN_RE = re.compile(
     r"""
     (?P<ws>[ \t\r\n\f]+|\#[^\n]*)
-  | (?P<num>\d+(?:\.\d+)?)
+  | (?P<num>[0-9]+(?:\.[0-9]+)?)
   | (?P<op>==|!=|<=|>=|\?\?|[-+*/<>()\[\]{},:.=|])
   | (?P<ident>[^\W\d]\w*)
     """,
     re.VERBOSE,
 )
 _WORD_TAIL = re.compile(r"\w+")
+# Numbers are ASCII: `\d` would also take Arabic-Indic or full-width digits (U+0665, U+FF15),
+# which the grammar does not allow and which would silently read as 5.
 _T = TypeVar("_T")
 
 
@@ -120,6 +122,13 @@ class _Lexer:
             m = match(src, i, end)
             if m is None:
                 char = src[i]
+                if char.isdigit():
+                    raise self.fail(
+                        "E003",
+                        f"Invalid digit {char!r} (U+{ord(char):04X}): numbers are written with "
+                        "the ASCII digits 0-9",
+                        i,
+                    )
                 shown = repr(char) if char.isprintable() else f"U+{ord(char):04X}"
                 raise self.fail("E003", f"Unexpected character {shown}", i)
             kind = m.lastgroup
@@ -133,6 +142,13 @@ class _Lexer:
                 tail = _WORD_TAIL.match(src, j, end)
                 if tail is not None:
                     unit = tail.group()
+                    if unit[0].isdigit():  # a non-ASCII digit right after ASCII ones
+                        raise self.fail(
+                            "E003",
+                            f"Invalid digit {unit[0]!r} (U+{ord(unit[0]):04X}): numbers are "
+                            "written with the ASCII digits 0-9",
+                            j,
+                        )
                     if "." in text:
                         raise self.fail(
                             "E003",
@@ -655,6 +671,10 @@ class _Parser:
             self.option(call)
             # A comma continues the clause only when an option follows (`, name:` or `, lazy`).
             if not self.at_op(","):
+                nxt = self.tok
+                if nxt.kind == "ident" and nxt.text in OPTION_NAMES and self.peek().text == ":":
+                    # `retry: 1 timeout: 5s`: nothing else can follow an option value like this.
+                    raise self.error(f"Missing ',' before option '{nxt.text}'")
                 return
             nxt, after = self.peek(1), self.peek(2)
             if nxt.kind == "ident" and (
@@ -681,13 +701,30 @@ class _Parser:
             self._diag("E019", f"Unknown option '{name}'", name_tok.pos)
             if self.at_op(":"):  # consume the value to go on parsing (`with cached` has none)
                 self.advance()
-                self.expr()
+                self._skip_value()
             return
         self.expect_op(":", f" after option '{name}'")
         vt = self.tok
         value: Any = None
         text = vt.text
         bad: str | None = None
+        negative = vt.kind == "op" and vt.text == "-" and self.peek().kind in ("int", "duration")
+        if negative and name in ("retry", "concurrency", "timeout", "delay", "cache", "throttle"):
+            # `timeout: -5s`, `retry: -1`: one precise error, the value consumed with it.
+            self.advance()
+            num = self.advance()
+            text = f"-{num.text}"
+            if name == "retry":
+                message = (
+                    f"Invalid value for 'retry': {text} (a negative retry is not allowed; "
+                    "retry: 0 means a single attempt)"
+                )
+                self._diag("E013", message, vt.pos)
+            else:
+                self._diag("E016", f"Invalid value for '{name}': {text} (must be > 0)", vt.pos)
+                if name == "throttle":  # `-1/1s`: the rest of the rate goes with it
+                    self._skip_value()
+            return
         if name in ("timeout", "delay", "cache"):
             if vt.kind == "duration":
                 self.advance()
@@ -763,9 +800,34 @@ class _Parser:
             text = "expression"
         if bad is not None:
             self._diag("E013", f"Option '{name}' expects {bad}, found {_describe(vt)}", vt.pos)
-            self.expr()  # consume the (non-literal) value
+            self._skip_value()
             return
         self._store(call, A.Option(name, value, name_tok.pos, vt.pos, text))
+
+    def _skip_value(self) -> None:
+        """Consume the value of an option that already has its error, reporting nothing more:
+        as an expression if it is one, otherwise up to the next ',' or closing bracket on its
+        line (one mistake, one diagnostic)."""
+        start, depth, in_record = self.i, self.depth, self.in_record
+        line = self.tok.line
+        try:
+            self.expr()
+            t = self.tok
+            if t.kind == "eof" or t.line != line or (t.kind == "op" and t.text in ",)]}"):
+                return
+        except ParseFailure:
+            pass
+        self.i, self.depth, self.in_record = start, depth, in_record
+        nesting = 0
+        while self.tok.kind != "eof":
+            t = self.tok
+            if t.kind == "op" and t.text in ("(", "[", "{"):
+                nesting += 1
+            elif nesting == 0 and (t.line != line or (t.kind == "op" and t.text in ",)]}")):
+                return
+            elif t.kind == "op" and t.text in (")", "]", "}"):
+                nesting -= 1
+            self.advance()
 
     def _store(self, call: A.Call, opt: A.Option) -> None:
         if opt.name in call.options:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import json
 import math
 import operator
@@ -20,7 +21,7 @@ from typing import Any, Final
 from .._core import _clock
 from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError, DeadlineExceeded, TimeboundError
-from .._core._scopes import fail_after
+from .._core._scopes import current_bound_error, fail_after
 from .._engine import DagPlan
 from ._diagnostics import Diagnostic
 from ._types import Type, validate_value
@@ -42,11 +43,15 @@ class CallSite:
 
 @dataclass(slots=True)
 class AttemptTrace:
-    """One attempt of a call: start and end in seconds since the run started, and its outcome."""
+    """One attempt of a call: start and end in seconds since the run started, and its outcome
+    (``ok``, ``error``, ``timeout`` — the call's own timeout —, ``deadline`` — the run's or an
+    inherited deadline —, ``cancelled``). ``entered`` is when the module was entered: later than
+    ``start`` when the attempt waited for a ``throttle`` token or a ``concurrency`` slot."""
 
     start: float
     end: float | None = None
     outcome: str = "running"
+    entered: float | None = None
 
 
 @dataclass(slots=True)
@@ -54,7 +59,8 @@ class CallTrace:
     """What one module call did, in seconds since the run started.
 
     ``outcome`` is ``ok``, ``cache`` (a cache hit), ``fallback``, ``skip``/``log``/``wrap``
-    (``on_error`` absorbed a failure), ``error`` or ``cancelled``.
+    (``on_error`` absorbed a failure), ``error``, ``deadline`` (stopped by the run's or an
+    inherited deadline, not by a failure of its own) or ``cancelled`` (another call failed).
     """
 
     module: str
@@ -85,7 +91,9 @@ class CallTrace:
         elif name == "attempt.end":
             outcome = str(attrs.get("outcome", "error"))
             err = attrs.get("error")
-            if isinstance(err, DeadlineExceeded) or outcome == "timeout":
+            if isinstance(err, DeadlineExceeded) and err.source != "attempt":
+                outcome = "deadline"  # the run's (or an inherited) deadline, not the timeout
+            elif isinstance(err, DeadlineExceeded) or outcome == "timeout":
                 self.timeouts += 1
                 outcome = "timeout"
             if self.attempt_log:
@@ -359,9 +367,21 @@ class CompiledCall:
                 rec.attempt_log[-1].end = _clock.now() - run.t0
                 rec.attempt_log[-1].outcome = "ok"
             else:
-                result = await policy.execute(self.fn, args, observer=rec.observe)
+                result = await policy.execute(_entering(self.fn, rec), args, observer=rec.observe)
         except BaseException as exc:
-            if isinstance(exc, asyncio.CancelledError):
+            own_timeout = isinstance(exc, DeadlineExceeded) and exc.source == "attempt"
+            if (
+                isinstance(exc, asyncio.CancelledError | DeadlineExceeded)
+                and not own_timeout
+                and current_bound_error() is not None
+            ):
+                # Stopped because the run's (or an inherited) deadline passed: not a failure of
+                # this call, and drawn differently in the trace.
+                rec.outcome = "deadline"
+                for a in rec.attempt_log:
+                    if a.outcome == "cancelled":
+                        a.outcome = "deadline"
+            elif isinstance(exc, asyncio.CancelledError):
                 rec.outcome = "cancelled"
             else:
                 rec.outcome = "error"
@@ -376,6 +396,20 @@ class CompiledCall:
         if rec.outcome == "running":
             rec.outcome = "cache" if rec.cache_hit else "fallback" if rec.fallback else "ok"
         return result
+
+
+def _entering(fn: Callable[..., Any], rec: CallTrace) -> Callable[..., Any]:
+    """``fn`` noting in ``rec`` when each attempt enters the module: the policy calls it after
+    admission, so the gap from the attempt's start is the throttle/concurrency wait. Traced runs
+    only; ``wraps`` keeps the signature the policy's cache keys are bound to."""
+
+    @functools.wraps(fn)
+    def entering(*args: Any) -> Any:
+        if rec.attempt_log:
+            rec.attempt_log[-1].entered = _clock.now() - rec._t0
+        return fn(*args)
+
+    return entering
 
 
 class Thunk:
@@ -515,8 +549,8 @@ class Program:
         *,
         sink: list[CallTrace] | None = None,
     ) -> _Run:
-        """One run; the outputs are in ``run.env``. ``sink`` (the CLI's) receives the trace
-        even when the run fails."""
+        """One run; the outputs are in ``run.env``. ``sink`` receives the trace even when the
+        run fails."""
         if concurrency is not None and (
             isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
         ):
@@ -582,9 +616,14 @@ class Program:
         *,
         timeout: Duration | None = None,
         concurrency: int | None = None,
+        sink: list[CallTrace] | None = None,
     ) -> RunResult:
-        """Like :meth:`run`, also recording a :class:`CallTrace` per call that ran."""
-        run = await self._execute(inputs, timeout, concurrency, True)
+        """Like :meth:`run`, also recording a :class:`CallTrace` per call that ran.
+
+        ``sink``, when given, receives each call's trace as the call starts, so a caller still
+        has the trace of a run that fails.
+        """
+        run = await self._execute(inputs, timeout, concurrency, True, sink=sink)
         return RunResult(self._outputs(run.env), run.trace or [], _clock.now() - run.t0)
 
     def run_sync(
