@@ -9,13 +9,10 @@ transaction as the change it records, and a lease is an owner and an expiry on a
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Sequence
 from typing import Any
 
-from .._core import _clock
-
-__all__ = ["EpochClock", "Store", "StoreBusy", "StoreError", "Tx"]
+__all__ = ["Store", "StoreBusy", "StoreError", "Tx"]
 
 
 class StoreError(RuntimeError):
@@ -24,28 +21,6 @@ class StoreError(RuntimeError):
 
 class StoreBusy(StoreError):
     """Another process already writes this store (SQLite allows one writer process)."""
-
-
-class EpochClock:
-    """Epoch milliseconds on timebound's monotonic clock (D1.10, D6.12).
-
-    Storage holds absolute epoch ms so any process can compare them; scheduling uses the monotonic
-    clock so virtual time drives tests. One anchor pairs the two when the clock is made; readings
-    are floored, so a stored deadline is never reported reached before it is (D1.3).
-    """
-
-    # TODO(core): replace with Deadline.to_epoch_ms()/from_epoch_ms() once they land on main.
-
-    def __init__(self) -> None:
-        self._mono = _clock.now()
-        self._wall_ms = math.floor(_clock.wall() * 1000)
-
-    def now_ms(self) -> int:
-        return self._wall_ms + math.floor((_clock.now() - self._mono) * 1000)
-
-    def to_monotonic(self, epoch_ms: int) -> float:
-        """The monotonic instant of ``epoch_ms`` (for ``fail_at`` and loop timers)."""
-        return self._mono + (epoch_ms - self._wall_ms) / 1000
 
 
 class Tx:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import math
 import os
 import socket
 import types
@@ -25,7 +26,7 @@ from .._core import _clock
 from .._core._deadline import Deadline
 from .._core._errors import ConfigurationError
 from .._core._scopes import fail_after
-from .._store import EpochClock, Store, Tx, open_store
+from .._store import Store, Tx, open_store
 from ._actions import ActionContext, Outcome, freeze, run_http, run_python
 from ._definition import Definition, DefinitionError, parse_definition
 from ._machine import RUN_TERMINAL, Machine
@@ -81,7 +82,6 @@ class Engine:
         lease_ms: int = 30_000,
         sweep_ms: int = 1_000,
         worker_id: str | None = None,
-        epoch_clock: EpochClock | None = None,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError("concurrency must be >= 1", option="concurrency")
@@ -96,10 +96,7 @@ class Engine:
         self._definitions: dict[tuple[str, int], Definition] = {}
         self._latest: dict[str, int] = {}
         self._machine = Machine(self._definitions, self._cancel_attempt, self._run_finished)
-        # Engines that must agree on epoch instants to the millisecond under virtual time (a
-        # restart test) share one clock explicitly; otherwise each anchors its own at open.
-        self._given_clock = epoch_clock
-        self._clock: EpochClock | None = None
+        self._open = False
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
@@ -145,7 +142,7 @@ class Engine:
         if self._loop_task is not None:
             return
         await self._store.open()
-        self._clock = self._given_clock or EpochClock()
+        self._open = True
         if not self._store.shared:
             # One writer process: whatever a previous process left in flight died with it.
             async with self._txn() as tx:
@@ -161,7 +158,7 @@ class Engine:
         await asyncio.gather(*pending, return_exceptions=True)
         self._attempts.clear()
         await self._store.close()
-        self._clock = None
+        self._open = False
 
     @property
     def late_results_discarded(self) -> int:
@@ -261,13 +258,14 @@ class Engine:
 
     # Internals ------------------------------------------------------------------------------
 
-    def _now(self) -> int:
-        assert self._clock is not None, "the engine is not open (use 'async with engine')"
-        return self._clock.now_ms()
+    @staticmethod
+    def _now() -> int:
+        """Now in epoch ms, floored: a stored deadline is never seen reached early (D1.3)."""
+        return math.floor(_clock.wall() * 1000)
 
     @asynccontextmanager
     async def _txn(self) -> AsyncIterator[Tx]:
-        if self._clock is None:
+        if not self._open:
             raise RuntimeError("the engine is not open: use 'async with engine:' first")
         async with self._lock, self._store.transaction() as tx:
             yield tx
@@ -320,7 +318,6 @@ class Engine:
     # The loop -------------------------------------------------------------------------------
 
     async def _loop(self) -> None:
-        assert self._clock is not None
         while True:
             self._wake.clear()
             await self._fire_timers()
@@ -335,7 +332,7 @@ class Engine:
                 next_ms = row["t"] if next_ms is None else min(next_ms, row["t"])
             delay = None
             if next_ms is not None:
-                delay = max(self._clock.to_monotonic(next_ms) - _clock.now(), 0) + _WAKE_MARGIN_S
+                delay = Deadline.from_epoch_ms(next_ms).remaining() + _WAKE_MARGIN_S
             if self._store.shared:
                 delay = min(delay or self._sweep_ms / 1000, self._sweep_ms / 1000)
             # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation that
@@ -427,10 +424,7 @@ class Engine:
                 await self._start_child(tx, run, tok, definition, now)
                 return
             bounds = [b for b in (timeout_at, run["timeout_at"]) if b is not None]
-            assert self._clock is not None
-            deadline = (
-                Deadline(self._clock.to_monotonic(min(bounds))) if bounds else Deadline.never()
-            )
+            deadline = Deadline.from_epoch_ms(min(bounds) if bounds else None)
             ctx = ActionContext(
                 input=freeze(json.loads(run["input"])),
                 state=freeze(json.loads(run["state"])),
