@@ -318,9 +318,13 @@ class Engine:
     # The loop -------------------------------------------------------------------------------
 
     async def _loop(self) -> None:
+        renew_at = 0
         while True:
             self._wake.clear()
             await self._fire_timers()
+            if self._store.shared and self._now() >= renew_at:
+                await self._renew_leases()
+                renew_at = self._now() + self._lease_ms // 3
             await self._dispatch()
             async with self._txn() as tx:
                 next_ms = await tx.next_timer_ms()
@@ -334,7 +338,9 @@ class Engine:
             if next_ms is not None:
                 delay = Deadline.from_epoch_ms(next_ms).remaining() + _WAKE_MARGIN_S
             if self._store.shared:
-                delay = min(delay or self._sweep_ms / 1000, self._sweep_ms / 1000)
+                # The sweep catches other workers' changes; leases are renewed well before expiry.
+                renew = max(renew_at - self._now(), 0) / 1000
+                delay = min(delay or math.inf, self._sweep_ms / 1000, renew)
             # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation that
             # races with the event being set (cpython#86296), and close() would hang.
             try:
@@ -342,6 +348,18 @@ class Engine:
                     await self._wake.wait()
             except TimeoutError:
                 pass
+
+    async def _renew_leases(self) -> None:
+        """Extend the leases of this worker's in-flight tokens, so no other worker takes them."""
+        if not self._attempts:
+            return
+        async with self._txn() as tx:
+            await tx.execute(
+                "UPDATE tb_wf_tokens SET lease_until = ? WHERE lease_owner = ? "
+                "AND status IN ('dispatched', 'executing')",
+                self._now() + self._lease_ms,
+                self.worker_id,
+            )
 
     async def _fire_timers(self) -> None:
         while True:
