@@ -383,12 +383,23 @@ class Machine:
         )
 
     async def token_timeout(
-        self, tx: Tx, run: dict[str, Any], tok: dict[str, Any], now: int
+        self,
+        tx: Tx,
+        run: dict[str, Any],
+        tok: dict[str, Any],
+        now: int,
+        *,
+        duration: int | None = None,
+        cause: str | None = None,
     ) -> None:
-        """The node's deadline was reached: its ``on_timeout`` policy (seed, D6.1)."""
+        """The node's deadline was reached: its ``on_timeout`` policy (seed, D6.1).
+
+        ``duration`` and ``cause`` describe a bound enforced elsewhere (a child run's timeout).
+        """
         definition = await self.definition(tx, run)
         node = definition.nodes[tok["node_id"]]
-        duration = definition.node_timeout_ms(node)
+        if duration is None:
+            duration = definition.node_timeout_ms(node)
         deadline_at = tok["timeout_at"]
         policy = definition.node_on_timeout(node)
         if tok["status"] in ("pending", "dispatched"):
@@ -420,9 +431,8 @@ class Machine:
             return
         await self._set_token(tx, tok, "timed_out", now, reason="execution_timeout")
         await self._timed_out_event(tx, tok, "execution", duration, "fail", deadline_at, now)
-        await self._token_ended_badly(
-            tx, run, tok, f"node '{tok['node_id']}' timed out after {duration}ms", now
-        )
+        error = f"timed out: {cause}" if cause else f"timed out after {duration}ms"
+        await self._token_ended_badly(tx, run, tok, f"node '{tok['node_id']}' {error}", now)
 
     async def action_error(
         self, tx: Tx, run: dict[str, Any], tok: dict[str, Any], error: str, now: int
@@ -856,7 +866,7 @@ class Machine:
             message = f"Subworkflow '{child['definition_id']}' timed out after {ms}ms"
             await tx.execute("UPDATE tb_wf_tokens SET error = ? WHERE id = ?", message, tok["id"])
             tok["timeout_at"] = child["timeout_at"]
-            await self.token_timeout(tx, run, tok, now)
+            await self.token_timeout(tx, run, tok, now, duration=ms, cause=message)
         else:
             await self.action_error(
                 tx, run, tok, f"Subworkflow '{child['definition_id']}' {status}: {error}", now
