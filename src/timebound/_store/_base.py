@@ -9,7 +9,7 @@ transaction as the change it records, and a lease is an owner and an expiry on a
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["Store", "StoreBusy", "StoreError", "Tx"]
@@ -24,7 +24,13 @@ class StoreBusy(StoreError):
 
 
 class Tx:
-    """One transaction. Backends implement :meth:`execute` and :meth:`fetch`."""
+    """One transaction. Backends implement :meth:`execute` and :meth:`fetch`.
+
+    An engine sets :attr:`wake_others` when the transaction makes work or news for other
+    processes (a new token, a finished run); a shared store then wakes them at commit.
+    """
+
+    wake_others = False
 
     async def execute(self, sql: str, *args: Any) -> int:
         raise NotImplementedError
@@ -109,8 +115,11 @@ class Store:
         """``async with store.transaction() as tx``: commit on success, roll back on error."""
         raise NotImplementedError
 
-    async def notify(self) -> None:
-        """Wake other processes working on this store (no-op where there are none)."""
+    async def listen(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when another process commits a ``wake_others`` transaction."""
+
+    async def unlisten(self) -> None:
+        """Stop calling the :meth:`listen` callback."""
 
     def lock_clause(self) -> str:
         """The row-lock clause that serialises changes of one row across processes."""

@@ -143,6 +143,7 @@ class Engine:
             return
         await self._store.open()
         self._open = True
+        await self._store.listen(self._wake_all)
         if not self._store.shared:
             # One writer process: whatever a previous process left in flight died with it.
             async with self._txn() as tx:
@@ -304,6 +305,12 @@ class Engine:
                 node_id=tok["node_id"],
                 previous_owner=tok["lease_owner"],
             )
+
+    def _wake_all(self) -> None:
+        """Another process changed the store: re-read it (the loop, and every waiter)."""
+        self._wake.set()
+        for event in self._finished.values():
+            event.set()
 
     def _run_finished(self, run_id: str) -> None:
         event = self._finished.get(run_id)

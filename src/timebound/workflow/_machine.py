@@ -138,6 +138,7 @@ class Machine:
     ) -> None:
         """End a run: every live token becomes ``cancelled`` unless already ended by the caller."""
         run_id = run["id"]
+        tx.wake_others = True  # waiters in other processes
         for tok in await tx.fetch(
             f"SELECT * FROM tb_wf_tokens WHERE run_id = ? AND status IN {_LIVE_SQL} ORDER BY seq",
             run_id,
@@ -222,6 +223,7 @@ class Machine:
         branch: dict[str, Any] | None,
     ) -> str:
         token_id = uuid.uuid4().hex
+        tx.wake_others = True
         row = await tx.fetchone(
             "SELECT COALESCE(MAX(seq), 0) + 1 AS s FROM tb_wf_tokens WHERE run_id = ?", run_id
         )
