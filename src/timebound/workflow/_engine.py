@@ -470,7 +470,10 @@ class Engine:
             )
         what = f"workflow node '{node.id}'"
         attempt = ctx.attempt
-        outcome = await self._run_action(action.kind, action.implementation, ctx, what, attempt)
+        try:
+            outcome = await self._run_action(action.kind, action.implementation, ctx, what, attempt)
+        except Exception as exc:  # a failing action runner fails the node, never strands it
+            outcome = Outcome("error", error=f"{type(exc).__name__}: {exc}")
         async with self._txn() as tx:
             await self._report(tx, token_id, attempt, outcome)
 
