@@ -518,3 +518,59 @@ async def test_nested_fan_ins_time_out_independently(virtual_clock, make_engine)
     assert result.status == "completed"
     assert len(result.output["results"]) == 2
     assert sum(t["node_id"] == "J" for t in tokens) == 2
+
+
+async def test_sync_handler_late_result_is_discarded_and_counted(
+    virtual_clock, make_engine
+) -> None:
+    """A sync handler cannot be interrupted: its late result is discarded and counted (D6.6)."""
+    import threading
+
+    release = threading.Event()
+
+    def blocking(ctx: wf.ActionContext) -> Any:
+        release.wait(10)
+        return "late"
+
+    virtual_clock.autojump_threshold = 0.05  # a real thread is involved
+    d = definition([{"id": "A", "timeout_ms": 100, "action_id": "b"}])
+    d["actions"].append({"id": "b", "kind": "python", "implementation": {"handler": "b"}})
+    async with make_engine({**HANDLERS, "b": blocking}, d) as engine:
+        run_id, result, _ = await run(engine)
+        release.set()
+        while engine.late_results_discarded == 0:
+            await asyncio.sleep(0.01)
+        events = await engine.events(run_id)
+    assert result.status == "failed" and engine.late_results_discarded == 1
+    assert [e["kind"] for e in events][-1] == "late_result_discarded"
+
+
+async def test_a_late_async_result_after_a_decided_join_is_discarded(
+    virtual_clock, make_engine
+) -> None:
+    """D6.10: a sibling running when the join decides is cancelled; if it answers anyway, its
+    result is discarded and counted."""
+
+    async def stubborn(ctx: wf.ActionContext) -> Any:
+        try:
+            await asyncio.sleep(ctx.branch["item"])
+        except asyncio.CancelledError:
+            return "answered anyway"  # swallows the cancellation (a badly behaved handler)
+        return ctx.branch["index"]
+
+    d = definition(
+        [{"id": "A"}, {"id": "B", "action_id": "s"}, {"id": "C"}],
+        [fan(foreach="input.items"), join("any")],
+    )
+    d["actions"].append({"id": "s", "kind": "python", "implementation": {"handler": "s"}})
+    del d["transitions"][0]["spawn_count"]
+    async with make_engine({**HANDLERS, "s": stubborn}, d) as engine:
+        run_id, result, _ = await run(engine, {"items": [1, 5]})
+        await asyncio.sleep(10)
+        tokens = await engine.tokens(run_id)
+        events = await engine.events(run_id)
+    b = [t for t in tokens if t["node_id"] == "B"]
+    assert [t["status"] for t in b] == ["completed", "cancelled"]
+    assert b[1]["state_data"]["reason"] == "join_decided"
+    assert result.output["results"] == [0] and engine.late_results_discarded == 1
+    assert [e["token_id"] for e in events if e["kind"] == "late_result_discarded"] == [b[1]["id"]]
