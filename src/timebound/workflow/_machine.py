@@ -294,6 +294,7 @@ class Machine:
                 now,
                 token_id=tok["id"],
                 node_id=tok["node_id"],
+                branch_index=tok["branch_index"],
                 **fields,
             )
 
@@ -371,6 +372,7 @@ class Machine:
             now,
             token_id=tok["id"],
             node_id=tok["node_id"],
+            branch_index=tok["branch_index"],
             attempt=attempt,
             timeout_at=timeout_at,
         )
