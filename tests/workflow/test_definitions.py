@@ -291,3 +291,64 @@ def test_definition_error_pickles() -> None:
 
     err = pickle.loads(pickle.dumps(_error(_with(initial_node="Z"))))
     assert err.path == "initial_node" and "Z" in str(err)
+
+
+ISSUE_EXAMPLE = """
+id: research                  # definition id
+version: 1                    # optional, default 1; runs keep the version they started with
+timeout_ms: 3600000           # absent: 1 h (D6.1); null: no workflow timeout
+on_timeout: cancel_all        # cancel_all (default) | fail
+initial_node: A
+actions:
+  - id: act1
+    kind: python              # python | http_request | workflow_call | deferred
+    implementation: {handler: fetch}          # python: a registered handler name
+    execution: {timeout_ms: 120000, on_timeout: fail}
+  - id: research_action
+    kind: workflow_call
+    implementation: {workflow_def_id: research-child}
+  - id: call_api
+    kind: http_request
+    implementation: {method: POST, url: "http://127.0.0.1:9000/score"}
+nodes:
+  - {id: A, action_id: act1, timeout_ms: 300000, on_timeout: retry, max_retries: 3}
+  - {id: B, action_id: act1}
+  - {id: C, action_id: research_action, timeout_ms: 1800000, inherit_deadline: false}
+transitions:
+  - {id: fan, from: A, to: B, spawn_count: 3}         # or foreach: input.items (a path)
+  - id: join
+    from: B
+    to: C
+    synchronization:
+      strategy: all                                   # all | any | {m_of_n: 2}
+      sibling_group: fan
+      timeout_ms: 5000                                # optional: computed default, D6.2
+      on_timeout: proceed_with_available              # | fail
+      merge: {source: _branch.output, target: state.results, strategy: append}
+"""
+
+
+def test_the_documented_example_parses_as_written() -> None:
+    """The definition shown in the workflow issue is valid as written."""
+    d = wf.parse_definition(ISSUE_EXAMPLE)
+    join = d.transitions["join"].synchronization
+    assert join is not None and (join.strategy, join.timeout_ms) == ("all", 5000)
+    assert d.node_on_timeout(d.nodes["A"]) == "retry" and d.node_timeout_ms(d.nodes["B"]) == 120000
+
+
+def test_the_seed_sync_default_example_holds() -> None:
+    """The seed's example: 10 tokens of a 2-minute action wait 30 minutes by default."""
+    data = copy.deepcopy(BASE)
+    data["actions"][0]["execution"] = {"timeout_ms": 120_000}
+    data["nodes"].append({"id": "C", "action_id": "act"})
+    data["transitions"][0]["spawn_count"] = 10
+    data["transitions"].append(
+        {
+            "id": "j",
+            "from": "B",
+            "to": "C",
+            "synchronization": {"strategy": "all", "sibling_group": "fan"},
+        }
+    )
+    d = wf.parse_definition(data)
+    assert d.sync_timeout_ms(d.transitions["j"], 10) == 1_800_000
