@@ -32,6 +32,9 @@ class Tx:
 
     wake_others = False
 
+    def __init__(self) -> None:
+        self._events: list[tuple[str, str, int, str]] = []
+
     async def execute(self, sql: str, *args: Any) -> int:
         raise NotImplementedError
 
@@ -80,15 +83,23 @@ class Tx:
     # Events ------------------------------------------------------------------------------
 
     async def append_event(self, stream: str, kind: str, at_ms: int, **data: Any) -> None:
-        await self.execute(
-            "INSERT INTO tb_events (stream, kind, at_ms, data) VALUES (?, ?, ?, ?)",
-            stream,
-            kind,
-            at_ms,
-            json.dumps(data, sort_keys=True),
-        )
+        """Record an event; written with the transaction's other events at commit, in order."""
+        self._events.append((stream, kind, at_ms, json.dumps(data)))
+
+    async def flush_events(self) -> None:
+        """Write the recorded events (backends call this just before committing)."""
+        if self._events:
+            events, self._events = self._events, []
+            await self.execute_many(
+                "INSERT INTO tb_events (stream, kind, at_ms, data) VALUES (?, ?, ?, ?)", events
+            )
+
+    async def execute_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        for row in rows:
+            await self.execute(sql, *row)
 
     async def events(self, stream: str) -> list[dict[str, Any]]:
+        await self.flush_events()
         rows = await self.fetch(
             "SELECT kind, at_ms, data FROM tb_events WHERE stream = ? ORDER BY seq", stream
         )

@@ -32,7 +32,11 @@ def _numbered(sql: str) -> str:
 
 class _PgTx(Tx):
     def __init__(self, conn: Any) -> None:
+        super().__init__()
         self._conn = conn
+
+    async def execute_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        await self._conn.executemany(_numbered(sql), rows)
 
     async def execute(self, sql: str, *args: Any) -> int:
         status: str = await self._conn.execute(_numbered(sql), *args)
@@ -112,5 +116,6 @@ class PostgresStore(Store):
         async with self._pool.acquire() as conn, conn.transaction():
             tx = _PgTx(conn)
             yield tx
+            await tx.flush_events()
             if tx.wake_others:  # delivered at commit, never for a rolled-back change
                 await conn.execute(f'NOTIFY "{self._channel}"')
