@@ -35,7 +35,7 @@ from .._core._scopes import (
     inherit_deadline,
     remaining,
 )
-from ..telemetry import Event, emit
+from ..telemetry import Event, current_correlation, emit
 from ..telemetry import enabled as _telemetry_enabled
 from ._cache import (
     CacheBackend,
@@ -331,7 +331,7 @@ class Policy:
         attrs = {"policy": self.name, **attrs}
         if observer is not None:
             try:
-                observer(Event(name, _clock.now(), attrs))
+                observer(Event(name, _clock.now(), attrs, current_correlation()))
             except Exception:
                 _log.exception("policy observer failed")
         emit(name, **attrs)
