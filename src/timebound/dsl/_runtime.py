@@ -24,6 +24,7 @@ from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError, DeadlineExceeded, TimeboundError
 from .._core._scopes import current_bound_error, fail_after
 from .._engine import DagPlan
+from ..telemetry import correlation
 from ._diagnostics import Diagnostic
 from ._types import Type, validate_value
 
@@ -571,11 +572,13 @@ class Program:
         plan = self._plan if traced else self._fast_plan
         token = CURRENT_RUN.set(run)
         try:
-            if seconds is None:
-                await plan.execute(run, concurrency=concurrency, results=env)
-            else:
-                with fail_after(seconds, source="scope", what="run"):
+            # Every event of this run carries its id (one exporter serves every engine).
+            with correlation("run"):
+                if seconds is None:
                     await plan.execute(run, concurrency=concurrency, results=env)
+                else:
+                    with fail_after(seconds, source="scope", what="run"):
+                        await plan.execute(run, concurrency=concurrency, results=env)
         except BaseException as exc:
             # A call node's error reaches here straight from the policy: name its call site.
             site = self._sites.get(getattr(exc, "__timebound_node__", None))  # type: ignore[arg-type]
