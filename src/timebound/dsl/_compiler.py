@@ -12,16 +12,26 @@ from __future__ import annotations
 import difflib
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from .._core._errors import ConfigurationError
 from .._engine import DagPlan, Node
 from . import _ast as A
 from ._diagnostics import Diagnostic
+from ._forms import (
+    CE,
+    ExpressionForms,
+    Fn,
+    Var,
+    _const,
+    _merge_record_types,
+    _start,
+    _to_async,
+)
 from ._registry import ModuleRegistry, ModuleSpec
 from ._runtime import (
     CURRENT_RUN,
+    Annotation,
     CallSite,
     CompiledCall,
     Program,
@@ -30,6 +40,7 @@ from ._runtime import (
     lazy_ref,
     render_text,
 )
+from ._stdlib import HIGHER_ORDER, standard_library
 from ._types import (
     BOOLEAN,
     ERROR,
@@ -43,8 +54,10 @@ from ._types import (
     OptionalType,
     RecordType,
     ResultType,
+    SeqType,
     Type,
     UnionType,
+    elements,
     is_assignable,
     join,
     union_of,
@@ -53,62 +66,6 @@ from ._types import (
 )
 
 __all__ = ["compile_program"]
-
-Fn = Callable[[_Run], Any]
-
-
-@dataclass(slots=True)
-class CE:
-    """A compiled expression: its type, closure, whether the closure is async, and the DAG
-    nodes it reads (its dependencies)."""
-
-    type: Type
-    fn: Fn
-    is_async: bool
-    deps: frozenset[str]
-    key: str | None = None  # set when the expression is a plain read of one value
-
-
-@dataclass(slots=True)
-class Var:
-    key: str
-    type: Type
-    deps: frozenset[str]  # what a reader depends on: {key}, or a lazy value's own deps
-    lazy: bool
-    pos: A.Pos
-
-
-def _const(value: Any) -> CE:
-    t: Type
-    if isinstance(value, bool):
-        t = BOOLEAN
-    elif isinstance(value, int):
-        t = INT
-    elif isinstance(value, float):
-        t = FLOAT
-    else:
-        t = STRING
-    return CE(t, lambda run: value, False, frozenset())
-
-
-def _to_async(ce: CE) -> Callable[[_Run], Any]:
-    if ce.is_async:
-        return ce.fn
-    f = ce.fn
-
-    async def wrapped(run: _Run) -> Any:
-        return f(run)
-
-    return wrapped
-
-
-def _start(e: A.Expr) -> A.Pos:
-    """Where ``e`` begins in the source: a binary expression's and a field access's own position
-    is their operator's (for errors about the operator); errors about the whole value point here.
-    """
-    while isinstance(e, A.Binary | A.FieldAccess):
-        e = e.left if isinstance(e, A.Binary) else e.obj
-    return e.pos
 
 
 def _numeric(t: Type) -> bool:
@@ -160,7 +117,7 @@ _COMPARE = {
 }
 
 
-class _Compiler:
+class _Compiler(ExpressionForms):
     def __init__(self, registry: ModuleRegistry, diags: list[Diagnostic]) -> None:
         self.registry = registry
         self.diags = diags
@@ -176,6 +133,12 @@ class _Compiler:
         self.counter = 0
         # (module, option) -> (value, position) of the first call site declaring a limit.
         self.limits: dict[tuple[str, str], tuple[Any, A.Pos]] = {}
+        self.stdlib = standard_library()
+        # `use ns` makes ns's functions callable by their simple names (upstream's wildcard).
+        self.wildcards: list[str] = []
+        self.uses = False
+        self.inputs: set[str] = set()
+        self._known: list[str] | None = None
 
     def error(self, code: str, message: str, pos: A.Pos) -> None:
         self.diags.append(Diagnostic(code, "error", message, pos[0], pos[1]))
@@ -245,6 +208,20 @@ class _Compiler:
                 seen.add(name)
                 fields.append((name, self.type_of(ft, resolve)))
             return RecordType(tuple(fields))
+        if isinstance(te, A.TSeq):
+            return SeqType(self.type_of(te.elem, resolve))
+        if isinstance(te, A.TMerge):
+            merged: RecordType | None = RecordType(())
+            for m in te.members:
+                mt = self.type_of(m, resolve)
+                if isinstance(mt, ErrorType):
+                    merged = None
+                elif not isinstance(mt, RecordType):
+                    self.error("E011", f"Only record types can be merged with '+', got {mt}", m.pos)
+                    merged = None
+                elif merged is not None:
+                    merged = _merge_record_types(merged, mt)
+            return ERROR if merged is None else merged
         assert isinstance(te, A.TUnion)
         return union_of([self.type_of(m, resolve) for m in te.members])
 
@@ -263,13 +240,44 @@ class _Compiler:
         self.scope[name] = var
         return True
 
+    def known(self) -> list[str]:
+        """Every callable name: the program's modules, then the standard library's."""
+        if self._known is None:
+            names = [*self.registry.names(), *self.stdlib.names(), *HIGHER_ORDER]
+            self._known = list(dict.fromkeys(names))
+        return self._known
+
+    def lookup(self, name: str) -> ModuleSpec | str | None:
+        """The module (or higher-order function's kind) called ``name`` exactly."""
+        return self.registry.get(name) or self.stdlib.get(name) or HIGHER_ORDER.get(name)
+
+    def candidates(self, name: str) -> list[str]:
+        """The qualified names a call of ``name`` may mean (upstream's resolution): the exact
+        name, an alias's target, ``ns.name`` for each ``use ns``, and, in a program without
+        ``use``, any qualified name ending in ``.name``."""
+        if self.lookup(name) is not None:
+            return [name]
+        head, _, rest = name.partition(".")
+        if head in self.aliases:
+            target = self.aliases[head] + ("." + rest if rest else "")
+            return [target] if self.lookup(target) is not None else []
+        if rest:
+            return []
+        found = [f"{ns}.{name}" for ns in self.wildcards if self.lookup(f"{ns}.{name}")]
+        if found or self.uses:
+            return list(dict.fromkeys(found))
+        return [q for q in self.known() if q.rpartition(".")[2] == name]
+
     def use(self, d: A.UseDecl) -> None:
-        names = self.registry.names()
+        self.uses = True
+        names = self.known()
         q = d.qualname
-        if q not in self.registry and not any(n.startswith(q + ".") for n in names):
+        if self.lookup(q) is None and not any(n.startswith(q + ".") for n in names):
             hint = self._suggest(q, names)
             self.error("E015", f"No module or namespace '{q}' is registered{hint}", d.pos)
             return
+        if d.alias is None:
+            self.wildcards.append(q)
         alias = d.alias or q.rsplit(".", 1)[-1]
         if alias in self.aliases and self.aliases[alias] != q:
             self.error("E015", f"'{alias}' already names '{self.aliases[alias]}'", d.pos)
@@ -281,24 +289,33 @@ class _Compiler:
         return f"%{self.counter}"
 
     def assign(self, d: A.Assign) -> None:
-        if d.name in self.scope:
+        key = d.name
+        rebinding = d.name in self.inputs and d.name in self.scope
+        if rebinding:
+            # As upstream's implementation allows (`text = trim(text)`): the new value is what
+            # later declarations and `out` see; the input keeps its own key in the run.
+            key = f"{d.name}@{d.pos[0]}:{d.pos[1]}"
+            del self.scope[d.name]
+        elif d.name in self.scope:
             self.define(d.name, Var(d.name, ERROR, frozenset(), False, d.pos))
             return
         self.later.pop(d.name, None)
         e = d.expr
         if isinstance(e, A.Call):
             # A binding that is a call: the call's own node carries the binding's name.
-            ce = self.call(e, lifted=True, key=d.name)
-            lazy = bool(ce is not None and ce.is_async and d.name in dict(self.lazy))
+            ce = self.call(e, lifted=True, key=key)
+            lazy = bool(ce is not None and ce.is_async and key in dict(self.lazy))
             if ce is None:
-                self.define(d.name, Var(d.name, ERROR, frozenset(), False, d.pos))
+                self.define(d.name, Var(key, ERROR, frozenset(), False, d.pos))
             elif lazy:
-                self.define(d.name, Var(d.name, ce.type, ce.deps, True, d.pos))
+                self.define(d.name, Var(key, ce.type, ce.deps, True, d.pos))
+            elif ce.key != key:  # not a node of its own (a higher-order function): make one
+                self.nodes.append(Node(key, ce.fn, tuple(sorted(ce.deps)), 50, ce.is_async))
+                self.define(d.name, Var(key, ce.type, frozenset({key}), False, d.pos))
             else:
-                self.define(d.name, Var(d.name, ce.type, frozenset({d.name}), False, d.pos))
+                self.define(d.name, Var(key, ce.type, frozenset({key}), False, d.pos))
             return
         ce = self.expr(e, lifted=True)
-        key = d.name
         # The executor stores each node's value under its key in run.env (results=env).
         self.nodes.append(Node(key, ce.fn, tuple(sorted(ce.deps)), 50, ce.is_async))
         self.define(d.name, Var(key, ce.type, frozenset({key}), False, d.pos))
@@ -325,6 +342,18 @@ class _Compiler:
             return self.record_lit(e, lifted)
         if isinstance(e, A.FieldAccess):
             return self.field(e, lifted)
+        if isinstance(e, A.Guard):
+            return self.guard(e, lifted)
+        if isinstance(e, A.Projection):
+            return self.projection(e, lifted)
+        if isinstance(e, A.Branch):
+            return self.branch(e, lifted)
+        if isinstance(e, A.Match):
+            return self.match(e, lifted)
+        if isinstance(e, A.Lambda):
+            hof = ", ".join(HIGHER_ORDER.values())
+            self.error("E011", f"A lambda can only be passed to {hof}", e.pos)
+            return CE(ERROR, lambda run: None, False, frozenset())
         assert isinstance(e, A.Interp)
         return self.interp(e, lifted)
 
@@ -337,7 +366,13 @@ class _Compiler:
                     "E007", f"'{e.name}' is used before it is defined (at line {line})", e.pos
                 )
             else:
-                hint = self._suggest(e.name, list(self.scope))
+                parts = e.name.split("-")
+                if len(parts) > 1 and parts[0] in self.scope:
+                    # `total-tax` is one (hyphenated) name, as upstream reads it.
+                    spaced = " - ".join(parts)
+                    hint = f" (a hyphen joins a name: write '{spaced}' to subtract)"
+                else:
+                    hint = self._suggest(e.name, list(self.scope))
                 self.error("E007", f"Undefined name '{e.name}'{hint}", e.pos)
             return CE(ERROR, lambda run: None, False, frozenset())
         key = var.key
@@ -402,12 +437,16 @@ class _Compiler:
             func = _divide(e.pos) if op == "/" else _ARITH[op]
             if isinstance(lt, ErrorType) or isinstance(rt, ErrorType):
                 t = ERROR  # the operand's own error is reported: one mistake, one diagnostic
+            elif op == "+" and (merged := self.merge(left, right)) is not None:
+                return merged
             elif _numeric(lt) and _numeric(rt):
                 t = FLOAT if (op == "/" or FLOAT in (lt, rt)) else INT
             elif op == "+" and is_assignable(lt, STRING) and is_assignable(rt, STRING):
                 t = STRING
             elif op == "+" and isinstance(lt, ListType) and isinstance(rt, ListType):
                 t = ListType(join(lt.elem, rt.elem))
+            elif op == "+" and elements(lt) is not None and elements(rt) is not None:
+                t = join(lt, rt)  # concatenation of sequences
             else:
                 self.error("E011", f"Operator '{op}' cannot be applied to {lt} and {rt}", e.pos)
                 t = ERROR
@@ -499,6 +538,9 @@ class _Compiler:
 
     def field(self, e: A.FieldAccess, lifted: bool) -> CE:
         obj = self.expr(e.obj, lifted=lifted)
+        each = self.elementwise_field(obj, e.name, e.name_pos)
+        if each is not None:
+            return each
         t = self.field_type(obj.type, e.name, e.name_pos)
         name = e.name
         f = obj.fn
@@ -570,26 +612,40 @@ class _Compiler:
 
     # Calls ---------------------------------------------------------------------------------
 
-    def resolve_module(self, name: str) -> ModuleSpec | None:
-        spec = self.registry.get(name)
-        if spec is not None:
-            return spec
-        head, _, rest = name.partition(".")
-        if head in self.aliases:
-            target = self.aliases[head] + ("." + rest if rest else "")
-            return self.registry.get(target)
+    def resolve_module(self, e: A.Call) -> ModuleSpec | str | None:
+        """The module (or higher-order function's kind) ``e`` calls; None after an E009."""
+        found = self.candidates(e.module)
+        if len(found) == 1:
+            return self.lookup(found[0])
+        if found:
+            self.error(
+                "E009",
+                f"'{e.module}' is ambiguous: it may be {' or '.join(found)} (write the qualified "
+                "name, or 'use' one namespace)",
+                e.module_pos,
+            )
+            return None
+        simple = e.module.rpartition(".")[2]
+        elsewhere = [q for q in self.known() if q.rpartition(".")[2] == simple]
+        if elsewhere and "." not in e.module:
+            spaces = " or ".join(f"'use {q.rpartition('.')[0]}'" for q in elsewhere if "." in q)
+            hint = f" (it is {' or '.join(elsewhere)}: add {spaces})" if spaces else ""
+        else:
+            hint = self._suggest(e.module, [*self.known(), *self.aliases])
+        self.error("E009", f"Unknown module '{e.module}'{hint}", e.module_pos)
         return None
 
     def call(self, e: A.Call, *, lifted: bool, key: str | None) -> CE | None:
-        spec = self.resolve_module(e.module)
+        target = self.resolve_module(e)
+        if isinstance(target, str):
+            return self.higher_order(e, target, lifted)
+        spec = target
         lazy_opt = e.options.get("lazy")
         # A lazy call's arguments are computed only when the call is: calls inside them are
         # not lifted into eager nodes of their own.
         lift_args = lifted and not (lazy_opt is not None and lazy_opt.value is True)
         args = [self.expr(a, lifted=lift_args) for a in e.args]
         if spec is None:
-            hint = self._suggest(e.module, [*self.registry.names(), *self.aliases])
-            self.error("E009", f"Unknown module '{e.module}'{hint}", e.module_pos)
             self.check_options(e, None, ERROR)
             return None
         if len(args) != spec.arity:
@@ -734,6 +790,41 @@ class _Compiler:
             self.error("E013", f"Invalid options for '{spec.name}': {exc}", pos)
             return None
 
+    def annotations(
+        self, name: str, found: list[A.Annotation], t: Type | None, examples: dict[str, Any]
+    ) -> tuple[Annotation, ...]:
+        """Check a declaration's annotations; their values must be constants (literals, lists,
+        records): they describe the program, they do not run in it."""
+        out: list[Annotation] = []
+        for a in found:
+            exprs = [*a.args, *(e for _, e, _ in a.props)]
+            bad = next((x for x in exprs if not _constant(x)), None)
+            if bad is not None:
+                self.error(
+                    "E020",
+                    f"The values of '@{a.name}' must be constants (literals, lists, records)",
+                    _start(bad),
+                )
+                continue
+            run = _Run({}, None, 0.0)
+            values = [self.expr(x, lifted=False) for x in a.args]
+            props = {k: self.expr(x, lifted=False).fn(run) for k, x, _ in a.props}
+            if a.name == "example":
+                assert t is not None
+                if name in examples:
+                    self.error("E020", f"Input '{name}' has more than one '@example'", a.pos)
+                    continue
+                if not is_assignable(values[0].type, t):
+                    self.error(
+                        "E011",
+                        f"The '@example' of input '{name}' must be {t}, got {values[0].type}",
+                        _start(a.args[0]),
+                    )
+                    continue
+                examples[name] = values[0].fn(run)
+            out.append(Annotation(a.name, tuple(v.fn(run) for v in values), props))
+        return tuple(out)
+
     def check_shared_limits(self, module: str, e: A.Call) -> None:
         """D3.7: throttle and concurrency are per module name, shared by every call site, so
         call sites of one module must not declare different limits (which one would bind?)."""
@@ -751,6 +842,16 @@ class _Compiler:
                     f"one limiter, and line {line}, column {col} already declares a different one",
                     opt.value_pos,
                 )
+
+
+def _constant(e: A.Expr) -> bool:
+    if isinstance(e, A.Lit):
+        return True
+    if isinstance(e, A.ListLit):
+        return all(_constant(x) for x in e.items)
+    if isinstance(e, A.RecordLit):
+        return all(_constant(x) for _, x, _ in e.fields)
+    return False
 
 
 def _fallback_callable(fallback: CE) -> Callable[..., Any]:
@@ -784,15 +885,22 @@ def compile_program(
             c.later.setdefault(d.name, d.pos)
     inputs: dict[str, Type] = {}
     outputs_decl: list[A.OutputDecl] = []
+    examples: dict[str, Any] = {}
+    annotations: dict[str, tuple[Annotation, ...]] = {}
     for d in prog.decls:
         if isinstance(d, A.InputDecl):
             t = c.type_of(d.type)
             if c.define(d.name, Var(d.name, t, frozenset(), False, d.pos)):
                 inputs[d.name] = t
+                c.inputs.add(d.name)
+            if d.annotations:
+                annotations[d.name] = c.annotations(d.name, d.annotations, t, examples)
         elif isinstance(d, A.Assign):
             c.assign(d)
         elif isinstance(d, A.OutputDecl):
             outputs_decl.append(d)
+            if d.annotations:
+                annotations[d.name] = c.annotations(d.name, d.annotations, None, examples)
     outputs: dict[str, Type] = {}
     output_keys: list[tuple[str, str]] = []
     for o in outputs_decl:
@@ -836,4 +944,6 @@ def compile_program(
         output_keys=output_keys,
         sites=c.sites,
         source=source,
+        examples=examples,
+        annotations=annotations,
     )

@@ -22,8 +22,13 @@ from ._diagnostics import Diagnostic
 __all__ = ["KEYWORDS", "MAX_DEPTH", "ParseFailure", "parse"]
 
 KEYWORDS: Final = frozenset(
-    {"type", "in", "out", "use", "as", "if", "else", "true", "false", "and", "or", "not", "with"}
-)
+    {
+        "type", "in", "out", "use", "as", "if", "else", "true", "false", "and", "or", "not",
+        "with", "when", "branch", "otherwise", "match", "is",
+    }
+)  # fmt: skip
+#: The annotations a declaration may carry, and the declaration each one belongs to.
+ANNOTATIONS: Final = {"example": "in", "source": "in", "sink": "out"}
 #: How deeply brackets, calls, conditionals and operators may nest (E004 beyond).
 MAX_DEPTH: Final = 64
 _MAX_INT: Final = 2**63 - 1
@@ -51,11 +56,13 @@ _TOKEN_RE = re.compile(
     r"""
     (?P<ws>[ \t\r\n\f]+|\#[^\n]*)
   | (?P<num>[0-9]+(?:\.[0-9]+)?)
-  | (?P<op>==|!=|<=|>=|\?\?|[-+*/<>()\[\]{},:.=|])
-  | (?P<ident>[^\W\d]\w*)
+  | (?P<op>==|!=|<=|>=|\?\?|=>|->|[-+*/<>()\[\]{},:.=|@])
+  | (?P<ident>[^\W\d]\w*(?:-\w+)*)
     """,
     re.VERBOSE,
 )
+# An identifier may contain hyphens between word characters, as upstream Constellation's do
+# (`string-length`, `ide-ranker-v2`): `a-b` is one name; subtraction is written `a - b`.
 _WORD_TAIL = re.compile(r"\w+")
 # Numbers are ASCII: `\d` would also take Arabic-Indic or full-width digits (U+0665, U+FF15),
 # which the grammar does not allow and which would silently read as 5.
@@ -382,7 +389,20 @@ class _Parser:
         return A.Program(decls)
 
     def declaration(self) -> A.Decl:
+        annotations: list[A.Annotation] = []
+        while self.at_op("@"):
+            annotations.append(self.annotation())
         t = self.tok
+        if annotations:
+            if not (t.kind == "kw" and t.text in ("in", "out")):
+                last = annotations[-1]
+                raise self.error(
+                    f"Expected an 'in' or 'out' declaration after the annotation "
+                    f"'@{last.name}', found {_describe(t)}",
+                    code="E020",
+                )
+            for a in annotations:
+                self.check_annotation(a, t.text)
         if t.kind == "kw":
             if t.text == "type":
                 self.advance()
@@ -393,11 +413,18 @@ class _Parser:
                 self.advance()
                 name = self.expect_ident("an input name after 'in'")
                 self.expect_op(":", f" and a type after 'in {name.text}'")
-                return A.InputDecl(t.pos, name.text, self.type_expr())
+                type_expr = self.type_expr()
+                # `in q: String @example("hi")`: annotations may also follow on the same line.
+                last_line = self.toks[self.i - 1].line
+                while self.at_op("@") and self.tok.line == last_line:
+                    a = self.annotation()
+                    self.check_annotation(a, "in")
+                    annotations.append(a)
+                return A.InputDecl(t.pos, name.text, type_expr, annotations)
             if t.text == "out":
                 self.advance()
                 name = self.expect_ident("a name after 'out'")
-                return A.OutputDecl(name.pos, name.text)
+                return A.OutputDecl(name.pos, name.text, annotations)
             if t.text == "use":
                 self.advance()
                 first = self.expect_ident("a module name after 'use'")
@@ -419,17 +446,69 @@ class _Parser:
             f"found {_describe(t)}"
         )
 
+    def annotation(self) -> A.Annotation:
+        """``@example(expr)``, ``@source("kind", key: value, ...)`` or ``@sink(...)``."""
+        at = self.advance()
+        name_tok = self.tok
+        if name_tok.kind != "ident" or name_tok.text not in ANNOTATIONS:
+            known = ", ".join(f"@{n}" for n in ANNOTATIONS)
+            shown = name_tok.text if name_tok.kind == "ident" else ""
+            raise self.error(f"Unknown annotation '@{shown}' (known: {known})", at, "E020")
+        self.advance()
+        open_tok = self.expect_op("(", f" after '@{name_tok.text}'")
+        close = f" to close '@{name_tok.text}(' at {open_tok.line}:{open_tok.col}"
+        args: list[A.Expr] = []
+        props: list[tuple[str, A.Expr, A.Pos]] = []
+        if name_tok.text == "example":
+            args.append(self.nested(self.expr))
+        else:
+            kind = self.tok
+            if kind.kind != "string":
+                raise self.error(
+                    f"Expected the connector kind as a string after '@{name_tok.text}(', "
+                    f"found {_describe(kind)}"
+                )
+            args.append(self.nested(self.expr))
+            while self.at_op(","):
+                self.advance()
+                key = self.tok
+                if key.kind not in ("ident", "kw"):
+                    raise self.error(f"Expected a property name, found {_describe(key)}")
+                self.advance()
+                self.expect_op(":", f" after property '{key.text}'")
+                props.append((key.text, self.nested(self.expr), key.pos))
+        self.expect_op(")", close)
+        return A.Annotation(name_tok.text, at.pos, args, props)
+
+    def check_annotation(self, a: A.Annotation, decl: str) -> None:
+        if ANNOTATIONS[a.name] != decl:
+            self._diag(
+                "E020",
+                f"'@{a.name}' belongs on an '{ANNOTATIONS[a.name]}' declaration, not on '{decl}'",
+                a.pos,
+            )
+
     # Types -----------------------------------------------------------------------------------
 
     def type_expr(self) -> A.TypeExpr:
         start = self.tok
         self.enter(start)
-        members = [self.type_term()]
+        members = [self.type_merge()]
         while self.at_op("|"):
             self.advance()
-            members.append(self.type_term())
+            members.append(self.type_merge())
         self.leave()
         return members[0] if len(members) == 1 else A.TUnion(start.pos, members)
+
+    def type_merge(self) -> A.TypeExpr:
+        """``A + B + ...``: record types merged (binds tighter than ``|``)."""
+        start = self.tok
+        parts = [self.type_term()]
+        # A `+` starting the next line is not part of this type (`in x: Int` then `+ 1`).
+        while self.at_op("+") and self.tok.line == self.toks[self.i - 1].line:
+            self.advance()
+            parts.append(self.type_term())
+        return parts[0] if len(parts) == 1 else A.TMerge(start.pos, parts)
 
     def type_term(self) -> A.TypeExpr:
         t = self.tok
@@ -437,11 +516,15 @@ class _Parser:
             self.advance()
             if t.text in ("String", "Int", "Float", "Boolean"):
                 return A.TPrim(t.pos, t.text)
-            if t.text in ("List", "Optional"):
+            if t.text in ("List", "Optional", "Seq", "Candidates"):
                 self.expect_op("<", f" after '{t.text}'")
                 inner = self.type_expr()
                 self.expect_op(">", f" to close '{t.text}<' at {t.line}:{t.col}")
-                return A.TList(t.pos, inner) if t.text == "List" else A.TOptional(t.pos, inner)
+                if t.text == "List":
+                    return A.TList(t.pos, inner)
+                if t.text == "Optional":
+                    return A.TOptional(t.pos, inner)
+                return A.TSeq(t.pos, inner)  # Candidates<T> is Seq<T>'s older name
             if t.text == "Map":
                 self.expect_op("<", " after 'Map'")
                 key = self.type_expr()
@@ -467,13 +550,76 @@ class _Parser:
     def expr(self) -> A.Expr:
         t = self.tok
         self.enter(t)
-        left = self.binary(0)
-        if self.at_op("??"):
-            op = self.advance()
-            right = self.expr()
-            left = A.Binary(op.pos, "??", left, right)
+        if t.kind == "op" and t.text == "(" and self._lambda_ahead():
+            left = self.lambda_expr()
+        else:
+            left = self.guard()
+            if self.at_op("??"):
+                op = self.advance()
+                right = self.expr()
+                left = A.Binary(op.pos, "??", left, right)
         self.leave()
         return left
+
+    def guard(self) -> A.Expr:
+        """``e when cond`` (looser than ``or``, tighter than ``??``)."""
+        e = self.binary(0)
+        if self.at_kw("when"):
+            w = self.advance()
+            return A.Guard(w.pos, e, self.binary(0))
+        return e
+
+    def _lambda_ahead(self) -> bool:
+        """Whether the ``(`` here opens a lambda's parameters: ``( [name [: Type], ...] ) =>``."""
+        toks, j = self.toks, self.i + 1
+
+        def at(k: int, text: str) -> bool:
+            return toks[k].kind == "op" and toks[k].text == text
+
+        if at(j, ")"):
+            return at(j + 1, "=>")
+        while toks[j].kind == "ident":
+            j += 1
+            if at(j, ":"):  # skip the type up to the ',' or ')' that ends it
+                depth = 0
+                j += 1
+                while toks[j].kind != "eof":
+                    if toks[j].kind == "op" and toks[j].text in ("<", "{", "("):
+                        depth += 1
+                    elif toks[j].kind == "op" and toks[j].text in (">", "}", ")"):
+                        if depth == 0:
+                            break
+                        depth -= 1
+                    elif depth == 0 and at(j, ","):
+                        break
+                    j += 1
+            if at(j, ","):
+                j += 1
+                continue
+            return at(j, ")") and at(j + 1, "=>")
+        return False
+
+    def lambda_expr(self) -> A.Expr:
+        open_tok = self.advance()
+        params: list[tuple[str, A.TypeExpr | None, A.Pos]] = []
+        seen: set[str] = set()
+        if not self.at_op(")"):
+            while True:
+                name = self.expect_ident("a parameter name")
+                if name.text in seen:
+                    raise self.error(f"Duplicate parameter '{name.text}'", name, "E008")
+                seen.add(name.text)
+                type_expr = None
+                if self.at_op(":"):
+                    self.advance()
+                    type_expr = self.type_expr()
+                params.append((name.text, type_expr, name.pos))
+                if not self.at_op(","):
+                    break
+                self.advance()
+        self.expect_op(")", f" to close the parameters at {open_tok.line}:{open_tok.col}")
+        self.expect_op("=>", " after the lambda's parameters")
+        return A.Lambda(open_tok.pos, params, self.nested(self.expr))
 
     # Binary operators by precedence level (lowest first); `not` sits between and and compare.
     _LEVELS: Final = (
@@ -538,17 +684,45 @@ class _Parser:
             return A.Unary(t.pos, "-", operand)
         return self.postfix()
 
-    def postfix(self) -> A.Expr:
+    def postfix(self, braces: bool = True) -> A.Expr:
+        """Field access ``x.a`` and projections ``x[a, b]`` / ``x{a, b}`` (``braces=False``
+        for a ``match`` subject, whose ``{`` opens the cases)."""
         node = self.primary()
         count = 0
-        while self.at_op("."):
-            dot = self.advance()
-            name = self.expect_ident("a field name after '.'")
-            self.enter(dot)
+        while True:
+            t = self.tok
+            if self.at_op("."):
+                self.advance()
+                name = self.expect_ident("a field name after '.'")
+                node = A.FieldAccess(t.pos, node, name.text, name.pos)
+            elif self.at_op("[") or (braces and self.at_op("{") and self._brace_projection()):
+                node = A.Projection(t.pos, node, self.projection_fields())
+            else:
+                break
+            self.enter(t)
             count += 1
-            node = A.FieldAccess(dot.pos, node, name.text, name.pos)
         self.depth -= count
         return node
+
+    def _brace_projection(self) -> bool:
+        """``{ a, b }`` after a value is a projection; a record literal has ``name:``."""
+        nxt, after = self.peek(1), self.peek(2)
+        return nxt.kind == "ident" and after.kind == "op" and after.text in (",", "}")
+
+    def projection_fields(self) -> list[tuple[str, A.Pos]]:
+        open_tok = self.advance()
+        close = "]" if open_tok.text == "[" else "}"
+        fields: list[tuple[str, A.Pos]] = []
+        while True:
+            name = self.expect_ident(f"a field name in the projection '{open_tok.text}...{close}'")
+            if any(n == name.text for n, _ in fields):
+                raise self.error(f"Field '{name.text}' is projected twice", name, "E008")
+            fields.append((name.text, name.pos))
+            if not self.at_op(","):
+                break
+            self.advance()
+        self.expect_op(close, f" to close the projection at {open_tok.line}:{open_tok.col}")
+        return fields
 
     def primary(self) -> A.Expr:
         t = self.tok
@@ -577,6 +751,10 @@ class _Parser:
                 self.advance()
                 other = self.expr()
                 return A.Cond(t.pos, cond, then, other)
+            if t.text == "branch":
+                return self.branch(t)
+            if t.text == "match":
+                return self.match(t)
             raise self.error(f"Expected an expression, found {_describe(t)}")
         if k == "duration":
             raise self.error(
@@ -618,6 +796,74 @@ class _Parser:
                 value_fields = self.separated(value_field, "}", close)
                 return A.RecordLit(t.pos, value_fields)
         raise self.error(f"Expected an expression, found {_describe(t)}")
+
+    def branch(self, t: Token) -> A.Expr:
+        """``branch { cond -> value, ..., otherwise -> value }``."""
+        self.advance()
+        self.expect_op("{", " after 'branch'")
+        close = f" to close 'branch {{' at {t.line}:{t.col}"
+        cases: list[tuple[A.Expr, A.Expr]] = []
+        while True:
+            if self.at_kw("otherwise"):
+                self.advance()
+                self.expect_op("->", " after 'otherwise'")
+                otherwise = self.nested(self.expr)
+                if self.at_op(","):  # a trailing comma is fine
+                    self.advance()
+                if not self.at_op("}"):
+                    found = _describe(self.tok)
+                    raise self.error(f"'otherwise' must be the last 'branch' case, found {found}")
+                self.advance()
+                return A.Branch(t.pos, cases, otherwise)
+            if self.at_op("}"):
+                raise self.error(
+                    f"A 'branch' needs an 'otherwise -> value' case last (branch at "
+                    f"{t.line}:{t.col})"
+                )
+            cond = self.nested(self.expr)
+            self.expect_op("->", " between the condition and the value of a 'branch' case")
+            cases.append((cond, self.nested(self.expr)))
+            if not self.at_op(","):
+                if self.at_op("}") or self.at_kw("otherwise"):
+                    raise self.error(
+                        f"A 'branch' needs an 'otherwise -> value' case last (branch at "
+                        f"{t.line}:{t.col})"
+                        if self.at_op("}")
+                        else f"Expected ',' before 'otherwise'{close}"
+                    )
+                raise self.error(f"Expected ',' or 'otherwise'{close}, found {_describe(self.tok)}")
+            self.advance()
+
+    def match(self, t: Token) -> A.Expr:
+        """``match subject { pattern -> value, ... }``; patterns: ``{ a, b }``, ``is T``, ``_``."""
+        self.advance()
+        subject = self.nested(functools.partial(self.postfix, False))
+        open_tok = self.expect_op("{", " after the subject of 'match'")
+        close = f" to close 'match {{' at {open_tok.line}:{open_tok.col}"
+
+        def case() -> A.MatchCase:
+            p = self.tok
+            if self.at_op("{"):
+                fields = [n for n, _ in self.projection_fields()]
+                kind, type_expr = "record", None
+            elif self.at_kw("is"):
+                self.advance()
+                kind, fields, type_expr = "type", [], self.type_expr()
+            elif p.kind == "ident" and p.text == "_":
+                self.advance()
+                kind, fields, type_expr = "any", [], None
+            else:
+                raise self.error(
+                    f"Expected a pattern ('{{ field, ... }}', 'is Type' or '_'), "
+                    f"found {_describe(p)}"
+                )
+            self.expect_op("->", " after the pattern")
+            return A.MatchCase(kind, fields, type_expr, p.pos, self.nested(self.expr))
+
+        cases = self.separated(case, "}", close)
+        if not cases:
+            raise self.error("A 'match' needs at least one case", open_tok)
+        return A.Match(t.pos, subject, cases)
 
     def string(self, t: Token) -> A.Expr:
         raw: list[str | tuple[int, list[Token]]] = t.value

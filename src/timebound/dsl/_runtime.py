@@ -26,7 +26,7 @@ from .._engine import DagPlan
 from ._diagnostics import Diagnostic
 from ._types import Type, validate_value
 
-__all__ = ["CallSite", "CallTrace", "InputError", "Program", "RunResult"]
+__all__ = ["Annotation", "CallSite", "CallTrace", "InputError", "Program", "RunResult"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +109,17 @@ class CallTrace:
             self.fallback = True
         elif name == "on_error":
             self.outcome = str(attrs.get("mode", "on_error"))
+
+
+@dataclass(frozen=True, slots=True)
+class Annotation:
+    """An annotation of an input or output: ``@example(value)``, ``@source("kind", k: v)`` or
+    ``@sink(...)``. Metadata for tools: ``values`` are the positional values, ``props`` the
+    named ones."""
+
+    kind: str
+    values: tuple[Any, ...]
+    props: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -508,11 +519,15 @@ class Program:
         output_keys: list[tuple[str, str]],
         sites: dict[str, CallSite],
         source: str,
+        examples: dict[str, Any] | None = None,
+        annotations: dict[str, tuple[Annotation, ...]] | None = None,
     ) -> None:
         self.inputs = inputs
         self.outputs = outputs
         self.warnings = warnings
         self.source = source
+        self.examples: dict[str, Any] = examples or {}
+        self.annotations: dict[str, tuple[Annotation, ...]] = annotations or {}
         self._plan = plan
         self._fast_plan = fast_plan
         self._lazy = lazy
