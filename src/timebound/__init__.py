@@ -4,33 +4,39 @@ A deadline enters with a request, and every scope, retry, pipeline region, workf
 deferred operation, outgoing call and database query under it sees the smallest remaining budget.
 """
 
-from ._core._deadline import Deadline
-from ._core._durations import Duration
-from ._core._errors import ConfigurationError, DeadlineExceeded, RetryExhausted, TimeboundError
-from ._core._preempt import (
-    AbandonedThreadWarning,
-    abandoned_threads,
-    run_in_process,
-    run_in_thread,
-    run_with_signal,
-)
-from ._core._scopes import (
-    CancelScope,
-    acheckpoint,
-    checkpoint,
-    current_deadline,
-    fail_after,
-    fail_at,
-    inherit_deadline,
-    move_on_after,
-    move_on_at,
-    no_deadline,
-    remaining,
-    spawn_background,
-)
-from .policies import resilient
+from __future__ import annotations
 
-__version__ = "0.1.0"
+import importlib
+import typing as _typing
+
+from ._version import __version__ as __version__
+
+if _typing.TYPE_CHECKING:
+    from ._core._deadline import Deadline as Deadline
+    from ._core._durations import Duration as Duration
+    from ._core._durations import to_seconds as to_seconds
+    from ._core._errors import ConfigurationError as ConfigurationError
+    from ._core._errors import DeadlineExceeded as DeadlineExceeded
+    from ._core._errors import RetryExhausted as RetryExhausted
+    from ._core._errors import TimeboundError as TimeboundError
+    from ._core._preempt import AbandonedThreadWarning as AbandonedThreadWarning
+    from ._core._preempt import abandoned_threads as abandoned_threads
+    from ._core._preempt import run_in_process as run_in_process
+    from ._core._preempt import run_in_thread as run_in_thread
+    from ._core._preempt import run_with_signal as run_with_signal
+    from ._core._scopes import CancelScope as CancelScope
+    from ._core._scopes import acheckpoint as acheckpoint
+    from ._core._scopes import checkpoint as checkpoint
+    from ._core._scopes import current_deadline as current_deadline
+    from ._core._scopes import fail_after as fail_after
+    from ._core._scopes import fail_at as fail_at
+    from ._core._scopes import inherit_deadline as inherit_deadline
+    from ._core._scopes import move_on_after as move_on_after
+    from ._core._scopes import move_on_at as move_on_at
+    from ._core._scopes import no_deadline as no_deadline
+    from ._core._scopes import remaining as remaining
+    from ._core._scopes import spawn_background as spawn_background
+    from .policies import resilient as resilient
 
 __all__ = [
     "AbandonedThreadWarning",
@@ -57,4 +63,49 @@ __all__ = [
     "run_in_thread",
     "run_with_signal",
     "spawn_background",
+    "to_seconds",
 ]
+
+# Where each public name lives. `import timebound` loads none of them: the first use of a name
+# imports its module (PEP 562). A program pays for what it touches, and `timebound --help` or
+# `--version` (the CLI is a sub-package, so the root package loads first) pays for nothing.
+_LOCATIONS: dict[str, str] = {
+    "AbandonedThreadWarning": "._core._preempt",
+    "CancelScope": "._core._scopes",
+    "ConfigurationError": "._core._errors",
+    "Deadline": "._core._deadline",
+    "DeadlineExceeded": "._core._errors",
+    "Duration": "._core._durations",
+    "RetryExhausted": "._core._errors",
+    "TimeboundError": "._core._errors",
+    "abandoned_threads": "._core._preempt",
+    "acheckpoint": "._core._scopes",
+    "checkpoint": "._core._scopes",
+    "current_deadline": "._core._scopes",
+    "fail_after": "._core._scopes",
+    "fail_at": "._core._scopes",
+    "inherit_deadline": "._core._scopes",
+    "move_on_after": "._core._scopes",
+    "move_on_at": "._core._scopes",
+    "no_deadline": "._core._scopes",
+    "remaining": "._core._scopes",
+    "resilient": ".policies",
+    "run_in_process": "._core._preempt",
+    "run_in_thread": "._core._preempt",
+    "run_with_signal": "._core._preempt",
+    "spawn_background": "._core._scopes",
+    "to_seconds": "._core._durations",
+}
+
+
+def __getattr__(name: str) -> _typing.Any:
+    module = _LOCATIONS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'timebound' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -178,11 +178,7 @@ def test_run_failure_exits_1_with_the_call_site(
     file, mod = _setup(workdir, "in x: Int\n\ny =   Boom(x)\nout y\n")
     assert main(["run", file, "--modules", mod, "--input", "x=1"]) == 1
     err = capsys.readouterr().err
-    assert err == (
-        "prog.cst:3:7: run failed: ValueError: boom [at line 3, column 7: Boom]\n"
-        "    y =   Boom(x)\n"
-        "          ^\n"
-    )
+    assert err == ("prog.cst:3:7: run failed: ValueError: boom\n    y =   Boom(x)\n          ^\n")
 
 
 def test_run_timeout_exits_1(workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -428,3 +424,124 @@ def test_run_inputs_json_with_byte_order_mark(
     (workdir / "in.json").write_bytes(b"\xef\xbb\xbf" + doc)
     assert main(["run", file, "--modules", mod, "--inputs-json", "in.json"]) == 0
     assert capsys.readouterr().out == "g = hello Bo\ns = 2.0\nt = []\n"
+
+
+def test_run_json_failure_prints_an_error_object(
+    workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With --json a failed run prints one JSON error object, with the call site, on stdout."""
+    file, mod = _setup(workdir, "in x: Int\n\ny =   Boom(x)\nout y\n")
+    assert main(["run", file, "--modules", mod, "--input", "x=1", "--json"]) == 1
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == {
+        "error": {
+            "type": "ValueError",
+            "code": None,
+            "message": "boom",
+            "file": "prog.cst",
+            "call_site": {"module": "Boom", "line": 3, "column": 7},
+        }
+    }
+    assert captured.err == ""
+
+
+def test_run_json_trace_failure_keeps_the_trace(
+    workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With --json --trace a failed run's error object comes with the calls that ran."""
+    file, mod = _setup(workdir, "in x: Int\ny = Boom(x)\nout y\n")
+    assert main(["run", file, "--modules", mod, "--input", "x=1", "--json", "--trace"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["error"]["type"] == "ValueError"
+    assert [(t["module"], t["outcome"]) for t in doc["trace"]] == [("Boom", "error")]
+
+
+def test_run_json_timeout_error_has_its_code(
+    workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run that times out reports DeadlineExceeded with its stable code in the JSON error."""
+    file, mod = _setup(workdir, "in x: Int\ny = Hang(x) with timeout: 10ms\nout y\n")
+    assert main(["run", file, "--modules", mod, "--input", "x=1", "--json"]) == 1
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert (error["type"], error["call_site"]["module"]) == ("DeadlineExceeded", "Hang")
+    assert error["code"] is not None and "timed out" in error["message"]
+
+
+@pytest.mark.parametrize("value", ["-1s", "0s", "5 s", "1.5s", "soon"])
+def test_run_bad_timeout_is_a_clear_usage_error(
+    workdir: pathlib.Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    """--timeout with a negative, zero or malformed duration exits 2 naming the option."""
+    file, mod = _setup(workdir, GREET)
+    assert main(["run", file, "--modules", mod, *_argv(mod)[2:], "--timeout", value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("timebound run: ") and "--timeout" in err and repr(value) in err
+    assert "positive duration such as 2s" in err
+
+
+@pytest.mark.parametrize("spelling", ["{name}.py", "./{name}.py", "{dir}/{name}.py"])
+def test_modules_given_as_a_file(
+    workdir: pathlib.Path, capsys: pytest.CaptureFixture[str], spelling: str
+) -> None:
+    """--modules accepts the module's file (shop.py, ./shop.py, an absolute path)."""
+    file, mod = _setup(workdir, "in who: String\ng = Greet(who)\nout g\n")
+    spec = spelling.format(name=mod, dir=workdir)
+    assert main(["run", file, "--modules", spec, "--input", "who=Ada"]) == 0
+    assert capsys.readouterr().out == "g = hello Ada\n"
+
+
+def test_modules_file_from_another_directory(
+    workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--modules lib/x.py imports x from lib/, with a registry picked by :NAME."""
+    file, mod = _setup(workdir, "in who: String\ng = Greet(who)\nout g\n")
+    (workdir / "lib").mkdir()
+    (workdir / f"{mod}.py").rename(workdir / "lib" / f"{mod}.py")
+    spec = f"lib/{mod}.py:registry"
+    assert main(["run", file, "--modules", spec, "--input", "who=Ada"]) == 0
+    assert capsys.readouterr().out == "g = hello Ada\n"
+
+
+def test_modules_missing_file_says_what_to_write(
+    workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--modules naming a file that does not exist answers with the spellings it accepts."""
+    file, _ = _setup(workdir, GREET)
+    assert main(["check", file, "--modules", "./nowhere.py"]) == 2
+    assert capsys.readouterr().err == (
+        "timebound check: --modules ./nowhere.py: no such Python file; give a file such as "
+        "shop.py or ./lib/shop.py, or a module name such as shop\n"
+    )
+
+
+def test_check_without_modules_checks_syntax_and_types(
+    workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """check without --modules accepts calls it cannot see and says they were not checked."""
+    _setup(workdir, "in who: String\ng = Greet(who) with timeout: 1s\nout g\n")
+    assert main(["check", "prog.cst"]) == 0
+    assert capsys.readouterr().out == (
+        "prog.cst: ok without modules (0 warnings; module calls not checked: "
+        "add --modules MODULE to check them)\n"
+    )
+
+
+def test_check_without_modules_reports_other_errors(
+    workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """check without --modules still reports type and option errors, not the unknown calls."""
+    _setup(workdir, "in who: String\ng = Greet(who) with timeout: 0s\nh = who + 1\nout g\nout h\n")
+    assert main(["check", "prog.cst"]) == 1
+    out = capsys.readouterr().out
+    assert "prog.cst:2:" in out and "E016" in out
+    assert "prog.cst:3:" in out and "E011" in out
+    assert "E009" not in out
+
+
+def test_check_without_modules_syntax_error(
+    workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """check without --modules reports a syntax error with its position and exits 1."""
+    _setup(workdir, "in who: String\ng = Greet(who\nout g\n")
+    assert main(["check", "prog.cst"]) == 1
+    assert "E001" in capsys.readouterr().out

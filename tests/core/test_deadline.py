@@ -65,7 +65,7 @@ def test_to_timeout_ms_rounds_up(virtual_clock: VirtualClock) -> None:
 
 
 def test_deadline_is_immutable_and_picklable(virtual_clock: VirtualClock) -> None:
-    """A Deadline cannot be changed and survives pickling."""
+    """A Deadline cannot be changed and survives pickling (through its epoch form, D1.10)."""
     d = tb.Deadline.after(3)
     with pytest.raises(AttributeError):
         d._when = 1.0  # type: ignore[misc]

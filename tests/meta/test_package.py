@@ -1,8 +1,7 @@
-"""Package contracts: public names, stdlib-only core, layering (ARCHITECTURE.md)."""
+"""Package contracts: public names, stdlib-only core, layering (docs/design/README.md)."""
 
 from __future__ import annotations
 
-import ast
 import importlib
 import pathlib
 import subprocess
@@ -14,20 +13,6 @@ SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "timebound"
 
 # Public modules whose __all__ must be exactly their public surface.
 PUBLIC_MODULES = ["timebound", "timebound.testing", "timebound.telemetry", "timebound.propagation"]
-
-# Which top-level packages each layer may import from timebound (dependencies point down only).
-LAYERS = {
-    "_core": set(),
-    "testing": {"_core"},
-    "telemetry": {"_core"},
-    "policies": {"_core", "telemetry"},
-    "_engine": {"_core", "telemetry", "policies"},
-    "dsl": {"_core", "telemetry", "policies", "_engine"},
-    "pipeline": {"_core", "telemetry", "policies", "_engine"},
-    "workflow": {"_core", "telemetry", "policies", "_engine"},
-    "deferred": {"_core", "telemetry", "policies", "_engine"},
-    "propagation": {"_core", "telemetry", "policies"},
-}
 
 
 @pytest.mark.parametrize("name", PUBLIC_MODULES)
@@ -74,9 +59,10 @@ def test_fixed_public_names() -> None:
 
 
 def test_core_imports_only_stdlib() -> None:
-    """`import timebound` pulls in nothing outside the standard library (no trio, no httpx)."""
+    """Every root name loads nothing outside the standard library (no trio, no httpx)."""
     code = (
         "import sys, timebound, timebound.testing._virtual;"
+        "[getattr(timebound, name) for name in timebound.__all__];"
         "mods = {m.split('.')[0] for m in sys.modules};"
         "std = set(sys.stdlib_module_names) | {'timebound', '__main__', 'sitecustomize', "
         "'_distutils_hack', '__editable___timebound_0_1_0_finder'};"
@@ -88,48 +74,35 @@ def test_core_imports_only_stdlib() -> None:
     assert out == "[]", f"non-stdlib modules imported by the core: {out}"
 
 
-def _timebound_imports(path: pathlib.Path) -> set[str]:
-    """Top-level timebound sub-packages a file imports (absolute or relative)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    rel = path.relative_to(SRC)
-    own = rel.parts[0] if len(rel.parts) > 1 else ""
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            if node.level == 0 and node.module and node.module.startswith("timebound."):
-                found.add(node.module.split(".")[1])
-            elif node.level > 0:
-                depth = len(rel.parts) - 1  # package depth of this file
-                if node.level > depth:
-                    continue
-                base = list(rel.parts[: depth - node.level + 1])
-                parts = base + (node.module.split(".") if node.module else [])
-                if parts:
-                    found.add(parts[0])
-        elif isinstance(node, ast.Import):
-            for alias in node.names:
-                if alias.name.startswith("timebound."):
-                    found.add(alias.name.split(".")[1])
-    found.discard(own)
-    return found
+def test_root_package_loads_its_names_on_first_use() -> None:
+    """`import timebound` loads no sub-package; the first use of a name loads its module."""
+    code = (
+        "import sys, timebound;"
+        "before = sorted(m for m in sys.modules if m.startswith('timebound.'));"
+        "timebound.fail_after;"
+        "print(before, 'timebound._core._scopes' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out == "['timebound._version'] True"
 
 
-PACKAGES = sorted(p.name for p in SRC.iterdir() if (p / "__init__.py").exists())
+def test_root_names_are_listed_once() -> None:
+    """Each name in timebound.__all__ has a home module, and every such home exports it."""
+    import timebound
+
+    assert set(timebound._LOCATIONS) == set(timebound.__all__)
+    assert "never_defined" not in dir(timebound)
+    with pytest.raises(AttributeError, match="never_defined"):
+        timebound.never_defined  # noqa: B018
 
 
-def test_every_package_has_a_layer() -> None:
-    """Each sub-package is placed in the layering, so the contract below covers it."""
-    unplaced = [p for p in PACKAGES if p not in LAYERS and p not in {"cli", "host"}]
-    assert not unplaced, f"add {unplaced} to LAYERS"
+def test_version_matches_the_project_metadata() -> None:
+    """timebound.__version__ is the version pyproject.toml declares."""
+    import tomllib
 
+    import timebound
 
-@pytest.mark.parametrize("layer", [p for p in PACKAGES if p in LAYERS])
-def test_dependencies_point_down(layer: str) -> None:
-    """A layer imports only the layers below it (ARCHITECTURE.md)."""
-    root = SRC / layer
-    allowed = LAYERS[layer]
-    for path in root.rglob("*.py"):
-        bad = {dep for dep in _timebound_imports(path) if dep in LAYERS and dep not in allowed}
-        assert not bad, (
-            f"{path.relative_to(SRC)} imports {sorted(bad)} (allowed: {sorted(allowed)})"
-        )
+    project = tomllib.loads((SRC.parents[1] / "pyproject.toml").read_text(encoding="utf-8"))
+    assert timebound.__version__ == project["project"]["version"]

@@ -3,6 +3,10 @@
 A :class:`Deadline` is an instant on the monotonic scheduling clock (``_clock.now()``), or
 *never*. It is ordered, so ``min(a, b)`` gives the binding one, and it never reports expiry
 before ``now() >= when`` (D1.3).
+
+A monotonic instant means nothing in another process or after a restart, so the durable form is
+an absolute UTC instant in epoch milliseconds (D1.10): :meth:`Deadline.to_epoch_ms` and
+:meth:`Deadline.from_epoch_ms` convert at the boundary, and pickling goes through that form.
 """
 
 from __future__ import annotations
@@ -47,6 +51,32 @@ class Deadline:
         """The deadline that is never reached."""
         return _NEVER
 
+    @classmethod
+    def from_epoch_ms(cls, epoch_ms: int | None) -> Deadline:
+        """The deadline at the absolute UTC instant ``epoch_ms`` (the durable form, D1.10).
+
+        The instant is converted to the local monotonic clock *now*, by the local wall clock:
+        what was left on the machine that wrote it is left here, give or take the skew between
+        the two wall clocks. Later wall-clock steps (an NTP correction) no longer move it.
+        ``None`` is :meth:`never`, as :meth:`to_epoch_ms` writes it.
+        """
+        if epoch_ms is None:
+            return _NEVER
+        if isinstance(epoch_ms, bool) or not isinstance(epoch_ms, int):
+            raise ConfigurationError(
+                f"Deadline.from_epoch_ms() takes whole epoch milliseconds (an int) or None, "
+                f"not {type(epoch_ms).__name__}",
+                option="epoch_ms",
+            )
+        try:
+            left = epoch_ms / 1000 - _clock.wall()
+        except OverflowError:
+            raise ConfigurationError(
+                f"Deadline.from_epoch_ms(): {epoch_ms} is too large for an instant",
+                option="epoch_ms",
+            ) from None
+        return cls(_clock.now() + left)
+
     # Queries ----------------------------------------------------------------------------
 
     @property
@@ -81,13 +111,33 @@ class Deadline:
             return 0
         return math.ceil(round(left * 1000, 6))
 
+    def to_epoch_ms(self) -> int | None:
+        """The durable form: this instant as whole UTC epoch milliseconds; ``None`` for never.
+
+        Read through the local wall clock, and rounded **up**, so a deadline stored and loaded
+        again (here or elsewhere, :meth:`from_epoch_ms`) is never earlier than this one (D1.3,
+        D1.10). Use it for anything that outlives the process or crosses machines.
+        """
+        if self._when == _INF:
+            return None
+        epoch_ms = (_clock.wall() + (self._when - _clock.now())) * 1000
+        # round() first: float noise (e.g. 1234.0000001) must not bump an exact value.
+        return math.ceil(round(epoch_ms, 3))
+
     # Value semantics --------------------------------------------------------------------
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError("Deadline is immutable")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Deadline, (self._when,))
+        # A monotonic instant is meaningless in another process (D1.10): pickle the epoch form.
+        return (Deadline.from_epoch_ms, (self.to_epoch_ms(),))
+
+    def __copy__(self) -> Deadline:
+        return self  # immutable; a copy through the epoch form would round the instant
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Deadline:
+        return self
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Deadline):

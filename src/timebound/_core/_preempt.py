@@ -38,6 +38,7 @@ from ._deadline import Deadline
 from ._durations import Duration, to_seconds
 from ._errors import ConfigurationError, DeadlineExceeded
 from ._scopes import _frame, inherit_deadline
+from ._scopes import bookkeeping_code as _scope_bookkeeping
 
 __all__ = [
     "AbandonedThreadWarning",
@@ -101,11 +102,43 @@ def _left(b: _Bounds) -> float:
 
 @dataclass
 class _Alarm:
+    """One run_with_signal() call in progress, and what to restore when it ends."""
+
     bounds: _Bounds
-    active: bool = True
+    previous: Any  # the SIGALRM handler before the outermost call
+    prev_delay: float = 0.0  # the ITIMER_REAL that was running before this call (0: none)
+    prev_interval: float = 0.0
+    started: float = 0.0
+    active: bool = False  # True from _arm() until its deadline is delivered or the call ends
 
 
 _alarms: list[_Alarm] = []  # main thread only; innermost last
+
+
+def _protected(frame: FrameType | None) -> bool:
+    """True when the signal interrupted timebound's own bookkeeping; it must wait.
+
+    trio protects its cancel-scope bookkeeping from KeyboardInterrupt the same way: an exception
+    raised between pushing a deadline and the ``with`` taking ownership of it (or between
+    restoring the frame and the timer) would leave a spent deadline in the context for good.
+    The signal is deferred by re-arming the timer a moment later. As in trio, the innermost
+    marked frame decides: ``run_with_signal`` itself is protected, the ``fn`` it calls (through
+    :func:`_call_unprotected`) is not, and scope bookkeeping inside ``fn`` is protected again.
+    """
+    f = frame
+    while f is not None:
+        code = f.f_code
+        if code is _UNPROTECTED:
+            return False
+        if code in _BOOKKEEPING:
+            return True
+        f = f.f_back
+    return False
+
+
+def _call_unprotected(fn: Callable[..., _T], args: Any, kwargs: Any) -> _T:
+    """Call ``fn``: the one frame below which the signal may interrupt (see _protected)."""
+    return fn(*args, **kwargs)
 
 
 def _on_alarm(signum: int, frame: FrameType | None) -> None:
@@ -119,9 +152,52 @@ def _on_alarm(signum: int, frame: FrameType | None) -> None:
         # Woke before the deadline: re-arm, never expire early (D1.3).
         signal.setitimer(signal.ITIMER_REAL, max(left, _MIN_REARM))
         return
+    if _protected(frame):
+        signal.setitimer(signal.ITIMER_REAL, _MIN_REARM)
+        return
+    # This one exception reports the earliest bound; every enclosing call whose deadline has
+    # passed too is delivered by it (it unwinds through them), so none of them fires again.
+    now = _clock.now()
+    for a in _alarms:
+        if a.bounds.when <= now:
+            a.active = False
     alarm.active = False
     assert alarm.bounds.error is not None
     raise alarm.bounds.error
+
+
+def _arm(alarm: _Alarm) -> None:
+    """Push ``alarm`` and start its timer (protected: see :func:`_protected`)."""
+    alarm.prev_delay, alarm.prev_interval = signal.setitimer(signal.ITIMER_REAL, 0)
+    alarm.started = _clock.now()
+    alarm.active = True
+    _alarms.append(alarm)
+    signal.signal(signal.SIGALRM, _on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, max(_left(alarm.bounds), _MIN_REARM))
+
+
+def _disarm(alarm: _Alarm) -> None:
+    """Pop ``alarm`` and restore what was there before (protected: see :func:`_protected`).
+
+    The alarm is deactivated and popped before its timer stops, so a signal that arrives in
+    between finds nothing to deliver and re-arms nothing.
+    """
+    if not any(a is alarm for a in _alarms):
+        return  # interrupted before _arm() ran: nothing was pushed or changed
+    alarm.active = False
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    # Innermost in practice; removed by identity so the stack stays sane whatever happened.
+    del _alarms[max(i for i, a in enumerate(_alarms) if a is alarm)]
+    if _alarms:
+        # Nested: the enclosing call's alarm takes over (it may already be due).
+        outer = _alarms[-1]
+        if outer.active:
+            signal.setitimer(signal.ITIMER_REAL, max(_left(outer.bounds), _MIN_REARM))
+        return
+    signal.signal(signal.SIGALRM, alarm.previous)
+    if alarm.prev_delay > 0:
+        rest = alarm.prev_delay - (_clock.now() - alarm.started)
+        signal.setitimer(signal.ITIMER_REAL, max(rest, _MIN_REARM), alarm.prev_interval)
 
 
 def run_with_signal(
@@ -138,7 +214,8 @@ def run_with_signal(
     and ``current_deadline()``; ``what`` names the call in the error. Other keyword arguments go
     to ``fn``. Raises :class:`DeadlineExceeded` inside ``fn`` at the deadline, which
     unwinds it like any exception (``finally`` blocks run). Pure Python is interrupted within
-    ~0.1 ms; a long C call only when it returns.
+    ~0.1 ms; a long C call only when it returns. timebound's own scope bookkeeping is never
+    interrupted: a signal that lands there is delivered a moment later.
 
     Main thread only, and only when no one else owns ``SIGALRM``: otherwise ``RuntimeError``.
     Nested calls are safe; the previous handler and any previous ``ITIMER_REAL`` are restored.
@@ -158,37 +235,27 @@ def run_with_signal(
     _expired_now(b)
     if b.error is None:
         return fn(*args, **kwargs)
-
-    prev_delay, prev_interval = signal.setitimer(signal.ITIMER_REAL, 0)
-    started = _clock.now()
-    alarm = _Alarm(b)
-    outer = _alarms[-1] if _alarms else None
-    _alarms.append(alarm)
-    signal.signal(signal.SIGALRM, _on_alarm)
+    # This frame is protected (a signal landing in it waits): only fn itself is interrupted.
+    alarm = _Alarm(b, previous)
     try:
-        signal.setitimer(signal.ITIMER_REAL, max(_left(b), _MIN_REARM))
+        _arm(alarm)
         if b.own:
             with inherit_deadline(Deadline(b.when), source="scope", timeout=b.error.timeout):
-                result = fn(*args, **kwargs)
+                result = _call_unprotected(fn, args, kwargs)
         else:
-            result = fn(*args, **kwargs)
-        alarm.active = False
+            result = _call_unprotected(fn, args, kwargs)
     finally:
-        alarm.active = False
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        _alarms.pop()
-        if outer is not None:
-            # Nested: the enclosing call's alarm takes over (it may already be due).
-            signal.setitimer(signal.ITIMER_REAL, max(_left(outer.bounds), _MIN_REARM))
-        else:
-            signal.signal(signal.SIGALRM, previous)
-            if prev_delay > 0:
-                rest = prev_delay - (_clock.now() - started)
-                signal.setitimer(signal.ITIMER_REAL, max(rest, _MIN_REARM), prev_interval)
+        _disarm(alarm)
     if _clock.now() >= b.when:
         # The body swallowed the DeadlineExceeded (or finished in the race window): it is late.
         raise b.error
     return result
+
+
+_UNPROTECTED: Final = _call_unprotected.__code__
+_BOOKKEEPING: Final = frozenset(
+    (*_scope_bookkeeping, run_with_signal.__code__, _arm.__code__, _disarm.__code__)
+)
 
 
 # Tier 2: a daemon thread that is abandoned at the deadline -------------------------------------

@@ -651,6 +651,18 @@ class _Bound(_Frame):
         self.__exit__(exc_type, exc, tb)
 
 
+def _methods_code(*classes: type) -> frozenset[Any]:
+    return frozenset(
+        f.__code__ for cls in classes for f in vars(cls).values() if hasattr(f, "__code__")
+    )
+
+
+#: The code of every method that pushes, pops or arms a frame. An asynchronous exception (the
+#: signal tier's SIGALRM) raised inside one would leave the context or a timer half-updated, so
+#: the signal tier defers delivery while any of them is running (see _preempt._protected).
+bookkeeping_code: Final = _methods_code(CancelScope, _Bound, _TaskTimer, _Frame)
+
+
 # Public constructors ---------------------------------------------------------------------
 
 

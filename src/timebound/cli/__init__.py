@@ -1,24 +1,44 @@
 """The ``timebound`` command line, thin over the public API.
 
-Each command lives in its own module exposing ``register(subparsers)``; the module is imported
-only when the program starts, and one whose extra is missing says which extra to install.
+Each command lives in its own module exposing ``register(subparsers)``. Only the module of the
+command being run is imported: ``timebound --help`` and ``timebound --version`` import none,
+and a command whose extra is missing says which extra to install.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from .._version import __version__
 
 __all__ = ["main"]
 
-# Modules that contribute sub-commands, in the order they appear in --help, with the commands
-# they provide and the extra their dependencies come from.
-_COMMAND_MODULES: tuple[tuple[str, tuple[str, ...], str | None], ...] = (
-    ("timebound.cli._demo", ("demo",), None),
-    ("timebound.cli._dsl", ("run", "check"), "dsl"),
+
+class _Command(NamedTuple):
+    name: str
+    module: str  # defines register(subparsers), which adds this command (and maybe others)
+    help: str
+    extra: str | None = None  # the extra whose packages the module imports
+
+
+# One line per command, in --help order.
+_COMMANDS: tuple[_Command, ...] = (
+    _Command("demo", "timebound.cli._demo", "nested deadlines, a retry and a fallback, live"),
+    _Command("run", "timebound.cli._dsl", "run a Constellation program", "dsl"),
+    _Command("check", "timebound.cli._dsl", "check a Constellation program", "dsl"),
 )
+
+# Options whose value may start with "-" (a negative duration is a mistake worth a clear error,
+# not argparse's "expected one argument").
+_VALUE_OPTIONS = ("--timeout",)
+
+# 128 + SIGPIPE, what a shell reports for a program cut off by `| head`.
+_BROKEN_PIPE = 141
 
 
 def _missing_extra(command: str, extra: str, missing: str) -> Callable[[argparse.Namespace], int]:
@@ -33,36 +53,79 @@ def _missing_extra(command: str, extra: str, missing: str) -> Callable[[argparse
     return handler
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _chosen(argv: Sequence[str]) -> str | None:
+    """The command named on the command line, if any (the first word that is not an option)."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word
+    return None
+
+
+def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The parser; only the module of the command named in ``argv`` is imported."""
     parser = argparse.ArgumentParser(
         prog="timebound",
         description="One deadline model for Python: run demos and Constellation programs.",
     )
+    parser.add_argument("--version", action="version", version=f"timebound {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, commands, extra in _COMMAND_MODULES:
+    chosen = next((c for c in _COMMANDS if c.name == _chosen(argv)), None)
+    registered: set[str] = set()
+    if chosen is not None:
         try:
-            module = importlib.import_module(name)
+            module = importlib.import_module(chosen.module)
         except ModuleNotFoundError as exc:
-            if exc.name is None or exc.name.startswith("timebound") or extra is None:
+            if exc.name is None or exc.name.startswith("timebound") or chosen.extra is None:
                 raise
-            for command in commands:
-                stub = sub.add_parser(command, help=f"(needs timebound[{extra}])")
-                stub.add_argument("rest", nargs=argparse.REMAINDER)
-                stub.set_defaults(handler=_missing_extra(command, extra, exc.name))
-            continue
-        module.register(sub)
+            stub = sub.add_parser(chosen.name, help=chosen.help)
+            stub.add_argument("rest", nargs=argparse.REMAINDER)
+            stub.set_defaults(handler=_missing_extra(chosen.name, chosen.extra, exc.name))
+            registered.add(chosen.name)
+        else:
+            before = set(sub.choices)
+            module.register(sub)
+            registered |= set(sub.choices) - before
+    for command in _COMMANDS:
+        if command.name not in registered:
+            # Listed for --help; never parsed, because a named command is registered above.
+            sub.add_parser(command.name, help=command.help)
     return parser
 
 
+def _join_values(argv: Sequence[str]) -> list[str]:
+    """``--timeout -1s`` as ``--timeout=-1s``, so the value reaches the command's own check."""
+    out: list[str] = []
+    it = iter(argv)
+    for word in it:
+        if word in _VALUE_OPTIONS:
+            value = next(it, None)
+            out.append(word if value is None else f"{word}={value}")
+        else:
+            out.append(word)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    handler = getattr(args, "handler", None)
-    if handler is None:
-        parser.print_help()
-        return 2
-    result: int = handler(args)
-    return result
+    words = _join_values(sys.argv[1:] if argv is None else argv)
+    try:
+        try:
+            parser = build_parser(words)
+            args = parser.parse_args(words)
+            handler = getattr(args, "handler", None)
+            if handler is None:
+                parser.print_help()
+                return 2
+            result: int = handler(args)
+            return result
+        finally:
+            # A closed pipe shows here (also after --help, which exits through SystemExit),
+            # not at interpreter exit where it would print a traceback.
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader (`| head`) went away: stop quietly. Point stdout at devnull so the
+        # interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return _BROKEN_PIPE
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -12,33 +12,32 @@ import importlib
 import json
 import math
 import os
+import pathlib
 import re
 import sys
 from typing import Any, TextIO
 
-from .._core._durations import to_seconds
-from .._core._errors import ConfigurationError
+from .. import ConfigurationError, to_seconds
 from ..dsl import (
-    CallTrace,
-    CompileError,
-    InputError,
-    ModuleRegistry,
-    Program,
-    compile,
-    format_diagnostic,
-    format_failure,
-)
-from ..dsl._runtime import to_json_value
-from ..dsl._types import (
     BOOLEAN,
     FLOAT,
     INT,
     STRING,
+    CallTrace,
+    CompileError,
+    Diagnostic,
+    InputError,
     ListType,
     MapType,
+    ModuleRegistry,
     OptionalType,
+    Program,
     RecordType,
     Type,
+    compile,
+    format_diagnostic,
+    format_failure,
+    to_json_value,
 )
 
 __all__ = ["register"]
@@ -69,26 +68,32 @@ def register(subparsers: Any) -> None:
     run.add_argument(
         "--concurrency", type=int, metavar="N", help="run at most N calls at once (by priority)"
     )
-    run.add_argument("--json", action="store_true", help="print the outputs as JSON")
+    run.add_argument(
+        "--json",
+        action="store_true",
+        help="print the outputs as JSON (a failed run: a JSON error object)",
+    )
     run.add_argument("--trace", action="store_true", help="print a timeline of the calls")
     run.set_defaults(handler=_run)
 
     check = subparsers.add_parser(
         "check",
         help="type-check a Constellation program",
-        description="Parse and type-check a Constellation program; print its diagnostics.",
+        description="Parse and type-check a Constellation program; print its diagnostics. "
+        "Without --modules, module calls are not checked (their types are unknown).",
     )
-    _common(check)
+    _common(check, modules_required=False)
     check.set_defaults(handler=_check)
 
 
-def _common(p: argparse.ArgumentParser) -> None:
+def _common(p: argparse.ArgumentParser, *, modules_required: bool = True) -> None:
     p.add_argument("file", metavar="FILE.cst", help="the program")
     p.add_argument(
         "--modules",
-        required=True,
+        required=modules_required,
         metavar="MODULE[:NAME]",
-        help="the Python module defining the ModuleRegistry (NAME picks one of several)",
+        help="the Python module defining the ModuleRegistry: a module name (shop, pkg.shop) "
+        "or a file (shop.py, ./lib/shop.py); NAME picks one of several registries",
     )
 
 
@@ -104,16 +109,39 @@ def _read(path: str) -> str:
         raise _Usage(f"cannot read {path}: {exc}") from None
 
 
-def _registry(spec: str) -> ModuleRegistry:
-    mod_name, _, attr = spec.partition(":")
-    cwd = os.getcwd()
-    # The current directory must be importable (as with `python -m`), whatever the entry point.
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
+def _import(mod_name: str) -> Any:
+    """Import ``mod_name``, a dotted module name or the path of a ``.py`` file."""
+    if mod_name.endswith(".py") or "/" in mod_name or os.sep in mod_name:
+        path = pathlib.Path(mod_name)
+        if path.suffix != ".py" or not path.is_file():
+            raise _Usage(
+                f"--modules {mod_name}: no such Python file; give a file such as shop.py or "
+                f"./lib/shop.py, or a module name such as shop"
+            )
+        # A file is imported by its module name from its own directory, as `python shop.py`
+        # would see its neighbours: `--modules ./lib/shop.py` is `--modules shop` run from lib.
+        directory = str(path.resolve().parent)
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
+        mod_name = path.stem
+    else:
+        cwd = os.getcwd()
+        # The current directory must be importable (as with `python -m`), whatever the entry
+        # point.
+        if cwd not in sys.path and "" not in sys.path:
+            sys.path.insert(0, cwd)
     try:
-        module = importlib.import_module(mod_name)
+        return importlib.import_module(mod_name)
     except Exception as exc:  # ImportError, but also whatever the module raises as it loads
         raise _Usage(f"cannot import modules {mod_name!r}: {type(exc).__name__}: {exc}") from None
+
+
+def _registry(spec: str) -> ModuleRegistry:
+    # "C:\\x\\shop.py" has a drive colon; NAME never contains a path separator or a dot.
+    mod_name, sep, attr = spec.rpartition(":")
+    if not sep or not attr.isidentifier():
+        mod_name, attr = spec, ""
+    module = _import(mod_name)
     if attr:
         reg = getattr(module, attr, None)
         if not isinstance(reg, ModuleRegistry):
@@ -128,16 +156,23 @@ def _registry(spec: str) -> ModuleRegistry:
     raise _Usage(f"module {mod_name!r} defines several registries; pick one of {names}")
 
 
-def _compile(args: argparse.Namespace, out: TextIO) -> tuple[Program | None, str]:
+def _compile(args: argparse.Namespace, out: TextIO) -> tuple[Program | None, str, list[Diagnostic]]:
+    """The program (None when it does not compile), its source and its diagnostics.
+
+    Without ``--modules`` the program is checked against no modules: every call is an unknown
+    module (E009), whose result type is unknown and checked no further; those diagnostics are
+    dropped and everything else is reported.
+    """
     source = _read(args.file)
-    registry = _registry(args.modules)
+    registry = _registry(args.modules) if args.modules else ModuleRegistry()
     try:
         program = compile(source, modules=registry)
     except CompileError as exc:
-        for d in exc.diagnostics:
+        diagnostics = [d for d in exc.diagnostics if args.modules or d.code != "E009"]
+        for d in diagnostics:
             print(format_diagnostic(d, source, args.file), file=out)
-        return None, source
-    return program, source
+        return None, source, diagnostics
+    return program, source, program.warnings
 
 
 # check --------------------------------------------------------------------------------------
@@ -145,12 +180,19 @@ def _compile(args: argparse.Namespace, out: TextIO) -> tuple[Program | None, str
 
 def _check(args: argparse.Namespace) -> int:
     try:
-        program, source = _compile(args, sys.stdout)
+        program, source, diagnostics = _compile(args, sys.stdout)
     except _Usage as exc:
         print(f"timebound check: {exc}", file=sys.stderr)
         return 2
     if program is None:
-        return 1
+        if any(d.severity == "error" for d in diagnostics):
+            return 1
+        # Only unknown modules stood in the way: syntax and everything checkable are fine.
+        print(
+            f"{args.file}: ok without modules ({len(diagnostics)} warnings; module calls not "
+            f"checked: add --modules MODULE to check them)"
+        )
+        return 0
     for d in program.warnings:
         print(format_diagnostic(d, source, args.file))
     print(
@@ -230,7 +272,7 @@ def _inputs(args: argparse.Namespace, program: Program) -> dict[str, Any]:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        program, source = _compile(args, sys.stderr)
+        program, source, _ = _compile(args, sys.stderr)
         if program is None:
             return 1
         for d in program.warnings:
@@ -241,7 +283,7 @@ def _run(args: argparse.Namespace) -> int:
             try:
                 timeout = to_seconds(args.timeout, option="--timeout", allow_zero=False)
             except ConfigurationError as exc:
-                raise _Usage(str(exc)) from None
+                raise _Usage(f"{exc}; a run's timeout is a positive duration such as 2s") from None
         if args.concurrency is not None and args.concurrency < 1:
             raise _Usage("--concurrency must be >= 1")
     except _Usage as exc:
@@ -249,18 +291,30 @@ def _run(args: argparse.Namespace) -> int:
         return 2
     trace: list[CallTrace] = []
     try:
-        run = asyncio.run(
-            program._execute(inputs, timeout, args.concurrency, args.trace, sink=trace)
-        )
+        if args.trace:
+            result = asyncio.run(
+                program.run_traced(
+                    inputs, timeout=timeout, concurrency=args.concurrency, sink=trace
+                )
+            )
+            raw = result.outputs
+        else:
+            raw = asyncio.run(program.run(inputs, timeout=timeout, concurrency=args.concurrency))
     except InputError as exc:
         print(f"timebound run: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
+        if args.json:
+            failure: dict[str, Any] = {"error": _error_json(exc, args.file)}
+            if args.trace:
+                failure["trace"] = [_trace_json(t) for t in trace]
+            print(json.dumps(failure, ensure_ascii=False, indent=2))
+            return 1
         if args.trace:
             _print_trace(trace, None, sys.stderr)
         _print_failure(exc, source, args.file)
         return 1
-    outputs = to_json_value(program._outputs(run.env))
+    outputs = to_json_value(raw)
     if args.json:
         doc: Any = outputs
         if args.trace:
@@ -274,6 +328,26 @@ def _run(args: argparse.Namespace) -> int:
         print()
         _print_trace(trace, None, sys.stdout)
     return 0
+
+
+def _message(exc: BaseException) -> str:
+    """The error's message without the ``[at line L, column C: M]`` suffix the runtime adds:
+    the CLI shows the call site as ``FILE:LINE:COL`` instead."""
+    site = getattr(exc, "call_site", None)
+    return str(exc).replace(f" [at {site}]", "") if site is not None else str(exc)
+
+
+def _error_json(exc: BaseException, filename: str) -> dict[str, Any]:
+    site = getattr(exc, "call_site", None)
+    return {
+        "type": type(exc).__name__,
+        "code": getattr(exc, "code", None),
+        "message": _message(exc),
+        "file": filename,
+        "call_site": None
+        if site is None
+        else {"module": site.module, "line": site.line, "column": site.column},
+    }
 
 
 def _print_failure(exc: BaseException, source: str, filename: str) -> None:

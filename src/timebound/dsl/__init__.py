@@ -24,11 +24,16 @@ from ._runtime import (
     InputError,
     Program,
     RunResult,
+    to_json_value,
 )
-from ._types import Type
+from ._types import BOOLEAN, FLOAT, INT, STRING, ListType, MapType, OptionalType, RecordType, Type
 
 __all__ = [
+    "BOOLEAN",
     "CODES",
+    "FLOAT",
+    "INT",
+    "STRING",
     "Annotation",
     "AttemptTrace",
     "CallSite",
@@ -36,14 +41,19 @@ __all__ = [
     "CompileError",
     "Diagnostic",
     "InputError",
+    "ListType",
+    "MapType",
     "ModuleRegistry",
     "ModuleSpec",
+    "OptionalType",
     "Program",
+    "RecordType",
     "RunResult",
     "Type",
     "compile",
     "format_diagnostic",
     "format_failure",
+    "to_json_value",
 ]
 
 

@@ -86,6 +86,9 @@ def format_failure(exc: BaseException, source: str, filename: str = "<source>") 
     ``Timeout:`` and ``Hint:`` lines (the language's timeout RFC shows errors this way)."""
     site = getattr(exc, "call_site", None)
     message = str(exc)
+    if site is not None:
+        # The runtime appends "[at <site>]" to the message; the FILE:LINE:COL prefix says it.
+        message = message.replace(f" [at {site}]", "")
     if site is None:
         return f"{filename}: run failed: {type(exc).__name__}: {message}"
     lines = [f"{filename}:{site.line}:{site.column}: run failed: {type(exc).__name__}: {message}"]

@@ -564,8 +564,8 @@ class Program:
         *,
         sink: list[CallTrace] | None = None,
     ) -> _Run:
-        """One run; the outputs are in ``run.env``. ``sink`` (the CLI's) receives the trace
-        even when the run fails."""
+        """One run; the outputs are in ``run.env``. ``sink`` receives the trace even when the
+        run fails."""
         if concurrency is not None and (
             isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
         ):
@@ -631,9 +631,14 @@ class Program:
         *,
         timeout: Duration | None = None,
         concurrency: int | None = None,
+        sink: list[CallTrace] | None = None,
     ) -> RunResult:
-        """Like :meth:`run`, also recording a :class:`CallTrace` per call that ran."""
-        run = await self._execute(inputs, timeout, concurrency, True)
+        """Like :meth:`run`, also recording a :class:`CallTrace` per call that ran.
+
+        ``sink``, when given, receives each call's trace as the call starts, so a caller still
+        has the trace of a run that fails.
+        """
+        run = await self._execute(inputs, timeout, concurrency, True, sink=sink)
         return RunResult(self._outputs(run.env), run.trace or [], _clock.now() - run.t0)
 
     def run_sync(

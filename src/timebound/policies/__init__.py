@@ -9,6 +9,7 @@ every engine (the Constellation runtime builds one :class:`Policy` per call site
 See ``docs/policies.md``.
 """
 
+from .._core._classify import Origin, bound_origin, classify, mark_enclosing
 from ._cache import (
     CacheBackend,
     InMemoryCache,
@@ -29,12 +30,16 @@ __all__ = [
     "InMemoryCache",
     "Observer",
     "Ok",
+    "Origin",
     "Policy",
     "Result",
     "Slots",
     "TokenBucket",
+    "bound_origin",
     "cache_key",
+    "classify",
     "get_cache_backend",
+    "mark_enclosing",
     "register_cache_backend",
     "resilient",
     "zero_value_for",

@@ -22,6 +22,7 @@ from types import CoroutineType
 from typing import Any, Final, TypeVar
 
 from .._core import _clock
+from .._core._classify import classify, mark_enclosing
 from .._core._deadline import Deadline
 from .._core._durations import Duration, format_duration, to_seconds
 from .._core._errors import ConfigurationError, DeadlineExceeded, RetryExhausted
@@ -63,9 +64,7 @@ Observer = Callable[[Event], None]
 
 _NO_KWARGS: Final[Mapping[str, Any]] = {}
 _INF: Final = math.inf
-# A DeadlineExceeded from one of these bounds belongs to this call: it is retried (attempt only,
-# D2.5) and may trigger the fallback and on_error. Any other source means the *caller's* time is
-# spent, and no value produced now could reach it in time.
+# The bounds a policy sets itself (D2.5): classify() tells them from the caller's.
 _OWN_SOURCES: Final = frozenset({"attempt", "total"})
 _IMMUTABLE_ZEROS: Final = (str, int, float, bool, bytes, complex, type(None), frozenset)
 _rng = random.Random()
@@ -414,14 +413,14 @@ class Policy:
                 outcome="timeout" if is_timeout else "error",
                 error=exc,
             )
-        if is_timeout and exc.source != "attempt":  # type: ignore[attr-defined]
+        if is_timeout:
+            if self._is_callers(exc):
+                raise exc  # D2.5: the caller's time is spent
             if exc.source == "total" and total_at != _INF and _clock.now() >= total_at:  # type: ignore[attr-defined]
                 # This policy's own total budget: no further attempt could finish (D2.5).
                 if exc.timeout is None:  # type: ignore[attr-defined]
                     exc.timeout = self.total_timeout  # type: ignore[attr-defined]
                 raise exc
-            if self._is_callers(exc):
-                raise exc  # D2.5: the caller's time is spent
         if errors is None:
             errors = [exc]
         else:
@@ -460,16 +459,7 @@ class Policy:
         it (a delay the bound cannot fit). A ``DeadlineExceeded`` from a scope *inside* the call
         (its own ``fail_after``, a blocking tier's ``timeout=``) is an ordinary failure.
         """
-        if not isinstance(exc, DeadlineExceeded):
-            return False
-        source = exc.source
-        if source in _OWN_SOURCES:
-            return False
-        return (
-            source == "propagated"
-            or current_bound_error() is not None
-            or getattr(exc, "_timebound_policy", None) is self
-        )
+        return isinstance(exc, DeadlineExceeded) and classify(exc, own=_OWN_SOURCES) != "own"
 
     def _settle(self, exc: Exception, tele: bool, observer: Observer | None) -> Any:
         """The call failed with ``exc``: ``_FALLBACK`` when the fallback must be evaluated (D3.4),
@@ -529,22 +519,33 @@ class Policy:
         if total_at <= enclosing.when:
             if now >= total_at:
                 return self._total_error(total_at)
-            source, left, deadline = "total", total_at - now, Deadline(total_at)
-        else:
-            source = current_bound_source() or "scope"
-            left, deadline = remaining(), enclosing
-        err = DeadlineExceeded(
+            return self._stopped(
+                next_attempt, wait, "total", total_at - now, Deadline(total_at), self.total_timeout
+            )
+        err = self._stopped(
+            next_attempt, wait, current_bound_source() or "scope", remaining(), enclosing, None
+        )
+        # The enclosing bound has not passed yet, so the classification needs to be told.
+        return mark_enclosing(err)
+
+    def _stopped(
+        self,
+        next_attempt: int,
+        wait: float,
+        source: str,
+        left: float,
+        deadline: Deadline,
+        timeout: float | None,
+    ) -> DeadlineExceeded:
+        return DeadlineExceeded(
             f"{self.name}: stopped before attempt {next_attempt}: the {source} deadline leaves "
             f"{format_duration(left)}, not enough for the {format_duration(wait)} delay and "
             "another attempt",
             source=source,
-            timeout=self.total_timeout if source == "total" else None,
+            timeout=timeout,
             deadline=deadline,
             what=self.name,
         )
-        # The enclosing bound has not passed yet, so _is_callers() needs to be told.
-        err._timebound_policy = self  # type: ignore[attr-defined]
-        return err
 
     def _exhausted(self, errors: list[BaseException]) -> BaseException:
         return RetryExhausted(errors, what=self.name)

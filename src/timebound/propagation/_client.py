@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .._core import _clock
+from .._core._classify import bound_origin
 from .._core._deadline import Deadline
 from .._core._errors import DeadlineExceeded
 from .._core._scopes import (
@@ -156,7 +157,7 @@ class Attempt:
     ) -> BaseException:
         """The error for a response marked "deadline expired" by the server (D4.5)."""
         what = self.options.what
-        if self.lowered and self.source != "attempt":
+        if self.lowered and bound_origin(self.source) != "own":
             _record_cancelled(self.end)
             return DeadlineExceeded(
                 f"{what} answered {status} deadline expired: our deadline is spent"

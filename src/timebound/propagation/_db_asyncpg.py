@@ -9,8 +9,8 @@ from types import TracebackType
 from typing import Any, Final, TypeVar
 
 from .._core._errors import ConfigurationError, DeadlineExceeded
-from ._db_common import budget, spent, updated
-from ._db_postgres import NARROW_ASYNCPG, RESTORE_ASYNCPG
+from ._db_common import Guard, budget, run_guarded, spent, updated
+from ._db_postgres import NARROW_ASYNCPG, RESTORE_ASYNCPG, begin_narrowed
 
 try:
     import asyncpg
@@ -90,17 +90,69 @@ class DeadlineConnection(asyncpg.Connection):  # type: ignore[misc]
         assert ms is not None
         updated(_CLIENT, ms)
         backstop = clamped.seconds + self._timebound_grace
-        if self.is_in_transaction():
-            prev, narrowed = await _Conn.fetchrow(self, NARROW_ASYNCPG, ms)
-            result = await _statement(call, backstop, narrowed)
-            if narrowed:
-                # Only reached on success: a failed statement aborts the caller's transaction,
-                # and its rollback drops our SET LOCAL with everything else.
+
+        def run() -> Awaitable[_T]:
+            return call(backstop)
+
+        in_callers = self.is_in_transaction()
+
+        async def guarded(guard: Guard) -> _T:
+            if in_callers:
+                return await self._in_callers_transaction(guard, run, ms)
+            return await self._in_own_transaction(guard, run, ms)
+
+        return await run_guarded(guarded, what=_QUERY, client=_CLIENT, grace=self._timebound_grace)
+
+    async def _in_own_transaction(
+        self, guard: Guard, run: Callable[[], Awaitable[_T]], ms: int
+    ) -> _T:
+        """``BEGIN``+narrowing, the statement, ``COMMIT``; any failure rolls back.
+
+        The result is returned only once ``COMMIT`` has answered: a write reported as done is
+        committed.
+        """
+        try:
+            tag = await _Conn.execute(self, begin_narrowed(ms))
+            narrowed = tag == "SELECT 1"
+            result = await guard.statement(lambda: _statement(run, narrowed=narrowed))
+            await _statement(lambda: _Conn.execute(self, "COMMIT"), narrowed=narrowed)
+        except BaseException:
+            await self._timebound_rollback()
+            raise
+        return result
+
+    async def _in_callers_transaction(
+        self, guard: Guard, run: Callable[[], Awaitable[_T]], ms: int
+    ) -> _T:
+        """Narrowing, the statement, then the previous value put back for the caller."""
+        prev, narrowed = await _Conn.fetchrow(self, NARROW_ASYNCPG, ms)
+        if not narrowed:
+            # A tighter setting rules: nothing of ours to undo.
+            return await guard.statement(lambda: _statement(run, narrowed=False))
+        try:
+            result = await guard.statement(lambda: _statement(run, narrowed=True))
+        except BaseException:
+            # Interrupted after the statement ended, the transaction is still good and needs
+            # its value back; after a failed statement it is aborted (the restore fails with
+            # it, and the caller's rollback drops our value with everything else).
+            try:
                 await _Conn.fetchval(self, RESTORE_ASYNCPG, prev, ms)
-            return result
-        async with self.transaction():
-            _prev, narrowed = await _Conn.fetchrow(self, NARROW_ASYNCPG, ms)
-            return await _statement(call, backstop, narrowed)
+            except Exception:
+                pass
+            raise
+        # Runs under the narrowed value itself: if that cancels it, the caller's transaction
+        # is aborted, and says so (never a narrowed value left behind in it).
+        await _statement(lambda: _Conn.fetchval(self, RESTORE_ASYNCPG, prev, ms), narrowed=True)
+        return result
+
+    async def _timebound_rollback(self) -> None:
+        """End the transaction of ours, whatever state the failure left it in."""
+        try:
+            await _Conn.execute(self, "ROLLBACK", timeout=self._timebound_grace)
+        except Exception:
+            # Its state unknown, the connection must serve nobody: closing it makes the server
+            # roll back, and a pool replaces it.
+            self.terminate()
 
     async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:
         """asyncpg's ``execute``, bounded by the current deadline."""
@@ -160,13 +212,11 @@ class DeadlineConnection(asyncpg.Connection):  # type: ignore[misc]
         )
 
 
-async def _statement(
-    call: Callable[[float | None], Awaitable[_T]], backstop: float, narrowed: bool
-) -> _T:
-    """Run the statement; a cancel caused by our deadline becomes ``DeadlineExceeded``."""
+async def _statement(run: Callable[[], Awaitable[_T]], *, narrowed: bool) -> _T:
+    """Run a statement; a cancel caused by our deadline becomes ``DeadlineExceeded``."""
     err: DeadlineExceeded | None
     try:
-        return await call(backstop)
+        return await run()
     except asyncpg.QueryCanceledError as exc:
         # 57014 is ours only when our value was in force and our deadline has really passed
         # (the server's timer starts after we computed it, so by then it has).

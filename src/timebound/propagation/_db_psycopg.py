@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Final, TypeVar
 
 from .._core._errors import DeadlineExceeded
-from ._db_common import budget, spent, updated
-from ._db_postgres import NARROW_PSYCOPG, RESTORE_PSYCOPG
+from ._db_common import Guard, budget, run_guarded, spent, updated
+from ._db_postgres import NARROW_PSYCOPG, RESTORE_PSYCOPG, begin_narrowed
 
 try:
     import psycopg
@@ -34,6 +34,9 @@ _T = TypeVar("_T")
 _CLIENT: Final = "psycopg"
 _QUERY: Final = "postgres query"
 _ACQUIRE: Final = "postgres connection"
+#: How long past the deadline a cancelled caller waits for PostgreSQL's own cancel (57014)
+#: before the statement is cancelled from the client side (a server that stopped answering).
+DEFAULT_GRACE: Final = 1.0
 
 # Transaction control and empty statements (a pool's health check) are never bounded: a COMMIT
 # or ROLLBACK must be able to finish after the deadline (never leave half-written state).
@@ -78,6 +81,13 @@ def _converted(exc: psycopg.errors.QueryCanceled, narrowed: bool) -> DeadlineExc
     return None
 
 
+def _narrowed(helper: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
+    """Whether :func:`begin_narrowed`, just run on ``helper``, set our value (its second
+    result's tag)."""
+    helper.nextset()
+    return helper.statusmessage == "SELECT 1"
+
+
 class DeadlineCursor(psycopg.Cursor[Row]):
     """A psycopg ``Cursor`` whose ``execute``/``executemany`` obey the current deadline.
 
@@ -94,19 +104,26 @@ class DeadlineCursor(psycopg.Cursor[Row]):
         if plan is None:
             return run()
         ms, own = plan
-        helper: psycopg.Cursor[Any] = psycopg.Cursor(self.connection)
+        conn = self.connection
+        helper: psycopg.Cursor[Any] = psycopg.Cursor(conn)
         if own:
-            with self.connection.transaction():
-                helper.execute(NARROW_PSYCOPG, {"ms": ms})
-                _prev, narrowed = helper.fetchone() or ("0", False)
-                return self._statement(run, narrowed)
+            try:
+                helper.execute(begin_narrowed(ms))
+                narrowed = _narrowed(helper)
+                result = self._statement(run, narrowed)
+                self._statement(lambda: helper.execute("COMMIT"), narrowed)
+            except BaseException:
+                _rollback(conn, helper)
+                raise
+            return result
         helper.execute(NARROW_PSYCOPG, {"ms": ms})
         prev, narrowed = helper.fetchone() or ("0", False)
         result = self._statement(run, narrowed)
         if narrowed:
             # Only on success: a failed statement aborts the transaction, whose rollback drops
-            # the narrowed value with everything else.
-            helper.execute(RESTORE_PSYCOPG, {"prev": prev, "ms": ms})
+            # the narrowed value with everything else. The restore runs under the narrowed
+            # value: if that cancels it, the transaction is aborted and says so.
+            self._statement(lambda: helper.execute(RESTORE_PSYCOPG, {"prev": prev, "ms": ms}), True)
         return result
 
     @staticmethod
@@ -150,26 +167,72 @@ class AsyncDeadlineCursor(psycopg.AsyncCursor[Row]):
     :func:`aconnect`).
     """
 
-    async def _bounded(self, query: Any, run: Callable[[], Any]) -> Any:
+    async def _bounded(self, query: Any, run: Callable[[], Awaitable[_T]]) -> _T:
         plan = _plan(query, self.connection)
         if plan is None:
             return await run()
         ms, own = plan
-        helper: psycopg.AsyncCursor[Any] = psycopg.AsyncCursor(self.connection)
-        if own:
-            async with self.connection.transaction():
-                await helper.execute(NARROW_PSYCOPG, {"ms": ms})
-                _prev, narrowed = await helper.fetchone() or ("0", False)
-                return await self._statement(run, narrowed)
+        conn = self.connection
+
+        async def guarded(guard: Guard) -> _T:
+            helper: psycopg.AsyncCursor[Any] = psycopg.AsyncCursor(conn)
+            if own:
+                return await self._in_own_transaction(guard, helper, run, ms)
+            return await self._in_transaction(guard, helper, run, ms)
+
+        # Only the statement may be interrupted: the bookkeeping around it always finishes.
+        return await run_guarded(guarded, what=_QUERY, client=_CLIENT, grace=DEFAULT_GRACE)
+
+    async def _in_own_transaction(
+        self,
+        guard: Guard,
+        helper: psycopg.AsyncCursor[Any],
+        run: Callable[[], Awaitable[_T]],
+        ms: int,
+    ) -> _T:
+        """``BEGIN``+narrowing, the statement, ``COMMIT``; any failure rolls back. The result
+        is returned only once ``COMMIT`` has answered."""
+        conn = self.connection
+        try:
+            await helper.execute(begin_narrowed(ms))
+            narrowed = _narrowed(helper)
+            result = await guard.statement(lambda: self._statement(run, narrowed))
+            await self._statement(lambda: helper.execute("COMMIT"), narrowed)
+        except BaseException:
+            await _arollback(conn, helper)
+            raise
+        return result
+
+    async def _in_transaction(
+        self,
+        guard: Guard,
+        helper: psycopg.AsyncCursor[Any],
+        run: Callable[[], Awaitable[_T]],
+        ms: int,
+    ) -> _T:
+        """Narrowing, the statement, then the previous value put back."""
+        conn = self.connection
         await helper.execute(NARROW_PSYCOPG, {"ms": ms})
         prev, narrowed = await helper.fetchone() or ("0", False)
-        result = await self._statement(run, narrowed)
+        try:
+            result = await guard.statement(lambda: self._statement(run, narrowed))
+        except BaseException:
+            # Interrupted after the statement ended, the transaction is good and needs its
+            # value back; after a failed statement it is aborted, and its rollback drops ours.
+            if narrowed and conn.info.transaction_status == pq.TransactionStatus.INTRANS:
+                try:
+                    await helper.execute(RESTORE_PSYCOPG, {"prev": prev, "ms": ms})
+                except Exception:
+                    pass  # the caller's transaction failed with it; its rollback drops ours
+            raise
         if narrowed:
-            await helper.execute(RESTORE_PSYCOPG, {"prev": prev, "ms": ms})
+            await self._statement(
+                lambda: helper.execute(RESTORE_PSYCOPG, {"prev": prev, "ms": ms}), True
+            )
         return result
 
     @staticmethod
-    async def _statement(run: Callable[[], Any], narrowed: bool) -> Any:
+    async def _statement(run: Callable[[], Awaitable[_T]], narrowed: bool) -> _T:
         try:
             return await run()
         except psycopg.errors.QueryCanceled as exc:
@@ -202,6 +265,28 @@ class AsyncDeadlineCursor(psycopg.AsyncCursor[Row]):
             query,
             lambda: psycopg.AsyncCursor.executemany(self, query, params_seq, returning=returning),
         )
+
+
+def _rollback(conn: psycopg.Connection[Any], helper: psycopg.Cursor[Any]) -> None:
+    """End the transaction of ours, whatever state the failure left it in."""
+    if conn.info.transaction_status == pq.TransactionStatus.IDLE:
+        return
+    try:
+        helper.execute("ROLLBACK")
+    except Exception:
+        # Its state unknown, the connection must serve nobody: closing it makes the server
+        # roll back, and a pool replaces it.
+        conn.close()
+
+
+async def _arollback(conn: psycopg.AsyncConnection[Any], helper: psycopg.AsyncCursor[Any]) -> None:
+    """The async twin of :func:`_rollback`."""
+    if conn.info.transaction_status == pq.TransactionStatus.IDLE:
+        return
+    try:
+        await helper.execute("ROLLBACK")
+    except Exception:
+        await conn.close()
 
 
 def connect(conninfo: str = "", **kwargs: Any) -> psycopg.Connection[Any]:

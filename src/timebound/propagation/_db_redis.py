@@ -120,6 +120,16 @@ class DeadlineConnection(_GuardedRetry, redis.Connection):
     explicit timeout of their own (pub/sub ``get_message``) are left to the caller.
     """
 
+    _timebound_setup: bool = False
+
+    def on_connect_check_health(self, check_health: bool = True) -> None:
+        """redis-py's connection setup; its commands are bounded but not counted as the user's."""
+        self._timebound_setup = True
+        try:
+            super().on_connect_check_health(check_health)
+        finally:
+            self._timebound_setup = False
+
     def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         """Send, unless the deadline has passed (then nothing is sent)."""
         budget(None, what=_WHAT, client=_CLIENT)
@@ -142,7 +152,8 @@ class DeadlineConnection(_GuardedRetry, redis.Connection):
                 disconnect_on_error=disconnect_on_error,
                 push_request=push_request,
             )
-        updated(_CLIENT, math.ceil(wait * 1000))
+        if not self._timebound_setup:
+            updated(_CLIENT, math.ceil(wait * 1000))
         try:
             return super().read_response(
                 disable_decoding,
@@ -169,6 +180,16 @@ class AsyncDeadlineConnection(_GuardedRetry, redis.asyncio.Connection):
     :func:`_finish_read`), so the command is never cancelled mid-flight by the deadline.
     """
 
+    _timebound_setup: bool = False
+
+    async def on_connect_check_health(self, check_health: bool = True) -> None:
+        """redis-py's connection setup; its commands are bounded but not counted as the user's."""
+        self._timebound_setup = True
+        try:
+            await super().on_connect_check_health(check_health)
+        finally:
+            self._timebound_setup = False
+
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         """Send, unless the deadline has passed (then nothing is sent)."""
         budget(None, what=_WHAT, client=_CLIENT)
@@ -191,7 +212,8 @@ class AsyncDeadlineConnection(_GuardedRetry, redis.asyncio.Connection):
                 disconnect_on_error=disconnect_on_error,
                 push_request=push_request,
             )
-        updated(_CLIENT, math.ceil(wait * 1000))
+        if not self._timebound_setup:
+            updated(_CLIENT, math.ceil(wait * 1000))
         # An explicit ``timeout`` makes redis-py return None on expiry and keep the connection
         # (its pub/sub polling contract); the socket timeout path raises and disconnects, which
         # is what a command whose reply is still due needs.

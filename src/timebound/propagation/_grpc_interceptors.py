@@ -26,6 +26,7 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Final, NamedTuple
 
+from .._core._classify import bound_origin
 from .._core._deadline import Deadline
 from .._core._errors import DeadlineExceeded
 from .._core._scopes import current_bound_source, current_deadline, inherit_deadline
@@ -263,7 +264,7 @@ class _ServerBase:
 
 def _is_request_deadline(err: DeadlineExceeded) -> bool:
     """Our request's own deadline (inherited, or spent by a propagated call) is what fired."""
-    return err.source in ("inherited", "propagated")
+    return bound_origin(err.source) == "remote"
 
 
 def _absorbed(call: _CallBound, err: DeadlineExceeded) -> bool:
@@ -528,7 +529,7 @@ class _ClientBase:
                     timeout_ms=clamped.ms,
                 )
             bound = current_deadline()
-            propagated = current_bound_source() != "attempt"
+            propagated = bound_origin(current_bound_source()) != "own"
         else:
             bound, propagated = Deadline.never(), False
         return _Clamp(clamped.seconds, clamped.lowered, dest, _request.get(), bound, propagated)

@@ -29,6 +29,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "pip install 'timebound[otel]'"
     ) from exc
 
+from .._version import __version__
 from ._events import Counters, Event, add_listener, counters
 from ._policy_metrics import POLICY_COUNTERS, policy_counter_for, span_attributes
 
@@ -76,8 +77,6 @@ class OpenTelemetryExporter:
         span_tags: bool = True,
         source: Counters = counters,
     ) -> None:
-        from .. import __version__
-
         self._meter = metrics.get_meter("timebound", __version__, meter_provider=meter_provider)
         self._counters = {
             short: self._meter.create_counter(f"timebound.{short}", unit="1", description=doc)

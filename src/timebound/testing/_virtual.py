@@ -31,16 +31,24 @@ class VirtualClock:
 
     ``start`` is the initial reading of :meth:`now`. ``autojump_threshold`` is how long, in *real*
     seconds, the event loop must be idle before time jumps (0: jump at once; raise it when tests
-    wait on real threads or sockets).
+    wait on real threads or sockets). ``wall_start`` is the wall-clock reading (epoch seconds) at
+    ``start``: the wall clock moves with the virtual one, so durable epoch forms are exact too.
     """
 
-    def __init__(self, start: float = 0.0, *, autojump_threshold: float = 0.0) -> None:
+    def __init__(
+        self,
+        start: float = 0.0,
+        *,
+        autojump_threshold: float = 0.0,
+        wall_start: float = 1_767_225_600.0,  # 2026-01-01T00:00:00Z
+    ) -> None:
         if autojump_threshold < 0:
             raise ValueError("autojump_threshold must be >= 0")
         self._now = float(start)
+        self._wall_offset = float(wall_start) - self._now
         self._lock = threading.Lock()
         self.autojump_threshold = autojump_threshold
-        self._saved: tuple[Any, Any] | None = None
+        self._saved: tuple[Any, Any, Any] | None = None
         self._jumps = 0
 
     # The clock ------------------------------------------------------------------------------
@@ -48,6 +56,10 @@ class VirtualClock:
     def now(self) -> float:
         """The current virtual time in seconds."""
         return self._now
+
+    def wall(self) -> float:
+        """The virtual wall clock: epoch seconds, moving in step with :meth:`now`."""
+        return self._wall_offset + self._now
 
     def advance(self, seconds: Duration) -> None:
         """Move time forward by ``seconds`` (never backwards)."""
@@ -78,15 +90,16 @@ class VirtualClock:
         """Make timebound read this clock (``now``) and sleep on it (``sleep``)."""
         if self._saved is not None:
             raise RuntimeError("this VirtualClock is already installed")
-        self._saved = (_clock.now, _clock.sleep)
+        self._saved = (_clock.now, _clock.sleep, _clock.wall)
         _clock.now = self.now
         _clock.sleep = self.sleep
+        _clock.wall = self.wall
 
     def uninstall(self) -> None:
         """Restore the clock that was in place before :meth:`install`."""
         if self._saved is None:
             return
-        _clock.now, _clock.sleep = self._saved
+        _clock.now, _clock.sleep, _clock.wall = self._saved
         self._saved = None
 
     def __enter__(self) -> VirtualClock:

@@ -351,3 +351,79 @@ async def test_tighter_setting_in_callers_transaction_needs_no_restore(postgres_
         assert not [q for q in log.queries if q.startswith("SELECT set_config")]
     finally:
         await con.close()
+
+
+def _cancel_caller_when_answered(
+    monkeypatch: pytest.MonkeyPatch, method: str, starts: str
+) -> list[asyncio.Task[Any]]:
+    """Make ``asyncpg.Connection.<method>`` cancel the caller's task (``callers[0]``) the moment
+    the server has answered a statement starting with ``starts`` — the instant a deadline
+    firing during our bookkeeping lands."""
+    callers: list[asyncio.Task[Any]] = []
+    base = getattr(asyncpg.Connection, method)
+
+    async def answered_then_cancelled(self: Any, query: str, *args: Any, **kwargs: Any) -> Any:
+        result = await base(self, query, *args, **kwargs)
+        if query.startswith(starts) and callers:
+            callers.pop().cancel()
+            # The reply is in, not yet handed over: a cancel of the task running this is
+            # delivered here, as if it had arrived while the reply was on its way.
+            await asyncio.sleep(0)
+        return result
+
+    monkeypatch.setattr(asyncpg.Connection, method, answered_then_cancelled)
+    return callers
+
+
+async def test_cancel_right_after_begin_leaves_no_transaction(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel landing just as our ``BEGIN`` is answered: the insert is not reported, the
+    connection is left outside any transaction, and the next insert on it is committed (it
+    used to join the orphaned transaction and be rolled back at release)."""
+    con = await connect(postgres_dsn)
+    other = await asyncpg.connect(postgres_dsn)
+    table = unique("begin")
+    await con.execute(f"CREATE TABLE {table} (id int)")
+    callers = _cancel_caller_when_answered(monkeypatch, "execute", "BEGIN")
+    try:
+
+        async def insert(i: int) -> None:
+            with tb.inherit_deadline(tb.Deadline.after(5)):
+                await con.execute(f"INSERT INTO {table} VALUES ($1)", i)
+
+        task = asyncio.ensure_future(insert(1))
+        callers.append(task)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert con.is_in_transaction() is False
+        await insert(2)
+        assert await other.fetch(f"SELECT id FROM {table}") == [(2,)]
+    finally:
+        await other.execute(f"DROP TABLE {table}")
+        await other.close()
+        await con.close()
+
+
+async def test_cancel_right_after_narrowing_in_callers_transaction_restores_its_timeout(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel landing just as the narrowing is answered inside the caller's transaction: the
+    caller's own ``statement_timeout`` is back in force for its next statements."""
+    con = await connect(postgres_dsn)
+    callers = _cancel_caller_when_answered(monkeypatch, "fetchrow", "SELECT prev::text")
+    try:
+        async with con.transaction():
+            await con.execute("SET LOCAL statement_timeout = 7000")
+
+            async def query() -> None:
+                with tb.inherit_deadline(tb.Deadline.after(5)):
+                    await con.fetchval("SELECT 1")
+
+            task = asyncio.ensure_future(query())
+            callers.append(task)
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert await con.fetchval("SHOW statement_timeout") == "7s"
+    finally:
+        await con.close()

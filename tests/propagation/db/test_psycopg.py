@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -295,3 +296,75 @@ def test_attempt_timeout_cut_leaves_the_request_unmarked(
     assert info.value.source == "attempt"
     assert isinstance(info.value.__cause__, psycopg.errors.QueryCanceled)
     assert state.cancelled_by_deadline is False
+
+
+def _cancel_caller_when_answered(
+    monkeypatch: pytest.MonkeyPatch, starts: str
+) -> list[asyncio.Task[Any]]:
+    """Make ``psycopg.AsyncCursor.execute`` cancel the caller's task (``callers[0]``) the
+    moment the server has answered a statement starting with ``starts``."""
+    callers: list[asyncio.Task[Any]] = []
+    base = psycopg.AsyncCursor.execute
+
+    async def answered_then_cancelled(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        result = await base(self, query, *args, **kwargs)
+        if isinstance(query, str) and query.startswith(starts) and callers:
+            callers.pop().cancel()
+            # The reply is in, not yet handed over: a cancel of the task running this is
+            # delivered here, as if it had arrived while the reply was on its way.
+            await asyncio.sleep(0)
+        return result
+
+    monkeypatch.setattr(psycopg.AsyncCursor, "execute", answered_then_cancelled)
+    return callers
+
+
+@pytest.mark.asyncio_real
+async def test_async_cancel_right_after_narrowing_restores_the_callers_timeout(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel landing just as the narrowing is answered in the caller's transaction: the
+    caller's own ``statement_timeout`` is back in force for its next statements."""
+    callers = _cancel_caller_when_answered(monkeypatch, "SELECT prev::text")
+    async with await aconnect(postgres_dsn) as c:
+        await c.execute("SET LOCAL statement_timeout = 7000")
+
+        async def query() -> None:
+            with tb.inherit_deadline(tb.Deadline.after(5)):
+                await c.execute("SELECT 1")
+
+        task = asyncio.ensure_future(query())
+        callers.append(task)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        after = await (await c.execute("SHOW statement_timeout")).fetchone()
+        await c.rollback()
+    assert after == ("7s",)
+
+
+@pytest.mark.asyncio_real
+async def test_async_cancel_right_after_begin_leaves_no_transaction(
+    postgres_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel landing just as our ``BEGIN`` is answered (autocommit connection): nothing is
+    inserted, and the connection is left outside any transaction."""
+    table = unique("abegin")
+    callers = _cancel_caller_when_answered(monkeypatch, "BEGIN")
+    async with await aconnect(postgres_dsn, autocommit=True) as c:
+        await c.execute(f"CREATE TABLE {table} (id int)")
+        try:
+
+            async def insert() -> None:
+                with tb.inherit_deadline(tb.Deadline.after(5)):
+                    await c.execute(f"INSERT INTO {table} VALUES (1)")
+
+            task = asyncio.ensure_future(insert())
+            callers.append(task)
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            status = c.info.transaction_status
+            count = await (await c.execute(f"SELECT count(*) FROM {table}")).fetchone()
+        finally:
+            await c.execute(f"DROP TABLE {table}")
+    assert status == psycopg.pq.TransactionStatus.IDLE
+    assert count == (0,)

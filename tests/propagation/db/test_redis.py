@@ -168,6 +168,38 @@ async def test_async_blpop_wait_ends_at_the_deadline_and_the_connection_is_disca
     assert state.cancelled_by_deadline is True
 
 
+def test_connection_setup_is_not_counted_as_the_users_commands(
+    redis_url: str, keys: list[str]
+) -> None:
+    """One GET on a fresh connection under a deadline counts one lowered timeout, not the
+    handshake's commands too."""
+    key = unique("setup")
+    keys.append(key)
+    client = from_url(redis_url)
+    try:
+        with tb.inherit_deadline(tb.Deadline.after(5)):
+            assert client.get(key) is None
+        assert counters.get("timeout-updated-by-deadline", component="redis") == 1
+    finally:
+        client.close()
+
+
+@pytest.mark.asyncio_real
+async def test_async_connection_setup_is_not_counted_as_the_users_commands(
+    redis_url: str, keys: list[str]
+) -> None:
+    """asyncio: one GET on a fresh connection under a deadline counts one lowered timeout."""
+    key = unique("asetup")
+    keys.append(key)
+    client = afrom_url(redis_url)
+    try:
+        with tb.inherit_deadline(tb.Deadline.after(5)):
+            assert await client.get(key) is None
+        assert counters.get("timeout-updated-by-deadline", component="redis") == 1
+    finally:
+        await client.aclose()
+
+
 @pytest.mark.asyncio_real
 async def test_async_spent_deadline_fails_fast(redis_url: str, keys: list[str]) -> None:
     """asyncio: a spent deadline raises at once and sends nothing."""

@@ -1,0 +1,153 @@
+"""The signal tier under a SIGALRM at every instant: no spent deadline ever leaks (issue 7 §2).
+
+A signal can land between any two bytecodes. These tests deliver the tier's handler at the k-th
+opcode after the deadline passed, for every k until the call completes without it, and check the
+invariant afterwards: the main thread's context holds no deadline, no alarm is left, no timer
+runs and the previous SIGALRM handler is back.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import types
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import timebound as tb
+from timebound._core import _preempt
+from timebound._core._scopes import _ROOT, _frame
+from timebound.testing import VirtualClock
+
+pytestmark = pytest.mark.timeout(120, method="thread")
+
+# Far more opcodes than one nested call executes after its deadline; the loop stops earlier.
+_MAX_INSTANTS = 20_000
+
+
+class _Injector:
+    """Runs the signal handler once, at the k-th opcode executed after ``arm()``."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.count = 0
+        self.armed = False
+        self.fired = False
+
+    def arm(self) -> None:
+        self.armed = True
+
+    def trace(self, frame: types.FrameType, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        if event == "opcode" and self.armed and not self.fired:
+            self.count += 1
+            if self.count == self.k:
+                self.fired = True
+                # As the interpreter would run it: in this frame, between two opcodes. An
+                # exception it raises propagates into the frame (and ends tracing).
+                _preempt._on_alarm(signal.SIGALRM, frame)
+        return self.trace
+
+
+def _run_injected(k: int, call: Callable[[_Injector], None]) -> _Injector:
+    injector = _Injector(k)
+    sys.settrace(injector.trace)
+    try:
+        with pytest.raises(tb.DeadlineExceeded) as info:
+            call(injector)
+    finally:
+        sys.settrace(None)
+    assert info.value.source == "scope"
+    return injector
+
+
+def _assert_clean(previous: object) -> None:
+    assert _frame.get() is _ROOT, f"a deadline leaked into the context: {_frame.get()!r}"
+    assert _preempt._alarms == []
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert signal.getsignal(signal.SIGALRM) is previous
+
+
+def _storm(call: Callable[[_Injector], None]) -> int:
+    previous = signal.getsignal(signal.SIGALRM)
+    for k in range(1, _MAX_INSTANTS):
+        injector = _run_injected(k, call)
+        _assert_clean(previous)
+        if not injector.fired:
+            return k  # every instant up to the end of the call was tried
+    pytest.fail(f"the call did not end within {_MAX_INSTANTS} opcodes")
+
+
+def test_nested_calls_leak_nothing_whenever_the_outer_deadline_fires(
+    virtual_clock: VirtualClock,
+) -> None:
+    """An outer deadline delivered at any instant inside a nested call leaves nothing behind."""
+
+    def inner(injector: _Injector) -> None:
+        virtual_clock.advance(6)  # past the outer deadline (5 s)
+        injector.arm()
+
+    def outer(injector: _Injector) -> None:
+        tb.run_with_signal(inner, injector, timeout=10)
+
+    instants = _storm(lambda injector: tb.run_with_signal(outer, injector, timeout=5))
+    assert instants > 10
+
+
+def test_scopes_inside_the_call_leak_nothing_whenever_the_deadline_fires(
+    virtual_clock: VirtualClock,
+) -> None:
+    """A deadline delivered at any instant while scopes are entered and left leaks none of them."""
+
+    def body(injector: _Injector) -> None:
+        virtual_clock.advance(6)
+        injector.arm()
+        for _ in range(3):
+            with tb.move_on_after(1), tb.inherit_deadline(tb.Deadline.after(2)):
+                pass
+            with tb.no_deadline():
+                pass
+
+    instants = _storm(lambda injector: tb.run_with_signal(body, injector, timeout=5))
+    assert instants > 10
+
+
+def test_a_signal_in_the_bookkeeping_is_delivered_after_it(virtual_clock: VirtualClock) -> None:
+    """A signal landing inside scope bookkeeping is deferred, not dropped: it still interrupts."""
+    stopped_in: list[str] = []
+    previous = signal.getsignal(signal.SIGALRM)
+
+    def body() -> None:
+        virtual_clock.advance(6)
+        # Deliver as if inside a scope's exit called from here: the handler must defer, not raise.
+        # The real signal it re-arms stays pending until unblocked, so nothing races the check.
+        inside_exit = _FakeFrame(tb.CancelScope.__exit__.__code__, sys._getframe())
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        try:
+            _preempt._on_alarm(signal.SIGALRM, inside_exit)  # type: ignore[arg-type]
+            stopped_in.append("deferred")
+        except BaseException:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
+            raise
+        try:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
+            while True:  # the re-armed real timer interrupts this loop
+                pass
+        except tb.DeadlineExceeded:
+            stopped_in.append("interrupted")
+            raise
+
+    with pytest.raises(tb.DeadlineExceeded):
+        tb.run_with_signal(body, timeout=5)
+    assert stopped_in == ["deferred", "interrupted"]
+    _assert_clean(previous)
+
+
+class _FakeFrame:
+    """Just enough of a frame for the handler's walk: its code and the frame below."""
+
+    def __init__(self, code: types.CodeType, back: types.FrameType) -> None:
+        self.f_code = code
+        self.f_back = back
