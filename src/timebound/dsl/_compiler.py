@@ -295,30 +295,36 @@ class _Compiler(ExpressionForms):
             # As upstream's implementation allows (`text = trim(text)`): the new value is what
             # later declarations and `out` see; the input keeps its own key in the run.
             key = f"{d.name}@{d.pos[0]}:{d.pos[1]}"
-            del self.scope[d.name]
         elif d.name in self.scope:
             self.define(d.name, Var(d.name, ERROR, frozenset(), False, d.pos))
             return
         self.later.pop(d.name, None)
+
+        def define(var: Var) -> None:
+            if rebinding:
+                self.scope[d.name] = var  # the value (compiled first) read the input
+            else:
+                self.define(d.name, var)
+
         e = d.expr
         if isinstance(e, A.Call):
             # A binding that is a call: the call's own node carries the binding's name.
             ce = self.call(e, lifted=True, key=key)
             lazy = bool(ce is not None and ce.is_async and key in dict(self.lazy))
             if ce is None:
-                self.define(d.name, Var(key, ERROR, frozenset(), False, d.pos))
+                define(Var(key, ERROR, frozenset(), False, d.pos))
             elif lazy:
-                self.define(d.name, Var(key, ce.type, ce.deps, True, d.pos))
+                define(Var(key, ce.type, ce.deps, True, d.pos))
             elif ce.key != key:  # not a node of its own (a higher-order function): make one
                 self.nodes.append(Node(key, ce.fn, tuple(sorted(ce.deps)), 50, ce.is_async))
-                self.define(d.name, Var(key, ce.type, frozenset({key}), False, d.pos))
+                define(Var(key, ce.type, frozenset({key}), False, d.pos))
             else:
-                self.define(d.name, Var(key, ce.type, frozenset({key}), False, d.pos))
+                define(Var(key, ce.type, frozenset({key}), False, d.pos))
             return
         ce = self.expr(e, lifted=True)
         # The executor stores each node's value under its key in run.env (results=env).
         self.nodes.append(Node(key, ce.fn, tuple(sorted(ce.deps)), 50, ce.is_async))
-        self.define(d.name, Var(key, ce.type, frozenset({key}), False, d.pos))
+        define(Var(key, ce.type, frozenset({key}), False, d.pos))
 
     # Expressions -----------------------------------------------------------------------------
 
@@ -900,7 +906,8 @@ def compile_program(
         elif isinstance(d, A.OutputDecl):
             outputs_decl.append(d)
             if d.annotations:
-                annotations[d.name] = c.annotations(d.name, d.annotations, None, examples)
+                found = c.annotations(d.name, d.annotations, None, examples)
+                annotations[d.name] = annotations.get(d.name, ()) + found
     outputs: dict[str, Type] = {}
     output_keys: list[tuple[str, str]] = []
     for o in outputs_decl:
