@@ -89,6 +89,10 @@ def _divide(pos: A.Pos) -> Callable[[Any, Any], Any]:
     def div(a: Any, b: Any) -> Any:
         if b == 0:
             raise ZeroDivisionError(f"division by zero at line {pos[0]}, column {pos[1]}")
+        if type(a) is int and type(b) is int:
+            # Int / Int is an Int truncated toward zero, as upstream's 64-bit division.
+            q = abs(a) // abs(b)
+            return q if (a >= 0) == (b >= 0) else -q
         return a / b
 
     return div
@@ -446,7 +450,7 @@ class _Compiler(ExpressionForms):
             elif op == "+" and (merged := self.merge(left, right)) is not None:
                 return merged
             elif _numeric(lt) and _numeric(rt):
-                t = FLOAT if (op == "/" or FLOAT in (lt, rt)) else INT
+                t = FLOAT if FLOAT in (lt, rt) else INT
             elif op == "+" and is_assignable(lt, STRING) and is_assignable(rt, STRING):
                 t = STRING
             elif op == "+" and isinstance(lt, ListType) and isinstance(rt, ListType):
