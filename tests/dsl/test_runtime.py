@@ -263,7 +263,7 @@ def test_expressions() -> None:
         "k": True,
     }
     assert {n: str(t) for n, t in program.outputs.items()} == {
-        "a": "Float",
+        "a": "Int",
         "b": "Boolean",
         "c": "Int",
         "d": "String",
