@@ -512,3 +512,46 @@ def test_a_value_may_not_be_bound_twice() -> None:
     """Two assignments of one name stay E008 naming the first line."""
     d = _one("x = 1\ny = 2\nx = 3\nout x")
     assert (d.code, d.line, d.message) == ("E008", 3, "'x' is already defined at line 1")
+
+
+# one mistake, one diagnostic -----------------------------------------------------------------
+
+
+def test_misspelled_higher_order_function_is_one_error() -> None:
+    """`filtr(xs, (x) => ...)` is one E009 suggesting filter; the lambda adds nothing."""
+    d = _one("in xs: List<Int>\ny = filtr(xs, (x) => x > 0)\nout y")
+    assert (d.code, d.message) == ("E009", "Unknown module 'filtr' (did you mean 'filter'?)")
+
+
+def test_unknown_namespace_in_use_is_one_error() -> None:
+    """A `use` of an unknown namespace is one E015 suggesting a namespace; it hides no name."""
+    d = _one("use stdlib.nope\ny = add(1, 2)\nout y")
+    assert d.message == (
+        "No module or namespace 'stdlib.nope' is registered (did you mean 'stdlib.compare'?)"
+    )
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "in xs: List<Int>\ny = filter(zs, (x) => x > 0)\nout y",
+        "in v: Int | String\ny = match w { is Int -> 1, _ -> 2 }\nout y",
+        "in v: Int\ny = branch { nope -> 1, otherwise -> 2 }\nout y",
+        "in r: { a: Int }\ny = r[b] + { c: 1 }\nout y",
+        "in xs: List<Int>\ny = map(xs, (x) => nope)\nz = y\nout z",
+        "in s: Strin\ny = s when true\nout y",
+        '@example("x")\nin n: Intt\nout n',
+    ],
+    ids=[
+        "filter-list",
+        "match-subject",
+        "branch-cond",
+        "projection",
+        "map-body",
+        "guard",
+        "example",
+    ],
+)
+def test_a_broken_part_does_not_cascade(source: str) -> None:
+    """An error inside a new construct is reported once; the construct adds no second error."""
+    assert len(_errors(source)) == 1

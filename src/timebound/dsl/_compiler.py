@@ -273,13 +273,14 @@ class _Compiler(ExpressionForms):
         return [q for q in self.known() if q.rpartition(".")[2] == name]
 
     def use(self, d: A.UseDecl) -> None:
-        self.uses = True
         names = self.known()
         q = d.qualname
         if self.lookup(q) is None and not any(n.startswith(q + ".") for n in names):
-            hint = self._suggest(q, names)
+            spaces = {n.rpartition(".")[0] for n in names if "." in n}
+            hint = self._suggest(q, [*spaces, *names])
             self.error("E015", f"No module or namespace '{q}' is registered{hint}", d.pos)
-            return
+            return  # as if it were not there: it hides no simple name
+        self.uses = True
         if d.alias is None:
             self.wildcards.append(q)
         alias = d.alias or q.rsplit(".", 1)[-1]
@@ -641,7 +642,11 @@ class _Compiler(ExpressionForms):
             spaces = " or ".join(f"'use {q.rpartition('.')[0]}'" for q in elsewhere if "." in q)
             hint = f" (it is {' or '.join(elsewhere)}: add {spaces})" if spaces else ""
         else:
-            hint = self._suggest(e.module, [*self.known(), *self.aliases])
+            # Suggest by simple name too: `filtr` is close to `filter`, not to its qualified name.
+            known = self.known()
+            by_simple = {q.rpartition(".")[2]: q for q in reversed(known)}
+            close = difflib.get_close_matches(e.module, [*known, *self.aliases, *by_simple], n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
         self.error("E009", f"Unknown module '{e.module}'{hint}", e.module_pos)
         return None
 
@@ -654,10 +659,15 @@ class _Compiler(ExpressionForms):
         # A lazy call's arguments are computed only when the call is: calls inside them are
         # not lifted into eager nodes of their own.
         lift_args = lifted and not (lazy_opt is not None and lazy_opt.value is True)
-        args = [self.expr(a, lifted=lift_args) for a in e.args]
         if spec is None:
+            # The call's own error is reported; its arguments still get theirs (a lambda has
+            # nothing to say about an unknown function: it is skipped).
+            for arg in e.args:
+                if not isinstance(arg, A.Lambda):
+                    self.expr(arg, lifted=lift_args)
             self.check_options(e, None, ERROR)
             return None
+        args = [self.expr(a, lifted=lift_args) for a in e.args]
         if len(args) != spec.arity:
             self.error(
                 "E010",
