@@ -555,3 +555,25 @@ def test_unknown_namespace_in_use_is_one_error() -> None:
 def test_a_broken_part_does_not_cascade(source: str) -> None:
     """An error inside a new construct is reported once; the construct adds no second error."""
     assert len(_errors(source)) == 1
+
+
+# node identities ----------------------------------------------------------------------------
+
+
+def _nodes(source: str) -> set[tuple[str, str | None]]:
+    result = _build(source).run_traced_sync({"x": 1})
+    return {(t.module, t.node) for t in result.trace}
+
+
+def test_call_identities_survive_unrelated_edits() -> None:
+    """A call keeps its trace `node` when other declarations are added or removed before it."""
+    before = "in x: Int\ny = Echo(Echo(x)) + 1\nz = Echo(x)\nout y\nout z"
+    after = "in x: Int\nw = Echo(x) * 2\ny = Echo(Echo(x)) + 1\nout y\nout w"
+    assert _nodes(before) == {("Echo", "y%1"), ("Echo", "y%2"), ("Echo", "z")}
+    assert {("Echo", "y%1"), ("Echo", "y%2")} <= _nodes(after)
+
+
+def test_rebinding_an_input_twice() -> None:
+    """An input rebound twice keeps each binding apart; out sees the last."""
+    source = "in x: Int\nx = x + 1\nx = x * 10\nout x"
+    assert _run(source, {"x": 1}) == {"x": 20}

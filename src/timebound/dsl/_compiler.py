@@ -135,6 +135,8 @@ class _Compiler(ExpressionForms):
         # Call nodes' actions for untraced runs (CompiledCall.fast_action), by node key.
         self.fast: dict[str, Callable[[_Run], Any]] = {}
         self.counter = 0
+        self.decl = ""  # the declaration being compiled (see new_key)
+        self.rebound: dict[str, int] = {}  # input name -> how many bindings it has had
         # (module, option) -> (value, position) of the first call site declaring a limit.
         self.limits: dict[tuple[str, str], tuple[Any, A.Pos]] = {}
         self.stdlib = standard_library()
@@ -290,8 +292,13 @@ class _Compiler(ExpressionForms):
         self.aliases[alias] = q
 
     def new_key(self) -> str:
+        """A key for a call or a local name: the declaration it is written in and its place
+        there, so it stays the same when other declarations change ('%' is in no name)."""
         self.counter += 1
-        return f"%{self.counter}"
+        return f"{self.decl}%{self.counter}"
+
+    def begin(self, decl: str) -> None:
+        self.decl, self.counter = decl, 0
 
     def assign(self, d: A.Assign) -> None:
         key = d.name
@@ -299,10 +306,12 @@ class _Compiler(ExpressionForms):
         if rebinding:
             # As upstream's implementation allows (`text = trim(text)`): the new value is what
             # later declarations and `out` see; the input keeps its own key in the run.
-            key = f"{d.name}@{d.pos[0]}:{d.pos[1]}"
+            n = self.rebound[d.name] = self.rebound.get(d.name, 1) + 1
+            key = f"{d.name}@{n}"
         elif d.name in self.scope:
             self.define(d.name, Var(d.name, ERROR, frozenset(), False, d.pos))
             return
+        self.begin(key)
         self.later.pop(d.name, None)
 
         def define(var: Var) -> None:
@@ -706,13 +715,12 @@ class _Compiler(ExpressionForms):
             lazy=lazy and lifted,
             priority=priority,
         )
+        node_key = cc.key = key or self.new_key()
         if not lifted:
             return CE(result_type, cc.invoke, True, deps)
-        node_key = key or self.new_key()
         if lazy:
             self.lazy.append((node_key, cc))
             return CE(result_type, lazy_ref(node_key), True, deps)
-        cc.key = node_key
         node_deps = tuple(sorted(deps))
         if cc.sync_node:
             node = Node(node_key, cc.call_now, node_deps, priority, False)
@@ -914,12 +922,14 @@ def compile_program(
                 inputs[d.name] = t
                 c.inputs.add(d.name)
             if d.annotations:
+                c.begin(f"@{d.name}")
                 annotations[d.name] = c.annotations(d.name, d.annotations, t, examples)
         elif isinstance(d, A.Assign):
             c.assign(d)
         elif isinstance(d, A.OutputDecl):
             outputs_decl.append(d)
             if d.annotations:
+                c.begin(f"@out:{d.name}")
                 found = c.annotations(d.name, d.annotations, None, examples)
                 annotations[d.name] = annotations.get(d.name, ()) + found
     outputs: dict[str, Type] = {}

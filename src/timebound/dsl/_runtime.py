@@ -78,6 +78,9 @@ class CallTrace:
     lazy: bool = False
     priority: int = 50
     attempt_log: list[AttemptTrace] = field(default_factory=list)
+    #: The call's identity in the program, stable across edits of other declarations: the
+    #: binding's name for `y = F(x)`, else the declaration's name and the call's place in it.
+    node: str | None = None
     _t0: float = field(default=0.0, repr=False)
 
     def observe(self, event: Any) -> None:
@@ -259,7 +262,9 @@ class CompiledCall:
         self.policy = policy
         self.lazy = lazy
         self.priority = priority
-        self.key = ""  # set by the compiler for a call that is a DAG node
+        # The call's identity: its declaration and place there, or the binding's name for the
+        # call a binding is; stable across edits of other declarations (the trace's `node`).
+        self.key = ""
 
     async def _eval_args(self, run: _Run) -> tuple[Any, ...]:
         out = []
@@ -336,7 +341,15 @@ class CompiledCall:
             return self.fn(*build(run))
         site = self.site
         t = _clock.now() - run.t0
-        rec = CallTrace(site.module, site.line, site.column, t, priority=self.priority, _t0=run.t0)
+        rec = CallTrace(
+            site.module,
+            site.line,
+            site.column,
+            t,
+            priority=self.priority,
+            _t0=run.t0,
+            node=self.key or None,
+        )
         rec.attempts = 1
         rec.attempt_log.append(AttemptTrace(t))
         assert run.trace is not None
@@ -364,6 +377,7 @@ class CompiledCall:
             lazy=self.lazy,
             priority=self.priority,
             _t0=run.t0,
+            node=self.key or None,
         )
         assert run.trace is not None
         run.trace.append(rec)
