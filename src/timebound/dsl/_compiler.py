@@ -28,6 +28,7 @@ from ._forms import (
     _start,
     _to_async,
 )
+from ._options import OPTIONS
 from ._registry import ModuleRegistry, ModuleSpec
 from ._runtime import (
     CURRENT_RUN,
@@ -97,18 +98,6 @@ def _divide(pos: A.Pos) -> Callable[[Any, Any], Any]:
 
     return div
 
-
-#: Options passed to Policy under their own name, with their parsed value as is.
-_POLICY_OPTIONS = (
-    "timeout",
-    "retry",
-    "delay",
-    "backoff",
-    "cache",
-    "cache_backend",
-    "concurrency",
-    "on_error",
-)
 
 _ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 _COMPARE = {
@@ -791,19 +780,16 @@ class _Compiler(ExpressionForms):
         """One Policy per call site, or None for a call without resilience options."""
         opts = e.options
         self.check_shared_limits(spec.name, e)
-        relevant = [n for n in opts if n not in ("lazy", "priority")]
+        relevant = "fallback" in opts or any(OPTIONS[n].policy is not None for n in opts)
         if not relevant or any(d.severity == "error" for d in self.diags):
             return None  # no policy needed (or the program will not compile anyway)
         from ..policies import Policy
 
         kwargs: dict[str, Any] = {"name": spec.name}
-        # Option values are already what Policy takes (seconds, counts, names), except the
-        # throttle, kept as (count, seconds, text): Policy parses the text itself.
-        for name in _POLICY_OPTIONS:
-            if name in opts:
-                kwargs[name] = opts[name].value
-        if "throttle" in opts:
-            kwargs["throttle"] = opts["throttle"].value[2]
+        for name, option in opts.items():
+            to_policy = OPTIONS[name].policy
+            if to_policy is not None:
+                kwargs[name] = to_policy(option.value)
         if "on_error" in opts:
             kwargs["zero"] = zero_value(spec.returns)
         if fallback is not None:

@@ -18,6 +18,7 @@ from typing import Any, Final, TypeVar
 
 from . import _ast as A
 from ._diagnostics import Diagnostic
+from ._options import DURATION_UNITS_MS, OPTIONS, PRIORITIES, OptionSpec
 
 __all__ = ["KEYWORDS", "MAX_DEPTH", "ParseFailure", "parse"]
 
@@ -32,25 +33,6 @@ ANNOTATIONS: Final = {"example": "in", "source": "in", "sink": "out"}
 #: How deeply brackets, calls, conditionals and operators may nest (E004 beyond).
 MAX_DEPTH: Final = 64
 _MAX_INT: Final = 2**63 - 1
-
-DURATION_UNITS_MS: Final = {"ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
-BACKOFFS: Final = ("fixed", "linear", "exponential")
-ON_ERRORS: Final = ("propagate", "skip", "log", "wrap")
-PRIORITIES: Final = {"critical": 100, "high": 80, "normal": 50, "low": 20, "background": 0}
-OPTION_NAMES: Final = (
-    "retry",
-    "timeout",
-    "delay",
-    "cache",
-    "backoff",
-    "fallback",
-    "cache_backend",
-    "throttle",
-    "concurrency",
-    "on_error",
-    "lazy",
-    "priority",
-)
 
 _TOKEN_RE = re.compile(
     r"""
@@ -918,13 +900,13 @@ class _Parser:
             # A comma continues the clause only when an option follows (`, name:` or `, lazy`).
             if not self.at_op(","):
                 nxt = self.tok
-                if nxt.kind == "ident" and nxt.text in OPTION_NAMES and self.peek().text == ":":
+                if nxt.kind == "ident" and nxt.text in OPTIONS and self.peek().text == ":":
                     # `retry: 1 timeout: 5s`: nothing else can follow an option value like this.
                     raise self.error(f"Missing ',' before option '{nxt.text}'")
                 return
             nxt, after = self.peek(1), self.peek(2)
             if nxt.kind == "ident" and (
-                nxt.text in OPTION_NAMES
+                nxt.text in OPTIONS
                 or (not self.in_record and after.kind == "op" and after.text == ":")
             ):
                 self.advance()
@@ -940,115 +922,101 @@ class _Parser:
             raise self.error(f"Expected an option name after 'with', found {_describe(name_tok)}")
         self.advance()
         name = name_tok.text
-        if name == "lazy" and not self.at_op(":"):
-            self._store(call, A.Option(name, True, name_tok.pos, name_tok.pos, "true"))
-            return
-        if name not in OPTION_NAMES:
+        spec = OPTIONS.get(name)
+        if spec is None:
             self._diag("E019", f"Unknown option '{name}'", name_tok.pos)
             if self.at_op(":"):  # consume the value to go on parsing (`with cached` has none)
                 self.advance()
                 self._skip_value()
             return
+        if spec.kind == "flag" and not self.at_op(":"):  # bare `lazy`
+            self._store(call, A.Option(name, True, name_tok.pos, name_tok.pos, "true"))
+            return
         self.expect_op(":", f" after option '{name}'")
         vt = self.tok
-        value: Any = None
-        text = vt.text
-        bad: str | None = None
+        if spec.kind == "expression":
+            value = self.expr()
+            self._store(call, A.Option(name, value, name_tok.pos, vt.pos, "expression"))
+            return
         negative = vt.kind == "op" and vt.text == "-" and self.peek().kind in ("int", "duration")
-        if negative and name in ("retry", "concurrency", "timeout", "delay", "cache", "throttle"):
+        if negative and spec.kind in ("count", "duration", "rate"):
             # `timeout: -5s`, `retry: -1`: one precise error, the value consumed with it.
             self.advance()
-            num = self.advance()
-            text = f"-{num.text}"
-            if name == "retry":
+            text = f"-{self.advance().text}"
+            if spec.positive:
+                self._diag("E016", f"Invalid value for '{name}': {text} (must be > 0)", vt.pos)
+            else:
                 message = (
-                    f"Invalid value for 'retry': {text} (a negative retry is not allowed; "
-                    "retry: 0 means a single attempt)"
+                    f"Invalid value for '{name}': {text} (a negative {name} is not allowed; "
+                    f"{name}: 0 means a single attempt)"
                 )
                 self._diag("E013", message, vt.pos)
-            else:
-                self._diag("E016", f"Invalid value for '{name}': {text} (must be > 0)", vt.pos)
-                if name == "throttle":  # `-1/1s`: the rest of the rate goes with it
-                    self._skip_value()
+            if spec.kind == "rate":  # `-1/1s`: the rest of the rate goes with it
+                self._skip_value()
             return
-        if name in ("timeout", "delay", "cache"):
-            if vt.kind == "duration":
-                self.advance()
-                n, unit = vt.value
-                value = n * DURATION_UNITS_MS[unit] / 1000
-                if n == 0:
-                    self._diag("E016", f"Invalid value for '{name}': {text} (must be > 0)", vt.pos)
-            else:
-                bad = "a duration literal such as 250ms, 5s, 2min, 1h or 1d"
-        elif name in ("retry", "concurrency"):
-            if vt.kind == "int":
-                self.advance()
-                value = vt.value
-                if name == "concurrency" and value == 0:
-                    self._diag("E016", f"Invalid value for '{name}': {text} (must be > 0)", vt.pos)
-            else:
-                bad = "a whole number literal"
-        elif name == "backoff" or name == "on_error":
-            allowed = BACKOFFS if name == "backoff" else ON_ERRORS
-            if vt.kind == "ident" and vt.text in allowed:
-                self.advance()
-                value = vt.text
-            else:
-                bad = "one of " + ", ".join(allowed)
-        elif name == "lazy":
-            if vt.kind == "kw" and vt.text in ("true", "false"):
-                self.advance()
-                value = vt.text == "true"
-            else:
-                bad = "true or false"
-        elif name == "priority":
+        parsed = self.option_value(spec, vt)
+        if parsed is None:
+            found = _describe(vt)
+            self._diag("E013", f"Option '{name}' expects {spec.expects}, found {found}", vt.pos)
+            self._skip_value()
+            return
+        value, text, zero = parsed
+        if zero and spec.positive:
+            self._diag("E016", f"Invalid value for '{name}': {text} (must be > 0)", vt.pos)
+        self._store(call, A.Option(name, value, name_tok.pos, vt.pos, text))
+
+    def option_value(self, spec: OptionSpec, vt: Token) -> tuple[Any, str, bool] | None:
+        """The value of ``spec`` starting at ``vt`` as (value, text as written, is zero), its
+        tokens consumed; None (nothing consumed) when it does not have the option's form."""
+        kind = spec.kind
+        if kind == "duration" and vt.kind == "duration":
+            self.advance()
+            n, unit = vt.value
+            return n * DURATION_UNITS_MS[unit] / 1000, vt.text, n == 0
+        if kind == "count" and vt.kind == "int":
+            self.advance()
+            return vt.value, vt.text, vt.value == 0
+        if kind == "choice" and vt.kind == "ident" and vt.text in spec.choices:
+            self.advance()
+            return vt.text, vt.text, False
+        if kind == "flag" and vt.kind == "kw" and vt.text in ("true", "false"):
+            self.advance()
+            return vt.text == "true", vt.text, False
+        if kind == "priority":
             if vt.kind == "ident" and vt.text in PRIORITIES:
                 self.advance()
-                value = PRIORITIES[vt.text]
-            elif vt.kind == "int":
+                return PRIORITIES[vt.text], vt.text, False
+            if vt.kind == "int":
                 self.advance()
-                value = vt.value
-            elif vt.kind == "op" and vt.text == "-" and self.peek().kind == "int":
+                return vt.value, vt.text, False
+            if vt.kind == "op" and vt.text == "-" and self.peek().kind == "int":
                 # priority takes an Int (the spec says Int, not Nat): below background is allowed
                 self.advance()
                 num = self.advance()
-                value = -num.value
-                text = f"-{num.text}"
-            else:
-                bad = "critical, high, normal, low, background or an integer"
-        elif name == "cache_backend":
-            if vt.kind == "string" and len(vt.value) == 1 and isinstance(vt.value[0], str):
+                return -num.value, f"-{num.text}", False
+        if kind == "string" and vt.kind == "string":
+            parts = vt.value
+            if len(parts) == 1 and isinstance(parts[0], str) and parts[0]:
                 self.advance()
-                value = vt.value[0]
-                if not value:
-                    bad = "a non-empty string literal"
-            else:
-                bad = "a string literal without interpolation"
-        elif name == "throttle":
-            if (
-                vt.kind == "int"
-                and self.peek().kind == "op"
-                and self.peek().text == "/"
-                and self.peek(2).kind == "duration"
-            ):
-                self.advance()
-                self.advance()
-                dur = self.advance()
-                n, unit = dur.value
-                text = f"{vt.text}/{dur.text}"
-                value = (vt.value, n * DURATION_UNITS_MS[unit] / 1000, text)
-                if vt.value == 0 or n == 0:
-                    self._diag("E016", f"Invalid value for '{name}': {text} (must be > 0)", vt.pos)
-            else:
-                bad = "a rate literal COUNT/DURATION such as 10/1s"
-        else:  # fallback
-            value = self.expr()
-            text = "expression"
-        if bad is not None:
-            self._diag("E013", f"Option '{name}' expects {bad}, found {_describe(vt)}", vt.pos)
-            self._skip_value()
-            return
-        self._store(call, A.Option(name, value, name_tok.pos, vt.pos, text))
+                return parts[0], vt.text, False
+        if (
+            kind == "rate"
+            and vt.kind == "int"
+            and self.peek().kind == "op"
+            and self.peek().text == "/"
+            and self.peek(2).kind == "duration"
+        ):
+            self.advance()
+            self.advance()
+            dur = self.advance()
+            n, unit = dur.value
+            text = f"{vt.text}/{dur.text}"
+            return (
+                (vt.value, n * DURATION_UNITS_MS[unit] / 1000, text),
+                text,
+                vt.value == 0 or n == 0,
+            )
+        return None
 
     def _skip_value(self) -> None:
         """Consume the value of an option that already has its error, reporting nothing more:
