@@ -3,10 +3,13 @@ results and diagnostics of each."""
 
 from __future__ import annotations
 
+import json
+import pathlib
 from typing import Any, TypedDict
 
 import pytest
 
+from timebound.cli import main
 from timebound.dsl import CompileError, Diagnostic, ModuleRegistry, Program, compile
 
 from ._modules import Log, make_registry
@@ -577,3 +580,15 @@ def test_rebinding_an_input_twice() -> None:
     """An input rebound twice keeps each binding apart; out sees the last."""
     source = "in x: Int\nx = x + 1\nx = x * 10\nout x"
     assert _run(source, {"x": 1}) == {"x": 20}
+
+
+def test_json_trace_carries_node_identities(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`timebound run --json --trace` gives each call its stable `node` identity."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p.cst").write_text("n = add(1, 2)\nm = multiply(add(n, 1), 2)\nout m\n")
+    assert main(["run", "p.cst", "--json", "--trace"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["outputs"] == {"m": 8}
+    assert sorted(t["node"] for t in doc["trace"]) == ["m", "m%1", "n"]

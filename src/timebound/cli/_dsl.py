@@ -377,6 +377,7 @@ def _trace_json(t: CallTrace) -> dict[str, Any]:
         "error": t.error,
         "lazy": t.lazy,
         "priority": t.priority,
+        "node": t.node,
     }
 
 
