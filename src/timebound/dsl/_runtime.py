@@ -28,7 +28,7 @@ from ..telemetry import correlation
 from ._diagnostics import Diagnostic
 from ._types import Type, validate_value
 
-__all__ = ["CallSite", "CallTrace", "InputError", "Program", "RunResult"]
+__all__ = ["Annotation", "CallSite", "CallTrace", "InputError", "Program", "RunResult"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +80,9 @@ class CallTrace:
     lazy: bool = False
     priority: int = 50
     attempt_log: list[AttemptTrace] = field(default_factory=list)
+    #: The call's identity in the program, stable across edits of other declarations: the
+    #: binding's name for `y = F(x)`, else the declaration's name and the call's place in it.
+    node: str | None = None
     _t0: float = field(default=0.0, repr=False)
 
     def observe(self, event: Any) -> None:
@@ -111,6 +114,17 @@ class CallTrace:
             self.fallback = True
         elif name == "on_error":
             self.outcome = str(attrs.get("mode", "on_error"))
+
+
+@dataclass(frozen=True, slots=True)
+class Annotation:
+    """An annotation of an input or output: ``@example(value)``, ``@source("kind", k: v)`` or
+    ``@sink(...)``. Metadata for tools: ``values`` are the positional values, ``props`` the
+    named ones."""
+
+    kind: str
+    values: tuple[Any, ...]
+    props: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,7 +264,9 @@ class CompiledCall:
         self.policy = policy
         self.lazy = lazy
         self.priority = priority
-        self.key = ""  # set by the compiler for a call that is a DAG node
+        # The call's identity: its declaration and place there, or the binding's name for the
+        # call a binding is; stable across edits of other declarations (the trace's `node`).
+        self.key = ""
 
     async def _eval_args(self, run: _Run) -> tuple[Any, ...]:
         out = []
@@ -327,7 +343,15 @@ class CompiledCall:
             return self.fn(*build(run))
         site = self.site
         t = _clock.now() - run.t0
-        rec = CallTrace(site.module, site.line, site.column, t, priority=self.priority, _t0=run.t0)
+        rec = CallTrace(
+            site.module,
+            site.line,
+            site.column,
+            t,
+            priority=self.priority,
+            _t0=run.t0,
+            node=self.key or None,
+        )
         rec.attempts = 1
         rec.attempt_log.append(AttemptTrace(t))
         assert run.trace is not None
@@ -355,6 +379,7 @@ class CompiledCall:
             lazy=self.lazy,
             priority=self.priority,
             _t0=run.t0,
+            node=self.key or None,
         )
         assert run.trace is not None
         run.trace.append(rec)
@@ -507,11 +532,15 @@ class Program:
         output_keys: list[tuple[str, str]],
         sites: dict[str, CallSite],
         source: str,
+        examples: dict[str, Any] | None = None,
+        annotations: dict[str, tuple[Annotation, ...]] | None = None,
     ) -> None:
         self.inputs = inputs
         self.outputs = outputs
         self.warnings = warnings
         self.source = source
+        self.examples: dict[str, Any] = examples or {}
+        self.annotations: dict[str, tuple[Annotation, ...]] = annotations or {}
         self._plan = plan
         self._fast_plan = fast_plan
         self._lazy = lazy
