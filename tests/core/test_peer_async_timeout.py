@@ -45,7 +45,7 @@ async def test_blocking_body_that_overran_raises_at_exit(virtual_clock: VirtualC
 
 
 async def test_cancel_racing_the_timeout_stays_a_cancel(virtual_clock: VirtualClock) -> None:
-    """A cancel requested in the same instant the scope fires propagates as CancelledError (#229)."""
+    """A cancel requested in the instant the scope fires propagates as CancelledError (#229)."""
 
     async def body() -> None:
         async with tb.fail_after(1):

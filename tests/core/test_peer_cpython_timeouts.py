@@ -118,7 +118,7 @@ async def test_concurrent_tasks_each_have_their_own_timeout(virtual_clock: Virtu
 async def test_busy_inner_work_is_stopped_by_the_outer_deadline(
     virtual_clock: VirtualClock,
 ) -> None:
-    """When both deadlines pass during blocking work, the outer, earlier one fires and is reported."""
+    """When both deadlines pass during blocking work, the outer one fires and is reported."""
     with pytest.raises(tb.DeadlineExceeded) as info:
         async with tb.fail_after(1) as outer:
             async with tb.fail_after(2) as inner:
