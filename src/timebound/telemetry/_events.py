@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._core import _clock
+from .._core import _clock, _preempt
 
 __all__ = [
     "Counters",
@@ -118,3 +118,13 @@ class Counters:
 
 #: The process-wide counters every adapter increments.
 counters = Counters()
+
+
+def _thread_abandoned(thread: str, what: str | None) -> None:
+    counters.inc("abandoned-threads")
+    emit("thread.abandoned", thread=thread, what=what)
+
+
+# The core's signal/thread tiers report abandoned threads through this hook (core never
+# imports telemetry).
+_preempt.abandon_hooks.append(_thread_abandoned)
