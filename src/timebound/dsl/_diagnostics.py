@@ -31,6 +31,8 @@ CODES: dict[str, str] = {
     "E017": "fallback type mismatch",
     "E018": "duplicate option",
     "E019": "unknown option",
+    "E020": "invalid annotation",
+    "E021": "non-exhaustive match",
     "W001": "'delay' without 'retry'",
     "W002": "'backoff' without 'delay'",
     "W003": "'backoff' without 'retry'",

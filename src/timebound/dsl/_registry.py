@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -201,11 +202,13 @@ def _build_spec(name: str, fn: Callable[..., Any]) -> ModuleSpec:
     )
 
 
+# A name part is what the lexer reads as one identifier: hyphens join word characters
+# (`string-length`, `ide-ranker-v2`).
+_NAME_PART = re.compile(r"[^\W\d]\w*(?:-\w+)*")
+
+
 def _check_name(name: str) -> None:
-    parts = name.split(".")
-    if not all(
-        p and (p[0].isalpha() or p[0] == "_") and p.replace("_", "a").isalnum() for p in parts
-    ):
+    if not all(_NAME_PART.fullmatch(p) for p in name.split(".")):
         raise ConfigurationError(
             f"invalid module name {name!r}: use identifiers separated by dots", option="name"
         )

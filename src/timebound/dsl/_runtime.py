@@ -24,10 +24,11 @@ from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError, DeadlineExceeded, TimeboundError
 from .._core._scopes import current_bound_error, fail_after
 from .._engine import DagPlan
+from ..telemetry import correlation
 from ._diagnostics import Diagnostic
 from ._types import Type, validate_value
 
-__all__ = ["CallSite", "CallTrace", "InputError", "Program", "RunResult"]
+__all__ = ["Annotation", "CallSite", "CallTrace", "InputError", "Program", "RunResult"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +80,9 @@ class CallTrace:
     lazy: bool = False
     priority: int = 50
     attempt_log: list[AttemptTrace] = field(default_factory=list)
+    #: The call's identity in the program, stable across edits of other declarations: the
+    #: binding's name for `y = F(x)`, else the declaration's name and the call's place in it.
+    node: str | None = None
     _t0: float = field(default=0.0, repr=False)
 
     def observe(self, event: Any) -> None:
@@ -110,6 +114,17 @@ class CallTrace:
             self.fallback = True
         elif name == "on_error":
             self.outcome = str(attrs.get("mode", "on_error"))
+
+
+@dataclass(frozen=True, slots=True)
+class Annotation:
+    """An annotation of an input or output: ``@example(value)``, ``@source("kind", k: v)`` or
+    ``@sink(...)``. Metadata for tools: ``values`` are the positional values, ``props`` the
+    named ones."""
+
+    kind: str
+    values: tuple[Any, ...]
+    props: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,7 +264,9 @@ class CompiledCall:
         self.policy = policy
         self.lazy = lazy
         self.priority = priority
-        self.key = ""  # set by the compiler for a call that is a DAG node
+        # The call's identity: its declaration and place there, or the binding's name for the
+        # call a binding is; stable across edits of other declarations (the trace's `node`).
+        self.key = ""
 
     async def _eval_args(self, run: _Run) -> tuple[Any, ...]:
         out = []
@@ -326,7 +343,15 @@ class CompiledCall:
             return self.fn(*build(run))
         site = self.site
         t = _clock.now() - run.t0
-        rec = CallTrace(site.module, site.line, site.column, t, priority=self.priority, _t0=run.t0)
+        rec = CallTrace(
+            site.module,
+            site.line,
+            site.column,
+            t,
+            priority=self.priority,
+            _t0=run.t0,
+            node=self.key or None,
+        )
         rec.attempts = 1
         rec.attempt_log.append(AttemptTrace(t))
         assert run.trace is not None
@@ -354,6 +379,7 @@ class CompiledCall:
             lazy=self.lazy,
             priority=self.priority,
             _t0=run.t0,
+            node=self.key or None,
         )
         assert run.trace is not None
         run.trace.append(rec)
@@ -506,11 +532,15 @@ class Program:
         output_keys: list[tuple[str, str]],
         sites: dict[str, CallSite],
         source: str,
+        examples: dict[str, Any] | None = None,
+        annotations: dict[str, tuple[Annotation, ...]] | None = None,
     ) -> None:
         self.inputs = inputs
         self.outputs = outputs
         self.warnings = warnings
         self.source = source
+        self.examples: dict[str, Any] = examples or {}
+        self.annotations: dict[str, tuple[Annotation, ...]] = annotations or {}
         self._plan = plan
         self._fast_plan = fast_plan
         self._lazy = lazy
@@ -571,11 +601,13 @@ class Program:
         plan = self._plan if traced else self._fast_plan
         token = CURRENT_RUN.set(run)
         try:
-            if seconds is None:
-                await plan.execute(run, concurrency=concurrency, results=env)
-            else:
-                with fail_after(seconds, source="scope", what="run"):
+            # Every event of this run carries its id (one exporter serves every engine).
+            with correlation("run"):
+                if seconds is None:
                     await plan.execute(run, concurrency=concurrency, results=env)
+                else:
+                    with fail_after(seconds, source="scope", what="run"):
+                        await plan.execute(run, concurrency=concurrency, results=env)
         except BaseException as exc:
             # A call node's error reaches here straight from the policy: name its call site.
             site = self._sites.get(getattr(exc, "__timebound_node__", None))  # type: ignore[arg-type]

@@ -19,7 +19,7 @@ from typing import Any, Final, Generic, Literal, TypeVar, overload
 from .._core import _clock
 from .._core._durations import Duration
 from .._core._errors import ConfigurationError
-from ..telemetry import Event, emit
+from ..telemetry import Event, current_correlation, emit
 from . import _call
 from ._cache import CacheBackend, InMemoryCache
 from ._flight import Flights
@@ -465,7 +465,7 @@ class Policy(Generic[_Mode]):
         attrs = {"policy": self.name, **attrs}
         if observer is not None:
             try:
-                observer(Event(name, _clock.now(), attrs))
+                observer(Event(name, _clock.now(), attrs, current_correlation()))
             except Exception:
                 _log.exception("policy observer failed")
         emit(name, **attrs)
