@@ -241,3 +241,15 @@ async def test_storm_of_deadlines_and_cancels_leaves_no_flight_behind(
     assert "ok" in results
     assert policy._flights is not None and len(policy._flights) == 0
     assert len(runs) < 200  # coalescing and the cache spared calls
+
+
+async def test_policies_sharing_a_cache_coalesce_together(virtual_clock: VirtualClock) -> None:
+    """Two policies given one InMemoryCache also share its calls in flight."""
+    from timebound.policies import InMemoryCache
+
+    slow = Slow(1, virtual_clock)
+    shared = InMemoryCache()
+    a = Policy("s", cache="1min", cache_backend=shared)
+    b = Policy("s", cache="1min", cache_backend=shared, retry=1)
+    assert await asyncio.gather(a.execute(slow, ("k",)), b.execute(slow, ("k",))) == [["k"]] * 2
+    assert slow.starts == [0.0]

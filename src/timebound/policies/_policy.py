@@ -258,7 +258,12 @@ class Policy(Generic[_Mode]):
             # This policy's own cache unless one was passed: nothing is shared by name (D3.7).
             backend = self.cache_backend
             self._cache = InMemoryCache() if backend is None else backend
-            self._flights = Flights()
+            # Calls in flight are coalesced per in-memory cache, so policies that share one
+            # (the call sites of a module in a compiled program) also share their flights; keys
+            # name the policy and the function, so nothing else meets.
+            self._flights = (
+                self._cache.flights if isinstance(self._cache, InMemoryCache) else Flights()
+            )
 
         if on_error not in ON_ERROR_MODES:
             raise ConfigurationError(
