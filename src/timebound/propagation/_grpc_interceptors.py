@@ -23,6 +23,7 @@ import asyncio
 import contextvars
 import inspect
 import math
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Final, NamedTuple
 
@@ -47,6 +48,7 @@ __all__ = [
     "EXPIRED_DETAILS",
     "PropagatedDeadlineExceeded",
     "aio_client_interceptor",
+    "aio_client_interceptors",
     "aio_server_interceptor",
     "client_interceptor",
     "server_interceptor",
@@ -818,12 +820,14 @@ def client_interceptor(*, enabled: bool = True, destination: Destination | None 
     return _SyncClientInterceptor(enabled=enabled, destination=destination)
 
 
-def aio_client_interceptor(
+def aio_client_interceptors(
     *, enabled: bool = True, destination: Destination | None = None
 ) -> list[grpc.aio.ClientInterceptor]:
-    """The ``grpc.aio`` client interceptors, one per call kind (grpc.aio dispatches on the type).
+    """The ``grpc.aio`` client interceptors: a list, one per call kind.
 
-    ``grpc.aio.insecure_channel(target, interceptors=aio_client_interceptor())``. Same rules as
+    ``grpc.aio.insecure_channel(target, interceptors=aio_client_interceptors())`` — or
+    ``interceptors=[*aio_client_interceptors(), other]``. grpc.aio files each interceptor under
+    the first call kind its type matches, so one object cannot serve all four. Same rules as
     :func:`client_interceptor`; the unary-response error is :class:`AioPropagatedDeadlineExceeded`.
     """
     return [
@@ -832,3 +836,17 @@ def aio_client_interceptor(
         _AioUnaryStream(enabled=enabled, destination=destination),
         _AioStreamStream(enabled=enabled, destination=destination),
     ]
+
+
+def aio_client_interceptor(
+    *, enabled: bool = True, destination: Destination | None = None
+) -> list[grpc.aio.ClientInterceptor]:
+    """Deprecated name of :func:`aio_client_interceptors` (it returns a list, not one
+    interceptor); warns and returns the same list."""
+    warnings.warn(
+        "timebound.propagation.grpc.aio_client_interceptor() returns a list of interceptors;"
+        " it is now aio_client_interceptors(): pass interceptors=aio_client_interceptors()",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return aio_client_interceptors(enabled=enabled, destination=destination)
