@@ -214,7 +214,7 @@ def _quiet_flask(app: WSGIApp, status: int) -> None:
     spec = getattr(flask_app, "error_handler_spec", None)
     if getattr(app, "__name__", None) != "wsgi_app" or register is None or spec is None:
         return
-    handlers: dict[type[BaseException], Callable[[BaseException], Any]] = spec[None][None]
+    handlers: dict[type, Callable[[BaseException], Any]] = spec[None][None]
     if DeadlineExceeded in handlers:
         return
 
