@@ -54,7 +54,25 @@ from ._codec import EXPIRED_HEADER, TIMEOUT_HEADER
 __all__ = ["AsyncDeadlineTransport", "AttemptTimeout", "DeadlineTransport"]
 
 _PHASES = ("connect", "read", "write", "pool")
-_TIMEOUTS: tuple[type[BaseException], ...] = (httpx.TimeoutException,)
+
+
+class _Spent(Exception):
+    """Raised from httpcore's trace hook at a step begun after the attempt's end (sync)."""
+
+
+_TIMEOUTS: tuple[type[BaseException], ...] = (httpx.TimeoutException, _Spent)
+# The steps httpcore traces after the pool wait, at whose start a sync attempt may stop.
+_STEPS = frozenset(
+    {
+        "connect_tcp.started",
+        "connect_unix_socket.started",
+        "start_tls.started",
+        "send_request_headers.started",
+        "send_request_body.started",
+        "receive_response_headers.started",
+        "receive_response_body.started",
+    }
+)
 
 
 class AttemptTimeout(AttemptTimeoutBase, httpx.TimeoutException):
@@ -157,9 +175,13 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
         self._inner = inner if inner is not None else httpx.HTTPTransport()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        attempt = self._begin(request, self._static(request))
-        seconds = attempt.clamped.seconds
-        _prepare(request, attempt, phases_to=seconds, pool_to=seconds)
+        static = self._static(request)
+        attempt = self._begin(request, static)
+        # The pool wait is not shortened to our deadline: httpcore's pool timeout leaks the
+        # connection it has just assigned (encode/httpcore#1093), as a cancel does in async.
+        _prepare(request, attempt, phases_to=attempt.clamped.seconds, pool_to=static)
+        if attempt.end is not None:
+            _gate_steps(request, attempt)
         with attempt.boundary():
             response = self._inner.handle_request(request)
         refusal = attempt.refusal(
@@ -178,6 +200,35 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
 
     def close(self) -> None:
         self._inner.close()
+
+
+def _gate_steps(request: httpx.Request, attempt: Attempt) -> None:
+    """Sync: bound every step after the pool wait by the time left.
+
+    A sync pool wait cannot be interrupted, and its timeout must not be our deadline (see
+    :meth:`DeadlineTransport.handle_request`), so the wait may end after the attempt's end. At
+    the start of each later step httpcore traces (connect, send, receive), the step's phase
+    timeouts — read by httpcore from the request's own ``timeout`` mapping at every I/O — are
+    lowered to the time left, and a step that would start after the end raises :class:`_Spent`
+    (mapped to the cut by the boundary); httpcore closes a connection that stops there.
+    """
+    phases: dict[str, float | None] = request.extensions["timeout"]
+    theirs = request.extensions.get("trace")
+    end = attempt.end
+    assert end is not None
+
+    def trace(name: str, info: dict[str, Any]) -> None:
+        if name.partition(".")[2] in _STEPS:
+            left = end - _clock.now()
+            if left <= 0:
+                raise _Spent(name)
+            for phase in ("connect", "read", "write"):
+                value = phases.get(phase)
+                phases[phase] = left if value is None else min(value, left)
+        if theirs is not None:
+            theirs(name, info)
+
+    request.extensions = {**request.extensions, "trace": trace}
 
 
 class _SyncStream(httpx.SyncByteStream):
