@@ -34,6 +34,10 @@ _COMMANDS: tuple[_Command, ...] = (
     _Command(
         "pipeline", "timebound.cli._pipeline", "compile, validate and run pipelines", "pipeline"
     ),
+    _Command(
+        "workflow", "timebound.cli._workflow", "validate and run durable workflows", "workflow"
+    ),
+    _Command("worker", "timebound.cli._workflow", "work on a workflow store's runs", "workflow"),
 )
 
 # Options whose value may start with "-" (a negative duration is a mistake worth a clear error,
