@@ -563,7 +563,7 @@ def _task_action(
                         node_id=key,
                     )
                 params[arg] = resolved[0]
-        return run.rowset.table(reads), params
+        return run.rowset.table(reads), MappingProxyType(params)
 
     # Writes that do not depend on params are known now: no evaluation per call.
     fixed = task.writes if isinstance(task.writes, tuple) else None
