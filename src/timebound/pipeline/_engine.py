@@ -105,7 +105,7 @@ class Engine:
     ``capabilities`` restricts what the engine enables (default: everything it supports).
 
     Validated plans are cached on the engine, keyed by plan digest and capabilities digest
-    (RFC §5.9).
+    (RFC §5.9); the ``plan_cache_size`` most recently used are kept.
     """
 
     def __init__(
@@ -114,13 +114,24 @@ class Engine:
         *,
         env: Literal["prod", "dev"] = "prod",
         capabilities: Collection[str] | None = None,
+        plan_cache_size: int = 128,
     ) -> None:
         if not isinstance(registry, Registry):
             raise ConfigurationError(f"registry must be a pl.Registry, got {registry!r}")
         if env not in ("prod", "dev"):
             raise ConfigurationError(f"env must be 'prod' or 'dev', got {env!r}", option="env")
+        if isinstance(capabilities, str):
+            raise ConfigurationError(
+                "capabilities is a collection of capability ids, e.g. [pl.CAPABILITY]",
+                option="capabilities",
+            )
+        if isinstance(plan_cache_size, bool) or not isinstance(plan_cache_size, int):
+            raise ConfigurationError("plan_cache_size must be an integer", option="plan_cache_size")
+        if plan_cache_size < 1:
+            raise ConfigurationError("plan_cache_size must be >= 1", option="plan_cache_size")
         self.registry = registry
         self.env = env
+        self._cache_size = plan_cache_size
         self.capabilities = frozenset(
             SUPPORTED_CAPABILITIES if capabilities is None else capabilities
         )
@@ -139,13 +150,15 @@ class Engine:
         if not isinstance(artifact, Artifact):
             raise TypeError(f"run() takes a pl.Artifact, got {type(artifact).__name__}")
         key = (artifact.digest, self.capabilities_digest)
-        compiled = self._cache.get(key)
+        compiled = self._cache.pop(key, None)
         if compiled is None:
             checked = validate(artifact, self.registry, capabilities=self.capabilities)
             builder = _Builder(self, artifact)
             builder.chain(artifact.plan["nodes"], "", None, None)
             compiled = _Compiled(DagPlan(builder.nodes, builder.groups), checked, builder.meta)
-            self._cache[key] = compiled
+            if len(self._cache) >= self._cache_size:
+                del self._cache[next(iter(self._cache))]  # the least recently used
+        self._cache[key] = compiled  # (re)inserted last: most recently used
         return compiled
 
     # Running --------------------------------------------------------------------------------
