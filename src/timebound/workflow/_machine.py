@@ -63,6 +63,7 @@ class Machine:
         self._cancel_attempt = cancel_attempt
         self._on_run_finished = on_run_finished
         self.late_results = 0
+        self._seq = 0
 
     # Loading --------------------------------------------------------------------------------
 
@@ -224,10 +225,9 @@ class Machine:
     ) -> str:
         token_id = uuid.uuid4().hex
         tx.wake_others = True
-        row = await tx.fetchone(
-            "SELECT COALESCE(MAX(seq), 0) + 1 AS s FROM tb_wf_tokens WHERE run_id = ?", run_id
-        )
-        seq = 1 if row is None else int(row["s"])
+        # Creation order without a query: increasing in this process, and across processes
+        # ordered by the creation millisecond.
+        self._seq = seq = max(self._seq + 1, now * 1000)
         b = branch or {}
         # A token stuck in pending/dispatched longer than its node timeout times out (fail).
         timeout_ms = definition.node_timeout_ms(definition.nodes[node_id])
@@ -282,11 +282,14 @@ class Machine:
             tok["id"],
         )
         tok["status"], tok["state_data"] = status, _dumps(data)
-        if status in TERMINAL or status == "waiting_for_siblings":
+        if tok["timeout_at"] is not None and (
+            status in TERMINAL or status == "waiting_for_siblings"
+        ):
             await tx.clear_timer(f"tok:{tok['id']}")
         if status in TERMINAL:
             self._cancel_attempt(tok["id"])
-            await self._cancel_children(tx, tok["id"], now)
+            if tok["child_run_id"] is not None:
+                await self._cancel_children(tx, tok["id"], now)
         if status != "timed_out":  # token_timed_out carries the seed's richer shape
             await tx.append_event(
                 tok["run_id"],
@@ -325,6 +328,7 @@ class Machine:
     async def claim(
         self, tx: Tx, tok: dict[str, Any], owner: str, lease_until: int, now: int
     ) -> None:
+        """Take a ready token under a lease (``dispatched``)."""
         await tx.execute(
             "UPDATE tb_wf_tokens SET status = 'dispatched', lease_owner = ?, lease_until = ?, "
             "updated_at = ? WHERE id = ?",
@@ -333,6 +337,7 @@ class Machine:
             now,
             tok["id"],
         )
+        tok.update(status="dispatched", lease_owner=owner, lease_until=lease_until)
         await tx.append_event(
             tok["run_id"],
             "token_dispatched",
@@ -854,6 +859,7 @@ class Machine:
             child_id,
             tok["id"],
         )
+        tok.update(child_run_id=child_id, timeout_at=None)
         await tx.clear_timer(f"tok:{tok['id']}")
         return child_id
 
