@@ -6,8 +6,8 @@ rows and ``dbos`` (the ``bench`` extra) for the baseline; rows that cannot run a
 missing, never invented.
 
 Rows:
-- ``steps_per_s.*``: the same 10-step workflow (each step a trivial python action), many runs at
-  once, on SQLite with ``synchronous=FULL`` and ``NORMAL`` and on PostgreSQL (one worker).
+- ``steps_per_s.*``: the same 10-step workflow (each step a trivial python action), many runs
+  started at once, on SQLite with ``synchronous=FULL`` and ``NORMAL`` and on PostgreSQL (one worker).
   Baseline: DBOS running the same 10-step workflow on SQLite in a child process, with the same
   number of runs in flight (threads, as DBOS runs sync workflows).
 - ``steps_per_s.sqlite_full_one_run``: a single run at a time (every step waits for its own
@@ -67,7 +67,7 @@ async def _throughput(url: str, runs: int) -> float:
     async with engine:
         await engine.wait(await engine.start("ten"))  # warm up
         started = time.perf_counter()
-        ids = [await engine.start("ten") for _ in range(runs)]
+        ids = await asyncio.gather(*(engine.start("ten") for _ in range(runs)))
         for run_id in ids:
             result = await engine.wait(run_id)
             assert result.status == "completed", result
@@ -140,7 +140,6 @@ async def _timeout_lags(url: str, n: int) -> list[int]:
          "nodes": [{"id": "A", "action_id": "h"}]}  # fmt: skip
     rng = random.Random(7)
     engine = wf.Engine(db=url, actions={"hang": hang}, concurrency=n + 1)
-    ids = []
     for i in range(n):
         # One definition version per timeout so deadlines spread over two seconds, after every
         # run has started (starting them is measured elsewhere).
@@ -148,8 +147,7 @@ async def _timeout_lags(url: str, n: int) -> list[int]:
                                                 "timeout_ms": 6000 + rng.randrange(2000)}]}  # fmt: skip
         engine.register(d)
     async with engine:
-        for i in range(n):
-            ids.append(await engine.start("t", version=i + 1))
+        ids = await asyncio.gather(*(engine.start("t", version=i + 1) for i in range(n)))
         lags = []
         for run_id in ids:
             await engine.wait(run_id)
@@ -166,7 +164,7 @@ async def _dead_worker_lags(url: str, n: int) -> list[int]:
     dying = wf.Engine(db=url, actions={"hang": hang}, concurrency=n + 1)
     dying.register(d)
     await dying.open()
-    ids = [await dying.start("dw") for _ in range(n)]
+    ids = await asyncio.gather(*(dying.start("dw") for _ in range(n)))
     await asyncio.sleep(0.5)  # every token executing
     await dying.close()  # as after a crash: tokens 'executing', nobody enforcing their timers
     survivor = wf.Engine(db=url, actions={"hang": hang})
