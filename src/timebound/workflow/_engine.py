@@ -30,7 +30,8 @@ from .._core._scopes import fail_after
 from .._store import Store, Tx, open_store
 from ._actions import ActionContext, Outcome, freeze, run_http, run_python
 from ._definition import Definition, DefinitionError, parse_definition
-from ._machine import RUN_TERMINAL, Machine
+from ._machine import Machine
+from ._rows import RUN_TERMINAL
 
 __all__ = ["Engine", "RunResult"]
 
@@ -471,7 +472,7 @@ class Engine:
             ):
                 await self._machine.token_timeout(tx, run, tok, now)
         elif timer["kind"] == "join":
-            await self._machine.join_timeout(tx, run, timer["key"], now)
+            await self._machine.joins.join_timeout(tx, run, timer["key"], now)
 
     async def _dispatch(self, tx: Tx, now: int) -> list[_Plan]:
         """Claim ready tokens (a lease each) and begin their attempts."""
