@@ -107,10 +107,9 @@ def violations(source: str, relpath: pathlib.PurePath) -> list[str]:
         else:
             targets = [target]
         for full in targets:
-            if full in LEAF_MODULES:
-                continue
             package = full.split(".")[1]
-            if package != own and package in RANK and RANK[package] >= RANK[own]:
+            below = full in LEAF_MODULES or package not in RANK or RANK[package] < RANK[own]
+            if package != own and not below:
                 problems.append(f"{where}: {own} imports {full} (not below it)")
             if own in PUBLIC_ONLY and package != own:
                 private = [p for p in full.split(".")[1:] if _is_private(p)]
@@ -205,6 +204,13 @@ def test_cli_private_attribute_is_caught() -> None:
     """The CLI calling a private method of a public object is caught."""
     source = "def f(program):\n    return program._execute({})\n"
     assert _check("cli/_dsl.py", source) == ["cli/_dsl.py:2: uses private attribute ._execute"]
+
+
+def test_cli_reading_the_private_version_module_is_caught() -> None:
+    """The CLI takes the version from the root package, not from the private module."""
+    assert _check("cli/__init__.py", "from .._version import __version__\n") == [
+        "cli/__init__.py:1: uses private timebound._version ['_version']"
+    ]
 
 
 def test_cli_own_private_modules_are_fine() -> None:
