@@ -1,5 +1,5 @@
-"""Execution machinery shared by the engines (not a public API): a generic DAG executor."""
+"""Execution machinery shared by the engines (not a public API): the DAG executor."""
 
-from ._dag import DagPlan, Node, Span
+from ._dag import DagPlan, Event, Group, Node, Span
 
-__all__ = ["DagPlan", "Node", "Span"]
+__all__ = ["DagPlan", "Event", "Group", "Node", "Span"]

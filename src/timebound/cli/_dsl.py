@@ -36,6 +36,7 @@ from ..dsl import (
     Type,
     compile,
     format_diagnostic,
+    format_failure,
     to_json_value,
 )
 
@@ -51,9 +52,11 @@ def register(subparsers: Any) -> None:
     run = subparsers.add_parser(
         "run",
         help="run a Constellation program",
-        description="Compile and run a Constellation program (.cst) against Python modules.",
+        description="Compile and run a Constellation program (.cst) against Python modules "
+        "(a program calling only the standard library needs none). An input not given takes "
+        "its @example value.",
     )
-    _common(run)
+    _common(run, modules_required=False)
     run.add_argument(
         "--input",
         action="append",
@@ -155,19 +158,22 @@ def _registry(spec: str) -> ModuleRegistry:
     raise _Usage(f"module {mod_name!r} defines several registries; pick one of {names}")
 
 
-def _compile(args: argparse.Namespace, out: TextIO) -> tuple[Program | None, str, list[Diagnostic]]:
+def _compile(
+    args: argparse.Namespace, out: TextIO, *, checking: bool = False
+) -> tuple[Program | None, str, list[Diagnostic]]:
     """The program (None when it does not compile), its source and its diagnostics.
 
-    Without ``--modules`` the program is checked against no modules: every call is an unknown
-    module (E009), whose result type is unknown and checked no further; those diagnostics are
-    dropped and everything else is reported.
+    Without ``--modules`` the program has the standard library only. ``check`` then treats a
+    call of any other module as unknown (E009), whose result type is unknown and checked no
+    further: those diagnostics are dropped and everything else is reported.
     """
     source = _read(args.file)
     registry = _registry(args.modules) if args.modules else ModuleRegistry()
     try:
         program = compile(source, modules=registry)
     except CompileError as exc:
-        diagnostics = [d for d in exc.diagnostics if args.modules or d.code != "E009"]
+        lenient = checking and not args.modules
+        diagnostics = [d for d in exc.diagnostics if not lenient or d.code != "E009"]
         for d in diagnostics:
             print(format_diagnostic(d, source, args.file), file=out)
         return None, source, diagnostics
@@ -179,7 +185,7 @@ def _compile(args: argparse.Namespace, out: TextIO) -> tuple[Program | None, str
 
 def _check(args: argparse.Namespace) -> int:
     try:
-        program, source, diagnostics = _compile(args, sys.stdout)
+        program, source, diagnostics = _compile(args, sys.stdout, checking=True)
     except _Usage as exc:
         print(f"timebound check: {exc}", file=sys.stderr)
         return 2
@@ -266,6 +272,8 @@ def _inputs(args: argparse.Namespace, program: Program) -> dict[str, Any]:
             known = ", ".join(program.inputs) or "none"
             raise _Usage(f"--input {name}: the program has no input '{name}' (inputs: {known})")
         values[name] = _convert(name, text, program.inputs[name])
+    for name, value in program.examples.items():  # `@example(...)` stands in for a missing input
+        values.setdefault(name, value)
     return values
 
 
@@ -350,17 +358,7 @@ def _error_json(exc: BaseException, filename: str) -> dict[str, Any]:
 
 
 def _print_failure(exc: BaseException, source: str, filename: str) -> None:
-    site = getattr(exc, "call_site", None)
-    head = f"run failed: {type(exc).__name__}: {_message(exc)}"
-    if site is None:
-        print(f"{filename}: {head}", file=sys.stderr)
-        return
-    print(f"{filename}:{site.line}:{site.column}: {head}", file=sys.stderr)
-    # The source line and a caret under the call, laid out as a compile diagnostic shows them.
-    placed = Diagnostic("run", "error", head, site.line, site.column)
-    caret = format_diagnostic(placed, source, filename).partition("\n")[2]
-    if caret:
-        print(caret, file=sys.stderr)
+    print(format_failure(exc, source, filename), file=sys.stderr)
 
 
 def _trace_json(t: CallTrace) -> dict[str, Any]:
@@ -379,15 +377,18 @@ def _trace_json(t: CallTrace) -> dict[str, Any]:
         "error": t.error,
         "lazy": t.lazy,
         "priority": t.priority,
+        "node": t.node,
     }
 
 
 _BAR = 40
+_MARKS = {"ok": "#", "timeout": "T", "deadline": "D", "cancelled": "-"}
 
 
 def _bar(t: CallTrace, total: float) -> str:
     """One character per 1/40 of the run: # attempt that succeeded, x failed, T timed out,
-    . waiting (delays, fallback, admission); C a cache hit."""
+    D stopped by the run's deadline, - cancelled because another call failed, w waiting for a
+    throttle token or concurrency slot, . waiting (delays, fallback); C a cache hit."""
     cells = [" "] * _BAR
     if total <= 0:
         total = 1e-9
@@ -400,9 +401,13 @@ def _bar(t: CallTrace, total: float) -> str:
         cells[i] = "."
     for a in t.attempt_log:
         a_end = end if a.end is None else a.end
-        mark = {"ok": "#", "timeout": "T"}.get(a.outcome, "x")
+        mark = _MARKS.get(a.outcome, "x")
         for i in range(col(a.start), col(a_end) + 1):
             cells[i] = mark
+        if a.entered is not None and a.entered > a.start:
+            # Admission (throttle, concurrency) is a wait, not the module failing or working.
+            for i in range(col(a.start), col(a.entered)):
+                cells[i] = "w"
     if t.cache_hit:
         cells[col(t.start)] = "C"
     return "|" + "".join(cells) + "|"
@@ -445,7 +450,8 @@ def _print_trace(trace: list[CallTrace], duration: float | None, out: TextIO) ->
         if notes:
             print(f"{'':<{width}}  {'':>7}  -> " + "; ".join(notes), file=out)
     print(
-        "legend: # attempt succeeded, x attempt failed, T attempt timed out, . waiting "
-        "(delay, fallback), C cache hit",
+        "legend: # attempt succeeded, x attempt failed, T attempt timed out, D stopped by the "
+        "run's deadline, - cancelled (another call failed), w waiting for throttle/concurrency, "
+        ". waiting (delay, fallback), C cache hit",
         file=out,
     )

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .._core._errors import TimeboundError
+from .._core._classify import bound_origin
+from .._core._errors import DeadlineExceeded, TimeboundError, _format_seconds
 
-__all__ = ["CODES", "CompileError", "Diagnostic", "format_diagnostic"]
+__all__ = ["CODES", "CompileError", "Diagnostic", "format_diagnostic", "format_failure"]
 
 #: Every diagnostic code and what it means (documented in docs/constellation.md).
 CODES: dict[str, str] = {
@@ -30,6 +31,8 @@ CODES: dict[str, str] = {
     "E017": "fallback type mismatch",
     "E018": "duplicate option",
     "E019": "unknown option",
+    "E020": "invalid annotation",
+    "E021": "non-exhaustive match",
     "W001": "'delay' without 'retry'",
     "W002": "'backoff' without 'delay'",
     "W003": "'backoff' without 'retry'",
@@ -76,6 +79,30 @@ def format_diagnostic(diag: Diagnostic, source: str, filename: str = "<source>")
         pad = "".join("\t" if ch == "\t" else " " for ch in text[: max(0, col - 1)])
         return f"{head}\n    {text}\n    {pad}^"
     return head
+
+
+def format_failure(exc: BaseException, source: str, filename: str = "<source>") -> str:
+    """A failed run as the CLI prints it: ``FILE:LINE:COL: run failed: Type: message``, the
+    call's source line and a caret; a call whose own timeout fired adds ``Module:``,
+    ``Timeout:`` and ``Hint:`` lines (the language's timeout RFC shows errors this way)."""
+    site = getattr(exc, "call_site", None)
+    message = str(exc)
+    if site is not None:
+        # The runtime appends "[at <site>]" to the message; the FILE:LINE:COL prefix says it.
+        message = message.replace(f" [at {site}]", "")
+    if site is None:
+        return f"{filename}: run failed: {type(exc).__name__}: {message}"
+    lines = [f"{filename}:{site.line}:{site.column}: run failed: {type(exc).__name__}: {message}"]
+    text = source_line(source, site.line)
+    if text is not None:
+        pad = "".join("\t" if ch == "\t" else " " for ch in text[: max(0, site.column - 1)])
+        lines += [f"    {text}", f"    {pad}^"]
+    if isinstance(exc, DeadlineExceeded) and bound_origin(exc.source) == "own":
+        lines.append(f"  Module: {site.module}")
+        if exc.timeout is not None:
+            lines.append(f"  Timeout: {_format_seconds(exc.timeout)}")
+        lines.append("  Hint: raise the timeout, or give the call a fallback")
+    return "\n".join(lines)
 
 
 class CompileError(TimeboundError, ValueError):

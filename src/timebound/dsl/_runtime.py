@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import json
 import math
 import operator
@@ -18,15 +19,16 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .._core import _clock
+from .._core._classify import classify
 from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError, DeadlineExceeded, TimeboundError
-from .._core._scopes import fail_after
+from .._core._scopes import current_bound_error, fail_after
 from .._engine import DagPlan
 from ..telemetry import correlation
 from ._diagnostics import Diagnostic
 from ._types import Type, validate_value
 
-__all__ = ["CallSite", "CallTrace", "InputError", "Program", "RunResult"]
+__all__ = ["Annotation", "CallSite", "CallTrace", "InputError", "Program", "RunResult"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,11 +45,15 @@ class CallSite:
 
 @dataclass(slots=True)
 class AttemptTrace:
-    """One attempt of a call: start and end in seconds since the run started, and its outcome."""
+    """One attempt of a call: start and end in seconds since the run started, and its outcome
+    (``ok``, ``error``, ``timeout`` — the call's own timeout —, ``deadline`` — the run's or an
+    inherited deadline —, ``cancelled``). ``entered`` is when the module was entered: later than
+    ``start`` when the attempt waited for a ``throttle`` token or a ``concurrency`` slot."""
 
     start: float
     end: float | None = None
     outcome: str = "running"
+    entered: float | None = None
 
 
 @dataclass(slots=True)
@@ -55,7 +61,8 @@ class CallTrace:
     """What one module call did, in seconds since the run started.
 
     ``outcome`` is ``ok``, ``cache`` (a cache hit), ``fallback``, ``skip``/``log``/``wrap``
-    (``on_error`` absorbed a failure), ``error`` or ``cancelled``.
+    (``on_error`` absorbed a failure), ``error``, ``deadline`` (stopped by the run's or an
+    inherited deadline, not by a failure of its own) or ``cancelled`` (another call failed).
     """
 
     module: str
@@ -73,6 +80,9 @@ class CallTrace:
     lazy: bool = False
     priority: int = 50
     attempt_log: list[AttemptTrace] = field(default_factory=list)
+    #: The call's identity in the program, stable across edits of other declarations: the
+    #: binding's name for `y = F(x)`, else the declaration's name and the call's place in it.
+    node: str | None = None
     _t0: float = field(default=0.0, repr=False)
 
     def observe(self, event: Any) -> None:
@@ -86,7 +96,9 @@ class CallTrace:
         elif name == "attempt.end":
             outcome = str(attrs.get("outcome", "error"))
             err = attrs.get("error")
-            if isinstance(err, DeadlineExceeded) or outcome == "timeout":
+            if isinstance(err, DeadlineExceeded) and classify(err) != "own":
+                outcome = "deadline"  # the run's (or an inherited) deadline, not the timeout
+            elif isinstance(err, DeadlineExceeded) or outcome == "timeout":
                 self.timeouts += 1
                 outcome = "timeout"
             if self.attempt_log:
@@ -102,6 +114,17 @@ class CallTrace:
             self.fallback = True
         elif name == "on_error":
             self.outcome = str(attrs.get("mode", "on_error"))
+
+
+@dataclass(frozen=True, slots=True)
+class Annotation:
+    """An annotation of an input or output: ``@example(value)``, ``@source("kind", k: v)`` or
+    ``@sink(...)``. Metadata for tools: ``values`` are the positional values, ``props`` the
+    named ones."""
+
+    kind: str
+    values: tuple[Any, ...]
+    props: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,7 +264,9 @@ class CompiledCall:
         self.policy = policy
         self.lazy = lazy
         self.priority = priority
-        self.key = ""  # set by the compiler for a call that is a DAG node
+        # The call's identity: its declaration and place there, or the binding's name for the
+        # call a binding is; stable across edits of other declarations (the trace's `node`).
+        self.key = ""
 
     async def _eval_args(self, run: _Run) -> tuple[Any, ...]:
         out = []
@@ -318,7 +343,15 @@ class CompiledCall:
             return self.fn(*build(run))
         site = self.site
         t = _clock.now() - run.t0
-        rec = CallTrace(site.module, site.line, site.column, t, priority=self.priority, _t0=run.t0)
+        rec = CallTrace(
+            site.module,
+            site.line,
+            site.column,
+            t,
+            priority=self.priority,
+            _t0=run.t0,
+            node=self.key or None,
+        )
         rec.attempts = 1
         rec.attempt_log.append(AttemptTrace(t))
         assert run.trace is not None
@@ -346,6 +379,7 @@ class CompiledCall:
             lazy=self.lazy,
             priority=self.priority,
             _t0=run.t0,
+            node=self.key or None,
         )
         assert run.trace is not None
         run.trace.append(rec)
@@ -360,9 +394,18 @@ class CompiledCall:
                 rec.attempt_log[-1].end = _clock.now() - run.t0
                 rec.attempt_log[-1].outcome = "ok"
             else:
-                result = await policy.execute(self.fn, args, observer=rec.observe)
+                result = await policy.execute(_entering(self.fn, rec), args, observer=rec.observe)
         except BaseException as exc:
-            if isinstance(exc, asyncio.CancelledError):
+            if (isinstance(exc, DeadlineExceeded) and classify(exc) != "own") or (
+                isinstance(exc, asyncio.CancelledError) and current_bound_error() is not None
+            ):
+                # Stopped because the run's (or an inherited) deadline passed: not a failure of
+                # this call, and drawn differently in the trace.
+                rec.outcome = "deadline"
+                for a in rec.attempt_log:
+                    if a.outcome == "cancelled":
+                        a.outcome = "deadline"
+            elif isinstance(exc, asyncio.CancelledError):
                 rec.outcome = "cancelled"
             else:
                 rec.outcome = "error"
@@ -377,6 +420,20 @@ class CompiledCall:
         if rec.outcome == "running":
             rec.outcome = "cache" if rec.cache_hit else "fallback" if rec.fallback else "ok"
         return result
+
+
+def _entering(fn: Callable[..., Any], rec: CallTrace) -> Callable[..., Any]:
+    """``fn`` noting in ``rec`` when each attempt enters the module: the policy calls it after
+    admission, so the gap from the attempt's start is the throttle/concurrency wait. Traced runs
+    only; ``wraps`` keeps the signature the policy's cache keys are bound to."""
+
+    @functools.wraps(fn)
+    def entering(*args: Any) -> Any:
+        if rec.attempt_log:
+            rec.attempt_log[-1].entered = _clock.now() - rec._t0
+        return fn(*args)
+
+    return entering
 
 
 class Thunk:
@@ -475,11 +532,15 @@ class Program:
         output_keys: list[tuple[str, str]],
         sites: dict[str, CallSite],
         source: str,
+        examples: dict[str, Any] | None = None,
+        annotations: dict[str, tuple[Annotation, ...]] | None = None,
     ) -> None:
         self.inputs = inputs
         self.outputs = outputs
         self.warnings = warnings
         self.source = source
+        self.examples: dict[str, Any] = examples or {}
+        self.annotations: dict[str, tuple[Annotation, ...]] = annotations or {}
         self._plan = plan
         self._fast_plan = fast_plan
         self._lazy = lazy
@@ -629,3 +690,60 @@ def _run_in_new_loop(coro: Any) -> Any:
         return asyncio.run(coro)
     coro.close()
     raise RuntimeError("run_sync() cannot be used inside a running event loop; await run()")
+
+
+class ProgramResources:
+    """The caches and limiters one compiled program owns (D3.6, D3.7).
+
+    Every call site of a module in the program shares that module's cache, token bucket and
+    slots; nothing is shared with another program, even one compiled from the same text against
+    the same registry. ``cache_backend: "memory"`` (or none) is the program's own in-memory
+    cache for the module; any other name is a backend registered on the registry on purpose.
+    """
+
+    def __init__(self, registry: Any) -> None:
+        self._registry = registry
+        self._caches: dict[tuple[str, str], Any] = {}
+        self._buckets: dict[str, Any] = {}
+        self._slots: dict[str, Any] = {}
+
+    def cache(self, module: str, backend: str | None) -> Any:
+        """The cache of ``module`` in ``backend`` (``"memory"`` when None)."""
+        from ..policies import InMemoryCache
+
+        name = "memory" if backend is None else backend
+        key = (module, name)
+        cache = self._caches.get(key)
+        if cache is None:
+            if name == "memory":
+                cache = InMemoryCache()
+            else:
+                cache = self._registry.cache_backend(name)
+                if cache is None:
+                    known = ", ".join(repr(n) for n in self._registry.cache_backend_names())
+                    raise ConfigurationError(
+                        f"unknown cache_backend {name!r} (known: {known}); register it with "
+                        "registry.register_cache_backend(name, backend)",
+                        option="cache_backend",
+                    )
+            self._caches[key] = cache
+        return cache
+
+    def bucket(self, module: str, count: int, per: float) -> Any:
+        """The token bucket of ``module``'s throttle (one per module: the compiler rejects call
+        sites that declare different throttles)."""
+        from ..policies import TokenBucket
+
+        bucket = self._buckets.get(module)
+        if bucket is None:
+            bucket = self._buckets[module] = TokenBucket(count, per)
+        return bucket
+
+    def slots(self, module: str, limit: int) -> Any:
+        """The concurrency slots of ``module``."""
+        from ..policies import Slots
+
+        slots = self._slots.get(module)
+        if slots is None:
+            slots = self._slots[module] = Slots(limit)
+        return slots

@@ -119,10 +119,9 @@ class DeadlineMiddleware:
         for name, key in self._keys:
             value = environ.get(key)
             if isinstance(value, str):
-                # WSGI servers join repeated header lines with commas (RFC 9110 5.3); no valid
-                # deadline value contains one, so split them back and let the minimum win, as
-                # the ASGI middleware does with repeated lines.
-                found.extend((name, part) for part in value.split(","))
+                # WSGI servers join repeated lines with commas; the codec reads that form and
+                # ASGI's separate lines alike (D4.1).
+                found.append((name, value))
         arrival = arrive(found, self._config.names, start) if found else None
         if arrival is None:
             return self.app(environ, start_response)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from .._core import _clock
+from .._core import _clock, _preempt
 from .._core._errors import ConfigurationError
 
 __all__ = [
@@ -169,3 +169,13 @@ class Counters:
 
 #: The process-wide counters every adapter increments.
 counters = Counters()
+
+
+def _thread_abandoned(thread: str, what: str | None) -> None:
+    counters.inc("abandoned-threads")
+    emit("thread.abandoned", thread=thread, what=what)
+
+
+# The core's signal/thread tiers report abandoned threads through this hook (core never
+# imports telemetry).
+_preempt.abandon_hooks.append(_thread_abandoned)

@@ -1,0 +1,108 @@
+"""One migration history for every durable engine, on SQLite and PostgreSQL alike.
+
+Each migration is a list of statements written once; ``{serial}`` and ``{bigint}`` are the only
+dialect differences. Times are absolute epoch milliseconds written by the engine (D1.10, D6.12),
+never a database clock, so both stores compare the same numbers.
+"""
+
+from __future__ import annotations
+
+__all__ = ["MIGRATIONS", "render"]
+
+_DIALECT = {
+    "sqlite": {"serial": "INTEGER PRIMARY KEY AUTOINCREMENT", "bigint": "INTEGER"},
+    "postgres": {"serial": "BIGSERIAL PRIMARY KEY", "bigint": "BIGINT"},
+}
+
+#: (version, statements). Append only: a released migration is never edited.
+MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (
+        1,
+        (
+            # Engine-neutral: durable timers (one row per armed deadline, keyed by what it
+            # guards) and an append-only event log per stream.
+            """CREATE TABLE tb_timers (
+                key TEXT PRIMARY KEY,
+                kind TEXT NOT NULL,
+                stream TEXT NOT NULL,
+                due_ms {bigint} NOT NULL,
+                priority INTEGER NOT NULL DEFAULT 0
+            )""",
+            "CREATE INDEX tb_timers_due ON tb_timers (due_ms, priority)",
+            """CREATE TABLE tb_events (
+                seq {serial},
+                stream TEXT NOT NULL,
+                kind TEXT NOT NULL,
+                at_ms {bigint} NOT NULL,
+                data TEXT NOT NULL
+            )""",
+            "CREATE INDEX tb_events_stream ON tb_events (stream, seq)",
+            # Workflows.
+            """CREATE TABLE tb_wf_definitions (
+                id TEXT NOT NULL,
+                version INTEGER NOT NULL,
+                body TEXT NOT NULL,
+                PRIMARY KEY (id, version)
+            )""",
+            """CREATE TABLE tb_wf_runs (
+                id TEXT PRIMARY KEY,
+                definition_id TEXT NOT NULL,
+                definition_version INTEGER NOT NULL,
+                status TEXT NOT NULL,
+                input TEXT NOT NULL,
+                state TEXT NOT NULL,
+                started_at {bigint} NOT NULL,
+                timeout_at {bigint},
+                finished_at {bigint},
+                error TEXT,
+                parent_token_id TEXT,
+                inherited_deadline_at {bigint}
+            )""",
+            "CREATE INDEX tb_wf_runs_parent ON tb_wf_runs (parent_token_id)",
+            """CREATE TABLE tb_wf_tokens (
+                id TEXT PRIMARY KEY,
+                run_id TEXT NOT NULL,
+                node_id TEXT NOT NULL,
+                status TEXT NOT NULL,
+                seq INTEGER NOT NULL,
+                branch_index INTEGER,
+                branch_total INTEGER,
+                branch_item TEXT,
+                branch_output TEXT,
+                fan_out_transition_id TEXT,
+                group_key TEXT,
+                outer_branch TEXT,
+                lineage TEXT NOT NULL,
+                child_run_id TEXT,
+                retry_count INTEGER NOT NULL DEFAULT 0,
+                attempt INTEGER NOT NULL DEFAULT 0,
+                timeout_at {bigint},
+                not_before {bigint} NOT NULL,
+                state_data TEXT NOT NULL,
+                output TEXT,
+                error TEXT,
+                lease_owner TEXT,
+                lease_until {bigint},
+                created_at {bigint} NOT NULL,
+                updated_at {bigint} NOT NULL
+            )""",
+            "CREATE INDEX tb_wf_tokens_run ON tb_wf_tokens (run_id, seq)",
+            "CREATE INDEX tb_wf_tokens_ready ON tb_wf_tokens (status, not_before)",
+            # One row per fan-in instance: a join transition for one fan-out's siblings.
+            """CREATE TABLE tb_wf_joins (
+                run_id TEXT NOT NULL,
+                transition_id TEXT NOT NULL,
+                group_key TEXT NOT NULL,
+                spawned INTEGER NOT NULL,
+                sync_started_at {bigint},
+                timeout_at {bigint},
+                decided INTEGER NOT NULL DEFAULT 0,
+                PRIMARY KEY (run_id, transition_id, group_key)
+            )""",
+        ),
+    ),
+)
+
+
+def render(statement: str, dialect: str) -> str:
+    return statement.format(**_DIALECT[dialect])

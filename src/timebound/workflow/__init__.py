@@ -1,0 +1,30 @@
+"""Durable workflows with workflow, node and fan-in timeouts (docs/workflow.md).
+
+A definition is data (JSON, YAML or a dict) checked against the JSON Schema shipped with the
+package; :class:`Engine` runs it durably on SQLite (embedded) or PostgreSQL (many workers), with the
+three timeout layers as durable timers::
+
+    from timebound import workflow as wf
+
+    engine = wf.Engine(db="sqlite:///runs.db", actions={"fetch": fetch})
+    engine.register(definition)
+    async with engine:
+        run_id = await engine.start("research", input={"q": "..."})
+        result = await engine.wait(run_id)
+"""
+
+from __future__ import annotations
+
+from ._actions import ActionContext
+from ._definition import Definition, DefinitionError, parse_definition, schema
+from ._engine import Engine, RunResult
+
+__all__ = [
+    "ActionContext",
+    "Definition",
+    "DefinitionError",
+    "Engine",
+    "RunResult",
+    "parse_definition",
+    "schema",
+]

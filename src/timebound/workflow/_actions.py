@@ -1,0 +1,169 @@
+"""Running one attempt of an action: python handlers and HTTP requests, inside the node's bound.
+
+An attempt ends in one :class:`Outcome`: ``ok`` with a JSON value, ``error``, or ``timeout``
+(the node's deadline was reached, or the remote side said the budget it was given ran out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Literal
+
+from .._core._deadline import Deadline
+from .._core._errors import DeadlineExceeded
+from .._core._scopes import fail_at
+
+__all__ = ["ActionContext", "Outcome", "run_http", "run_python"]
+
+
+@dataclass(frozen=True)
+class ActionContext:
+    """What a python handler receives (the data model of docs/workflow.md)."""
+
+    input: Any
+    state: Mapping[str, Any]
+    branch: Mapping[str, Any] | None
+    run_id: str
+    token_id: str
+    node_id: str
+    attempt: int
+    deadline: Deadline
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: Literal["ok", "error", "timeout"]
+    value: Any = None
+    error: str | None = None
+
+
+def freeze(value: Any) -> Any:
+    """A read-only view of a JSON value (the handler's ``state`` snapshot)."""
+    if isinstance(value, dict):
+        return MappingProxyType({k: freeze(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return tuple(freeze(v) for v in value)
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """Plain JSON data again from a :func:`freeze` view."""
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [thaw(v) for v in value]
+    return value
+
+
+def _json_value(value: Any, what: str) -> Outcome:
+    try:
+        return Outcome("ok", json.loads(json.dumps(value, allow_nan=False)))
+    except (TypeError, ValueError) as exc:
+        return Outcome("error", error=f"{what} returned a value that is not JSON: {exc}")
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _timed_out(exc: BaseException, deadline: Deadline) -> bool:
+    """Whether the node's own bound ended the attempt (then its timeout policy applies)."""
+    return isinstance(exc, DeadlineExceeded) and deadline.expired
+
+
+async def run_python(
+    handler: Callable[[ActionContext], Any],
+    ctx: ActionContext,
+    *,
+    what: str,
+    on_late: Callable[[], None],
+) -> Outcome:
+    """Call ``handler(ctx)`` inside ``fail_at(ctx.deadline, source="node")``.
+
+    Async handlers are cancelled at the deadline. A sync handler runs in a worker thread, so the
+    loop is never blocked; it cannot be interrupted, so when the engine gives up on it, its result
+    is reported to ``on_late`` (discarded and counted, D6.10).
+    """
+    try:
+        if inspect.iscoroutinefunction(handler):
+            async with fail_at(ctx.deadline, source="node", what=what):
+                value = await handler(ctx)
+        else:
+            value = await _in_thread(handler, ctx, what=what, on_late=on_late)
+    except Exception as exc:
+        if _timed_out(exc, ctx.deadline):
+            return Outcome("timeout", error=str(exc))
+        return Outcome("error", error=_describe(exc))
+    return _json_value(value, what)
+
+
+async def _in_thread(
+    handler: Callable[[ActionContext], Any],
+    ctx: ActionContext,
+    *,
+    what: str,
+    on_late: Callable[[], None],
+) -> Any:
+    def call() -> Any:
+        with fail_at(ctx.deadline, source="node", what=what):
+            return handler(ctx)
+
+    loop = asyncio.get_running_loop()
+    future = loop.run_in_executor(None, contextvars.copy_context().run, call)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        # The engine gave up on this attempt; the thread runs on. Count what it returns.
+        future.add_done_callback(lambda f: _report_late(f, on_late))
+        raise
+
+
+def _report_late(future: asyncio.Future[Any], on_late: Callable[[], None]) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved, so asyncio does not log it: the result is discarded
+        on_late()
+
+
+async def run_http(implementation: Mapping[str, Any], ctx: ActionContext, *, what: str) -> Outcome:
+    """Send the request through timebound's httpx transport, carrying the node's budget.
+
+    The JSON body is ``{"input", "state", "branch"}``; a JSON response body is the output (text
+    otherwise). A 498 or the remote expiry marker is a node timeout (the transport raises
+    ``DeadlineExceeded`` for both); other 4xx/5xx answers are action errors.
+    """
+    import httpx
+
+    from ..propagation.httpx import AsyncDeadlineTransport
+
+    body = thaw({"input": ctx.input, "state": ctx.state, "branch": ctx.branch})
+    try:
+        async with (
+            fail_at(ctx.deadline, source="node", what=what),
+            # No httpx timeout of its own: the node's deadline is the bound (and the header).
+            httpx.AsyncClient(transport=AsyncDeadlineTransport(what=what), timeout=None) as client,
+        ):
+            response = await client.request(
+                implementation["method"],
+                implementation["url"],
+                json=body,
+                headers=dict(implementation.get("headers", {})),
+            )
+            await response.aread()
+    except DeadlineExceeded as exc:
+        return Outcome("timeout", error=str(exc))
+    except httpx.HTTPError as exc:
+        return Outcome("error", error=_describe(exc))
+    if response.status_code == 498:
+        return Outcome("timeout", error=f"{what}: the server answered 498 (deadline expired)")
+    if response.status_code >= 400:
+        return Outcome("error", error=f"{what}: HTTP {response.status_code}")
+    try:
+        return Outcome("ok", response.json())
+    except ValueError:
+        return Outcome("ok", response.text)

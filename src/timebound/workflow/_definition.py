@@ -1,0 +1,398 @@
+"""Workflow definitions are data: JSON, YAML or a dict, checked against the shipped JSON Schema.
+
+Parsing happens in two passes. The JSON Schema (``schema.json``, printed by ``timebound workflow
+schema``) checks shapes and rejects unknown fields; the semantic pass checks what a schema cannot:
+ids that must exist, a ``sibling_group`` that must name a fan-out, ``m_of_n`` against the fan-out's
+size. Either pass raises :class:`DefinitionError` naming the path of the offending field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from .._core._errors import ConfigurationError
+
+__all__ = [
+    "Action",
+    "Definition",
+    "DefinitionError",
+    "Merge",
+    "Node",
+    "RetryBlock",
+    "Synchronization",
+    "Transition",
+    "parse_definition",
+    "schema",
+]
+
+#: Defaults of D6.1/D6.2.
+DEFAULT_WORKFLOW_TIMEOUT_MS = 3_600_000
+DEFAULT_MAX_RETRIES = 3
+SYNC_TIMEOUT_CAP_MS = 1_800_000
+
+# Hostile-input limits: text larger than this is refused before parsing, and JSON nested deeper
+# than Python's recursion limit is reported as a definition error, not a RecursionError.
+MAX_TEXT_BYTES = 4 * 1024 * 1024
+
+
+class DefinitionError(ConfigurationError):
+    """A workflow definition broke a rule. ``path`` names the field (``nodes[2].timeout_ms``)."""
+
+    code = "workflow-definition-error"
+
+    def __init__(self, message: str, *, path: str = "") -> None:
+        super().__init__(f"{path}: {message}" if path else message, option=path or None)
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_definition_error, (str(self), self.path))
+
+
+def _rebuild_definition_error(message: str, path: str) -> DefinitionError:
+    err = DefinitionError(message)
+    err.path = path
+    err.option = path or None
+    return err
+
+
+@dataclass(frozen=True)
+class RetryBlock:
+    """Retries of action errors (not timeouts): the node's ``retry`` block."""
+
+    max_attempts: int
+    delay_ms: int = 0
+    backoff: float = 1.0
+
+
+@dataclass(frozen=True)
+class Action:
+    id: str
+    kind: Literal["python", "http_request", "workflow_call", "deferred"]
+    implementation: dict[str, Any]
+    timeout_ms: int | None = None
+    on_timeout: Literal["fail", "retry"] | None = None
+
+
+@dataclass(frozen=True)
+class Node:
+    id: str
+    action_id: str
+    timeout_ms: int | None = None
+    timeout_set: bool = False  # ``timeout_ms: null`` on the node overrides the action's
+    on_timeout: Literal["fail", "retry"] | None = None
+    max_retries: int = DEFAULT_MAX_RETRIES
+    inherit_deadline: bool = False
+    retry: RetryBlock | None = None
+
+
+@dataclass(frozen=True)
+class Merge:
+    source: str
+    target: str
+    strategy: Literal["append", "merge_object", "keyed_by_branch", "last_wins"]
+
+
+@dataclass(frozen=True)
+class Synchronization:
+    strategy: str  # "all" | "any" | "m_of_n"
+    required: int | None  # m for m_of_n
+    sibling_group: str
+    timeout_ms: int | None
+    on_timeout: Literal["proceed_with_available", "fail"]
+    merge: Merge | None
+
+
+@dataclass(frozen=True)
+class Transition:
+    id: str
+    source: str
+    target: str
+    spawn_count: int | None = None
+    foreach: str | None = None
+    synchronization: Synchronization | None = None
+
+    @property
+    def fans_out(self) -> bool:
+        return self.spawn_count is not None or self.foreach is not None
+
+
+@dataclass(frozen=True)
+class Definition:
+    """A validated definition; ``raw`` is the canonical dict that is stored and compared."""
+
+    id: str
+    version: int
+    timeout_ms: int | None
+    on_timeout: Literal["cancel_all", "fail"]
+    initial_node: str
+    actions: dict[str, Action]
+    nodes: dict[str, Node]
+    transitions: dict[str, Transition]
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    def outgoing(self, node_id: str) -> list[Transition]:
+        return [t for t in self.transitions.values() if t.source == node_id]
+
+    def join_for_group(self, fan_out_id: str) -> Transition | None:
+        for t in self.transitions.values():
+            if t.synchronization is not None and t.synchronization.sibling_group == fan_out_id:
+                return t
+        return None
+
+    def node_timeout_ms(self, node: Node) -> int | None:
+        """Node > action (D6): the node's ``timeout_ms``, else its action's; no default."""
+        if node.timeout_set:
+            return node.timeout_ms
+        return self.actions[node.action_id].timeout_ms
+
+    def node_on_timeout(self, node: Node) -> Literal["fail", "retry"]:
+        return node.on_timeout or self.actions[node.action_id].on_timeout or "fail"
+
+    def sync_timeout_ms(self, join: Transition, spawned: int) -> int:
+        """The join's timeout, else D6.2's default from the fan-out's actual size ``spawned``."""
+        sync = join.synchronization
+        assert sync is not None
+        if sync.timeout_ms is not None:
+            return sync.timeout_ms
+        # The branch: nodes reachable from the fan-out's target without crossing this join.
+        branch, todo = set(), [self.transitions[sync.sibling_group].target]
+        while todo:
+            node_id = todo.pop()
+            if node_id not in branch:
+                branch.add(node_id)
+                todo += [t.target for t in self.outgoing(node_id) if t.id != join.id]
+        timeouts = [t for n in branch if (t := self.node_timeout_ms(self.nodes[n])) is not None]
+        if not timeouts:
+            return SYNC_TIMEOUT_CAP_MS
+        return min(math.floor(max(timeouts) * spawned * 1.5), SYNC_TIMEOUT_CAP_MS)
+
+
+@cache
+def schema() -> dict[str, Any]:
+    """The JSON Schema of workflow definitions, as shipped in the package."""
+    text = resources.files(__package__).joinpath("schema.json").read_text(encoding="utf-8")
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
+
+
+@cache
+def _validator() -> Any:
+    import jsonschema
+
+    return jsonschema.Draft202012Validator(schema())
+
+
+def _format_path(parts: Any) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "<definition>"
+
+
+def _load_text(text: str, origin: str) -> Any:
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
+        raise DefinitionError(f"{origin} is larger than {MAX_TEXT_BYTES} bytes")
+    stripped = text.lstrip()
+    try:
+        if stripped.startswith(("{", "[")):
+            return json.loads(text)
+        import yaml
+
+        # Aliases let a few lines of YAML stand for an exponentially large document (the
+        # "billion laughs"): a definition never needs them, so they are refused.
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.AliasEvent):
+                raise DefinitionError(f"{origin}: YAML aliases are not allowed in definitions")
+        return yaml.safe_load(text)
+    except DefinitionError:
+        raise
+    except RecursionError:
+        raise DefinitionError(f"{origin} is nested too deeply")
+    except ValueError as exc:  # json.JSONDecodeError
+        raise DefinitionError(f"{origin} is not valid JSON: {exc}")
+    except Exception as exc:  # yaml.YAMLError and its subclasses
+        raise DefinitionError(f"{origin} is not valid YAML: {exc}")
+
+
+def load_source(source: dict[str, Any] | str | Path) -> Any:
+    """A definition as plain data, from a dict, JSON/YAML text or a file path."""
+    if isinstance(source, dict):
+        return source
+    if isinstance(source, Path) or (
+        isinstance(source, str)
+        and "\n" not in source
+        and source.endswith((".json", ".yaml", ".yml"))
+    ):
+        path = Path(source)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise DefinitionError(f"cannot read definition file {str(path)!r}: {exc}")
+        return _load_text(text, str(path))
+    if isinstance(source, str):
+        return _load_text(source, "definition text")
+    raise DefinitionError(
+        f"a definition is a dict, JSON/YAML text or a path, not {type(source).__name__}"
+    )
+
+
+def parse_definition(source: dict[str, Any] | str | Path) -> Definition:
+    """Validate a definition and build its typed form; raise :class:`DefinitionError`."""
+    data = load_source(source)
+    try:
+        errors = sorted(_validator().iter_errors(data), key=lambda e: list(e.absolute_path))
+    except RecursionError:
+        raise DefinitionError("the definition is nested too deeply")
+    if errors:
+        err = errors[0]
+        # A failed "if/then" or "oneOf" reports on the whole object; the deepest context names
+        # the field that broke the rule.
+        while err.context:
+            err = min(err.context, key=lambda e: -len(e.absolute_path))
+        message = err.message
+        if err.validator == "additionalProperties":
+            message = f"unknown field ({err.message})"
+        raise DefinitionError(message, path=_format_path(err.absolute_path))
+    return _build(data)
+
+
+def _build(data: dict[str, Any]) -> Definition:
+    actions: dict[str, Action] = {}
+    for i, a in enumerate(data.get("actions", [])):
+        if a["id"] in actions:
+            raise DefinitionError(f"duplicate action id {a['id']!r}", path=f"actions[{i}].id")
+        if a["kind"] == "deferred":
+            raise DefinitionError(
+                "kind 'deferred' is not available yet (deferred operations are a later engine)",
+                path=f"actions[{i}].kind",
+            )
+        execution = a.get("execution", {})
+        actions[a["id"]] = Action(
+            a["id"],
+            a["kind"],
+            dict(a["implementation"]),
+            execution.get("timeout_ms"),
+            execution.get("on_timeout"),
+        )
+    nodes: dict[str, Node] = {}
+    for i, n in enumerate(data["nodes"]):
+        if n["id"] in nodes:
+            raise DefinitionError(f"duplicate node id {n['id']!r}", path=f"nodes[{i}].id")
+        if n["action_id"] not in actions:
+            raise DefinitionError(
+                f"unknown action id {n['action_id']!r}", path=f"nodes[{i}].action_id"
+            )
+        r = n.get("retry")
+        node = Node(
+            id=n["id"],
+            action_id=n["action_id"],
+            timeout_ms=n.get("timeout_ms"),
+            timeout_set="timeout_ms" in n,
+            on_timeout=n.get("on_timeout"),
+            max_retries=n.get("max_retries", DEFAULT_MAX_RETRIES),
+            inherit_deadline=n.get("inherit_deadline", False),
+            retry=None
+            if r is None
+            else RetryBlock(r["max_attempts"], r.get("delay_ms", 0), float(r.get("backoff", 1.0))),
+        )
+        nodes[node.id] = node
+    if data["initial_node"] not in nodes:
+        raise DefinitionError(f"unknown node id {data['initial_node']!r}", path="initial_node")
+    transitions: dict[str, Transition] = {}
+    raw_transitions = data.get("transitions", [])
+    for i, t in enumerate(raw_transitions):
+        where = f"transitions[{i}]"
+        if t["id"] in transitions:
+            raise DefinitionError(f"duplicate transition id {t['id']!r}", path=f"{where}.id")
+        for end in ("from", "to"):
+            if t[end] not in nodes:
+                raise DefinitionError(f"unknown node id {t[end]!r}", path=f"{where}.{end}")
+        transitions[t["id"]] = Transition(
+            t["id"], t["from"], t["to"], t.get("spawn_count"), t.get("foreach"), None
+        )
+    for i, t in enumerate(raw_transitions):
+        s = t.get("synchronization")
+        if s is None:
+            continue
+        where = f"transitions[{i}].synchronization"
+        fan = transitions.get(s["sibling_group"])
+        if fan is None or not fan.fans_out:
+            raise DefinitionError(
+                f"sibling_group {s['sibling_group']!r} is not a fan-out transition "
+                "(one with spawn_count or foreach)",
+                path=f"{where}.sibling_group",
+            )
+        strategy = s["strategy"]
+        required = None
+        if isinstance(strategy, dict):
+            required = strategy["m_of_n"]
+            if fan.spawn_count is not None and required > fan.spawn_count:
+                raise DefinitionError(
+                    f"m_of_n {required} is larger than the fan-out's spawn_count {fan.spawn_count}",
+                    path=f"{where}.strategy.m_of_n",
+                )
+            strategy = "m_of_n"
+        m = s.get("merge")
+        if m is not None:
+            if not m["source"].startswith("_branch."):
+                raise DefinitionError(
+                    "a merge source is a path in the branch context, starting with '_branch.'",
+                    path=f"{where}.merge.source",
+                )
+            if not m["target"].startswith("state.") or m["target"] == "state":
+                raise DefinitionError(
+                    "a merge target is a path under 'state.'", path=f"{where}.merge.target"
+                )
+        transitions[t["id"]] = Transition(
+            t["id"],
+            t["from"],
+            t["to"],
+            None,
+            None,
+            Synchronization(
+                strategy,
+                required,
+                s["sibling_group"],
+                s.get("timeout_ms"),
+                s.get("on_timeout", "fail"),
+                None if m is None else Merge(m["source"], m["target"], m["strategy"]),
+            ),
+        )
+    seen_groups: dict[str, int] = {}
+    for i, t in enumerate(raw_transitions):
+        s = t.get("synchronization")
+        if s is not None:
+            group = s["sibling_group"]
+            if group in seen_groups:
+                raise DefinitionError(
+                    f"sibling_group {group!r} is already joined by transitions"
+                    f"[{seen_groups[group]}]",
+                    path=f"transitions[{i}].synchronization.sibling_group",
+                )
+            seen_groups[group] = i
+    definition = Definition(
+        id=data["id"],
+        version=data.get("version", 1),
+        timeout_ms=data.get("timeout_ms", DEFAULT_WORKFLOW_TIMEOUT_MS),
+        on_timeout=data.get("on_timeout", "cancel_all"),
+        initial_node=data["initial_node"],
+        actions=actions,
+        nodes=nodes,
+        transitions=transitions,
+        raw=json.loads(json.dumps(data, sort_keys=True)),
+    )
+    for i, n in enumerate(data["nodes"]):
+        node = nodes[n["id"]]
+        if definition.node_on_timeout(node) == "retry" and definition.node_timeout_ms(node) is None:
+            raise DefinitionError(
+                "on_timeout 'retry' needs a timeout to retry after: set timeout_ms on the node "
+                "or execution.timeout_ms on its action",
+                path=f"nodes[{i}].on_timeout" if "on_timeout" in n else f"nodes[{i}]",
+            )
+    return definition

@@ -1,0 +1,582 @@
+"""The workflow engine: public API, the worker loop, durable timers and action attempts.
+
+One loop per engine. Each turn it fires the timers that are due (read from storage, so a restart
+re-arms them, D6.6), claims ready tokens and starts their attempts, then sleeps until the next
+stored deadline — never a polling interval: the wake-up is that deadline itself (plus a hair, so
+the floored epoch-ms reading has reached it), and any local change wakes the loop at once. On a
+shared store (PostgreSQL) a periodic sweep also catches other workers' changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import math
+import os
+import socket
+import types
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from .._core import _clock
+from .._core._deadline import Deadline
+from .._core._errors import ConfigurationError
+from .._core._scopes import fail_after
+from .._store import Store, Tx, open_store
+from ._actions import ActionContext, Outcome, freeze, run_http, run_python
+from ._definition import Definition, DefinitionError, parse_definition
+from ._machine import RUN_TERMINAL, Machine
+
+__all__ = ["Engine", "RunResult"]
+
+# Waking a hair after a stored deadline makes the floored epoch-ms reading reach it, so the
+# deadline is reported at its own millisecond instead of one loop turn later.
+_WAKE_MARGIN_S = 1e-6
+
+
+class _Report(NamedTuple):
+    """An attempt's outcome, waiting for the loop's next transaction."""
+
+    run_id: str
+    token_id: str
+    attempt: int
+    outcome: Outcome
+
+
+#: An attempt to start: token id, action kind, implementation, context.
+_Plan = tuple[str, str, Mapping[str, Any], ActionContext]
+
+_log = logging.getLogger("timebound.workflow")
+
+
+class RunResult(NamedTuple):
+    """How a run ended: ``status`` (completed | failed | timed_out | cancelled), ``output`` (the
+    context's ``state`` when completed) and ``error``."""
+
+    status: str
+    output: Any
+    error: str | None
+
+
+def _handlers(
+    actions: Mapping[str, Callable[..., Any]] | types.ModuleType | None,
+) -> dict[str, Any]:
+    if actions is None:
+        return {}
+    if isinstance(actions, types.ModuleType):
+        return {
+            name: obj
+            for name, obj in vars(actions).items()
+            if callable(obj) and not name.startswith("_") and not isinstance(obj, type)
+        }
+    if isinstance(actions, Mapping):
+        bad = [name for name, fn in actions.items() if not callable(fn)]
+        if bad:
+            raise ConfigurationError(f"actions[{bad[0]!r}] is not callable", option="actions")
+        return dict(actions)
+    raise ConfigurationError(
+        f"actions is a mapping of handler names to callables or a module, not "
+        f"{type(actions).__name__}",
+        option="actions",
+    )
+
+
+class Engine:
+    """A durable workflow engine on one store (``sqlite:///FILE`` or ``postgresql://…``)."""
+
+    def __init__(
+        self,
+        db: str = "sqlite:///timebound-workflows.db",
+        actions: Mapping[str, Callable[..., Any]] | types.ModuleType | None = None,
+        *,
+        concurrency: int = 64,
+        lease_ms: int = 30_000,
+        sweep_ms: int = 1_000,
+        worker_id: str | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ConfigurationError("concurrency must be >= 1", option="concurrency")
+        if lease_ms < 1 or sweep_ms < 1:
+            raise ConfigurationError("lease_ms and sweep_ms must be >= 1", option="lease_ms")
+        self._store: Store = open_store(db)
+        self._handlers = _handlers(actions)
+        self._concurrency = concurrency
+        self._lease_ms = lease_ms
+        self._sweep_ms = sweep_ms
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._definitions: dict[tuple[str, int], Definition] = {}
+        self._latest: dict[str, int] = {}
+        self._machine = Machine(self._definitions, self._cancel_attempt, self._run_finished)
+        self._open = False
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._attempts: dict[str, asyncio.Task[None]] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self._finished: dict[str, asyncio.Event] = {}
+        self._outcomes: list[_Report] = []
+
+    # Definitions ----------------------------------------------------------------------------
+
+    def register(self, definition: dict[str, Any] | str | Path) -> Definition:
+        """Add a definition (dict, JSON/YAML text or path); the same one again is a no-op."""
+        parsed = parse_definition(definition)
+        for i, action in enumerate(parsed.raw.get("actions", [])):
+            handler = action["implementation"].get("handler")
+            if action["kind"] == "python" and handler not in self._handlers:
+                raise DefinitionError(
+                    f"no python handler named {handler!r} was given to the engine",
+                    path=f"actions[{i}].implementation.handler",
+                )
+        key = (parsed.id, parsed.version)
+        known = self._definitions.get(key)
+        if known is not None and known.raw != parsed.raw:
+            raise DefinitionError(
+                f"definition {parsed.id!r} version {parsed.version} is already registered with "
+                "a different body; give the new one a higher version",
+                path="version",
+            )
+        self._definitions[key] = parsed
+        self._latest[parsed.id] = max(self._latest.get(parsed.id, 0), parsed.version)
+        return parsed
+
+    # Lifecycle ------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Engine:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        """Open the store, re-arm from storage and start this process's worker loop."""
+        if self._loop_task is not None:
+            return
+        await self._store.open()
+        self._open = True
+        await self._store.listen(self._wake_all)
+        if not self._store.shared:
+            # One writer process: whatever a previous process left in flight died with it.
+            async with self._txn() as tx:
+                await self._requeue(tx, "status IN ('dispatched', 'executing')")
+        self._loop_task = asyncio.create_task(self._loop(), name="timebound-workflow-loop")
+
+    async def close(self) -> None:
+        """Stop the loop and in-flight attempts (their tokens are re-dispatched on restart)."""
+        task, self._loop_task = self._loop_task, None
+        pending = [t for t in (task, *self._attempts.values(), *self._background) if t is not None]
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        self._attempts.clear()
+        if self._outcomes:  # results that arrived before the stop are kept
+            outcomes, self._outcomes = self._outcomes, []
+            async with self._txn() as tx:
+                for report in outcomes:
+                    await self._report(tx, report, self._now())
+        await self._store.close()
+        self._open = False
+
+    @property
+    def late_results_discarded(self) -> int:
+        """Results that arrived after their token had ended and were discarded (D6.10)."""
+        return self._machine.late_results
+
+    # Runs -----------------------------------------------------------------------------------
+
+    async def start(
+        self, definition_id: str, input: Any = None, *, version: int | None = None
+    ) -> str:
+        """Start a run of a registered definition (its latest version unless ``version``)."""
+        version = version or self._latest.get(definition_id)
+        definition = None if version is None else self._definitions.get((definition_id, version))
+        if definition is None:
+            raise DefinitionError(f"no definition {definition_id!r} is registered", path="id")
+        try:
+            input = json.loads(json.dumps(input, allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(f"a run's input must be JSON: {exc}", option="input")
+        async with self._txn() as tx:
+            await self._store_definition(tx, definition)
+            run_id = await self._machine.start_run(
+                tx, definition, input, self._now(), timeout_ms=definition.timeout_ms
+            )
+        return run_id
+
+    async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
+        """Wait until the run ends; ``timeout`` seconds bound the wait (``DeadlineExceeded``)."""
+        if timeout is None:
+            return await self._wait(run_id)
+        async with fail_after(timeout, what=f"waiting for workflow run {run_id}"):
+            result = await self._wait(run_id)
+        return result
+
+    async def _wait(self, run_id: str) -> RunResult:
+        event = self._finished.setdefault(run_id, asyncio.Event())
+        try:
+            while True:
+                run = await self.get_run(run_id)
+                if run["status"] in RUN_TERMINAL:
+                    output = run["state"] if run["status"] == "completed" else None
+                    return RunResult(run["status"], output, run["error"])
+                if self._store.shared:
+                    try:
+                        async with asyncio.timeout(self._sweep_ms / 1000):
+                            await event.wait()
+                    except TimeoutError:
+                        pass
+                else:
+                    await event.wait()
+                event.clear()
+        finally:
+            self._finished.pop(run_id, None)
+
+    async def get_run(self, run_id: str) -> dict[str, Any]:
+        async with self._txn() as tx:
+            run = await self._machine.run(tx, run_id)
+        if run is None:
+            raise KeyError(f"no workflow run {run_id!r}")
+        for key in ("input", "state"):
+            run[key] = json.loads(run[key])
+        return run
+
+    async def tokens(self, run_id: str) -> list[dict[str, Any]]:
+        async with self._txn() as tx:
+            rows = await tx.fetch(
+                "SELECT * FROM tb_wf_tokens WHERE run_id = ? ORDER BY seq", run_id
+            )
+        keep = (
+            "id",
+            "node_id",
+            "status",
+            "branch_index",
+            "retry_count",
+            "attempt",
+            "timeout_at",
+            "error",
+            "child_run_id",
+        )
+        out = []
+        for row in rows:
+            item = {k: row[k] for k in keep}
+            item["state_data"] = json.loads(row["state_data"])
+            item["output"] = None if row["output"] is None else json.loads(row["output"])
+            out.append(item)
+        return out
+
+    async def events(self, run_id: str) -> list[dict[str, Any]]:
+        async with self._txn() as tx:
+            return await tx.events(run_id)
+
+    async def cancel(self, run_id: str) -> bool:
+        """Cancel a running run, its live tokens and child runs; ``False`` if it had ended."""
+        async with self._txn() as tx:
+            return await self._machine.cancel_run(tx, run_id, self._now())
+
+    # Internals ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _now() -> int:
+        """Now in epoch ms, floored: a stored deadline is never seen reached early (D1.3)."""
+        return math.floor(_clock.wall() * 1000)
+
+    @asynccontextmanager
+    async def _txn(self) -> AsyncIterator[Tx]:
+        if not self._open:
+            raise RuntimeError("the engine is not open: use 'async with engine:' first")
+        async with self._lock, self._store.transaction() as tx:
+            yield tx
+        self._wake.set()
+
+    async def _store_definition(self, tx: Tx, definition: Definition) -> None:
+        await tx.execute(
+            "INSERT INTO tb_wf_definitions (id, version, body) VALUES (?, ?, ?) "
+            "ON CONFLICT (id, version) DO NOTHING",
+            definition.id,
+            definition.version,
+            json.dumps(definition.raw, sort_keys=True),
+        )
+
+    async def _requeue(self, tx: Tx, where: str, *args: Any) -> None:
+        """Put in-flight tokens back to ``pending``, keeping their deadline (``resume``)."""
+        now = self._now()
+        for tok in await tx.fetch(
+            f"SELECT * FROM tb_wf_tokens WHERE child_run_id IS NULL AND {where}", *args
+        ):
+            data = json.loads(tok["state_data"])
+            data["resume"] = tok["status"] == "executing"
+            await tx.execute(
+                "UPDATE tb_wf_tokens SET status = 'pending', lease_owner = NULL, not_before = ?, "
+                "state_data = ?, updated_at = ? WHERE id = ?",
+                now,
+                json.dumps(data),
+                now,
+                tok["id"],
+            )
+            await tx.append_event(
+                tok["run_id"],
+                "token_redispatched",
+                now,
+                token_id=tok["id"],
+                node_id=tok["node_id"],
+                previous_owner=tok["lease_owner"],
+            )
+
+    def _wake_all(self) -> None:
+        """Another process changed the store: re-read it (the loop, and every waiter)."""
+        self._wake.set()
+        for event in self._finished.values():
+            event.set()
+
+    def _run_finished(self, run_id: str) -> None:
+        event = self._finished.get(run_id)
+        if event is not None:
+            event.set()
+
+    def _cancel_attempt(self, token_id: str) -> None:
+        task = self._attempts.get(token_id)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    # The loop -------------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        renew_at = 0
+        while True:
+            self._wake.clear()
+            if self._store.shared and self._now() >= renew_at:
+                await self._renew_leases()
+                renew_at = self._now() + self._lease_ms // 3
+            outcomes, self._outcomes = self._outcomes, []
+            try:
+                plans, next_ms = await self._turn(outcomes)
+            except Exception:
+                # A failed turn is rolled back (on PostgreSQL, a deadlock between two workers'
+                # batches is one cause): keep its outcomes and try again after a pause.
+                self._outcomes[:0] = outcomes
+                _log.exception("workflow engine turn failed; retrying")
+                await asyncio.sleep(self._sweep_ms / 1000)
+                continue
+            self._wake.clear()  # our own transaction set it
+            for plan in plans:
+                task = asyncio.create_task(self._attempt(*plan), name=f"workflow-token-{plan[0]}")
+                self._attempts[plan[0]] = task
+                task.add_done_callback(functools.partial(self._attempt_done, plan[0]))
+            if self._outcomes:
+                continue
+            delay = None
+            if next_ms is not None:
+                delay = Deadline.from_epoch_ms(next_ms).remaining() + _WAKE_MARGIN_S
+            if self._store.shared:
+                # The sweep catches other workers' changes; leases are renewed well before expiry.
+                renew = max(renew_at - self._now(), 0) / 1000
+                delay = min(delay or math.inf, self._sweep_ms / 1000, renew)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation that
+            # races with the event being set (cpython#86296), and close() would hang.
+            try:
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
+            except TimeoutError:
+                pass
+
+    async def _turn(self, outcomes: list[_Report]) -> tuple[list[_Plan], int | None]:
+        """One transaction, one commit (group commit): fire the due timers, store the attempts'
+        outcomes, claim and start ready tokens; return the attempts to run and the next wake-up.
+
+        Timers go first, so a workflow timeout due now wins over a result reported at the same
+        instant (D6.4).
+        """
+        now = self._now()
+        async with self._txn() as tx:
+            for timer in await tx.due_timers(now, limit=1000):
+                await self._fire(tx, timer, now)
+                await tx.execute(
+                    "DELETE FROM tb_timers WHERE key = ? AND due_ms <= ?", timer["key"], now
+                )
+            for report in sorted(outcomes, key=lambda r: r.run_id):
+                await self._report(tx, report, now)
+            plans = await self._dispatch(tx, now)
+            next_ms = await tx.next_timer_ms()
+            row = await tx.fetchone(
+                "SELECT MIN(not_before) AS t FROM tb_wf_tokens WHERE status = 'pending'"
+            )
+        if row is not None and row["t"] is not None and len(self._attempts) < self._concurrency:
+            next_ms = row["t"] if next_ms is None else min(next_ms, row["t"])
+        return plans, next_ms
+
+    async def _renew_leases(self) -> None:
+        """Extend the leases of this worker's in-flight tokens, so no other worker takes them."""
+        if not self._attempts:
+            return
+        async with self._txn() as tx:
+            await tx.execute(
+                "UPDATE tb_wf_tokens SET lease_until = ? WHERE lease_owner = ? "
+                "AND status IN ('dispatched', 'executing')",
+                self._now() + self._lease_ms,
+                self.worker_id,
+            )
+
+    async def _fire(self, tx: Tx, timer: dict[str, Any], now: int) -> None:
+        run = await self._machine.run(tx, timer["stream"], lock=self._store.lock_clause())
+        if run is None or await self._machine.check_run_deadline(tx, run, now):
+            return  # the workflow timeout wins at the same instant (D6.4)
+        if timer["kind"] == "token":
+            tok = await self._machine.token(tx, timer["key"].split(":", 1)[1])
+            if (
+                tok is not None
+                and tok["status"] in ("pending", "dispatched", "executing")
+                and tok["timeout_at"] is not None
+                and now >= tok["timeout_at"]
+            ):
+                await self._machine.token_timeout(tx, run, tok, now)
+        elif timer["kind"] == "join":
+            await self._machine.join_timeout(tx, run, timer["key"], now)
+
+    async def _dispatch(self, tx: Tx, now: int) -> list[_Plan]:
+        """Claim ready tokens (a lease each) and begin their attempts."""
+        free = self._concurrency - len(self._attempts)
+        if free <= 0:
+            return []
+        if self._store.shared:
+            await self._requeue(
+                tx, "status IN ('dispatched', 'executing') AND lease_until < ?", now
+            )
+        rows = await tx.fetch(
+            "SELECT * FROM tb_wf_tokens WHERE status = 'pending' AND not_before <= ? "
+            f"ORDER BY not_before, seq LIMIT ?{self._store.skip_locked()}",
+            now,
+            free,
+        )
+        plans = []
+        for tok in rows:
+            await self._machine.claim(tx, tok, self.worker_id, now + self._lease_ms, now)
+            plan = await self._begin(tx, tok, now)
+            if plan is not None:
+                plans.append(plan)
+        return plans
+
+    def _attempt_done(self, token_id: str, task: asyncio.Task[None]) -> None:
+        if self._attempts.get(token_id) is task:
+            del self._attempts[token_id]
+        self._wake.set()
+        if not task.cancelled() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]  # a bug: surface it in the loop's log
+
+    async def _begin(self, tx: Tx, tok: dict[str, Any], now: int) -> _Plan | None:
+        """``dispatched`` → ``executing``; the attempt to run, or ``None`` if there is none."""
+        machine = self._machine
+        run = await machine.run(tx, tok["run_id"], lock=self._store.lock_clause())
+        if run is None or await machine.check_run_deadline(tx, run, now):
+            return None
+        if tok["timeout_at"] is not None and now >= tok["timeout_at"]:
+            await machine.token_timeout(tx, run, tok, now)
+            return None
+        definition = await machine.definition(tx, run)
+        node = definition.nodes[tok["node_id"]]
+        action = definition.actions[node.action_id]
+        timeout_at = await machine.begin_attempt(tx, tok, definition, now)
+        if action.kind == "workflow_call":
+            await self._start_child(tx, run, tok, definition, now)
+            return None
+        bounds = [b for b in (timeout_at, run["timeout_at"]) if b is not None]
+        branch = None
+        if tok["branch_index"] is not None:
+            branch = {
+                "index": tok["branch_index"],
+                "total": tok["branch_total"],
+                "item": json.loads(tok["branch_item"] or "null"),
+            }
+        ctx = ActionContext(
+            input=freeze(json.loads(run["input"])),
+            state=freeze(json.loads(run["state"])),
+            branch=None if branch is None else freeze(branch),
+            run_id=run["id"],
+            token_id=tok["id"],
+            node_id=node.id,
+            attempt=tok["attempt"],
+            deadline=Deadline.from_epoch_ms(min(bounds) if bounds else None),
+        )
+        return (tok["id"], action.kind, action.implementation, ctx)
+
+    async def _attempt(
+        self, token_id: str, kind: str, implementation: Mapping[str, Any], ctx: ActionContext
+    ) -> None:
+        """Run one attempt; its outcome is stored by the loop's next turn (group commit)."""
+        what = f"workflow node '{ctx.node_id}'"
+        try:
+            outcome = await self._run_action(kind, implementation, ctx, what, ctx.attempt)
+        except Exception as exc:  # a failing action runner fails the node, never strands it
+            outcome = Outcome("error", error=f"{type(exc).__name__}: {exc}")
+        self._outcomes.append(_Report(ctx.run_id, token_id, ctx.attempt, outcome))
+        self._wake.set()
+
+    async def _run_action(
+        self,
+        kind: str,
+        implementation: Mapping[str, Any],
+        ctx: ActionContext,
+        what: str,
+        attempt: int,
+    ) -> Outcome:
+        if kind == "http_request":
+            return await run_http(implementation, ctx, what=what)
+        handler = self._handlers.get(implementation["handler"])
+        if handler is None:
+            return Outcome("error", error=f"no python handler named {implementation['handler']!r}")
+
+        def late() -> None:
+            task = asyncio.ensure_future(self._late(ctx.run_id, ctx.token_id, attempt))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+        return await run_python(handler, ctx, what=what, on_late=late)
+
+    async def _late(self, run_id: str, token_id: str, attempt: int) -> None:
+        async with self._txn() as tx:
+            await self._machine.late_result(tx, run_id, token_id, attempt, self._now())
+
+    async def _report(self, tx: Tx, report: _Report, now: int) -> None:
+        machine = self._machine
+        token_id, attempt, outcome = report.token_id, report.attempt, report.outcome
+        tok = await machine.token(tx, token_id)
+        if tok is None:
+            return
+        if tok["status"] != "executing" or tok["attempt"] != attempt:
+            await machine.late_result(tx, tok["run_id"], token_id, attempt, now)
+            return
+        run = await machine.run(tx, tok["run_id"], lock=self._store.lock_clause())
+        assert run is not None
+        if await machine.check_run_deadline(tx, run, now):
+            await machine.late_result(tx, run["id"], token_id, attempt, now)
+            return
+        deadline_reached = tok["timeout_at"] is not None and now >= tok["timeout_at"]
+        if outcome.kind == "timeout" or deadline_reached:
+            if outcome.kind == "ok":
+                await machine.late_result(tx, run["id"], token_id, attempt, now)
+            await machine.token_timeout(tx, run, tok, now)
+        elif outcome.kind == "ok":
+            await machine.complete(tx, run, tok, outcome.value, now)
+        else:
+            await machine.action_error(tx, run, tok, outcome.error or "error", now)
+
+    async def _start_child(
+        self, tx: Tx, run: dict[str, Any], tok: dict[str, Any], definition: Definition, now: int
+    ) -> None:
+        node = definition.nodes[tok["node_id"]]
+        child_id = definition.actions[node.action_id].implementation["workflow_def_id"]
+        version = definition.actions[node.action_id].implementation.get("version")
+        version = version or self._latest.get(child_id)
+        child = None if version is None else self._definitions.get((child_id, version))
+        if child is None:
+            await self._machine.action_error(
+                tx, run, tok, f"subworkflow definition {child_id!r} is not registered", now
+            )
+            return
+        await self._store_definition(tx, child)
+        await self._machine.start_child(tx, run, tok, node, child, now)

@@ -1,0 +1,880 @@
+"""The workflow state machine: every durable change of runs, tokens and joins, one transaction each.
+
+All functions take an open transaction and the current instant ``now`` (epoch ms, floored so a
+deadline is never reached early). Each change writes its event in the same transaction, so a
+crash leaves either both or neither. The three timeout layers live here:
+
+* workflow: :meth:`Machine.workflow_timeout`, checked first by every entry point (D6.4);
+* node: :meth:`Machine.token_timeout` (``fail`` or ``retry``; pending/dispatched → ``fail``);
+* synchronization: :meth:`Machine.join_timeout`, from the first arrival (D6.2, D6.3).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from .._store import Tx
+from ._definition import Definition, Node, RetryBlock, Transition, parse_definition
+from ._merge import get_path, merge_outputs, set_path
+
+__all__ = ["LIVE", "TERMINAL", "Machine", "retry_delay_ms"]
+
+LIVE = ("pending", "dispatched", "executing", "waiting_for_siblings")
+TERMINAL = ("completed", "failed", "timed_out", "cancelled")
+RUN_TERMINAL = ("completed", "failed", "timed_out", "cancelled")
+_LIVE_SQL = "('pending', 'dispatched', 'executing', 'waiting_for_siblings')"
+
+# Timer priorities at one instant: the workflow timeout is handled first (D6.4).
+PRIORITY_RUN, PRIORITY_TOKEN = 0, 1
+
+
+def retry_delay_ms(block: RetryBlock, attempts_done: int) -> int | None:
+    """The delay before the next attempt after an action error, or ``None`` to stop.
+
+    The one place a node-retry decision is made, so adopting the policies' retry decision core
+    is a single edit here.
+    """
+    if attempts_done >= block.max_attempts:
+        return None
+    return round(block.delay_ms * block.backoff ** (attempts_done - 1))
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value)  # no options: json's cached C encoder is several times faster
+
+
+class Machine:
+    """State transitions for one engine. ``cancel_attempt(token_id)`` stops local in-flight work."""
+
+    def __init__(
+        self,
+        definitions: dict[tuple[str, int], Definition],
+        cancel_attempt: Callable[[str], None],
+        on_run_finished: Callable[[str], None],
+    ) -> None:
+        self.definitions = definitions
+        self._cancel_attempt = cancel_attempt
+        self._on_run_finished = on_run_finished
+        self.late_results = 0
+
+    # Loading --------------------------------------------------------------------------------
+
+    async def run(self, tx: Tx, run_id: str, *, lock: str = "") -> dict[str, Any] | None:
+        return await tx.fetchone(f"SELECT * FROM tb_wf_runs WHERE id = ?{lock}", run_id)
+
+    async def token(self, tx: Tx, token_id: str) -> dict[str, Any] | None:
+        return await tx.fetchone("SELECT * FROM tb_wf_tokens WHERE id = ?", token_id)
+
+    async def definition(self, tx: Tx, run: dict[str, Any]) -> Definition:
+        """The definition a run started with (runs keep their version), cached by the engine."""
+        key = (run["definition_id"], int(run["definition_version"]))
+        found = self.definitions.get(key)
+        if found is None:
+            row = await tx.fetchone(
+                "SELECT body FROM tb_wf_definitions WHERE id = ? AND version = ?", *key
+            )
+            if row is None:
+                raise LookupError(f"definition {key[0]!r} version {key[1]} is not stored")
+            found = self.definitions[key] = parse_definition(json.loads(row["body"]))
+        return found
+
+    # Runs -----------------------------------------------------------------------------------
+
+    async def start_run(
+        self,
+        tx: Tx,
+        definition: Definition,
+        input: Any,
+        now: int,
+        *,
+        timeout_ms: int | None,
+        parent_token_id: str | None = None,
+        inherited_deadline_at: int | None = None,
+    ) -> str:
+        run_id = uuid.uuid4().hex
+        timeout_at = None if timeout_ms is None else now + timeout_ms
+        if inherited_deadline_at is not None:
+            timeout_at = (
+                inherited_deadline_at
+                if timeout_at is None
+                else min(timeout_at, inherited_deadline_at)
+            )
+        await tx.execute(
+            "INSERT INTO tb_wf_runs (id, definition_id, definition_version, status, input, state, "
+            "started_at, timeout_at, parent_token_id, inherited_deadline_at) "
+            "VALUES (?, ?, ?, 'running', ?, '{}', ?, ?, ?, ?)",
+            run_id,
+            definition.id,
+            definition.version,
+            _dumps(input),
+            now,
+            timeout_at,
+            parent_token_id,
+            inherited_deadline_at,
+        )
+        await tx.append_event(
+            run_id,
+            "run_started",
+            now,
+            workflow_run_id=run_id,
+            definition_id=definition.id,
+            definition_version=definition.version,
+            timeout_at=timeout_at,
+        )
+        if timeout_at is not None:
+            await tx.set_timer(f"run:{run_id}", "run", run_id, timeout_at, PRIORITY_RUN)
+        await self._new_token(tx, run_id, definition, definition.initial_node, now, branch=None)
+        return run_id
+
+    async def _finish_run(
+        self, tx: Tx, run: dict[str, Any], status: str, now: int, error: str | None = None
+    ) -> None:
+        """End a run: every live token becomes ``cancelled`` unless already ended by the caller."""
+        run_id = run["id"]
+        tx.wake_others = True  # waiters in other processes
+        for tok in await tx.fetch(
+            f"SELECT * FROM tb_wf_tokens WHERE run_id = ? AND status IN {_LIVE_SQL} ORDER BY seq",
+            run_id,
+        ):
+            await self._set_token(tx, tok, "cancelled", now, reason=f"run_{status}")
+        await tx.execute(
+            "UPDATE tb_wf_runs SET status = ?, finished_at = ?, error = ? WHERE id = ?",
+            status,
+            now,
+            error,
+            run_id,
+        )
+        await tx.clear_stream_timers(run_id)
+        await tx.append_event(run_id, f"run_{status}", now, workflow_run_id=run_id, error=error)
+        self._on_run_finished(run_id)
+        if run["parent_token_id"] is not None and status != "cancelled":
+            await self._child_finished(tx, run, status, now, error)
+
+    async def _cancel_children(self, tx: Tx, token_id: str, now: int) -> None:
+        """A parent token that ends or retries cancels its running child run (D6.7)."""
+        for child in await tx.fetch(
+            "SELECT * FROM tb_wf_runs WHERE parent_token_id = ? AND status = 'running'", token_id
+        ):
+            await self._finish_run(tx, child, "cancelled", now, "parent token ended")
+
+    async def cancel_run(self, tx: Tx, run_id: str, now: int) -> bool:
+        run = await self.run(tx, run_id)
+        if run is None or run["status"] != "running":
+            return False
+        await self._finish_run(tx, run, "cancelled", now, "cancelled")
+        return True
+
+    async def fail_run(self, tx: Tx, run: dict[str, Any], error: str, now: int) -> None:
+        await self._finish_run(tx, run, "failed", now, error)
+
+    async def workflow_timeout(self, tx: Tx, run: dict[str, Any], now: int) -> None:
+        """Every live token → ``timed_out`` (reason ``workflow_timeout``); then the run's policy."""
+        definition = await self.definition(tx, run)
+        policy = definition.on_timeout
+        for tok in await tx.fetch(
+            f"SELECT * FROM tb_wf_tokens WHERE run_id = ? AND status IN {_LIVE_SQL} ORDER BY seq",
+            run["id"],
+        ):
+            await self._set_token(tx, tok, "timed_out", now, reason="workflow_timeout")
+            await self._timed_out_event(
+                tx, tok, "workflow", definition.timeout_ms, policy, run["timeout_at"], now
+            )
+        if policy == "fail":
+            await self._finish_run(tx, run, "failed", now, "Workflow exceeded timeout")
+        else:
+            await self._finish_run(tx, run, "timed_out", now, "Workflow exceeded timeout")
+
+    async def check_run_deadline(self, tx: Tx, run: dict[str, Any], now: int) -> bool:
+        """Apply the workflow timeout if it is due; ``True`` when the run is (now) over."""
+        if run["status"] != "running":
+            return True
+        if run["timeout_at"] is not None and now >= run["timeout_at"]:
+            await self.workflow_timeout(tx, run, now)
+            return True
+        return False
+
+    async def _maybe_complete_run(self, tx: Tx, run_id: str, now: int) -> None:
+        row = await tx.fetchone(
+            f"SELECT COUNT(*) AS n FROM tb_wf_tokens WHERE run_id = ? AND status IN {_LIVE_SQL}",
+            run_id,
+        )
+        if row is not None and row["n"] == 0:
+            run = await self.run(tx, run_id)
+            if run is not None and run["status"] == "running":
+                await self._finish_run(tx, run, "completed", now)
+
+    # Tokens ---------------------------------------------------------------------------------
+
+    async def _new_token(
+        self,
+        tx: Tx,
+        run_id: str,
+        definition: Definition,
+        node_id: str,
+        now: int,
+        *,
+        branch: dict[str, Any] | None,
+    ) -> str:
+        token_id = uuid.uuid4().hex
+        tx.wake_others = True
+        row = await tx.fetchone(
+            "SELECT COALESCE(MAX(seq), 0) + 1 AS s FROM tb_wf_tokens WHERE run_id = ?", run_id
+        )
+        seq = 1 if row is None else int(row["s"])
+        b = branch or {}
+        # A token stuck in pending/dispatched longer than its node timeout times out (fail).
+        timeout_ms = definition.node_timeout_ms(definition.nodes[node_id])
+        timeout_at = None if timeout_ms is None else now + timeout_ms
+        await tx.execute(
+            "INSERT INTO tb_wf_tokens (id, run_id, node_id, status, seq, branch_index, "
+            "branch_total, branch_item, branch_output, fan_out_transition_id, group_key, "
+            "outer_branch, lineage, timeout_at, not_before, state_data, created_at, updated_at) "
+            "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '{}', ?, ?)",
+            token_id,
+            run_id,
+            node_id,
+            seq,
+            b.get("branch_index"),
+            b.get("branch_total"),
+            None if branch is None else _dumps(b.get("branch_item")),
+            None if branch is None else _dumps(b.get("branch_output")),
+            b.get("fan_out_transition_id"),
+            b.get("group_key"),
+            b.get("outer_branch"),
+            b.get("lineage", ""),
+            timeout_at,
+            now,
+            now,
+            now,
+        )
+        if timeout_at is not None:
+            await tx.set_timer(f"tok:{token_id}", "token", run_id, timeout_at, PRIORITY_TOKEN)
+        await tx.append_event(
+            run_id,
+            "token_created",
+            now,
+            token_id=token_id,
+            node_id=node_id,
+            branch_index=b.get("branch_index"),
+        )
+        return token_id
+
+    async def _set_token(
+        self, tx: Tx, tok: dict[str, Any], status: str, now: int, **fields: Any
+    ) -> None:
+        """Move a token to ``status``; ``fields`` go into ``state_data`` and the event."""
+        data = _loads(tok["state_data"]) or {}
+        data.update(fields)
+        await tx.execute(
+            "UPDATE tb_wf_tokens SET status = ?, state_data = ?, updated_at = ?, "
+            "lease_owner = CASE WHEN ? THEN NULL ELSE lease_owner END WHERE id = ?",
+            status,
+            _dumps(data),
+            now,
+            status in TERMINAL,
+            tok["id"],
+        )
+        tok["status"], tok["state_data"] = status, _dumps(data)
+        if status in TERMINAL or status == "waiting_for_siblings":
+            await tx.clear_timer(f"tok:{tok['id']}")
+        if status in TERMINAL:
+            self._cancel_attempt(tok["id"])
+            await self._cancel_children(tx, tok["id"], now)
+        if status != "timed_out":  # token_timed_out carries the seed's richer shape
+            await tx.append_event(
+                tok["run_id"],
+                f"token_{status}",
+                now,
+                token_id=tok["id"],
+                node_id=tok["node_id"],
+                branch_index=tok["branch_index"],
+                **fields,
+            )
+
+    async def _timed_out_event(
+        self,
+        tx: Tx,
+        tok: dict[str, Any],
+        timeout_type: str,
+        duration_ms: int | None,
+        policy: str,
+        deadline_at: int | None,
+        now: int,
+    ) -> None:
+        await tx.append_event(
+            tok["run_id"],
+            "token_timed_out",
+            now,
+            token_id=tok["id"],
+            workflow_run_id=tok["run_id"],
+            node_id=tok["node_id"],
+            timeout_type=timeout_type,
+            timeout_duration_ms=duration_ms,
+            policy_applied=policy,
+            deadline_at=deadline_at,
+            detection_lag_ms=None if deadline_at is None else now - deadline_at,
+        )
+
+    async def claim(
+        self, tx: Tx, tok: dict[str, Any], owner: str, lease_until: int, now: int
+    ) -> None:
+        await tx.execute(
+            "UPDATE tb_wf_tokens SET status = 'dispatched', lease_owner = ?, lease_until = ?, "
+            "updated_at = ? WHERE id = ?",
+            owner,
+            lease_until,
+            now,
+            tok["id"],
+        )
+        await tx.append_event(
+            tok["run_id"],
+            "token_dispatched",
+            now,
+            token_id=tok["id"],
+            node_id=tok["node_id"],
+            worker=owner,
+        )
+
+    async def begin_attempt(
+        self, tx: Tx, tok: dict[str, Any], definition: Definition, now: int
+    ) -> int | None:
+        """``dispatched`` → ``executing``: a fresh node timeout (kept when resuming after a
+        crash, so a restart never grants extra time). Returns the token's deadline."""
+        data = _loads(tok["state_data"]) or {}
+        timeout_ms = definition.node_timeout_ms(definition.nodes[tok["node_id"]])
+        timeout_at = tok["timeout_at"]
+        if not data.pop("resume", False):
+            timeout_at = None if timeout_ms is None else now + timeout_ms
+        attempt = tok["attempt"] + 1
+        await tx.execute(
+            "UPDATE tb_wf_tokens SET status = 'executing', attempt = ?, timeout_at = ?, "
+            "state_data = ?, updated_at = ? WHERE id = ?",
+            attempt,
+            timeout_at,
+            _dumps(data),
+            now,
+            tok["id"],
+        )
+        if timeout_at is not None:
+            await tx.set_timer(
+                f"tok:{tok['id']}", "token", tok["run_id"], timeout_at, PRIORITY_TOKEN
+            )
+        await tx.append_event(
+            tok["run_id"],
+            "token_executing",
+            now,
+            token_id=tok["id"],
+            node_id=tok["node_id"],
+            branch_index=tok["branch_index"],
+            attempt=attempt,
+            timeout_at=timeout_at,
+        )
+        tok.update(status="executing", attempt=attempt, timeout_at=timeout_at)
+        return timeout_at  # type: ignore[no-any-return]
+
+    async def late_result(self, tx: Tx, run_id: str, token_id: str, attempt: int, now: int) -> None:
+        """A result nobody will read (D6.10): discarded, counted and recorded."""
+        self.late_results += 1
+        await tx.append_event(
+            run_id, "late_result_discarded", now, token_id=token_id, attempt=attempt
+        )
+
+    async def token_timeout(
+        self,
+        tx: Tx,
+        run: dict[str, Any],
+        tok: dict[str, Any],
+        now: int,
+        *,
+        duration: int | None = None,
+        cause: str | None = None,
+    ) -> None:
+        """The node's deadline was reached: its ``on_timeout`` policy (seed, D6.1).
+
+        ``duration`` and ``cause`` describe a bound enforced elsewhere (a child run's timeout).
+        """
+        definition = await self.definition(tx, run)
+        node = definition.nodes[tok["node_id"]]
+        if duration is None:
+            duration = definition.node_timeout_ms(node)
+        deadline_at = tok["timeout_at"]
+        policy = definition.node_on_timeout(node)
+        if tok["status"] in ("pending", "dispatched"):
+            policy = "fail"  # stuck before executing: the seed's edge case
+        if policy == "retry" and tok["retry_count"] < node.max_retries:
+            await self._timed_out_event(tx, tok, "execution", duration, "retry", deadline_at, now)
+            self._cancel_attempt(tok["id"])
+            await self._cancel_children(tx, tok["id"], now)
+            await tx.execute(
+                "UPDATE tb_wf_tokens SET status = 'pending', retry_count = retry_count + 1, "
+                "not_before = ?, timeout_at = ?, lease_owner = NULL, updated_at = ? WHERE id = ?",
+                now,
+                None if duration is None else now + duration,
+                now,
+                tok["id"],
+            )
+            if duration is not None:
+                await tx.set_timer(
+                    f"tok:{tok['id']}", "token", run["id"], now + duration, PRIORITY_TOKEN
+                )
+            await tx.append_event(
+                run["id"],
+                "token_pending",
+                now,
+                token_id=tok["id"],
+                node_id=tok["node_id"],
+                retry_count=tok["retry_count"] + 1,
+            )
+            return
+        await self._set_token(tx, tok, "timed_out", now, reason="execution_timeout")
+        await self._timed_out_event(tx, tok, "execution", duration, "fail", deadline_at, now)
+        error = f"timed out: {cause}" if cause else f"timed out after {duration}ms"
+        await self._token_ended_badly(tx, run, tok, f"node '{tok['node_id']}' {error}", now)
+
+    async def action_error(
+        self, tx: Tx, run: dict[str, Any], tok: dict[str, Any], error: str, now: int
+    ) -> None:
+        """An action error that is not a timeout: the node's ``retry`` block, else failure."""
+        node = (await self.definition(tx, run)).nodes[tok["node_id"]]
+        delay = None if node.retry is None else retry_delay_ms(node.retry, tok["attempt"])
+        if delay is not None:
+            # The delay is durable: not_before is stored, and the loop's timer is armed from it.
+            await tx.execute(
+                "UPDATE tb_wf_tokens SET status = 'pending', not_before = ?, lease_owner = NULL, "
+                "timeout_at = NULL, error = ?, updated_at = ? WHERE id = ?",
+                now + delay,
+                error,
+                now,
+                tok["id"],
+            )
+            await tx.clear_timer(f"tok:{tok['id']}")
+            await tx.append_event(
+                run["id"],
+                "token_retry_scheduled",
+                now,
+                token_id=tok["id"],
+                node_id=tok["node_id"],
+                attempt=tok["attempt"],
+                retry_at=now + delay,
+                error=error,
+            )
+            return
+        await tx.execute("UPDATE tb_wf_tokens SET error = ? WHERE id = ?", error, tok["id"])
+        await self._set_token(tx, tok, "failed", now, error=error)
+        await self._token_ended_badly(tx, run, tok, f"node '{tok['node_id']}' failed: {error}", now)
+
+    async def _token_ended_badly(
+        self, tx: Tx, run: dict[str, Any], tok: dict[str, Any], error: str, now: int
+    ) -> None:
+        """D6.8: the run fails, unless the token is a sibling its join can still do without."""
+        definition = await self.definition(tx, run)
+        group = tok["fan_out_transition_id"]
+        join = None if group is None else definition.join_for_group(group)
+        if join is None:
+            await self.fail_run(tx, run, error, now)
+            return
+        await self._mark_arrival(tx, tok, "failed", now)
+        await self._evaluate_join(tx, run, definition, join, tok["group_key"], now, error)
+
+    async def complete(
+        self, tx: Tx, run: dict[str, Any], tok: dict[str, Any], output: Any, now: int
+    ) -> None:
+        """The attempt succeeded: store the output and follow the node's transitions."""
+        definition = await self.definition(tx, run)
+        in_branch = tok["branch_index"] is not None
+        encoded = _dumps(output)
+        await tx.execute(
+            "UPDATE tb_wf_tokens SET output = ?, branch_output = CASE WHEN ? THEN ? "
+            "ELSE branch_output END WHERE id = ?",
+            encoded,
+            in_branch,
+            encoded,
+            tok["id"],
+        )
+        if not in_branch:
+            state = _loads(run["state"])
+            state[tok["node_id"]] = output
+            run["state"] = _dumps(state)
+            await tx.execute(
+                "UPDATE tb_wf_runs SET state = ? WHERE id = ?", run["state"], run["id"]
+            )
+        branch = self._branch_of(tok, output)
+        outgoing = definition.outgoing(tok["node_id"])
+        joins: list[Transition] = []
+        try:
+            for transition in outgoing:
+                if transition.synchronization is not None:
+                    joins.append(transition)
+                elif transition.fans_out:
+                    await self._fan_out(tx, run, definition, transition, tok, branch, now)
+                else:
+                    await self._new_token(
+                        tx, run["id"], definition, transition.target, now, branch=branch
+                    )
+        except (KeyError, TypeError) as exc:
+            await self._set_token(tx, tok, "failed", now, error=str(exc))
+            await self.fail_run(tx, run, f"node '{tok['node_id']}': {exc}", now)
+            return
+        if not joins:
+            await self._set_token(tx, tok, "completed", now)
+            if not outgoing:  # only a token that ends its path can end the run
+                await self._maybe_complete_run(tx, run["id"], now)
+            return
+        for join in joins:
+            sync = join.synchronization
+            assert sync is not None
+            if tok["fan_out_transition_id"] != sync.sibling_group:
+                await self._set_token(tx, tok, "failed", now, error="outside its sibling group")
+                await self.fail_run(
+                    tx,
+                    run,
+                    f"node '{tok['node_id']}' reached join '{join.id}' outside the "
+                    f"sibling group '{sync.sibling_group}'",
+                    now,
+                )
+                return
+            await self._set_token(tx, tok, "waiting_for_siblings", now, arrived_at=now)
+            await self._mark_arrival(tx, tok, "completed", now)
+            await self._evaluate_join(tx, run, definition, join, tok["group_key"], now, None)
+
+    @staticmethod
+    def _branch_of(tok: dict[str, Any], output: Any) -> dict[str, Any] | None:
+        if tok["branch_index"] is None:
+            return None
+        return {
+            "branch_index": tok["branch_index"],
+            "branch_total": tok["branch_total"],
+            "branch_item": _loads(tok["branch_item"]),
+            "branch_output": output,
+            "fan_out_transition_id": tok["fan_out_transition_id"],
+            "group_key": tok["group_key"],
+            "outer_branch": tok["outer_branch"],
+            "lineage": tok["lineage"],
+        }
+
+    # Fan-out and fan-in ---------------------------------------------------------------------
+
+    async def _fan_out(
+        self,
+        tx: Tx,
+        run: dict[str, Any],
+        definition: Definition,
+        transition: Transition,
+        tok: dict[str, Any],
+        branch: dict[str, Any] | None,
+        now: int,
+    ) -> None:
+        if transition.foreach is not None:
+            context = {"input": _loads(run["input"]), "state": _loads(run["state"])}
+            try:
+                items = get_path(context, transition.foreach)
+            except KeyError:
+                raise KeyError(f"foreach path {transition.foreach!r} is absent") from None
+            if not isinstance(items, list):
+                raise TypeError(
+                    f"foreach path {transition.foreach!r} holds a {type(items).__name__}, "
+                    "not a list"
+                )
+        else:
+            assert transition.spawn_count is not None
+            items = [None] * transition.spawn_count
+        group_key = tok["id"]
+        join = definition.join_for_group(transition.id)
+        if join is not None:
+            await tx.execute(
+                "INSERT INTO tb_wf_joins (run_id, transition_id, group_key, spawned) "
+                "VALUES (?, ?, ?, ?)",
+                run["id"],
+                join.id,
+                group_key,
+                len(items),
+            )
+        lineage = ((branch or {}).get("lineage", "") + " " + group_key).strip()
+        for index, item in enumerate(items):
+            await self._new_token(
+                tx,
+                run["id"],
+                definition,
+                transition.target,
+                now,
+                branch={
+                    "branch_index": index,
+                    "branch_total": len(items),
+                    "branch_item": item,
+                    "branch_output": None,
+                    "fan_out_transition_id": transition.id,
+                    "group_key": group_key,
+                    "outer_branch": None if branch is None else _dumps(branch),
+                    "lineage": lineage,
+                },
+            )
+        if join is not None and not items:
+            await self._evaluate_join(tx, run, definition, join, group_key, now, None)
+
+    async def _mark_arrival(self, tx: Tx, tok: dict[str, Any], kind: str, now: int) -> None:
+        data = _loads(tok["state_data"]) or {}
+        data["arrival"] = kind
+        await tx.execute(
+            "UPDATE tb_wf_tokens SET state_data = ? WHERE id = ?", _dumps(data), tok["id"]
+        )
+        tok["state_data"] = _dumps(data)
+
+    async def _evaluate_join(
+        self,
+        tx: Tx,
+        run: dict[str, Any],
+        definition: Definition,
+        join: Transition,
+        group_key: str,
+        now: int,
+        failure: str | None,
+    ) -> None:
+        sync = join.synchronization
+        assert sync is not None
+        row = await tx.fetchone(
+            "SELECT * FROM tb_wf_joins WHERE run_id = ? AND transition_id = ? AND group_key = ?",
+            run["id"],
+            join.id,
+            group_key,
+        )
+        if row is None or row["decided"]:
+            return
+        spawned = int(row["spawned"])
+        completed, failed = await self._arrivals(tx, run["id"], group_key)
+        if row["sync_started_at"] is None and (completed or failed):
+            timeout_ms = definition.sync_timeout_ms(join, spawned)
+            await tx.execute(
+                "UPDATE tb_wf_joins SET sync_started_at = ?, timeout_at = ? "
+                "WHERE run_id = ? AND transition_id = ? AND group_key = ?",
+                now,
+                now + timeout_ms,
+                run["id"],
+                join.id,
+                group_key,
+            )
+            await tx.set_timer(
+                f"join:{run['id']}:{join.id}:{group_key}",
+                "join",
+                run["id"],
+                now + timeout_ms,
+                PRIORITY_TOKEN,
+            )
+            for tok in completed + failed:
+                data = _loads(tok["state_data"]) or {}
+                data["sync_started_at"] = now
+                await tx.execute(
+                    "UPDATE tb_wf_tokens SET state_data = ? WHERE id = ?", _dumps(data), tok["id"]
+                )
+        needed = {"all": spawned, "any": 1}.get(sync.strategy, sync.required or spawned)
+        if len(completed) >= needed:
+            await self._decide(tx, run, definition, join, group_key, completed, now, "satisfied")
+        elif spawned - len(failed) < needed:
+            await self.fail_run(
+                tx,
+                run,
+                f"join '{join.id}' can no longer be satisfied: {len(failed)} of {spawned} "
+                f"siblings failed" + (f" ({failure})" if failure else ""),
+                now,
+            )
+
+    async def _arrivals(
+        self, tx: Tx, run_id: str, group_key: str
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        completed, failed = [], []
+        for tok in await tx.fetch(
+            "SELECT * FROM tb_wf_tokens WHERE run_id = ? AND group_key = ? ORDER BY branch_index",
+            run_id,
+            group_key,
+        ):
+            arrival = (_loads(tok["state_data"]) or {}).get("arrival")
+            if arrival == "completed" and tok["status"] == "waiting_for_siblings":
+                completed.append(tok)
+            elif arrival == "failed":
+                failed.append(tok)
+        return completed, failed
+
+    async def _decide(
+        self,
+        tx: Tx,
+        run: dict[str, Any],
+        definition: Definition,
+        join: Transition,
+        group_key: str,
+        completed: list[dict[str, Any]],
+        now: int,
+        how: str,
+    ) -> None:
+        """The join proceeds with ``completed``; siblings still running are cancelled (D6.10)."""
+        sync = join.synchronization
+        assert sync is not None
+        await tx.execute(
+            "UPDATE tb_wf_joins SET decided = 1 WHERE run_id = ? AND transition_id = ? "
+            "AND group_key = ?",
+            run["id"],
+            join.id,
+            group_key,
+        )
+        await tx.clear_timer(f"join:{run['id']}:{join.id}:{group_key}")
+        if sync.merge is not None:
+            source = sync.merge.source.split(".", 1)[1]
+            outputs = []
+            for tok in completed:
+                branch = {
+                    "output": _loads(tok["branch_output"]),
+                    "index": tok["branch_index"],
+                    "item": _loads(tok["branch_item"]),
+                }
+                try:
+                    outputs.append((int(tok["branch_index"]), get_path(branch, source)))
+                except KeyError:
+                    continue  # a branch without the source path contributes nothing
+            try:
+                merged = merge_outputs(sync.merge.strategy, outputs)
+                state = _loads(run["state"])
+                set_path(state, sync.merge.target.split(".", 1)[1], merged)
+            except TypeError as exc:
+                await self.fail_run(tx, run, f"join '{join.id}': {exc}", now)
+                return
+            await tx.execute(
+                "UPDATE tb_wf_runs SET state = ? WHERE id = ?", _dumps(state), run["id"]
+            )
+            run["state"] = _dumps(state)
+        await tx.append_event(
+            run["id"],
+            "join_decided",
+            now,
+            transition_id=join.id,
+            group_key=group_key,
+            how=how,
+            branches=[tok["branch_index"] for tok in completed],
+        )
+        for tok in completed:
+            await self._set_token(tx, tok, "completed", now)
+        # Everything still running in this group (and fan-outs nested in it) is cancelled.
+        for tok in await tx.fetch(
+            f"SELECT * FROM tb_wf_tokens WHERE run_id = ? AND status IN {_LIVE_SQL} "
+            "AND (group_key = ? OR (' ' || lineage || ' ') LIKE ?) ORDER BY seq",
+            run["id"],
+            group_key,
+            f"% {group_key} %",
+        ):
+            await self._set_token(tx, tok, "cancelled", now, reason="join_decided")
+        spawner = await self.token(tx, group_key)
+        outer = (
+            None
+            if spawner is None or spawner["branch_index"] is None
+            else self._branch_of(spawner, _loads(spawner["branch_output"]))
+        )
+        await self._new_token(tx, run["id"], definition, join.target, now, branch=outer)
+
+    async def join_timeout(self, tx: Tx, run: dict[str, Any], key: str, now: int) -> None:
+        """The synchronization timeout (D6.2, D6.3): proceed with what arrived, or fail."""
+        _, _, transition_id, group_key = key.split(":", 3)
+        definition = await self.definition(tx, run)
+        join = definition.transitions[transition_id]
+        sync = join.synchronization
+        assert sync is not None
+        row = await tx.fetchone(
+            "SELECT * FROM tb_wf_joins WHERE run_id = ? AND transition_id = ? AND group_key = ?",
+            run["id"],
+            transition_id,
+            group_key,
+        )
+        if row is None or row["decided"]:
+            return
+        completed, _ = await self._arrivals(tx, run["id"], group_key)
+        timeout_ms = row["timeout_at"] - row["sync_started_at"]
+        await tx.append_event(
+            run["id"],
+            "join_timed_out",
+            now,
+            transition_id=transition_id,
+            group_key=group_key,
+            timeout_type="synchronization",
+            timeout_duration_ms=timeout_ms,
+            policy_applied=sync.on_timeout,
+            deadline_at=row["timeout_at"],
+            detection_lag_ms=now - row["timeout_at"],
+            sync_started_at=row["sync_started_at"],
+        )
+        if sync.on_timeout == "proceed_with_available":
+            if completed:
+                await self._decide(tx, run, definition, join, group_key, completed, now, "timeout")
+                return
+            await self.fail_run(tx, run, "No siblings completed before timeout", now)
+            return
+        for tok in completed:
+            await self._set_token(tx, tok, "timed_out", now, reason="synchronization_timeout")
+            await self._timed_out_event(
+                tx, tok, "synchronization", timeout_ms, "fail", row["timeout_at"], now
+            )
+        await self.fail_run(tx, run, "Synchronization timeout exceeded", now)
+
+    # Subworkflows ---------------------------------------------------------------------------
+
+    async def start_child(
+        self,
+        tx: Tx,
+        run: dict[str, Any],
+        tok: dict[str, Any],
+        node: Node,
+        child: Definition,
+        now: int,
+    ) -> str:
+        """Start a child run for a ``workflow_call`` token (D6.7: node > action > child)."""
+        definition = await self.definition(tx, run)
+        timeout_ms = definition.node_timeout_ms(node)
+        if timeout_ms is None:
+            timeout_ms = child.timeout_ms
+        inherited = None
+        if node.inherit_deadline:
+            bounds = [b for b in (run["timeout_at"], run["inherited_deadline_at"]) if b is not None]
+            inherited = min(bounds) if bounds else None
+        child_id = await self.start_run(
+            tx,
+            child,
+            _loads(run["input"])
+            if tok["branch_index"] is None
+            else {"input": _loads(run["input"]), "item": _loads(tok["branch_item"])},
+            now,
+            timeout_ms=timeout_ms,
+            parent_token_id=tok["id"],
+            inherited_deadline_at=inherited,
+        )
+        # The child's own timer enforces the node's bound; the parent token waits on it.
+        await tx.execute(
+            "UPDATE tb_wf_tokens SET child_run_id = ?, timeout_at = NULL WHERE id = ?",
+            child_id,
+            tok["id"],
+        )
+        await tx.clear_timer(f"tok:{tok['id']}")
+        return child_id
+
+    async def _child_finished(
+        self, tx: Tx, child: dict[str, Any], status: str, now: int, error: str | None
+    ) -> None:
+        tok = await self.token(tx, child["parent_token_id"])
+        if tok is None or tok["status"] != "executing":
+            return
+        run = await self.run(tx, tok["run_id"])
+        if run is None or await self.check_run_deadline(tx, run, now):
+            return
+        if status == "completed":
+            await self.complete(tx, run, tok, _loads(child["state"]), now)
+        elif status == "timed_out" or error == "Workflow exceeded timeout":
+            ms = None if child["timeout_at"] is None else child["timeout_at"] - child["started_at"]
+            message = f"Subworkflow '{child['definition_id']}' timed out after {ms}ms"
+            await tx.execute("UPDATE tb_wf_tokens SET error = ? WHERE id = ?", message, tok["id"])
+            tok["timeout_at"] = child["timeout_at"]
+            await self.token_timeout(tx, run, tok, now, duration=ms, cause=message)
+        else:
+            await self.action_error(
+                tx, run, tok, f"Subworkflow '{child['definition_id']}' {status}: {error}", now
+            )
