@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ast
 import pathlib
-import re
 
 import pytest
 
@@ -129,18 +128,6 @@ def violations(source: str, relpath: pathlib.PurePath) -> list[str]:
 
 PACKAGES = sorted(p.name for p in SRC.iterdir() if (p / "__init__.py").exists())
 
-# Leaks known and being removed on another branch ("path: problem", without the line number);
-# each names who removes it. Delete the entry when the fix lands: the checker itself is tested on
-# this very leak below, so the rule stays enforced.
-KNOWN_LEAKS = {
-    # The `core` branch (issue 8 section 2) stops _core looking telemetry up in sys.modules.
-    "_core/_preempt.py: _core imports timebound.telemetry._events (not below it)",
-}
-
-
-def _known(problem: str) -> bool:
-    return re.sub(r":\d+: ", ": ", problem, count=1) in KNOWN_LEAKS
-
 
 def test_every_package_has_a_tier() -> None:
     """Each sub-package is placed in a tier, so the rules cover it."""
@@ -155,7 +142,6 @@ def test_dependencies_point_down(package: str) -> None:
     for path in sorted((SRC / package).rglob("*.py")):
         rel = path.relative_to(SRC)
         problems += violations(path.read_text(encoding="utf-8"), rel)
-    problems = [p for p in problems if not _known(p)]
     assert not problems, "\n".join(problems)
 
 
