@@ -10,6 +10,7 @@ first one; option errors (E013, E016, E018, E019) are collected and parsing goes
 from __future__ import annotations
 
 import bisect
+import difflib
 import functools
 import re
 from collections.abc import Callable
@@ -433,9 +434,13 @@ class _Parser:
         at = self.advance()
         name_tok = self.tok
         if name_tok.kind != "ident" or name_tok.text not in ANNOTATIONS:
-            known = ", ".join(f"@{n}" for n in ANNOTATIONS)
             shown = name_tok.text if name_tok.kind == "ident" else ""
-            raise self.error(f"Unknown annotation '@{shown}' (known: {known})", at, "E020")
+            similar = difflib.get_close_matches(shown, list(ANNOTATIONS), n=1)
+            if similar:
+                hint = f"did you mean '@{similar[0]}'?"
+            else:
+                hint = "known: " + ", ".join(f"@{n}" for n in ANNOTATIONS)
+            raise self.error(f"Unknown annotation '@{shown}' ({hint})", at, "E020")
         self.advance()
         open_tok = self.expect_op("(", f" after '@{name_tok.text}'")
         close = f" to close '@{name_tok.text}(' at {open_tok.line}:{open_tok.col}"
