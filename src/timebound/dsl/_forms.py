@@ -171,7 +171,7 @@ class ExpressionForms:
         keys: list[str] = []
         saved: list[tuple[str, Var | None]] = []
         for name, t, pos in names:
-            key = f"{name}{self.new_key()}"  # '%' cannot appear in a program's names
+            key = f"{self.new_key()}:{name}"  # "decl%n:name": no value or call has such a key
             saved.append((name, self.scope.get(name)))
             self.scope[name] = Var(key, t, frozenset(), False, pos)
             keys.append(key)
