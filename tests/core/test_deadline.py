@@ -73,8 +73,8 @@ def test_deadline_is_immutable_and_picklable(virtual_clock: VirtualClock) -> Non
 
 
 def test_after_rejects_bad_input() -> None:
-    """Negative, NaN and malformed durations raise ConfigurationError naming the option."""
-    for bad in (-1, math.nan, "5 s", "1.5s", "5", "ms", True):
+    """NaN, too large and malformed durations raise ConfigurationError naming the option."""
+    for bad in (math.nan, 10**400, "5 s", "1.5s", "5", "ms", True):
         with pytest.raises(tb.ConfigurationError) as info:
             tb.Deadline.after(bad)  # type: ignore[arg-type]
         assert info.value.option == "seconds"

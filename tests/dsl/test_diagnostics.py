@@ -276,13 +276,6 @@ WARNINGS = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _backend() -> None:
-    from timebound.policies import InMemoryCache, register_cache_backend
-
-    register_cache_backend("w004", InMemoryCache())
-
-
 @pytest.mark.parametrize(("code", "source", "line", "column", "message"), WARNINGS)
 def test_warning(code: str, source: str, line: int, column: int, message: str) -> None:
     """Each D3.9 warning, verbatim, on a program that still compiles."""

@@ -43,8 +43,11 @@ class Deadline:
 
     @classmethod
     def after(cls, seconds: float | timedelta | str) -> Deadline:
-        """The deadline ``seconds`` from now. ``math.inf`` gives :meth:`never`."""
-        return cls(_clock.now() + to_seconds(seconds, option="seconds"))
+        """The deadline ``seconds`` from now. ``math.inf`` gives :meth:`never`.
+
+        A negative ``seconds`` gives a deadline that has already passed: now (D1.9).
+        """
+        return cls(_clock.now() + to_seconds(seconds, option="seconds", negative_is_zero=True))
 
     @classmethod
     def never(cls) -> Deadline:

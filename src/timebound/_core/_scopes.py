@@ -40,7 +40,7 @@ from typing import Any, Final, TypeVar
 from . import _clock
 from ._deadline import Deadline
 from ._durations import Duration, to_seconds
-from ._errors import ConfigurationError, DeadlineExceeded
+from ._errors import SOURCES, ConfigurationError, DeadlineExceeded
 
 __all__ = [
     "CancelScope",
@@ -100,7 +100,7 @@ class _Frame:
     _what: str | None
     eff: float
     binder: _Frame | None
-    c_task: asyncio.Task[Any] | None
+    c_task: Any  # the asyncio.Task or trio Task the chain cancels, or None
     c_at: float
     c_binder: _Frame | None
     catcher: CancelScope | None
@@ -171,7 +171,7 @@ class _TaskTimer:
         self.loop = loop
         self.top: _Frame = _ROOT
         self.armed_at = _INF
-        self.handle: asyncio.TimerHandle | None = None
+        self.handle: asyncio.Handle | None = None
         # The timer outlives scopes on purpose; it must not outlive the task.
         task.add_done_callback(self._task_done)
 
@@ -179,7 +179,12 @@ class _TaskTimer:
         if self.handle is not None:
             self.handle.cancel()
         self.armed_at = when
-        self.handle = self.loop.call_at(when, self._fire)
+        if when <= _clock.now():
+            # Already due: call_soon, as asyncio.timeout does (cpython#95051). A past call_at
+            # would run after the task's own next step, so its first await would complete.
+            self.handle = self.loop.call_soon(self._fire)
+        else:
+            self.handle = self.loop.call_at(when, self._fire)
 
     def _fire(self) -> None:
         self.handle = None
@@ -218,9 +223,21 @@ def _timer_for(task: asyncio.Task[Any], loop: asyncio.AbstractEventLoop) -> _Tas
 
 
 def _trio_module() -> Any:
-    """trio, when the caller runs under ``trio.run``; ``None`` otherwise (trio is optional)."""
+    """trio, when the caller runs in a trio task; ``None`` otherwise (trio is optional).
+
+    Sync code asks this on every scope entry, so the usual answer ("no") must be cheap even when
+    trio is merely imported: trio marks the threads it runs in through sniffio (a trio
+    dependency); only then is the task itself looked up.
+    """
     trio = sys.modules.get("trio")
     if trio is None:
+        return None
+    sniffio = sys.modules.get("sniffio")
+    if (
+        sniffio is not None
+        and sniffio.thread_local.name != "trio"
+        and sniffio.current_async_library_cvar.get() != "trio"
+    ):
         return None
     try:
         trio.lowlevel.current_task()
@@ -275,6 +292,7 @@ class CancelScope(_Frame):
         what: str | None = None,
     ) -> None:
         # Keep in step with _new_scope(), the constructors' fast path.
+        _check_source(source)
         self._own = _INF if when is None else when
         self._relative = relative
         self._timeout = relative
@@ -324,11 +342,13 @@ class CancelScope(_Frame):
                     and parent.c_task is task
                     and parent.catcher is not None
                     and not self._shield
+                    and parent.c_at > now
                 ):
                     # Not binding in this task: an enclosing scope of the same task already
                     # cancels at or before our deadline and catches it. Nothing can fire *at*
                     # this scope, so it needs no timer, no task-timer link and no cancel count.
-                    # (The common nested case; bench/core.py measures it.)
+                    # (The common nested case; bench/core.py measures it.) An enclosing bound
+                    # already spent is another matter (D1.8): see _enter_asyncio.
                     if own >= parent.eff:
                         # Not visibly binding either: as a frame it would repeat its parent in
                         # every field anyone reads (eff, binder, the cancellation chain), so
@@ -351,7 +371,7 @@ class CancelScope(_Frame):
                 else:
                     self.eff = parent.eff
                     self.binder = parent.binder
-                self._enter_asyncio(task, loop, parent, own)
+                self._enter_asyncio(task, loop, parent, own, now)
                 return self
         else:
             trio = _trio_module()
@@ -383,6 +403,7 @@ class CancelScope(_Frame):
         loop: asyncio.AbstractEventLoop,
         parent: _Frame,
         own: float,
+        now: float,
     ) -> None:
         self._mode = 1
         self._fired = False
@@ -402,9 +423,19 @@ class CancelScope(_Frame):
         else:
             self.c_at = base_at
             self.c_binder = base_binder
-            self.catcher = base_catcher if base_catcher is not None else self
+            # An enclosing bound that is already spent (we are in the cleanup of a scope that
+            # fired, or it simply passed): this scope catches it, at its first await (D1.8). The
+            # enclosing catcher may have fired and delivered already; it would not again.
+            if base_catcher is None or base_at <= now:
+                self.catcher = self
+            else:
+                self.catcher = base_catcher
+        # Counts are compared relative to entry, as asyncio.timeout does: a cancel delivered and
+        # handled before (a fired scope's cleanup, a caught CancelledError) leaves a count that
+        # is not ours to judge. Only a cancel requested and not yet delivered (cpython#134471)
+        # must win over our own expiry.
         self._cancelling = cancelling = task.cancelling()
-        self._pending_cancel = cancelling > 0
+        self._pending_cancel = cancelling > 0 and getattr(task, "_must_cancel", True)
         self._token = _frame.set(self)
         ts = _task_timer.get()
         if ts is None or ts.task is not task:
@@ -418,10 +449,12 @@ class CancelScope(_Frame):
 
     def _enter_trio(self, trio: Any, now: float) -> None:
         self._mode = 2
-        self.c_task = None
+        # The trio task and this scope as its catcher: an inherit_deadline() inside it then
+        # ends it at the inherited deadline, as on asyncio (see _Bound).
+        self.c_task = trio.lowlevel.current_task()
         self.c_at = self.eff
         self.c_binder = self.binder
-        self.catcher = None
+        self.catcher = self
         # trio's clock may have another base (or be a MockClock): convert through "remaining".
         trio_deadline = _INF if self.eff == _INF else trio.current_time() + max(0.0, self.eff - now)
         self._trio_scope = scope = trio.CancelScope(deadline=trio_deadline, shield=self._shield)
@@ -575,9 +608,10 @@ class CancelScope(_Frame):
 class _Bound(_Frame):
     """A visible deadline that cancels nothing by itself: an inherited one, or the blocker."""
 
-    __slots__ = ("_blocker", "_prev_top", "_token", "_ts")
+    __slots__ = ("_blocker", "_prev_top", "_token", "_trio_scope", "_ts")
 
     _ts: _TaskTimer | None
+    _trio_scope: Any
 
     def __init__(self, when: float, *, source: str, timeout: float | None, blocker: bool) -> None:
         self._own = when
@@ -586,6 +620,7 @@ class _Bound(_Frame):
         self._what = None
         self._blocker = blocker
         self._ts = None
+        self._trio_scope = None
 
     def __enter__(self) -> Deadline:
         parent = _frame.get()
@@ -601,6 +636,11 @@ class _Bound(_Frame):
             self.binder = parent.binder
         loop = _get_running_loop()
         task = _current_task(loop) if loop is not None else None
+        if task is None and not self._blocker and parent.catcher is not None:
+            trio = _trio_module()
+            if trio is not None:
+                self._enter_trio(trio, parent, own)
+                return Deadline(self.eff)
         if task is not None and parent.c_task is task:
             base_at, base_binder, catcher = parent.c_at, parent.c_binder, parent.catcher
         elif self._blocker:
@@ -625,6 +665,26 @@ class _Bound(_Frame):
                 ts.arm(self.c_at)
         return Deadline(self.eff)
 
+    def _enter_trio(self, trio: Any, parent: _Frame, own: float) -> None:
+        """Inside a scope of this trio task, an earlier bound ends that scope, as on asyncio.
+
+        trio cancels only through its own cancel scopes, so the bound gets one with its deadline;
+        what it catches is reported as this bound's DeadlineExceeded, which the enclosing scope
+        lets through (it is not its own), exactly what asyncio's catcher reports.
+        """
+        self.c_task = ttask = trio.lowlevel.current_task()
+        self.catcher = parent.catcher
+        if parent.c_task is ttask and own < parent.c_at:
+            self.c_at = own
+            self.c_binder = self
+            left = max(0.0, own - _clock.now())
+            self._trio_scope = scope = trio.CancelScope(deadline=trio.current_time() + left)
+            scope.__enter__()
+        else:
+            self.c_at = parent.c_at
+            self.c_binder = parent.c_binder
+        self._token = _frame.set(self)
+
     def __exit__(
         self,
         exc_type: type[BaseException] | None,
@@ -632,6 +692,13 @@ class _Bound(_Frame):
         tb: TracebackType | None,
     ) -> None:
         _frame.reset(self._token)
+        scope = self._trio_scope
+        if scope is not None:
+            self._trio_scope = None
+            # trio may raise here (a new exception group): it propagates unchanged.
+            if scope.__exit__(exc_type, exc, tb) and scope.cancelled_caught:
+                raise self._deadline_error() from exc
+            return
         ts = self._ts
         if ts is not None:
             ts.top = prev = self._prev_top
@@ -688,7 +755,10 @@ def _new_scope(
     elif type(seconds) is float and seconds >= 0.0:  # NaN fails this and goes to to_seconds
         relative = seconds
     else:
-        relative = _seconds(seconds, "seconds")
+        # Negative means "already expired" (D1.9): the budget is zero, the deadline is entry.
+        relative = to_seconds(seconds, option="seconds", negative_is_zero=True)
+    if source != "scope":
+        _check_source(source)
     s: CancelScope = _new(CancelScope)
     s._own = when
     s._relative = relative
@@ -702,21 +772,29 @@ def _new_scope(
     return s
 
 
-def _seconds(value: Duration, option: str) -> float:
-    if (type(value) is float or type(value) is int) and value >= 0:
-        return float(value)
-    return to_seconds(value, option=option)
+def _check_source(source: str) -> None:
+    """An unknown ``source=`` is a mistake to report where the scope is built (D2.1)."""
+    if source not in SOURCES:
+        raise ConfigurationError(
+            f"unknown deadline source {source!r}; expected one of {', '.join(sorted(SOURCES))}",
+            option="source",
+        )
 
 
 def fail_after(
-    seconds: Duration, *, shield: bool = False, source: str = "scope", what: str | None = None
+    seconds: Duration | None,
+    *,
+    shield: bool = False,
+    source: str = "scope",
+    what: str | None = None,
 ) -> CancelScope:
     """A scope that raises :class:`DeadlineExceeded` when ``seconds`` (from entry) run out.
 
     ``with`` and ``async with`` both work. ``source`` and ``what`` shape the error report; engines
-    pass ``"attempt"``, ``"region"``, ``"node"`` … and the call's name.
+    pass ``"attempt"``, ``"region"``, ``"node"`` … and the call's name. ``None`` means no bound
+    of its own (as ``asyncio.timeout(None)``); a negative budget is already over (D1.9).
     """
-    return _new_scope(_INF, seconds, True, shield, source, what)
+    return _new_scope(_INF, _INF if seconds is None else seconds, True, shield, source, what)
 
 
 def fail_at(
@@ -733,13 +811,18 @@ def fail_at(
 
 
 def move_on_after(
-    seconds: Duration, *, shield: bool = False, source: str = "scope", what: str | None = None
+    seconds: Duration | None,
+    *,
+    shield: bool = False,
+    source: str = "scope",
+    what: str | None = None,
 ) -> CancelScope:
     """A scope that stops its body quietly when ``seconds`` (from entry) run out.
 
     ``.expired`` tells afterwards whether the deadline passed before the scope exited (D1.7).
+    ``None`` means no bound of its own; a negative budget is already over (D1.9).
     """
-    return _new_scope(_INF, seconds, False, shield, source, what)
+    return _new_scope(_INF, _INF if seconds is None else seconds, False, shield, source, what)
 
 
 def move_on_at(
@@ -778,6 +861,7 @@ def inherit_deadline(
             f"inherit_deadline() takes a Deadline, not {type(deadline).__name__}",
             option="deadline",
         )
+    _check_source(source)
     return _Bound(deadline.when, source=source, timeout=timeout, blocker=False)
 
 
@@ -840,7 +924,11 @@ async def acheckpoint() -> None:
 
 # Background work ---------------------------------------------------------------------------
 
+# The one registry of detached tasks: the loop keeps only weak references to tasks, so every task
+# timebound starts without awaiting it (spawn_background, the httpx exchange, the gRPC stream
+# check) is held here until it ends.
 _background: set[asyncio.Task[Any]] = set()
+_EAGER: Final = sys.version_info >= (3, 12)
 
 
 def _clean_context() -> contextvars.Context:
@@ -850,14 +938,36 @@ def _clean_context() -> contextvars.Context:
     return ctx
 
 
+def _spawn_detached(
+    coro: Coroutine[Any, Any, _T],
+    *,
+    loop: asyncio.AbstractEventLoop | None = None,
+    name: str | None = None,
+    eager: bool = False,
+) -> asyncio.Task[_T]:
+    """Start ``coro`` with no deadline (a clean context) and hold it until it ends.
+
+    ``eager`` (Python 3.12+, else ignored) runs its first step at once, within the caller's step.
+    """
+    if loop is None:
+        loop = asyncio.get_running_loop()
+    task: asyncio.Task[_T]
+    if eager and _EAGER:
+        task = asyncio.Task(  # type: ignore[call-arg,unused-ignore]
+            coro, loop=loop, name=name, context=_clean_context(), eager_start=True
+        )
+    else:
+        task = loop.create_task(coro, name=name, context=_clean_context())
+    if not task.done():
+        _background.add(task)
+        task.add_done_callback(_background.discard)
+    return task
+
+
 def spawn_background(coro: Coroutine[Any, Any, _T], *, name: str | None = None) -> asyncio.Task[_T]:
     """Start ``coro`` as an asyncio task that does **not** inherit the current deadline.
 
     Use it for work that must outlive the request (userver's ``AsyncBackground``). timebound keeps
     a reference until the task finishes, so it is not garbage-collected mid-flight.
     """
-    loop = asyncio.get_running_loop()
-    task = loop.create_task(coro, name=name, context=_clean_context())
-    _background.add(task)
-    task.add_done_callback(_background.discard)
-    return task
+    return _spawn_detached(coro, name=name)

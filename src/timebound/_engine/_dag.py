@@ -55,7 +55,7 @@ import inspect
 import sys
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, NamedTuple, TypeVar
 
 from .._core import _clock
 from .._core._deadline import Deadline
@@ -123,9 +123,11 @@ class Span:
     is_group: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One lifecycle event: ``kind`` is ``ready``, ``start`` or ``end``; ``outcome`` at ``end``."""
+class Event(NamedTuple):
+    """One lifecycle event: ``kind`` is ``ready``, ``start`` or ``end``; ``outcome`` at ``end``.
+
+    (A named tuple: one is built per node per phase, on the traced path.)
+    """
 
     kind: str
     key: Hashable

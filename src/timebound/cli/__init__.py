@@ -31,6 +31,13 @@ _COMMANDS: tuple[_Command, ...] = (
     _Command("demo", "timebound.cli._demo", "nested deadlines, a retry and a fallback, live"),
     _Command("run", "timebound.cli._dsl", "run a Constellation program", "dsl"),
     _Command("check", "timebound.cli._dsl", "check a Constellation program", "dsl"),
+    _Command(
+        "pipeline", "timebound.cli._pipeline", "compile, validate and run pipelines", "pipeline"
+    ),
+    _Command(
+        "workflow", "timebound.cli._workflow", "validate and run durable workflows", "workflow"
+    ),
+    _Command("worker", "timebound.cli._workflow", "work on a workflow store's runs", "workflow"),
 )
 
 # Options whose value may start with "-" (a negative duration is a mistake worth a clear error,

@@ -36,6 +36,7 @@ from ._runtime import (
     CallSite,
     CompiledCall,
     Program,
+    ProgramResources,
     _Run,
     error_text,
     lazy_ref,
@@ -128,6 +129,8 @@ class _Compiler(ExpressionForms):
         self.rebound: dict[str, int] = {}  # input name -> how many bindings it has had
         # (module, option) -> (value, position) of the first call site declaring a limit.
         self.limits: dict[tuple[str, str], tuple[Any, A.Pos]] = {}
+        # The program's own caches and limiters, shared by its call sites (D3.6, D3.7).
+        self.resources = ProgramResources(registry)
         self.stdlib = standard_library()
         # `use ns` makes ns's functions callable by their simple names (upstream's wildcard).
         self.wildcards: list[str] = []
@@ -790,11 +793,22 @@ class _Compiler(ExpressionForms):
             to_policy = OPTIONS[name].policy
             if to_policy is not None:
                 kwargs[name] = to_policy(option.value)
+        # The program's own limiters, shared by every call site of one module (D3.7).
+        res = self.resources
+        if "throttle" in opts:
+            count, per = opts["throttle"].value[:2]
+            kwargs["throttle"] = res.bucket(spec.name, count, per)
+        if "concurrency" in opts:
+            kwargs["concurrency"] = res.slots(spec.name, opts["concurrency"].value)
         if "on_error" in opts:
             kwargs["zero"] = zero_value(spec.returns)
         if fallback is not None:
             kwargs["fallback"] = _fallback_callable(fallback)
         try:
+            if "cache" in opts:
+                kwargs["cache_backend"] = res.cache(spec.name, kwargs.get("cache_backend"))
+            else:
+                kwargs.pop("cache_backend", None)  # W004: no cache, no backend to look up
             return Policy(**kwargs)
         except ConfigurationError as exc:
             # Point at the option the policy refused (an unknown cache_backend...) when it

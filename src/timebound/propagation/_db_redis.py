@@ -177,7 +177,9 @@ class AsyncDeadlineConnection(_GuardedRetry, redis.asyncio.Connection):
     connection_class=AsyncDeadlineConnection, ...))`` or :func:`afrom_url`. The wait for a
     reply is bounded by lowering the read timeout, and a cancelling scope that fires at the
     deadline does not interrupt the read: the read ends by itself at the same deadline (see
-    :func:`_finish_read`), so the command is never cancelled mid-flight by the deadline.
+    :func:`_finish_read`), so the command is never cancelled mid-flight by the deadline. After
+    any cancellation during a read the connection is closed: replies of the same batch may
+    still be due.
     """
 
     _timebound_setup: bool = False
@@ -233,6 +235,12 @@ class AsyncDeadlineConnection(_GuardedRetry, redis.asyncio.Connection):
             await self.disconnect(nowait=True)
             if (err := spent(what=_WHAT, client=_CLIENT)) is not None:
                 raise err from exc
+            raise
+        except asyncio.CancelledError:
+            # Even when this reply was read in full, the command may be one of a batch (a
+            # pipeline, the connection handshake) whose caller now stops reading: the replies
+            # still due must never reach another command. Closed, as redis-py does.
+            await self.disconnect(nowait=True)
             raise
         finally:
             self.socket_timeout = saved

@@ -19,7 +19,6 @@ Metrics use userver's names verbatim (D4.7) with the label ``grpc_destination=SE
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import inspect
 import math
@@ -29,9 +28,10 @@ from typing import Any, Final, NamedTuple
 from .._core._classify import bound_origin
 from .._core._deadline import Deadline
 from .._core._errors import DeadlineExceeded
-from .._core._scopes import current_bound_source, current_deadline, inherit_deadline
+from .._core._scopes import _spawn_detached, inherit_deadline
 from ..telemetry._events import counters, emit, enabled
-from ._state import RequestState, _request, clamp_timeout
+from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin
+from ._state import RequestState, _request
 
 try:
     import grpc
@@ -493,15 +493,54 @@ class _ClientCallDetails(_SyncDetails, grpc.ClientCallDetails):  # type: ignore[
 
 
 class _Clamp(NamedTuple):
-    timeout: float | None
-    lowered: bool
+    """One call's attempt (the clamp, the request it belongs to, how to count a cut)."""
+
+    attempt: Attempt
     destination: str
-    state: RequestState | None
-    #: The effective deadline the call runs under (``never`` when it did not lower the timeout).
-    bound: Deadline
-    #: A ``DEADLINE_EXCEEDED`` means our deadline is spent: the timeout was lowered by a bound
-    #: other than the attempt's own (a policy's per-attempt timeout is retryable, D2.5).
-    propagated: bool
+
+    @property
+    def timeout(self) -> float | None:
+        return self.attempt.clamped.seconds
+
+    @property
+    def lowered(self) -> bool:
+        return self.attempt.lowered
+
+    @property
+    def propagated(self) -> bool:
+        """A ``DEADLINE_EXCEEDED`` means our deadline is spent: the timeout was lowered by a
+        bound other than the attempt's own (a policy's per-attempt timeout is retryable, D2.5)."""
+        return self.attempt.propagated
+
+
+class _Report:
+    """userver's gRPC client metrics and span tags, labelled with the destination (D4.7)."""
+
+    __slots__ = ("_dest",)
+
+    def __init__(self, dest: str) -> None:
+        self._dest = dest
+
+    def lowered(self, timeout_ms: int | None) -> None:
+        counters.inc(CLIENT_PROPAGATED, grpc_destination=self._dest)
+        if enabled():
+            emit(
+                "span.tags",
+                component=CLIENT_COMPONENT,
+                grpc_destination=self._dest,
+                deadline_updated=1,
+                timeout_ms=timeout_ms,
+            )
+
+    def cancelled(self) -> None:
+        counters.inc(CLIENT_CANCELLED, grpc_destination=self._dest)
+        if enabled():
+            emit(
+                "span.tags",
+                component=CLIENT_COMPONENT,
+                grpc_destination=self._dest,
+                cancelled_by_deadline=1,
+            )
 
 
 class _ClientBase:
@@ -510,29 +549,11 @@ class _ClientBase:
         self._destination = destination or _default_destination
 
     def _clamp(self, method: str | bytes, timeout: float | None) -> _Clamp:
+        """The call's attempt (shared with the HTTP clients); with no time left it raises and
+        nothing is sent (D4.3). gRPC carries the timeout itself: no header of ours."""
         dest = self._destination(_method_name(method))
-        try:
-            clamped = clamp_timeout(timeout, what=f"gRPC {dest}")
-        except DeadlineExceeded:
-            # Nothing is sent (D4.3); clamp_timeout has marked the request.
-            _client_cancelled(dest)
-            raise
-        if clamped.lowered:
-            counters.inc(CLIENT_PROPAGATED, grpc_destination=dest)
-            if enabled():
-                # userver's gRPC client span tags.
-                emit(
-                    "span.tags",
-                    component=CLIENT_COMPONENT,
-                    grpc_destination=dest,
-                    deadline_updated=1,
-                    timeout_ms=clamped.ms,
-                )
-            bound = current_deadline()
-            propagated = bound_origin(current_bound_source()) != "own"
-        else:
-            bound, propagated = Deadline.never(), False
-        return _Clamp(clamped.seconds, clamped.lowered, dest, _request.get(), bound, propagated)
+        options = ClientOptions(propagate_header=False, what=f"gRPC {dest}", report=_Report(dest))
+        return _Clamp(begin(timeout, options, AttemptTimeoutBase), dest)
 
     @staticmethod
     def _with_timeout(details: Any, timeout: float | None) -> Any:
@@ -551,17 +572,7 @@ class _ClientBase:
     def _spent(clamp: _Clamp) -> None:
         """Our deadline cut a call short: count it and mark the request it belongs to (when
         the bound that cut it is the request's own deadline)."""
-        _client_cancelled(clamp.destination)
-        if clamp.state is not None:
-            clamp.state.cut_by(clamp.bound)
-
-
-def _client_cancelled(dest: str) -> None:
-    counters.inc(CLIENT_CANCELLED, grpc_destination=dest)
-    if enabled():
-        emit(
-            "span.tags", component=CLIENT_COMPONENT, grpc_destination=dest, cancelled_by_deadline=1
-        )
+        clamp.attempt.spent()
 
 
 def _is_deadline_code(outcome: Any) -> bool:
@@ -735,9 +746,6 @@ class _AioClientBase(_ClientBase):
         return call
 
 
-_pending_checks: set[asyncio.Task[None]] = set()
-
-
 def _aio_stream_done(client: _ClientBase, call: Any, clamp: _Clamp) -> None:
     """Count and mark a response stream that ended ``DEADLINE_EXCEEDED`` under our deadline."""
 
@@ -746,9 +754,7 @@ def _aio_stream_done(client: _ClientBase, call: Any, clamp: _Clamp) -> None:
         if await call.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
             client._spent(clamp)
 
-    task = asyncio.get_running_loop().create_task(check())
-    _pending_checks.add(task)
-    task.add_done_callback(_pending_checks.discard)
+    _spawn_detached(check())
 
 
 # grpc.aio dispatches on the interceptor's type, so each call kind needs its own class; grpc calls

@@ -32,8 +32,8 @@ the attempt's end is httpx's own error, unchanged.
 from __future__ import annotations
 
 import asyncio
-import sys
-from collections.abc import AsyncIterator, Coroutine, Iterator
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import Any
 
 try:
@@ -46,9 +46,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from .._core import _clock
 from .._core._deadline import Deadline
 from .._core._durations import Duration, to_seconds
-from .._core._errors import DeadlineExceeded
-from .._core._scopes import _clean_context, move_on_at, spawn_background
-from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin, bounded
+from .._core._scopes import _spawn_detached, move_on_at, spawn_background
+from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin
 from ._codec import EXPIRED_HEADER, TIMEOUT_HEADER
 
 __all__ = ["AsyncDeadlineTransport", "AttemptTimeout", "DeadlineTransport"]
@@ -86,17 +85,19 @@ def _static_timeout(own: float | None, request: httpx.Request) -> float | None:
     return max(configured) if configured else None
 
 
-def _prepare(request: httpx.Request, attempt: Attempt, phases_to: float | None = None) -> None:
-    """Write the header and clamp every phase timeout to ``phases_to`` (default: the attempt's)."""
+def _prepare(
+    request: httpx.Request, attempt: Attempt, *, phases_to: float | None, pool_to: float | None
+) -> None:
+    """Write the header and lower the phase timeouts: connect, read and write to at most
+    ``phases_to``, the pool wait to at most ``pool_to`` (``None``: leave it)."""
     if attempt.header_value is not None:
         request.headers[attempt.options.timeout_header] = attempt.header_value
-    seconds = attempt.clamped.seconds if phases_to is None else phases_to
-    if seconds is None:
-        return
     phases = dict(request.extensions.get("timeout") or {})
     for phase in _PHASES:
-        value = phases.get(phase)
-        phases[phase] = seconds if value is None else min(value, seconds)
+        limit = pool_to if phase == "pool" else phases_to
+        if limit is not None:
+            value = phases.get(phase)
+            phases[phase] = limit if value is None else min(value, limit)
     request.extensions = {**request.extensions, "timeout": phases}
 
 
@@ -118,25 +119,13 @@ class _Base:
             what=what,
         )
 
-    def _attempt(self, request: httpx.Request) -> Attempt:
-        attempt = begin(_static_timeout(self._timeout, request), self._options)
-        _prepare(request, attempt)
-        return attempt
+    def _begin(self, request: httpx.Request, static: float | None) -> Attempt:
+        return begin(
+            static, self._options, functools.partial(AttemptTimeout, request=request), _TIMEOUTS
+        )
 
     def _static(self, request: httpx.Request) -> float | None:
         return _static_timeout(self._timeout, request)
-
-    def _factory(self, request: httpx.Request, attempt: Attempt, *, remote: bool = False) -> Any:
-        def make(message: str) -> AttemptTimeout:
-            return AttemptTimeout(
-                message, request=request, remote=remote, timeout=attempt.clamped.seconds
-            )
-
-        return make
-
-    def _remote_expired(self, response: httpx.Response, attempt: Attempt) -> bool:
-        header = response.headers.get(self._options.expired_header)
-        return attempt.is_remote_expired(response.status_code, header)
 
 
 class DeadlineTransport(_Base, httpx.BaseTransport):
@@ -167,24 +156,23 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
         self._inner = inner if inner is not None else httpx.HTTPTransport()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        attempt = self._attempt(request)
-        try:
+        attempt = self._begin(request, self._static(request))
+        seconds = attempt.clamped.seconds
+        _prepare(request, attempt, phases_to=seconds, pool_to=seconds)
+        with attempt.boundary():
             response = self._inner.handle_request(request)
-        except httpx.TimeoutException as exc:
-            if attempt.expired():
-                raise attempt.cut(self._factory(request, attempt)) from exc
-            raise
-        if self._remote_expired(response, attempt):
+        refusal = attempt.refusal(
+            response.status_code, response.headers.get(self._options.expired_header)
+        )
+        if refusal is not None:
             # Read the short body so the connection goes back to the pool intact (D4.8).
             try:
                 response.read()
             finally:
                 response.close()
-            raise attempt.remote_expired(
-                response.status_code, self._factory(request, attempt, remote=True)
-            )
+            raise refusal
         if attempt.end is not None:
-            response.stream = _SyncStream(response.stream, attempt, self._factory(request, attempt))
+            response.stream = _SyncStream(response.stream, attempt)
         return response
 
     def close(self) -> None:
@@ -192,22 +180,15 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
 
 
 class _SyncStream(httpx.SyncByteStream):
-    def __init__(self, inner: Any, attempt: Attempt, make: Any) -> None:
+    def __init__(self, inner: Any, attempt: Attempt) -> None:
         self._inner = inner
         self._attempt = attempt
-        self._make = make
 
     def __iter__(self) -> Iterator[bytes]:
-        attempt = self._attempt
-        try:
+        with self._attempt.boundary():
             for chunk in self._inner:
-                if attempt.expired():
-                    raise attempt.cut(self._make)
+                self._attempt.check()
                 yield chunk
-        except httpx.TimeoutException as exc:
-            if attempt.expired():
-                raise attempt.cut(self._make) from exc
-            raise
 
     def close(self) -> None:
         self._inner.close()
@@ -218,14 +199,19 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
 
     ``inner`` defaults to ``httpx.AsyncHTTPTransport()``; options as :class:`DeadlineTransport`.
 
-    ``save_connections`` (default on, D4.8): when our deadline lowered the timeout, the exchange
-    runs in a background task so that a cut releases the caller at once without closing the
-    pooled connection. The price is paid on every such call, cut or not: one task and, before
-    Python 3.12, two more loop iterations (one on 3.12+). Measured on Python 3.11: ~14 us per
-    call in-process over the inline path, ~100 us of latency per forwarding hop in
-    ``bench/propagation.py`` (docs/propagation.md, "Benchmark: the work saved").
-    ``save_connections=False`` awaits the exchange inline and cancels it at the cut (the
-    connection mid-response is then closed): cheaper per call, costlier when deadlines fire.
+    On asyncio, every exchange that can be cut runs in a task of its own, and a cut never
+    cancels it while its request still waits for a pooled connection (see
+    :class:`_Exchange`): cancelling there leaks the connection httpcore has just created for
+    it (encode/httpcore#1093, #830), and once ``max_connections`` have leaked every later
+    request on the client fails. The caller still leaves at its deadline.
+
+    ``save_connections`` (default on, D4.8): when our deadline lowered the timeout, a cut
+    releases the caller only; the exchange goes on in the background up to the static timeout
+    so that its pooled connection is not closed. ``save_connections=False`` cancels the
+    exchange at the cut (once it has its connection; a connection mid-response is then
+    closed). The task costs ~14 us per call in-process on Python 3.11 and ~100 us of latency
+    per forwarding hop in ``bench/propagation.py`` (docs/propagation.md, "Benchmark: the work
+    saved").
     """
 
     def __init__(
@@ -248,91 +234,161 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
         )
         self._inner = inner if inner is not None else httpx.AsyncHTTPTransport()
         self._save_connections = bool(save_connections)
+        # Only httpcore's pool (behind httpx's own transport) has the pool-wait hazard; any
+        # other transport's exchange may be cancelled at once.
+        self._pooled = isinstance(self._inner, httpx.AsyncHTTPTransport)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         static = self._static(request)
-        attempt = begin(static, self._options)
-        make = self._factory(request, attempt)
-        response: httpx.Response
+        attempt = self._begin(request, static)
+        seconds = attempt.clamped.seconds
         if attempt.end is None:
-            _prepare(request, attempt)
+            _prepare(request, attempt, phases_to=None, pool_to=None)
             return await self._inner.handle_async_request(request)
-        if (
-            attempt.lowered
-            and static is not None
-            and self._save_connections
-            and asyncio._get_running_loop() is not None  # background tasks need asyncio, not trio
-        ):
-            # Phases get the static timeout: the exchange may outlive our deadline (below).
-            _prepare(request, attempt, phases_to=static)
-            response = await self._exchange_saving_connection(request, attempt, static, make)
+        loop = asyncio._get_running_loop()
+        if loop is None:
+            # trio: no task to hand the exchange to (see docs/propagation.md, "httpx").
+            _prepare(request, attempt, phases_to=seconds, pool_to=seconds)
+            response = await attempt.run(self._inner.handle_async_request, request)
         else:
-            _prepare(request, attempt)
-            response = await bounded(
-                attempt, make, _TIMEOUTS, self._inner.handle_async_request, request
-            )
-        if self._remote_expired(response, attempt):
+            # A kept exchange may outlive our deadline, up to the static timeout (its phases
+            # too). The pool wait is never shortened to our deadline: httpcore's pool timeout
+            # leaks a connection just as a cancel does (encode/httpcore#1093), and the caller
+            # leaves at the cut anyway.
+            keep = self._save_connections and attempt.lowered and static is not None
+            _prepare(request, attempt, phases_to=static if keep else seconds, pool_to=static)
+            keep_until = _clock.now() + static if keep and static is not None else None
+            exchange = _Exchange(self._inner, request, loop, gated=self._pooled)
+            response = await exchange.wait(attempt, keep_until)
+        refusal = attempt.refusal(
+            response.status_code, response.headers.get(self._options.expired_header)
+        )
+        if refusal is not None:
             try:
-                await bounded(attempt, make, _TIMEOUTS, response.aread)
+                await attempt.run(response.aread)
             finally:
                 await response.aclose()
-            raise attempt.remote_expired(
-                response.status_code, self._factory(request, attempt, remote=True)
-            )
-        response.stream = _AsyncStream(response.stream, attempt, make)
+            raise refusal
+        response.stream = _AsyncStream(response.stream, attempt)
         return response
 
     async def aclose(self) -> None:
         await self._inner.aclose()
 
-    async def _exchange_saving_connection(
-        self, request: httpx.Request, attempt: Attempt, static: float, make: Any
-    ) -> httpx.Response:
-        """Run the exchange in a background task; at our deadline release the caller only.
-
-        userver's rule (D4.8, FIELD-NOTES): when a *propagated* deadline cuts a call short, the
-        caller gets its error at once, but the physical request goes on in the background, up
-        to the static timeout, so its pooled connection is not closed. Cancelling the exchange
-        mid-response would force httpcore to close the connection, and under overload — exactly
-        when deadlines fire — reconnecting is the expensive part. The server got our header, so
-        it usually answers "deadline expired" right after our deadline anyway.
-
-        The exchange cannot start in the caller's task and be handed over at the cut: httpcore's
-        anyio cancel scopes belong to the task that entered them. So it has its own task, kept
-        as cheap as a task can be, since every loop iteration it adds is paid again per hop
-        under load: the task hands the response straight to a future the caller awaits (one
-        wake-up; ``asyncio.shield`` over the task needs two), and it carries no scope of its
-        own — the caller's scope always ends first, since our deadline lowered the timeout.
-        Only an abandoned exchange gets its static bound (a timer) and drains its response.
-        """
-        loop = asyncio.get_running_loop()
-        until = _clock.now() + static  # the exchange's own bound, if it is ever abandoned
-        handoff: asyncio.Future[httpx.Response] = loop.create_future()
-        task = _start(_exchange(self._inner, request, handoff), loop)
-        assert attempt.end is not None
-        scope = move_on_at(Deadline(attempt.end))
-        try:
-            with scope:
-                return await handoff
-        except (DeadlineExceeded, asyncio.CancelledError):
-            if attempt.expired():
-                attempt.note_cut()
-                _abandon(handoff, task, loop, until)
-            else:
-                task.cancel()
-                _release_unclaimed(handoff, until)
-            raise
-        except httpx.TimeoutException as exc:
-            if attempt.expired():
-                raise attempt.cut(make) from exc
-            raise
-        _abandon(handoff, task, loop, until)
-        raise attempt.cut(make)
-
 
 _EXCHANGE = "timebound-httpx-exchange"
-_EAGER = sys.version_info >= (3, 12)
-_exchanges: set[asyncio.Task[None]] = set()
+
+
+class _Exchange:
+    """One exchange in a task of its own, cancelled only where httpcore can take it.
+
+    httpcore's pool hands a queued request a *new* connection by setting an event the request's
+    task waits on; a cancellation delivered before that task wakes up leaves the connection in
+    the pool, never connected and owned by nobody (encode/httpcore#1093). Once
+    ``max_connections`` have leaked, every request on the client fails. So the caller never
+    waits inside httpcore: it waits for a hand-off from this task, under its own deadline, and
+    leaves at the cut whatever the task is doing. The task is cancelled only once its request
+    holds a connection — the first ``trace`` event httpcore emits comes from the connection,
+    after the pool wait — and a cancel asked for earlier is deferred to that event. A request
+    that never gets a connection ends by itself at the pool timeout (set to at most the
+    attempt's timeout, or the static one for a kept exchange). Detecting the leak afterwards
+    would mean reading httpcore's private pool state; not causing it needs only its public
+    trace hook.
+
+    The exchange cannot start in the caller's task and be handed over at the cut: httpcore's
+    anyio cancel scopes belong to the task that entered them. The task hands the response
+    straight to a future the caller awaits (one wake-up; ``asyncio.shield`` over the task needs
+    two), and it carries no scope of its own: the caller's scope always ends first.
+    """
+
+    __slots__ = ("_cancel_asked", "_connected", "_handoff", "_loop", "_task")
+
+    def __init__(
+        self,
+        inner: httpx.AsyncBaseTransport,
+        request: httpx.Request,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        gated: bool,
+    ) -> None:
+        self._loop = loop
+        self._connected = not gated
+        self._cancel_asked = False
+        self._handoff: asyncio.Future[httpx.Response] = loop.create_future()
+        if gated:
+            request.extensions = {**request.extensions, "trace": self._tracer(request)}
+        self._task = _start(self._run(inner, request), loop)
+
+    def _tracer(self, request: httpx.Request) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+        theirs = request.extensions.get("trace")
+
+        async def trace(name: str, info: dict[str, Any]) -> None:
+            if not self._connected:
+                self._connected = True
+                if self._cancel_asked:
+                    self._task.cancel()  # lands at the connection's next await: safe there
+            if theirs is not None:
+                await theirs(name, info)
+
+        return trace
+
+    def cancel(self) -> None:
+        """Cancel the exchange now if httpcore can take it, else when its connection is had."""
+        if self._connected:
+            self._task.cancel()
+        else:
+            self._cancel_asked = True
+
+    async def wait(self, attempt: Attempt, keep_until: float | None) -> httpx.Response:
+        """The response, or the attempt's error at its end (the caller never waits longer).
+
+        ``keep_until``: at a cut by our deadline, leave the exchange running until then (D4.8)
+        and release its response; ``None``: cancel it at the cut.
+        """
+        assert attempt.end is not None
+        try:
+            with attempt.boundary(), move_on_at(Deadline(attempt.end)):
+                return await self._handoff
+        except BaseException:
+            self._leave(keep_until if attempt.expired() else None)
+            raise
+        self._leave(keep_until)
+        raise attempt.cut()
+
+    def _leave(self, keep_until: float | None) -> None:
+        """The caller leaves without the response: end or bound the exchange, free its reply."""
+        handoff = self._handoff
+        if handoff.done() and not handoff.cancelled() and handoff.exception() is None:
+            # Handed over in the very iteration the caller left: nobody will read it.
+            response = handoff.result()
+            release = response.aclose() if keep_until is None else _release_by(response, keep_until)
+            spawn_background(release, name="timebound-httpx-drain")
+            return
+        handoff.cancel()  # tells the task nobody waits for its response
+        if self._task.done():
+            return
+        if keep_until is None:
+            self.cancel()
+        else:
+            timer = self._loop.call_at(keep_until, self.cancel)
+            self._task.add_done_callback(lambda _task: timer.cancel())
+
+    async def _run(self, inner: httpx.AsyncBaseTransport, request: httpx.Request) -> None:
+        """Hand the response (or the error) over; once the caller has left, release it."""
+        handoff = self._handoff
+        try:
+            response = await inner.handle_async_request(request)
+        except asyncio.CancelledError:
+            handoff.cancel()
+            raise
+        except Exception as exc:
+            if not handoff.done():
+                handoff.set_exception(exc)
+            return  # an abandoned exchange's failure has nobody to tell
+        if not handoff.done():
+            handoff.set_result(response)
+            return
+        await _release(response)
 
 
 def _start(coro: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop) -> asyncio.Task[None]:
@@ -342,43 +398,9 @@ def _start(coro: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop) -> 
     step instead of one loop iteration later, and an exchange that completes without waiting
     (an in-process transport) is handed over with no iteration at all.
     """
-    if _EAGER:
-        task: asyncio.Task[None] = asyncio.Task(  # type: ignore[call-arg,unused-ignore]
-            coro, loop=loop, name=_EXCHANGE, context=_clean_context(), eager_start=True
-        )
-    else:
-        task = loop.create_task(coro, name=_EXCHANGE, context=_clean_context())
-    if not task.done():
-        # The loop keeps only weak references to tasks: hold this one until it ends.
-        _exchanges.add(task)
-        task.add_done_callback(_exchanges.discard)
-    return task
-
-
-async def _exchange(
-    inner: httpx.AsyncBaseTransport,
-    request: httpx.Request,
-    handoff: asyncio.Future[httpx.Response],
-) -> None:
-    """The background half of a connection-saving exchange.
-
-    Hands the response (or the error) to ``handoff``. Once the caller has left (``handoff``
-    cancelled) it reads and releases the response, so the connection goes back to the pool;
-    :func:`_abandon` bounds it by then.
-    """
-    try:
-        response = await inner.handle_async_request(request)
-    except asyncio.CancelledError:
-        handoff.cancel()
-        raise
-    except Exception as exc:
-        if not handoff.done():
-            handoff.set_exception(exc)
-        return  # an abandoned exchange's failure has nobody to tell
-    if not handoff.done():
-        handoff.set_result(response)
-        return
-    await _release(response)
+    # The one registry of detached tasks holds it until it ends (the loop keeps only weak
+    # references to tasks).
+    return _spawn_detached(coro, loop=loop, name=_EXCHANGE, eager=True)
 
 
 async def _release(response: httpx.Response) -> None:
@@ -396,40 +418,16 @@ async def _release_by(response: httpx.Response, until: float) -> None:
         await _release(response)
 
 
-def _abandon(
-    handoff: asyncio.Future[httpx.Response],
-    task: asyncio.Task[None],
-    loop: asyncio.AbstractEventLoop,
-    until: float,
-) -> None:
-    """The caller leaves at the cut; the exchange goes on, bounded by its static timeout."""
-    if _release_unclaimed(handoff, until):
-        return
-    handoff.cancel()  # already cancelled with the caller's wait; this makes it explicit
-    if not task.done():
-        timer = loop.call_at(until, task.cancel)
-        task.add_done_callback(lambda _task: timer.cancel())
-
-
-def _release_unclaimed(handoff: asyncio.Future[httpx.Response], until: float) -> bool:
-    """Release a response handed over in the very iteration the caller left; True if one was."""
-    if handoff.done() and not handoff.cancelled() and handoff.exception() is None:
-        spawn_background(_release_by(handoff.result(), until), name="timebound-httpx-drain")
-        return True
-    return False
-
-
 class _AsyncStream(httpx.AsyncByteStream):
-    def __init__(self, inner: Any, attempt: Attempt, make: Any) -> None:
+    def __init__(self, inner: Any, attempt: Attempt) -> None:
         self._inner = inner
         self._attempt = attempt
-        self._make = make
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         iterator = self._inner.__aiter__()
         while True:
             try:
-                chunk = await bounded(self._attempt, self._make, _TIMEOUTS, iterator.__anext__)
+                chunk = await self._attempt.run(iterator.__anext__)
             except StopAsyncIteration:
                 return
             yield chunk

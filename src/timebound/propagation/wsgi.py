@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import Any
 
 from .._core._scopes import inherit_deadline
+from ..telemetry import correlation
 from ._codec import (
     ENVOY_TIMEOUT_HEADER,
     EXPIRED_BODY,
@@ -107,15 +108,20 @@ class DeadlineMiddleware:
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         if not self._config.active():
             return self.app(environ, start_response)
+        # Every event of this request carries its id (the per-request context below copies it
+        # for the response iterator).
+        with correlation("request"):
+            return self._serve(environ, start_response)
+
+    def _serve(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         start = now()
         found: list[tuple[str, str | bytes]] = []
         for name, key in self._keys:
             value = environ.get(key)
             if isinstance(value, str):
-                # WSGI servers join repeated header lines with commas (RFC 9110 5.3); no valid
-                # deadline value contains one, so split them back and let the minimum win, as
-                # the ASGI middleware does with repeated lines.
-                found.extend((name, part) for part in value.split(","))
+                # WSGI servers join repeated lines with commas; the codec reads that form and
+                # ASGI's separate lines alike (D4.1).
+                found.append((name, value))
         arrival = arrive(found, self._config.names, start) if found else None
         if arrival is None:
             return self.app(environ, start_response)

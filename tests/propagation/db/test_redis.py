@@ -372,6 +372,38 @@ async def test_async_cancel_while_the_deadline_read_ends_interrupts_it(
         await client.aclose()
 
 
+@pytest.mark.asyncio_real
+async def test_async_pipeline_cut_after_a_reply_never_hands_the_rest_to_another_command(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancelling scope fires while a pipeline's first reply is being read; that read ends
+    normally, the scope raises — and the pipeline's second reply, still due, never reaches the
+    next command (the connection is closed, not returned with a reply on it)."""
+    client = afrom_url(redis_url, socket_timeout=None)
+    base = redis.asyncio.Connection.read_response
+    reads = 0
+
+    async def slow_first_read(self: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal reads
+        reads += 1
+        reply = await base(self, *args, **kwargs)
+        if reads == 1:
+            await asyncio.sleep(0.3)  # the scope's deadline passes while this read is on
+        return reply
+
+    try:
+        await client.ping()  # connected: the handshake is over
+        monkeypatch.setattr(redis.asyncio.Connection, "read_response", slow_first_read)
+        with pytest.raises(tb.DeadlineExceeded):
+            async with tb.fail_after(0.1):
+                async with client.pipeline(transaction=False) as pipe:
+                    await pipe.echo("first").echo("second").execute()
+        assert reads == 1
+        assert await client.echo("next") == b"next"
+    finally:
+        await client.aclose()
+
+
 def test_guarded_retry_copied_into_another_client_stays_guarded_once(redis_url: str) -> None:
     """A guarded retry passed on to a new client is deep-copied (as redis-py does) unnested."""
     first = from_url(redis_url, retry=Retry(NoBackoff(), 2))
