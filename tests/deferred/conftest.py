@@ -87,3 +87,12 @@ def status_doc(
         doc["error"] = {"code": status, "message": status, "retryable": False}
     doc.update(extra)
     return doc
+
+
+@pytest.fixture
+def clock(store_url: str, virtual_clock: Any) -> Any:
+    """Virtual time; on PostgreSQL it jumps only after real idleness, never mid-query."""
+    vc = virtual_clock
+    if store_url.startswith("postgresql"):
+        vc.autojump_threshold = 0.05
+    return vc
