@@ -96,3 +96,12 @@ def clock(store_url: str, virtual_clock: Any) -> Any:
     if store_url.startswith("postgresql"):
         vc.autojump_threshold = 0.05
     return vc
+
+
+async def raw_update(reg: Any, op_id: str, **columns: Any) -> None:
+    """Change stored columns behind the registry's back (tampering, for tests)."""
+    sets = ", ".join(f"{name} = ?" for name in columns)
+    async with reg.store.transaction() as tx:
+        await tx.execute(
+            f"UPDATE tb_deferred_ops SET {sets} WHERE id = ?", *columns.values(), op_id
+        )
