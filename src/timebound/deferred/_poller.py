@@ -133,8 +133,14 @@ class Poller:
             delay = await self.step()
             self._wake.clear()
             if delay is None or delay > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), delay)
+                await self._sleep(delay)
+
+    async def _sleep(self, delay: float | None) -> None:
+        # Not asyncio.wait_for: on Python 3.11 it can swallow a cancellation that arrives as
+        # the wait ends (cpython#86296), and stop() would then wait for the loop forever.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await self._wake.wait()
 
     async def step(self) -> float | None:
         """One round: expire, resume, start due polls. Returns how long to wait at most."""
@@ -221,8 +227,7 @@ class Poller:
         ):
             wait = self._window.wait_s()
             self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), wait if wait > 0 else None)
+            await self._sleep(wait if wait > 0 else None)
         self._window.take()
         self.polls_started += 1
         self._inflight[op.module] += 1
