@@ -121,6 +121,8 @@ class Service:
             if op.cancel_href is not None:
                 doc["cancel_href"] = op.cancel_href
             return doc
+        # The registry's instants are the ones its status documents show.
+        doc["created_at"] = format_time(op.created_ms)
         doc["expires_at"] = format_time(op.expires_ms)
         task = asyncio.get_running_loop().create_task(
             self._run(op_id, offer, payload, op.expires_ms)
