@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs, urlsplit
 
-from ._base import EpochClock, Store, StoreBusy, StoreError, Tx
+from ._base import Store, StoreBusy, StoreError, Tx
 
-__all__ = ["EpochClock", "Store", "StoreBusy", "StoreError", "Tx", "open_store"]
+__all__ = ["Store", "StoreBusy", "StoreError", "Tx", "open_store"]
 
 
 def open_store(url: str) -> Store:

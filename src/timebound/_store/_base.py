@@ -9,13 +9,10 @@ transaction as the change it records, and a lease is an owner and an expiry on a
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from .._core import _clock
-
-__all__ = ["EpochClock", "Store", "StoreBusy", "StoreError", "Tx"]
+__all__ = ["Store", "StoreBusy", "StoreError", "Tx"]
 
 
 class StoreError(RuntimeError):
@@ -26,30 +23,17 @@ class StoreBusy(StoreError):
     """Another process already writes this store (SQLite allows one writer process)."""
 
 
-class EpochClock:
-    """Epoch milliseconds on timebound's monotonic clock (D1.10, D6.12).
+class Tx:
+    """One transaction. Backends implement :meth:`execute` and :meth:`fetch`.
 
-    Storage holds absolute epoch ms so any process can compare them; scheduling uses the monotonic
-    clock so virtual time drives tests. One anchor pairs the two when the clock is made; readings
-    are floored, so a stored deadline is never reported reached before it is (D1.3).
+    An engine sets :attr:`wake_others` when the transaction makes work or news for other
+    processes (a new token, a finished run); a shared store then wakes them at commit.
     """
 
-    # TODO(core): replace with Deadline.to_epoch_ms()/from_epoch_ms() once they land on main.
+    wake_others = False
 
     def __init__(self) -> None:
-        self._mono = _clock.now()
-        self._wall_ms = math.floor(_clock.wall() * 1000)
-
-    def now_ms(self) -> int:
-        return self._wall_ms + math.floor((_clock.now() - self._mono) * 1000)
-
-    def to_monotonic(self, epoch_ms: int) -> float:
-        """The monotonic instant of ``epoch_ms`` (for ``fail_at`` and loop timers)."""
-        return self._mono + (epoch_ms - self._wall_ms) / 1000
-
-
-class Tx:
-    """One transaction. Backends implement :meth:`execute` and :meth:`fetch`."""
+        self._events: list[tuple[str, str, int, str]] = []
 
     async def execute(self, sql: str, *args: Any) -> int:
         raise NotImplementedError
@@ -99,15 +83,23 @@ class Tx:
     # Events ------------------------------------------------------------------------------
 
     async def append_event(self, stream: str, kind: str, at_ms: int, **data: Any) -> None:
-        await self.execute(
-            "INSERT INTO tb_events (stream, kind, at_ms, data) VALUES (?, ?, ?, ?)",
-            stream,
-            kind,
-            at_ms,
-            json.dumps(data, sort_keys=True),
-        )
+        """Record an event; written with the transaction's other events at commit, in order."""
+        self._events.append((stream, kind, at_ms, json.dumps(data)))
+
+    async def flush_events(self) -> None:
+        """Write the recorded events (backends call this just before committing)."""
+        if self._events:
+            events, self._events = self._events, []
+            await self.execute_many(
+                "INSERT INTO tb_events (stream, kind, at_ms, data) VALUES (?, ?, ?, ?)", events
+            )
+
+    async def execute_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        for row in rows:
+            await self.execute(sql, *row)
 
     async def events(self, stream: str) -> list[dict[str, Any]]:
+        await self.flush_events()
         rows = await self.fetch(
             "SELECT kind, at_ms, data FROM tb_events WHERE stream = ? ORDER BY seq", stream
         )
@@ -134,8 +126,11 @@ class Store:
         """``async with store.transaction() as tx``: commit on success, roll back on error."""
         raise NotImplementedError
 
-    async def notify(self) -> None:
-        """Wake other processes working on this store (no-op where there are none)."""
+    async def listen(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when another process commits a ``wake_others`` transaction."""
+
+    async def unlisten(self) -> None:
+        """Stop calling the :meth:`listen` callback."""
 
     def lock_clause(self) -> str:
         """The row-lock clause that serialises changes of one row across processes."""

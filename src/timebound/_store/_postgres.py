@@ -2,14 +2,15 @@
 
 Every transaction holds one pooled connection. Claims use ``FOR UPDATE SKIP LOCKED`` so workers
 never take the same row; changes of one run are serialised with ``FOR UPDATE`` on its row; a
-commit sends ``NOTIFY tb_store`` so idle workers wake at once instead of at the next sweep.
+commit that made work for others sends ``NOTIFY`` (one channel per schema) so idle workers wake
+at once instead of at the next sweep.
 ``?schema=NAME`` keeps a store in its own schema (created if absent).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
@@ -31,7 +32,11 @@ def _numbered(sql: str) -> str:
 
 class _PgTx(Tx):
     def __init__(self, conn: Any) -> None:
+        super().__init__()
         self._conn = conn
+
+    async def execute_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        await self._conn.executemany(_numbered(sql), rows)
 
     async def execute(self, sql: str, *args: Any) -> int:
         status: str = await self._conn.execute(_numbered(sql), *args)
@@ -55,6 +60,8 @@ class PostgresStore(Store):
         self.url = url
         self._dsn = urlunsplit(parts._replace(query=urlencode(query)))
         self._pool: Any = None
+        self._listener: Any = None
+        self._channel = f"tb_store_{self.schema}"
 
     async def open(self) -> None:
         if self._pool is not None:
@@ -77,7 +84,21 @@ class PostgresStore(Store):
                     await conn.execute(statement)
                 await conn.execute("INSERT INTO tb_schema (version) VALUES ($1)", version)
 
+    async def listen(self, callback: Callable[[], None]) -> None:
+        import asyncpg
+
+        if self._listener is not None:
+            return
+        self._listener = await asyncpg.connect(self._dsn)
+        await self._listener.add_listener(self._channel, lambda *_: callback())
+
+    async def unlisten(self) -> None:
+        conn, self._listener = self._listener, None
+        if conn is not None:
+            await conn.close()
+
     async def close(self) -> None:
+        await self.unlisten()
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
@@ -93,4 +114,8 @@ class PostgresStore(Store):
         if self._pool is None:
             raise StoreError("the store is not open")
         async with self._pool.acquire() as conn, conn.transaction():
-            yield _PgTx(conn)
+            tx = _PgTx(conn)
+            yield tx
+            await tx.flush_events()
+            if tx.wake_others:  # delivered at commit, never for a rolled-back change
+                await conn.execute(f'NOTIFY "{self._channel}"')

@@ -28,10 +28,14 @@ _SYNC_MODES = ("FULL", "NORMAL", "OFF", "EXTRA")
 
 class _SqliteTx(Tx):
     def __init__(self, conn: sqlite3.Connection) -> None:
+        super().__init__()
         self._conn = conn
 
     async def execute(self, sql: str, *args: Any) -> int:
         return self._conn.execute(sql, args).rowcount
+
+    async def execute_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        self._conn.executemany(sql, rows)
 
     async def fetch(self, sql: str, *args: Any) -> list[dict[str, Any]]:
         cur = self._conn.execute(sql, args)
@@ -113,7 +117,9 @@ class SqliteStore(Store):
             raise StoreError("the store is not open")
         conn.execute("BEGIN IMMEDIATE")
         try:
-            yield _SqliteTx(conn)
+            tx = _SqliteTx(conn)
+            yield tx
+            await tx.flush_events()
         except BaseException:
             conn.execute("ROLLBACK")
             raise

@@ -19,7 +19,6 @@ Metrics use userver's names verbatim (D4.7) with the label ``grpc_destination=SE
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import inspect
 import math
@@ -30,7 +29,7 @@ from typing import Any, Final, NamedTuple
 from .._core._classify import bound_origin
 from .._core._deadline import Deadline
 from .._core._errors import DeadlineExceeded
-from .._core._scopes import inherit_deadline
+from .._core._scopes import _spawn_detached, inherit_deadline
 from ..telemetry._events import counters, emit, enabled
 from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin
 from ._state import RequestState, _request
@@ -773,9 +772,6 @@ class _AioClientBase(_ClientBase):
         return call
 
 
-_pending_checks: set[asyncio.Task[None]] = set()
-
-
 def _aio_stream_done(client: _ClientBase, call: Any, clamp: _Clamp) -> None:
     """Count and mark a response stream that ended ``DEADLINE_EXCEEDED`` under our deadline."""
 
@@ -784,9 +780,7 @@ def _aio_stream_done(client: _ClientBase, call: Any, clamp: _Clamp) -> None:
         if await call.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
             client._spent(clamp)
 
-    task = asyncio.get_running_loop().create_task(check())
-    _pending_checks.add(task)
-    task.add_done_callback(_pending_checks.discard)
+    _spawn_detached(check())
 
 
 # grpc.aio dispatches on the interceptor's type, so each call kind needs its own class; grpc calls

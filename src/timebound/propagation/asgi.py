@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from .._core._scopes import inherit_deadline, move_on_at
+from ..telemetry import correlation
 from ._codec import (
     ENVOY_TIMEOUT_HEADER,
     EXPIRED_BODY,
@@ -114,6 +115,11 @@ class DeadlineMiddleware:
         if scope["type"] != "http" or not self._config.active():
             await self.app(scope, receive, send)
             return
+        # Every event of this request, whatever engine emits it, carries its id.
+        with correlation("request"):
+            await self._serve(scope, receive, send)
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         # D4.2: the deadline counts from here, before the app reads the body.
         start = now()
         wanted = self._wanted

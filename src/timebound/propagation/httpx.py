@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import Any
 
@@ -53,7 +52,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from .._core import _clock
 from .._core._deadline import Deadline
 from .._core._durations import Duration, to_seconds
-from .._core._scopes import _clean_context, move_on_at, spawn_background
+from .._core._scopes import _clean_context, _spawn_detached, move_on_at, spawn_background
 from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin
 from ._codec import EXPIRED_HEADER, TIMEOUT_HEADER
 
@@ -337,8 +336,6 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
 
 
 _EXCHANGE = "timebound-httpx-exchange"
-_EAGER = sys.version_info >= (3, 12)
-_exchanges: set[asyncio.Task[None]] = set()
 
 
 class _Exchange:
@@ -548,17 +545,9 @@ def _start(coro: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop) -> 
     step instead of one loop iteration later, and an exchange that completes without waiting
     (an in-process transport) is handed over with no iteration at all.
     """
-    if _EAGER:
-        task: asyncio.Task[None] = asyncio.Task(  # type: ignore[call-arg,unused-ignore]
-            coro, loop=loop, name=_EXCHANGE, context=_clean_context(), eager_start=True
-        )
-    else:
-        task = loop.create_task(coro, name=_EXCHANGE, context=_clean_context())
-    if not task.done():
-        # The loop keeps only weak references to tasks: hold this one until it ends.
-        _exchanges.add(task)
-        task.add_done_callback(_exchanges.discard)
-    return task
+    # The one registry of detached tasks holds it until it ends (the loop keeps only weak
+    # references to tasks).
+    return _spawn_detached(coro, loop=loop, name=_EXCHANGE, eager=True)
 
 
 async def _release(response: httpx.Response) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 
 from .._core._errors import DeadlineExceeded
 from .._core._scopes import inherit_deadline
+from ..telemetry import correlation
 from ._codec import (
     ENVOY_TIMEOUT_HEADER,
     EXPIRED_BODY,
@@ -115,6 +116,12 @@ class DeadlineMiddleware:
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         if not self._config.active():
             return self.app(environ, start_response)
+        # Every event of this request carries its id (the per-request context below copies it
+        # for the response iterator).
+        with correlation("request"):
+            return self._serve(environ, start_response)
+
+    def _serve(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         start = now()
         found: list[tuple[str, str | bytes]] = []
         for name, key in self._keys:

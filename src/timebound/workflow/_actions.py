@@ -52,6 +52,15 @@ def freeze(value: Any) -> Any:
     return value
 
 
+def thaw(value: Any) -> Any:
+    """Plain JSON data again from a :func:`freeze` view."""
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [thaw(v) for v in value]
+    return value
+
+
 def _json_value(value: Any, what: str) -> Outcome:
     try:
         return Outcome("ok", json.loads(json.dumps(value, allow_nan=False)))
@@ -132,15 +141,12 @@ async def run_http(implementation: Mapping[str, Any], ctx: ActionContext, *, wha
 
     from ..propagation.httpx import AsyncDeadlineTransport
 
-    body = {
-        "input": ctx.input,
-        "state": json.loads(json.dumps(ctx.state, default=_plain)),
-        "branch": None if ctx.branch is None else dict(ctx.branch),
-    }
+    body = thaw({"input": ctx.input, "state": ctx.state, "branch": ctx.branch})
     try:
         async with (
             fail_at(ctx.deadline, source="node", what=what),
-            httpx.AsyncClient(transport=AsyncDeadlineTransport(what=what)) as client,
+            # No httpx timeout of its own: the node's deadline is the bound (and the header).
+            httpx.AsyncClient(transport=AsyncDeadlineTransport(what=what), timeout=None) as client,
         ):
             response = await client.request(
                 implementation["method"],
@@ -161,11 +167,3 @@ async def run_http(implementation: Mapping[str, Any], ctx: ActionContext, *, wha
         return Outcome("ok", response.json())
     except ValueError:
         return Outcome("ok", response.text)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return dict(value)
-    if isinstance(value, tuple):
-        return list(value)
-    raise TypeError(type(value).__name__)

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
+import math
 import os
 import socket
 import types
@@ -25,16 +27,40 @@ from .._core import _clock
 from .._core._deadline import Deadline
 from .._core._errors import ConfigurationError
 from .._core._scopes import fail_after
-from .._store import EpochClock, Store, Tx, open_store
+from .._store import Store, Tx, open_store
 from ._actions import ActionContext, Outcome, freeze, run_http, run_python
 from ._definition import Definition, DefinitionError, parse_definition
-from ._machine import RUN_TERMINAL, Machine
+from ._machine import Machine
+from ._rows import RUN_TERMINAL
 
 __all__ = ["Engine", "RunResult"]
 
 # Waking a hair after a stored deadline makes the floored epoch-ms reading reach it, so the
 # deadline is reported at its own millisecond instead of one loop turn later.
 _WAKE_MARGIN_S = 1e-6
+
+
+class _Start(NamedTuple):
+    """A run to start, waiting for the loop's next transaction."""
+
+    definition: Definition
+    input: Any
+    future: asyncio.Future[str]
+
+
+class _Report(NamedTuple):
+    """An attempt's outcome, waiting for the loop's next transaction."""
+
+    run_id: str
+    token_id: str
+    attempt: int
+    outcome: Outcome
+
+
+#: An attempt to start: token id, action kind, implementation, context.
+_Plan = tuple[str, str, Mapping[str, Any], ActionContext]
+
+_log = logging.getLogger("timebound.workflow")
 
 
 class RunResult(NamedTuple):
@@ -95,13 +121,16 @@ class Engine:
         self._definitions: dict[tuple[str, int], Definition] = {}
         self._latest: dict[str, int] = {}
         self._machine = Machine(self._definitions, self._cancel_attempt, self._run_finished)
-        self._clock: EpochClock | None = None
+        self._open = False
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._attempts: dict[str, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
         self._finished: dict[str, asyncio.Event] = {}
+        self._outcomes: list[_Report] = []
+        self._starts: list[_Start] = []
+        self._stored: set[tuple[str, int]] = set()  # definitions this engine has written
 
     # Definitions ----------------------------------------------------------------------------
 
@@ -141,7 +170,8 @@ class Engine:
         if self._loop_task is not None:
             return
         await self._store.open()
-        self._clock = EpochClock()
+        self._open = True
+        await self._store.listen(self._wake_all)
         if not self._store.shared:
             # One writer process: whatever a previous process left in flight died with it.
             async with self._txn() as tx:
@@ -156,7 +186,17 @@ class Engine:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         self._attempts.clear()
+        starts, self._starts = self._starts, []
+        for start in starts:
+            if not start.future.done():
+                start.future.set_exception(RuntimeError("the engine closed before the run started"))
+        if self._outcomes:  # results that arrived before the stop are kept
+            outcomes, self._outcomes = self._outcomes, []
+            async with self._txn() as tx:
+                for report in outcomes:
+                    await self._report(tx, report, self._now())
         await self._store.close()
+        self._open = False
 
     @property
     def late_results_discarded(self) -> int:
@@ -177,12 +217,13 @@ class Engine:
             input = json.loads(json.dumps(input, allow_nan=False))
         except (TypeError, ValueError) as exc:
             raise ConfigurationError(f"a run's input must be JSON: {exc}", option="input")
-        async with self._txn() as tx:
-            await self._store_definition(tx, definition)
-            run_id = await self._machine.start_run(
-                tx, definition, input, self._now(), timeout_ms=definition.timeout_ms
-            )
-        return run_id
+        if self._loop_task is None:
+            raise RuntimeError("the engine is not open: use 'async with engine:' first")
+        # Started by the loop's next transaction: concurrent starts share one commit.
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._starts.append(_Start(definition, input, future))
+        self._wake.set()
+        return await future
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
         """Wait until the run ends; ``timeout`` seconds bound the wait (``DeadlineExceeded``)."""
@@ -202,7 +243,8 @@ class Engine:
                     return RunResult(run["status"], output, run["error"])
                 if self._store.shared:
                     try:
-                        await asyncio.wait_for(event.wait(), self._sweep_ms / 1000)
+                        async with asyncio.timeout(self._sweep_ms / 1000):
+                            await event.wait()
                     except TimeoutError:
                         pass
                 else:
@@ -255,19 +297,23 @@ class Engine:
 
     # Internals ------------------------------------------------------------------------------
 
-    def _now(self) -> int:
-        assert self._clock is not None, "the engine is not open (use 'async with engine')"
-        return self._clock.now_ms()
+    @staticmethod
+    def _now() -> int:
+        """Now in epoch ms, floored: a stored deadline is never seen reached early (D1.3)."""
+        return math.floor(_clock.wall() * 1000)
 
     @asynccontextmanager
     async def _txn(self) -> AsyncIterator[Tx]:
-        if self._clock is None:
+        if not self._open:
             raise RuntimeError("the engine is not open: use 'async with engine:' first")
         async with self._lock, self._store.transaction() as tx:
             yield tx
         self._wake.set()
 
     async def _store_definition(self, tx: Tx, definition: Definition) -> None:
+        key = (definition.id, definition.version)
+        if key in self._stored:
+            return
         await tx.execute(
             "INSERT INTO tb_wf_definitions (id, version, body) VALUES (?, ?, ?) "
             "ON CONFLICT (id, version) DO NOTHING",
@@ -275,6 +321,7 @@ class Engine:
             definition.version,
             json.dumps(definition.raw, sort_keys=True),
         )
+        self._stored.add(key)  # forgotten if the transaction fails (see _loop)
 
     async def _requeue(self, tx: Tx, where: str, *args: Any) -> None:
         """Put in-flight tokens back to ``pending``, keeping their deadline (``resume``)."""
@@ -301,6 +348,12 @@ class Engine:
                 previous_owner=tok["lease_owner"],
             )
 
+    def _wake_all(self) -> None:
+        """Another process changed the store: re-read it (the loop, and every waiter)."""
+        self._wake.set()
+        for event in self._finished.values():
+            event.set()
+
     def _run_finished(self, run_id: str) -> None:
         event = self._finished.get(run_id)
         if event is not None:
@@ -314,42 +367,96 @@ class Engine:
     # The loop -------------------------------------------------------------------------------
 
     async def _loop(self) -> None:
-        assert self._clock is not None
+        renew_at = 0
         while True:
             self._wake.clear()
-            await self._fire_timers()
-            await self._dispatch()
-            async with self._txn() as tx:
-                next_ms = await tx.next_timer_ms()
-                row = await tx.fetchone(
-                    "SELECT MIN(not_before) AS t FROM tb_wf_tokens WHERE status = 'pending'"
-                )
+            if self._store.shared and self._now() >= renew_at:
+                await self._renew_leases()
+                renew_at = self._now() + self._lease_ms // 3
+            outcomes, self._outcomes = self._outcomes, []
+            starts, self._starts = self._starts, []
+            try:
+                plans, next_ms = await self._turn(starts, outcomes)
+            except Exception:
+                # A failed turn is rolled back (on PostgreSQL, a deadlock between two workers'
+                # batches is one cause): keep its work and try again after a pause.
+                self._outcomes[:0] = outcomes
+                self._starts[:0] = starts
+                self._stored.clear()
+                _log.exception("workflow engine turn failed; retrying")
+                await asyncio.sleep(self._sweep_ms / 1000)
+                continue
             self._wake.clear()  # our own transaction set it
-            if row is not None and row["t"] is not None and len(self._attempts) < self._concurrency:
-                next_ms = row["t"] if next_ms is None else min(next_ms, row["t"])
+            for plan in plans:
+                task = asyncio.create_task(self._attempt(*plan), name=f"workflow-token-{plan[0]}")
+                self._attempts[plan[0]] = task
+                task.add_done_callback(functools.partial(self._attempt_done, plan[0]))
+            if self._outcomes or self._starts:
+                continue
             delay = None
             if next_ms is not None:
-                delay = max(self._clock.to_monotonic(next_ms) - _clock.now(), 0) + _WAKE_MARGIN_S
+                delay = Deadline.from_epoch_ms(next_ms).remaining() + _WAKE_MARGIN_S
             if self._store.shared:
-                delay = min(delay or self._sweep_ms / 1000, self._sweep_ms / 1000)
+                # The sweep catches other workers' changes; leases are renewed well before expiry.
+                renew = max(renew_at - self._now(), 0) / 1000
+                delay = min(delay or math.inf, self._sweep_ms / 1000, renew)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation that
+            # races with the event being set (cpython#86296), and close() would hang.
             try:
-                await asyncio.wait_for(self._wake.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
 
-    async def _fire_timers(self) -> None:
-        while True:
-            now = self._now()
-            async with self._txn() as tx:
-                due = await tx.due_timers(now)
-            if not due:
-                return
-            for timer in due:
-                async with self._txn() as tx:
-                    await self._fire(tx, timer, now)
-                    await tx.execute(
-                        "DELETE FROM tb_timers WHERE key = ? AND due_ms <= ?", timer["key"], now
-                    )
+    async def _turn(
+        self, starts: list[_Start], outcomes: list[_Report]
+    ) -> tuple[list[_Plan], int | None]:
+        """One transaction, one commit (group commit): fire the due timers, start new runs, store
+        the attempts' outcomes, claim and begin ready tokens; return the attempts to run and the
+        next wake-up.
+
+        Timers go first, so a workflow timeout due now wins over a result reported at the same
+        instant (D6.4).
+        """
+        now = self._now()
+        started: list[tuple[asyncio.Future[str], str]] = []
+        async with self._txn() as tx:
+            for timer in await tx.due_timers(now, limit=1000):
+                await self._fire(tx, timer, now)
+                await tx.execute(
+                    "DELETE FROM tb_timers WHERE key = ? AND due_ms <= ?", timer["key"], now
+                )
+            for start in starts:
+                await self._store_definition(tx, start.definition)
+                run_id = await self._machine.start_run(
+                    tx, start.definition, start.input, now, timeout_ms=start.definition.timeout_ms
+                )
+                started.append((start.future, run_id))
+            for report in sorted(outcomes, key=lambda r: r.run_id):
+                await self._report(tx, report, now)
+            plans = await self._dispatch(tx, now)
+            next_ms = await tx.next_timer_ms()
+            row = await tx.fetchone(
+                "SELECT MIN(not_before) AS t FROM tb_wf_tokens WHERE status = 'pending'"
+            )
+        for future, run_id in started:  # committed: the runs exist
+            if not future.done():
+                future.set_result(run_id)
+        if row is not None and row["t"] is not None and len(self._attempts) < self._concurrency:
+            next_ms = row["t"] if next_ms is None else min(next_ms, row["t"])
+        return plans, next_ms
+
+    async def _renew_leases(self) -> None:
+        """Extend the leases of this worker's in-flight tokens, so no other worker takes them."""
+        if not self._attempts:
+            return
+        async with self._txn() as tx:
+            await tx.execute(
+                "UPDATE tb_wf_tokens SET lease_until = ? WHERE lease_owner = ? "
+                "AND status IN ('dispatched', 'executing')",
+                self._now() + self._lease_ms,
+                self.worker_id,
+            )
 
     async def _fire(self, tx: Tx, timer: dict[str, Any], now: int) -> None:
         run = await self._machine.run(tx, timer["stream"], lock=self._store.lock_clause())
@@ -365,30 +472,30 @@ class Engine:
             ):
                 await self._machine.token_timeout(tx, run, tok, now)
         elif timer["kind"] == "join":
-            await self._machine.join_timeout(tx, run, timer["key"], now)
+            await self._machine.joins.join_timeout(tx, run, timer["key"], now)
 
-    async def _dispatch(self) -> None:
+    async def _dispatch(self, tx: Tx, now: int) -> list[_Plan]:
+        """Claim ready tokens (a lease each) and begin their attempts."""
         free = self._concurrency - len(self._attempts)
         if free <= 0:
-            return
-        now = self._now()
-        async with self._txn() as tx:
-            if self._store.shared:
-                await self._requeue(
-                    tx, "status IN ('dispatched', 'executing') AND lease_until < ?", now
-                )
-            rows = await tx.fetch(
-                "SELECT * FROM tb_wf_tokens WHERE status = 'pending' AND not_before <= ? "
-                f"ORDER BY not_before, seq LIMIT ?{self._store.skip_locked()}",
-                now,
-                free,
+            return []
+        if self._store.shared:
+            await self._requeue(
+                tx, "status IN ('dispatched', 'executing') AND lease_until < ?", now
             )
-            for tok in rows:
-                await self._machine.claim(tx, tok, self.worker_id, now + self._lease_ms, now)
+        rows = await tx.fetch(
+            "SELECT * FROM tb_wf_tokens WHERE status = 'pending' AND not_before <= ? "
+            f"ORDER BY not_before, seq LIMIT ?{self._store.skip_locked()}",
+            now,
+            free,
+        )
+        plans = []
         for tok in rows:
-            task = asyncio.create_task(self._attempt(tok["id"]), name=f"workflow-token-{tok['id']}")
-            self._attempts[tok["id"]] = task
-            task.add_done_callback(functools.partial(self._attempt_done, tok["id"]))
+            await self._machine.claim(tx, tok, self.worker_id, now + self._lease_ms, now)
+            plan = await self._begin(tx, tok, now)
+            if plan is not None:
+                plans.append(plan)
+        return plans
 
     def _attempt_done(self, token_id: str, task: asyncio.Task[None]) -> None:
         if self._attempts.get(token_id) is task:
@@ -397,54 +504,53 @@ class Engine:
         if not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]  # a bug: surface it in the loop's log
 
-    async def _attempt(self, token_id: str) -> None:
+    async def _begin(self, tx: Tx, tok: dict[str, Any], now: int) -> _Plan | None:
+        """``dispatched`` → ``executing``; the attempt to run, or ``None`` if there is none."""
         machine = self._machine
-        async with self._txn() as tx:
-            now = self._now()
-            tok = await machine.token(tx, token_id)
-            if tok is None or tok["status"] != "dispatched" or tok["lease_owner"] != self.worker_id:
-                return
-            run = await machine.run(tx, tok["run_id"], lock=self._store.lock_clause())
-            if run is None or await machine.check_run_deadline(tx, run, now):
-                return
-            if tok["timeout_at"] is not None and now >= tok["timeout_at"]:
-                await machine.token_timeout(tx, run, tok, now)
-                return
-            definition = await machine.definition(tx, run)
-            node = definition.nodes[tok["node_id"]]
-            action = definition.actions[node.action_id]
-            timeout_at = await machine.begin_attempt(tx, tok, definition, now)
-            if action.kind == "workflow_call":
-                await self._start_child(tx, run, tok, definition, now)
-                return
-            bounds = [b for b in (timeout_at, run["timeout_at"]) if b is not None]
-            assert self._clock is not None
-            deadline = (
-                Deadline(self._clock.to_monotonic(min(bounds))) if bounds else Deadline.never()
-            )
-            ctx = ActionContext(
-                input=freeze(json.loads(run["input"])),
-                state=freeze(json.loads(run["state"])),
-                branch=None
-                if tok["branch_index"] is None
-                else freeze(
-                    {
-                        "index": tok["branch_index"],
-                        "total": tok["branch_total"],
-                        "item": json.loads(tok["branch_item"] or "null"),
-                    }
-                ),
-                run_id=run["id"],
-                token_id=token_id,
-                node_id=node.id,
-                attempt=tok["attempt"],
-                deadline=deadline,
-            )
-        what = f"workflow node '{node.id}'"
-        attempt = ctx.attempt
-        outcome = await self._run_action(action.kind, action.implementation, ctx, what, attempt)
-        async with self._txn() as tx:
-            await self._report(tx, token_id, attempt, outcome)
+        run = await machine.run(tx, tok["run_id"], lock=self._store.lock_clause())
+        if run is None or await machine.check_run_deadline(tx, run, now):
+            return None
+        if tok["timeout_at"] is not None and now >= tok["timeout_at"]:
+            await machine.token_timeout(tx, run, tok, now)
+            return None
+        definition = await machine.definition(tx, run)
+        node = definition.nodes[tok["node_id"]]
+        action = definition.actions[node.action_id]
+        timeout_at = await machine.begin_attempt(tx, tok, definition, now)
+        if action.kind == "workflow_call":
+            await self._start_child(tx, run, tok, definition, now)
+            return None
+        bounds = [b for b in (timeout_at, run["timeout_at"]) if b is not None]
+        branch = None
+        if tok["branch_index"] is not None:
+            branch = {
+                "index": tok["branch_index"],
+                "total": tok["branch_total"],
+                "item": json.loads(tok["branch_item"] or "null"),
+            }
+        ctx = ActionContext(
+            input=freeze(json.loads(run["input"])),
+            state=freeze(json.loads(run["state"])),
+            branch=None if branch is None else freeze(branch),
+            run_id=run["id"],
+            token_id=tok["id"],
+            node_id=node.id,
+            attempt=tok["attempt"],
+            deadline=Deadline.from_epoch_ms(min(bounds) if bounds else None),
+        )
+        return (tok["id"], action.kind, action.implementation, ctx)
+
+    async def _attempt(
+        self, token_id: str, kind: str, implementation: Mapping[str, Any], ctx: ActionContext
+    ) -> None:
+        """Run one attempt; its outcome is stored by the loop's next turn (group commit)."""
+        what = f"workflow node '{ctx.node_id}'"
+        try:
+            outcome = await self._run_action(kind, implementation, ctx, what, ctx.attempt)
+        except Exception as exc:  # a failing action runner fails the node, never strands it
+            outcome = Outcome("error", error=f"{type(exc).__name__}: {exc}")
+        self._outcomes.append(_Report(ctx.run_id, token_id, ctx.attempt, outcome))
+        self._wake.set()
 
     async def _run_action(
         self,
@@ -471,8 +577,9 @@ class Engine:
         async with self._txn() as tx:
             await self._machine.late_result(tx, run_id, token_id, attempt, self._now())
 
-    async def _report(self, tx: Tx, token_id: str, attempt: int, outcome: Outcome) -> None:
-        machine, now = self._machine, self._now()
+    async def _report(self, tx: Tx, report: _Report, now: int) -> None:
+        machine = self._machine
+        token_id, attempt, outcome = report.token_id, report.attempt, report.outcome
         tok = await machine.token(tx, token_id)
         if tok is None:
             return

@@ -1,0 +1,185 @@
+"""``timebound workflow schema|validate|run`` and ``timebound worker``: durable workflows.
+
+Exit codes: 0 completed (or valid); 1 failed (or invalid); 2 bad usage (unreadable file, module
+that cannot be imported, bad ``--input``); 3 timed out; 4 cancelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import importlib.util
+import json
+import signal
+import sys
+import tempfile
+import types
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..workflow import DefinitionError, Engine, parse_definition, schema
+
+__all__ = ["register"]
+
+_EXIT = {"completed": 0, "failed": 1, "timed_out": 3, "cancelled": 4}
+
+
+class _Usage(Exception):
+    """Bad command-line usage: message printed, exit code 2."""
+
+
+def register(sub: Any) -> None:
+    wf = sub.add_parser("workflow", help="validate and run durable workflow definitions")
+    wf_sub = wf.add_subparsers(dest="workflow_command", metavar="SUBCOMMAND")
+    wf_sub.required = True
+    p = wf_sub.add_parser("schema", help="print the JSON Schema of workflow definitions")
+    p.set_defaults(handler=_schema)
+    p = wf_sub.add_parser("validate", help="check a definition (JSON or YAML)")
+    p.add_argument("file")
+    p.set_defaults(handler=_validate)
+    p = wf_sub.add_parser("run", help="run a definition to its end, showing tokens as they move")
+    p.add_argument("file")
+    p.add_argument("--actions", required=True, help="module (or FILE.py) of python handlers")
+    p.add_argument("--db", help="store URL (default: a temporary SQLite file)")
+    p.add_argument("--input", default="null", help="the run's input, as JSON")
+    p.set_defaults(handler=_run)
+    w = sub.add_parser("worker", help="work on a store's runs until interrupted")
+    w.add_argument("--db", required=True, help="store URL (postgresql://… for many workers)")
+    w.add_argument("--actions", required=True, help="module (or FILE.py) of python handlers")
+    w.set_defaults(handler=_worker)
+
+
+def _schema(args: argparse.Namespace) -> int:
+    print(json.dumps(schema(), indent=2))
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    try:
+        d = parse_definition(Path(args.file))
+    except DefinitionError as exc:
+        print(f"{args.file}: {exc}", file=sys.stderr)
+        return 1
+    print(f"{args.file}: valid (workflow {d.id!r} version {d.version}, {len(d.nodes)} nodes)")
+    return 0
+
+
+def _load_actions(spec: str) -> types.ModuleType:
+    try:
+        if spec.endswith(".py"):
+            path = Path(spec)
+            loader_spec = importlib.util.spec_from_file_location(path.stem, path)
+            if loader_spec is None or loader_spec.loader is None or not path.is_file():
+                raise _Usage(f"--actions: cannot load {spec!r}")
+            module = importlib.util.module_from_spec(loader_spec)
+            loader_spec.loader.exec_module(module)
+            return module
+        return importlib.import_module(spec)
+    except _Usage:
+        raise
+    except Exception as exc:
+        raise _Usage(f"--actions: cannot import {spec!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        actions = _load_actions(args.actions)
+        try:
+            run_input = json.loads(args.input)
+        except ValueError as exc:
+            raise _Usage(f"--input is not JSON: {exc}") from exc
+    except _Usage as exc:
+        print(f"timebound workflow run: {exc}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        db = args.db or f"sqlite:///{tmp}/runs.db"
+        try:
+            engine = Engine(db=db, actions=actions)
+            definition = engine.register(Path(args.file))
+        except DefinitionError as exc:
+            print(f"{args.file}: {exc}", file=sys.stderr)
+            return 1
+        status = asyncio.run(_run_and_show(engine, definition.id, run_input, sys.stdout))
+    return _EXIT[status]
+
+
+def _describe(event: dict[str, Any]) -> str | None:
+    kind = event["kind"]
+    node = event.get("node_id")
+    if kind == "token_timed_out":
+        return (
+            f"token {node}: timed out ({event['timeout_type']} bound, "
+            f"{event['timeout_duration_ms']} ms, policy {event['policy_applied']})"
+        )
+    if kind == "join_timed_out":
+        return (
+            f"join {event['transition_id']}: synchronization bound fired "
+            f"({event['timeout_duration_ms']} ms, policy {event['policy_applied']})"
+        )
+    if kind == "join_decided":
+        return f"join {event['transition_id']}: proceeds with branches {event['branches']}"
+    if kind.startswith("token_") and kind != "token_dispatched":
+        branch = event.get("branch_index")
+        where = f"{node}[{branch}]" if branch is not None else str(node)
+        extra = f": {event['error']}" if event.get("error") else ""
+        return f"token {where}: {kind.removeprefix('token_')}{extra}"
+    if kind.startswith("run_"):
+        return f"run: {kind.removeprefix('run_')}" + (
+            f" ({event['error']})" if event.get("error") else ""
+        )
+    return None
+
+
+async def _run_and_show(engine: Engine, definition_id: str, run_input: Any, out: TextIO) -> str:
+    async with engine:
+        run_id = await engine.start(definition_id, run_input)
+        print(f"run {run_id}", file=out)
+        waiter = asyncio.ensure_future(engine.wait(run_id))
+        shown = 0
+        started: int | None = None
+        while True:
+            events = await engine.events(run_id)
+            for event in events[shown:]:
+                started = event["at_epoch_ms"] if started is None else started
+                line = _describe(event)
+                if line is not None:
+                    print(f"  +{event['at_epoch_ms'] - started:7d} ms  {line}", file=out)
+            shown = len(events)
+            if waiter.done():
+                break
+            # Progress display only; the run's own timing never depends on this interval.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(waiter), 0.05)
+        result = waiter.result()
+    print(f"status: {result.status}", file=out)
+    if result.error:
+        print(f"error: {result.error}", file=out)
+    if result.output is not None:
+        print(json.dumps(result.output, indent=2, sort_keys=True), file=out)
+    return result.status
+
+
+def _worker(args: argparse.Namespace) -> int:
+    try:
+        actions = _load_actions(args.actions)
+    except _Usage as exc:
+        print(f"timebound worker: {exc}", file=sys.stderr)
+        return 2
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            async with Engine(db=args.db, actions=actions) as engine:
+                print(f"worker {engine.worker_id} on {args.db}", flush=True)
+                await stop.wait()
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    asyncio.run(serve())
+    return 0

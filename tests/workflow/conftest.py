@@ -1,0 +1,57 @@
+"""Engines on both stores: SQLite in a temporary directory, PostgreSQL in a unique schema."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from timebound import workflow as wf
+
+
+def _drop_schema(dsn: str, schema: str) -> None:
+    import asyncpg
+
+    async def drop() -> None:
+        conn = await asyncpg.connect(dsn)
+        try:
+            await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        finally:
+            await conn.close()
+
+    asyncio.run(drop())
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh store URL on each backend (the same behaviour suite runs on both)."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path}/runs.db"
+        return
+    dsn = request.getfixturevalue("postgres_dsn")
+    schema = f"tbwf_{uuid.uuid4().hex[:12]}"
+    try:
+        yield f"{dsn}?schema={schema}"
+    finally:
+        _drop_schema(dsn, schema)
+
+
+@pytest.fixture
+def make_engine(store_url: str, request: pytest.FixtureRequest) -> Callable[..., wf.Engine]:
+    """Build an engine on the test's store with the given handlers."""
+    if store_url.startswith("postgresql"):
+        # Real I/O under virtual time: jump only after real idleness, never mid-query.
+        clock = request.getfixturevalue("virtual_clock")
+        clock.autojump_threshold = 0.05
+
+    def make(actions: dict[str, Any], *definitions: dict[str, Any], **kw: Any) -> wf.Engine:
+        engine = wf.Engine(db=store_url, actions=actions, **kw)
+        for d in definitions:
+            engine.register(d)
+        return engine
+
+    return make
