@@ -50,6 +50,7 @@ never invents identities.
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import inspect
 import sys
@@ -510,9 +511,16 @@ class DagPlan(Generic[_C]):
     def _run_sync(self, st: _Exec, ctx: _C, i: int) -> bool:
         """Run a sync (or bookkeeping) node inline; true when the run must stop."""
         kind = self._kind[i]
-        if kind == _ENTER:
-            return self._enter_group(st, ctx, i)
-        if kind == _EXIT:
+        if kind != _USER:
+            if self._blocked(st, i) is not None:
+                # An enclosing region ran out: this group is never entered (its members are
+                # skipped through the poison) or settles as skipped -- no hooks, no fallback.
+                if kind == _EXIT:
+                    self._end(st, i, "skipped")
+                self._complete(st, i, poison=kind == _ENTER)
+                return False
+            if kind == _ENTER:
+                return self._enter_group(st, ctx, i)
             return self._exit_group(st, ctx, i, None)
         why = self._blocked(st, i)
         if why is not None:
@@ -569,7 +577,8 @@ class DagPlan(Generic[_C]):
         return value
 
     def _exit_group(self, st: _Exec, ctx: _C, i: int, fallback: tuple[bool, Any] | None) -> bool:
-        """Settle group ``i``; ``fallback`` is (ok, value-or-exception) when one ran."""
+        """Settle group ``i``; ``fallback`` is (True, its value) when one ran, or (False,
+        outcome) when an enclosing region's deadline cut it."""
         g = self._gof[i]
         group = self.groups[g]
         poisoned = st.poisoned is not None and i in st.poisoned
@@ -585,7 +594,10 @@ class DagPlan(Generic[_C]):
         if fallback is not None:
             ok, value = fallback
             if not ok:
-                return self._fail(st, i, value)
+                # The enclosing region timed out too; its own exit decides what happens.
+                self._end(st, i, value)
+                self._complete(st, i)
+                return False
             if st.results is not None:
                 st.results[group.key] = value
             self._end(st, i, "timed_out")
@@ -625,13 +637,17 @@ class DagPlan(Generic[_C]):
 
     async def _run_async(self, st: _Exec, ctx: _C, i: int) -> tuple[bool, Any]:
         """Run async node ``i``: (True, value) or (False, outcome) when it produced nothing."""
-        if self._kind[i] == _EXIT:
-            return True, await self._fallback(self.groups[self._gof[i]], ctx)
         chain = self._chain[i]
+        if self._kind[i] == _EXIT:
+            # A fallback runs outside its own expired region, inside the enclosing ones.
+            group = self.groups[self._gof[i]]
+            action: Callable[[_C], Any] = functools.partial(self._fallback, group)
+        else:
+            action = self.nodes[i].action
         if not chain:
-            return True, await self.nodes[i].action(ctx)
+            return True, await action(ctx)
         scopes = self._scopes(st, chain)
-        value = await _arun_in_scopes(scopes, self.nodes[i].action, ctx)
+        value = await _arun_in_scopes(scopes, action, ctx)
         if self._expired(st, scopes):
             return False, "late" if value is not _NOTHING else "timed_out"
         return True, value

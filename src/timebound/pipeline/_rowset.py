@@ -107,12 +107,14 @@ class RowSet:
         self.nrows = len(index)
         self.index = None
 
-    def begin(self) -> None:
-        """Open an overlay: later writes are staged until commit or rollback."""
+    def begin(self) -> int:
+        """Open an overlay: later writes are staged until commit or rollback. Returns its
+        depth, for :meth:`rollback_to`."""
         if self.index is not None and not self.depth:
             self._compact()
         self._layers.append({})
         self._tables.clear()
+        return self.depth
 
     def commit(self) -> None:
         """Apply the top overlay's columns to the layer below (no row data is copied)."""
@@ -127,6 +129,14 @@ class RowSet:
         if not self.depth:
             raise RuntimeError("rollback without an open overlay")
         self._layers.pop()
+        self._tables.clear()
+
+    def rollback_to(self, depth: int) -> None:
+        """Drop the overlay opened at ``depth`` and every overlay opened inside it (a nested
+        region cut before it could settle)."""
+        if not 1 <= depth <= self.depth:
+            raise RuntimeError(f"no open overlay at depth {depth}")
+        del self._layers[depth:]
         self._tables.clear()
 
     # Shape-changing operations (never inside an overlay) -----------------------------------
