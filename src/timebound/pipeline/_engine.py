@@ -29,7 +29,7 @@ from .._engine import DagPlan, Group, Node
 from . import _expr
 from ._artifact import Artifact
 from ._errors import PlanTimeout, TaskError, ValidationError
-from ._model import Registry, TaskDef, check_value, evaluate
+from ._model import Registry, TaskSpec, check_value, evaluate
 from ._rowset import RowSet
 from ._trace import Trace
 from ._validate import SUPPORTED_CAPABILITIES, Checked, task_known, validate
@@ -561,7 +561,7 @@ def _budget(
 
 
 def _task_action(
-    registry: Registry, task: TaskDef, args: Mapping[str, Any], key: str
+    registry: Registry, task: TaskSpec, args: Mapping[str, Any], key: str
 ) -> tuple[Callable[[_Run], Any], bool]:
     fn = task.fn
     reads = task.reads
@@ -629,7 +629,7 @@ def _same_keys(out: Mapping[Any, Any], keys: frozenset[str]) -> bool:
 
 def _apply(
     registry: Registry,
-    task: TaskDef,
+    task: TaskSpec,
     rs: RowSet,
     out: Any,
     params: Mapping[str, Any],
