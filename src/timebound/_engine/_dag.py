@@ -36,12 +36,16 @@ Semantics:
   interrupted or never started, and ``on_timeout`` decides: ``"fail"`` raises the region's
   :class:`~timebound.DeadlineExceeded`, ``"collect"`` stores it in ``errors[group key]`` and skips
   the group's dependents, a callable is the group's fallback: it runs once, outside the expired
-  region but under every enclosing bound (D5.2), and its value is stored as ``results[group
-  key]``. A value a member produced after the group's deadline is discarded (outcome ``"late"``).
+  region but under every enclosing bound (D5.2; an enclosing region that runs out cuts it), and
+  its value is stored as ``results[group key]``. A value a member produced after the group's
+  deadline is discarded (outcome ``"late"``). ``on_enter``/``on_success`` bracket a group that
+  settles in time (a transaction's begin and commit); a group whose enclosing region ran out
+  before its turn is never entered: no hook, no fallback.
 * Events: ``sink(Event)`` receives ``ready``/``start``/``end`` for every node and group, with
   the outcome at ``end`` (``ok``, ``error``, ``cancelled``, ``skipped``, ``timed_out``, ``late``).
   ``record=True`` returns the same as :class:`Span` objects (nodes in declaration order, then
-  groups); :meth:`DagPlan.critical_path` walks them back from the last node to finish.
+  groups; ``record=`` a list keeps them even when the run fails); :meth:`DagPlan.critical_path`
+  walks them back from the last node to finish.
 
 Node and group keys are the caller's (stable across edits of the definition); the executor
 never invents identities.
