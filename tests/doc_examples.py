@@ -41,18 +41,18 @@ def examples(*relative_paths: str) -> list[Any]:
 def run_example(name: str, code: str) -> list[str]:
     """Execute one example; check its printed promises; return what it printed."""
     buf = io.StringIO()
-    key = f"doc_example_{abs(hash(name))}"
-    module = types.ModuleType(key)
-    sys.modules[key] = module  # dataclasses and pickle look their module up
+    module_name = f"doc_example_{abs(hash(name))}"
+    module = types.ModuleType(module_name)
+    sys.modules[module_name] = module  # dataclasses and pickle look their module up
     if 'if __name__ == "__main__":' in code:
         module.__dict__["__name__"] = "__main__"  # a script example: run its main block
     try:
         with contextlib.redirect_stdout(buf):
             exec(compile(code, name, "exec"), module.__dict__)
     finally:
-        # By ``key``: a script example renamed the module ``__main__``, and deleting
-        # ``sys.modules["__main__"]`` broke every later multiprocessing spawn in the session.
-        del sys.modules[key]
+        # By the name it was registered under: module.__name__ may now read "__main__", and
+        # deleting that entry broke every later multiprocessing spawn in the session.
+        del sys.modules[module_name]
     printed = buf.getvalue().splitlines()
     block = _PRINTS.search(code)
     if block is not None:

@@ -266,11 +266,13 @@ def test_missing_file_exits_2(workdir: pathlib.Path, capsys: pytest.CaptureFixtu
     assert "cannot read missing.cst" in capsys.readouterr().err
 
 
-def test_modules_is_required(capsys: pytest.CaptureFixture[str]) -> None:
-    """Leaving out --modules is an argparse usage error (exit 2)."""
-    with pytest.raises(SystemExit) as info:
-        main(["run", "x.cst"])
-    assert info.value.code == 2
+def test_run_without_modules_has_the_standard_library_only(
+    workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --modules a call of an application module is an unknown module (exit 1)."""
+    (workdir / "prog.cst").write_text("in x: Int\ny = Hang(x)\nout y\n")
+    assert main(["run", "prog.cst", "--input", "x=1"]) == 1
+    assert "E009: Unknown module 'Hang'" in capsys.readouterr().err
 
 
 def test_resilience_tour(

@@ -357,12 +357,11 @@ def test_fail_at_rejects_non_deadline() -> None:
         tb.move_on_at(5)  # type: ignore[arg-type]
 
 
-def test_negative_budget_rejected() -> None:
-    """A negative or NaN budget is a ConfigurationError naming the parameter."""
-    for bad in (-1, math.nan):
-        with pytest.raises(tb.ConfigurationError) as info:
-            tb.fail_after(bad)
-        assert info.value.option == "seconds"
+def test_nan_budget_rejected() -> None:
+    """A NaN budget is a ConfigurationError naming the parameter."""
+    with pytest.raises(tb.ConfigurationError) as info:
+        tb.fail_after(math.nan)
+    assert info.value.option == "seconds"
 
 
 async def test_fail_at_absolute(virtual_clock: VirtualClock) -> None:

@@ -56,7 +56,7 @@ CASES = [
     ("E001", 'y = "${}"\nout y', 1, 6, "Empty interpolation '${}'"),
     ("E002", 'y = "abc\nout y', 1, 5, "Unterminated string"),
     ("E002", 'y = "a ${1 + 2"\nout y', 1, 8, "Unterminated interpolation '${' in string"),
-    ("E003", "y = 1 @ 2\nout y", 1, 7, "Unexpected character '@'"),
+    ("E003", "y = 1 ~ 2\nout y", 1, 7, "Unexpected character '~'"),
     ("E003", 'y = "\\q"\nout y', 1, 6, "Invalid escape '\\q' in string"),
     (
         "E003",
@@ -103,7 +103,22 @@ CASES = [
     ),
     ("E007", "y = Echo(z)\nout y", 1, 10, "Undefined name 'z'"),
     ("E007", "y = Echo(z)\nz = 1\nout y", 1, 10, "'z' is used before it is defined (at line 2)"),
-    ("E008", "in x: Int\nx = 1\nout x", 2, 1, "'x' is already defined at line 1"),
+    ("E008", "x = 1\nx = 2\nout x", 2, 1, "'x' is already defined at line 1"),
+    (
+        "E020",
+        "@example(1)\ntype T = Int\nout T",
+        2,
+        1,
+        "Expected an 'in' or 'out' declaration after the annotation '@example', found keyword "
+        "'type'",
+    ),
+    (
+        "E021",
+        "in v: Int | String\ny = match v { is Int -> 1 }\nout y",
+        2,
+        5,
+        "'match' does not cover String (add a case for it, or '_ -> value')",
+    ),
     ("E009", "in x: Int\ny = Ech(x)\nout y", 2, 5, "Unknown module 'Ech' (did you mean 'Echo'?)"),
     (
         "E010",
@@ -230,7 +245,7 @@ def test_diagnostic(code: str, source: str, line: int, column: int, message: str
 
 
 def test_every_error_code_is_exercised() -> None:
-    """E001-E019 all appear in the table above."""
+    """Every error code appears in the table above."""
     codes = {c for c in CODES if c.startswith("E")}
     assert codes == {case[0] for case in CASES}
 
@@ -259,13 +274,6 @@ WARNINGS = [
         "High retry count (11) - consider using a lower value with exponential backoff",
     ),
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _backend() -> None:
-    from timebound.policies import InMemoryCache, register_cache_backend
-
-    register_cache_backend("w004", InMemoryCache())
 
 
 @pytest.mark.parametrize(("code", "source", "line", "column", "message"), WARNINGS)

@@ -190,6 +190,28 @@ _TOKENS = st.sampled_from(
         "fallback",
         "lazy",
         "\n",
+        # the constructs upstream programs use
+        "when",
+        "branch",
+        "otherwise",
+        "->",
+        "match",
+        "is",
+        "_",
+        "=>",
+        "filter",
+        "map",
+        "[",
+        "]",
+        "@example(1)",
+        '@source("k", a: 1)',
+        "@sink",
+        "use",
+        "stdlib.math",
+        "add",
+        "Seq",
+        "Candidates",
+        "a-b",
     ]
 )
 
@@ -291,3 +313,40 @@ def test_inputs_must_be_a_mapping(program: Program) -> None:
     """Passing a list instead of a dict is an InputError."""
     with pytest.raises(InputError, match="inputs must be a mapping"):
         program.run_sync([1, 2])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "filter(x, (a) => " * 3000 + "true" + ")" * 3000,
+        "(a) => " * 5000 + "1",
+        "1 when true " + "when true " * 5000,
+        "branch { true -> " * 3000 + "1, otherwise -> 2 }" * 3000,
+        "match x { _ -> " * 3000 + "1 }" * 3000,
+        "x" + "[a]" * 5000,
+        "x" + "{a}" * 5000,
+    ],
+    ids=["lambdas", "bare-lambdas", "guards", "branches", "matches", "projections", "braces"],
+)
+def test_deep_new_constructs_are_diagnosed(expr: str) -> None:
+    """Thousands of nested lambdas, guards, branches, matches or projections: one diagnostic."""
+    codes = _codes(f"in x: List<Int>\ny = {expr}\nout y")
+    assert len(codes) == 1 and codes[0] in ("E001", "E004"), codes
+
+
+def test_many_annotations_are_fine() -> None:
+    """Ten thousand annotations on one input compile (metadata only) or are reported once."""
+    source = '@source("k")\n' * 10_000 + "in x: Int\nout x"
+    program = build(source)
+    assert len(program.annotations["x"]) == 10_000
+
+
+def test_annotation_without_declaration() -> None:
+    """Annotations at the end of a program are one error (E020), not a crash."""
+    assert _codes("in x: Int\nout x\n" + "@example(1)\n" * 100) == ["E020"]
+
+
+def test_lambda_parameter_scan_is_linear() -> None:
+    """A 20 000-parameter lambda-like tuple is rejected quickly and once."""
+    source = "in x: List<Int>\ny = filter(x, (" + ", ".join(["a"] * 20_000) + ") => true)\nout y"
+    assert _codes(source) == ["E008"]

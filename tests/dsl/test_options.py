@@ -353,13 +353,18 @@ async def test_call_sites_of_one_module_share_the_cache(virtual_clock: VirtualCl
 
 
 async def test_cache_backend_by_name(virtual_clock: VirtualClock) -> None:
-    """cache_backend picks a registered backend, where successes are stored."""
-    from timebound.policies import InMemoryCache, register_cache_backend
+    """cache_backend picks a backend registered on the registry, where successes are stored."""
+    from timebound.policies import InMemoryCache
 
     backend = InMemoryCache()
-    bname = unique("backend")
-    register_cache_backend(bname, backend)
-    program, _ = _program(f'with cache: 1min, cache_backend: "{bname}"', Service())
+    name = unique("Svc")
+    registry = ModuleRegistry()
+    registry.register(name, module(Service()))
+    registry.register_cache_backend("shared", backend)
+    program = compile(
+        f'in x: Int\ny = {name}(x) with cache: 1min, cache_backend: "shared"\nout y',
+        modules=registry,
+    )
     await program.run({"x": 1})
     assert len(backend) == 1
 

@@ -162,7 +162,7 @@ def test_duplicate_and_invalid_names() -> None:
     r.register("F", f)
     with pytest.raises(ConfigurationError, match="already registered"):
         r.register("F", f)
-    for bad in ("", "a..b", "1a", "a-b", "a b"):
+    for bad in ("", "a..b", "1a", "a-", "-a", "a--b", "a b"):
         with pytest.raises(ConfigurationError, match="invalid module name"):
             r.register(bad, f)
 

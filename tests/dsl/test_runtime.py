@@ -251,7 +251,7 @@ def test_expressions() -> None:
         "out a\nout b\nout c\nout d\nout e\nout g\nout h\nout i\nout j\nout k"
     )
     assert program.run_sync({"x": 2, "f": 1.5}) == {
-        "a": 4.0,
+        "a": 4,
         "b": True,
         "c": 7,
         "d": "yes",
@@ -263,7 +263,7 @@ def test_expressions() -> None:
         "k": True,
     }
     assert {n: str(t) for n, t in program.outputs.items()} == {
-        "a": "Float",
+        "a": "Int",
         "b": "Boolean",
         "c": "Int",
         "d": "String",

@@ -15,8 +15,6 @@ from timebound.policies import (
     Ok,
     Policy,
     cache_key,
-    get_cache_backend,
-    register_cache_backend,
 )
 from timebound.testing import VirtualClock
 
@@ -99,11 +97,24 @@ async def test_retried_success_is_cached(virtual_clock: VirtualClock) -> None:
     assert len(fn.calls) == 3
 
 
-async def test_policies_with_the_same_name_share_the_cache(virtual_clock: VirtualClock) -> None:
-    """Two call sites of one module share entries (the key is the name plus the inputs)."""
+async def test_policies_with_the_same_name_do_not_share_a_cache(
+    virtual_clock: VirtualClock,
+) -> None:
+    """A name is a label: two policies named alike keep their own entries (issue 7 §4)."""
     fn = AsyncFlaky(0)
     a = Policy("SharedCache", cache="1min")
     b = Policy("SharedCache", cache="1min", retry=2)
+    await a.execute(fn, (1,))
+    await b.execute(fn, (1,))
+    assert len(fn.calls) == 2
+
+
+async def test_policies_given_one_cache_share_its_entries(virtual_clock: VirtualClock) -> None:
+    """Sharing is explicit: two policies given the same cache object serve each other's hits."""
+    fn = AsyncFlaky(0)
+    shared = InMemoryCache()
+    a = Policy("Shared", cache="1min", cache_backend=shared)
+    b = Policy("Shared", cache="1min", cache_backend=shared, retry=2)
     await a.execute(fn, (1,))
     await b.execute(fn, (1,))
     assert len(fn.calls) == 1
@@ -213,14 +224,22 @@ async def test_custom_backend_instance(virtual_clock: VirtualClock) -> None:
     assert list(backend.data.values()) == ["ok"]
 
 
-async def test_registered_backend_by_name(virtual_clock: VirtualClock) -> None:
-    """cache_backend="name" uses the backend registered under that name."""
-    backend = DictBackend()
-    register_cache_backend("test-dict", backend)
-    assert get_cache_backend("test-dict") is backend
-    policy = Policy("CacheNamed", cache="1min", cache_backend="test-dict")
-    await policy.execute(AsyncFlaky(0))
-    assert len(backend.data) == 1
+async def test_memory_names_a_cache_of_the_policys_own(virtual_clock: VirtualClock) -> None:
+    """cache_backend="memory" is the built-in backend: a fresh in-memory cache per policy."""
+    fn = AsyncFlaky(0)
+    a = Policy("Mem", cache="1min", cache_backend="memory")
+    b = Policy("Mem", cache="1min", cache_backend="memory")
+    await a.execute(fn, (1,))
+    await a.execute(fn, (1,))
+    await b.execute(fn, (1,))
+    assert len(fn.calls) == 2
+
+
+def test_any_other_backend_name_says_what_to_write() -> None:
+    """A backend name other than "memory" is refused with what to pass instead."""
+    with pytest.raises(tb.ConfigurationError, match="pass the backend object") as info:
+        Policy("p", cache="1min", cache_backend="redis")
+    assert info.value.option == "cache_backend"
 
 
 def test_in_memory_cache_is_bounded(virtual_clock: VirtualClock) -> None:

@@ -1,4 +1,5 @@
-"""Throttle and concurrency (D3.7): per name, per attempt, waits count against the attempt."""
+"""Throttle and concurrency (D3.7): owned by a policy unless shared as objects, taken per
+attempt, waits count against the attempt."""
 
 from __future__ import annotations
 
@@ -33,11 +34,23 @@ def test_sync_throttle_spaces_calls(virtual_clock: VirtualClock) -> None:
     assert fn.calls == [0.0, 2.0, 4.0]
 
 
-async def test_throttle_is_shared_by_name(virtual_clock: VirtualClock) -> None:
-    """Two call sites with the same name draw from one bucket."""
+async def test_throttle_is_not_shared_by_name(virtual_clock: VirtualClock) -> None:
+    """Two policies named alike each have their own bucket (issue 7 §4)."""
     fn = AsyncFlaky(0)
     a = Policy("ThrottleShared", throttle="1/1s")
     b = Policy("ThrottleShared", throttle="1/1s", retry=2)
+    await a.execute(fn)
+    await b.execute(fn)
+    await a.execute(fn)
+    assert fn.calls == [0.0, 0.0, 1.0]
+
+
+async def test_a_bucket_passed_to_two_policies_is_shared(virtual_clock: VirtualClock) -> None:
+    """Sharing is explicit: one TokenBucket object given to two policies."""
+    fn = AsyncFlaky(0)
+    bucket = TokenBucket(1, "1s")
+    a = Policy("A", throttle=bucket)
+    b = Policy("B", throttle=bucket, retry=2)
     await a.execute(fn)
     await b.execute(fn)
     await a.execute(fn)
@@ -87,18 +100,35 @@ async def test_timed_out_waiter_refunds_its_token(virtual_clock: VirtualClock) -
     assert bucket.reserve() == 10.0
 
 
-async def test_concurrency_is_shared_by_name(virtual_clock: VirtualClock) -> None:
-    """concurrency=1 across two call sites: the second waits for the first's slot."""
+async def test_concurrency_is_shared_through_one_slots_object(
+    virtual_clock: VirtualClock,
+) -> None:
+    """concurrency=Slots(1) across two policies: the second waits for the first's slot."""
     starts: list[float] = []
 
     async def work() -> None:
         starts.append(virtual_clock.now())
         await asyncio.sleep(5)
 
-    a = Policy("OneAtATime", concurrency=1)
-    b = Policy("OneAtATime", concurrency=1)
+    slots = Slots(1)
+    a = Policy("OneAtATime", concurrency=slots)
+    b = Policy("Other", concurrency=slots)
     await asyncio.gather(a.execute(work), b.execute(work), a.execute(work))
     assert starts == [0.0, 5.0, 10.0]
+
+
+async def test_concurrency_is_not_shared_by_name(virtual_clock: VirtualClock) -> None:
+    """Two policies named "db" with concurrency=1 each have their own slot (issue 7 §4)."""
+    starts: list[float] = []
+
+    async def work() -> None:
+        starts.append(virtual_clock.now())
+        await asyncio.sleep(5)
+
+    a = Policy("db", concurrency=1)
+    b = Policy("db", concurrency=1)
+    await asyncio.gather(a.execute(work), b.execute(work), a.execute(work))
+    assert starts == [0.0, 0.0, 5.0]
 
 
 async def test_concurrency_wait_counts_against_the_attempt_timeout(

@@ -43,8 +43,18 @@ class Deadline:
 
     @classmethod
     def after(cls, seconds: float | timedelta | str) -> Deadline:
-        """The deadline ``seconds`` from now. ``math.inf`` gives :meth:`never`."""
-        return cls(_clock.now() + to_seconds(seconds, option="seconds"))
+        """The deadline ``seconds`` from now. ``math.inf`` gives :meth:`never`.
+
+        A negative ``seconds`` gives a deadline that has already passed: now (D1.9).
+        """
+        return cls(_clock.now() + to_seconds(seconds, option="seconds", negative_is_zero=True))
+
+    @classmethod
+    def _at(cls, when: float) -> Deadline:
+        """A deadline at ``when``, a float already known not to be NaN (the scopes' fast path)."""
+        d = object.__new__(cls)
+        object.__setattr__(d, "_when", when)
+        return d
 
     @classmethod
     def never(cls) -> Deadline:

@@ -15,7 +15,9 @@ Duration = float | int | timedelta | str
 
 # Integer, no space, no fraction; units as the Constellation language spells them.
 _UNITS_MS = {"ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
-_DURATION_RE = re.compile(r"(\d+)(ms|s|min|h|d)")
+# ASCII digits only: ``\d`` would take Arabic-Indic or full-width digits (int() reads them),
+# which the grammar and the header codec reject; one duration must mean the same everywhere.
+_DURATION_RE = re.compile(r"([0-9]+)(ms|s|min|h|d)")
 
 
 def parse_duration(text: str, *, option: str = "duration") -> float:
@@ -24,6 +26,12 @@ def parse_duration(text: str, *, option: str = "duration") -> float:
     Raises :class:`ConfigurationError` naming ``option`` for anything else.
     """
     m = _DURATION_RE.fullmatch(text)
+    if m is None and not text.isascii():
+        raise ConfigurationError(
+            f"invalid {option} {text!r}: only ASCII digits 0-9 and the units ms, s, min, h, d "
+            f"are allowed (found {', '.join(sorted({repr(c) for c in text if not c.isascii()}))})",
+            option=option,
+        )
     if m is None:
         raise ConfigurationError(
             f"invalid {option} {text!r}: expected an integer followed by ms, s, min, h or d "
@@ -33,16 +41,30 @@ def parse_duration(text: str, *, option: str = "duration") -> float:
     return int(m.group(1)) * _UNITS_MS[m.group(2)] / 1000
 
 
-def to_seconds(value: Duration, *, option: str = "duration", allow_zero: bool = True) -> float:
+def to_seconds(
+    value: Duration,
+    *,
+    option: str = "duration",
+    allow_zero: bool = True,
+    negative_is_zero: bool = False,
+) -> float:
     """Convert any accepted duration form to float seconds, validating it.
 
-    Negative, NaN and (unless ``allow_zero``) zero values raise :class:`ConfigurationError`
-    naming ``option``. ``math.inf`` is accepted and means "no bound".
+    NaN, values too large for a float, negative values (unless ``negative_is_zero``: then a
+    relative timeout that is already over, D1.9) and (unless ``allow_zero``) zero raise
+    :class:`ConfigurationError` naming ``option``. ``math.inf`` is accepted: "no bound".
     """
     if isinstance(value, bool):
         raise ConfigurationError(f"{option} must be a duration, not a bool", option=option)
     if isinstance(value, int | float):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:
+            raise ConfigurationError(
+                f"{option} is too large to represent ({len(str(value))} digits); "
+                "use math.inf for no bound",
+                option=option,
+            ) from None
     elif isinstance(value, timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, str):
@@ -55,6 +77,8 @@ def to_seconds(value: Duration, *, option: str = "duration", allow_zero: bool = 
         )
     if math.isnan(seconds):
         raise ConfigurationError(f"{option} must not be NaN", option=option)
+    if seconds < 0 and negative_is_zero:
+        return 0.0
     if seconds < 0 or (seconds == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ConfigurationError(f"{option} must be {bound}, got {value!r}", option=option)

@@ -25,7 +25,6 @@ import contextvars
 import multiprocessing
 import pickle
 import signal
-import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -269,15 +268,17 @@ def abandoned_threads() -> int:
     return _abandoned
 
 
+#: Called with (thread name, ``what``) for every abandoned thread. _core imports nothing above
+#: it: telemetry adds its counter and event here when it is loaded (dependencies point down).
+abandon_hooks: list[Callable[[str, str | None], None]] = []
+
+
 def _count_abandoned(name: str, what: str | None) -> None:
     global _abandoned
     with _abandoned_lock:
         _abandoned += 1
-    # _core imports nothing above it; when telemetry is loaded, it gets the counter and event.
-    events = sys.modules.get("timebound.telemetry._events")
-    if events is not None:
-        events.counters.inc("abandoned-threads")
-        events.emit("thread.abandoned", thread=name, what=what)
+    for hook in abandon_hooks:
+        hook(name, what)
 
 
 def run_in_thread(

@@ -52,9 +52,11 @@ def register(subparsers: Any) -> None:
     run = subparsers.add_parser(
         "run",
         help="run a Constellation program",
-        description="Compile and run a Constellation program (.cst) against Python modules.",
+        description="Compile and run a Constellation program (.cst) against Python modules "
+        "(a program calling only the standard library needs none). An input not given takes "
+        "its @example value.",
     )
-    _common(run)
+    _common(run, modules_required=False)
     run.add_argument(
         "--input",
         action="append",
@@ -156,19 +158,22 @@ def _registry(spec: str) -> ModuleRegistry:
     raise _Usage(f"module {mod_name!r} defines several registries; pick one of {names}")
 
 
-def _compile(args: argparse.Namespace, out: TextIO) -> tuple[Program | None, str, list[Diagnostic]]:
+def _compile(
+    args: argparse.Namespace, out: TextIO, *, checking: bool = False
+) -> tuple[Program | None, str, list[Diagnostic]]:
     """The program (None when it does not compile), its source and its diagnostics.
 
-    Without ``--modules`` the program is checked against no modules: every call is an unknown
-    module (E009), whose result type is unknown and checked no further; those diagnostics are
-    dropped and everything else is reported.
+    Without ``--modules`` the program has the standard library only. ``check`` then treats a
+    call of any other module as unknown (E009), whose result type is unknown and checked no
+    further: those diagnostics are dropped and everything else is reported.
     """
     source = _read(args.file)
     registry = _registry(args.modules) if args.modules else ModuleRegistry()
     try:
         program = compile(source, modules=registry)
     except CompileError as exc:
-        diagnostics = [d for d in exc.diagnostics if args.modules or d.code != "E009"]
+        lenient = checking and not args.modules
+        diagnostics = [d for d in exc.diagnostics if not lenient or d.code != "E009"]
         for d in diagnostics:
             print(format_diagnostic(d, source, args.file), file=out)
         return None, source, diagnostics
@@ -180,7 +185,7 @@ def _compile(args: argparse.Namespace, out: TextIO) -> tuple[Program | None, str
 
 def _check(args: argparse.Namespace) -> int:
     try:
-        program, source, diagnostics = _compile(args, sys.stdout)
+        program, source, diagnostics = _compile(args, sys.stdout, checking=True)
     except _Usage as exc:
         print(f"timebound check: {exc}", file=sys.stderr)
         return 2
@@ -267,6 +272,8 @@ def _inputs(args: argparse.Namespace, program: Program) -> dict[str, Any]:
             known = ", ".join(program.inputs) or "none"
             raise _Usage(f"--input {name}: the program has no input '{name}' (inputs: {known})")
         values[name] = _convert(name, text, program.inputs[name])
+    for name, value in program.examples.items():  # `@example(...)` stands in for a missing input
+        values.setdefault(name, value)
     return values
 
 
@@ -370,6 +377,7 @@ def _trace_json(t: CallTrace) -> dict[str, Any]:
         "error": t.error,
         "lazy": t.lazy,
         "priority": t.priority,
+        "node": t.node,
     }
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from ._diagnostics import CODES, CompileError, Diagnostic, format_diagnostic, format_failure
 from ._registry import ModuleRegistry, ModuleSpec
 from ._runtime import (
+    Annotation,
     AttemptTrace,
     CallSite,
     CallTrace,
@@ -33,6 +34,7 @@ __all__ = [
     "FLOAT",
     "INT",
     "STRING",
+    "Annotation",
     "AttemptTrace",
     "CallSite",
     "CallTrace",
@@ -55,8 +57,9 @@ __all__ = [
 ]
 
 
-def compile(source: str, *, modules: ModuleRegistry) -> Program:
-    """Parse and type-check ``source`` against ``modules``; return a runnable :class:`Program`.
+def compile(source: str, *, modules: ModuleRegistry | None = None) -> Program:
+    """Parse and type-check ``source`` against ``modules`` (and the standard library, which
+    every program may call); return a runnable :class:`Program`.
 
     Raises :class:`CompileError` whose ``.diagnostics`` lists every error (with line and
     column); warnings of a program that compiles are in ``Program.warnings``.
@@ -66,7 +69,9 @@ def compile(source: str, *, modules: ModuleRegistry) -> Program:
 
     if not isinstance(source, str):
         raise TypeError(f"source must be a str, not {type(source).__name__}")
-    if not isinstance(modules, ModuleRegistry):
+    if modules is None:
+        modules = ModuleRegistry()
+    elif not isinstance(modules, ModuleRegistry):
         raise TypeError(f"modules must be a ModuleRegistry, not {type(modules).__name__}")
     # A UTF-8 byte order mark (Windows editors write one) is not part of the program; dropping
     # it keeps line 1's columns as an editor shows them.

@@ -6,29 +6,38 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "Annotation",
     "Assign",
     "Binary",
+    "Branch",
     "Call",
     "Cond",
     "Decl",
     "Expr",
     "FieldAccess",
+    "Guard",
     "InputDecl",
     "Interp",
+    "Lambda",
     "ListLit",
     "Lit",
+    "Match",
+    "MatchCase",
     "Name",
     "Option",
     "OutputDecl",
     "Pos",
     "Program",
+    "Projection",
     "RecordLit",
     "TList",
     "TMap",
+    "TMerge",
     "TName",
     "TOptional",
     "TPrim",
     "TRecord",
+    "TSeq",
     "TUnion",
     "TypeDef",
     "TypeExpr",
@@ -80,6 +89,20 @@ class TRecord(TypeExpr):
 
 @dataclass(slots=True)
 class TUnion(TypeExpr):
+    members: list[TypeExpr]
+
+
+@dataclass(slots=True)
+class TSeq(TypeExpr):
+    """``Seq<T>`` (also spelled ``Candidates<T>``, its older name)."""
+
+    elem: TypeExpr
+
+
+@dataclass(slots=True)
+class TMerge(TypeExpr):
+    """``A + B``: the record with the fields of both (B's win)."""
+
     members: list[TypeExpr]
 
 
@@ -146,6 +169,56 @@ class FieldAccess(Expr):
 
 
 @dataclass(slots=True)
+class Guard(Expr):
+    """``expr when cond``: the value when ``cond`` holds, none otherwise (``pos``: ``when``)."""
+
+    expr: Expr
+    cond: Expr
+
+
+@dataclass(slots=True)
+class Projection(Expr):
+    """``x[a, b]`` or ``x{a, b}``: a record (or each record of a list) cut to those fields."""
+
+    obj: Expr
+    fields: list[tuple[str, Pos]]
+
+
+@dataclass(slots=True)
+class Lambda(Expr):
+    """``(x) => body``; a parameter may carry a type (``(x: Int) => ...``)."""
+
+    params: list[tuple[str, TypeExpr | None, Pos]]
+    body: Expr
+
+
+@dataclass(slots=True)
+class Branch(Expr):
+    """``branch { cond -> value, ..., otherwise -> value }``."""
+
+    cases: list[tuple[Expr, Expr]]
+    otherwise: Expr
+
+
+@dataclass(slots=True)
+class MatchCase:
+    """One ``pattern -> value`` of a ``match``: ``kind`` is ``record`` (``{ a, b }``: has those
+    fields), ``type`` (``is T``) or ``any`` (``_``)."""
+
+    kind: str
+    fields: list[str]
+    type: TypeExpr | None
+    pos: Pos
+    body: Expr
+
+
+@dataclass(slots=True)
+class Match(Expr):
+    subject: Expr
+    cases: list[MatchCase]
+
+
+@dataclass(slots=True)
 class Option:
     """One ``name: value`` of a ``with`` clause. ``value`` is already a literal (or an Expr for
     ``fallback``); ``text`` is the value as written, for messages."""
@@ -180,14 +253,26 @@ class TypeDef(Decl):
 
 
 @dataclass(slots=True)
+class Annotation:
+    """``@example(expr)``, ``@source("kind", key: expr, ...)`` or ``@sink(...)``."""
+
+    name: str
+    pos: Pos
+    args: list[Expr]
+    props: list[tuple[str, Expr, Pos]]
+
+
+@dataclass(slots=True)
 class InputDecl(Decl):
     name: str
     type: TypeExpr
+    annotations: list[Annotation] = field(default_factory=list)
 
 
 @dataclass(slots=True)
 class OutputDecl(Decl):
     name: str
+    annotations: list[Annotation] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -12,24 +12,37 @@ from __future__ import annotations
 import difflib
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from .._core._errors import ConfigurationError
 from .._engine import DagPlan, Node
 from . import _ast as A
 from ._diagnostics import Diagnostic
+from ._forms import (
+    CE,
+    ExpressionForms,
+    Fn,
+    Var,
+    _const,
+    _merge_record_types,
+    _start,
+    _to_async,
+)
+from ._options import OPTIONS
 from ._registry import ModuleRegistry, ModuleSpec
 from ._runtime import (
     CURRENT_RUN,
+    Annotation,
     CallSite,
     CompiledCall,
     Program,
+    ProgramResources,
     _Run,
     error_text,
     lazy_ref,
     render_text,
 )
+from ._stdlib import HIGHER_ORDER, standard_library
 from ._types import (
     BOOLEAN,
     ERROR,
@@ -43,8 +56,10 @@ from ._types import (
     OptionalType,
     RecordType,
     ResultType,
+    SeqType,
     Type,
     UnionType,
+    elements,
     is_assignable,
     join,
     union_of,
@@ -53,62 +68,6 @@ from ._types import (
 )
 
 __all__ = ["compile_program"]
-
-Fn = Callable[[_Run], Any]
-
-
-@dataclass(slots=True)
-class CE:
-    """A compiled expression: its type, closure, whether the closure is async, and the DAG
-    nodes it reads (its dependencies)."""
-
-    type: Type
-    fn: Fn
-    is_async: bool
-    deps: frozenset[str]
-    key: str | None = None  # set when the expression is a plain read of one value
-
-
-@dataclass(slots=True)
-class Var:
-    key: str
-    type: Type
-    deps: frozenset[str]  # what a reader depends on: {key}, or a lazy value's own deps
-    lazy: bool
-    pos: A.Pos
-
-
-def _const(value: Any) -> CE:
-    t: Type
-    if isinstance(value, bool):
-        t = BOOLEAN
-    elif isinstance(value, int):
-        t = INT
-    elif isinstance(value, float):
-        t = FLOAT
-    else:
-        t = STRING
-    return CE(t, lambda run: value, False, frozenset())
-
-
-def _to_async(ce: CE) -> Callable[[_Run], Any]:
-    if ce.is_async:
-        return ce.fn
-    f = ce.fn
-
-    async def wrapped(run: _Run) -> Any:
-        return f(run)
-
-    return wrapped
-
-
-def _start(e: A.Expr) -> A.Pos:
-    """Where ``e`` begins in the source: a binary expression's and a field access's own position
-    is their operator's (for errors about the operator); errors about the whole value point here.
-    """
-    while isinstance(e, A.Binary | A.FieldAccess):
-        e = e.left if isinstance(e, A.Binary) else e.obj
-    return e.pos
 
 
 def _numeric(t: Type) -> bool:
@@ -132,22 +91,14 @@ def _divide(pos: A.Pos) -> Callable[[Any, Any], Any]:
     def div(a: Any, b: Any) -> Any:
         if b == 0:
             raise ZeroDivisionError(f"division by zero at line {pos[0]}, column {pos[1]}")
+        if type(a) is int and type(b) is int:
+            # Int / Int is an Int truncated toward zero, as upstream's 64-bit division.
+            q = abs(a) // abs(b)
+            return q if (a >= 0) == (b >= 0) else -q
         return a / b
 
     return div
 
-
-#: Options passed to Policy under their own name, with their parsed value as is.
-_POLICY_OPTIONS = (
-    "timeout",
-    "retry",
-    "delay",
-    "backoff",
-    "cache",
-    "cache_backend",
-    "concurrency",
-    "on_error",
-)
 
 _ARITH = {"+": operator.add, "-": operator.sub, "*": operator.mul}
 _COMPARE = {
@@ -160,7 +111,7 @@ _COMPARE = {
 }
 
 
-class _Compiler:
+class _Compiler(ExpressionForms):
     def __init__(self, registry: ModuleRegistry, diags: list[Diagnostic]) -> None:
         self.registry = registry
         self.diags = diags
@@ -174,8 +125,18 @@ class _Compiler:
         # Call nodes' actions for untraced runs (CompiledCall.fast_action), by node key.
         self.fast: dict[str, Callable[[_Run], Any]] = {}
         self.counter = 0
+        self.decl = ""  # the declaration being compiled (see new_key)
+        self.rebound: dict[str, int] = {}  # input name -> how many bindings it has had
         # (module, option) -> (value, position) of the first call site declaring a limit.
         self.limits: dict[tuple[str, str], tuple[Any, A.Pos]] = {}
+        # The program's own caches and limiters, shared by its call sites (D3.6, D3.7).
+        self.resources = ProgramResources(registry)
+        self.stdlib = standard_library()
+        # `use ns` makes ns's functions callable by their simple names (upstream's wildcard).
+        self.wildcards: list[str] = []
+        self.uses = False
+        self.inputs: set[str] = set()
+        self._known: list[str] | None = None
 
     def error(self, code: str, message: str, pos: A.Pos) -> None:
         self.diags.append(Diagnostic(code, "error", message, pos[0], pos[1]))
@@ -245,6 +206,20 @@ class _Compiler:
                 seen.add(name)
                 fields.append((name, self.type_of(ft, resolve)))
             return RecordType(tuple(fields))
+        if isinstance(te, A.TSeq):
+            return SeqType(self.type_of(te.elem, resolve))
+        if isinstance(te, A.TMerge):
+            merged: RecordType | None = RecordType(())
+            for m in te.members:
+                mt = self.type_of(m, resolve)
+                if isinstance(mt, ErrorType):
+                    merged = None
+                elif not isinstance(mt, RecordType):
+                    self.error("E011", f"Only record types can be merged with '+', got {mt}", m.pos)
+                    merged = None
+                elif merged is not None:
+                    merged = _merge_record_types(merged, mt)
+            return ERROR if merged is None else merged
         assert isinstance(te, A.TUnion)
         return union_of([self.type_of(m, resolve) for m in te.members])
 
@@ -263,13 +238,45 @@ class _Compiler:
         self.scope[name] = var
         return True
 
+    def known(self) -> list[str]:
+        """Every callable name: the program's modules, then the standard library's."""
+        if self._known is None:
+            names = [*self.registry.names(), *self.stdlib.names(), *HIGHER_ORDER]
+            self._known = list(dict.fromkeys(names))
+        return self._known
+
+    def lookup(self, name: str) -> ModuleSpec | str | None:
+        """The module (or higher-order function's kind) called ``name`` exactly."""
+        return self.registry.get(name) or self.stdlib.get(name) or HIGHER_ORDER.get(name)
+
+    def candidates(self, name: str) -> list[str]:
+        """The qualified names a call of ``name`` may mean (upstream's resolution): the exact
+        name, an alias's target, ``ns.name`` for each ``use ns``, and, in a program without
+        ``use``, any qualified name ending in ``.name``."""
+        if self.lookup(name) is not None:
+            return [name]
+        head, _, rest = name.partition(".")
+        if head in self.aliases:
+            target = self.aliases[head] + ("." + rest if rest else "")
+            return [target] if self.lookup(target) is not None else []
+        if rest:
+            return []
+        found = [f"{ns}.{name}" for ns in self.wildcards if self.lookup(f"{ns}.{name}")]
+        if found or self.uses:
+            return list(dict.fromkeys(found))
+        return [q for q in self.known() if q.rpartition(".")[2] == name]
+
     def use(self, d: A.UseDecl) -> None:
-        names = self.registry.names()
+        names = self.known()
         q = d.qualname
-        if q not in self.registry and not any(n.startswith(q + ".") for n in names):
-            hint = self._suggest(q, names)
+        if self.lookup(q) is None and not any(n.startswith(q + ".") for n in names):
+            spaces = {n.rpartition(".")[0] for n in names if "." in n}
+            hint = self._suggest(q, [*spaces, *names])
             self.error("E015", f"No module or namespace '{q}' is registered{hint}", d.pos)
-            return
+            return  # as if it were not there: it hides no simple name
+        self.uses = True
+        if d.alias is None:
+            self.wildcards.append(q)
         alias = d.alias or q.rsplit(".", 1)[-1]
         if alias in self.aliases and self.aliases[alias] != q:
             self.error("E015", f"'{alias}' already names '{self.aliases[alias]}'", d.pos)
@@ -277,31 +284,53 @@ class _Compiler:
         self.aliases[alias] = q
 
     def new_key(self) -> str:
+        """A key for a call or a local name: the declaration it is written in and its place
+        there, so it stays the same when other declarations change ('%' is in no name)."""
         self.counter += 1
-        return f"%{self.counter}"
+        return f"{self.decl}%{self.counter}"
+
+    def begin(self, decl: str) -> None:
+        self.decl, self.counter = decl, 0
 
     def assign(self, d: A.Assign) -> None:
-        if d.name in self.scope:
+        key = d.name
+        rebinding = d.name in self.inputs and d.name in self.scope
+        if rebinding:
+            # As upstream's implementation allows (`text = trim(text)`): the new value is what
+            # later declarations and `out` see; the input keeps its own key in the run.
+            n = self.rebound[d.name] = self.rebound.get(d.name, 1) + 1
+            key = f"{d.name}@{n}"
+        elif d.name in self.scope:
             self.define(d.name, Var(d.name, ERROR, frozenset(), False, d.pos))
             return
+        self.begin(key)
         self.later.pop(d.name, None)
+
+        def define(var: Var) -> None:
+            if rebinding:
+                self.scope[d.name] = var  # the value (compiled first) read the input
+            else:
+                self.define(d.name, var)
+
         e = d.expr
         if isinstance(e, A.Call):
             # A binding that is a call: the call's own node carries the binding's name.
-            ce = self.call(e, lifted=True, key=d.name)
-            lazy = bool(ce is not None and ce.is_async and d.name in dict(self.lazy))
+            ce = self.call(e, lifted=True, key=key)
+            lazy = bool(ce is not None and ce.is_async and key in dict(self.lazy))
             if ce is None:
-                self.define(d.name, Var(d.name, ERROR, frozenset(), False, d.pos))
+                define(Var(key, ERROR, frozenset(), False, d.pos))
             elif lazy:
-                self.define(d.name, Var(d.name, ce.type, ce.deps, True, d.pos))
+                define(Var(key, ce.type, ce.deps, True, d.pos))
+            elif ce.key != key:  # not a node of its own (a higher-order function): make one
+                self.nodes.append(Node(key, ce.fn, tuple(sorted(ce.deps)), 50, ce.is_async))
+                define(Var(key, ce.type, frozenset({key}), False, d.pos))
             else:
-                self.define(d.name, Var(d.name, ce.type, frozenset({d.name}), False, d.pos))
+                define(Var(key, ce.type, frozenset({key}), False, d.pos))
             return
         ce = self.expr(e, lifted=True)
-        key = d.name
         # The executor stores each node's value under its key in run.env (results=env).
         self.nodes.append(Node(key, ce.fn, tuple(sorted(ce.deps)), 50, ce.is_async))
-        self.define(d.name, Var(key, ce.type, frozenset({key}), False, d.pos))
+        define(Var(key, ce.type, frozenset({key}), False, d.pos))
 
     # Expressions -----------------------------------------------------------------------------
 
@@ -325,6 +354,18 @@ class _Compiler:
             return self.record_lit(e, lifted)
         if isinstance(e, A.FieldAccess):
             return self.field(e, lifted)
+        if isinstance(e, A.Guard):
+            return self.guard(e, lifted)
+        if isinstance(e, A.Projection):
+            return self.projection(e, lifted)
+        if isinstance(e, A.Branch):
+            return self.branch(e, lifted)
+        if isinstance(e, A.Match):
+            return self.match(e, lifted)
+        if isinstance(e, A.Lambda):
+            hof = ", ".join(HIGHER_ORDER.values())
+            self.error("E011", f"A lambda can only be passed to {hof}", e.pos)
+            return CE(ERROR, lambda run: None, False, frozenset())
         assert isinstance(e, A.Interp)
         return self.interp(e, lifted)
 
@@ -337,7 +378,13 @@ class _Compiler:
                     "E007", f"'{e.name}' is used before it is defined (at line {line})", e.pos
                 )
             else:
-                hint = self._suggest(e.name, list(self.scope))
+                parts = e.name.split("-")
+                if len(parts) > 1 and parts[0] in self.scope:
+                    # `total-tax` is one (hyphenated) name, as upstream reads it.
+                    spaced = " - ".join(parts)
+                    hint = f" (a hyphen joins a name: write '{spaced}' to subtract)"
+                else:
+                    hint = self._suggest(e.name, list(self.scope))
                 self.error("E007", f"Undefined name '{e.name}'{hint}", e.pos)
             return CE(ERROR, lambda run: None, False, frozenset())
         key = var.key
@@ -402,12 +449,16 @@ class _Compiler:
             func = _divide(e.pos) if op == "/" else _ARITH[op]
             if isinstance(lt, ErrorType) or isinstance(rt, ErrorType):
                 t = ERROR  # the operand's own error is reported: one mistake, one diagnostic
+            elif op == "+" and (merged := self.merge(left, right)) is not None:
+                return merged
             elif _numeric(lt) and _numeric(rt):
-                t = FLOAT if (op == "/" or FLOAT in (lt, rt)) else INT
+                t = FLOAT if FLOAT in (lt, rt) else INT
             elif op == "+" and is_assignable(lt, STRING) and is_assignable(rt, STRING):
                 t = STRING
             elif op == "+" and isinstance(lt, ListType) and isinstance(rt, ListType):
                 t = ListType(join(lt.elem, rt.elem))
+            elif op == "+" and elements(lt) is not None and elements(rt) is not None:
+                t = join(lt, rt)  # concatenation of sequences
             else:
                 self.error("E011", f"Operator '{op}' cannot be applied to {lt} and {rt}", e.pos)
                 t = ERROR
@@ -499,6 +550,9 @@ class _Compiler:
 
     def field(self, e: A.FieldAccess, lifted: bool) -> CE:
         obj = self.expr(e.obj, lifted=lifted)
+        each = self.elementwise_field(obj, e.name, e.name_pos)
+        if each is not None:
+            return each
         t = self.field_type(obj.type, e.name, e.name_pos)
         name = e.name
         f = obj.fn
@@ -570,28 +624,51 @@ class _Compiler:
 
     # Calls ---------------------------------------------------------------------------------
 
-    def resolve_module(self, name: str) -> ModuleSpec | None:
-        spec = self.registry.get(name)
-        if spec is not None:
-            return spec
-        head, _, rest = name.partition(".")
-        if head in self.aliases:
-            target = self.aliases[head] + ("." + rest if rest else "")
-            return self.registry.get(target)
+    def resolve_module(self, e: A.Call) -> ModuleSpec | str | None:
+        """The module (or higher-order function's kind) ``e`` calls; None after an E009."""
+        found = self.candidates(e.module)
+        if len(found) == 1:
+            return self.lookup(found[0])
+        if found:
+            self.error(
+                "E009",
+                f"'{e.module}' is ambiguous: it may be {' or '.join(found)} (write the qualified "
+                "name, or 'use' one namespace)",
+                e.module_pos,
+            )
+            return None
+        simple = e.module.rpartition(".")[2]
+        elsewhere = [q for q in self.known() if q.rpartition(".")[2] == simple]
+        if elsewhere and "." not in e.module:
+            spaces = " or ".join(f"'use {q.rpartition('.')[0]}'" for q in elsewhere if "." in q)
+            hint = f" (it is {' or '.join(elsewhere)}: add {spaces})" if spaces else ""
+        else:
+            # Suggest by simple name too: `filtr` is close to `filter`, not to its qualified name.
+            known = self.known()
+            by_simple = {q.rpartition(".")[2]: q for q in reversed(known)}
+            close = difflib.get_close_matches(e.module, [*known, *self.aliases, *by_simple], n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+        self.error("E009", f"Unknown module '{e.module}'{hint}", e.module_pos)
         return None
 
     def call(self, e: A.Call, *, lifted: bool, key: str | None) -> CE | None:
-        spec = self.resolve_module(e.module)
+        target = self.resolve_module(e)
+        if isinstance(target, str):
+            return self.higher_order(e, target, lifted)
+        spec = target
         lazy_opt = e.options.get("lazy")
         # A lazy call's arguments are computed only when the call is: calls inside them are
         # not lifted into eager nodes of their own.
         lift_args = lifted and not (lazy_opt is not None and lazy_opt.value is True)
-        args = [self.expr(a, lifted=lift_args) for a in e.args]
         if spec is None:
-            hint = self._suggest(e.module, [*self.registry.names(), *self.aliases])
-            self.error("E009", f"Unknown module '{e.module}'{hint}", e.module_pos)
+            # The call's own error is reported; its arguments still get theirs (a lambda has
+            # nothing to say about an unknown function: it is skipped).
+            for arg in e.args:
+                if not isinstance(arg, A.Lambda):
+                    self.expr(arg, lifted=lift_args)
             self.check_options(e, None, ERROR)
             return None
+        args = [self.expr(a, lifted=lift_args) for a in e.args]
         if len(args) != spec.arity:
             self.error(
                 "E010",
@@ -630,13 +707,12 @@ class _Compiler:
             lazy=lazy and lifted,
             priority=priority,
         )
+        node_key = cc.key = key or self.new_key()
         if not lifted:
             return CE(result_type, cc.invoke, True, deps)
-        node_key = key or self.new_key()
         if lazy:
             self.lazy.append((node_key, cc))
             return CE(result_type, lazy_ref(node_key), True, deps)
-        cc.key = node_key
         node_deps = tuple(sorted(deps))
         if cc.sync_node:
             node = Node(node_key, cc.call_now, node_deps, priority, False)
@@ -707,24 +783,32 @@ class _Compiler:
         """One Policy per call site, or None for a call without resilience options."""
         opts = e.options
         self.check_shared_limits(spec.name, e)
-        relevant = [n for n in opts if n not in ("lazy", "priority")]
+        relevant = "fallback" in opts or any(OPTIONS[n].policy is not None for n in opts)
         if not relevant or any(d.severity == "error" for d in self.diags):
             return None  # no policy needed (or the program will not compile anyway)
         from ..policies import Policy
 
         kwargs: dict[str, Any] = {"name": spec.name}
-        # Option values are already what Policy takes (seconds, counts, names), except the
-        # throttle, kept as (count, seconds, text): Policy parses the text itself.
-        for name in _POLICY_OPTIONS:
-            if name in opts:
-                kwargs[name] = opts[name].value
+        for name, option in opts.items():
+            to_policy = OPTIONS[name].policy
+            if to_policy is not None:
+                kwargs[name] = to_policy(option.value)
+        # The program's own limiters, shared by every call site of one module (D3.7).
+        res = self.resources
         if "throttle" in opts:
-            kwargs["throttle"] = opts["throttle"].value[2]
+            count, per = opts["throttle"].value[:2]
+            kwargs["throttle"] = res.bucket(spec.name, count, per)
+        if "concurrency" in opts:
+            kwargs["concurrency"] = res.slots(spec.name, opts["concurrency"].value)
         if "on_error" in opts:
             kwargs["zero"] = zero_value(spec.returns)
         if fallback is not None:
             kwargs["fallback"] = _fallback_callable(fallback)
         try:
+            if "cache" in opts:
+                kwargs["cache_backend"] = res.cache(spec.name, kwargs.get("cache_backend"))
+            else:
+                kwargs.pop("cache_backend", None)  # W004: no cache, no backend to look up
             return Policy(**kwargs)
         except ConfigurationError as exc:
             # Point at the option the policy refused (an unknown cache_backend...) when it
@@ -733,6 +817,41 @@ class _Compiler:
             pos = opt.value_pos if opt is not None else e.pos
             self.error("E013", f"Invalid options for '{spec.name}': {exc}", pos)
             return None
+
+    def annotations(
+        self, name: str, found: list[A.Annotation], t: Type | None, examples: dict[str, Any]
+    ) -> tuple[Annotation, ...]:
+        """Check a declaration's annotations; their values must be constants (literals, lists,
+        records): they describe the program, they do not run in it."""
+        out: list[Annotation] = []
+        for a in found:
+            exprs = [*a.args, *(e for _, e, _ in a.props)]
+            bad = next((x for x in exprs if not _constant(x)), None)
+            if bad is not None:
+                self.error(
+                    "E020",
+                    f"The values of '@{a.name}' must be constants (literals, lists, records)",
+                    _start(bad),
+                )
+                continue
+            run = _Run({}, None, 0.0)
+            values = [self.expr(x, lifted=False) for x in a.args]
+            props = {k: self.expr(x, lifted=False).fn(run) for k, x, _ in a.props}
+            if a.name == "example":
+                assert t is not None
+                if name in examples:
+                    self.error("E020", f"Input '{name}' has more than one '@example'", a.pos)
+                    continue
+                if not is_assignable(values[0].type, t):
+                    self.error(
+                        "E011",
+                        f"The '@example' of input '{name}' must be {t}, got {values[0].type}",
+                        _start(a.args[0]),
+                    )
+                    continue
+                examples[name] = values[0].fn(run)
+            out.append(Annotation(a.name, tuple(v.fn(run) for v in values), props))
+        return tuple(out)
 
     def check_shared_limits(self, module: str, e: A.Call) -> None:
         """D3.7: throttle and concurrency are per module name, shared by every call site, so
@@ -751,6 +870,16 @@ class _Compiler:
                     f"one limiter, and line {line}, column {col} already declares a different one",
                     opt.value_pos,
                 )
+
+
+def _constant(e: A.Expr) -> bool:
+    if isinstance(e, A.Lit):
+        return True
+    if isinstance(e, A.ListLit):
+        return all(_constant(x) for x in e.items)
+    if isinstance(e, A.RecordLit):
+        return all(_constant(x) for _, x, _ in e.fields)
+    return False
 
 
 def _fallback_callable(fallback: CE) -> Callable[..., Any]:
@@ -784,15 +913,25 @@ def compile_program(
             c.later.setdefault(d.name, d.pos)
     inputs: dict[str, Type] = {}
     outputs_decl: list[A.OutputDecl] = []
+    examples: dict[str, Any] = {}
+    annotations: dict[str, tuple[Annotation, ...]] = {}
     for d in prog.decls:
         if isinstance(d, A.InputDecl):
             t = c.type_of(d.type)
             if c.define(d.name, Var(d.name, t, frozenset(), False, d.pos)):
                 inputs[d.name] = t
+                c.inputs.add(d.name)
+            if d.annotations:
+                c.begin(f"@{d.name}")
+                annotations[d.name] = c.annotations(d.name, d.annotations, t, examples)
         elif isinstance(d, A.Assign):
             c.assign(d)
         elif isinstance(d, A.OutputDecl):
             outputs_decl.append(d)
+            if d.annotations:
+                c.begin(f"@out:{d.name}")
+                found = c.annotations(d.name, d.annotations, None, examples)
+                annotations[d.name] = annotations.get(d.name, ()) + found
     outputs: dict[str, Type] = {}
     output_keys: list[tuple[str, str]] = []
     for o in outputs_decl:
@@ -836,4 +975,6 @@ def compile_program(
         output_keys=output_keys,
         sites=c.sites,
         source=source,
+        examples=examples,
+        annotations=annotations,
     )

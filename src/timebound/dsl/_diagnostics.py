@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from .._core._classify import bound_origin
 from .._core._errors import DeadlineExceeded, TimeboundError, _format_seconds
 
 __all__ = ["CODES", "CompileError", "Diagnostic", "format_diagnostic", "format_failure"]
@@ -30,6 +31,8 @@ CODES: dict[str, str] = {
     "E017": "fallback type mismatch",
     "E018": "duplicate option",
     "E019": "unknown option",
+    "E020": "invalid annotation",
+    "E021": "non-exhaustive match",
     "W001": "'delay' without 'retry'",
     "W002": "'backoff' without 'delay'",
     "W003": "'backoff' without 'retry'",
@@ -94,7 +97,7 @@ def format_failure(exc: BaseException, source: str, filename: str = "<source>") 
     if text is not None:
         pad = "".join("\t" if ch == "\t" else " " for ch in text[: max(0, site.column - 1)])
         lines += [f"    {text}", f"    {pad}^"]
-    if isinstance(exc, DeadlineExceeded) and exc.source == "attempt":
+    if isinstance(exc, DeadlineExceeded) and bound_origin(exc.source) == "own":
         lines.append(f"  Module: {site.module}")
         if exc.timeout is not None:
             lines.append(f"  Timeout: {_format_seconds(exc.timeout)}")

@@ -1,4 +1,4 @@
-"""Lexer and recursive-descent parser for the Constellation subset.
+"""Recursive-descent parser for Constellation programs.
 
 Hand-written rather than generated (lark) for three reasons: string interpolation needs the lexer
 to recurse into ``${...}`` with exact source positions; a hostile program must hit a clear nesting
@@ -9,292 +9,26 @@ first one; option errors (E013, E016, E018, E019) are collected and parsing goes
 
 from __future__ import annotations
 
-import bisect
+import difflib
 import functools
-import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from . import _ast as A
 from ._diagnostics import Diagnostic
+from ._lexer import MAX_DEPTH, Lexer, ParseFailure, Token, tokenize
+from ._lexer import describe as _describe
+from ._options import DURATION_UNITS_MS, OPTIONS, PRIORITIES, OptionSpec
 
-__all__ = ["KEYWORDS", "MAX_DEPTH", "ParseFailure", "parse"]
+__all__ = ["ParseFailure", "parse"]
 
-KEYWORDS: Final = frozenset(
-    {"type", "in", "out", "use", "as", "if", "else", "true", "false", "and", "or", "not", "with"}
-)
-#: How deeply brackets, calls, conditionals and operators may nest (E004 beyond).
-MAX_DEPTH: Final = 64
-_MAX_INT: Final = 2**63 - 1
-
-DURATION_UNITS_MS: Final = {"ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
-BACKOFFS: Final = ("fixed", "linear", "exponential")
-ON_ERRORS: Final = ("propagate", "skip", "log", "wrap")
-PRIORITIES: Final = {"critical": 100, "high": 80, "normal": 50, "low": 20, "background": 0}
-OPTION_NAMES: Final = (
-    "retry",
-    "timeout",
-    "delay",
-    "cache",
-    "backoff",
-    "fallback",
-    "cache_backend",
-    "throttle",
-    "concurrency",
-    "on_error",
-    "lazy",
-    "priority",
-)
-
-_TOKEN_RE = re.compile(
-    r"""
-    (?P<ws>[ \t\r\n\f]+|\#[^\n]*)
-  | (?P<num>[0-9]+(?:\.[0-9]+)?)
-  | (?P<op>==|!=|<=|>=|\?\?|[-+*/<>()\[\]{},:.=|])
-  | (?P<ident>[^\W\d]\w*)
-    """,
-    re.VERBOSE,
-)
-_WORD_TAIL = re.compile(r"\w+")
-# Numbers are ASCII: `\d` would also take Arabic-Indic or full-width digits (U+0665, U+FF15),
-# which the grammar does not allow and which would silently read as 5.
+#: The annotations a declaration may carry, and the declaration each one belongs to.
+ANNOTATIONS: Final = {"example": "in", "source": "in", "sink": "out"}
 _T = TypeVar("_T")
 
 
-@dataclass(slots=True)
-class Token:
-    kind: str  # ident, kw, int, float, duration, string, op, eof
-    text: str
-    value: Any
-    line: int
-    col: int
-
-    @property
-    def pos(self) -> A.Pos:
-        return (self.line, self.col)
-
-
-class ParseFailure(Exception):
-    """Raised internally at the first lexing or syntax error."""
-
-    def __init__(self, diag: Diagnostic) -> None:
-        super().__init__(diag.message)
-        self.diag = diag
-
-
-def _describe(tok: Token) -> str:
-    if tok.kind == "eof":
-        return "end of input"
-    if tok.kind == "string":
-        return "a string"
-    text = tok.text if len(tok.text) <= 20 else tok.text[:17] + "..."
-    if tok.kind == "kw":
-        return f"keyword '{text}'"
-    return f"'{text}'"
-
-
-class _Lexer:
-    def __init__(self, source: str) -> None:
-        self.src = source
-        self.depth = 0
-        self.line_starts = [0] + [m.end() for m in re.finditer("\n", source)]
-
-    def pos(self, index: int) -> A.Pos:
-        line = bisect.bisect_right(self.line_starts, index)
-        return (line, index - self.line_starts[line - 1] + 1)
-
-    def fail(self, code: str, message: str, index: int) -> ParseFailure:
-        line, col = self.pos(index)
-        return ParseFailure(Diagnostic(code, "error", message, line, col))
-
-    def tokens(self, start: int, end: int) -> list[Token]:
-        src = self.src
-        out: list[Token] = []
-        i = start
-        match = _TOKEN_RE.match
-        while i < end:
-            ch = src[i]
-            if ch == '"':
-                out.append(self.string(i, end))
-                i = self._string_end
-                continue
-            m = match(src, i, end)
-            if m is None:
-                char = src[i]
-                if char.isdigit():
-                    raise self.fail(
-                        "E003",
-                        f"Invalid digit {char!r} (U+{ord(char):04X}): numbers are written with "
-                        "the ASCII digits 0-9",
-                        i,
-                    )
-                shown = repr(char) if char.isprintable() else f"U+{ord(char):04X}"
-                raise self.fail("E003", f"Unexpected character {shown}", i)
-            kind = m.lastgroup
-            text = m.group()
-            j = m.end()
-            if kind == "ws":
-                i = j
-                continue
-            line, col = self.pos(i)
-            if kind == "num":
-                tail = _WORD_TAIL.match(src, j, end)
-                if tail is not None:
-                    unit = tail.group()
-                    if unit[0].isdigit():  # a non-ASCII digit right after ASCII ones
-                        raise self.fail(
-                            "E003",
-                            f"Invalid digit {unit[0]!r} (U+{ord(unit[0]):04X}): numbers are "
-                            "written with the ASCII digits 0-9",
-                            j,
-                        )
-                    if "." in text:
-                        raise self.fail(
-                            "E003",
-                            f"Invalid literal '{text}{unit}': durations are whole numbers "
-                            "(use 1500ms, not 1.5s)",
-                            i,
-                        )
-                    if unit not in DURATION_UNITS_MS:
-                        raise self.fail(
-                            "E003",
-                            f"Invalid literal '{text}{unit}': a duration unit is one of ms, s, "
-                            "min, h, d",
-                            i,
-                        )
-                    n = self._int(text, i)
-                    out.append(Token("duration", text + unit, (n, unit), line, col))
-                    i = tail.end()
-                    continue
-                if "." in text:
-                    out.append(Token("float", text, float(text), line, col))
-                else:
-                    out.append(Token("int", text, self._int(text, i), line, col))
-            elif kind == "ident":
-                out.append(Token("kw" if text in KEYWORDS else "ident", text, text, line, col))
-            else:
-                out.append(Token("op", text, text, line, col))
-            i = j
-        line, col = self.pos(end)
-        out.append(Token("eof", "", None, line, col))
-        return out
-
-    def _int(self, text: str, index: int) -> int:
-        # Check the length before int(): CPython refuses to convert very long digit strings.
-        if len(text.lstrip("0")) > 19 or int(text) > _MAX_INT:
-            raise self.fail("E003", f"Integer literal too large (max {_MAX_INT})", index)
-        return int(text)
-
-    _string_end: int = 0
-
-    def string(self, start: int, end: int) -> Token:
-        """Lex a string starting at the quote; parts are text and interpolation token lists."""
-        src = self.src
-        parts: list[str | tuple[int, list[Token]]] = []
-        buf: list[str] = []
-        i = start + 1
-        while True:
-            if i >= end or src[i] == "\n":
-                raise self.fail("E002", "Unterminated string", start)
-            ch = src[i]
-            if ch == '"':
-                i += 1
-                break
-            if ch == "\\":
-                if i + 1 >= end:
-                    raise self.fail("E002", "Unterminated string", start)
-                esc = src[i + 1]
-                simple = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "$": "$"}
-                if esc in simple:
-                    buf.append(simple[esc])
-                    i += 2
-                    continue
-                if esc == "u":
-                    m = re.match(r"u\{([0-9a-fA-F]{1,6})\}", src[i + 1 : i + 11])
-                    if m is None or int(m.group(1), 16) > 0x10FFFF:
-                        raise self.fail("E003", "Invalid unicode escape (use \\u{1F600})", i)
-                    buf.append(chr(int(m.group(1), 16)))
-                    i += 1 + m.end()
-                    continue
-                shown = esc if esc.isprintable() else f"U+{ord(esc):04X}"
-                raise self.fail("E003", f"Invalid escape '\\{shown}' in string", i)
-            if ch == "$" and i + 1 < end and src[i + 1] == "{":
-                close = self._interp_end(i + 2, end, i)
-                if buf:
-                    parts.append("".join(buf))
-                    buf = []
-                self.depth += 1
-                if self.depth > MAX_DEPTH:
-                    raise self.fail(
-                        "E004", f"Interpolations nested too deep (more than {MAX_DEPTH})", i
-                    )
-                inner = self.tokens(i + 2, close)
-                self.depth -= 1
-                if inner[0].kind == "eof":
-                    raise self.fail("E001", "Empty interpolation '${}'", i)
-                parts.append((i, inner))
-                i = close + 1
-                continue
-            buf.append(ch)
-            i += 1
-        if buf or not parts:
-            parts.append("".join(buf))
-        self._string_end = i
-        line, col = self.pos(start)
-        return Token("string", src[start:i], parts, line, col)
-
-    def _skip_string(self, start: int, end: int) -> int:
-        """Index just after the string starting at ``start`` (scanned, not tokenised)."""
-        src = self.src
-        self.depth += 1
-        if self.depth > MAX_DEPTH:
-            raise self.fail(
-                "E004", f"Strings nested too deep (more than {MAX_DEPTH} levels)", start
-            )
-        i = start + 1
-        while i < end and src[i] != "\n":
-            ch = src[i]
-            if ch == '"':
-                self.depth -= 1
-                return i + 1
-            if ch == "\\":
-                i += 2
-                continue
-            if ch == "$" and i + 1 < end and src[i + 1] == "{":
-                i = self._interp_end(i + 2, end, i) + 1
-                continue
-            i += 1
-        raise self.fail("E002", "Unterminated string", start)
-
-    def _interp_end(self, i: int, end: int, opener: int) -> int:
-        """Index of the '}' closing an interpolation that starts at ``i``."""
-        src = self.src
-        depth = 0
-        while i < end:
-            ch = src[i]
-            if ch == "\n":
-                break
-            if ch == '"':
-                try:
-                    i = self._skip_string(i, end)
-                except ParseFailure as exc:
-                    if exc.diag.code != "E002":
-                        raise
-                    break  # `"${a + "` : the interpolation is what was left open
-                continue
-            if ch == "{":
-                depth += 1
-            elif ch == "}":
-                if depth == 0:
-                    return i
-                depth -= 1
-            i += 1
-        raise self.fail("E002", "Unterminated interpolation '${' in string", opener)
-
-
 class _Parser:
-    def __init__(self, lexer: _Lexer, tokens: list[Token], diags: list[Diagnostic]) -> None:
+    def __init__(self, lexer: Lexer, tokens: list[Token], diags: list[Diagnostic]) -> None:
         self.lexer = lexer
         self.toks = tokens
         self.i = 0
@@ -382,7 +116,20 @@ class _Parser:
         return A.Program(decls)
 
     def declaration(self) -> A.Decl:
+        annotations: list[A.Annotation] = []
+        while self.at_op("@"):
+            annotations.append(self.annotation())
         t = self.tok
+        if annotations:
+            if not (t.kind == "kw" and t.text in ("in", "out")):
+                last = annotations[-1]
+                raise self.error(
+                    f"Expected an 'in' or 'out' declaration after the annotation "
+                    f"'@{last.name}', found {_describe(t)}",
+                    code="E020",
+                )
+            for a in annotations:
+                self.check_annotation(a, t.text)
         if t.kind == "kw":
             if t.text == "type":
                 self.advance()
@@ -393,11 +140,18 @@ class _Parser:
                 self.advance()
                 name = self.expect_ident("an input name after 'in'")
                 self.expect_op(":", f" and a type after 'in {name.text}'")
-                return A.InputDecl(t.pos, name.text, self.type_expr())
+                type_expr = self.type_expr()
+                # `in q: String @example("hi")`: annotations may also follow on the same line.
+                last_line = self.toks[self.i - 1].line
+                while self.at_op("@") and self.tok.line == last_line:
+                    a = self.annotation()
+                    self.check_annotation(a, "in")
+                    annotations.append(a)
+                return A.InputDecl(t.pos, name.text, type_expr, annotations)
             if t.text == "out":
                 self.advance()
                 name = self.expect_ident("a name after 'out'")
-                return A.OutputDecl(name.pos, name.text)
+                return A.OutputDecl(name.pos, name.text, annotations)
             if t.text == "use":
                 self.advance()
                 first = self.expect_ident("a module name after 'use'")
@@ -419,17 +173,73 @@ class _Parser:
             f"found {_describe(t)}"
         )
 
+    def annotation(self) -> A.Annotation:
+        """``@example(expr)``, ``@source("kind", key: value, ...)`` or ``@sink(...)``."""
+        at = self.advance()
+        name_tok = self.tok
+        if name_tok.kind != "ident" or name_tok.text not in ANNOTATIONS:
+            shown = name_tok.text if name_tok.kind == "ident" else ""
+            similar = difflib.get_close_matches(shown, list(ANNOTATIONS), n=1)
+            if similar:
+                hint = f"did you mean '@{similar[0]}'?"
+            else:
+                hint = "known: " + ", ".join(f"@{n}" for n in ANNOTATIONS)
+            raise self.error(f"Unknown annotation '@{shown}' ({hint})", at, "E020")
+        self.advance()
+        open_tok = self.expect_op("(", f" after '@{name_tok.text}'")
+        close = f" to close '@{name_tok.text}(' at {open_tok.line}:{open_tok.col}"
+        args: list[A.Expr] = []
+        props: list[tuple[str, A.Expr, A.Pos]] = []
+        if name_tok.text == "example":
+            args.append(self.nested(self.expr))
+        else:
+            kind = self.tok
+            if kind.kind != "string":
+                raise self.error(
+                    f"Expected the connector kind as a string after '@{name_tok.text}(', "
+                    f"found {_describe(kind)}"
+                )
+            args.append(self.nested(self.expr))
+            while self.at_op(","):
+                self.advance()
+                key = self.tok
+                if key.kind not in ("ident", "kw"):
+                    raise self.error(f"Expected a property name, found {_describe(key)}")
+                self.advance()
+                self.expect_op(":", f" after property '{key.text}'")
+                props.append((key.text, self.nested(self.expr), key.pos))
+        self.expect_op(")", close)
+        return A.Annotation(name_tok.text, at.pos, args, props)
+
+    def check_annotation(self, a: A.Annotation, decl: str) -> None:
+        if ANNOTATIONS[a.name] != decl:
+            self._diag(
+                "E020",
+                f"'@{a.name}' belongs on an '{ANNOTATIONS[a.name]}' declaration, not on '{decl}'",
+                a.pos,
+            )
+
     # Types -----------------------------------------------------------------------------------
 
     def type_expr(self) -> A.TypeExpr:
         start = self.tok
         self.enter(start)
-        members = [self.type_term()]
+        members = [self.type_merge()]
         while self.at_op("|"):
             self.advance()
-            members.append(self.type_term())
+            members.append(self.type_merge())
         self.leave()
         return members[0] if len(members) == 1 else A.TUnion(start.pos, members)
+
+    def type_merge(self) -> A.TypeExpr:
+        """``A + B + ...``: record types merged (binds tighter than ``|``)."""
+        start = self.tok
+        parts = [self.type_term()]
+        # A `+` starting the next line is not part of this type (`in x: Int` then `+ 1`).
+        while self.at_op("+") and self.tok.line == self.toks[self.i - 1].line:
+            self.advance()
+            parts.append(self.type_term())
+        return parts[0] if len(parts) == 1 else A.TMerge(start.pos, parts)
 
     def type_term(self) -> A.TypeExpr:
         t = self.tok
@@ -437,11 +247,15 @@ class _Parser:
             self.advance()
             if t.text in ("String", "Int", "Float", "Boolean"):
                 return A.TPrim(t.pos, t.text)
-            if t.text in ("List", "Optional"):
+            if t.text in ("List", "Optional", "Seq", "Candidates"):
                 self.expect_op("<", f" after '{t.text}'")
                 inner = self.type_expr()
                 self.expect_op(">", f" to close '{t.text}<' at {t.line}:{t.col}")
-                return A.TList(t.pos, inner) if t.text == "List" else A.TOptional(t.pos, inner)
+                if t.text == "List":
+                    return A.TList(t.pos, inner)
+                if t.text == "Optional":
+                    return A.TOptional(t.pos, inner)
+                return A.TSeq(t.pos, inner)  # Candidates<T> is Seq<T>'s older name
             if t.text == "Map":
                 self.expect_op("<", " after 'Map'")
                 key = self.type_expr()
@@ -467,13 +281,76 @@ class _Parser:
     def expr(self) -> A.Expr:
         t = self.tok
         self.enter(t)
-        left = self.binary(0)
-        if self.at_op("??"):
-            op = self.advance()
-            right = self.expr()
-            left = A.Binary(op.pos, "??", left, right)
+        if t.kind == "op" and t.text == "(" and self._lambda_ahead():
+            left = self.lambda_expr()
+        else:
+            left = self.guard()
+            if self.at_op("??"):
+                op = self.advance()
+                right = self.expr()
+                left = A.Binary(op.pos, "??", left, right)
         self.leave()
         return left
+
+    def guard(self) -> A.Expr:
+        """``e when cond`` (looser than ``or``, tighter than ``??``)."""
+        e = self.binary(0)
+        if self.at_kw("when"):
+            w = self.advance()
+            return A.Guard(w.pos, e, self.binary(0))
+        return e
+
+    def _lambda_ahead(self) -> bool:
+        """Whether the ``(`` here opens a lambda's parameters: ``( [name [: Type], ...] ) =>``."""
+        toks, j = self.toks, self.i + 1
+
+        def at(k: int, text: str) -> bool:
+            return toks[k].kind == "op" and toks[k].text == text
+
+        if at(j, ")"):
+            return at(j + 1, "=>")
+        while toks[j].kind == "ident":
+            j += 1
+            if at(j, ":"):  # skip the type up to the ',' or ')' that ends it
+                depth = 0
+                j += 1
+                while toks[j].kind != "eof":
+                    if toks[j].kind == "op" and toks[j].text in ("<", "{", "("):
+                        depth += 1
+                    elif toks[j].kind == "op" and toks[j].text in (">", "}", ")"):
+                        if depth == 0:
+                            break
+                        depth -= 1
+                    elif depth == 0 and at(j, ","):
+                        break
+                    j += 1
+            if at(j, ","):
+                j += 1
+                continue
+            return at(j, ")") and at(j + 1, "=>")
+        return False
+
+    def lambda_expr(self) -> A.Expr:
+        open_tok = self.advance()
+        params: list[tuple[str, A.TypeExpr | None, A.Pos]] = []
+        seen: set[str] = set()
+        if not self.at_op(")"):
+            while True:
+                name = self.expect_ident("a parameter name")
+                if name.text in seen:
+                    raise self.error(f"Duplicate parameter '{name.text}'", name, "E008")
+                seen.add(name.text)
+                type_expr = None
+                if self.at_op(":"):
+                    self.advance()
+                    type_expr = self.type_expr()
+                params.append((name.text, type_expr, name.pos))
+                if not self.at_op(","):
+                    break
+                self.advance()
+        self.expect_op(")", f" to close the parameters at {open_tok.line}:{open_tok.col}")
+        self.expect_op("=>", " after the lambda's parameters")
+        return A.Lambda(open_tok.pos, params, self.nested(self.expr))
 
     # Binary operators by precedence level (lowest first); `not` sits between and and compare.
     _LEVELS: Final = (
@@ -538,17 +415,45 @@ class _Parser:
             return A.Unary(t.pos, "-", operand)
         return self.postfix()
 
-    def postfix(self) -> A.Expr:
+    def postfix(self, braces: bool = True) -> A.Expr:
+        """Field access ``x.a`` and projections ``x[a, b]`` / ``x{a, b}`` (``braces=False``
+        for a ``match`` subject, whose ``{`` opens the cases)."""
         node = self.primary()
         count = 0
-        while self.at_op("."):
-            dot = self.advance()
-            name = self.expect_ident("a field name after '.'")
-            self.enter(dot)
+        while True:
+            t = self.tok
+            if self.at_op("."):
+                self.advance()
+                name = self.expect_ident("a field name after '.'")
+                node = A.FieldAccess(t.pos, node, name.text, name.pos)
+            elif self.at_op("[") or (braces and self.at_op("{") and self._brace_projection()):
+                node = A.Projection(t.pos, node, self.projection_fields())
+            else:
+                break
+            self.enter(t)
             count += 1
-            node = A.FieldAccess(dot.pos, node, name.text, name.pos)
         self.depth -= count
         return node
+
+    def _brace_projection(self) -> bool:
+        """``{ a, b }`` after a value is a projection; a record literal has ``name:``."""
+        nxt, after = self.peek(1), self.peek(2)
+        return nxt.kind == "ident" and after.kind == "op" and after.text in (",", "}")
+
+    def projection_fields(self) -> list[tuple[str, A.Pos]]:
+        open_tok = self.advance()
+        close = "]" if open_tok.text == "[" else "}"
+        fields: list[tuple[str, A.Pos]] = []
+        while True:
+            name = self.expect_ident(f"a field name in the projection '{open_tok.text}...{close}'")
+            if any(n == name.text for n, _ in fields):
+                raise self.error(f"Field '{name.text}' is projected twice", name, "E008")
+            fields.append((name.text, name.pos))
+            if not self.at_op(","):
+                break
+            self.advance()
+        self.expect_op(close, f" to close the projection at {open_tok.line}:{open_tok.col}")
+        return fields
 
     def primary(self) -> A.Expr:
         t = self.tok
@@ -577,6 +482,10 @@ class _Parser:
                 self.advance()
                 other = self.expr()
                 return A.Cond(t.pos, cond, then, other)
+            if t.text == "branch":
+                return self.branch(t)
+            if t.text == "match":
+                return self.match(t)
             raise self.error(f"Expected an expression, found {_describe(t)}")
         if k == "duration":
             raise self.error(
@@ -618,6 +527,74 @@ class _Parser:
                 value_fields = self.separated(value_field, "}", close)
                 return A.RecordLit(t.pos, value_fields)
         raise self.error(f"Expected an expression, found {_describe(t)}")
+
+    def branch(self, t: Token) -> A.Expr:
+        """``branch { cond -> value, ..., otherwise -> value }``."""
+        self.advance()
+        self.expect_op("{", " after 'branch'")
+        close = f" to close 'branch {{' at {t.line}:{t.col}"
+        cases: list[tuple[A.Expr, A.Expr]] = []
+        while True:
+            if self.at_kw("otherwise"):
+                self.advance()
+                self.expect_op("->", " after 'otherwise'")
+                otherwise = self.nested(self.expr)
+                if self.at_op(","):  # a trailing comma is fine
+                    self.advance()
+                if not self.at_op("}"):
+                    found = _describe(self.tok)
+                    raise self.error(f"'otherwise' must be the last 'branch' case, found {found}")
+                self.advance()
+                return A.Branch(t.pos, cases, otherwise)
+            if self.at_op("}"):
+                raise self.error(
+                    f"A 'branch' needs an 'otherwise -> value' case last (branch at "
+                    f"{t.line}:{t.col})"
+                )
+            cond = self.nested(self.expr)
+            self.expect_op("->", " between the condition and the value of a 'branch' case")
+            cases.append((cond, self.nested(self.expr)))
+            if not self.at_op(","):
+                if self.at_op("}") or self.at_kw("otherwise"):
+                    raise self.error(
+                        f"A 'branch' needs an 'otherwise -> value' case last (branch at "
+                        f"{t.line}:{t.col})"
+                        if self.at_op("}")
+                        else f"Expected ',' before 'otherwise'{close}"
+                    )
+                raise self.error(f"Expected ',' or 'otherwise'{close}, found {_describe(self.tok)}")
+            self.advance()
+
+    def match(self, t: Token) -> A.Expr:
+        """``match subject { pattern -> value, ... }``; patterns: ``{ a, b }``, ``is T``, ``_``."""
+        self.advance()
+        subject = self.nested(functools.partial(self.postfix, False))
+        open_tok = self.expect_op("{", " after the subject of 'match'")
+        close = f" to close 'match {{' at {open_tok.line}:{open_tok.col}"
+
+        def case() -> A.MatchCase:
+            p = self.tok
+            if self.at_op("{"):
+                fields = [n for n, _ in self.projection_fields()]
+                kind, type_expr = "record", None
+            elif self.at_kw("is"):
+                self.advance()
+                kind, fields, type_expr = "type", [], self.type_expr()
+            elif p.kind == "ident" and p.text == "_":
+                self.advance()
+                kind, fields, type_expr = "any", [], None
+            else:
+                raise self.error(
+                    f"Expected a pattern ('{{ field, ... }}', 'is Type' or '_'), "
+                    f"found {_describe(p)}"
+                )
+            self.expect_op("->", " after the pattern")
+            return A.MatchCase(kind, fields, type_expr, p.pos, self.nested(self.expr))
+
+        cases = self.separated(case, "}", close)
+        if not cases:
+            raise self.error("A 'match' needs at least one case", open_tok)
+        return A.Match(t.pos, subject, cases)
 
     def string(self, t: Token) -> A.Expr:
         raw: list[str | tuple[int, list[Token]]] = t.value
@@ -672,13 +649,13 @@ class _Parser:
             # A comma continues the clause only when an option follows (`, name:` or `, lazy`).
             if not self.at_op(","):
                 nxt = self.tok
-                if nxt.kind == "ident" and nxt.text in OPTION_NAMES and self.peek().text == ":":
+                if nxt.kind == "ident" and nxt.text in OPTIONS and self.peek().text == ":":
                     # `retry: 1 timeout: 5s`: nothing else can follow an option value like this.
                     raise self.error(f"Missing ',' before option '{nxt.text}'")
                 return
             nxt, after = self.peek(1), self.peek(2)
             if nxt.kind == "ident" and (
-                nxt.text in OPTION_NAMES
+                nxt.text in OPTIONS
                 or (not self.in_record and after.kind == "op" and after.text == ":")
             ):
                 self.advance()
@@ -694,115 +671,101 @@ class _Parser:
             raise self.error(f"Expected an option name after 'with', found {_describe(name_tok)}")
         self.advance()
         name = name_tok.text
-        if name == "lazy" and not self.at_op(":"):
-            self._store(call, A.Option(name, True, name_tok.pos, name_tok.pos, "true"))
-            return
-        if name not in OPTION_NAMES:
+        spec = OPTIONS.get(name)
+        if spec is None:
             self._diag("E019", f"Unknown option '{name}'", name_tok.pos)
             if self.at_op(":"):  # consume the value to go on parsing (`with cached` has none)
                 self.advance()
                 self._skip_value()
             return
+        if spec.kind == "flag" and not self.at_op(":"):  # bare `lazy`
+            self._store(call, A.Option(name, True, name_tok.pos, name_tok.pos, "true"))
+            return
         self.expect_op(":", f" after option '{name}'")
         vt = self.tok
-        value: Any = None
-        text = vt.text
-        bad: str | None = None
+        if spec.kind == "expression":
+            value = self.expr()
+            self._store(call, A.Option(name, value, name_tok.pos, vt.pos, "expression"))
+            return
         negative = vt.kind == "op" and vt.text == "-" and self.peek().kind in ("int", "duration")
-        if negative and name in ("retry", "concurrency", "timeout", "delay", "cache", "throttle"):
+        if negative and spec.kind in ("count", "duration", "rate"):
             # `timeout: -5s`, `retry: -1`: one precise error, the value consumed with it.
             self.advance()
-            num = self.advance()
-            text = f"-{num.text}"
-            if name == "retry":
+            text = f"-{self.advance().text}"
+            if spec.positive:
+                self._diag("E016", f"Invalid value for '{name}': {text} (must be > 0)", vt.pos)
+            else:
                 message = (
-                    f"Invalid value for 'retry': {text} (a negative retry is not allowed; "
-                    "retry: 0 means a single attempt)"
+                    f"Invalid value for '{name}': {text} (a negative {name} is not allowed; "
+                    f"{name}: 0 means a single attempt)"
                 )
                 self._diag("E013", message, vt.pos)
-            else:
-                self._diag("E016", f"Invalid value for '{name}': {text} (must be > 0)", vt.pos)
-                if name == "throttle":  # `-1/1s`: the rest of the rate goes with it
-                    self._skip_value()
+            if spec.kind == "rate":  # `-1/1s`: the rest of the rate goes with it
+                self._skip_value()
             return
-        if name in ("timeout", "delay", "cache"):
-            if vt.kind == "duration":
-                self.advance()
-                n, unit = vt.value
-                value = n * DURATION_UNITS_MS[unit] / 1000
-                if n == 0:
-                    self._diag("E016", f"Invalid value for '{name}': {text} (must be > 0)", vt.pos)
-            else:
-                bad = "a duration literal such as 250ms, 5s, 2min, 1h or 1d"
-        elif name in ("retry", "concurrency"):
-            if vt.kind == "int":
-                self.advance()
-                value = vt.value
-                if name == "concurrency" and value == 0:
-                    self._diag("E016", f"Invalid value for '{name}': {text} (must be > 0)", vt.pos)
-            else:
-                bad = "a whole number literal"
-        elif name == "backoff" or name == "on_error":
-            allowed = BACKOFFS if name == "backoff" else ON_ERRORS
-            if vt.kind == "ident" and vt.text in allowed:
-                self.advance()
-                value = vt.text
-            else:
-                bad = "one of " + ", ".join(allowed)
-        elif name == "lazy":
-            if vt.kind == "kw" and vt.text in ("true", "false"):
-                self.advance()
-                value = vt.text == "true"
-            else:
-                bad = "true or false"
-        elif name == "priority":
+        parsed = self.option_value(spec, vt)
+        if parsed is None:
+            found = _describe(vt)
+            self._diag("E013", f"Option '{name}' expects {spec.expects}, found {found}", vt.pos)
+            self._skip_value()
+            return
+        value, text, zero = parsed
+        if zero and spec.positive:
+            self._diag("E016", f"Invalid value for '{name}': {text} (must be > 0)", vt.pos)
+        self._store(call, A.Option(name, value, name_tok.pos, vt.pos, text))
+
+    def option_value(self, spec: OptionSpec, vt: Token) -> tuple[Any, str, bool] | None:
+        """The value of ``spec`` starting at ``vt`` as (value, text as written, is zero), its
+        tokens consumed; None (nothing consumed) when it does not have the option's form."""
+        kind = spec.kind
+        if kind == "duration" and vt.kind == "duration":
+            self.advance()
+            n, unit = vt.value
+            return n * DURATION_UNITS_MS[unit] / 1000, vt.text, n == 0
+        if kind == "count" and vt.kind == "int":
+            self.advance()
+            return vt.value, vt.text, vt.value == 0
+        if kind == "choice" and vt.kind == "ident" and vt.text in spec.choices:
+            self.advance()
+            return vt.text, vt.text, False
+        if kind == "flag" and vt.kind == "kw" and vt.text in ("true", "false"):
+            self.advance()
+            return vt.text == "true", vt.text, False
+        if kind == "priority":
             if vt.kind == "ident" and vt.text in PRIORITIES:
                 self.advance()
-                value = PRIORITIES[vt.text]
-            elif vt.kind == "int":
+                return PRIORITIES[vt.text], vt.text, False
+            if vt.kind == "int":
                 self.advance()
-                value = vt.value
-            elif vt.kind == "op" and vt.text == "-" and self.peek().kind == "int":
+                return vt.value, vt.text, False
+            if vt.kind == "op" and vt.text == "-" and self.peek().kind == "int":
                 # priority takes an Int (the spec says Int, not Nat): below background is allowed
                 self.advance()
                 num = self.advance()
-                value = -num.value
-                text = f"-{num.text}"
-            else:
-                bad = "critical, high, normal, low, background or an integer"
-        elif name == "cache_backend":
-            if vt.kind == "string" and len(vt.value) == 1 and isinstance(vt.value[0], str):
+                return -num.value, f"-{num.text}", False
+        if kind == "string" and vt.kind == "string":
+            parts = vt.value
+            if len(parts) == 1 and isinstance(parts[0], str) and parts[0]:
                 self.advance()
-                value = vt.value[0]
-                if not value:
-                    bad = "a non-empty string literal"
-            else:
-                bad = "a string literal without interpolation"
-        elif name == "throttle":
-            if (
-                vt.kind == "int"
-                and self.peek().kind == "op"
-                and self.peek().text == "/"
-                and self.peek(2).kind == "duration"
-            ):
-                self.advance()
-                self.advance()
-                dur = self.advance()
-                n, unit = dur.value
-                text = f"{vt.text}/{dur.text}"
-                value = (vt.value, n * DURATION_UNITS_MS[unit] / 1000, text)
-                if vt.value == 0 or n == 0:
-                    self._diag("E016", f"Invalid value for '{name}': {text} (must be > 0)", vt.pos)
-            else:
-                bad = "a rate literal COUNT/DURATION such as 10/1s"
-        else:  # fallback
-            value = self.expr()
-            text = "expression"
-        if bad is not None:
-            self._diag("E013", f"Option '{name}' expects {bad}, found {_describe(vt)}", vt.pos)
-            self._skip_value()
-            return
-        self._store(call, A.Option(name, value, name_tok.pos, vt.pos, text))
+                return parts[0], vt.text, False
+        if (
+            kind == "rate"
+            and vt.kind == "int"
+            and self.peek().kind == "op"
+            and self.peek().text == "/"
+            and self.peek(2).kind == "duration"
+        ):
+            self.advance()
+            self.advance()
+            dur = self.advance()
+            n, unit = dur.value
+            text = f"{vt.text}/{dur.text}"
+            return (
+                (vt.value, n * DURATION_UNITS_MS[unit] / 1000, text),
+                text,
+                vt.value == 0 or n == 0,
+            )
+        return None
 
     def _skip_value(self) -> None:
         """Consume the value of an option that already has its error, reporting nothing more:
@@ -839,6 +802,5 @@ class _Parser:
 def parse(source: str, diags: list[Diagnostic]) -> A.Program:
     """Parse ``source``; option findings go to ``diags``; the first syntax error raises
     :class:`ParseFailure`."""
-    lexer = _Lexer(source)
-    tokens = lexer.tokens(0, len(source))
+    lexer, tokens = tokenize(source)
     return _Parser(lexer, tokens, diags).program()

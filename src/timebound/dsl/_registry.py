@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -201,11 +202,13 @@ def _build_spec(name: str, fn: Callable[..., Any]) -> ModuleSpec:
     )
 
 
+# A name part is what the lexer reads as one identifier: hyphens join word characters
+# (`string-length`, `ide-ranker-v2`).
+_NAME_PART = re.compile(r"[^\W\d]\w*(?:-\w+)*")
+
+
 def _check_name(name: str) -> None:
-    parts = name.split(".")
-    if not all(
-        p and (p[0].isalpha() or p[0] == "_") and p.replace("_", "a").isalnum() for p in parts
-    ):
+    if not all(_NAME_PART.fullmatch(p) for p in name.split(".")):
         raise ConfigurationError(
             f"invalid module name {name!r}: use identifiers separated by dots", option="name"
         )
@@ -223,6 +226,7 @@ class ModuleRegistry:
 
     def __init__(self) -> None:
         self._modules: dict[str, ModuleSpec] = {}
+        self._cache_backends: dict[str, Any] = {}
 
     @overload
     def module(self, fn: _F, /) -> _F: ...
@@ -249,6 +253,37 @@ class ModuleRegistry:
         if name in self._modules:
             raise ConfigurationError(f"module {name!r} is already registered", option="name")
         self._modules[name] = _build_spec(name, fn)
+
+    def register_cache_backend(self, name: str, backend: Any) -> None:
+        """Make ``backend`` the cache of every program compiled against this registry that says
+        ``cache_backend: "name"`` (D3.6). Registered on purpose, here only: nothing is shared
+        through a process-wide name. ``"memory"`` is built in (a cache of the program's own)."""
+        from ..policies import CacheBackend
+
+        if not isinstance(name, str) or not name:
+            raise ConfigurationError(
+                "a cache backend name must be a non-empty string", option="name"
+            )
+        if name == "memory":
+            raise ConfigurationError(
+                "'memory' is the built-in cache backend and cannot be replaced", option="name"
+            )
+        if name in self._cache_backends:
+            raise ConfigurationError(f"cache backend {name!r} is already registered", option="name")
+        if not isinstance(backend, CacheBackend):
+            raise ConfigurationError(
+                f"cache backend {name!r} must have get(key) and set(key, value, ttl) methods",
+                option="cache_backend",
+            )
+        self._cache_backends[name] = backend
+
+    def cache_backend(self, name: str) -> Any:
+        """The backend registered as ``name`` (not ``"memory"``), or None."""
+        return self._cache_backends.get(name)
+
+    def cache_backend_names(self) -> list[str]:
+        """``"memory"`` and every registered backend name, sorted."""
+        return sorted({"memory", *self._cache_backends})
 
     def get(self, name: str) -> ModuleSpec | None:
         """The module registered as ``name``, or None."""

@@ -19,14 +19,16 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .._core import _clock
+from .._core._classify import classify
 from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError, DeadlineExceeded, TimeboundError
 from .._core._scopes import current_bound_error, fail_after
 from .._engine import DagPlan
+from ..telemetry import correlation
 from ._diagnostics import Diagnostic
 from ._types import Type, validate_value
 
-__all__ = ["CallSite", "CallTrace", "InputError", "Program", "RunResult"]
+__all__ = ["Annotation", "CallSite", "CallTrace", "InputError", "Program", "RunResult"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +80,9 @@ class CallTrace:
     lazy: bool = False
     priority: int = 50
     attempt_log: list[AttemptTrace] = field(default_factory=list)
+    #: The call's identity in the program, stable across edits of other declarations: the
+    #: binding's name for `y = F(x)`, else the declaration's name and the call's place in it.
+    node: str | None = None
     _t0: float = field(default=0.0, repr=False)
 
     def observe(self, event: Any) -> None:
@@ -91,7 +96,7 @@ class CallTrace:
         elif name == "attempt.end":
             outcome = str(attrs.get("outcome", "error"))
             err = attrs.get("error")
-            if isinstance(err, DeadlineExceeded) and err.source != "attempt":
+            if isinstance(err, DeadlineExceeded) and classify(err) != "own":
                 outcome = "deadline"  # the run's (or an inherited) deadline, not the timeout
             elif isinstance(err, DeadlineExceeded) or outcome == "timeout":
                 self.timeouts += 1
@@ -109,6 +114,17 @@ class CallTrace:
             self.fallback = True
         elif name == "on_error":
             self.outcome = str(attrs.get("mode", "on_error"))
+
+
+@dataclass(frozen=True, slots=True)
+class Annotation:
+    """An annotation of an input or output: ``@example(value)``, ``@source("kind", k: v)`` or
+    ``@sink(...)``. Metadata for tools: ``values`` are the positional values, ``props`` the
+    named ones."""
+
+    kind: str
+    values: tuple[Any, ...]
+    props: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +264,9 @@ class CompiledCall:
         self.policy = policy
         self.lazy = lazy
         self.priority = priority
-        self.key = ""  # set by the compiler for a call that is a DAG node
+        # The call's identity: its declaration and place there, or the binding's name for the
+        # call a binding is; stable across edits of other declarations (the trace's `node`).
+        self.key = ""
 
     async def _eval_args(self, run: _Run) -> tuple[Any, ...]:
         out = []
@@ -325,7 +343,15 @@ class CompiledCall:
             return self.fn(*build(run))
         site = self.site
         t = _clock.now() - run.t0
-        rec = CallTrace(site.module, site.line, site.column, t, priority=self.priority, _t0=run.t0)
+        rec = CallTrace(
+            site.module,
+            site.line,
+            site.column,
+            t,
+            priority=self.priority,
+            _t0=run.t0,
+            node=self.key or None,
+        )
         rec.attempts = 1
         rec.attempt_log.append(AttemptTrace(t))
         assert run.trace is not None
@@ -353,6 +379,7 @@ class CompiledCall:
             lazy=self.lazy,
             priority=self.priority,
             _t0=run.t0,
+            node=self.key or None,
         )
         assert run.trace is not None
         run.trace.append(rec)
@@ -369,11 +396,8 @@ class CompiledCall:
             else:
                 result = await policy.execute(_entering(self.fn, rec), args, observer=rec.observe)
         except BaseException as exc:
-            own_timeout = isinstance(exc, DeadlineExceeded) and exc.source == "attempt"
-            if (
-                isinstance(exc, asyncio.CancelledError | DeadlineExceeded)
-                and not own_timeout
-                and current_bound_error() is not None
+            if (isinstance(exc, DeadlineExceeded) and classify(exc) != "own") or (
+                isinstance(exc, asyncio.CancelledError) and current_bound_error() is not None
             ):
                 # Stopped because the run's (or an inherited) deadline passed: not a failure of
                 # this call, and drawn differently in the trace.
@@ -508,11 +532,15 @@ class Program:
         output_keys: list[tuple[str, str]],
         sites: dict[str, CallSite],
         source: str,
+        examples: dict[str, Any] | None = None,
+        annotations: dict[str, tuple[Annotation, ...]] | None = None,
     ) -> None:
         self.inputs = inputs
         self.outputs = outputs
         self.warnings = warnings
         self.source = source
+        self.examples: dict[str, Any] = examples or {}
+        self.annotations: dict[str, tuple[Annotation, ...]] = annotations or {}
         self._plan = plan
         self._fast_plan = fast_plan
         self._lazy = lazy
@@ -573,11 +601,13 @@ class Program:
         plan = self._plan if traced else self._fast_plan
         token = CURRENT_RUN.set(run)
         try:
-            if seconds is None:
-                await plan.execute(run, concurrency=concurrency, results=env)
-            else:
-                with fail_after(seconds, source="scope", what="run"):
+            # Every event of this run carries its id (one exporter serves every engine).
+            with correlation("run"):
+                if seconds is None:
                     await plan.execute(run, concurrency=concurrency, results=env)
+                else:
+                    with fail_after(seconds, source="scope", what="run"):
+                        await plan.execute(run, concurrency=concurrency, results=env)
         except BaseException as exc:
             # A call node's error reaches here straight from the policy: name its call site.
             site = self._sites.get(getattr(exc, "__timebound_node__", None))  # type: ignore[arg-type]
@@ -660,3 +690,60 @@ def _run_in_new_loop(coro: Any) -> Any:
         return asyncio.run(coro)
     coro.close()
     raise RuntimeError("run_sync() cannot be used inside a running event loop; await run()")
+
+
+class ProgramResources:
+    """The caches and limiters one compiled program owns (D3.6, D3.7).
+
+    Every call site of a module in the program shares that module's cache, token bucket and
+    slots; nothing is shared with another program, even one compiled from the same text against
+    the same registry. ``cache_backend: "memory"`` (or none) is the program's own in-memory
+    cache for the module; any other name is a backend registered on the registry on purpose.
+    """
+
+    def __init__(self, registry: Any) -> None:
+        self._registry = registry
+        self._caches: dict[tuple[str, str], Any] = {}
+        self._buckets: dict[str, Any] = {}
+        self._slots: dict[str, Any] = {}
+
+    def cache(self, module: str, backend: str | None) -> Any:
+        """The cache of ``module`` in ``backend`` (``"memory"`` when None)."""
+        from ..policies import InMemoryCache
+
+        name = "memory" if backend is None else backend
+        key = (module, name)
+        cache = self._caches.get(key)
+        if cache is None:
+            if name == "memory":
+                cache = InMemoryCache()
+            else:
+                cache = self._registry.cache_backend(name)
+                if cache is None:
+                    known = ", ".join(repr(n) for n in self._registry.cache_backend_names())
+                    raise ConfigurationError(
+                        f"unknown cache_backend {name!r} (known: {known}); register it with "
+                        "registry.register_cache_backend(name, backend)",
+                        option="cache_backend",
+                    )
+            self._caches[key] = cache
+        return cache
+
+    def bucket(self, module: str, count: int, per: float) -> Any:
+        """The token bucket of ``module``'s throttle (one per module: the compiler rejects call
+        sites that declare different throttles)."""
+        from ..policies import TokenBucket
+
+        bucket = self._buckets.get(module)
+        if bucket is None:
+            bucket = self._buckets[module] = TokenBucket(count, per)
+        return bucket
+
+    def slots(self, module: str, limit: int) -> Any:
+        """The concurrency slots of ``module``."""
+        from ..policies import Slots
+
+        slots = self._slots.get(module)
+        if slots is None:
+            slots = self._slots[module] = Slots(limit)
+        return slots

@@ -19,6 +19,8 @@ __all__ = [
     "NOTHING",
     "STRING",
     "admits_none",
+    "conforms",
+    "elements",
     "ErrorType",
     "ListType",
     "MapType",
@@ -27,6 +29,7 @@ __all__ = [
     "PrimType",
     "RecordType",
     "ResultType",
+    "SeqType",
     "Type",
     "UnionType",
     "is_assignable",
@@ -79,6 +82,17 @@ class ListType(Type):
 
     def __str__(self) -> str:
         return f"List<{self.elem}>"
+
+
+@dataclass(frozen=True, slots=True)
+class SeqType(Type):
+    """``Seq<T>`` (``Candidates<T>`` is its older name): a sequence, a ``list`` at run time.
+    A ``List<T>`` is a ``Seq<T>``; ``+`` on two sequences of records merges them element-wise."""
+
+    elem: Type
+
+    def __str__(self) -> str:
+        return f"Seq<{self.elem}>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +200,8 @@ def is_assignable(src: Type, dst: Type) -> bool:
         return src == INT and dst == FLOAT
     if isinstance(dst, ListType):
         return isinstance(src, ListType) and is_assignable(src.elem, dst.elem)
+    if isinstance(dst, SeqType):
+        return isinstance(src, ListType | SeqType) and is_assignable(src.elem, dst.elem)
     if isinstance(dst, MapType):
         if isinstance(src, RecordType):
             # A record literal is a dict at run time: `{}` or `{ a: 1 }` can be a Map<String, Int>.
@@ -234,7 +250,28 @@ def join(a: Type, b: Type) -> Type:
         return a
     if isinstance(a, ListType) and isinstance(b, ListType):
         return ListType(join(a.elem, b.elem))
+    if isinstance(a, ListType | SeqType) and isinstance(b, ListType | SeqType):
+        return SeqType(join(a.elem, b.elem))
     return union_of([a, b])
+
+
+def elements(t: Type) -> Type | None:
+    """The element type of a ``List`` or ``Seq`` (None for other types)."""
+    return t.elem if isinstance(t, ListType | SeqType) else None
+
+
+def conforms(value: Any, t: Type) -> bool:
+    """Whether the run value ``value`` is a value of ``t`` (``match ... { is T -> ... }``)."""
+    if isinstance(t, ErrorType):
+        return True
+    if isinstance(t, ResultType | NothingType):
+        return False
+    try:
+        validate_value(value, t, "value")
+    except (TypeError, RecursionError):
+        return False
+    # validate_value accepts an Int as a Float (inputs may say 1 for 1.0); a type test does not.
+    return not (t == FLOAT and not isinstance(value, float))
 
 
 def zero_value(t: Type) -> Any:
@@ -242,7 +279,7 @@ def zero_value(t: Type) -> Any:
     a record -> its fields' zero values (a union: its first member's)."""
     if isinstance(t, PrimType):
         return {"String": "", "Int": 0, "Float": 0.0, "Boolean": False}[t.name]
-    if isinstance(t, ListType):
+    if isinstance(t, ListType | SeqType):
         return []
     if isinstance(t, MapType):
         return {}
@@ -277,7 +314,7 @@ def validate_value(value: Any, t: Type, path: str) -> Any:
         raise TypeError(f"{path} must be {name}, got {_describe(value)}")
     if isinstance(t, OptionalType):
         return None if value is None else validate_value(value, t.inner, path)
-    if isinstance(t, ListType):
+    if isinstance(t, ListType | SeqType):
         if not isinstance(value, list | tuple):
             raise TypeError(f"{path} must be {t}, got {_describe(value)}")
         return [validate_value(v, t.elem, f"{path}[{i}]") for i, v in enumerate(value)]

@@ -10,37 +10,38 @@ See ``docs/policies.md``.
 """
 
 from .._core._classify import Origin, bound_origin, classify, mark_enclosing
-from ._cache import (
-    CacheBackend,
-    InMemoryCache,
-    cache_key,
-    get_cache_backend,
-    register_cache_backend,
-)
+from ._cache import CacheBackend, InMemoryCache, cache_key
 from ._decorator import resilient
 from ._limits import Slots, TokenBucket
-from ._policy import MISSING, Observer, Policy
+from ._options import MISSING
+from ._policy import Observer, Policy
 from ._result import Err, Ok, Result
+from ._retry import AttemptNow, Decision, FallBack, RetryAt, RetryPlan, RetryState, Stop
 from ._zero import zero_value_for
 
 __all__ = [
     "MISSING",
+    "AttemptNow",
     "CacheBackend",
+    "Decision",
     "Err",
+    "FallBack",
     "InMemoryCache",
     "Observer",
     "Ok",
     "Origin",
     "Policy",
     "Result",
+    "RetryAt",
+    "RetryPlan",
+    "RetryState",
     "Slots",
+    "Stop",
     "TokenBucket",
     "bound_origin",
     "cache_key",
     "classify",
-    "get_cache_backend",
     "mark_enclosing",
-    "register_cache_backend",
     "resilient",
     "zero_value_for",
 ]

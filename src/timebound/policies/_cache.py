@@ -1,33 +1,37 @@
-"""Call caches (DECISIONS D3.6): key = policy name + canonical encoding of the arguments.
+"""Call caches (DECISIONS D3.6): key = the call's identity + a canonical encoding of its arguments.
 
 Only a success produced by the wrapped call itself is stored; failures, timeouts, fallback values
-and on_error zero values never are. The TTL is the ``cache`` option's duration.
+and on_error zero values never are. The TTL is the ``cache`` option's duration. A cache is an
+object owned by whoever made it (a policy makes its own :class:`InMemoryCache`; a compiled
+Constellation program one per module); sharing one means passing the same object.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import datetime
+import decimal
 import enum
+import fractions
 import functools
 import inspect
 import json
-import math
+import pathlib
 import threading
-import weakref
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Final, Protocol, runtime_checkable
 
 from .._core import _clock
 from .._core._errors import ConfigurationError
+from ._flight import Flights
 
-__all__ = [
-    "CacheBackend",
-    "InMemoryCache",
-    "cache_key",
-    "get_cache_backend",
-    "register_cache_backend",
-]
+__all__ = ["CacheBackend", "InMemoryCache", "Uncacheable", "cache_key", "canonical_arguments"]
+
+#: The name of the built-in backend (``cache_backend="memory"``): an in-memory cache of one's own.
+MEMORY: Final = "memory"
 
 
 @runtime_checkable
@@ -35,7 +39,9 @@ class CacheBackend(Protocol):
     """Where a policy keeps cached results. Both methods are synchronous and must be thread-safe.
 
     ``get`` returns ``(True, value)`` for a live entry and ``(False, None)`` otherwise (a cached
-    ``None`` is a hit). ``set`` stores ``value`` for ``ttl`` seconds.
+    ``None`` is a hit). ``set`` stores ``value`` for ``ttl`` seconds. A hit must never hand out
+    an object an earlier caller could have mutated: serialise values (as a networked cache does)
+    or copy them (as :class:`InMemoryCache` does).
     """
 
     def get(self, key: str) -> tuple[bool, Any]: ...
@@ -43,10 +49,22 @@ class CacheBackend(Protocol):
     def set(self, key: str, value: Any, ttl: float) -> None: ...
 
 
+# Values that need no copy: nothing reachable from them can change.
+_IMMUTABLE: Final = (str, int, float, bool, bytes, complex, type(None), frozenset, enum.Enum)
+
+
+def _private_copy(value: Any) -> Any:
+    if isinstance(value, _IMMUTABLE):
+        return value
+    return copy.deepcopy(value)
+
+
 class InMemoryCache:
     """A bounded in-process cache with per-entry TTL on timebound's clock (``_clock.now()``).
 
-    When ``max_entries`` is reached the least recently stored or read entry is evicted.
+    When ``max_entries`` is reached the least recently stored or read entry is evicted. Values
+    are deep-copied when stored and on every hit, so no caller ever sees another caller's
+    mutations (a value that cannot be copied is not stored: ``set`` raises ``TypeError``).
     """
 
     def __init__(self, *, max_entries: int = 4096) -> None:
@@ -55,11 +73,14 @@ class InMemoryCache:
                 f"max_entries must be an integer >= 1, got {max_entries!r}", option="max_entries"
             )
         self.max_entries = max_entries
+        #: The calls in flight of every policy using this cache (see ``_flight``).
+        self.flights = Flights()
         self._data: OrderedDict[str, tuple[float, Any]] = OrderedDict()
         self._lock = threading.Lock()
 
     def get(self, key: str) -> tuple[bool, Any]:
-        """``(True, value)`` while the entry is younger than its TTL, else ``(False, None)``."""
+        """``(True, a copy of the value)`` while the entry is younger than its TTL, else
+        ``(False, None)``."""
         with self._lock:
             entry = self._data.get(key)
             if entry is None:
@@ -70,13 +91,19 @@ class InMemoryCache:
                 del self._data[key]
                 return False, None
             self._data.move_to_end(key)
-            return True, value
+        return True, _private_copy(value)
 
     def set(self, key: str, value: Any, ttl: float) -> None:
-        """Store ``value`` under ``key`` for ``ttl`` seconds."""
+        """Store a copy of ``value`` under ``key`` for ``ttl`` seconds."""
+        try:
+            stored = _private_copy(value)
+        except Exception as exc:
+            raise TypeError(
+                f"a {type(value).__name__} cannot be copied, so it is not cached: {exc}"
+            ) from exc
         expires = _clock.now() + ttl
         with self._lock:
-            self._data[key] = (expires, value)
+            self._data[key] = (expires, stored)
             self._data.move_to_end(key)
             while len(self._data) > self.max_entries:
                 self._data.popitem(last=False)
@@ -91,55 +118,9 @@ class InMemoryCache:
             return len(self._data)
 
 
-_registry: dict[str, CacheBackend] = {}
-_registry_lock = threading.Lock()
-
-# The default cache of each policy name lives as long as some policy with that name does, so two
-# call sites of one module share it (D3.6) and nothing leaks once the policies are gone.
-_defaults: weakref.WeakValueDictionary[str, InMemoryCache] = weakref.WeakValueDictionary()
-
-
-def register_cache_backend(name: str, backend: CacheBackend) -> None:
-    """Make ``backend`` available to policies as ``cache_backend=name``.
-
-    Registering a name again replaces the backend for policies built afterwards.
-    """
-    if not isinstance(name, str) or not name:
-        raise ConfigurationError("a cache backend name must be a non-empty string", option="name")
-    if not isinstance(backend, CacheBackend):
-        raise ConfigurationError(
-            f"cache backend {name!r} must have get(key) and set(key, value, ttl) methods",
-            option="cache_backend",
-        )
-    with _registry_lock:
-        _registry[name] = backend
-
-
-def get_cache_backend(name: str) -> CacheBackend:
-    """The backend registered as ``name``; :class:`ConfigurationError` naming
-    ``cache_backend`` when there is none."""
-    try:
-        return _registry[name]
-    except KeyError:
-        known = ", ".join(sorted(_registry)) or "none registered"
-        raise ConfigurationError(
-            f"unknown cache_backend {name!r} (known: {known}); "
-            "register it first with register_cache_backend(name, backend)",
-            option="cache_backend",
-        ) from None
-
-
-def _default_cache(policy_name: str) -> InMemoryCache:
-    with _registry_lock:
-        cache = _defaults.get(policy_name)
-        if cache is None:
-            cache = InMemoryCache()
-            _defaults[policy_name] = cache
-        return cache
-
-
 class Uncacheable(Exception):
-    """An argument cannot be encoded canonically (a cycle); the call runs without the cache."""
+    """An argument has no stable canonical encoding (an object known only by its identity, a
+    cycle); the call runs without the cache."""
 
 
 @functools.lru_cache(maxsize=512)
@@ -177,9 +158,13 @@ def cache_key(name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> st
 
     Equal values give equal keys whatever their identity or dict ordering; values that merely
     look alike do not collide (``1``, ``1.0``, ``True`` and ``"1"`` differ; so do a list and a
-    tuple). Unhashable arguments are fine. Objects of other types are encoded by their type and
-    ``repr`` — give them a deterministic, injective ``repr`` or do not cache calls taking them.
-    Raises :class:`Uncacheable` for a cyclic argument.
+    tuple, ``float("inf")`` and ``"float:inf"``, two ``OrderedDict`` s in different orders).
+    Unhashable arguments are fine. Encoded: ``None``, ``bool``, ``int``, ``float``, ``str``,
+    ``bytes``, enums, lists, tuples (named too), mappings, sets, dataclasses that compare by
+    value, and the standard library's value types (``complex``, ``Decimal``, ``Fraction``,
+    dates and times, ``UUID``, paths). Anything else, an object whose only identity is its
+    address above all, raises :class:`Uncacheable`: such calls are not cached unless the policy
+    is given a ``cache_key=`` function. A cyclic argument raises :class:`Uncacheable` too.
     """
     parts: list[str] = [json.dumps(name), "("]
     active: set[int] = set()
@@ -198,6 +183,21 @@ def cache_key(name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> st
     return "".join(parts)
 
 
+# Standard-library value types whose repr is canonical (equal values, equal reprs; no address).
+_REPR_VALUES: Final = (
+    complex,
+    decimal.Decimal,
+    fractions.Fraction,
+    datetime.date,
+    datetime.time,
+    datetime.timedelta,
+    datetime.timezone,
+    uuid.UUID,
+    pathlib.PurePath,
+    range,
+)
+
+
 def _enc(obj: Any, out: list[str], active: set[int]) -> None:
     t = type(obj)
     if obj is None:
@@ -207,8 +207,9 @@ def _enc(obj: Any, out: list[str], active: set[int]) -> None:
     elif t is int:
         out.append(str(obj))
     elif t is float:
-        # repr keeps a '.', 'e', 'inf' or 'nan' so 1.0 never meets 1; -0.0 stays distinct.
-        out.append(repr(obj) if math.isfinite(obj) else f'"float:{obj!r}"')
+        # repr keeps a '.' or an 'e' so 1.0 never meets 1; -0.0 stays distinct. inf, -inf and
+        # nan stay bare words: every string is quoted, so no string can meet them.
+        out.append(repr(obj))
     elif t is str:
         out.append(json.dumps(obj, ensure_ascii=False))
     elif t is bytes:
@@ -241,7 +242,9 @@ def _enc_container(obj: Any, t: type, out: list[str], active: set[int]) -> None:
             vp: list[str] = []
             _enc(v, vp, active)
             items.append(("".join(kp), "".join(vp)))
-        items.sort()
+        if not isinstance(obj, OrderedDict):
+            # Equal dicts are equal in any order; OrderedDicts are equal only in the same order.
+            items.sort()
         prefix = "" if t is dict else _qualname(t)
         out.append(prefix + "{" + ",".join(f"{k}:{v}" for k, v in items) + "}")
     elif isinstance(obj, set | frozenset):
@@ -252,7 +255,10 @@ def _enc_container(obj: Any, t: type, out: list[str], active: set[int]) -> None:
             encoded.append("".join(xp))
         encoded.sort()
         out.append(("set" if t is set else "frozenset") + "{" + ",".join(encoded) + "}")
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+    elif (
+        dataclasses.is_dataclass(obj) and not isinstance(obj, type) and t.__dataclass_params__.eq  # type: ignore[attr-defined]
+    ):
+        # Compared by value: encoded by value (a dataclass with eq=False is known by identity).
         out.append(_qualname(t) + "(")
         for f in dataclasses.fields(obj):
             out.append(f.name + "=")
@@ -271,10 +277,29 @@ def _enc_container(obj: Any, t: type, out: list[str], active: set[int]) -> None:
             _enc(x, out, active)
             out.append(",")
         out.append("]")
-    elif isinstance(obj, int | float | str | bytes):  # subclasses of scalars
-        out.append(_qualname(t) + ":" + json.dumps(repr(obj)))
-    else:
+    elif isinstance(obj, bool | int | float | str | bytes):
+        # A subclass of a scalar: its type and its value as the base type sees it (a custom
+        # repr may leave the value out).
+        out.append(_qualname(t) + ":")
+        _enc(_base_value(obj), out, active)
+    elif isinstance(obj, _REPR_VALUES):
         out.append(_qualname(t) + ":" + json.dumps(repr(obj), ensure_ascii=False))
+    else:
+        raise Uncacheable(
+            f"a {_qualname(t)} argument has no canonical encoding (give the policy a "
+            "cache_key= function)"
+        )
+
+
+def _base_value(obj: int | float | str | bytes) -> int | float | str | bytes:
+    """The plain value of a scalar subclass, bypassing any override of the conversion."""
+    if isinstance(obj, int):
+        return int.__int__(obj)
+    if isinstance(obj, float):
+        return float.__float__(obj)
+    if isinstance(obj, str):
+        return str.__str__(obj)
+    return bytes(memoryview(obj))
 
 
 def _qualname(t: type) -> str:

@@ -5,46 +5,151 @@ from __future__ import annotations
 import functools
 import inspect
 import typing
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal, ParamSpec, Protocol, TypeVar, overload
 
 from .._core._durations import Duration
+from .._core._errors import ConfigurationError
+from . import _call
 from ._cache import CacheBackend
-from ._policy import MISSING, Policy
+from ._limits import Slots, TokenBucket
+from ._options import MISSING
+from ._policy import Policy, RetryOn
+from ._result import Err, Ok
 from ._zero import zero_value_for
 
 __all__ = ["resilient"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 
+class _Wrapping(Protocol):
+    """What ``resilient(on_error="wrap")`` returns: a decorator whose functions return
+    ``Ok``/``Err`` (awaitably for ``async def`` functions)."""
+
+    @overload
+    def __call__(  # type: ignore[overload-overlap]
+        self, fn: Callable[_P, Awaitable[_T]], /
+    ) -> Callable[_P, Awaitable[Ok[_T] | Err]]: ...
+
+    @overload
+    def __call__(self, fn: Callable[_P, _T], /) -> Callable[_P, Ok[_T] | Err]: ...
+
+
+@overload
 def resilient(
+    fn: None = None,
+    /,
     *,
     name: str | None = None,
     timeout: Duration | None = None,
     retry: int = 0,
+    retry_on: RetryOn | None = None,
     delay: Duration | None = None,
     backoff: str = "fixed",
     max_delay: Duration = 30.0,
     jitter: bool | Duration = False,
     fallback: Any = MISSING,
-    fallback_on: type[BaseException] | tuple[type[BaseException], ...] | None = None,
+    fallback_on: type[Exception] | tuple[type[Exception], ...] | None = None,
     cache: Duration | None = None,
     cache_backend: CacheBackend | str | None = None,
+    cache_key: Callable[..., Any] | None = None,
+    on_error: Literal["wrap"],
+    zero: Any = MISSING,
+    throttle: str | tuple[int, Duration] | TokenBucket | None = None,
+    concurrency: int | Slots | None = None,
+    total_timeout: Duration | None = None,
+) -> _Wrapping: ...
+
+
+@overload
+def resilient(
+    fn: None = None,
+    /,
+    *,
+    name: str | None = None,
+    timeout: Duration | None = None,
+    retry: int = 0,
+    retry_on: RetryOn | None = None,
+    delay: Duration | None = None,
+    backoff: str = "fixed",
+    max_delay: Duration = 30.0,
+    jitter: bool | Duration = False,
+    fallback: Any = MISSING,
+    fallback_on: type[Exception] | tuple[type[Exception], ...] | None = None,
+    cache: Duration | None = None,
+    cache_backend: CacheBackend | str | None = None,
+    cache_key: Callable[..., Any] | None = None,
+    on_error: Literal["propagate", "skip", "log"] = "propagate",
+    zero: Any = MISSING,
+    throttle: str | tuple[int, Duration] | TokenBucket | None = None,
+    concurrency: int | Slots | None = None,
+    total_timeout: Duration | None = None,
+) -> Callable[[_F], _F]: ...
+
+
+@overload
+def resilient(
+    fn: None = None,
+    /,
+    *,
+    name: str | None = None,
+    timeout: Duration | None = None,
+    retry: int = 0,
+    retry_on: RetryOn | None = None,
+    delay: Duration | None = None,
+    backoff: str = "fixed",
+    max_delay: Duration = 30.0,
+    jitter: bool | Duration = False,
+    fallback: Any = MISSING,
+    fallback_on: type[Exception] | tuple[type[Exception], ...] | None = None,
+    cache: Duration | None = None,
+    cache_backend: CacheBackend | str | None = None,
+    cache_key: Callable[..., Any] | None = None,
     on_error: str = "propagate",
     zero: Any = MISSING,
-    throttle: str | tuple[int, Duration] | None = None,
-    concurrency: int | None = None,
+    throttle: str | tuple[int, Duration] | TokenBucket | None = None,
+    concurrency: int | Slots | None = None,
     total_timeout: Duration | None = None,
-) -> Callable[[_F], _F]:
+) -> Callable[[Callable[_P, Any]], Callable[_P, Any]]: ...
+
+
+def resilient(
+    fn: Any = None,
+    /,
+    *,
+    name: str | None = None,
+    timeout: Duration | None = None,
+    retry: int = 0,
+    retry_on: RetryOn | None = None,
+    delay: Duration | None = None,
+    backoff: str = "fixed",
+    max_delay: Duration = 30.0,
+    jitter: bool | Duration = False,
+    fallback: Any = MISSING,
+    fallback_on: type[Exception] | tuple[type[Exception], ...] | None = None,
+    cache: Duration | None = None,
+    cache_backend: CacheBackend | str | None = None,
+    cache_key: Callable[..., Any] | None = None,
+    on_error: str = "propagate",
+    zero: Any = MISSING,
+    throttle: str | tuple[int, Duration] | TokenBucket | None = None,
+    concurrency: int | Slots | None = None,
+    total_timeout: Duration | None = None,
+) -> Any:
     """Run every call of the decorated function under one :class:`~timebound.policies.Policy`.
 
-    Works on ``def`` and ``async def`` functions alike. The policy is built (and every option
-    validated, raising :class:`~timebound.ConfigurationError` naming the bad one) when the
-    function is decorated; its name is the function's ``__qualname__`` unless ``name=`` is given
-    (policies with the same name share their throttle, concurrency slots and default cache).
-    The zero value for ``on_error="skip"``/``"log"`` comes from the return annotation unless
-    ``zero=`` is given. The policy is available as ``wrapper.policy``.
+    Works on ``def`` and ``async def`` functions alike (not on generator functions: a policy
+    cannot retry a generator already handed to its consumer). The policy is built (and every
+    option validated, raising :class:`~timebound.ConfigurationError` naming the bad one) when
+    the function is decorated; its name is the function's ``__qualname__`` unless ``name=`` is
+    given. The name labels errors and telemetry only: each decorated function has its own
+    cache, throttle and concurrency slots unless a cache object, a ``TokenBucket`` or a
+    ``Slots`` is passed to share. The zero value for ``on_error="skip"``/``"log"`` comes from
+    the return annotation unless ``zero=`` is given. The policy is available as
+    ``wrapper.policy``.
 
     >>> import timebound as tb
     >>> @tb.resilient(retry=2, fallback="n/a")
@@ -53,10 +158,20 @@ def resilient(
     >>> lookup("k")
     'n/a'
     """
-
+    if fn is not None:
+        what = getattr(fn, "__qualname__", None)
+        hint = (
+            f"write @resilient() or @resilient(retry=3, ...) above {what}"
+            if callable(fn) and what is not None
+            else "write @resilient(...) above a function"
+        )
+        raise ConfigurationError(
+            f"resilient takes options only, as keywords: {hint}", option="resilient"
+        )
     options: dict[str, Any] = {
         "timeout": timeout,
         "retry": retry,
+        "retry_on": retry_on,
         "delay": delay,
         "backoff": backoff,
         "max_delay": max_delay,
@@ -65,6 +180,7 @@ def resilient(
         "fallback_on": fallback_on,
         "cache": cache,
         "cache_backend": cache_backend,
+        "cache_key": cache_key,
         "on_error": on_error,
         "throttle": throttle,
         "concurrency": concurrency,
@@ -74,34 +190,58 @@ def resilient(
     # applied; the real policy (named after the function) is built when it is.
     Policy(name if name is not None else "resilient", **options)
 
-    def decorate(fn: _F) -> _F:
+    def decorate(fn: Any) -> Any:
+        _check_decoratable(fn)
         if zero is MISSING:
             zero_value = (
                 zero_value_for(_return_annotation(fn)) if on_error in ("skip", "log") else None
             )
         else:
             zero_value = zero
-        policy = Policy(name if name is not None else fn.__qualname__, zero=zero_value, **options)
-        execute = policy.execute
-        execute_sync = policy.execute_sync
+        policy: Policy[Any] = Policy(
+            name if name is not None else fn.__qualname__, zero=zero_value, **options
+        )
+        # The drivers themselves, not the Policy methods around them: one call frame less on
+        # every call (bench/core.py's policy rows measure this path).
+        execute = _call.execute_async
+        execute_sync = _call.execute_sync
 
         if inspect.iscoroutinefunction(fn):
 
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-                return await execute(fn, args, kwargs)
+                return await execute(policy, fn, args, kwargs, None)
 
             wrapper: Any = async_wrapper
         else:
 
             def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
-                return execute_sync(fn, args, kwargs)
+                return execute_sync(policy, fn, args, kwargs, None)
 
             wrapper = sync_wrapper
         functools.update_wrapper(wrapper, fn)
         wrapper.policy = policy
-        return typing.cast(_F, wrapper)
+        return wrapper
 
     return decorate
+
+
+def _check_decoratable(fn: Any) -> None:
+    """A clear ConfigurationError for what a policy cannot run."""
+    if not callable(fn):
+        raise ConfigurationError(
+            f"resilient(...) decorates a function, got {type(fn).__name__} {fn!r}: "
+            "write @resilient(...) above a def or async def",
+            option="resilient",
+        )
+    what = getattr(fn, "__qualname__", repr(fn))
+    if inspect.isasyncgenfunction(fn) or inspect.isgeneratorfunction(fn):
+        kind = "an async generator" if inspect.isasyncgenfunction(fn) else "a generator"
+        raise ConfigurationError(
+            f"resilient(...) cannot decorate {what}: it is {kind} function, whose values reach "
+            "the consumer before the policy could retry or time it; decorate a function that "
+            "returns the collected values instead",
+            option="resilient",
+        )
 
 
 def _return_annotation(fn: Callable[..., Any]) -> Any:

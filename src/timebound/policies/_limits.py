@@ -1,4 +1,9 @@
-"""Admission limits shared per policy name (DECISIONS D3.7): a token bucket and a semaphore.
+"""Admission limits (DECISIONS D3.7): a token bucket and a semaphore.
+
+Each is an object owned by whoever made it: a policy built with ``throttle="10/1s"`` or
+``concurrency=4`` makes its own; sharing one between policies (two functions calling one
+service, every call site of a module in a compiled program) means passing the same object.
+Nothing is shared by name.
 
 Both are thread-safe and serve sync callers (threads), asyncio tasks (on any loop) and trio tasks at
 once: the bookkeeping happens under a ``threading.Lock`` that is never held across a wait, and a
@@ -12,15 +17,14 @@ import asyncio
 import re
 import sys
 import threading
-import weakref
 from collections import deque
 from typing import Any
 
 from .._core import _clock
-from .._core._durations import to_seconds
+from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError
 
-__all__ = ["Slots", "TokenBucket", "parse_throttle", "shared_bucket", "shared_slots"]
+__all__ = ["Slots", "TokenBucket", "parse_throttle"]
 
 _THROTTLE_RE = re.compile(r"\s*(\d+)\s*/\s*(\S+)\s*")
 
@@ -60,12 +64,14 @@ class TokenBucket:
     :meth:`reserve` takes a token now or reserves the next one and says how long to wait for it
     (the balance may go negative: later callers queue behind earlier ones, first come first
     served). A caller that gives up before its wait ends :meth:`refund` s the token.
+    ``TokenBucket(10, "1s")``; a bad count or duration is a ``ConfigurationError``.
     """
 
-    def __init__(self, count: int, per: float) -> None:
+    def __init__(self, count: int, per: Duration) -> None:
+        count, per_s = parse_throttle((count, per))
         self.count = count
-        self.per = per
-        self._rate = count / per
+        self.per = per_s
+        self._rate = count / per_s
         self._tokens = float(count)
         # Read the clock on first use, not at build time: policies are often built at import,
         # before a test installs virtual time.
@@ -170,6 +176,10 @@ class Slots:
     """A FIFO semaphore of ``limit`` slots for threads, asyncio tasks and trio tasks (D3.7)."""
 
     def __init__(self, limit: int) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ConfigurationError(
+                f"concurrency must be an integer >= 1, got {limit!r}", option="concurrency"
+            )
         self.limit = limit
         self._free = limit
         self._waiters: deque[_Waiter] = deque()
@@ -261,33 +271,3 @@ class Slots:
             return True
         # Timed out: a grant may have raced with the timeout, then the slot is ours after all.
         return self._abandon(w)
-
-
-_registry_lock = threading.Lock()
-# Shared per (name, configuration) while some policy holds them (see _cache._defaults).
-_buckets: weakref.WeakValueDictionary[tuple[str, int, float], TokenBucket] = (
-    weakref.WeakValueDictionary()
-)
-_slots: weakref.WeakValueDictionary[tuple[str, int], Slots] = weakref.WeakValueDictionary()
-
-
-def shared_bucket(name: str, count: int, per: float) -> TokenBucket:
-    """The token bucket every policy named ``name`` with this throttle shares."""
-    key = (name, count, per)
-    with _registry_lock:
-        bucket = _buckets.get(key)
-        if bucket is None:
-            bucket = TokenBucket(count, per)
-            _buckets[key] = bucket
-        return bucket
-
-
-def shared_slots(name: str, limit: int) -> Slots:
-    """The semaphore every policy named ``name`` with this concurrency limit shares."""
-    key = (name, limit)
-    with _registry_lock:
-        slots = _slots.get(key)
-        if slots is None:
-            slots = Slots(limit)
-            _slots[key] = slots
-        return slots

@@ -1,18 +1,22 @@
-"""What the httpx, requests and aiohttp adapters share (DECISIONS D4.3, D4.5, D4.7).
+"""One outgoing attempt and its exception-mapping boundary, shared by every client adapter
+(httpx, requests, aiohttp, gRPC; DECISIONS D4.3, D4.5, D4.7).
 
-One outgoing attempt goes through three decisions:
+An adapter goes through three steps, each written once here:
 
 1. :func:`begin` — clamp the static timeout by the effective deadline (``_state.clamp_timeout``);
    when no time is left raise at once with the binding bound's ``source`` and send nothing.
    The header value is the attempt's timeout in whole ms, rounded up, never ``0``.
-2. :meth:`Attempt.cut` — the exchange ran out of time: if our deadline set the timeout
-   (``lowered``) it is *our* deadline that is spent: raise ``DeadlineExceeded`` with the binding
-   bound's source and mark the request (D4.5); otherwise the attempt's own static timeout fired.
-3. :meth:`Attempt.remote_expired` — a response ``>= 400`` carrying ``X-YaTaxi-Deadline-Expired``:
-   if our deadline lowered the timeout, raise ``DeadlineExceeded(source="propagated")`` and mark
-   the request (never retried); otherwise it is an ordinary attempt timeout (retryable). A
-   timeout lowered by the attempt's own bound (a policy's per-attempt timeout, source
-   ``attempt``) is the attempt's time, not our deadline: ordinary and retryable (D2.5).
+2. :meth:`Attempt.boundary` (sync) or :meth:`Attempt.run` (async) around every call into the
+   client library — the one place that maps the library's exceptions, as httpx's own
+   ``map_httpcore_exceptions`` does for httpcore's. The exchange ran out of time: if our
+   deadline set the timeout (``lowered``) it is *our* deadline that is spent: the caller gets
+   ``DeadlineExceeded`` with the binding bound's source and the request is marked (D4.5);
+   otherwise the attempt's own static timeout fired: the adapter's ``AttemptTimeout``.
+3. :meth:`Attempt.refusal` — a response ``>= 400`` carrying ``X-YaTaxi-Deadline-Expired``: if
+   our deadline lowered the timeout, ``DeadlineExceeded(source="propagated")`` and the request
+   is marked (never retried); otherwise an ordinary, retryable attempt timeout. A timeout
+   lowered by the attempt's own bound (a policy's per-attempt timeout, source ``attempt``) is
+   the attempt's time, not our deadline: ordinary and retryable (D2.5).
 
 The request is marked only when the spent bound is the request's own deadline
 (:meth:`RequestState.cut_by`): an attempt timeout or a local scope that ends earlier leaves the
@@ -23,17 +27,19 @@ The "ordinary timeout" type is each adapter's ``AttemptTimeout``: a ``DeadlineEx
 library's own timeout exception (``httpx.TimeoutException``, ``requests.Timeout``,
 ``aiohttp.ServerTimeoutError``), so existing ``except`` clauses and retry predicates keep working.
 
-Telemetry (label ``component="http-client"``): counters ``timeout-updated-by-deadline`` and
-``cancelled-by-deadline``; span tags ``propagated_timeout_ms`` and ``cancelled_by_deadline``
-as ``span.tags`` events.
+Telemetry goes through the options' :class:`Report`; the HTTP clients' (label
+``component="http-client"``) counts ``timeout-updated-by-deadline`` and
+``cancelled-by-deadline`` and emits the span tags ``propagated_timeout_ms`` and
+``cancelled_by_deadline`` as ``span.tags`` events.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 from .._core import _clock
 from .._core._classify import bound_origin
@@ -48,13 +54,47 @@ from .._core._scopes import (
 from ..telemetry._events import counters, emit, enabled
 from . import _config
 from ._codec import EXPIRED_HEADER, TIMEOUT_HEADER
-from ._state import ClampedTimeout, clamp_timeout, mark_spent
+from ._state import ClampedTimeout, RequestState, _request, clamp_timeout
 
-__all__ = ["COMPONENT", "Attempt", "AttemptTimeoutBase", "ClientOptions", "begin", "bounded"]
+__all__ = [
+    "COMPONENT",
+    "Attempt",
+    "AttemptTimeoutBase",
+    "ClientOptions",
+    "HttpReport",
+    "Report",
+    "begin",
+]
 
 COMPONENT = "http-client"
 
 _T = TypeVar("_T")
+
+
+class Report(Protocol):
+    """How a client adapter counts what the deadline did to its calls (D4.7)."""
+
+    def lowered(self, timeout_ms: int | None) -> None:
+        """The deadline lowered a call's timeout to ``timeout_ms``."""
+
+    def cancelled(self) -> None:
+        """A call was not sent, or was cut short, because the deadline was spent."""
+
+
+class HttpReport:
+    """The HTTP clients' counters and span tags (``component="http-client"``)."""
+
+    __slots__ = ()
+
+    def lowered(self, timeout_ms: int | None) -> None:
+        counters.inc("timeout-updated-by-deadline", component=COMPONENT)
+        if enabled():
+            emit("span.tags", component=COMPONENT, propagated_timeout_ms=timeout_ms)
+
+    def cancelled(self) -> None:
+        counters.inc("cancelled-by-deadline", component=COMPONENT)
+        if enabled():
+            emit("span.tags", component=COMPONENT, cancelled_by_deadline=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +105,7 @@ class ClientOptions:
     timeout_header: str = TIMEOUT_HEADER
     expired_header: str = EXPIRED_HEADER
     what: str = "http request"
+    report: Report = field(default_factory=HttpReport)
 
 
 class AttemptTimeoutBase(DeadlineExceeded):
@@ -89,16 +130,25 @@ def _rebuild_attempt_timeout(
     return cls(message, remote=remote, timeout=timeout)
 
 
-def _record_cancelled(bound: float | None) -> None:
-    mark_spent(None if bound is None else Deadline(bound))
-    counters.inc("cancelled-by-deadline", component=COMPONENT)
-    if enabled():
-        emit("span.tags", component=COMPONENT, cancelled_by_deadline=1)
-
-
 @dataclass(slots=True)
 class Attempt:
-    """One clamped attempt: its timeout, its absolute end and how to report running out."""
+    """One clamped outgoing attempt and its exception-mapping boundary.
+
+    Built by :func:`begin`; an adapter then uses four members and nothing else:
+
+    * ``header_value`` — the timeout header to send (``None``: send none); ``clamped`` and
+      ``end`` for the client library's own timeouts;
+    * :meth:`boundary` — a context manager around every call into the client library: the
+      library's own timeout error (one of ``timeouts``) at or after :attr:`end` becomes
+      :meth:`cut` (``raise ... from`` the original); a ``DeadlineExceeded`` or a cancellation
+      passes unchanged (never converted, D2.3), the cut only recorded;
+    * :meth:`run` — the async form: awaits under a timebound scope ending at :attr:`end`,
+      inside the boundary; :meth:`check` — the sync form's clock check between reads;
+    * :meth:`refusal` — the error for a response marked "deadline expired" (D4.5), or ``None``.
+
+    The request being handled when the attempt began is captured, so a cut observed later (a
+    body read outside the caller's context, a gRPC completion callback) still marks it.
+    """
 
     clamped: ClampedTimeout
     #: Absolute end on the scheduling clock (``None``: neither deadline nor static timeout).
@@ -108,28 +158,43 @@ class Attempt:
     #: The header value to send, or ``None`` to send none.
     header_value: str | None
     options: ClientOptions
+    #: Builds the adapter's ``AttemptTimeout``: ``make(message, remote=..., timeout=...)``.
+    make: Callable[..., BaseException]
+    #: The client library's own timeout exceptions (mapped by :meth:`boundary`).
+    timeouts: tuple[type[BaseException], ...]
+    #: The request being handled when the attempt began (``None`` outside a server adapter).
+    state: RequestState | None
 
     @property
     def lowered(self) -> bool:
+        """Our deadline, not the static timeout, set the attempt's timeout."""
         return self.clamped.lowered
+
+    @property
+    def propagated(self) -> bool:
+        """A bound other than the attempt's own lowered the timeout: running out means our
+        deadline is spent (a policy's per-attempt timeout is retryable, D2.5)."""
+        return self.lowered and bound_origin(self.source) != "own"
 
     def expired(self) -> bool:
         """True once the attempt's end has passed (never early, D1.3)."""
         return self.end is not None and _clock.now() >= self.end
 
-    def note_cut(self) -> None:
-        """Record a cut by our own deadline (counters, span tag, the request's mark)."""
-        if self.lowered:
-            _record_cancelled(self.end)
+    def spent(self) -> None:
+        """Record a cut by our own deadline: counters, span tag, and the request's mark when
+        the spent bound is the request's own deadline (D4.5)."""
+        if not self.lowered:
+            return
+        if self.state is not None and self.end is not None:
+            self.state.cut_by(Deadline(self.end))
+        self.options.report.cancelled()
 
-    def cut(self, attempt_timeout: Callable[[str], BaseException]) -> BaseException:
-        """The error for an exchange that ran past :attr:`end`.
-
-        ``attempt_timeout(message)`` builds the adapter's ``AttemptTimeout``.
-        """
+    def cut(self) -> BaseException:
+        """The error for an exchange that ran past :attr:`end`."""
         what = self.options.what
+        seconds = self.clamped.seconds
         if self.lowered:
-            _record_cancelled(self.end)
+            self.spent()
             err = current_bound_error(what)
             if err is not None:
                 return err
@@ -137,28 +202,57 @@ class Attempt:
             # report the same bound from what we recorded.
             return DeadlineExceeded(
                 source=self.source,
-                timeout=self.clamped.seconds,
+                timeout=seconds,
                 deadline=None if self.end is None else Deadline(self.end),
                 what=what,
             )
-        seconds = self.clamped.seconds
-        return attempt_timeout(
+        return self.make(
             f"{what} timed out after {seconds:g}s (attempt deadline)"
             if seconds is not None
-            else f"{what} timed out (attempt deadline)"
+            else f"{what} timed out (attempt deadline)",
+            remote=False,
+            timeout=seconds,
         )
 
-    def is_remote_expired(self, status: int, header: str | None) -> bool:
-        """Whether a response carries the remote "deadline expired" marker (D4.5)."""
-        return status >= 400 and bool(header) and _config.is_enabled()
+    def check(self) -> None:
+        """Raise :meth:`cut` once the end has passed (a sync read cannot be interrupted)."""
+        if self.expired():
+            raise self.cut()
 
-    def remote_expired(
-        self, status: int, attempt_timeout: Callable[[str], BaseException]
-    ) -> BaseException:
-        """The error for a response marked "deadline expired" by the server (D4.5)."""
+    @contextmanager
+    def boundary(self) -> Iterator[None]:
+        """Map the client library's errors raised inside (see the class docstring)."""
+        try:
+            yield
+        except (DeadlineExceeded, asyncio.CancelledError):
+            if self.expired():
+                self.spent()
+            raise
+        except self.timeouts as exc:
+            if self.expired():
+                raise self.cut() from exc
+            raise
+
+    async def run(self, fn: Callable[..., Awaitable[_T]], *args: Any) -> _T:
+        """Await ``fn(*args)`` until :attr:`end`, inside :meth:`boundary`.
+
+        A timebound scope does the bounding, so it composes with every enclosing scope: when
+        our timeout was lowered, the enclosing bound shares our end and reports itself (its
+        ``DeadlineExceeded``, or the ``CancelledError`` its own scope catches).
+        """
+        assert self.end is not None
+        with self.boundary(), move_on_at(Deadline(self.end)):
+            return await fn(*args)
+        # Reached only when our own scope moved on: the attempt's end passed.
+        raise self.cut()
+
+    def refusal(self, status: int, header: str | None) -> BaseException | None:
+        """The error for a response ``>= 400`` marked "deadline expired" (D4.5), else ``None``."""
+        if status < 400 or not header or not _config.is_enabled():
+            return None
         what = self.options.what
-        if self.lowered and bound_origin(self.source) != "own":
-            _record_cancelled(self.end)
+        if self.propagated:
+            self.spent()
             return DeadlineExceeded(
                 f"{what} answered {status} deadline expired: our deadline is spent"
                 " (propagated deadline)",
@@ -166,20 +260,29 @@ class Attempt:
                 timeout=self.clamped.seconds,
                 deadline=None if self.end is None else Deadline(self.end),
             )
-        return attempt_timeout(
+        return self.make(
             f"{what} answered {status} deadline expired within the attempt's own timeout"
-            " (attempt deadline)"
+            " (attempt deadline)",
+            remote=True,
+            timeout=self.clamped.seconds,
         )
 
 
-def begin(static: float | None, options: ClientOptions) -> Attempt:
-    """Start one attempt: clamp, fail fast when spent (sending nothing), choose the header."""
+def begin(
+    static: float | None,
+    options: ClientOptions,
+    make: Callable[..., BaseException],
+    timeouts: tuple[type[BaseException], ...] = (),
+) -> Attempt:
+    """Start one attempt: clamp, fail fast when spent (sending nothing), choose the header.
+
+    ``make(message, remote=..., timeout=...)`` builds the adapter's ``AttemptTimeout``;
+    ``timeouts`` are the client library's own timeout exceptions.
+    """
     try:
         clamped = clamp_timeout(static, what=options.what)
     except DeadlineExceeded:
-        counters.inc("cancelled-by-deadline", component=COMPONENT)
-        if enabled():
-            emit("span.tags", component=COMPONENT, cancelled_by_deadline=1)
+        options.report.cancelled()
         raise
     seconds = clamped.seconds
     if seconds is None:
@@ -194,40 +297,7 @@ def begin(static: float | None, options: ClientOptions) -> Attempt:
         header_value = str(clamped.ms)
     if clamped.lowered:
         source = current_bound_source() or "scope"
-        counters.inc("timeout-updated-by-deadline", component=COMPONENT)
-        if enabled():
-            emit("span.tags", component=COMPONENT, propagated_timeout_ms=clamped.ms)
+        options.report.lowered(clamped.ms)
     else:
         source = "attempt"
-    return Attempt(clamped, end, source, header_value, options)
-
-
-async def bounded(
-    attempt: Attempt,
-    make: Callable[[str], BaseException],
-    timeout_types: tuple[type[BaseException], ...],
-    fn: Callable[..., Awaitable[_T]],
-    *args: Any,
-) -> _T:
-    """Await ``fn(*args)`` until the attempt's end; report running out as :class:`Attempt` says.
-
-    A timebound scope does the bounding, so it composes with every enclosing scope: when our
-    timeout was lowered, the enclosing bound shares our end and reports itself (its
-    ``DeadlineExceeded``, or the ``CancelledError`` its own scope catches) — we only record the
-    cut and never convert a cancellation (D2.3).
-    """
-    assert attempt.end is not None
-    scope = move_on_at(Deadline(attempt.end))
-    try:
-        with scope:
-            return await fn(*args)
-    except (DeadlineExceeded, asyncio.CancelledError):
-        if attempt.expired():
-            attempt.note_cut()
-        raise
-    except timeout_types as exc:
-        if attempt.expired():
-            raise attempt.cut(make) from exc
-        raise
-    # Reached only when our own scope moved on: the attempt's end passed.
-    raise attempt.cut(make)
+    return Attempt(clamped, end, source, header_value, options, make, timeouts, _request.get())

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -99,10 +99,7 @@ class _Invalid:
 INVALID: Final = _Invalid()
 
 
-def _parse_ms(value: str | bytes) -> float | _Invalid | None:
-    text = _text(value)
-    if text is None:
-        return INVALID
+def _parse_ms(text: str) -> float | _Invalid | None:
     m = _MS_RE.fullmatch(text)
     if m is None:
         return INVALID
@@ -121,40 +118,69 @@ def _parse_ms(value: str | bytes) -> float | _Invalid | None:
     return seconds
 
 
+def _parse_envoy(text: str) -> float | _Invalid | None:
+    result = _parse_ms(text)
+    return None if result == 0.0 else result  # 0 is infinite in Envoy
+
+
+def _parse_grpc(text: str) -> float | _Invalid | None:
+    m = _GRPC_RE.fullmatch(text)
+    if m is None:
+        return INVALID
+    seconds = int(m.group(1)) * _GRPC_UNITS[m.group(2)]
+    return None if seconds >= MAX_TIMEOUT_SECONDS else seconds
+
+
+_Member = Callable[[str], "float | _Invalid | None"]
+
+
+def _read(values: Iterable[str | bytes], member: _Member, header: str) -> float | None:
+    """The one reading of a header: every value it arrived with, as a list of members.
+
+    A header repeated on several lines means the same as its values joined by commas (RFC 9110
+    5.3), and servers differ in which form they hand over (WSGI joins, ASGI does not), so both
+    are read as one list of members: the header's timeout is their minimum (D4.1) and a single
+    malformed member (an empty one included) makes the whole header invalid — no deadline from
+    it and a rate-limited warning — whichever form it came in.
+    """
+    best: float | None = None
+    shown: list[str] = []
+    invalid = False
+    for value in values:
+        shown.append(_printable(value))
+        text = _text(value)
+        if text is None:
+            invalid = True
+            continue
+        for part in text.split(","):
+            result = member(part.strip(_OWS))
+            if isinstance(result, _Invalid):
+                invalid = True
+            elif result is not None and (best is None or result < best):
+                best = result
+    if invalid:
+        _warn_invalid(header, ", ".join(shown))
+        return None
+    return best
+
+
 def parse_timeout_ms(value: str | bytes, *, header: str = TIMEOUT_HEADER) -> float | None:
     """Seconds carried by an ``X-YaTaxi-Client-TimeoutMs`` value; ``None`` for no deadline.
 
-    ``0.0`` means already expired. Invalid values give ``None`` and a rate-limited warning.
+    ``0.0`` means already expired. A comma-joined value gives its minimum. Invalid values give
+    ``None`` and a rate-limited warning.
     """
-    result = _parse_ms(value)
-    if isinstance(result, _Invalid):
-        _warn_invalid(header, _printable(value))
-        return None
-    return result
+    return _read((value,), _parse_ms, header)
 
 
 def parse_envoy_timeout(value: str | bytes, *, header: str = ENVOY_TIMEOUT_HEADER) -> float | None:
     """Seconds carried by ``x-envoy-expected-rq-timeout-ms``; ``0`` is infinite in Envoy."""
-    result = _parse_ms(value)
-    if isinstance(result, _Invalid):
-        _warn_invalid(header, _printable(value))
-        return None
-    if result == 0.0:
-        return None
-    return result
+    return _read((value,), _parse_envoy, header)
 
 
 def parse_grpc_timeout(value: str | bytes, *, header: str = GRPC_TIMEOUT_HEADER) -> float | None:
     """Seconds carried by a ``grpc-timeout`` value (``100m``, ``5S``); ``None`` for no deadline."""
-    text = _text(value)
-    m = None if text is None else _GRPC_RE.fullmatch(text)
-    if m is None:
-        _warn_invalid(header, _printable(value))
-        return None
-    seconds = int(m.group(1)) * _GRPC_UNITS[m.group(2)]
-    if seconds >= MAX_TIMEOUT_SECONDS:
-        return None
-    return seconds
+    return _read((value,), _parse_grpc, header)
 
 
 def _printable(value: str | bytes) -> str:
@@ -208,22 +234,22 @@ def read_timeout(
 ) -> ReceivedTimeout | None:
     """The minimum timeout over every deadline header in ``headers`` (lower-case names).
 
-    ``headers`` holds (lower-cased name, value) pairs; a repeated header counts once per value,
-    and the minimum wins. Never raises.
+    ``headers`` holds (lower-cased name, value) pairs, a repeated header once per line, or one
+    comma-joined line: either way its values are one list (see :func:`_read`). Never raises.
     """
-    timeout_name = names.timeout.lower()
-    grpc_name = names.grpc_timeout.lower() if names.grpc_timeout else None
-    envoy_name = names.envoy_timeout.lower() if names.envoy_timeout else None
-    best: float | None = None
+    readers: dict[str, tuple[_Member, str]] = {names.timeout.lower(): (_parse_ms, names.timeout)}
+    if names.grpc_timeout:
+        readers[names.grpc_timeout.lower()] = (_parse_grpc, names.grpc_timeout.lower())
+    if names.envoy_timeout:
+        readers[names.envoy_timeout.lower()] = (_parse_envoy, names.envoy_timeout.lower())
+    values: dict[str, list[str | bytes]] = {}
     for name, value in headers:
-        if name == timeout_name:
-            seconds = parse_timeout_ms(value, header=names.timeout)
-        elif name == grpc_name:
-            seconds = parse_grpc_timeout(value, header=grpc_name)
-        elif name == envoy_name:
-            seconds = parse_envoy_timeout(value, header=envoy_name)
-        else:
-            continue
+        if name in readers:
+            values.setdefault(name, []).append(value)
+    best: float | None = None
+    for name, lines in values.items():
+        member, header = readers[name]
+        seconds = _read(lines, member, header)
         if seconds is not None and (best is None or seconds < best):
             best = seconds
     return None if best is None else ReceivedTimeout(best)

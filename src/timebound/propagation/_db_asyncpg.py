@@ -57,6 +57,12 @@ class DeadlineConnection(asyncpg.Connection):  # type: ignore[misc]
       asyncpg's ``QueryCanceledError`` and marks the request;
     * with no deadline, run exactly as asyncpg does (no extra round trip).
 
+    A cancellation (a cancelling scope, a policy's attempt timeout, ``task.cancel()``) can only
+    ever interrupt the statement itself: ``BEGIN``, narrowing, ``COMMIT``/``ROLLBACK`` and the
+    restore always finish first, so no transaction of ours and no narrowed timeout outlives the
+    call, and a result is returned only once ``COMMIT`` has answered (see
+    :func:`~timebound.propagation._db_common.run_guarded`).
+
     A statement that cannot run inside a transaction block (``VACUUM``, ``CREATE INDEX
     CONCURRENTLY``) must run under :func:`timebound.no_deadline` or in an open transaction.
     Other methods (``copy_*``, cursors, prepared statements) are asyncpg's own, not bounded.
@@ -113,6 +119,14 @@ class DeadlineConnection(asyncpg.Connection):  # type: ignore[misc]
         """
         try:
             tag = await _Conn.execute(self, begin_narrowed(ms))
+        except asyncpg.InterfaceError:
+            # Refused before anything was sent (another operation in progress, a closed
+            # connection): there is no transaction of ours to end, nor one to disturb.
+            raise
+        except BaseException:
+            await self._timebound_rollback()
+            raise
+        try:
             narrowed = tag == "SELECT 1"
             result = await guard.statement(lambda: _statement(run, narrowed=narrowed))
             await _statement(lambda: _Conn.execute(self, "COMMIT"), narrowed=narrowed)

@@ -81,11 +81,33 @@ def _converted(exc: psycopg.errors.QueryCanceled, narrowed: bool) -> DeadlineExc
     return None
 
 
-def _narrowed(helper: psycopg.Cursor[Any] | psycopg.AsyncCursor[Any]) -> bool:
-    """Whether :func:`begin_narrowed`, just run on ``helper``, set our value (its second
-    result's tag)."""
-    helper.nextset()
-    return helper.statusmessage == "SELECT 1"
+def _in_pipeline(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
+    return conn.pgconn.pipeline_status != pq.PipelineStatus.OFF
+
+
+def _begin(helper: psycopg.Cursor[Any], ms: int) -> bool:
+    """Open our transaction narrowed to ``ms``; whether our value rules."""
+    if not _in_pipeline(helper.connection):
+        helper.execute(begin_narrowed(ms))
+        helper.nextset()
+        return helper.statusmessage == "SELECT 1"
+    # Pipeline mode takes one statement per query; it sends the two together anyway.
+    helper.execute("BEGIN")
+    helper.execute(NARROW_PSYCOPG, {"ms": ms})
+    row = helper.fetchone()
+    return bool(row and row[1])
+
+
+async def _abegin(helper: psycopg.AsyncCursor[Any], ms: int) -> bool:
+    """The async twin of :func:`_begin`."""
+    if not _in_pipeline(helper.connection):
+        await helper.execute(begin_narrowed(ms))
+        helper.nextset()
+        return helper.statusmessage == "SELECT 1"
+    await helper.execute("BEGIN")
+    await helper.execute(NARROW_PSYCOPG, {"ms": ms})
+    row = await helper.fetchone()
+    return bool(row and row[1])
 
 
 class DeadlineCursor(psycopg.Cursor[Row]):
@@ -108,8 +130,7 @@ class DeadlineCursor(psycopg.Cursor[Row]):
         helper: psycopg.Cursor[Any] = psycopg.Cursor(conn)
         if own:
             try:
-                helper.execute(begin_narrowed(ms))
-                narrowed = _narrowed(helper)
+                narrowed = _begin(helper, ms)
                 result = self._statement(run, narrowed)
                 self._statement(lambda: helper.execute("COMMIT"), narrowed)
             except BaseException:
@@ -164,7 +185,9 @@ class AsyncDeadlineCursor(psycopg.AsyncCursor[Row]):
     """The ``psycopg.AsyncCursor`` twin of :class:`DeadlineCursor`.
 
     ``await psycopg.AsyncConnection.connect(dsn, cursor_factory=AsyncDeadlineCursor)`` (or
-    :func:`aconnect`).
+    :func:`aconnect`). A cancellation can only ever interrupt the statement itself: the
+    bookkeeping around it (``BEGIN`` and narrowing, ``COMMIT``/``ROLLBACK``, restoring) always
+    finishes first, and a result is returned only once ``COMMIT`` has answered.
     """
 
     async def _bounded(self, query: Any, run: Callable[[], Awaitable[_T]]) -> _T:
@@ -194,8 +217,7 @@ class AsyncDeadlineCursor(psycopg.AsyncCursor[Row]):
         is returned only once ``COMMIT`` has answered."""
         conn = self.connection
         try:
-            await helper.execute(begin_narrowed(ms))
-            narrowed = _narrowed(helper)
+            narrowed = await _abegin(helper, ms)
             result = await guard.statement(lambda: self._statement(run, narrowed))
             await self._statement(lambda: helper.execute("COMMIT"), narrowed)
         except BaseException:

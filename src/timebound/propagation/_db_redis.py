@@ -123,10 +123,17 @@ class DeadlineConnection(_GuardedRetry, redis.Connection):
     _timebound_setup: bool = False
 
     def on_connect_check_health(self, check_health: bool = True) -> None:
-        """redis-py's connection setup; its commands are bounded but not counted as the user's."""
+        """redis-py's connection setup; its commands are bounded but not counted as the user's,
+        and a setup cut part-way closes the connection."""
         self._timebound_setup = True
         try:
             super().on_connect_check_health(check_health)
+        except BaseException:
+            # The handshake sends several commands before reading their replies: cut part-way
+            # (a spent deadline fails the next send fast), replies are still due, and redis-py
+            # would keep the connection. Closed, so none reaches a later command.
+            self.disconnect()  # type: ignore[no-untyped-call]
+            raise
         finally:
             self._timebound_setup = False
 
@@ -177,16 +184,23 @@ class AsyncDeadlineConnection(_GuardedRetry, redis.asyncio.Connection):
     connection_class=AsyncDeadlineConnection, ...))`` or :func:`afrom_url`. The wait for a
     reply is bounded by lowering the read timeout, and a cancelling scope that fires at the
     deadline does not interrupt the read: the read ends by itself at the same deadline (see
-    :func:`_finish_read`), so the command is never cancelled mid-flight by the deadline.
+    :func:`_finish_read`), so the command is never cancelled mid-flight by the deadline. After
+    any cancellation during a read the connection is closed: replies of the same batch may
+    still be due.
     """
 
     _timebound_setup: bool = False
 
     async def on_connect_check_health(self, check_health: bool = True) -> None:
-        """redis-py's connection setup; its commands are bounded but not counted as the user's."""
+        """redis-py's connection setup; its commands are bounded but not counted as the user's,
+        and a setup cut part-way closes the connection."""
         self._timebound_setup = True
         try:
             await super().on_connect_check_health(check_health)
+        except BaseException:
+            # As in the sync twin: a handshake cut part-way leaves replies due; closed.
+            await self.disconnect(nowait=True)
+            raise
         finally:
             self._timebound_setup = False
 
@@ -233,6 +247,12 @@ class AsyncDeadlineConnection(_GuardedRetry, redis.asyncio.Connection):
             await self.disconnect(nowait=True)
             if (err := spent(what=_WHAT, client=_CLIENT)) is not None:
                 raise err from exc
+            raise
+        except asyncio.CancelledError:
+            # Even when this reply was read in full, the command may be one of a batch (a
+            # pipeline, the connection handshake) whose caller now stops reading: the replies
+            # still due must never reach another command. Closed, as redis-py does.
+            await self.disconnect(nowait=True)
             raise
         finally:
             self.socket_timeout = saved

@@ -31,7 +31,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from .._core._durations import Duration, to_seconds
-from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin, bounded
+from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin
 from ._codec import EXPIRED_HEADER, TIMEOUT_HEADER
 
 __all__ = ["AttemptTimeout", "DeadlineMiddleware"]
@@ -79,39 +79,33 @@ class DeadlineMiddleware:
     async def __call__(
         self, request: aiohttp.ClientRequest, handler: Any
     ) -> aiohttp.ClientResponse:
-        attempt = begin(self._static(request), self._options)
+        attempt = begin(self._static(request), self._options, AttemptTimeout, _TIMEOUTS)
         if attempt.header_value is not None:
             request.headers[self._options.timeout_header] = attempt.header_value
         if attempt.end is None:
             response: aiohttp.ClientResponse = await handler(request)
             return response
-        make = self._factory(attempt)
-        response = await bounded(attempt, make, _TIMEOUTS, handler, request)
-        header = response.headers.get(self._options.expired_header)
-        if attempt.is_remote_expired(response.status, header):
+        response = await attempt.run(handler, request)
+        refusal = attempt.refusal(
+            response.status, response.headers.get(self._options.expired_header)
+        )
+        if refusal is not None:
             # Read the short body so the connection returns to the pool intact (D4.8).
             try:
-                await bounded(attempt, make, _TIMEOUTS, response.read)
+                await attempt.run(response.read)
             finally:
                 response.release()
-            raise attempt.remote_expired(response.status, self._factory(attempt, remote=True))
-        response.content = _BoundedContent(response.content, attempt, make)  # type: ignore[assignment]
+            raise refusal
+        response.content = _BoundedContent(response.content, attempt)  # type: ignore[assignment]
         return response
-
-    def _factory(self, attempt: Attempt, *, remote: bool = False) -> Any:
-        def make(message: str) -> AttemptTimeout:
-            return AttemptTimeout(message, remote=remote, timeout=attempt.clamped.seconds)
-
-        return make
 
 
 class _BoundedContent:
     """``ClientResponse.content`` with every read bounded by the attempt's end."""
 
-    def __init__(self, inner: Any, attempt: Attempt, make: Any) -> None:
+    def __init__(self, inner: Any, attempt: Attempt) -> None:
         self._inner = inner
         self._attempt = attempt
-        self._make = make
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -120,7 +114,7 @@ class _BoundedContent:
         async def call() -> Any:
             return await fn(*args, **kwargs)
 
-        return await bounded(self._attempt, self._make, _TIMEOUTS, call)
+        return await self._attempt.run(call)
 
     async def read(self, n: int = -1) -> bytes:
         data: bytes = await self._call(self._inner.read, n)

@@ -32,8 +32,8 @@ the attempt's end is httpx's own error, unchanged.
 from __future__ import annotations
 
 import asyncio
-import sys
-from collections.abc import AsyncIterator, Coroutine, Iterator
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import Any
 
 try:
@@ -46,15 +46,32 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from .._core import _clock
 from .._core._deadline import Deadline
 from .._core._durations import Duration, to_seconds
-from .._core._errors import DeadlineExceeded
-from .._core._scopes import _clean_context, move_on_at, spawn_background
-from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin, bounded
+from .._core._scopes import _clean_context, _spawn_detached, move_on_at, spawn_background
+from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin
 from ._codec import EXPIRED_HEADER, TIMEOUT_HEADER
 
 __all__ = ["AsyncDeadlineTransport", "AttemptTimeout", "DeadlineTransport"]
 
 _PHASES = ("connect", "read", "write", "pool")
-_TIMEOUTS: tuple[type[BaseException], ...] = (httpx.TimeoutException,)
+
+
+class _Spent(Exception):
+    """Raised from httpcore's trace hook at a step begun after the attempt's end (sync)."""
+
+
+_TIMEOUTS: tuple[type[BaseException], ...] = (httpx.TimeoutException, _Spent)
+# The steps httpcore traces after the pool wait, at whose start a sync attempt may stop.
+_STEPS = frozenset(
+    {
+        "connect_tcp.started",
+        "connect_unix_socket.started",
+        "start_tls.started",
+        "send_request_headers.started",
+        "send_request_body.started",
+        "receive_response_headers.started",
+        "receive_response_body.started",
+    }
+)
 
 
 class AttemptTimeout(AttemptTimeoutBase, httpx.TimeoutException):
@@ -86,17 +103,19 @@ def _static_timeout(own: float | None, request: httpx.Request) -> float | None:
     return max(configured) if configured else None
 
 
-def _prepare(request: httpx.Request, attempt: Attempt, phases_to: float | None = None) -> None:
-    """Write the header and clamp every phase timeout to ``phases_to`` (default: the attempt's)."""
+def _prepare(
+    request: httpx.Request, attempt: Attempt, *, phases_to: float | None, pool_to: float | None
+) -> None:
+    """Write the header and lower the phase timeouts: connect, read and write to at most
+    ``phases_to``, the pool wait to at most ``pool_to`` (``None``: leave it)."""
     if attempt.header_value is not None:
         request.headers[attempt.options.timeout_header] = attempt.header_value
-    seconds = attempt.clamped.seconds if phases_to is None else phases_to
-    if seconds is None:
-        return
     phases = dict(request.extensions.get("timeout") or {})
     for phase in _PHASES:
-        value = phases.get(phase)
-        phases[phase] = seconds if value is None else min(value, seconds)
+        limit = pool_to if phase == "pool" else phases_to
+        if limit is not None:
+            value = phases.get(phase)
+            phases[phase] = limit if value is None else min(value, limit)
     request.extensions = {**request.extensions, "timeout": phases}
 
 
@@ -118,25 +137,13 @@ class _Base:
             what=what,
         )
 
-    def _attempt(self, request: httpx.Request) -> Attempt:
-        attempt = begin(_static_timeout(self._timeout, request), self._options)
-        _prepare(request, attempt)
-        return attempt
+    def _begin(self, request: httpx.Request, static: float | None) -> Attempt:
+        return begin(
+            static, self._options, functools.partial(AttemptTimeout, request=request), _TIMEOUTS
+        )
 
     def _static(self, request: httpx.Request) -> float | None:
         return _static_timeout(self._timeout, request)
-
-    def _factory(self, request: httpx.Request, attempt: Attempt, *, remote: bool = False) -> Any:
-        def make(message: str) -> AttemptTimeout:
-            return AttemptTimeout(
-                message, request=request, remote=remote, timeout=attempt.clamped.seconds
-            )
-
-        return make
-
-    def _remote_expired(self, response: httpx.Response, attempt: Attempt) -> bool:
-        header = response.headers.get(self._options.expired_header)
-        return attempt.is_remote_expired(response.status_code, header)
 
 
 class DeadlineTransport(_Base, httpx.BaseTransport):
@@ -167,47 +174,72 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
         self._inner = inner if inner is not None else httpx.HTTPTransport()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        attempt = self._attempt(request)
-        try:
+        static = self._static(request)
+        attempt = self._begin(request, static)
+        # The pool wait is not shortened to our deadline: httpcore's pool timeout leaks the
+        # connection it has just assigned (encode/httpcore#1093), as a cancel does in async.
+        _prepare(request, attempt, phases_to=attempt.clamped.seconds, pool_to=static)
+        if attempt.end is not None:
+            _gate_steps(request, attempt)
+        with attempt.boundary():
             response = self._inner.handle_request(request)
-        except httpx.TimeoutException as exc:
-            if attempt.expired():
-                raise attempt.cut(self._factory(request, attempt)) from exc
-            raise
-        if self._remote_expired(response, attempt):
+        refusal = attempt.refusal(
+            response.status_code, response.headers.get(self._options.expired_header)
+        )
+        if refusal is not None:
             # Read the short body so the connection goes back to the pool intact (D4.8).
             try:
                 response.read()
             finally:
                 response.close()
-            raise attempt.remote_expired(
-                response.status_code, self._factory(request, attempt, remote=True)
-            )
+            raise refusal
         if attempt.end is not None:
-            response.stream = _SyncStream(response.stream, attempt, self._factory(request, attempt))
+            response.stream = _SyncStream(response.stream, attempt)
         return response
 
     def close(self) -> None:
         self._inner.close()
 
 
+def _gate_steps(request: httpx.Request, attempt: Attempt) -> None:
+    """Sync: bound every step after the pool wait by the time left.
+
+    A sync pool wait cannot be interrupted, and its timeout must not be our deadline (see
+    :meth:`DeadlineTransport.handle_request`), so the wait may end after the attempt's end. At
+    the start of each later step httpcore traces (connect, send, receive), the step's phase
+    timeouts — read by httpcore from the request's own ``timeout`` mapping at every I/O — are
+    lowered to the time left, and a step that would start after the end raises :class:`_Spent`
+    (mapped to the cut by the boundary); httpcore closes a connection that stops there.
+    """
+    phases: dict[str, float | None] = request.extensions["timeout"]
+    theirs = request.extensions.get("trace")
+    end = attempt.end
+    assert end is not None
+
+    def trace(name: str, info: dict[str, Any]) -> None:
+        if name.partition(".")[2] in _STEPS:
+            left = end - _clock.now()
+            if left <= 0:
+                raise _Spent(name)
+            for phase in ("connect", "read", "write"):
+                value = phases.get(phase)
+                phases[phase] = left if value is None else min(value, left)
+        if theirs is not None:
+            theirs(name, info)
+
+    request.extensions = {**request.extensions, "trace": trace}
+
+
 class _SyncStream(httpx.SyncByteStream):
-    def __init__(self, inner: Any, attempt: Attempt, make: Any) -> None:
+    def __init__(self, inner: Any, attempt: Attempt) -> None:
         self._inner = inner
         self._attempt = attempt
-        self._make = make
 
     def __iter__(self) -> Iterator[bytes]:
-        attempt = self._attempt
-        try:
+        with self._attempt.boundary():
             for chunk in self._inner:
-                if attempt.expired():
-                    raise attempt.cut(self._make)
+                self._attempt.check()
                 yield chunk
-        except httpx.TimeoutException as exc:
-            if attempt.expired():
-                raise attempt.cut(self._make) from exc
-            raise
 
     def close(self) -> None:
         self._inner.close()
@@ -218,14 +250,19 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
 
     ``inner`` defaults to ``httpx.AsyncHTTPTransport()``; options as :class:`DeadlineTransport`.
 
-    ``save_connections`` (default on, D4.8): when our deadline lowered the timeout, the exchange
-    runs in a background task so that a cut releases the caller at once without closing the
-    pooled connection. The price is paid on every such call, cut or not: one task and, before
-    Python 3.12, two more loop iterations (one on 3.12+). Measured on Python 3.11: ~14 us per
-    call in-process over the inline path, ~100 us of latency per forwarding hop in
-    ``bench/propagation.py`` (docs/propagation.md, "Benchmark: the work saved").
-    ``save_connections=False`` awaits the exchange inline and cancels it at the cut (the
-    connection mid-response is then closed): cheaper per call, costlier when deadlines fire.
+    On asyncio, every exchange that can be cut runs in a task of its own, and a cut never
+    cancels it while its request still waits for a pooled connection (see
+    :class:`_Exchange`): cancelling there leaks the connection httpcore has just created for
+    it (encode/httpcore#1093, #830), and once ``max_connections`` have leaked every later
+    request on the client fails. The caller still leaves at its deadline.
+
+    ``save_connections`` (default on, D4.8): when our deadline lowered the timeout, a cut
+    releases the caller only; the exchange goes on in the background up to the static timeout
+    so that its pooled connection is not closed. ``save_connections=False`` cancels the
+    exchange at the cut (once it has its connection; a connection mid-response is then
+    closed). The task costs ~14 us per call in-process on Python 3.11 and ~100 us of latency
+    per forwarding hop in ``bench/propagation.py`` (docs/propagation.md, "Benchmark: the work
+    saved").
     """
 
     def __init__(
@@ -248,91 +285,251 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
         )
         self._inner = inner if inner is not None else httpx.AsyncHTTPTransport()
         self._save_connections = bool(save_connections)
+        # Only httpcore's pool (behind httpx's own transport) has the pool-wait hazard; any
+        # other transport's exchange may be cancelled at once.
+        self._pooled = isinstance(self._inner, httpx.AsyncHTTPTransport)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         static = self._static(request)
-        attempt = begin(static, self._options)
-        make = self._factory(request, attempt)
-        response: httpx.Response
+        attempt = self._begin(request, static)
+        seconds = attempt.clamped.seconds
         if attempt.end is None:
-            _prepare(request, attempt)
+            _prepare(request, attempt, phases_to=None, pool_to=None)
             return await self._inner.handle_async_request(request)
-        if (
-            attempt.lowered
-            and static is not None
-            and self._save_connections
-            and asyncio._get_running_loop() is not None  # background tasks need asyncio, not trio
-        ):
-            # Phases get the static timeout: the exchange may outlive our deadline (below).
-            _prepare(request, attempt, phases_to=static)
-            response = await self._exchange_saving_connection(request, attempt, static, make)
+        # The pool wait is never shortened to our deadline: httpcore's pool timeout leaks a
+        # connection just as a cancel does (encode/httpcore#1093); the caller leaves at the
+        # cut anyway.
+        loop = asyncio._get_running_loop()
+        exchange: _Exchange
+        if loop is None:
+            _prepare(request, attempt, phases_to=seconds, pool_to=static)
+            exchange = _TrioExchange(self._inner, request, gated=self._pooled)
+            response = await exchange.wait(attempt, None)
         else:
-            _prepare(request, attempt)
-            response = await bounded(
-                attempt, make, _TIMEOUTS, self._inner.handle_async_request, request
-            )
-        if self._remote_expired(response, attempt):
+            # A kept exchange may outlive our deadline, up to the static timeout (its phases
+            # too).
+            keep = self._save_connections and attempt.lowered and static is not None
+            _prepare(request, attempt, phases_to=static if keep else seconds, pool_to=static)
+            keep_until = _clock.now() + static if keep and static is not None else None
+            exchange = _AsyncioExchange(self._inner, request, loop, gated=self._pooled)
+            response = await exchange.wait(attempt, keep_until)
+        refusal = attempt.refusal(
+            response.status_code, response.headers.get(self._options.expired_header)
+        )
+        if refusal is not None:
             try:
-                await bounded(attempt, make, _TIMEOUTS, response.aread)
+                await attempt.run(response.aread)
             finally:
                 await response.aclose()
-            raise attempt.remote_expired(
-                response.status_code, self._factory(request, attempt, remote=True)
-            )
-        response.stream = _AsyncStream(response.stream, attempt, make)
+            raise refusal
+        response.stream = _AsyncStream(response.stream, attempt)
         return response
 
     async def aclose(self) -> None:
         await self._inner.aclose()
 
-    async def _exchange_saving_connection(
-        self, request: httpx.Request, attempt: Attempt, static: float, make: Any
-    ) -> httpx.Response:
-        """Run the exchange in a background task; at our deadline release the caller only.
-
-        userver's rule (D4.8, FIELD-NOTES): when a *propagated* deadline cuts a call short, the
-        caller gets its error at once, but the physical request goes on in the background, up
-        to the static timeout, so its pooled connection is not closed. Cancelling the exchange
-        mid-response would force httpcore to close the connection, and under overload — exactly
-        when deadlines fire — reconnecting is the expensive part. The server got our header, so
-        it usually answers "deadline expired" right after our deadline anyway.
-
-        The exchange cannot start in the caller's task and be handed over at the cut: httpcore's
-        anyio cancel scopes belong to the task that entered them. So it has its own task, kept
-        as cheap as a task can be, since every loop iteration it adds is paid again per hop
-        under load: the task hands the response straight to a future the caller awaits (one
-        wake-up; ``asyncio.shield`` over the task needs two), and it carries no scope of its
-        own — the caller's scope always ends first, since our deadline lowered the timeout.
-        Only an abandoned exchange gets its static bound (a timer) and drains its response.
-        """
-        loop = asyncio.get_running_loop()
-        until = _clock.now() + static  # the exchange's own bound, if it is ever abandoned
-        handoff: asyncio.Future[httpx.Response] = loop.create_future()
-        task = _start(_exchange(self._inner, request, handoff), loop)
-        assert attempt.end is not None
-        scope = move_on_at(Deadline(attempt.end))
-        try:
-            with scope:
-                return await handoff
-        except (DeadlineExceeded, asyncio.CancelledError):
-            if attempt.expired():
-                attempt.note_cut()
-                _abandon(handoff, task, loop, until)
-            else:
-                task.cancel()
-                _release_unclaimed(handoff, until)
-            raise
-        except httpx.TimeoutException as exc:
-            if attempt.expired():
-                raise attempt.cut(make) from exc
-            raise
-        _abandon(handoff, task, loop, until)
-        raise attempt.cut(make)
-
 
 _EXCHANGE = "timebound-httpx-exchange"
-_EAGER = sys.version_info >= (3, 12)
-_exchanges: set[asyncio.Task[None]] = set()
+
+
+class _Exchange:
+    """One exchange in a task of its own, cancelled only where httpcore can take it.
+
+    httpcore's pool hands a queued request a *new* connection by setting an event the request's
+    task waits on; a cancellation delivered before that task wakes up leaves the connection in
+    the pool, never connected and owned by nobody (encode/httpcore#1093). Once
+    ``max_connections`` have leaked, every request on the client fails. So the caller never
+    waits inside httpcore: it waits for this task's result, under its own deadline, and leaves
+    at the cut whatever the task is doing. The task is cancelled only once its request holds a
+    connection — the first ``trace`` event httpcore emits comes from the connection, after the
+    pool wait — and a cancel asked for earlier is deferred to that event. A request that never
+    gets a connection ends by itself at the pool timeout (at most the static timeout).
+    Detecting the leak afterwards would mean reading httpcore's private pool state; not
+    causing it needs only its public trace hook.
+
+    The exchange cannot start in the caller's task and be handed over at the cut: httpcore's
+    anyio cancel scopes belong to the task that entered them. The task carries no scope of its
+    own: the caller's scope always ends first. Subclasses supply the task (asyncio, trio).
+    """
+
+    __slots__ = ("_cancel_asked", "_connected", "_error", "_left", "_response")
+
+    def __init__(self, request: httpx.Request, *, gated: bool) -> None:
+        self._connected = not gated
+        self._cancel_asked = False
+        self._left = False
+        self._response: httpx.Response | None = None
+        self._error: Exception | None = None
+        if gated:
+            request.extensions = {**request.extensions, "trace": self._tracer(request)}
+
+    def _tracer(self, request: httpx.Request) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
+        theirs = request.extensions.get("trace")
+
+        async def trace(name: str, info: dict[str, Any]) -> None:
+            if not self._connected:
+                self._connected = True
+                if self._cancel_asked:
+                    self._cancel_now()  # lands at the connection's next await: safe there
+            if theirs is not None:
+                await theirs(name, info)
+
+        return trace
+
+    def cancel(self) -> None:
+        """Cancel the exchange now if httpcore can take it, else when its connection is had."""
+        if self._connected:
+            self._cancel_now()
+        else:
+            self._cancel_asked = True
+
+    async def _run(self, inner: httpx.AsyncBaseTransport, request: httpx.Request) -> None:
+        """The task: hand the response (or the error) over; once the caller left, release it."""
+        try:
+            response = await inner.handle_async_request(request)
+        except Exception as exc:
+            self._error = exc  # an abandoned exchange's failure has nobody to tell
+            self._wake()
+            return
+        except BaseException:
+            self._wake()
+            raise
+        if self._left:
+            self._wake()
+            await _release(response)
+            return
+        self._response = response
+        self._wake()
+
+    async def wait(self, attempt: Attempt, keep_until: float | None) -> httpx.Response:
+        """The response, or the attempt's error at its end (the caller never waits longer).
+
+        ``keep_until``: at a cut by our deadline, leave the exchange running until then (D4.8)
+        and release its response; ``None``: cancel it at the cut.
+        """
+        assert attempt.end is not None
+        try:
+            with attempt.boundary(), move_on_at(Deadline(attempt.end)):
+                await self._arrival()
+                if self._error is not None:
+                    raise self._error
+                if self._response is None:
+                    raise RuntimeError("the httpx exchange task was cancelled")
+                return self._response
+        except BaseException:
+            self._leave(keep_until if attempt.expired() else None)
+            raise
+        self._leave(keep_until)
+        raise attempt.cut()
+
+    def _leave(self, keep_until: float | None) -> None:
+        """The caller leaves without the response: end or bound the exchange, free its reply."""
+        self._left = True
+        response, self._response = self._response, None
+        if response is not None:
+            # Handed over in the very step the caller left: nobody will read it.
+            self._release_later(response, keep_until)
+        elif keep_until is None:
+            self.cancel()
+        else:
+            self._cancel_at(keep_until)  # also bounds the release of a late response
+
+    # The task, per event loop.
+
+    def _wake(self) -> None:
+        raise NotImplementedError
+
+    async def _arrival(self) -> None:
+        raise NotImplementedError
+
+    def _cancel_now(self) -> None:
+        raise NotImplementedError
+
+    def _cancel_at(self, when: float) -> None:
+        raise NotImplementedError
+
+    def _release_later(self, response: httpx.Response, until: float | None) -> None:
+        raise NotImplementedError
+
+
+class _AsyncioExchange(_Exchange):
+    """The exchange in an asyncio task; the caller awaits a future it completes (one wake-up;
+    ``asyncio.shield`` over the task needs two, paid again per hop under load)."""
+
+    __slots__ = ("_done", "_loop", "_task")
+
+    def __init__(
+        self,
+        inner: httpx.AsyncBaseTransport,
+        request: httpx.Request,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        gated: bool,
+    ) -> None:
+        super().__init__(request, gated=gated)
+        self._loop = loop
+        self._done: asyncio.Future[None] = loop.create_future()
+        self._task = _start(self._run(inner, request), loop)
+
+    def _wake(self) -> None:
+        if not self._done.done():
+            self._done.set_result(None)
+
+    async def _arrival(self) -> None:
+        await self._done
+
+    def _cancel_now(self) -> None:
+        self._task.cancel()
+
+    def _cancel_at(self, when: float) -> None:
+        if not self._task.done():
+            timer = self._loop.call_at(when, self.cancel)
+            self._task.add_done_callback(lambda _task: timer.cancel())
+
+    def _release_later(self, response: httpx.Response, until: float | None) -> None:
+        release = response.aclose() if until is None else _release_by(response, until)
+        spawn_background(release, name="timebound-httpx-drain")
+
+
+class _TrioExchange(_Exchange):
+    """The exchange in a trio system task (trio has no detached tasks otherwise); it is never
+    kept past the cut (``save_connections`` needs asyncio)."""
+
+    __slots__ = ("_event", "_scope", "_trio")
+
+    def __init__(
+        self, inner: httpx.AsyncBaseTransport, request: httpx.Request, *, gated: bool
+    ) -> None:
+        import trio
+
+        super().__init__(request, gated=gated)
+        self._trio = trio
+        self._event = trio.Event()
+        self._scope = trio.CancelScope()
+        trio.lowlevel.spawn_system_task(
+            self._run_scoped, inner, request, name=_EXCHANGE, context=_clean_context()
+        )
+
+    async def _run_scoped(self, inner: httpx.AsyncBaseTransport, request: httpx.Request) -> None:
+        with self._scope:  # absorbs our own cancel; a system task must not raise
+            await self._run(inner, request)
+
+    def _wake(self) -> None:
+        self._event.set()
+
+    async def _arrival(self) -> None:
+        await self._event.wait()
+
+    def _cancel_now(self) -> None:
+        self._scope.cancel()
+
+    def _cancel_at(self, when: float) -> None:  # pragma: no cover - trio never keeps
+        self.cancel()
+
+    def _release_later(self, response: httpx.Response, until: float | None) -> None:
+        self._trio.lowlevel.spawn_system_task(
+            response.aclose, name="timebound-httpx-drain", context=_clean_context()
+        )
 
 
 def _start(coro: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop) -> asyncio.Task[None]:
@@ -342,43 +539,9 @@ def _start(coro: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop) -> 
     step instead of one loop iteration later, and an exchange that completes without waiting
     (an in-process transport) is handed over with no iteration at all.
     """
-    if _EAGER:
-        task: asyncio.Task[None] = asyncio.Task(  # type: ignore[call-arg,unused-ignore]
-            coro, loop=loop, name=_EXCHANGE, context=_clean_context(), eager_start=True
-        )
-    else:
-        task = loop.create_task(coro, name=_EXCHANGE, context=_clean_context())
-    if not task.done():
-        # The loop keeps only weak references to tasks: hold this one until it ends.
-        _exchanges.add(task)
-        task.add_done_callback(_exchanges.discard)
-    return task
-
-
-async def _exchange(
-    inner: httpx.AsyncBaseTransport,
-    request: httpx.Request,
-    handoff: asyncio.Future[httpx.Response],
-) -> None:
-    """The background half of a connection-saving exchange.
-
-    Hands the response (or the error) to ``handoff``. Once the caller has left (``handoff``
-    cancelled) it reads and releases the response, so the connection goes back to the pool;
-    :func:`_abandon` bounds it by then.
-    """
-    try:
-        response = await inner.handle_async_request(request)
-    except asyncio.CancelledError:
-        handoff.cancel()
-        raise
-    except Exception as exc:
-        if not handoff.done():
-            handoff.set_exception(exc)
-        return  # an abandoned exchange's failure has nobody to tell
-    if not handoff.done():
-        handoff.set_result(response)
-        return
-    await _release(response)
+    # The one registry of detached tasks holds it until it ends (the loop keeps only weak
+    # references to tasks).
+    return _spawn_detached(coro, loop=loop, name=_EXCHANGE, eager=True)
 
 
 async def _release(response: httpx.Response) -> None:
@@ -396,40 +559,16 @@ async def _release_by(response: httpx.Response, until: float) -> None:
         await _release(response)
 
 
-def _abandon(
-    handoff: asyncio.Future[httpx.Response],
-    task: asyncio.Task[None],
-    loop: asyncio.AbstractEventLoop,
-    until: float,
-) -> None:
-    """The caller leaves at the cut; the exchange goes on, bounded by its static timeout."""
-    if _release_unclaimed(handoff, until):
-        return
-    handoff.cancel()  # already cancelled with the caller's wait; this makes it explicit
-    if not task.done():
-        timer = loop.call_at(until, task.cancel)
-        task.add_done_callback(lambda _task: timer.cancel())
-
-
-def _release_unclaimed(handoff: asyncio.Future[httpx.Response], until: float) -> bool:
-    """Release a response handed over in the very iteration the caller left; True if one was."""
-    if handoff.done() and not handoff.cancelled() and handoff.exception() is None:
-        spawn_background(_release_by(handoff.result(), until), name="timebound-httpx-drain")
-        return True
-    return False
-
-
 class _AsyncStream(httpx.AsyncByteStream):
-    def __init__(self, inner: Any, attempt: Attempt, make: Any) -> None:
+    def __init__(self, inner: Any, attempt: Attempt) -> None:
         self._inner = inner
         self._attempt = attempt
-        self._make = make
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         iterator = self._inner.__aiter__()
         while True:
             try:
-                chunk = await bounded(self._attempt, self._make, _TIMEOUTS, iterator.__anext__)
+                chunk = await self._attempt.run(iterator.__anext__)
             except StopAsyncIteration:
                 return
             yield chunk

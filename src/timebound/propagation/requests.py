@@ -21,7 +21,9 @@ also a ``requests.exceptions.Timeout``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 try:
@@ -34,10 +36,13 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from .._core._durations import Duration, to_seconds
+from .._core._errors import DeadlineExceeded
 from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin
 from ._codec import EXPIRED_HEADER, TIMEOUT_HEADER
 
 __all__ = ["AttemptTimeout", "DeadlineAdapter"]
+
+_TIMEOUTS: tuple[type[BaseException], ...] = (requests.exceptions.Timeout, ReadTimeoutError)
 
 
 class AttemptTimeout(AttemptTimeoutBase, requests.exceptions.Timeout):
@@ -121,7 +126,12 @@ class DeadlineAdapter(HTTPAdapter):
         else:
             configured = [v for v in (connect, read) if v is not None]
             static = max(configured) if configured else None
-        attempt = begin(static, self._options)
+        attempt = begin(
+            static,
+            self._options,
+            functools.partial(AttemptTimeout, request=request),
+            _TIMEOUTS,
+        )
         if attempt.header_value is not None:
             request.headers[self._options.timeout_header] = attempt.header_value
         seconds = attempt.clamped.seconds
@@ -130,8 +140,7 @@ class DeadlineAdapter(HTTPAdapter):
                 seconds if connect is None else min(connect, seconds),
                 seconds if read is None else min(read, seconds),
             )
-        make = self._factory(request, attempt)
-        try:
+        with attempt.boundary():
             response = super().send(
                 request,
                 stream=stream,
@@ -140,75 +149,57 @@ class DeadlineAdapter(HTTPAdapter):
                 cert=cert,
                 proxies=dict(proxies) if proxies is not None else None,
             )
-        except requests.exceptions.Timeout as exc:
-            if attempt.expired():
-                raise attempt.cut(make) from exc
-            raise
-        header = response.headers.get(self._options.expired_header)
-        if attempt.is_remote_expired(response.status_code, header):
+        refusal = attempt.refusal(
+            response.status_code, response.headers.get(self._options.expired_header)
+        )
+        if refusal is not None:
             # Read the short body so the connection returns to the pool intact (D4.8).
             try:
                 _ = response.content
             finally:
                 response.close()
-            raise attempt.remote_expired(
-                response.status_code, self._factory(request, attempt, remote=True)
-            )
+            raise refusal
         if attempt.end is not None:
-            response.raw = _BoundedRaw(response.raw, attempt, make)
+            response.raw = _BoundedRaw(response.raw, attempt)
         return response
-
-    def _factory(self, request: Any, attempt: Attempt, *, remote: bool = False) -> Any:
-        def make(message: str) -> AttemptTimeout:
-            return AttemptTimeout(
-                message, request=request, remote=remote, timeout=attempt.clamped.seconds
-            )
-
-        return make
 
 
 class _BoundedRaw:
     """urllib3's response, with the body read chunk by chunk under the attempt's end."""
 
-    def __init__(self, raw: Any, attempt: Attempt, make: Any) -> None:
+    def __init__(self, raw: Any, attempt: Attempt) -> None:
         self._raw = raw
         self._attempt = attempt
-        self._make = make
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._raw, name)
 
-    def _abort(self) -> None:
-        # The body is unread: this connection cannot be reused; close it and free its slot.
-        self._raw.close()
-        self._raw.release_conn()
+    @contextmanager
+    def _read(self) -> Iterator[None]:
+        """One read under the attempt's boundary; a cut leaves the connection unusable."""
+        try:
+            with self._attempt.boundary():
+                yield
+                self._attempt.check()
+        except DeadlineExceeded:
+            if self._attempt.expired():
+                # The body is unread: this connection cannot be reused; close it, free its slot.
+                self._raw.close()
+                self._raw.release_conn()
+            raise
 
     def stream(
         self, amt: int | None = 2**16, decode_content: bool | None = None
     ) -> Iterator[bytes]:
-        attempt = self._attempt
-        try:
-            for chunk in self._raw.stream(amt, decode_content=decode_content):
-                if attempt.expired():
-                    self._abort()
-                    raise attempt.cut(self._make)
-                yield chunk
-        except ReadTimeoutError as exc:
-            if attempt.expired():
-                self._abort()
-                raise attempt.cut(self._make) from exc
-            raise
+        chunks = self._raw.stream(amt, decode_content=decode_content)
+        while True:
+            with self._read():
+                chunk = next(chunks, None)
+            if chunk is None:
+                return
+            yield chunk
 
     def read(self, *args: Any, **kwargs: Any) -> bytes:
-        attempt = self._attempt
-        try:
+        with self._read():
             data: bytes = self._raw.read(*args, **kwargs)
-        except ReadTimeoutError as exc:
-            if attempt.expired():
-                self._abort()
-                raise attempt.cut(self._make) from exc
-            raise
-        if attempt.expired():
-            self._abort()
-            raise attempt.cut(self._make)
         return data

@@ -6,19 +6,26 @@ so hot paths guard with :func:`enabled` before building an event.
 
 from __future__ import annotations
 
+import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
-from .._core import _clock
+from .._core import _clock, _preempt
+from .._core._errors import ConfigurationError
 
 __all__ = [
     "Counters",
     "Event",
     "Listener",
     "add_listener",
+    "correlation",
     "counters",
+    "current_correlation",
     "emit",
     "enabled",
     "remove_listener",
@@ -31,12 +38,56 @@ class Event:
 
     ``name`` is one of the stable event names (``attempt``, ``attempt.timeout``, ``retry``,
     ``fallback``, ``cache.hit``, ``deadline.exceeded``, …); ``at`` is the monotonic instant;
-    ``attrs`` carries the details (``policy``, ``attempt``, ``delay``, ``source``, …).
+    ``attrs`` carries the details (``policy``, ``attempt``, ``delay``, ``source``, …);
+    ``correlation`` names the units of work the event belongs to, by kind (``{"request": …,
+    "run": …}``, see :func:`correlation`).
     """
 
     name: str
     at: float
     attrs: Mapping[str, Any] = field(default_factory=dict)
+    correlation: Mapping[str, str] = field(default_factory=dict)
+
+
+_NO_CORRELATION: Mapping[str, str] = MappingProxyType({})
+# The units of work the running code belongs to. Context-carried, so tasks started inside a
+# unit inherit it and concurrent units never see each other's ids.
+_correlation: ContextVar[Mapping[str, str]] = ContextVar(
+    "timebound_correlation", default=_NO_CORRELATION
+)
+
+
+def current_correlation() -> Mapping[str, str]:
+    """The correlation ids in effect here, by kind (empty outside any unit of work)."""
+    return _correlation.get()
+
+
+@contextmanager
+def correlation(kind: str, id: str | None = None) -> Iterator[str]:
+    """Mark the code inside as one unit of work of ``kind`` (``"request"``, ``"run"``, …).
+
+    Every event emitted inside, also from tasks started inside, carries ``{kind: id}`` in
+    :attr:`Event.correlation`, beside the ids of enclosing units of other kinds (a run inside a
+    request carries both). ``id`` defaults to a fresh random one; the context manager yields it.
+    Whoever starts a unit of work sets it: the ASGI/WSGI middleware per request, a Constellation
+    program per run.
+    """
+    if not isinstance(kind, str) or not kind.isidentifier():
+        raise ConfigurationError(
+            f"correlation kind must be an identifier such as 'run', got {kind!r}", option="kind"
+        )
+    if id is None:
+        id = os.urandom(8).hex()  # unique across processes, and cheap enough per request
+    elif not isinstance(id, str) or not id or len(id) > 128:
+        raise ConfigurationError(
+            f"correlation id must be a non-empty str of at most 128 characters, got {id!r}",
+            option="id",
+        )
+    token = _correlation.set(MappingProxyType({**_correlation.get(), kind: id}))
+    try:
+        yield id
+    finally:
+        _correlation.reset(token)
 
 
 Listener = Callable[[Event], None]
@@ -70,7 +121,7 @@ def emit(name: str, **attrs: Any) -> None:
     listeners = _listeners
     if not listeners:
         return
-    event = Event(name, _clock.now(), attrs)
+    event = Event(name, _clock.now(), attrs, _correlation.get())
     for listener in listeners:
         try:
             listener(event)
@@ -118,3 +169,13 @@ class Counters:
 
 #: The process-wide counters every adapter increments.
 counters = Counters()
+
+
+def _thread_abandoned(thread: str, what: str | None) -> None:
+    counters.inc("abandoned-threads")
+    emit("thread.abandoned", thread=thread, what=what)
+
+
+# The core's signal/thread tiers report abandoned threads through this hook (core never
+# imports telemetry).
+_preempt.abandon_hooks.append(_thread_abandoned)

@@ -156,7 +156,10 @@ class OpenTelemetryExporter:
 
 
 def _attributes(event: Event) -> Any:
-    return span_attributes(event.attrs)
+    attributes = span_attributes(event.attrs)
+    # The unit of work the event belongs to, as `correlation.request`, `correlation.run`, …
+    attributes.update({f"correlation.{kind}": id for kind, id in event.correlation.items()})
+    return attributes
 
 
 def _set_span_tags(event: Event) -> None:

@@ -126,6 +126,36 @@ class VirtualClock:
             with asyncio.Runner(debug=debug, loop_factory=self.new_event_loop) as runner:
                 return runner.run(main)
 
+    @contextlib.contextmanager
+    def drive(self, loop: asyncio.AbstractEventLoop) -> Iterator[None]:
+        """Run an existing asyncio selector loop on this clock inside the block, then restore it.
+
+        For loops made by someone else (pytest-asyncio's runner, a framework's test client):
+        inside the block the loop's ``time()`` is this clock and it autojumps as
+        :meth:`new_event_loop`'s loops do. The loop must not be running when the block starts.
+        """
+        selector = getattr(loop, "_selector", None)
+        if not isinstance(selector, selectors.BaseSelector) or not isinstance(
+            loop, asyncio.BaseEventLoop
+        ):
+            raise RuntimeError(
+                f"a VirtualClock can only drive an asyncio selector event loop, not "
+                f"{type(loop).__name__}; run the code with VirtualClock.run() instead"
+            )
+        if loop.is_running():
+            raise RuntimeError("a VirtualClock cannot take over an event loop that is running")
+        virtual = _VirtualSelector(self, selector)
+        virtual.loop = loop
+        # The loop's own bookkeeping reads self.time() and self._selector: shadowing the method
+        # with an instance attribute and swapping the selector is all it takes, and undoable.
+        loop._selector = virtual  # type: ignore[attr-defined]
+        loop.time = self.now  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            loop._selector = selector  # type: ignore[attr-defined]
+            del loop.time
+
     # trio --------------------------------------------------------------------------------------
 
     def trio_clock(self) -> Any:
@@ -172,10 +202,10 @@ class VirtualClock:
 class _VirtualSelector(selectors.BaseSelector):
     """Wraps the real selector: polls real I/O, and jumps virtual time instead of blocking."""
 
-    def __init__(self, clock: VirtualClock) -> None:
-        self._real = selectors.DefaultSelector()
+    def __init__(self, clock: VirtualClock, real: selectors.BaseSelector | None = None) -> None:
+        self._real = real if real is not None else selectors.DefaultSelector()
         self._clock = clock
-        self.loop: VirtualEventLoop | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     def register(self, fileobj: Any, events: int, data: Any = None) -> selectors.SelectorKey:
         return self._real.register(fileobj, events, data)
@@ -206,7 +236,7 @@ class _VirtualSelector(selectors.BaseSelector):
             # Nothing is scheduled: only real I/O or another thread can wake us.
             return self._real.select(None)
         loop = self.loop
-        nxt = loop._next_timer() if loop is not None else None
+        nxt = _next_timer(loop) if loop is not None else None
         self._clock.jump_to(nxt if nxt is not None else self._clock.now() + timeout)
         return []
 
@@ -224,11 +254,14 @@ class VirtualEventLoop(asyncio.SelectorEventLoop):
         return self._virtual_clock.now()
 
     def _next_timer(self) -> float | None:
-        scheduled: list[asyncio.TimerHandle] = self._scheduled  # type: ignore[attr-defined]
-        for handle in scheduled:
-            if not handle.cancelled():
-                return min(h.when() for h in scheduled if not h.cancelled())
-        return None
+        return _next_timer(self)
+
+
+def _next_timer(loop: asyncio.AbstractEventLoop) -> float | None:
+    """When the loop's earliest live timer is due (asyncio keeps them in ``_scheduled``)."""
+    scheduled: list[asyncio.TimerHandle] = getattr(loop, "_scheduled", [])
+    live = [h.when() for h in scheduled if not h.cancelled()]
+    return min(live) if live else None
 
 
 @contextlib.contextmanager

@@ -368,3 +368,27 @@ async def test_async_cancel_right_after_begin_leaves_no_transaction(
             await c.execute(f"DROP TABLE {table}")
     assert status == psycopg.pq.TransactionStatus.IDLE
     assert count == (0,)
+
+
+def test_pipeline_mode_statement_runs_under_the_deadline(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """In pipeline mode (one statement per query) an autocommit statement under a deadline
+    runs narrowed and leaves no transaction."""
+    with conn.pipeline():
+        with tb.inherit_deadline(tb.Deadline.after(5)):
+            row = conn.execute(SETTING).fetchone()
+    assert row is not None and 0 < row[0] <= 5000
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert scalar(conn, "SHOW statement_timeout") == "0"
+
+
+@pytest.mark.asyncio_real
+async def test_async_pipeline_mode_statement_runs_under_the_deadline(postgres_dsn: str) -> None:
+    """The async cursor in pipeline mode: narrowed, and no transaction left."""
+    async with await aconnect(postgres_dsn, autocommit=True) as c:
+        async with c.pipeline():
+            with tb.inherit_deadline(tb.Deadline.after(5)):
+                row = await (await c.execute(SETTING)).fetchone()
+        assert row is not None and 0 < row[0] <= 5000
+        assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE

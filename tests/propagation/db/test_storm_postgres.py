@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -261,3 +262,95 @@ async def test_psycopg_async_storm_callers_transaction_keeps_its_own_timeout(
 
     await asyncio.gather(*(worker(w) for w in range(WORKERS)))
     assert narrowed_left == []
+
+
+def test_psycopg_sync_pool_storm_in_threads(postgres_dsn: str) -> None:
+    """Sync psycopg through a pool, threads with inherited deadlines of 0 to a few ms, inside
+    and outside the caller's transaction: every insert that returned is in the table, every
+    connection goes back clean, and the caller's own ``statement_timeout`` is back after a cut
+    (or its transaction is aborted)."""
+    from psycopg_pool import ConnectionPool
+
+    from timebound.propagation.psycopg import DeadlineCursor, connect, connection
+
+    table = unique("sstorm")
+    acked: set[int] = set()
+    problems: list[Any] = []
+    with connect(postgres_dsn, autocommit=True) as admin:
+        admin.execute(f"CREATE TABLE {table} (id int NOT NULL)")
+        try:
+            with ConnectionPool(
+                postgres_dsn,
+                min_size=4,
+                max_size=4,
+                kwargs={"cursor_factory": DeadlineCursor, "autocommit": True},
+            ) as pool:
+
+                def worker(w: int) -> None:
+                    rnd = random.Random(w)
+                    for k in range(OPS_PER_WORKER):
+                        i = w * 1000 + k + 1
+                        try:
+                            with connection(pool) as conn:
+                                _sync_op(conn, table, i, rnd, acked, problems)
+                        except (tb.DeadlineExceeded, _Abort):
+                            pass
+                        except BaseException as exc:
+                            problems.append(exc)
+                            return
+
+                threads = [threading.Thread(target=worker, args=(w,)) for w in range(4)]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                with connection(pool) as conn:
+                    row = conn.execute(SETTING).fetchone()
+                    status = conn.info.transaction_status
+            stored = {r[0] for r in admin.execute(f"SELECT id FROM {table}").fetchall()}
+        finally:
+            admin.execute(f"DROP TABLE {table}")
+    assert problems == []
+    assert sorted(acked - stored) == []
+    assert (status, row) == (psycopg.pq.TransactionStatus.IDLE, ("0",))
+
+
+def _sync_op(
+    conn: psycopg.Connection[Any],
+    table: str,
+    i: int,
+    rnd: random.Random,
+    acked: set[int],
+    problems: list[Any],
+) -> None:
+    budget = tb.Deadline.after(rnd.uniform(0, MAX_BUDGET))
+    if rnd.randrange(2):
+        try:
+            with tb.inherit_deadline(budget):
+                conn.execute(f"INSERT INTO {table} VALUES (%s)", (i,))
+        except tb.DeadlineExceeded:
+            pass
+        else:
+            acked.add(i)
+        state = (conn.info.transaction_status, conn.execute(SETTING).fetchone())
+        if state != (psycopg.pq.TransactionStatus.IDLE, ("0",)):
+            problems.append((i, state))
+        return
+    with conn.transaction():
+        conn.execute("SET LOCAL statement_timeout = 7000")
+        try:
+            with tb.inherit_deadline(budget):
+                conn.execute("SELECT 1")
+        except tb.DeadlineExceeded:
+            pass
+        try:
+            setting = conn.execute("SHOW statement_timeout").fetchone()
+        except psycopg.errors.InFailedSqlTransaction:
+            raise _Abort from None  # aborted by the cut: the caller sees it
+        if setting != ("7s",):
+            problems.append((i, setting))
+        raise _Abort
+
+
+class _Abort(Exception):
+    """Ends the caller's transaction with a rollback."""

@@ -85,6 +85,10 @@ def span_tags(events: list[Event], component: str) -> dict[str, Any]:
 def _bound_socket() -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Inherited by accepted sockets: uvicorn serves a socket it re-creates with fromfd(), whose
+    # protocol number asyncio does not recognise as TCP, so it never sets TCP_NODELAY itself
+    # and every response waits ~40 ms for a delayed ACK (Nagle).
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
     sock.setblocking(False)
@@ -375,12 +379,16 @@ class AsgiResult:
 
 async def call_asgi(
     app: ASGIApp,
-    headers: dict[str, str] | None = None,
+    headers: dict[str, str] | list[tuple[str, str]] | None = None,
     *,
     body_delay: float = 0.0,
     scope_type: str = "http",
 ) -> AsgiResult:
-    """Call ``app`` with one GET request; ``body_delay`` seconds pass before the body arrives."""
+    """Call ``app`` with one GET request; ``body_delay`` seconds pass before the body arrives.
+
+    ``headers`` as a list of pairs sends a name once per pair (repeated header lines).
+    """
+    pairs = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
     scope: Scope = {
         "type": scope_type,
         "asgi": {"version": "3.0"},
@@ -389,9 +397,7 @@ async def call_asgi(
         "path": "/",
         "raw_path": b"/",
         "query_string": b"",
-        "headers": [
-            (k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()
-        ],
+        "headers": [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in pairs],
         "client": ("127.0.0.1", 1),
         "server": ("127.0.0.1", 80),
     }

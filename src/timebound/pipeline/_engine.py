@@ -1,0 +1,680 @@
+"""The pipeline engine: runs a validated artifact on the shared DAG executor.
+
+Each chain becomes executor nodes whose dependencies follow the data (a node waits for the
+nodes that write what it reads or writes, and for every rowset-changing op); each
+``timeout_wrapper`` becomes an executor group that owns the region deadline (source
+``region``), opens a copy-on-write overlay when it is entered, commits it when every member
+finished in time, and on its own timeout rolls back and fails the plan or runs the fail branch
+(RFC 0002 §5.6, D5).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Literal
+
+import pyarrow as pa
+
+from .._core import _clock
+from .._core._deadline import Deadline
+from .._core._errors import ConfigurationError
+from .._core._scopes import checkpoint, current_deadline, fail_after
+from .._engine import DagPlan, Group, Node
+from . import _expr
+from ._artifact import Artifact
+from ._errors import PlanTimeout, TaskError, ValidationError
+from ._model import Registry, TaskDef, check_value, evaluate
+from ._rowset import RowSet
+from ._trace import Trace
+from ._validate import SUPPORTED_CAPABILITIES, Checked, task_known, validate
+
+__all__ = ["Engine", "Result", "TaskContext"]
+
+_BARRIERS = ("filter", "sort", "take", "dedupe", "timeout_wrapper")
+
+
+class TaskContext:
+    """What a task sees: ``params`` (its arguments and the resolved params), ``deadline`` (its
+    effective deadline: the minimum of its own budget, its region's and every enclosing one),
+    ``nrows``, :meth:`time_remaining_ms` and :meth:`check`."""
+
+    __slots__ = ("deadline", "nrows", "params")
+
+    def __init__(self, params: Mapping[str, Any], deadline: Deadline, nrows: int) -> None:
+        self.params = params
+        self.deadline = deadline
+        self.nrows = nrows
+
+    def time_remaining_ms(self) -> float:
+        return self.deadline.remaining() * 1000.0
+
+    def check(self) -> None:
+        """Raise :class:`~timebound.DeadlineExceeded` when the deadline has passed."""
+        checkpoint()
+
+
+@dataclass(frozen=True)
+class Result:
+    """A finished run: ``rows`` (active rows, in order) and its ``trace``."""
+
+    rows: pa.Table
+    trace: Trace
+
+
+class _Run:
+    """The state of one run (the executor's context object)."""
+
+    __slots__ = ("base", "params", "rowset", "trace", "values", "wrappers")
+
+    def __init__(self, rowset: RowSet, params: dict[str, tuple[Any, str]], trace: Trace) -> None:
+        self.rowset = rowset
+        self.params = params  # param id -> (value, origin)
+        # what a task without arguments sees as ctx.params (read-only, shared by those tasks)
+        self.values: Mapping[str, Any] = MappingProxyType({p: v for p, (v, _) in params.items()})
+        self.trace = trace
+        self.base = _clock.now()
+        self.wrappers: dict[str, _WrapperState] = {}
+
+    def ms(self, t: float) -> float:
+        return (t - self.base) * 1000.0
+
+
+@dataclass
+class _WrapperState:
+    start: float
+    timeout_ms: float
+    index: Any
+    nrows: int
+
+
+@dataclass
+class _Compiled:
+    plan: DagPlan[_Run]
+    checked: Checked
+    meta: dict[str, dict[str, Any]]  # node id -> span metadata (op, name, parent, deps)
+
+
+class Engine:
+    """Runs artifacts against ``registry``'s tasks. ``env`` is ``"prod"`` or ``"dev"`` (D5.6);
+    ``capabilities`` restricts what the engine enables (default: everything it supports).
+
+    Validated plans are cached on the engine, keyed by plan digest and capabilities digest
+    (RFC §5.9); the ``plan_cache_size`` most recently used are kept.
+    """
+
+    def __init__(
+        self,
+        registry: Registry,
+        *,
+        env: Literal["prod", "dev"] = "prod",
+        capabilities: Collection[str] | None = None,
+        plan_cache_size: int = 128,
+    ) -> None:
+        if not isinstance(registry, Registry):
+            raise ConfigurationError(f"registry must be a pl.Registry, got {registry!r}")
+        if env not in ("prod", "dev"):
+            raise ConfigurationError(f"env must be 'prod' or 'dev', got {env!r}", option="env")
+        if isinstance(capabilities, str):
+            raise ConfigurationError(
+                "capabilities is a collection of capability ids, e.g. [pl.CAPABILITY]",
+                option="capabilities",
+            )
+        if isinstance(plan_cache_size, bool) or not isinstance(plan_cache_size, int):
+            raise ConfigurationError("plan_cache_size must be an integer", option="plan_cache_size")
+        if plan_cache_size < 1:
+            raise ConfigurationError("plan_cache_size must be >= 1", option="plan_cache_size")
+        self.registry = registry
+        self.env = env
+        self._cache_size = plan_cache_size
+        self.capabilities = frozenset(
+            SUPPORTED_CAPABILITIES if capabilities is None else capabilities
+        )
+        self.capabilities_digest = (
+            "sha256:" + hashlib.sha256("\n".join(sorted(self.capabilities)).encode()).hexdigest()
+        )
+        self._cache: dict[tuple[str, str], _Compiled] = {}
+
+    # Preparing ------------------------------------------------------------------------------
+
+    def prepare(self, artifact: Artifact) -> None:
+        """Validate ``artifact`` against this engine (cached); raises ValidationError."""
+        self._compiled(artifact)
+
+    def _compiled(self, artifact: Artifact) -> _Compiled:
+        if not isinstance(artifact, Artifact):
+            raise TypeError(f"run() takes a pl.Artifact, got {type(artifact).__name__}")
+        key = (artifact.digest, self.capabilities_digest)
+        compiled = self._cache.pop(key, None)
+        if compiled is None:
+            checked = validate(artifact, self.registry, capabilities=self.capabilities)
+            builder = _Builder(self, artifact)
+            builder.chain(artifact.plan["nodes"], "", None, None)
+            compiled = _Compiled(DagPlan(builder.nodes, builder.groups), checked, builder.meta)
+            if len(self._cache) >= self._cache_size:
+                del self._cache[next(iter(self._cache))]  # the least recently used
+        self._cache[key] = compiled  # (re)inserted last: most recently used
+        return compiled
+
+    # Running --------------------------------------------------------------------------------
+
+    async def run(
+        self,
+        artifact: Artifact,
+        rows: pa.Table,
+        *,
+        request_params: Mapping[str, Any] | None = None,
+        source_params: Mapping[str, Any] | None = None,
+    ) -> Result:
+        """Run the plan on ``rows``; every enclosing timebound deadline bounds the run."""
+        compiled = self._compiled(artifact)
+        rowset = self._rowset(rows, compiled.checked)
+        params = self._params(artifact, request_params, source_params)
+        trace = Trace(artifact.digest, time.time_ns(), compiled.meta)
+        run = _Run(rowset, params, trace)
+        trace.base = run.base
+        try:
+            await compiled.plan.execute(run, record=trace.recording())
+        except Exception as exc:
+            _locate(exc, compiled.meta)
+            raise
+        keys = [k for k in self.registry.keys if rowset.has(k)]
+        return Result(rowset.table(keys), trace)
+
+    def run_sync(
+        self,
+        artifact: Artifact,
+        rows: pa.Table,
+        *,
+        request_params: Mapping[str, Any] | None = None,
+        source_params: Mapping[str, Any] | None = None,
+    ) -> Result:
+        """:meth:`run` from synchronous code (not from inside an event loop)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise RuntimeError("run_sync() was called inside an event loop; await run() there")
+        return asyncio.run(
+            self.run(artifact, rows, request_params=request_params, source_params=source_params)
+        )
+
+    def _rowset(self, rows: pa.Table, checked: Checked) -> RowSet:
+        if not isinstance(rows, pa.Table):
+            raise TypeError(f"rows must be a pyarrow Table, got {type(rows).__name__}")
+        columns: dict[str, pa.Array] = {}
+        for name in rows.column_names:
+            kdef = self.registry.keys.get(name)
+            if kdef is None:
+                raise ValidationError("reference", f"input column {name!r} is not a registered key")
+            if name in columns:
+                raise ValidationError("reference", f"input column {name!r} appears twice")
+            column = rows.column(name).combine_chunks()
+            if column.type != kdef.type:
+                raise ValidationError(
+                    "type",
+                    f"input column {name!r} is {column.type}, key {name!r} holds {kdef.type}",
+                )
+            if not kdef.nullable and column.null_count:
+                raise ValidationError(
+                    "type", f"input column {name!r} has nulls, key {name!r} is not nullable"
+                )
+            columns[name] = column
+        for key, (node_id, in_branch) in checked.inputs.items():
+            if key not in columns:
+                raise ValidationError(
+                    "closure" if in_branch else "reference",
+                    f"reads key {key!r}, which the input rows do not have"
+                    + (" (not available at the wrapper's input)" if in_branch else ""),
+                    node_id=node_id,
+                )
+        return RowSet(columns, rows.num_rows)
+
+    def _params(
+        self,
+        artifact: Artifact,
+        request: Mapping[str, Any] | None,
+        source: Mapping[str, Any] | None,
+    ) -> dict[str, tuple[Any, str]]:
+        """Each param's value and origin: plan, then request, then source, then default (a
+        plan value is a link-time constant no request can change)."""
+        layers: list[tuple[str, Mapping[str, Any]]] = [("plan", artifact.plan["params"])]
+        for origin, given in (("request", request), ("source", source)):
+            if given is None:
+                continue
+            if not isinstance(given, Mapping):
+                raise ConfigurationError(f"{origin}_params must be a mapping")
+            for pid, value in given.items():
+                pdef = self.registry.params.get(pid) if isinstance(pid, str) else None
+                if pdef is None:
+                    raise ValidationError("reference", f"{origin} param {pid!r} is not registered")
+                try:
+                    check_value(value, pdef.type, f"{origin} param {pid!r}")
+                except ConfigurationError as exc:
+                    raise ValidationError("type", str(exc)) from None
+            layers.append((origin, given))
+        out: dict[str, tuple[Any, str]] = {}
+        for pid, pdef in self.registry.params.items():
+            for origin, values in layers:
+                if pid in values:
+                    out[pid] = (values[pid], origin)
+                    break
+            else:
+                if pdef.has_default:
+                    out[pid] = (pdef.default, "default")
+        return out
+
+
+def _locate(exc: Exception, meta: Mapping[str, Mapping[str, Any]]) -> None:
+    """Map a run-time error back to the node and its authoring call (file and line)."""
+    key = getattr(exc, "__timebound_node__", None)
+    m = meta.get(key) if isinstance(key, str) else None
+    if m is None:
+        return
+    span = m["source_span"]
+    if isinstance(exc, TaskError | ValidationError) and exc.node_id is None:
+        exc.node_id = key
+        exc.source_span = span
+    elif not isinstance(exc, ValidationError | TaskError):
+        exc.add_note(f"in pipeline node {key} ({span['file']}:{span['line']})")
+
+
+class _Builder:
+    """Turns artifact nodes into executor nodes and groups."""
+
+    def __init__(self, engine: Engine, artifact: Artifact) -> None:
+        self.engine = engine
+        self.registry = engine.registry
+        self.artifact = artifact
+        self.plan_params = artifact.plan["params"]
+        self.nodes: list[Node[_Run]] = []
+        self.groups: list[Group[_Run]] = []
+        self.meta: dict[str, dict[str, Any]] = {}
+
+    def chain(
+        self, nodes: list[dict[str, Any]], prefix: str, group: str | None, parent: str | None
+    ) -> list[str]:
+        """Add a chain's nodes to ``group`` (the executor's region) with ``parent`` (the
+        wrapper their spans nest under); returns their executor keys."""
+        keys: list[str] = []
+        effects: list[tuple[set[str], set[str] | None]] = []  # (reads, writes; None = barrier)
+        for node in nodes:
+            key = prefix + node["node_id"]
+            reads, writes = self._effects(node)
+            deps: list[str] = []
+            for j in range(len(keys) - 1, -1, -1):
+                r, w = effects[j]
+                if w is None or writes is None or w & (reads | writes) or r & writes:
+                    deps.append(keys[j])
+                    if w is None:
+                        break  # a barrier: everything before it is already behind it
+            deps.reverse()
+            self.meta[key] = {
+                "op": node["op"],
+                "name": node["params"].get("name", node["op"])
+                if node["op"] == "task"
+                else node["op"],
+                "parent": parent,
+                "deps": deps,
+                "source_span": node["source_span"],
+            }
+            if node["op"] == "timeout_wrapper":
+                self._wrapper(node, key, tuple(deps), group)
+            else:
+                action, is_async = self._action(node, key)
+                self.nodes.append(Node(key, action, tuple(deps), 50, is_async, group))
+            keys.append(key)
+            effects.append((reads, writes))
+        return keys
+
+    def _effects(self, node: dict[str, Any]) -> tuple[set[str], set[str] | None]:
+        op, p = node["op"], node["params"]
+        if op in _BARRIERS:
+            return set(), None
+        if op == "vm":
+            return _expr.columns(p["expr"]), {p["key"]}
+        if op == "fill_defaults":
+            return set(), set(p["keys"])
+        task = self.registry.tasks[p["name"]]
+        if task.rowset != "preserve":
+            return set(task.reads), None
+        w = evaluate(task.writes, task_known(node, self.plan_params, self.registry))
+        return set(task.reads), None if w.keys is None else set(w.keys)
+
+    # Ops --------------------------------------------------------------------------------
+
+    def _action(self, node: dict[str, Any], key: str) -> tuple[Callable[[_Run], Any], bool]:
+        op, p = node["op"], node["params"]
+        if op == "task":
+            return _task_action(self.registry, self.registry.tasks[p["name"]], p["args"], key)
+        if op == "vm":
+            kdef = self.registry.keys[p["key"]]
+            expr = p["expr"]
+
+            def vm(run: _Run) -> None:
+                rs = run.rowset
+                value = _expr.evaluate(expr, rs.column, rs.active_count)
+                try:
+                    column = value.cast(kdef.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                    raise TaskError(f"vm {kdef.id!r}: {exc}", task=key, key=kdef.id) from None
+                if isinstance(column, pa.ChunkedArray):
+                    column = column.combine_chunks()
+                if not kdef.nullable and column.null_count:
+                    raise TaskError(
+                        f"vm {kdef.id!r} produced nulls for a non-nullable key",
+                        task=key,
+                        key=kdef.id,
+                    )
+                rs.write(kdef.id, column)
+
+            return vm, False
+        if op == "filter":
+            expr = p["expr"]
+
+            def filter_(run: _Run) -> None:
+                rs = run.rowset
+                rs.filter(_expr.evaluate(expr, rs.column, rs.active_count))
+
+            return filter_, False
+        if op == "sort":
+            k, desc = p["key"], p["descending"]
+            return (lambda run: run.rowset.sort(k, desc)), False
+        if op == "take":
+            n = p["n"]
+            return (lambda run: run.rowset.take(n)), False
+        if op == "dedupe":
+            k = p["key"]
+            return (lambda run: run.rowset.dedupe(k)), False
+        assert op == "fill_defaults"
+        kdefs = [self.registry.keys[k] for k in p["keys"]]
+
+        def fill_defaults(run: _Run) -> None:
+            rs = run.rowset
+            n = rs.active_count
+            for kdef in kdefs:
+                if kdef.nullable:
+                    rs.write(kdef.id, pa.nulls(n, type=kdef.type))
+                else:
+                    rs.write(kdef.id, pa.repeat(pa.scalar(kdef.default, type=kdef.type), n))
+
+        return fill_defaults, False
+
+    def _wrapper(
+        self, node: dict[str, Any], key: str, deps: tuple[str, ...], parent: str | None
+    ) -> None:
+        p = node["params"]
+        budget = p["budget"]
+        override = p.get("override")
+        on_timeout = p["on_timeout"]
+        env = self.engine.env
+        fragments = self.artifact.fragments
+        success_nodes = fragments[p["success"]["fragment_digest"]]["nodes"]
+        fail_nodes = fragments[p["fail"]["fragment_digest"]]["nodes"]
+        # The fail branch is a plan of its own, run by the fallback: outside the expired
+        # region, under every enclosing bound (D5.2).
+        fail_builder = _Builder(self.engine, self.artifact)
+        fail_builder.meta = self.meta
+        fail_builder.chain(fail_nodes, f"{key}/fail/", None, key)
+        fail_plan: DagPlan[_Run] = DagPlan(fail_builder.nodes, fail_builder.groups)
+        w_success = sorted(self._exact_writes(success_nodes))
+        node_id = key
+
+        def enter(run: _Run) -> None:
+            rs = run.rowset
+            n = rs.active_count  # D5.4: the active rows when the wrapper starts
+            timeout_ms, applied, origin = _budget(
+                budget, override, n, run.params, env, node, node_id
+            )
+            rs.begin()
+            run.wrappers[node_id] = _WrapperState(_clock.now(), timeout_ms, rs.index, n)
+            run.trace.wrappers[node_id] = {
+                "timeout_ms": timeout_ms,
+                "nrows": n,
+                "success_elapsed_ms": None,
+                "timed_out": False,
+                "chosen_branch": None,
+                "fail_elapsed_ms": None,
+                "override_applied": applied,
+                "override_origin": origin,
+                "w_success": w_success,
+            }
+
+        def success(run: _Run) -> None:
+            state = run.wrappers[node_id]
+            _check_preserved(run.rowset, state, node_id, "success")
+            run.rowset.commit()
+            record = run.trace.wrappers[node_id]
+            record["success_elapsed_ms"] = run.ms(_clock.now()) - run.ms(state.start)
+            record["chosen_branch"] = "success"
+
+        async def fallback(run: _Run) -> None:
+            state = run.wrappers[node_id]
+            run.rowset.rollback()
+            now = _clock.now()
+            record = run.trace.wrappers[node_id]
+            record["success_elapsed_ms"] = (now - state.start) * 1000.0
+            record["timed_out"] = True
+            if on_timeout == "fail_plan":
+                record["chosen_branch"] = "fail_plan"
+                raise PlanTimeout(
+                    node_id=node_id,
+                    timeout_ms=state.timeout_ms,
+                    trace=run.trace,
+                    deadline=Deadline(state.start + state.timeout_ms / 1000.0),
+                )
+            record["chosen_branch"] = "fail"
+            run.rowset.begin()
+            await fail_plan.execute(run, record=run.trace.recording())
+            _check_preserved(run.rowset, state, node_id, "fail")
+            run.rowset.commit()
+            record["fail_elapsed_ms"] = (_clock.now() - now) * 1000.0
+
+        self.groups.append(
+            Group(
+                key,
+                timeout=lambda run: run.wrappers[node_id].timeout_ms / 1000.0,
+                parent=parent,
+                on_timeout=fallback,
+                deps=deps,
+                on_enter=enter,
+                on_success=success,
+            )
+        )
+        self.chain(success_nodes, f"{key}/success/", key, key)
+
+    def _exact_writes(self, nodes: list[dict[str, Any]]) -> set[str]:
+        out: set[str] = set()
+        for node in nodes:
+            _, writes = self._effects(node)
+            if node["op"] == "timeout_wrapper":
+                out |= self._exact_writes(
+                    self.artifact.fragments[node["params"]["success"]["fragment_digest"]]["nodes"]
+                )
+            elif writes is not None:
+                out |= writes
+        return out
+
+
+def _check_preserved(rs: RowSet, state: _WrapperState, node_id: str, branch: str) -> None:
+    """RFC §5.5.2's runtime assert: the branch left row count, selection and order alone."""
+    if rs.index is not state.index or rs.active_count != state.nrows:
+        raise ValidationError(
+            "preserve",
+            f"the {branch} branch changed the rowset ({state.nrows} -> {rs.active_count} rows)",
+            node_id=node_id,
+        )
+
+
+def _clamp(lo: float, x: float, hi: float) -> float:
+    return max(lo, min(x, hi))
+
+
+def _budget(
+    budget: Mapping[str, Any],
+    override: Mapping[str, Any] | None,
+    n: int,
+    params: Mapping[str, tuple[Any, str]],
+    env: str,
+    node: Mapping[str, Any],
+    node_id: str,
+) -> tuple[float, bool, str | None]:
+    """(timeout_ms, override_applied, override_origin) per D5.1 (real arithmetic)."""
+    model_ms = _clamp(
+        budget["min_ms"], budget["base_ms"] + budget["per_row_us"] * n / 1000.0, budget["max_ms"]
+    )
+    if override is None:
+        return float(model_ms), False, None
+    pid = override["param_id"].removeprefix("param.")
+    resolved = params.get(pid)
+    if resolved is None or resolved[0] is None:
+        return float(model_ms), False, None  # no value: the override is not applied
+    value, origin = resolved
+    allowed = set(override["allow_sources"])
+    if env == "prod":
+        allowed.discard("request")  # D5.6: never loosened from a request in prod
+    if origin not in allowed:
+        raise ValidationError(
+            "override_origin",
+            f"override param {pid!r} has origin {origin!r}, allowed: {sorted(allowed)}"
+            + (" (env=prod never allows request)" if env == "prod" and origin == "request" else ""),
+            node_id=node_id,
+            source_span=node.get("source_span"),
+            details={"origin": origin, "allowed": sorted(allowed)},
+        )
+    override_ms = _clamp(override["min_ms"], float(value), override["max_ms"])
+    timeout_ms = override_ms if override["combine"] == "replace" else min(model_ms, override_ms)
+    return float(timeout_ms), True, origin
+
+
+def _task_action(
+    registry: Registry, task: TaskDef, args: Mapping[str, Any], key: str
+) -> tuple[Callable[[_Run], Any], bool]:
+    fn = task.fn
+    reads = task.reads
+    timeout = task.timeout
+
+    def context(run: _Run) -> tuple[pa.Table, Mapping[str, Any]]:
+        if not args:
+            return run.rowset.table(reads), run.values
+        params = dict(run.values)
+        for arg, spec in args.items():
+            if "const" in spec:
+                params[arg] = spec["const"]
+            else:
+                resolved = run.params.get(spec["param"])
+                if resolved is None:
+                    raise ValidationError(
+                        "reference",
+                        f"argument {arg!r} reads param {spec['param']!r}, which has no value",
+                        node_id=key,
+                    )
+                params[arg] = resolved[0]
+        return run.rowset.table(reads), MappingProxyType(params)
+
+    # Writes that do not depend on params are known now: no evaluation per call.
+    fixed = task.writes if isinstance(task.writes, tuple) else None
+    exact = None if fixed is None else frozenset(fixed)
+
+    def apply(run: _Run, out: Any, params: Mapping[str, Any]) -> None:
+        _apply(registry, task, run.rowset, out, params, exact)
+
+    if task.is_async:
+
+        async def action(run: _Run) -> None:
+            rows, params = context(run)
+            if timeout is None:
+                ctx = TaskContext(params, current_deadline(), rows.num_rows)
+                out = await fn(ctx, rows)
+            else:
+                async with fail_after(timeout, source="node", what=f"task {task.name}"):
+                    ctx = TaskContext(params, current_deadline(), rows.num_rows)
+                    out = await fn(ctx, rows)
+            apply(run, out, params)
+
+        return action, True
+
+    def sync_action(run: _Run) -> None:
+        rows, params = context(run)
+        if timeout is None:
+            ctx = TaskContext(params, current_deadline(), rows.num_rows)
+            out = fn(ctx, rows)
+        else:
+            with fail_after(timeout, source="node", what=f"task {task.name}"):
+                ctx = TaskContext(params, current_deadline(), rows.num_rows)
+                out = fn(ctx, rows)
+        if type(out) is not dict and inspect.isawaitable(out):
+            raise TaskError(f"task {task.name!r} is sync but returned an awaitable", task=task.name)
+        apply(run, out, params)
+
+    return sync_action, False
+
+
+def _same_keys(out: Mapping[Any, Any], keys: frozenset[str]) -> bool:
+    return len(out) == len(keys) and all(k in out for k in keys)
+
+
+def _apply(
+    registry: Registry,
+    task: TaskDef,
+    rs: RowSet,
+    out: Any,
+    params: Mapping[str, Any],
+    exact: frozenset[str] | None,
+) -> None:
+    """Check a task's output against its spec, then write every column (all or nothing)."""
+    name = task.name
+    if type(out) is not dict and not isinstance(out, Mapping):
+        raise TaskError(
+            f"task {name!r} returned {type(out).__name__}; a task returns {{key: column}}",
+            task=name,
+        )
+    declared = exact
+    if declared is None:
+        writes = evaluate(task.writes, params)
+        declared = writes.keys if writes.kind == "exact" else None
+    if declared is not None and not _same_keys(out, declared):
+        for k in sorted(declared - set(out)):
+            raise TaskError(f"task {name!r} did not return key {k!r}", task=name, key=k)
+        for k in sorted(set(out) - declared, key=str):
+            raise TaskError(
+                f"task {name!r} returned key {k!r} it does not declare", task=name, key=str(k)
+            )
+    n = rs.active_count
+    checked: dict[str, pa.Array] = {}
+    for k, column in out.items():
+        kdef = registry.keys.get(k) if isinstance(k, str) else None
+        if kdef is None:
+            raise TaskError(f"task {name!r} returned unknown key {k!r}", task=name, key=str(k))
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        if not isinstance(column, pa.Array):
+            raise TaskError(
+                f"task {name!r}, key {k!r}: a column must be a pyarrow Array, got "
+                f"{type(column).__name__}",
+                task=name,
+                key=k,
+            )
+        if len(column) != n:
+            raise TaskError(
+                f"task {name!r}, key {k!r}: {len(column)} values for {n} rows", task=name, key=k
+            )
+        if column.type != kdef.type:
+            raise TaskError(
+                f"task {name!r}, key {k!r}: column is {column.type}, the key holds {kdef.type}",
+                task=name,
+                key=k,
+            )
+        if not kdef.nullable and column.null_count:
+            raise TaskError(
+                f"task {name!r}, key {k!r}: nulls in a non-nullable key", task=name, key=k
+            )
+        checked[k] = column
+    for k, column in checked.items():
+        rs.write(k, column)

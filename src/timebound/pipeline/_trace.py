@@ -1,0 +1,170 @@
+"""The run's trace: a span per node nested under its wrapper, one record per wrapper (RFC 0002
+§5.8), the critical path, JSON export and OpenTelemetry spans."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from .._engine import Span
+
+__all__ = ["Trace"]
+
+# The wrapper fields RFC §5.8 lists, in the order they are reported.
+WRAPPER_FIELDS = (
+    "timeout_ms",
+    "nrows",
+    "success_elapsed_ms",
+    "timed_out",
+    "chosen_branch",
+    "fail_elapsed_ms",
+    "override_applied",
+    "override_origin",
+    "w_success",
+)
+
+
+class Trace:
+    """``spans``: one dict per node (``node_id``, ``op``, ``name``, ``parent``, ``ready_ms``,
+    ``start_ms``, ``end_ms``, ``outcome``, ``deps``), times in ms from the run's start;
+    ``wrappers``: by wrapper node id, one dict per ``timeout_wrapper`` with exactly RFC §5.8's
+    fields;
+    ``late_discarded``: results that arrived after their region's deadline and were dropped."""
+
+    __slots__ = ("_meta", "_recorded", "base", "plan_digest", "started_epoch_ns", "wrappers")
+
+    def __init__(
+        self, plan_digest: str, started_epoch_ns: int, meta: Mapping[str, Mapping[str, Any]]
+    ) -> None:
+        self.plan_digest = plan_digest
+        self.started_epoch_ns = started_epoch_ns  # wall clock, for exporters only (D1.1)
+        self.base = 0.0  # the run's start on timebound's monotonic clock
+        self.wrappers: dict[str, dict[str, Any]] = {}
+        self._meta = meta
+        # The executor's spans, one list per plan it ran (the main plan, each fail branch):
+        # turned into dicts only when someone reads them, not on the run's path.
+        self._recorded: list[list[Span]] = []
+
+    def recording(self) -> list[Span]:
+        """A list for the executor to record one plan's spans in (engine use)."""
+        spans: list[Span] = []
+        self._recorded.append(spans)
+        return spans
+
+    @property
+    def spans(self) -> list[dict[str, Any]]:
+        out = []
+        base = self.base
+        for recorded in self._recorded:
+            for span in recorded:
+                if span.outcome == "pending":
+                    continue  # never ran
+                node_id = str(span.key)
+                m = self._meta[node_id]
+                out.append(
+                    {
+                        "node_id": node_id,
+                        "op": m["op"],
+                        "name": m["name"],
+                        "parent": m["parent"],
+                        "deps": m["deps"],
+                        "ready_ms": (span.ready - base) * 1000.0,
+                        "start_ms": (span.start - base) * 1000.0,
+                        "end_ms": (span.end - base) * 1000.0,
+                        "outcome": span.outcome,
+                    }
+                )
+        return out
+
+    @property
+    def late_discarded(self) -> int:
+        """Results that arrived after their region's deadline and were dropped."""
+        return sum(s.outcome == "late" for r in self._recorded for s in r)
+
+    def span(self, node_id: str) -> dict[str, Any]:
+        """The span of ``node_id``."""
+        for s in self.spans:
+            if s["node_id"] == node_id:
+                return s
+        raise KeyError(node_id)
+
+    def critical_path(self) -> list[dict[str, Any]]:
+        """The spans that decided when the run ended, in order: from the last top-level span,
+        step back to the dependency that ended last; a wrapper is followed by the path through
+        the branch that produced its result."""
+        by_id = {s["node_id"]: s for s in self.spans}
+        top = [s for s in by_id.values() if s["parent"] is None]
+        if not top:
+            return []
+        return self._path(max(top, key=_last), by_id)
+
+    def _path(self, span: dict[str, Any], by_id: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+        segments: list[list[dict[str, Any]]] = []
+        current: dict[str, Any] | None = span
+        while current is not None:
+            segment = [current]
+            if current["op"] == "timeout_wrapper":
+                branch = f"{current['node_id']}/{self._branch_of(current['node_id'])}/"
+                inner = [
+                    s
+                    for s in by_id.values()
+                    if s["parent"] == current["node_id"] and s["node_id"].startswith(branch)
+                ]
+                if inner:
+                    segment += self._path(max(inner, key=_last), by_id)
+            segments.append(segment)
+            deps = [by_id[d] for d in current["deps"] if d in by_id]
+            current = max(deps, key=_last) if deps else None
+        return [s for segment in reversed(segments) for s in segment]
+
+    def _branch_of(self, node_id: str) -> str:
+        w = self.wrappers.get(node_id)
+        return "fail" if w is not None and w["chosen_branch"] == "fail" else "success"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "plan_digest": self.plan_digest,
+            "spans": self.spans,
+            "wrappers": self.wrappers,
+            "late_discarded": self.late_discarded,
+            "critical_path": [s["node_id"] for s in self.critical_path()],
+        }
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_dict(), sort_keys=True).encode("utf-8")
+
+    def export_otel(self, tracer: Any) -> None:
+        """Emit the spans through an OpenTelemetry ``tracer``: wrappers as parents of their
+        branch nodes, wrapper fields as ``timebound.wrapper.*`` attributes."""
+        from opentelemetry import trace as otel_trace
+
+        base = self.started_epoch_ns
+        wrappers = self.wrappers
+        made: dict[str, Any] = {}
+        spans = self.spans
+        for s in sorted(spans, key=lambda s: (s["node_id"].count("/"), s["start_ms"])):
+            parent = made.get(s["parent"]) if s["parent"] else None
+            context = otel_trace.set_span_in_context(parent) if parent is not None else None
+            attributes: dict[str, Any] = {
+                "timebound.node_id": s["node_id"],
+                "timebound.op": s["op"],
+                "timebound.outcome": s["outcome"],
+            }
+            for k, v in wrappers.get(s["node_id"], {}).items():
+                if v is not None:
+                    attributes[f"timebound.wrapper.{k}"] = v
+            otel_span = tracer.start_span(
+                s["name"],
+                context=context,
+                start_time=base + int(s["start_ms"] * 1_000_000),
+                attributes=attributes,
+            )
+            made[s["node_id"]] = otel_span
+        ends = {s["node_id"]: s["end_ms"] for s in spans}
+        for node_id, otel_span in made.items():
+            otel_span.end(end_time=base + int(ends[node_id] * 1_000_000))
+
+
+def _last(span: dict[str, Any]) -> tuple[float, float]:
+    return (span["end_ms"], span["start_ms"])
