@@ -602,3 +602,22 @@ async def test_start_needs_an_open_engine(virtual_clock, make_engine) -> None:
     engine = make_engine(HANDLERS, definition([{"id": "A"}]))
     with pytest.raises(RuntimeError, match="async with engine"):
         await engine.start("wf")
+
+
+async def test_foreach_over_too_many_items_fails_the_run(virtual_clock, make_engine) -> None:
+    """A foreach list beyond the fan-out bound fails the run instead of spawning it."""
+    d = definition([{"id": "A"}, {"id": "B"}], [fan(foreach="input.items")])
+    del d["transitions"][0]["spawn_count"]
+    async with make_engine(HANDLERS, d) as engine:
+        _, result, _ = await run(engine, {"items": [0] * 10_001})
+    assert result.status == "failed" and "more than the 10000" in (result.error or "")
+
+
+async def test_deeply_nested_input_is_a_clear_error(virtual_clock, make_engine) -> None:
+    """Input nested beyond the recursion limit is refused with a ConfigurationError."""
+    deep: Any = []
+    for _ in range(100_000):
+        deep = [deep]
+    async with make_engine(HANDLERS, definition([{"id": "A"}])) as engine:
+        with pytest.raises(tb.ConfigurationError, match="must be JSON"):
+            await engine.start("wf", deep)
