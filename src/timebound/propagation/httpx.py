@@ -46,7 +46,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from .._core import _clock
 from .._core._deadline import Deadline
 from .._core._durations import Duration, to_seconds
-from .._core._scopes import _spawn_detached, move_on_at, spawn_background
+from .._core._scopes import _clean_context, _spawn_detached, move_on_at, spawn_background
 from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin
 from ._codec import EXPIRED_HEADER, TIMEOUT_HEADER
 
