@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from _common import US, Row, interleave, no_gc, percentile, print_table, write_results
+from _common import MS, US, Row, interleave, no_gc, percentile, print_table, write_results
 
 import timebound as tb
 
@@ -245,6 +245,193 @@ def bench_remaining(rows: list[Row]) -> None:
 
 def _noop() -> None:
     return None
+
+
+# 1b. One task per request, and 100,000 concurrent tasks --------------------------------------
+
+
+def bench_fresh_task(rows: list[Row]) -> None:
+    """A scope in a task of its own (the usual server pattern): overhead per task."""
+    empty = _Empty()
+    n = N // 2
+
+    async def one_base() -> None:
+        async with empty:
+            await asyncio.sleep(0)
+
+    async def one_aio() -> None:
+        async with asyncio.timeout(10):
+            await asyncio.sleep(0)
+
+    async def one_tb() -> None:
+        async with tb.fail_after(10):
+            await asyncio.sleep(0)
+
+    def runner(
+        loop: asyncio.AbstractEventLoop, one: Callable[[], Awaitable[None]]
+    ) -> Callable[[], float]:
+        async def body() -> float:
+            # CPU time, not wall time: the loop never waits here, and on a shared machine the
+            # wall clock also counts other processes' turns.
+            create = loop.create_task
+            t = time.process_time()
+            for _ in range(n):
+                await create(one())  # type: ignore[arg-type]
+            return time.process_time() - t
+
+        return _timed_async(loop, body)
+
+    loop = asyncio.new_event_loop()
+    try:
+        per_call = interleave(
+            {
+                "base": runner(loop, one_base),
+                "asyncio.timeout": runner(loop, one_aio),
+                "tb.fail_after": runner(loop, one_tb),
+            },
+            rounds=ROUNDS,
+            n=n,
+            batches=BATCHES,
+        )
+    finally:
+        loop.close()
+    aio = (per_call["asyncio.timeout"] - per_call["base"]) * US
+    mine = (per_call["tb.fail_after"] - per_call["base"]) * US
+    rows.append(
+        Row(
+            "scope.fail_after.fresh_task.overhead",
+            mine,
+            "us",
+            "asyncio.timeout",
+            aio,
+            "<= 1.0x",
+            mine <= 1.0 * aio,
+        )
+    )
+
+
+CONCURRENT = 20_000 if QUICK else 100_000
+
+
+def _concurrent_child(kind: str) -> None:
+    """Subprocess entry: CONCURRENT tasks, each under a scope that fires; print the figures.
+
+    Each variant runs in a fresh interpreter, so peak RSS is its own and no heap is shared.
+    """
+    import json
+    import resource
+
+    async def one_aio(timeout: float, late: list[float]) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time() + timeout
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.sleep(60)
+        except TimeoutError:
+            late.append(loop.time() - due)
+
+    async def one_tb(timeout: float, late: list[float]) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time() + timeout
+        try:
+            async with tb.fail_after(timeout):
+                await asyncio.sleep(60)
+        except tb.DeadlineExceeded:
+            late.append(loop.time() - due)
+
+    one = one_tb if kind == "tb" else one_aio
+
+    async def main() -> list[float]:
+        late: list[float] = []
+        # Deadlines spread over a second, as requests arriving together with different budgets.
+        tasks = [
+            asyncio.ensure_future(one(1.0 + (i % 1000) / 1000, late)) for i in range(CONCURRENT)
+        ]
+        await asyncio.gather(*tasks)
+        return late
+
+    cpu0 = time.process_time()
+    late = asyncio.run(main())
+    cpu = time.process_time() - cpu0
+    assert len(late) == CONCURRENT, len(late)
+    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"cpu": cpu / CONCURRENT, "rss": rss_kb / 1024, "p99": percentile(late, 99)}))
+
+
+def bench_concurrent(rows: list[Row]) -> None:
+    """100,000 concurrent tasks each under a scope: CPU per task, peak RSS, lateness p99."""
+    import json
+    import subprocess
+
+    samples: dict[str, list[dict[str, float]]] = {"aio": [], "tb": []}
+    for _ in range(1 if QUICK else 3):
+        for kind in samples:
+            out = subprocess.run(
+                [sys.executable, __file__, "--concurrent-child", kind, *sys.argv[1:]],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
+            samples[kind].append(json.loads(out.splitlines()[-1]))
+
+    def med(kind: str, key: str) -> float:
+        return statistics.median(s[key] for s in samples[kind])
+
+    cpu_tb, cpu_aio = med("tb", "cpu") * US, med("aio", "cpu") * US
+    rss_tb, rss_aio = med("tb", "rss"), med("aio", "rss")
+    p99_tb, p99_aio = med("tb", "p99") * MS, med("aio", "p99") * MS
+    for metric, mine, base, unit in (
+        ("concurrent_100k.cpu", cpu_tb, cpu_aio, "us"),
+        ("concurrent_100k.peak_rss", rss_tb, rss_aio, "MB"),
+        ("concurrent_100k.lateness.p99", p99_tb, p99_aio, "ms"),
+    ):
+        rows.append(Row(metric, mine, unit, "asyncio.timeout", base, "<= 1.2x", mine <= 1.2 * base))
+
+
+def bench_sync_scope(rows: list[Row]) -> None:
+    """Sync ``fail_after`` enter/exit, before and after trio is imported (in one process)."""
+    n = N * 2
+
+    class _SyncEmpty:
+        def __enter__(self) -> None:
+            return None
+
+        def __exit__(self, *exc: object) -> bool:
+            return False
+
+    empty = _SyncEmpty()
+
+    def base() -> float:
+        t = time.perf_counter()
+        for _ in range(n):
+            with empty:
+                pass
+        return time.perf_counter() - t
+
+    def sync_tb() -> float:
+        t = time.perf_counter()
+        for _ in range(n):
+            with tb.fail_after(10):
+                pass
+        return time.perf_counter() - t
+
+    before = interleave({"base": base, "tb": sync_tb}, rounds=ROUNDS, n=n, batches=BATCHES)
+    import trio  # noqa: F401  (imported, not running: the sync scope must not notice)
+
+    after = interleave({"base": base, "tb": sync_tb}, rounds=ROUNDS, n=n, batches=BATCHES)
+    without = (before["tb"] - before["base"]) * US
+    with_trio = (after["tb"] - after["base"]) * US
+    rows.append(
+        Row(
+            "scope.sync_fail_after.trio_imported.overhead",
+            with_trio,
+            "us",
+            "the same without trio imported",
+            without,
+            "<= 1.3x",
+            with_trio <= 1.3 * without,
+        )
+    )
 
 
 # 2. Policies' happy path -------------------------------------------------------------------
@@ -582,7 +769,10 @@ def main() -> None:
     started = time.perf_counter()
     gc.collect()
     rows: list[Row] = []
+    bench_sync_scope(rows)  # first: it measures before and after trio is imported
     aio = bench_scopes(rows)
+    bench_fresh_task(rows)
+    bench_concurrent(rows)
     bench_remaining(rows)
     bench_policies(rows, aio)
     bench_lateness(rows)
@@ -596,4 +786,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if "--concurrent-child" in sys.argv:
+        _concurrent_child(sys.argv[sys.argv.index("--concurrent-child") + 1])
+    else:
+        main()

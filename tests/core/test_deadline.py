@@ -158,3 +158,17 @@ def test_errors_keep_attached_attributes_through_pickle(virtual_clock: VirtualCl
     retry = tb.RetryExhausted([ValueError("x")])
     retry.call_site = "here"  # type: ignore[attr-defined]
     assert pickle.loads(pickle.dumps(retry)).call_site == "here"
+
+
+@pytest.mark.parametrize("text", ["\u0665s", "\uff15s", "1\u0660ms", "\uff15min"])
+def test_duration_rejects_non_ascii_digits(text: str) -> None:
+    """Arabic-Indic or full-width digits are a ConfigurationError naming the characters."""
+    with pytest.raises(tb.ConfigurationError, match="only ASCII digits") as info:
+        tb.fail_after(text)
+    assert info.value.option == "seconds"
+
+
+def test_duration_rejects_a_non_ascii_unit() -> None:
+    """A look-alike unit character is rejected like a foreign digit."""
+    with pytest.raises(tb.ConfigurationError, match="only ASCII"):
+        parse_duration("5\uff53")

@@ -481,3 +481,26 @@ def test_a_member_cannot_depend_on_its_own_group() -> None:
         DagPlan([Node("a", noop, ("g",), group="g")], [Group("g")])
     with pytest.raises(ValueError, match="its own member"):
         DagPlan([Node("a", noop, group="g")], [Group("g", deps=("a",))])
+
+
+def test_recorded_spans_survive_a_failed_run(run: Runner) -> None:
+    """With ``record=`` a list, the caller keeps the spans of a run that failed: the failing
+    node is an error, the node torn down with it is cancelled."""
+    cancelled: list[tuple[str, float]] = []
+
+    async def boom(ctx: object) -> None:
+        await anyio.sleep(1)
+        raise ValueError("boom")
+
+    plan: DagPlan[None] = DagPlan([Node("hang", hang(cancelled, "hang")), Node("boom", boom)])
+    spans: list[Any] = []
+
+    async def main() -> None:
+        with pytest.raises(ValueError):
+            await plan.execute(None, record=spans)
+
+    run(main)
+    assert [(s.key, s.outcome, s.end) for s in spans] == [
+        ("hang", "cancelled", 1.0),
+        ("boom", "error", 1.0),
+    ]

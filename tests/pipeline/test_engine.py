@@ -557,3 +557,42 @@ def test_run_sync() -> None:
     plan = pl.Plan("sync", registry=reg).vm("y", pl.col("x") * 2)
     result = pl.Engine(reg).run_sync(pl.compile(plan), pa.table({"x": [1, 2]}))  # type: ignore[arg-type]
     assert result.rows.to_pydict() == {"x": [1, 2], "y": [2, 4]}
+
+
+def test_the_plan_cache_is_bounded() -> None:
+    """The engine keeps the most recently used plans, up to plan_cache_size."""
+    reg = sample.make_registry()
+    engine = pl.Engine(reg, plan_cache_size=2)
+    artifacts = [pl.compile(pl.Plan(f"p{i}", registry=reg).take(i)) for i in range(3)]  # type: ignore[arg-type]
+    for a in (artifacts[0], artifacts[1], artifacts[0], artifacts[2]):
+        engine.prepare(a)
+    assert [k[0] for k in engine._cache] == [artifacts[0].digest, artifacts[2].digest]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "option"),
+    [
+        ({"env": "staging"}, "env"),
+        ({"capabilities": pl.CAPABILITY}, "capabilities"),
+        ({"plan_cache_size": 0}, "plan_cache_size"),
+    ],
+)
+def test_engine_options_are_checked(kwargs: dict[str, Any], option: str) -> None:
+    """A bad engine option is a ConfigurationError naming it."""
+    with pytest.raises(tb.ConfigurationError) as info:
+        pl.Engine(sample.make_registry(), **kwargs)
+    assert info.value.option == option
+
+
+def test_a_malformed_budget_names_the_field() -> None:
+    """Authoring mistakes in a wrapper's budget are schema errors that name the field."""
+    reg = sample.make_registry()
+    plan = pl.Plan("bad_budget", registry=reg)
+    plan.timeout_wrapper(
+        if_success=lambda c: c.task("call_models"),
+        if_fail=lambda c: c.fill_defaults(["score_model"]),
+        budget={"base_ms": -1, "per_row_us": 0, "min_ms": 1, "max_ms": 5},
+    )
+    with pytest.raises(pl.ValidationError, match="base_ms") as info:
+        pl.compile(plan)
+    assert info.value.rule == "schema"

@@ -574,3 +574,20 @@ async def test_a_late_async_result_after_a_decided_join_is_discarded(
     assert b[1]["state_data"]["reason"] == "join_decided"
     assert result.output["results"] == [0] and engine.late_results_discarded == 1
     assert [e["token_id"] for e in events if e["kind"] == "late_result_discarded"] == [b[1]["id"]]
+
+
+async def test_concurrent_starts_each_get_their_own_run(virtual_clock, make_engine) -> None:
+    """Starts issued together (one commit for all) give distinct runs that all complete."""
+    async with make_engine(HANDLERS, definition([{"id": "A"}])) as engine:
+        ids = await asyncio.gather(*(engine.start("wf", {"A": i}) for i in range(20)))
+        results = [await engine.wait(run_id) for run_id in ids]
+        inputs = [(await engine.get_run(run_id))["input"]["A"] for run_id in ids]
+    assert len(set(ids)) == 20 and inputs == list(range(20))
+    assert {r.status for r in results} == {"completed"}
+
+
+async def test_start_needs_an_open_engine(virtual_clock, make_engine) -> None:
+    """start() before the engine is open says how to open it."""
+    engine = make_engine(HANDLERS, definition([{"id": "A"}]))
+    with pytest.raises(RuntimeError, match="async with engine"):
+        await engine.start("wf")

@@ -50,6 +50,13 @@ class Deadline:
         return cls(_clock.now() + to_seconds(seconds, option="seconds", negative_is_zero=True))
 
     @classmethod
+    def _at(cls, when: float) -> Deadline:
+        """A deadline at ``when``, a float already known not to be NaN (the scopes' fast path)."""
+        d = object.__new__(cls)
+        object.__setattr__(d, "_when", when)
+        return d
+
+    @classmethod
     def never(cls) -> Deadline:
         """The deadline that is never reached."""
         return _NEVER

@@ -15,7 +15,9 @@ Duration = float | int | timedelta | str
 
 # Integer, no space, no fraction; units as the Constellation language spells them.
 _UNITS_MS = {"ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
-_DURATION_RE = re.compile(r"(\d+)(ms|s|min|h|d)")
+# ASCII digits only: ``\d`` would take Arabic-Indic or full-width digits (int() reads them),
+# which the grammar and the header codec reject; one duration must mean the same everywhere.
+_DURATION_RE = re.compile(r"([0-9]+)(ms|s|min|h|d)")
 
 
 def parse_duration(text: str, *, option: str = "duration") -> float:
@@ -24,6 +26,12 @@ def parse_duration(text: str, *, option: str = "duration") -> float:
     Raises :class:`ConfigurationError` naming ``option`` for anything else.
     """
     m = _DURATION_RE.fullmatch(text)
+    if m is None and not text.isascii():
+        raise ConfigurationError(
+            f"invalid {option} {text!r}: only ASCII digits 0-9 and the units ms, s, min, h, d "
+            f"are allowed (found {', '.join(sorted({repr(c) for c in text if not c.isascii()}))})",
+            option=option,
+        )
     if m is None:
         raise ConfigurationError(
             f"invalid {option} {text!r}: expected an integer followed by ms, s, min, h or d "

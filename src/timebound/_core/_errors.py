@@ -86,6 +86,18 @@ def _format_seconds(seconds: float) -> str:
     return f"{seconds:.3g}s"
 
 
+def deadline_message(source: str, timeout: float | None, what: str | None) -> str:
+    """The default text of a :class:`DeadlineExceeded` for these fields."""
+    finite = timeout is not None and math.isfinite(timeout)
+    if what is not None:
+        if finite and timeout is not None:
+            return f"{what} timed out after {_format_seconds(timeout)} ({source} deadline)"
+        return f"{what} timed out ({source} deadline exceeded)"
+    if finite and timeout is not None:
+        return f"{source} deadline of {_format_seconds(timeout)} exceeded"
+    return f"{source} deadline exceeded"
+
+
 class DeadlineExceeded(TimeboundError, TimeoutError):
     """A deadline was reached. Also a builtin ``TimeoutError``.
 
@@ -109,17 +121,7 @@ class DeadlineExceeded(TimeboundError, TimeoutError):
         if source not in SOURCES:
             raise ValueError(f"unknown deadline source {source!r}")
         if message is None:
-            finite = timeout is not None and math.isfinite(timeout)
-            if what is not None:
-                message = (
-                    f"{what} timed out after {_format_seconds(timeout)} ({source} deadline)"
-                    if finite and timeout is not None
-                    else f"{what} timed out ({source} deadline exceeded)"
-                )
-            elif finite and timeout is not None:
-                message = f"{source} deadline of {_format_seconds(timeout)} exceeded"
-            else:
-                message = f"{source} deadline exceeded"
+            message = deadline_message(source, timeout, what)
         super().__init__(message)
         self.source = source
         self.timeout = timeout

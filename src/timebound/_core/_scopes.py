@@ -12,11 +12,13 @@ workers see it (they copy the context); ``spawn_background`` gives a task a clea
 Cancellation in asyncio
 -----------------------
 A scope cancels only the task that entered it (child tasks *see* its deadline; a TaskGroup
-cancels them when the parent's error propagates). Each task keeps one :class:`_TaskTimer` with a
-single loop timer, armed at the earliest deadline any of its frames needs. Entering a scope
-whose deadline is later than the armed timer creates no timer at all; the timer, when it fires,
-re-reads the task's innermost frame and re-arms if nothing is due yet (so it may wake early, but
-never declares expiry early, D1.3). Only the binding deadline arms a timer. A nested scope that
+cancels them when the parent's error propagates). While a task has frames, it keeps one
+:class:`_TaskTimer` (found through the frame chain) with a single loop timer, armed at the
+earliest deadline any of its frames needs. Entering a scope whose deadline is later than the
+armed timer creates no timer at all; the timer, when it fires, re-reads the task's innermost
+frame and re-arms if nothing is due yet (so it may wake early, but never declares expiry early,
+D1.3). When the task's last frame exits, the timer is cancelled, as ``asyncio.timeout`` does.
+Only the binding deadline arms a timer. A nested scope that
 binds in no sense -- its deadline is no earlier than both the visible effective deadline and the
 one its task already cancels at -- is not even pushed into the context: as a frame it would only
 repeat its parent. It still checks its own deadline at exit (``.expired``, D1.7).
@@ -40,7 +42,7 @@ from typing import Any, Final, TypeVar
 from . import _clock
 from ._deadline import Deadline
 from ._durations import Duration, to_seconds
-from ._errors import SOURCES, ConfigurationError, DeadlineExceeded
+from ._errors import SOURCES, ConfigurationError, DeadlineExceeded, deadline_message
 
 __all__ = [
     "CancelScope",
@@ -85,6 +87,7 @@ class _Frame:
         "_own",
         "_source",
         "_timeout",
+        "_ts",
         "_what",
         "binder",
         "c_at",
@@ -98,6 +101,7 @@ class _Frame:
     _source: str
     _timeout: float | None
     _what: str | None
+    _ts: _TaskTimer | None  # the task timer, while this frame of an asyncio task is entered
     eff: float
     binder: _Frame | None
     c_task: Any  # the asyncio.Task or trio Task the chain cancels, or None
@@ -119,18 +123,19 @@ class _Frame:
         # This runs between the deadline and the moment the caller sees the error, usually with
         # cold caches after an idle wait, where formatting the message (float formatting) cost
         # ~20 us of p50 lateness in bench/core.py. Timeouts repeat per call site: reuse the text
-        # DeadlineExceeded itself produced for the same (source, timeout, what).
+        # for the same (source, timeout, what); the oldest entry makes room (a full clear made
+        # every firing format again once a program had more distinct timeouts than the cache).
         key = (source, timeout, what)
         message = _messages.get(key)
         if message is None:
-            message = str(DeadlineExceeded(source=source, timeout=timeout, what=what))
+            message = deadline_message(source, timeout, what)
             if len(_messages) >= _MESSAGES_MAX:
-                _messages.clear()
+                del _messages[next(iter(_messages))]
             _messages[key] = message
         if context is not None and context != what:
             message = f"{context} stopped: {message}"
         err = DeadlineExceeded(
-            message, source=source, timeout=timeout, deadline=Deadline(self._own), what=what
+            message, source=source, timeout=timeout, deadline=Deadline._at(self._own), what=what
         )
         err._timebound_binder = self  # type: ignore[attr-defined]
         return err
@@ -138,7 +143,7 @@ class _Frame:
 
 # Formatted DeadlineExceeded messages by (source, timeout, what); see _Frame._deadline_error.
 _messages: dict[tuple[str, float | None, str | None], str] = {}
-_MESSAGES_MAX: Final = 512
+_MESSAGES_MAX: Final = 4096
 
 
 class _Root(_Frame):
@@ -155,6 +160,7 @@ class _Root(_Frame):
         self.c_at = _INF
         self.c_binder = None
         self.catcher = None
+        self._ts = None
 
 
 _ROOT: Final = _Root()
@@ -172,14 +178,13 @@ class _TaskTimer:
         self.top: _Frame = _ROOT
         self.armed_at = _INF
         self.handle: asyncio.Handle | None = None
-        # The timer outlives scopes on purpose; it must not outlive the task.
-        task.add_done_callback(self._task_done)
 
-    def arm(self, when: float) -> None:
+    def arm(self, when: float, now: float) -> None:
+        """Arm the timer at ``when``; ``now`` is the clock as the caller just read it."""
         if self.handle is not None:
             self.handle.cancel()
         self.armed_at = when
-        if when <= _clock.now():
+        if when <= now:
             # Already due: call_soon, as asyncio.timeout does (cpython#95051). A past call_at
             # would run after the task's own next step, so its first await would complete.
             self.handle = self.loop.call_soon(self._fire)
@@ -196,30 +201,47 @@ class _TaskTimer:
         due = top.c_at
         if due == _INF:
             return
-        if _clock.now() >= due:
+        now = _clock.now()
+        if now >= due:
             catcher._fire(top.c_binder)
         else:
             # Woke early (cpython#127859, uvloop's ms rounding): re-arm, never expire early.
-            self.arm(due)
+            self.arm(due, now)
 
-    def _task_done(self, _task: object) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-            self.handle = None
-        self.top = _ROOT
+    def leave(self, prev: _Frame) -> None:
+        """A frame of this task exited and ``prev`` is on top again: keep the timer it needs.
+
+        Between nested scopes the timer is lazy (an enclosing bound that is no earlier than
+        the armed instant needs no re-arm). Once no scope of this task is left, the timer is
+        cancelled, as asyncio.timeout cancels its own: it must not outlive the task, nor hold
+        it (no done-callback per task; that cost ~1 us and a loop callback per request).
+        """
+        self.top = prev
+        if prev.catcher is None or prev.c_task is not self.task:
+            handle = self.handle
+            if handle is not None:
+                handle.cancel()
+                self.handle = None
+                self.armed_at = _INF
+        elif prev.c_at < self.armed_at:
+            # Leaving a shield, or the timer was consumed inside: the enclosing bound still
+            # needs its timer.
+            self.arm(prev.c_at, _clock.now())
 
 
-_task_timer: contextvars.ContextVar[_TaskTimer | None] = contextvars.ContextVar(
-    "timebound.task_timer", default=None
-)
+def _timer_for(
+    parent: _Frame, task: asyncio.Task[Any], loop: asyncio.AbstractEventLoop
+) -> _TaskTimer:
+    """The task's timer: the enclosing frame's when it belongs to this task, else a new one.
 
-
-def _timer_for(task: asyncio.Task[Any], loop: asyncio.AbstractEventLoop) -> _TaskTimer:
-    ts = _task_timer.get()
-    if ts is None or ts.task is not task:
-        ts = _TaskTimer(task, loop)
-        _task_timer.set(ts)
-    return ts
+    A timer lives exactly as long as the task has frames (see _TaskTimer.leave), so it is found
+    through the frame chain: no per-task registry, no done-callback, no context variable.
+    """
+    if parent.c_task is task:
+        ts = parent._ts
+        if ts is not None:
+            return ts
+    return _TaskTimer(task, loop)
 
 
 def _trio_module() -> Any:
@@ -261,14 +283,12 @@ class CancelScope(_Frame):
         "_fired",
         "_fired_binder",
         "_mode",
+        "_parent",
         "_pending_cancel",
         "_prev_top",
         "_raise",
-        "_relative",
         "_shield",
-        "_token",
         "_trio_scope",
-        "_ts",
         "expired",
     )
 
@@ -277,9 +297,9 @@ class CancelScope(_Frame):
     _fired_binder: _Frame | None
     _mode: int
     _pending_cancel: bool
+    _parent: _Frame
     _prev_top: _Frame
     _trio_scope: Any
-    _ts: _TaskTimer | None
 
     def __init__(
         self,
@@ -294,8 +314,7 @@ class CancelScope(_Frame):
         # Keep in step with _new_scope(), the constructors' fast path.
         _check_source(source)
         self._own = _INF if when is None else when
-        self._relative = relative
-        self._timeout = relative
+        self._timeout = relative  # None: an absolute scope
         self._raise = raise_on_expiry
         self._shield = shield
         self._source = source
@@ -310,9 +329,9 @@ class CancelScope(_Frame):
     @property
     def deadline(self) -> Deadline:
         """This scope's own deadline (not the effective one; see :func:`current_deadline`)."""
-        if self._relative is not None and self._mode < 0:
+        if self._timeout is not None and self._mode < 0:
             # A relative budget starts at entry (D1.4); before that it is not an instant yet.
-            return Deadline.after(self._relative)
+            return Deadline.after(self._timeout)
         return Deadline(self._own)
 
     @property
@@ -329,8 +348,8 @@ class CancelScope(_Frame):
         if self._mode >= 0:
             raise RuntimeError("a timebound scope can be entered only once")
         now = _clock.now()
-        if self._relative is not None:
-            self._own = now + self._relative
+        if self._timeout is not None:
+            self._own = now + self._timeout
         own = self._own
         parent = _frame.get()
         loop = _get_running_loop()
@@ -363,7 +382,9 @@ class CancelScope(_Frame):
                     self.c_at = parent.c_at
                     self.c_binder = parent.c_binder
                     self.catcher = parent.catcher
-                    self._token = _frame.set(self)
+                    self._ts = parent._ts
+                    self._parent = parent
+                    _frame.set(self)
                     return self
                 if self._shield or own < parent.eff:  # _set_visible, inlined on this hot path
                     self.eff = own
@@ -377,7 +398,7 @@ class CancelScope(_Frame):
             trio = _trio_module()
             if trio is not None:
                 self._set_visible(parent, own)
-                self._enter_trio(trio, now)
+                self._enter_trio(trio, parent, now)
                 return self
         self._set_visible(parent, own)
         self._mode = 0
@@ -385,7 +406,8 @@ class CancelScope(_Frame):
         self.c_at = self.eff
         self.c_binder = self.binder
         self.catcher = None
-        self._token = _frame.set(self)
+        self._parent = parent
+        _frame.set(self)
         return self
 
     def _set_visible(self, parent: _Frame, own: float) -> None:
@@ -436,18 +458,24 @@ class CancelScope(_Frame):
         # must win over our own expiry.
         self._cancelling = cancelling = task.cancelling()
         self._pending_cancel = cancelling > 0 and getattr(task, "_must_cancel", True)
-        self._token = _frame.set(self)
-        ts = _task_timer.get()
-        if ts is None or ts.task is not task:
-            ts = _TaskTimer(task, loop)
-            _task_timer.set(ts)
+        self._parent = parent
+        _frame.set(self)
+        ts = parent._ts if parent.c_task is task else None  # _timer_for(), inlined: hot path
+        if ts is None:
+            # _TaskTimer(task, loop) without type.__call__ (one per task: ~0.1 us of ~4 us).
+            ts = _new(_TaskTimer)
+            ts.task = task
+            ts.loop = loop
+            ts.top = _ROOT
+            ts.armed_at = _INF
+            ts.handle = None
         self._ts = ts
         self._prev_top = ts.top
         ts.top = self
         if self.c_at < ts.armed_at:
-            ts.arm(self.c_at)
+            ts.arm(self.c_at, now)
 
-    def _enter_trio(self, trio: Any, now: float) -> None:
+    def _enter_trio(self, trio: Any, parent: _Frame, now: float) -> None:
         self._mode = 2
         # The trio task and this scope as its catcher: an inherit_deadline() inside it then
         # ends it at the inherited deadline, as on asyncio (see _Bound).
@@ -459,7 +487,8 @@ class CancelScope(_Frame):
         trio_deadline = _INF if self.eff == _INF else trio.current_time() + max(0.0, self.eff - now)
         self._trio_scope = scope = trio.CancelScope(deadline=trio_deadline, shield=self._shield)
         scope.__enter__()
-        self._token = _frame.set(self)
+        self._parent = parent
+        _frame.set(self)
 
     def _fire(self, binder: _Frame | None) -> None:
         """Called by the task timer: this scope catches the deadline of ``binder``."""
@@ -478,13 +507,17 @@ class CancelScope(_Frame):
         tb: TracebackType | None,
     ) -> bool:
         mode = self._mode
+        if mode == 1:  # asyncio, timer-linked: the common case first
+            _frame.set(self._parent)
+            self.expired = own_expired = _clock.now() >= self._own
+            return self._exit_asyncio(exc_type, exc, own_expired)
         if mode == 3:
             # Out of the context, never a binder, never fired: only its own deadline matters.
             self.expired = own_expired = _clock.now() >= self._own
             if exc is None and own_expired and self._raise:
                 raise self._deadline_error()
             return False
-        _frame.reset(self._token)
+        _frame.set(self._parent)
         self.expired = own_expired = _clock.now() >= self._own
         if not mode:
             # Sync code, or a non-binding asyncio scope (never fired: nothing to withdraw).
@@ -494,8 +527,6 @@ class CancelScope(_Frame):
                     raise self._deadline_error()
                 return False
             return self._exit_plain(exc)
-        if mode == 1:
-            return self._exit_asyncio(exc_type, exc, own_expired)
         return self._exit_trio(exc_type, exc, tb, own_expired)
 
     async def __aenter__(self) -> CancelScope:
@@ -523,12 +554,16 @@ class CancelScope(_Frame):
     ) -> bool:
         ts = self._ts
         assert ts is not None
-        ts.top = prev = self._prev_top
+        prev = self._prev_top
+        if prev.c_task is not ts.task and ts.handle is not None:
+            # The task's last frame: the common exit of one scope per task (ts.leave, inlined).
+            ts.top = prev
+            ts.handle.cancel()
+            ts.handle = None
+            ts.armed_at = _INF
+        else:
+            ts.leave(prev)
         self._ts = None
-        if prev.c_task is self.c_task and prev.catcher is not None and prev.c_at < ts.armed_at:
-            # Leaving a shield, or the timer was consumed inside us: the enclosing bound still
-            # needs its timer.
-            ts.arm(prev.c_at)
         if not self._fired:
             if exc is None:
                 if own_expired and self._raise:
@@ -608,9 +643,9 @@ class CancelScope(_Frame):
 class _Bound(_Frame):
     """A visible deadline that cancels nothing by itself: an inherited one, or the blocker."""
 
-    __slots__ = ("_blocker", "_prev_top", "_token", "_trio_scope", "_ts")
+    __slots__ = ("_blocker", "_parent", "_prev_top", "_trio_scope")
 
-    _ts: _TaskTimer | None
+    _parent: _Frame
     _trio_scope: Any
 
     def __init__(self, when: float, *, source: str, timeout: float | None, blocker: bool) -> None:
@@ -653,16 +688,16 @@ class _Bound(_Frame):
         self.c_at = base_at
         self.c_binder = base_binder
         self.catcher = catcher
-        self._token = _frame.set(self)
+        self._parent = parent
+        _frame.set(self)
         if task is not None and loop is not None:
-            ts = _timer_for(task, loop)
-            self._ts = ts
+            self._ts = ts = _timer_for(parent, task, loop)
             self._prev_top = ts.top
             ts.top = self
             if catcher is not None and self.c_at < ts.armed_at:
                 # An earlier bound inside a scope of this task: that scope ends at it (D1.5)
                 # and reports this bound, as it would a bound outside it.
-                ts.arm(self.c_at)
+                ts.arm(self.c_at, _clock.now())
         return Deadline(self.eff)
 
     def _enter_trio(self, trio: Any, parent: _Frame, own: float) -> None:
@@ -683,7 +718,8 @@ class _Bound(_Frame):
         else:
             self.c_at = parent.c_at
             self.c_binder = parent.c_binder
-        self._token = _frame.set(self)
+        self._parent = parent
+        _frame.set(self)
 
     def __exit__(
         self,
@@ -691,7 +727,7 @@ class _Bound(_Frame):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        _frame.reset(self._token)
+        _frame.set(self._parent)
         scope = self._trio_scope
         if scope is not None:
             self._trio_scope = None
@@ -701,10 +737,8 @@ class _Bound(_Frame):
             return
         ts = self._ts
         if ts is not None:
-            ts.top = prev = self._prev_top
+            ts.leave(self._prev_top)
             self._ts = None
-            if prev.catcher is not None and prev.c_task is ts.task and prev.c_at < ts.armed_at:
-                ts.arm(prev.c_at)
 
     async def __aenter__(self) -> Deadline:
         return self.__enter__()
@@ -754,6 +788,8 @@ def _new_scope(
         relative = None
     elif type(seconds) is float and seconds >= 0.0:  # NaN fails this and goes to to_seconds
         relative = seconds
+    elif type(seconds) is int and 0 <= seconds <= 10**15:  # huge ints go to to_seconds
+        relative = float(seconds)
     else:
         # Negative means "already expired" (D1.9): the budget is zero, the deadline is entry.
         relative = to_seconds(seconds, option="seconds", negative_is_zero=True)
@@ -761,7 +797,6 @@ def _new_scope(
         _check_source(source)
     s: CancelScope = _new(CancelScope)
     s._own = when
-    s._relative = relative
     s._timeout = relative
     s._raise = raise_on_expiry
     s._shield = shield
@@ -934,7 +969,6 @@ _EAGER: Final = sys.version_info >= (3, 12)
 def _clean_context() -> contextvars.Context:
     ctx = contextvars.copy_context()
     ctx.run(_frame.set, _ROOT)
-    ctx.run(_task_timer.set, None)
     return ctx
 
 

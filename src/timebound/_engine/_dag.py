@@ -365,12 +365,14 @@ class DagPlan(Generic[_C]):
         ctx: _C,
         *,
         concurrency: int | None = None,
-        record: bool = False,
+        record: bool | list[Span] = False,
         results: dict[Any, Any] | None = None,
         errors: dict[Any, BaseException] | None = None,
         sink: Callable[[Event], None] | None = None,
     ) -> list[Span] | None:
         """Run every node once; returns the spans (nodes, then groups) when ``record`` is true.
+        ``record`` may also be a list: the spans are added to it when the run starts, so the
+        caller has them even when the run fails.
 
         With ``results``, each node's value is stored there under its key as it completes (and a
         group fallback's value under the group's key); ``errors`` receives what ``collect``
@@ -389,11 +391,13 @@ class DagPlan(Generic[_C]):
             st.g_deadline = [_INF] * ng
             st.g_timeout = [None] * ng
             st.g_timed_out = [False] * ng
-        if record or sink is not None:
+        if record is not False or sink is not None:
             now = _clock.now()
             spans = [Span(n.key, now, group=n.group) for n in self.nodes]
             spans += [Span(g.key, now, group=g.parent, is_group=True) for g in self.groups]
             st.spans = spans
+            if isinstance(record, list):
+                record.extend(spans)
             if sink is not None:
                 for i in self._roots:
                     self._emit(st, "ready", i, now)
@@ -421,7 +425,7 @@ class DagPlan(Generic[_C]):
             await self._teardown(st)
         if st.failure is not None:
             raise st.failure
-        return st.spans if record else None
+        return st.spans if record is not False else None
 
     def _span(self, st: _Exec, i: int) -> Span:
         assert st.spans is not None
@@ -762,6 +766,8 @@ class DagPlan(Generic[_C]):
             if not st.finished:
                 await _wait(st)
             st.running -= len(st.finished)
+            for i, _, _ in st.finished:
+                self._end(st, i, "cancelled")
             st.finished.clear()
 
     async def _spawned(self, st: _Exec, ctx: _C, i: int) -> None:
@@ -770,6 +776,7 @@ class DagPlan(Generic[_C]):
         except BaseException as exc:
             tg = st.tg
             if tg is not None and tg.cancel_scope.cancel_called and isinstance(exc, st.cancelled):
+                self._end(st, i, "cancelled")
                 raise  # trio: the run is being torn down by its nursery
             # Cancelled by someone other than the run, or a failure: the run decides.
             self._finish(st, i, False, exc)

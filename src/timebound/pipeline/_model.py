@@ -27,7 +27,6 @@ __all__ = [
 
 # Where a resolved param value came from (RFC §5.8 override_origin).
 ORIGINS = ("plan", "fragment", "request", "source", "default")
-Origin = Literal["plan", "fragment", "request", "source", "default"]
 Rowset = Literal["preserve", "mutate", "unknown"]
 
 _NO_DEFAULT: Any = type("_NoDefault", (), {"__repr__": lambda self: "<no default>"})()
