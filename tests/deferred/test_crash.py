@@ -28,6 +28,7 @@ def _spawn(*args: str) -> subprocess.Popen[str]:
 
 
 @pytest.mark.realtime
+@pytest.mark.timeout(600)
 def test_kill_9_loses_nothing_resumes_once_polls_none_early(tmp_path: Path) -> None:
     """Pending, completed-not-resumed and expiring operations survive repeated kill -9."""
     url = f"sqlite:///{tmp_path}/host.db"
