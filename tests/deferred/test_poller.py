@@ -76,17 +76,33 @@ async def test_polls_are_never_early(tmp_path: Path, virtual_clock: VirtualClock
 async def test_jittered_polls_are_never_before_the_clamped_interval(
     tmp_path: Path, virtual_clock: VirtualClock
 ) -> None:
-    """With jitter, each poll comes retry_after to 20% later after the previous one."""
+    """With jitter, each wait is its stretched base (10, 10, 20, 40, 60, ...) plus at most 2 s."""
     conn = Scripted(virtual_clock)
-    policy = HostPolicy(rng=random.Random(3), max_ttl_s=300)
+    policy = HostPolicy(rng=random.Random(3), max_ttl_s=900)
     async with Registry(_url(tmp_path), policy=policy) as reg:
-        await reg.register(operation_doc(_id(1), retry_after=10, ttl_s=300), module="m")
+        await reg.register(operation_doc(_id(1), retry_after=10, ttl_s=900), module="m")
         async with Poller(reg, {"m": conn}):
-            await asyncio.sleep(400)
+            await asyncio.sleep(1000)
     times = [0.0, *conn.polls[_id(1)]]
     gaps = [b - a for a, b in itertools.pairwise(times)]
-    assert len(gaps) >= 20
-    assert all(10.0 <= g <= 12.0 + 0.002 for g in gaps)
+    bases = [10.0] + [min(10.0 * 2 ** (n - 1), 60.0) for n in range(1, len(gaps))]
+    assert len(gaps) >= 15
+    assert all(base <= g <= base + 2.0 + 0.002 for g, base in zip(gaps, bases, strict=True))
+    assert any(g > base + 0.5 for g, base in zip(gaps, bases, strict=True))  # jitter is used
+
+
+async def test_a_one_second_hint_costs_few_polls(
+    tmp_path: Path, virtual_clock: VirtualClock
+) -> None:
+    """A connector answering pending with a 1 s hint for 15 minutes is polled at most 30 times."""
+    conn = Scripted(virtual_clock)
+    async with Registry(_url(tmp_path)) as reg:
+        await reg.register(operation_doc(_id(1), retry_after=1, ttl_s=900), module="m")
+        async with Poller(reg, {"m": conn}):
+            await asyncio.sleep(1000)
+        op = await reg.get(_id(1))
+    assert op is not None and op.status == "expired"
+    assert len(conn.polls[_id(1)]) <= 30
 
 
 async def test_the_rate_cap_is_never_exceeded(tmp_path: Path, virtual_clock: VirtualClock) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from .._core._deadline import Deadline
 from .._core._errors import ConfigurationError, DeadlineExceeded
+from ..policies._retry import RetryPlan
 
 __all__ = ["HostPolicy"]
 
@@ -78,6 +79,22 @@ class HostPolicy:
         if not self.jitter:
             return 0.0
         return self.rng.uniform(0.0, min(0.2 * retry_after, 5.0))
+
+    def poll_delay_s(self, retry_after: int, polls: int) -> float:
+        """The wait before the next poll after ``polls`` polls (at least 1): the cadence stretches.
+
+        The n-th wait is ``retry_after * 2**(n-1)``, at most ``max_retry_after_s`` (the retry
+        decision core's exponential backoff), plus the additive jitter. An operation that keeps
+        answering ``pending`` every second is asked about twenty times in fifteen minutes, not
+        nine hundred (the retry-storm failure mode); no wait is shorter than ``retry_after``.
+        """
+        plan = RetryPlan(
+            "deferred poll",
+            delay=float(retry_after),
+            backoff="exponential",
+            max_delay=float(max(self.max_retry_after_s, retry_after)),
+        )
+        return plan.delay_after(max(polls, 1)) + self.jitter_s(retry_after)
 
     def lifetime_s(
         self,

@@ -20,7 +20,6 @@ from typing import Any, Protocol
 from .._core import _clock
 from .._core._errors import DeadlineExceeded
 from .._core._scopes import fail_after
-from ..policies._retry import RetryPlan
 from ._contract import TERMINAL
 from ._registry import Operation, Outcome, Registry, now_ms
 
@@ -199,16 +198,9 @@ class Poller:
             self._wake.set()
 
     async def _failed(self, op: Operation, code: str) -> Outcome:
-        policy = self.registry.policy
-        # The decision core's exponential backoff from the clamped interval, capped by the
-        # policy's maximum interval; jitter is additive only (D7.6).
-        plan = RetryPlan(
-            "deferred poll",
-            delay=float(op.retry_after_s),
-            backoff="exponential",
-            max_delay=float(max(policy.max_retry_after_s, op.retry_after_s)),
-        )
-        delay = plan.delay_after(op.attempts + 1) + policy.jitter_s(op.retry_after_s)
+        # The same stretching cadence as a successful poll: a failing connector is not asked
+        # more often than a slow one.
+        delay = self.registry.policy.poll_delay_s(op.retry_after_s, op.attempts + 1)
         return await self.registry.poll_failed(op.id, delay, code)
 
     async def poll_now(self, op_id: str) -> Outcome:

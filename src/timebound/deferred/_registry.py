@@ -311,7 +311,7 @@ class Registry:
             caller_deadline=caller_deadline,
         )
         retry_after, valid = self.policy.check_retry_after(doc["retry_after_seconds"])
-        next_poll = None if module is None else at + self._poll_delay_ms(retry_after)
+        next_poll = None if module is None else at + self._poll_delay_ms(retry_after, 0)
         idem = None if idempotency_key is None else digest(["idempotency", idempotency_key])
         req = None if idempotency_key is None else digest(request)
         op_id = doc["operation/id"]
@@ -364,9 +364,9 @@ class Registry:
         self._changed()
         return _row_op(row)
 
-    def _poll_delay_ms(self, retry_after: int) -> int:
+    def _poll_delay_ms(self, retry_after: int, polls: int) -> int:
         # Rounded up: the jittered poll is never earlier than the clamped interval (D7.6).
-        return math.ceil((retry_after + self.policy.jitter_s(retry_after)) * 1000)
+        return math.ceil(self.policy.poll_delay_s(retry_after, polls) * 1000)
 
     async def _history(
         self, tx: Tx, op_id: str, at: int, status: str, doc_digest: str | None, code: str | None
@@ -445,7 +445,9 @@ class Registry:
         hint = doc.get("retry_after_seconds", row["retry_after_s"])
         retry_after = self.policy.retry_after(hint)
         next_poll = (
-            None if terminal or row["module"] is None else at + self._poll_delay_ms(retry_after)
+            None
+            if terminal or row["module"] is None
+            else at + self._poll_delay_ms(retry_after, row["attempts"])
         )
         await tx.execute(
             "UPDATE tb_deferred_ops SET status = ?, updated_ms = ?, connector_updated_ms = ?, "
@@ -603,7 +605,7 @@ class Registry:
             await tx.execute(
                 "UPDATE tb_deferred_ops SET attempts = ? WHERE id = ?", attempts, op_id
             )
-            outcome = await self._apply(tx, row, status_doc, at)
+            outcome = await self._apply(tx, {**row, "attempts": attempts}, status_doc, at)
             fresh = await self._row(tx, op_id)
             assert fresh is not None
             if fresh["status"] not in TERMINAL:
@@ -611,7 +613,7 @@ class Registry:
                     # A rejected answer is not progress: poll again after the clamped interval.
                     await tx.execute(
                         "UPDATE tb_deferred_ops SET next_poll_ms = ? WHERE id = ?",
-                        at + self._poll_delay_ms(fresh["retry_after_s"]),
+                        at + self._poll_delay_ms(fresh["retry_after_s"], attempts),
                         op_id,
                     )
                 if self._out_of_attempts(attempts):
