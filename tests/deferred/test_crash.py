@@ -1,14 +1,14 @@
 """kill -9 of the host at random instants: no operation lost, each resumed once, no early poll.
 
-Real subprocesses on a real SQLite store (durability is the point, so no virtual time).
+Real subprocesses on real stores, SQLite and PostgreSQL (durability is the point: no virtual time).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -16,9 +16,23 @@ from pathlib import Path
 
 import pytest
 
+from timebound._store import open_store
+
 HOST = str(Path(__file__).with_name("_crash_host.py"))
 ROOT = Path(__file__).resolve().parents[2]
 KILLS = int(os.environ.get("TIMEBOUND_DEFERRED_KILLS", "25"))
+
+
+async def _read(url: str) -> tuple[dict[str, str], list[str]]:
+    store = open_store(url)
+    await store.open()
+    try:
+        async with store.transaction() as tx:
+            ops = await tx.fetch("SELECT id, status FROM tb_deferred_ops")
+            resumes = await tx.fetch("SELECT op_id FROM crash_resumes")
+    finally:
+        await store.close()
+    return {r["id"]: r["status"] for r in ops}, [r["op_id"] for r in resumes]
 
 
 def _spawn(*args: str) -> subprocess.Popen[str]:
@@ -29,9 +43,9 @@ def _spawn(*args: str) -> subprocess.Popen[str]:
 
 @pytest.mark.realtime
 @pytest.mark.timeout(600)
-def test_kill_9_loses_nothing_resumes_once_polls_none_early(tmp_path: Path) -> None:
+def test_kill_9_loses_nothing_resumes_once_polls_none_early(tmp_path: Path, store_url: str) -> None:
     """Pending, completed-not-resumed and expiring operations survive repeated kill -9."""
-    url = f"sqlite:///{tmp_path}/host.db"
+    url = store_url
     log = tmp_path / "polls.log"
     setup = _spawn("setup", url)
     assert setup.wait(timeout=60) == 0
@@ -48,12 +62,9 @@ def test_kill_9_loses_nothing_resumes_once_polls_none_early(tmp_path: Path) -> N
     out, _ = final.communicate(timeout=120)
     assert final.returncode == 0 and out.strip().endswith("done")
 
-    db = sqlite3.connect(f"{tmp_path}/host.db")
-    rows = dict(db.execute("SELECT id, status FROM tb_deferred_ops").fetchall())
-    resumes = db.execute("SELECT op_id FROM crash_resumes").fetchall()
-    db.close()
+    rows, resumes = asyncio.run(_read(url))
     assert len(rows) == 40  # none lost
-    assert sorted(r[0] for r in resumes) == sorted(rows)  # each resumed exactly once
+    assert sorted(resumes) == sorted(rows)  # each resumed exactly once
     assert {rows[k] for k in rows if ":stuck.job:" in k} == {"expired"}
     assert {rows[k] for k in rows if ":slow.job:" in k} == {"completed"}
     polls = [line.split() for line in log.read_text().splitlines() if line]
