@@ -68,6 +68,10 @@ class _RateWindow:
             starts.popleft()
         return 0.0 if len(starts) < self.cap else starts[0] + 1.0 - now
 
+    def room(self) -> int:
+        """How many starts the window allows now."""
+        return self.cap - len(self._starts) if self.wait_s() == 0 else 0
+
     def take(self) -> None:
         self._starts.append(_clock.now())
 
@@ -146,7 +150,14 @@ class Poller:
         reg = self.registry
         await reg.expire_due()
         await reg.resume_due()
-        batch = max(reg.policy.poll_rate_cap, 16)
+        # Fetch no more rows than could start now (plus the ones in flight, still due).
+        policy = reg.policy
+        slots = sum(max(0, policy.per_module_inflight - self._inflight[m]) for m in self.connectors)
+        room = min(slots, self._window.room())
+        if room == 0:
+            wait = self._window.wait_s()
+            return wait if wait > 0 else None  # a poll that ends wakes the loop
+        batch = room + len(self._polling)
         at = now_ms()
         due = await reg.due_polls(list(self.connectors), batch)
         started = 0

@@ -652,9 +652,10 @@ class Registry:
         """Resume every terminal operation whose continuation has not resumed yet."""
         async with self._store.transaction() as tx:
             rows = await tx.fetch(
-                "SELECT id FROM tb_deferred_ops WHERE resumed_ms IS NULL AND resume_error IS NULL "
-                "AND continuation IS NOT NULL AND status IN "
+                # status first: the (status, expires_ms) index skips the live rows.
+                "SELECT id FROM tb_deferred_ops WHERE status IN "
                 "('completed', 'failed', 'timed-out', 'cancelled', 'expired', 'unknown') "
+                "AND resumed_ms IS NULL AND resume_error IS NULL AND continuation IS NOT NULL "
                 "ORDER BY updated_ms, id LIMIT ?",
                 limit,
             )
