@@ -394,34 +394,37 @@ class Registry:
             row = await self._row(tx, op_id, lock=True)
             if row is None:
                 return Outcome(False, "not-found")
-            outcome = await self._apply(tx, row, status_doc, at)
+            outcome, _ = await self._apply(tx, row, status_doc, at)
         self._changed()
         return outcome
 
-    async def _apply(self, tx: Tx, row: dict[str, Any], doc: object, at: int) -> Outcome:
+    async def _apply(
+        self, tx: Tx, row: dict[str, Any], doc: object, at: int
+    ) -> tuple[Outcome, str]:
+        """Apply ``doc`` to ``row``; the outcome and the status the row has afterwards."""
         op_id: str = row["id"]
         status: str = row["status"]
         try:
             validate_status(doc)
         except SchemaError:
             await self._history(tx, op_id, at, status, None, "schema")
-            return Outcome(False, "schema")
+            return Outcome(False, "schema"), status
         assert isinstance(doc, dict)
         doc_digest = digest(doc)
         if doc["operation/id"] != op_id or doc["operation/kind"] != row["kind"]:
             await self._history(tx, op_id, at, status, doc_digest, "identity-mismatch")
-            return Outcome(False, "identity-mismatch")
+            return Outcome(False, "identity-mismatch"), status
         new: str = doc["status"]
         if status in TERMINAL:
             if doc_digest == row["status_digest"]:
-                return Outcome(False, None)
+                return Outcome(False, None), status
             await self._history(tx, op_id, at, status, doc_digest, "terminal-conflict")
-            return Outcome(False, "terminal-conflict")
+            return Outcome(False, "terminal-conflict"), status
         updated = parse_time(doc["updated_at"]) if "updated_at" in doc else None
         prior = row["connector_updated_ms"]
         if updated is not None and prior is not None and updated < prior:
             await self._history(tx, op_id, at, status, doc_digest, "stale-status")
-            return Outcome(False, "stale-status")
+            return Outcome(False, "stale-status"), status
         if new == "completed" and at >= row["expires_ms"]:
             # Too late to resume anything: record the result's digest and expire (D7.2).
             await tx.execute(
@@ -431,10 +434,10 @@ class Registry:
             )
             await self._history(tx, op_id, at, status, doc_digest, "late-completion")
             await self._expire(tx, row, at, "expired", "the operation's lifetime ended")
-            return Outcome(False, "late-completion")
+            return Outcome(False, "late-completion"), "expired"
         if status == "running" and new == "pending":
             await self._history(tx, op_id, at, status, doc_digest, "status-regression")
-            return Outcome(False, "status-regression")
+            return Outcome(False, "status-regression"), status
         code: str | None = None
         error = doc.get("error")
         if new == "expired":  # only the host writes expired (D7.2)
@@ -452,7 +455,7 @@ class Registry:
         await tx.execute(
             "UPDATE tb_deferred_ops SET status = ?, updated_ms = ?, connector_updated_ms = ?, "
             "next_poll_ms = ?, retry_after_s = ?, error = ?, last_error_code = ?, result = ?, "
-            "result_digest = ?, status_digest = ?, retain_until_ms = ? WHERE id = ?",
+            "result_digest = ?, status_digest = ?, retain_until_ms = ?, attempts = ? WHERE id = ?",
             new,
             at,
             updated if updated is not None else row["connector_updated_ms"],
@@ -464,10 +467,11 @@ class Registry:
             None if result is None else digest(result),
             doc_digest,
             at + self.policy.retain_s * 1000 if terminal else None,
+            row["attempts"],
             op_id,
         )
         await self._history(tx, op_id, at, new, doc_digest, code)
-        return Outcome(True, code)
+        return Outcome(True, code), new
 
     async def _expire(self, tx: Tx, row: dict[str, Any], at: int, code: str, message: str) -> None:
         error = _error(code, message)
@@ -602,25 +606,26 @@ class Registry:
             if row is None:
                 return Outcome(False, "not-found")
             attempts = row["attempts"] + 1
-            await tx.execute(
-                "UPDATE tb_deferred_ops SET attempts = ? WHERE id = ?", attempts, op_id
-            )
-            outcome = await self._apply(tx, {**row, "attempts": attempts}, status_doc, at)
-            fresh = await self._row(tx, op_id)
-            assert fresh is not None
-            if fresh["status"] not in TERMINAL:
-                if not outcome.applied:
+            row = {**row, "attempts": attempts}
+            outcome, status = await self._apply(tx, row, status_doc, at)
+            if status in TERMINAL or not outcome.applied:
+                # An applied live status stored the attempt with it; the rest store it here.
+                await tx.execute(
+                    "UPDATE tb_deferred_ops SET attempts = ? WHERE id = ?", attempts, op_id
+                )
+            if status not in TERMINAL:
+                if self._out_of_attempts(attempts):
+                    await self._expire(
+                        tx, row, at, "poll-budget-exhausted", "no poll attempts left"
+                    )
+                    outcome = Outcome(outcome.applied, "poll-budget-exhausted")
+                elif not outcome.applied:
                     # A rejected answer is not progress: poll again after the clamped interval.
                     await tx.execute(
                         "UPDATE tb_deferred_ops SET next_poll_ms = ? WHERE id = ?",
-                        at + self._poll_delay_ms(fresh["retry_after_s"], attempts),
+                        at + self._poll_delay_ms(row["retry_after_s"], attempts),
                         op_id,
                     )
-                if self._out_of_attempts(attempts):
-                    await self._expire(
-                        tx, fresh, at, "poll-budget-exhausted", "no poll attempts left"
-                    )
-                    outcome = Outcome(outcome.applied, "poll-budget-exhausted")
         self._changed()
         return outcome
 
