@@ -64,7 +64,8 @@ async def test_pending_does_not_resume(store_url: str, clock: Any) -> None:
 
 
 async def test_a_resumer_that_fails_resumes_later(store_url: str, clock: Any) -> None:
-    """A resumer's error rolls its transaction back: the continuation is still due."""
+    """A resumer's error rolls its transaction back: the continuation is still due, and the
+    error (its type only) is logged, not raised into the poller."""
     async with Registry(store_url) as reg:
         calls = []
 
@@ -76,8 +77,7 @@ async def test_a_resumer_that_fails_resumes_later(store_url: str, clock: Any) ->
         reg.on_resume("test", flaky)
         await reg.register(operation_doc(), module="m", continuation=_cont())
         await reg.apply_status(OP, status_doc(status="completed"))
-        with pytest.raises(RuntimeError):
-            await reg.resume_due()
+        assert await reg.resume_due() == 0
         assert await reg.resume_due() == 1
         assert len(calls) == 2
 

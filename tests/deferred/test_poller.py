@@ -158,6 +158,18 @@ async def test_transient_failures_back_off_and_keep_the_status(
     assert op is not None and op.status == "completed" and op.attempts == 4
 
 
+async def test_a_broken_connector_backs_off(tmp_path: Path, virtual_clock: VirtualClock) -> None:
+    """A connector raising an unexpected error is a poll-error: the waits stretch, no spin."""
+    conn = Scripted(virtual_clock, [ValueError("bug")] * 10)
+    async with Registry(_url(tmp_path), policy=HostPolicy(jitter=False)) as reg:
+        await reg.register(operation_doc(_id(1), retry_after=5), module="m")
+        async with Poller(reg, {"m": conn}):
+            await asyncio.sleep(40)
+        op = await reg.get(_id(1))
+    assert conn.polls[_id(1)] == [5.0, 10.0, 20.0]
+    assert op is not None and (op.status, op.last_error_code) == ("pending", "poll-error")
+
+
 async def test_a_hanging_connector_is_a_poll_timeout(
     tmp_path: Path, virtual_clock: VirtualClock
 ) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import math
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -24,6 +25,8 @@ from ._contract import TERMINAL
 from ._registry import Operation, Outcome, Registry, now_ms
 
 __all__ = ["Connector", "Poller", "TransientPollError"]
+
+_log = logging.getLogger("timebound.deferred")
 
 
 class TransientPollError(Exception):
@@ -133,7 +136,11 @@ class Poller:
     async def run(self) -> None:
         """The loop (``__aenter__`` runs it in a task)."""
         while True:
-            delay = await self.step()
+            try:
+                delay = await self.step()
+            except Exception as exc:  # a failed round (a lost connection): log, pause, retry
+                _log.warning("deferred poller round failed (%s); retrying", type(exc).__name__)
+                delay = 1.0
             self._wake.clear()
             if delay is None or delay > 0:
                 await self._sleep(delay)
@@ -202,6 +209,8 @@ class Poller:
                 return await self._failed(op, "poll-timeout")
             except OSError:
                 return await self._failed(op, "poll-unreachable")
+            except Exception:  # a broken connector backs off like a failing one, never spins
+                return await self._failed(op, "poll-error")
             return await self.registry.polled(op.id, doc)
         finally:
             self._inflight[op.module] -= 1

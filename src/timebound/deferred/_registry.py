@@ -10,6 +10,7 @@ digests only, never a document.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ __all__ = [
     "Resumption",
     "now_ms",
 ]
+
+_log = logging.getLogger("timebound.deferred")
 
 #: The one continuation format this version reads (D7.4).
 CONTINUATION_SCHEMA = "timebound.continuation.v1"
@@ -666,7 +669,11 @@ class Registry:
             )
         done = 0
         for r in rows:
-            done += await self._resume_one(r["id"])
+            try:
+                done += await self._resume_one(r["id"])
+            except Exception as exc:  # rolled back: it stays due and is tried again next round
+                # The type only: a resumer's message may carry the continuation's content.
+                _log.warning("resuming %s failed (%s); will retry", r["id"], type(exc).__name__)
         return done
 
     async def _resume_one(self, op_id: str) -> int:
