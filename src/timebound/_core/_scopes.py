@@ -42,7 +42,13 @@ from typing import Any, Final, TypeVar
 from . import _clock
 from ._deadline import Deadline
 from ._durations import Duration, to_seconds
-from ._errors import SOURCES, ConfigurationError, DeadlineExceeded, deadline_message
+from ._errors import (
+    SOURCES,
+    ConfigurationError,
+    DeadlineExceeded,
+    deadline_message,
+    new_deadline_exceeded,
+)
 
 __all__ = [
     "CancelScope",
@@ -134,9 +140,7 @@ class _Frame:
             _messages[key] = message
         if context is not None and context != what:
             message = f"{context} stopped: {message}"
-        err = DeadlineExceeded(
-            message, source=source, timeout=timeout, deadline=Deadline._at(self._own), what=what
-        )
+        err = new_deadline_exceeded(message, source, timeout, Deadline._at(self._own))
         err._timebound_binder = self  # type: ignore[attr-defined]
         return err
 
