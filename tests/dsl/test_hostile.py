@@ -190,6 +190,28 @@ _TOKENS = st.sampled_from(
         "fallback",
         "lazy",
         "\n",
+        # the constructs upstream programs use
+        "when",
+        "branch",
+        "otherwise",
+        "->",
+        "match",
+        "is",
+        "_",
+        "=>",
+        "filter",
+        "map",
+        "[",
+        "]",
+        "@example(1)",
+        '@source("k", a: 1)',
+        "@sink",
+        "use",
+        "stdlib.math",
+        "add",
+        "Seq",
+        "Candidates",
+        "a-b",
     ]
 )
 

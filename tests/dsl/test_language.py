@@ -592,3 +592,16 @@ def test_json_trace_carries_node_identities(
     doc = json.loads(capsys.readouterr().out)
     assert doc["outputs"] == {"m": 8}
     assert sorted(t["node"] for t in doc["trace"]) == ["m", "m%1", "n"]
+
+
+def test_misspelled_annotation_suggests_one() -> None:
+    """`@exampel(...)` suggests @example."""
+    d = _one("@exampel(1)\nin x: Int\nout x")
+    assert d.message == "Unknown annotation '@exampel' (did you mean '@example'?)"
+
+
+def test_misspelled_pattern_field_suggests_one() -> None:
+    """A record pattern with a misspelled field suggests the field a member has."""
+    source = "type R = { value: Int } | { error: String }\nin r: R\n"
+    d = _one(source + "m = match r { { valeu } -> 1, _ -> 2 }\nout m")
+    assert d.message.endswith("has the field valeu (did you mean 'value'?)")

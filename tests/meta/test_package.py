@@ -12,7 +12,13 @@ import pytest
 SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "timebound"
 
 # Public modules whose __all__ must be exactly their public surface.
-PUBLIC_MODULES = ["timebound", "timebound.testing", "timebound.telemetry", "timebound.propagation"]
+PUBLIC_MODULES = [
+    "timebound",
+    "timebound.dsl",
+    "timebound.testing",
+    "timebound.telemetry",
+    "timebound.propagation",
+]
 
 
 @pytest.mark.parametrize("name", PUBLIC_MODULES)

@@ -335,3 +335,18 @@ def test_node_ids_come_from_the_definition() -> None:
     ids = [n["node_id"] for n in b.plan["nodes"]]
     assert [n["node_id"] for n in a.plan["nodes"]] == ["task:call_models", "sort"]
     assert ids == ["take", "task:call_models", "sort"]
+
+
+@pytest.mark.parametrize("depth", [65, 800, 5000])
+def test_deeply_nested_expressions_are_refused(depth: int) -> None:
+    """A hostile artifact with an absurdly deep expression is a ValidationError, never a
+    RecursionError."""
+    reg = sample.make_registry()
+    plan = pl.Plan("deep", registry=reg).vm("score_final", pl.col("score_model").fill_null(0.0))
+    doc = json.loads(pl.compile(plan).to_json())  # type: ignore[arg-type]
+    doc["nodes"][0]["params"]["expr"] = {"col": "HOLE"}
+    deep = '{"fn":"negate","args":[' * depth + '{"col":"id"}' + "]}" * depth
+    data = json.dumps(doc, separators=(",", ":")).replace('{"col":"HOLE"}', deep)
+    with pytest.raises(pl.ValidationError) as info:
+        pl.Engine(reg).prepare(pl.Artifact.from_json(data))
+    assert info.value.rule == "schema"

@@ -201,3 +201,55 @@ async def test_a_cancelled_leader_hands_over(virtual_clock: VirtualClock) -> Non
     assert await follower == ["k"]
     assert leader.cancelled()
     assert slow.starts == [0.0, 1.0]
+
+
+async def test_storm_of_deadlines_and_cancels_leaves_no_flight_behind(
+    virtual_clock: VirtualClock,
+) -> None:
+    """200 identical and near-identical calls with deadlines and cancels at random instants
+    (seeded): every call ends with the right value or its own deadline/cancellation, nothing
+    waits forever, and no flight is left behind."""
+    import random
+
+    rng = random.Random(7)
+    policy = Policy("storm", cache="100ms", retry=1, timeout=0.3)
+    runs: list[str] = []
+
+    async def work(key: str) -> str:
+        runs.append(key)
+        await asyncio.sleep(rng.uniform(0.01, 0.4))
+        if rng.random() < 0.2:
+            raise ConnectionError(key)
+        return key.upper()
+
+    async def caller(i: int) -> str:
+        key = f"k{i % 3}"
+        await asyncio.sleep(rng.uniform(0, 1))
+        try:
+            async with tb.fail_after(rng.uniform(0.001, 0.8)):
+                value = await policy.execute(work, (key,))
+        except (tb.DeadlineExceeded, tb.RetryExhausted, ConnectionError):
+            return "failed"
+        assert value == key.upper()
+        return "ok"
+
+    tasks = [asyncio.ensure_future(caller(i)) for i in range(200)]
+    for t in rng.sample(tasks, 20):
+        asyncio.get_running_loop().call_later(rng.uniform(0, 1), t.cancel)
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert all(r in ("ok", "failed") or isinstance(r, asyncio.CancelledError) for r in results)
+    assert "ok" in results
+    assert policy._flights is not None and len(policy._flights) == 0
+    assert len(runs) < 200  # coalescing and the cache spared calls
+
+
+async def test_policies_sharing_a_cache_coalesce_together(virtual_clock: VirtualClock) -> None:
+    """Two policies given one InMemoryCache also share its calls in flight."""
+    from timebound.policies import InMemoryCache
+
+    slow = Slow(1, virtual_clock)
+    shared = InMemoryCache()
+    a = Policy("s", cache="1min", cache_backend=shared)
+    b = Policy("s", cache="1min", cache_backend=shared, retry=1)
+    assert await asyncio.gather(a.execute(slow, ("k",)), b.execute(slow, ("k",))) == [["k"]] * 2
+    assert slow.starts == [0.0]

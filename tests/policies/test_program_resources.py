@@ -138,3 +138,21 @@ async def test_call_sites_of_one_program_share_the_modules_slots(
     )
     await program.run({"x": 1})
     assert starts == [0.0, 1.0]
+
+
+async def test_call_sites_of_one_module_coalesce_identical_calls(
+    virtual_clock: VirtualClock,
+) -> None:
+    """Two call sites of a cached module with the same input, running together, make one call:
+    they share the program's cache and its calls in flight."""
+    calls: list[str] = []
+    registry = ModuleRegistry()
+    registry.register("Lookup", _lookup("v", calls))
+    program = compile(
+        "in k: String\na = Lookup(k) with cache: 1min\nb = Lookup(k) with cache: 1min\n"
+        "out a\nout b",
+        modules=registry,
+    )
+    assert await program.run({"k": "x"}) == {"a": "v", "b": "v"}
+    assert calls == ["v"]
+    assert virtual_clock.now() == 1.0

@@ -169,3 +169,16 @@ async def test_both_drivers_take_the_same_decisions(virtual_clock: VirtualClock)
     t1 = virtual_clock.now()
     assert await policy.execute(async_fn) == "ok"
     assert [t - t0 for t in sync_fn.calls] == [t - t1 for t in async_fn.calls] == [0, 1, 3]
+
+
+def test_a_failing_retry_on_predicate_says_where_it_failed(virtual_clock: VirtualClock) -> None:
+    """A predicate that raises ends the call with its error, noted with the policy and the
+    error it was judging."""
+
+    def broken(exc: Exception) -> bool:
+        raise KeyError("oops")
+
+    with pytest.raises(KeyError) as info:
+        Policy("op", retry=3, retry_on=broken).execute_sync(Flaky(1))
+    assert "retry_on predicate of op" in "".join(info.value.__notes__)
+    assert isinstance(info.value.__context__, ConnectionError)

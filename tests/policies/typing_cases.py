@@ -54,3 +54,15 @@ async def wrapped_async(x: int) -> int:
 
 
 assert_type(wrapped_async(1), Awaitable[Ok[int] | Err])
+
+
+def dynamic(mode: str) -> None:
+    """A mode only known at run time still type-checks; the result is then Any."""
+    policy = Policy("d", on_error=mode)
+    policy.execute_sync(number, (1,))
+
+    @tb.resilient(on_error=mode)
+    def f(x: int) -> int:
+        return x
+
+    f(1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import os
 import random
 import signal
 import subprocess
@@ -101,7 +102,8 @@ def test_kill_at_named_point_then_resume(store_url: str, tmp_path: Path, point: 
     _check_invariants(store_url, side_log, run_id, _resume(store_url, side_log, run_id))
 
 
-@pytest.mark.parametrize("seed", range(4))
+# A few random instants per run of the suite; TB_CRASH_KILLS=300 runs the long matrix.
+@pytest.mark.parametrize("seed", range(int(os.environ.get("TB_CRASH_KILLS", "4"))))
 def test_kill_at_random_instant_then_resume(store_url: str, tmp_path: Path, seed: int) -> None:
     """A worker killed at a random instant leaves a run that a new process finishes correctly."""
     side_log = tmp_path / "side.log"

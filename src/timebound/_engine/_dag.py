@@ -36,12 +36,16 @@ Semantics:
   interrupted or never started, and ``on_timeout`` decides: ``"fail"`` raises the region's
   :class:`~timebound.DeadlineExceeded`, ``"collect"`` stores it in ``errors[group key]`` and skips
   the group's dependents, a callable is the group's fallback: it runs once, outside the expired
-  region but under every enclosing bound (D5.2), and its value is stored as ``results[group
-  key]``. A value a member produced after the group's deadline is discarded (outcome ``"late"``).
+  region but under every enclosing bound (D5.2; an enclosing region that runs out cuts it), and
+  its value is stored as ``results[group key]``. A value a member produced after the group's
+  deadline is discarded (outcome ``"late"``). ``on_enter``/``on_success`` bracket a group that
+  settles in time (a transaction's begin and commit); a group whose enclosing region ran out
+  before its turn is never entered: no hook, no fallback.
 * Events: ``sink(Event)`` receives ``ready``/``start``/``end`` for every node and group, with
   the outcome at ``end`` (``ok``, ``error``, ``cancelled``, ``skipped``, ``timed_out``, ``late``).
   ``record=True`` returns the same as :class:`Span` objects (nodes in declaration order, then
-  groups); :meth:`DagPlan.critical_path` walks them back from the last node to finish.
+  groups; ``record=`` a list keeps them even when the run fails); :meth:`DagPlan.critical_path`
+  walks them back from the last node to finish.
 
 Node and group keys are the caller's (stable across edits of the definition); the executor
 never invents identities.
@@ -50,6 +54,7 @@ never invents identities.
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import inspect
 import sys
@@ -365,12 +370,14 @@ class DagPlan(Generic[_C]):
         ctx: _C,
         *,
         concurrency: int | None = None,
-        record: bool = False,
+        record: bool | list[Span] = False,
         results: dict[Any, Any] | None = None,
         errors: dict[Any, BaseException] | None = None,
         sink: Callable[[Event], None] | None = None,
     ) -> list[Span] | None:
         """Run every node once; returns the spans (nodes, then groups) when ``record`` is true.
+        ``record`` may also be a list: the spans are added to it when the run starts, so the
+        caller has them even when the run fails.
 
         With ``results``, each node's value is stored there under its key as it completes (and a
         group fallback's value under the group's key); ``errors`` receives what ``collect``
@@ -389,11 +396,13 @@ class DagPlan(Generic[_C]):
             st.g_deadline = [_INF] * ng
             st.g_timeout = [None] * ng
             st.g_timed_out = [False] * ng
-        if record or sink is not None:
+        if record is not False or sink is not None:
             now = _clock.now()
             spans = [Span(n.key, now, group=n.group) for n in self.nodes]
             spans += [Span(g.key, now, group=g.parent, is_group=True) for g in self.groups]
             st.spans = spans
+            if isinstance(record, list):
+                record.extend(spans)
             if sink is not None:
                 for i in self._roots:
                     self._emit(st, "ready", i, now)
@@ -421,7 +430,7 @@ class DagPlan(Generic[_C]):
             await self._teardown(st)
         if st.failure is not None:
             raise st.failure
-        return st.spans if record else None
+        return st.spans if record is not False else None
 
     def _span(self, st: _Exec, i: int) -> Span:
         assert st.spans is not None
@@ -506,9 +515,16 @@ class DagPlan(Generic[_C]):
     def _run_sync(self, st: _Exec, ctx: _C, i: int) -> bool:
         """Run a sync (or bookkeeping) node inline; true when the run must stop."""
         kind = self._kind[i]
-        if kind == _ENTER:
-            return self._enter_group(st, ctx, i)
-        if kind == _EXIT:
+        if kind != _USER:
+            if self._blocked(st, i) is not None:
+                # An enclosing region ran out: this group is never entered (its members are
+                # skipped through the poison) or settles as skipped -- no hooks, no fallback.
+                if kind == _EXIT:
+                    self._end(st, i, "skipped")
+                self._complete(st, i, poison=kind == _ENTER)
+                return False
+            if kind == _ENTER:
+                return self._enter_group(st, ctx, i)
             return self._exit_group(st, ctx, i, None)
         why = self._blocked(st, i)
         if why is not None:
@@ -565,7 +581,8 @@ class DagPlan(Generic[_C]):
         return value
 
     def _exit_group(self, st: _Exec, ctx: _C, i: int, fallback: tuple[bool, Any] | None) -> bool:
-        """Settle group ``i``; ``fallback`` is (ok, value-or-exception) when one ran."""
+        """Settle group ``i``; ``fallback`` is (True, its value) when one ran, or (False,
+        outcome) when an enclosing region's deadline cut it."""
         g = self._gof[i]
         group = self.groups[g]
         poisoned = st.poisoned is not None and i in st.poisoned
@@ -581,7 +598,10 @@ class DagPlan(Generic[_C]):
         if fallback is not None:
             ok, value = fallback
             if not ok:
-                return self._fail(st, i, value)
+                # The enclosing region timed out too; its own exit decides what happens.
+                self._end(st, i, value)
+                self._complete(st, i)
+                return False
             if st.results is not None:
                 st.results[group.key] = value
             self._end(st, i, "timed_out")
@@ -621,13 +641,17 @@ class DagPlan(Generic[_C]):
 
     async def _run_async(self, st: _Exec, ctx: _C, i: int) -> tuple[bool, Any]:
         """Run async node ``i``: (True, value) or (False, outcome) when it produced nothing."""
-        if self._kind[i] == _EXIT:
-            return True, await self._fallback(self.groups[self._gof[i]], ctx)
         chain = self._chain[i]
+        if self._kind[i] == _EXIT:
+            # A fallback runs outside its own expired region, inside the enclosing ones.
+            group = self.groups[self._gof[i]]
+            action: Callable[[_C], Any] = functools.partial(self._fallback, group)
+        else:
+            action = self.nodes[i].action
         if not chain:
-            return True, await self.nodes[i].action(ctx)
+            return True, await action(ctx)
         scopes = self._scopes(st, chain)
-        value = await _arun_in_scopes(scopes, self.nodes[i].action, ctx)
+        value = await _arun_in_scopes(scopes, action, ctx)
         if self._expired(st, scopes):
             return False, "late" if value is not _NOTHING else "timed_out"
         return True, value
@@ -762,6 +786,8 @@ class DagPlan(Generic[_C]):
             if not st.finished:
                 await _wait(st)
             st.running -= len(st.finished)
+            for i, _, _ in st.finished:
+                self._end(st, i, "cancelled")
             st.finished.clear()
 
     async def _spawned(self, st: _Exec, ctx: _C, i: int) -> None:
@@ -770,6 +796,7 @@ class DagPlan(Generic[_C]):
         except BaseException as exc:
             tg = st.tg
             if tg is not None and tg.cancel_scope.cancel_called and isinstance(exc, st.cancelled):
+                self._end(st, i, "cancelled")
                 raise  # trio: the run is being torn down by its nursery
             # Cancelled by someone other than the run, or a failure: the run decides.
             self._finish(st, i, False, exc)

@@ -64,7 +64,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
                 run_id TEXT NOT NULL,
                 node_id TEXT NOT NULL,
                 status TEXT NOT NULL,
-                seq INTEGER NOT NULL,
+                seq {bigint} NOT NULL,
                 branch_index INTEGER,
                 branch_total INTEGER,
                 branch_item TEXT,

@@ -8,22 +8,29 @@ and a command whose extra is missing says which extra to install.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
-from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
-from .._version import __version__
+from .. import __version__
+
+# typing.TYPE_CHECKING without importing typing: `timebound --help` should cost little more than
+# starting Python (mypy treats any name TYPE_CHECKING as true).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+del TYPE_CHECKING
 
 __all__ = ["main"]
 
 
-class _Command(NamedTuple):
-    name: str
-    module: str  # defines register(subparsers), which adds this command (and maybe others)
-    help: str
-    extra: str | None = None  # the extra whose packages the module imports
+class _Command:
+    """A command: its module defines ``register(subparsers)``, which adds it (and maybe
+    others); ``extra`` names the extra whose packages that module imports."""
+
+    __slots__ = ("extra", "help", "module", "name")
+
+    def __init__(self, name: str, module: str, help: str, extra: str | None = None) -> None:
+        self.name, self.module, self.help, self.extra = name, module, help, extra
 
 
 # One line per command, in --help order.
@@ -79,8 +86,10 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     chosen = next((c for c in _COMMANDS if c.name == _chosen(argv)), None)
     registered: set[str] = set()
     if chosen is not None:
+        from importlib import import_module
+
         try:
-            module = importlib.import_module(chosen.module)
+            module = import_module(chosen.module)
         except ModuleNotFoundError as exc:
             if exc.name is None or exc.name.startswith("timebound") or chosen.extra is None:
                 raise

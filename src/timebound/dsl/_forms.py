@@ -171,7 +171,7 @@ class ExpressionForms:
         keys: list[str] = []
         saved: list[tuple[str, Var | None]] = []
         for name, t, pos in names:
-            key = f"{name}{self.new_key()}"  # '%' cannot appear in a program's names
+            key = f"{self.new_key()}:{name}"  # "decl%n:name": no value or call has such a key
             saved.append((name, self.scope.get(name)))
             self.scope[name] = Var(key, t, frozenset(), False, pos)
             keys.append(key)
@@ -356,10 +356,13 @@ class ExpressionForms:
                     if isinstance(m, RecordType) and all(f in m.field_map() for f in fields)
                 ]
                 if not fits and not broken:
+                    have = [n for m in members if isinstance(m, RecordType) for n, _ in m.fields]
+                    missing = next(f for f in fields if f not in have) if fields else ""
+                    hint = self._suggest(missing, have) if missing else ""
                     self.error(
                         "E012",
                         f"No member of {st} has the field{'s' * (len(fields) > 1)} "
-                        f"{', '.join(fields)}",
+                        f"{', '.join(fields)}{hint}",
                         case.pos,
                     )
                 covered.update(fits)

@@ -43,7 +43,10 @@ def _validator() -> jsonschema.protocols.Validator:
 
 def check_schema(doc: Any) -> None:
     """Fail-closed: raise ``ValidationError(rule="schema")`` naming the first offending field."""
-    error = jsonschema.exceptions.best_match(_validator().iter_errors(doc))
+    try:
+        error = jsonschema.exceptions.best_match(_validator().iter_errors(doc))
+    except RecursionError:
+        raise ValidationError("schema", "artifact is nested too deeply") from None
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
         raise ValidationError("schema", f"artifact field {where}: {error.message}")

@@ -25,11 +25,11 @@ from .._core import _clock
 from .._core._deadline import Deadline
 from .._core._errors import ConfigurationError
 from .._core._scopes import checkpoint, current_deadline, fail_after
-from .._engine import DagPlan, Event, Group, Node
+from .._engine import DagPlan, Group, Node
 from . import _expr
 from ._artifact import Artifact
 from ._errors import PlanTimeout, TaskError, ValidationError
-from ._model import Registry, TaskDef, Writes, check_value, evaluate
+from ._model import Registry, TaskSpec, check_value, evaluate
 from ._rowset import RowSet
 from ._trace import Trace
 from ._validate import SUPPORTED_CAPABILITIES, Checked, task_known, validate
@@ -70,7 +70,7 @@ class Result:
 class _Run:
     """The state of one run (the executor's context object)."""
 
-    __slots__ = ("base", "params", "rowset", "sink", "trace", "values", "wrappers")
+    __slots__ = ("base", "params", "rowset", "trace", "values", "wrappers")
 
     def __init__(self, rowset: RowSet, params: dict[str, tuple[Any, str]], trace: Trace) -> None:
         self.rowset = rowset
@@ -80,7 +80,6 @@ class _Run:
         self.trace = trace
         self.base = _clock.now()
         self.wrappers: dict[str, _WrapperState] = {}
-        self.sink: Callable[[Event], None] | None = None
 
     def ms(self, t: float) -> float:
         return (t - self.base) * 1000.0
@@ -92,6 +91,7 @@ class _WrapperState:
     timeout_ms: float
     index: Any
     nrows: int
+    depth: int  # the overlay this wrapper opened
 
 
 @dataclass
@@ -106,7 +106,7 @@ class Engine:
     ``capabilities`` restricts what the engine enables (default: everything it supports).
 
     Validated plans are cached on the engine, keyed by plan digest and capabilities digest
-    (RFC §5.9).
+    (RFC §5.9); the ``plan_cache_size`` most recently used are kept.
     """
 
     def __init__(
@@ -115,13 +115,24 @@ class Engine:
         *,
         env: Literal["prod", "dev"] = "prod",
         capabilities: Collection[str] | None = None,
+        plan_cache_size: int = 128,
     ) -> None:
         if not isinstance(registry, Registry):
             raise ConfigurationError(f"registry must be a pl.Registry, got {registry!r}")
         if env not in ("prod", "dev"):
             raise ConfigurationError(f"env must be 'prod' or 'dev', got {env!r}", option="env")
+        if isinstance(capabilities, str):
+            raise ConfigurationError(
+                "capabilities is a collection of capability ids, e.g. [pl.CAPABILITY]",
+                option="capabilities",
+            )
+        if isinstance(plan_cache_size, bool) or not isinstance(plan_cache_size, int):
+            raise ConfigurationError("plan_cache_size must be an integer", option="plan_cache_size")
+        if plan_cache_size < 1:
+            raise ConfigurationError("plan_cache_size must be >= 1", option="plan_cache_size")
         self.registry = registry
         self.env = env
+        self._cache_size = plan_cache_size
         self.capabilities = frozenset(
             SUPPORTED_CAPABILITIES if capabilities is None else capabilities
         )
@@ -140,13 +151,15 @@ class Engine:
         if not isinstance(artifact, Artifact):
             raise TypeError(f"run() takes a pl.Artifact, got {type(artifact).__name__}")
         key = (artifact.digest, self.capabilities_digest)
-        compiled = self._cache.get(key)
+        compiled = self._cache.pop(key, None)
         if compiled is None:
             checked = validate(artifact, self.registry, capabilities=self.capabilities)
             builder = _Builder(self, artifact)
             builder.chain(artifact.plan["nodes"], "", None, None)
             compiled = _Compiled(DagPlan(builder.nodes, builder.groups), checked, builder.meta)
-            self._cache[key] = compiled
+            if len(self._cache) >= self._cache_size:
+                del self._cache[next(iter(self._cache))]  # the least recently used
+        self._cache[key] = compiled  # (re)inserted last: most recently used
         return compiled
 
     # Running --------------------------------------------------------------------------------
@@ -163,11 +176,11 @@ class Engine:
         compiled = self._compiled(artifact)
         rowset = self._rowset(rows, compiled.checked)
         params = self._params(artifact, request_params, source_params)
-        trace = Trace(artifact.digest, time.time_ns())
+        trace = Trace(artifact.digest, time.time_ns(), compiled.meta)
         run = _Run(rowset, params, trace)
-        run.sink = _sink(run, compiled.meta)
+        trace.base = run.base
         try:
-            await compiled.plan.execute(run, sink=run.sink)
+            await compiled.plan.execute(run, record=trace.recording())
         except Exception as exc:
             _locate(exc, compiled.meta)
             raise
@@ -271,42 +284,6 @@ def _locate(exc: Exception, meta: Mapping[str, Mapping[str, Any]]) -> None:
         exc.source_span = span
     elif not isinstance(exc, ValidationError | TaskError):
         exc.add_note(f"in pipeline node {key} ({span['file']}:{span['line']})")
-
-
-def _sink(run: _Run, meta: dict[str, dict[str, Any]]) -> Callable[[Event], None]:
-    """Turn executor events into trace spans (node ids are the executor keys)."""
-    spans: dict[str, dict[str, Any]] = {}
-
-    def sink(event: Event) -> None:
-        key = str(event.key)
-        span = spans.get(key)
-        if span is None:
-            m = meta[key]
-            span = {
-                "node_id": key,
-                "op": m["op"],
-                "name": m["name"],
-                "parent": m["parent"],
-                "deps": m["deps"],
-                "ready_ms": None,
-                "start_ms": None,
-                "end_ms": None,
-                "outcome": "pending",
-            }
-            spans[key] = span
-            run.trace.spans.append(span)
-        at = run.ms(event.at)
-        if event.kind == "ready":
-            span["ready_ms"] = at
-        elif event.kind == "start":
-            span["start_ms"] = at
-        else:
-            span["end_ms"] = at
-            span["outcome"] = event.outcome
-            if event.outcome == "late":
-                run.trace.late_discarded += 1
-
-    return sink
 
 
 class _Builder:
@@ -456,8 +433,8 @@ class _Builder:
             timeout_ms, applied, origin = _budget(
                 budget, override, n, run.params, env, node, node_id
             )
-            rs.begin()
-            run.wrappers[node_id] = _WrapperState(_clock.now(), timeout_ms, rs.index, n)
+            depth = rs.begin()
+            run.wrappers[node_id] = _WrapperState(_clock.now(), timeout_ms, rs.index, n, depth)
             run.trace.wrappers[node_id] = {
                 "timeout_ms": timeout_ms,
                 "nrows": n,
@@ -480,7 +457,8 @@ class _Builder:
 
         async def fallback(run: _Run) -> None:
             state = run.wrappers[node_id]
-            run.rowset.rollback()
+            # Also drops the overlays of wrappers nested in this one that were cut unsettled.
+            run.rowset.rollback_to(state.depth)
             now = _clock.now()
             record = run.trace.wrappers[node_id]
             record["success_elapsed_ms"] = (now - state.start) * 1000.0
@@ -494,9 +472,14 @@ class _Builder:
                     deadline=Deadline(state.start + state.timeout_ms / 1000.0),
                 )
             record["chosen_branch"] = "fail"
-            run.rowset.begin()
-            await fail_plan.execute(run, sink=run.sink)
-            _check_preserved(run.rowset, state, node_id, "fail")
+            depth = run.rowset.begin()
+            try:
+                await fail_plan.execute(run, record=run.trace.recording())
+                _check_preserved(run.rowset, state, node_id, "fail")
+            except BaseException:
+                # Cut by an enclosing region (or failed): its writes never leak.
+                run.rowset.rollback_to(depth)
+                raise
             run.rowset.commit()
             record["fail_elapsed_ms"] = (_clock.now() - now) * 1000.0
 
@@ -578,7 +561,7 @@ def _budget(
 
 
 def _task_action(
-    registry: Registry, task: TaskDef, args: Mapping[str, Any], key: str
+    registry: Registry, task: TaskSpec, args: Mapping[str, Any], key: str
 ) -> tuple[Callable[[_Run], Any], bool]:
     fn = task.fn
     reads = task.reads
@@ -600,7 +583,7 @@ def _task_action(
                         node_id=key,
                     )
                 params[arg] = resolved[0]
-        return run.rowset.table(reads), params
+        return run.rowset.table(reads), MappingProxyType(params)
 
     # Writes that do not depend on params are known now: no evaluation per call.
     fixed = task.writes if isinstance(task.writes, tuple) else None
@@ -633,16 +616,20 @@ def _task_action(
             with fail_after(timeout, source="node", what=f"task {task.name}"):
                 ctx = TaskContext(params, current_deadline(), rows.num_rows)
                 out = fn(ctx, rows)
-        if inspect.isawaitable(out):
+        if type(out) is not dict and inspect.isawaitable(out):
             raise TaskError(f"task {task.name!r} is sync but returned an awaitable", task=task.name)
         apply(run, out, params)
 
     return sync_action, False
 
 
+def _same_keys(out: Mapping[Any, Any], keys: frozenset[str]) -> bool:
+    return len(out) == len(keys) and all(k in out for k in keys)
+
+
 def _apply(
     registry: Registry,
-    task: TaskDef,
+    task: TaskSpec,
     rs: RowSet,
     out: Any,
     params: Mapping[str, Any],
@@ -655,11 +642,14 @@ def _apply(
             f"task {name!r} returned {type(out).__name__}; a task returns {{key: column}}",
             task=name,
         )
-    writes = Writes("exact", exact) if exact is not None else evaluate(task.writes, params)
-    if writes.kind == "exact" and writes.keys is not None and set(out) != writes.keys:
-        for k in sorted(writes.keys - set(out)):
+    declared = exact
+    if declared is None:
+        writes = evaluate(task.writes, params)
+        declared = writes.keys if writes.kind == "exact" else None
+    if declared is not None and not _same_keys(out, declared):
+        for k in sorted(declared - set(out)):
             raise TaskError(f"task {name!r} did not return key {k!r}", task=name, key=k)
-        for k in sorted(set(out) - writes.keys, key=str):
+        for k in sorted(set(out) - declared, key=str):
             raise TaskError(
                 f"task {name!r} returned key {k!r} it does not declare", task=name, key=str(k)
             )

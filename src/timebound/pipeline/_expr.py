@@ -152,8 +152,14 @@ def columns(node: Mapping[str, Any]) -> set[str]:
     return set()
 
 
-def check(node: object, path: str = "expr") -> None:
+# Deeper expressions are refused: evaluation recurses, and no real expression comes close.
+MAX_DEPTH = 64
+
+
+def check(node: object, path: str = "expr", depth: int = 0) -> None:
     """Raise ValueError naming where a (possibly hostile) JSON expression is malformed."""
+    if depth > MAX_DEPTH:
+        raise ValueError(f"{path}: expression nested more than {MAX_DEPTH} deep")
     if not isinstance(node, dict):
         raise ValueError(f"{path}: an expression is an object, got {type(node).__name__}")
     if set(node) == {"col"}:
@@ -173,7 +179,7 @@ def check(node: object, path: str = "expr") -> None:
         if not isinstance(args, list) or len(args) != spec[0]:
             raise ValueError(f"{path}.args: {node['fn']} takes {spec[0]} argument(s)")
         for i, a in enumerate(args):
-            check(a, f"{path}.args[{i}]")
+            check(a, f"{path}.args[{i}]", depth + 1)
         return
     raise ValueError(f"{path}: unknown expression form with fields {sorted(node)}")
 

@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
+
+from .._engine import Span
 
 __all__ = ["Trace"]
 
@@ -29,16 +32,58 @@ class Trace:
     fields;
     ``late_discarded``: results that arrived after their region's deadline and were dropped."""
 
-    __slots__ = ("late_discarded", "plan_digest", "spans", "started_epoch_ns", "wrappers")
+    __slots__ = ("_meta", "_recorded", "base", "plan_digest", "started_epoch_ns", "wrappers")
 
-    def __init__(self, plan_digest: str, started_epoch_ns: int) -> None:
+    def __init__(
+        self, plan_digest: str, started_epoch_ns: int, meta: Mapping[str, Mapping[str, Any]]
+    ) -> None:
         self.plan_digest = plan_digest
         self.started_epoch_ns = started_epoch_ns  # wall clock, for exporters only (D1.1)
-        self.spans: list[dict[str, Any]] = []
+        self.base = 0.0  # the run's start on timebound's monotonic clock
         self.wrappers: dict[str, dict[str, Any]] = {}
-        self.late_discarded = 0
+        self._meta = meta
+        # The executor's spans, one list per plan it ran (the main plan, each fail branch):
+        # turned into dicts only when someone reads them, not on the run's path.
+        self._recorded: list[list[Span]] = []
+
+    def recording(self) -> list[Span]:
+        """A list for the executor to record one plan's spans in (engine use)."""
+        spans: list[Span] = []
+        self._recorded.append(spans)
+        return spans
+
+    @property
+    def spans(self) -> list[dict[str, Any]]:
+        out = []
+        base = self.base
+        for recorded in self._recorded:
+            for span in recorded:
+                if span.outcome == "pending":
+                    continue  # never ran
+                node_id = str(span.key)
+                m = self._meta[node_id]
+                out.append(
+                    {
+                        "node_id": node_id,
+                        "op": m["op"],
+                        "name": m["name"],
+                        "parent": m["parent"],
+                        "deps": m["deps"],
+                        "ready_ms": (span.ready - base) * 1000.0,
+                        "start_ms": (span.start - base) * 1000.0,
+                        "end_ms": (span.end - base) * 1000.0,
+                        "outcome": span.outcome,
+                    }
+                )
+        return out
+
+    @property
+    def late_discarded(self) -> int:
+        """Results that arrived after their region's deadline and were dropped."""
+        return sum(s.outcome == "late" for r in self._recorded for s in r)
 
     def span(self, node_id: str) -> dict[str, Any]:
+        """The span of ``node_id``."""
         for s in self.spans:
             if s["node_id"] == node_id:
                 return s
@@ -48,7 +93,7 @@ class Trace:
         """The spans that decided when the run ended, in order: from the last top-level span,
         step back to the dependency that ended last; a wrapper is followed by the path through
         the branch that produced its result."""
-        by_id = {s["node_id"]: s for s in self.spans if s["end_ms"] is not None}
+        by_id = {s["node_id"]: s for s in self.spans}
         top = [s for s in by_id.values() if s["parent"] is None]
         if not top:
             return []
@@ -97,9 +142,8 @@ class Trace:
         base = self.started_epoch_ns
         wrappers = self.wrappers
         made: dict[str, Any] = {}
-        for s in sorted(self.spans, key=lambda s: (s["node_id"].count("/"), s["start_ms"] or 0)):
-            if s["start_ms"] is None:
-                continue
+        spans = self.spans
+        for s in sorted(spans, key=lambda s: (s["node_id"].count("/"), s["start_ms"])):
             parent = made.get(s["parent"]) if s["parent"] else None
             context = otel_trace.set_span_in_context(parent) if parent is not None else None
             attributes: dict[str, Any] = {
@@ -117,10 +161,10 @@ class Trace:
                 attributes=attributes,
             )
             made[s["node_id"]] = otel_span
+        ends = {s["node_id"]: s["end_ms"] for s in spans}
         for node_id, otel_span in made.items():
-            end = self.span(node_id)["end_ms"]
-            otel_span.end(end_time=base + int((end or 0) * 1_000_000))
+            otel_span.end(end_time=base + int(ends[node_id] * 1_000_000))
 
 
 def _last(span: dict[str, Any]) -> tuple[float, float]:
-    return (span["end_ms"], span["start_ms"] or 0)
+    return (span["end_ms"], span["start_ms"])

@@ -26,6 +26,7 @@ from typing import Any, Final, Protocol, runtime_checkable
 
 from .._core import _clock
 from .._core._errors import ConfigurationError
+from ._flight import Flights
 
 __all__ = ["CacheBackend", "InMemoryCache", "Uncacheable", "cache_key", "canonical_arguments"]
 
@@ -72,6 +73,8 @@ class InMemoryCache:
                 f"max_entries must be an integer >= 1, got {max_entries!r}", option="max_entries"
             )
         self.max_entries = max_entries
+        #: The calls in flight of every policy using this cache (see ``_flight``).
+        self.flights = Flights()
         self._data: OrderedDict[str, tuple[float, Any]] = OrderedDict()
         self._lock = threading.Lock()
 

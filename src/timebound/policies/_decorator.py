@@ -90,6 +90,32 @@ def resilient(
 ) -> Callable[[_F], _F]: ...
 
 
+@overload
+def resilient(
+    fn: None = None,
+    /,
+    *,
+    name: str | None = None,
+    timeout: Duration | None = None,
+    retry: int = 0,
+    retry_on: RetryOn | None = None,
+    delay: Duration | None = None,
+    backoff: str = "fixed",
+    max_delay: Duration = 30.0,
+    jitter: bool | Duration = False,
+    fallback: Any = MISSING,
+    fallback_on: type[Exception] | tuple[type[Exception], ...] | None = None,
+    cache: Duration | None = None,
+    cache_backend: CacheBackend | str | None = None,
+    cache_key: Callable[..., Any] | None = None,
+    on_error: str = "propagate",
+    zero: Any = MISSING,
+    throttle: str | tuple[int, Duration] | TokenBucket | None = None,
+    concurrency: int | Slots | None = None,
+    total_timeout: Duration | None = None,
+) -> Callable[[Callable[_P, Any]], Callable[_P, Any]]: ...
+
+
 def resilient(
     fn: Any = None,
     /,

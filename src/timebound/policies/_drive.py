@@ -98,9 +98,13 @@ async def retry_async(
                 policy.emit(observer, "attempt.end", attempt=attempt, outcome="ok", error=None)
             return True, value
     except BaseException as exc:
-        # Cancellation, KeyboardInterrupt, SystemExit pass through unchanged (D2.3).
+        # Cancellation, KeyboardInterrupt, SystemExit pass through unchanged (D2.3); an
+        # Exception here is the user's retry_on predicate failing.
         if tele:
-            policy.cancelled("call", 0, exc, observer)
+            if isinstance(exc, Exception):
+                policy.emit(observer, "call.end", outcome="error", error=exc)
+            else:
+                policy.cancelled("call", 0, exc, observer)
         raise
 
 
@@ -199,9 +203,13 @@ def retry_sync(
                 policy.emit(observer, "attempt.end", attempt=attempt, outcome="ok", error=None)
             return True, value
     except BaseException as exc:
-        # Cancellation, KeyboardInterrupt, SystemExit pass through unchanged (D2.3).
+        # Cancellation, KeyboardInterrupt, SystemExit pass through unchanged (D2.3); an
+        # Exception here is the user's retry_on predicate failing.
         if tele:
-            policy.cancelled("call", 0, exc, observer)
+            if isinstance(exc, Exception):
+                policy.emit(observer, "call.end", outcome="error", error=exc)
+            else:
+                policy.cancelled("call", 0, exc, observer)
         raise
 
 

@@ -1,4 +1,4 @@
-"""Identical calls in flight under one cached policy (DECISIONS D3.6): one runs, the others wait.
+"""Identical calls in flight under one cache (DECISIONS D3.6): one runs, the others wait.
 
 Without this, two identical calls that start together both miss the cache and both run; with it,
 the first is the *leader* and the others *follow*: they wait for the leader to finish and then
@@ -43,7 +43,8 @@ class Flight:
 
 
 class Flights:
-    """The calls in flight of one policy, by cache key. Thread-safe."""
+    """The calls in flight through one cache (or one policy with another backend), by cache
+    key. Thread-safe."""
 
     __slots__ = ("_flights", "_lock")
 

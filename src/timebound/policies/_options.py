@@ -8,12 +8,14 @@ from typing import Any, Final, TypeVar
 
 from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError
+from ._cache import MEMORY, CacheBackend, InMemoryCache
 from ._limits import Slots, TokenBucket, parse_throttle
 
 __all__ = [
     "BACKOFFS",
     "MISSING",
     "ON_ERROR_MODES",
+    "check_cache_backend",
     "check_concurrency",
     "check_exception_types",
     "check_finite",
@@ -93,3 +95,25 @@ def check_concurrency(value: Any) -> Slots | None:
     if value is None or isinstance(value, Slots):
         return value
     return Slots(value)
+
+
+def check_cache_backend(value: CacheBackend | str | None) -> CacheBackend | None:
+    """``None``, ``"memory"`` (a cache of the policy's own) or a backend object."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if value == MEMORY:
+            return InMemoryCache()
+        raise ConfigurationError(
+            f"unknown cache_backend {value!r}: pass the backend object itself "
+            f"(cache_backend=my_cache); the only name known everywhere is {MEMORY!r}, "
+            "a cache of this policy's own",
+            option="cache_backend",
+        )
+    if not isinstance(value, CacheBackend):
+        raise ConfigurationError(
+            f"cache_backend must be {MEMORY!r} or an object with get(key) and "
+            f"set(key, value, ttl), got {type(value).__name__}",
+            option="cache_backend",
+        )
+    return value

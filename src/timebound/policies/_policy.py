@@ -21,13 +21,14 @@ from .._core._durations import Duration
 from .._core._errors import ConfigurationError
 from ..telemetry import Event, current_correlation, emit
 from . import _call
-from ._cache import MEMORY, CacheBackend, InMemoryCache
+from ._cache import CacheBackend, InMemoryCache
 from ._flight import Flights
 from ._limits import Slots, TokenBucket
 from ._options import (
     BACKOFFS,
     MISSING,
     ON_ERROR_MODES,
+    check_cache_backend,
     check_concurrency,
     check_exception_types,
     check_finite,
@@ -46,8 +47,9 @@ _log = logging.getLogger("timebound.policies")
 Observer = Callable[[Event], None]
 
 _T = TypeVar("_T")
-#: ``Policy[Literal["wrap"]]`` returns ``Ok``/``Err``; any other policy returns the value.
-_Mode = TypeVar("_Mode", Literal["wrap"], Literal["plain"])
+#: ``Policy[Literal["wrap"]]`` returns ``Ok``/``Err``, ``Policy[Literal["plain"]]`` the value;
+#: a mode known only at run time (``on_error=some_str``) is ``Policy[Literal["dynamic"]]``.
+_Mode = TypeVar("_Mode", Literal["wrap"], Literal["plain"], Literal["dynamic"])
 _NO_KWARGS: Final[Mapping[str, Any]] = {}
 _IMMUTABLE_ZEROS: Final = (str, int, float, bool, bytes, complex, type(None), frozenset)
 #: ``retry_on``: exception types, or a predicate taking the error.
@@ -150,6 +152,30 @@ class Policy(Generic[_Mode]):
         total_timeout: Duration | None = None,
     ) -> None: ...
 
+    @overload
+    def __init__(
+        self: Policy[Literal["dynamic"]],
+        name: str,
+        *,
+        timeout: Duration | None = None,
+        retry: int = 0,
+        retry_on: RetryOn | None = None,
+        delay: Duration | None = None,
+        backoff: str = "fixed",
+        max_delay: Duration = 30.0,
+        jitter: bool | Duration = False,
+        fallback: Any = MISSING,
+        fallback_on: type[Exception] | tuple[type[Exception], ...] | None = None,
+        cache: Duration | None = None,
+        cache_backend: CacheBackend | str | None = None,
+        cache_key: Callable[..., Any] | None = None,
+        on_error: str = "propagate",
+        zero: Any = None,
+        throttle: str | tuple[int, Duration] | TokenBucket | None = None,
+        concurrency: int | Slots | None = None,
+        total_timeout: Duration | None = None,
+    ) -> None: ...
+
     def __init__(
         self,
         name: str,
@@ -218,7 +244,7 @@ class Policy(Generic[_Mode]):
         )
 
         self.cache = check_positive(cache, "cache")
-        self.cache_backend = self._backend(cache_backend)
+        self.cache_backend = check_cache_backend(cache_backend)
         if cache_key is not None and not callable(cache_key):
             raise ConfigurationError(
                 f"cache_key must be a function of the call's arguments, got {cache_key!r}",
@@ -232,7 +258,12 @@ class Policy(Generic[_Mode]):
             # This policy's own cache unless one was passed: nothing is shared by name (D3.7).
             backend = self.cache_backend
             self._cache = InMemoryCache() if backend is None else backend
-            self._flights = Flights()
+            # Calls in flight are coalesced per in-memory cache, so policies that share one
+            # (the call sites of a module in a compiled program) also share their flights; keys
+            # name the policy and the function, so nothing else meets.
+            self._flights = (
+                self._cache.flights if isinstance(self._cache, InMemoryCache) else Flights()
+            )
 
         if on_error not in ON_ERROR_MODES:
             raise ConfigurationError(
@@ -264,27 +295,6 @@ class Policy(Generic[_Mode]):
         self._scoped = (
             self._attempt_timeout is not None and self._bucket is None and self._slots is None
         )
-
-    @staticmethod
-    def _backend(value: CacheBackend | str | None) -> CacheBackend | None:
-        if value is None:
-            return None
-        if isinstance(value, str):
-            if value == MEMORY:
-                return InMemoryCache()
-            raise ConfigurationError(
-                f"unknown cache_backend {value!r}: pass the backend object itself "
-                f"(cache_backend=my_cache); the only name known everywhere is {MEMORY!r}, "
-                "a cache of this policy's own",
-                option="cache_backend",
-            )
-        if not isinstance(value, CacheBackend):
-            raise ConfigurationError(
-                f"cache_backend must be {MEMORY!r} or an object with get(key) and "
-                f"set(key, value, ttl), got {type(value).__name__}",
-                option="cache_backend",
-            )
-        return value
 
     # Read-only views of the retry options (the plan holds them).
 
@@ -378,6 +388,16 @@ class Policy(Generic[_Mode]):
         observer: Observer | None = None,
     ) -> _T: ...
 
+    @overload
+    async def execute(
+        self: Policy[Literal["dynamic"]],
+        fn: Callable[..., Any],
+        args: tuple[Any, ...] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        observer: Observer | None = None,
+    ) -> Any: ...
+
     async def execute(
         self,
         fn: Callable[..., Any],
@@ -414,6 +434,16 @@ class Policy(Generic[_Mode]):
         *,
         observer: Observer | None = None,
     ) -> _T: ...
+
+    @overload
+    def execute_sync(
+        self: Policy[Literal["dynamic"]],
+        fn: Callable[..., Any],
+        args: tuple[Any, ...] = (),
+        kwargs: Mapping[str, Any] | None = None,
+        *,
+        observer: Observer | None = None,
+    ) -> Any: ...
 
     def execute_sync(
         self,

@@ -192,17 +192,19 @@ class RetryPlan:
         state = state._replace(attempt=attempt, errors=errors, next_at=None)
         if _is_misuse(exc):
             return state, Stop(exc, False)
-        total_at = _INF if state.total_at is None else state.total_at.when
+        total = state.total_at
+        total_at = _INF if total is None else total.when
         if isinstance(exc, DeadlineExceeded):
             if self.is_callers(exc):
                 return state, self.conclude(exc)  # D2.5: the caller's time is spent
-            if exc.source == "total" and total_at != _INF and _clock.now() >= total_at:
-                # This policy's own total budget: no further attempt could finish (D2.5).
+            if exc.deadline == total and _clock.now() >= total_at:
+                # The error carries its bound: this policy's own total budget fired, and no
+                # further attempt could finish (D2.5).
                 if exc.timeout is None:
                     exc.timeout = self.total_timeout
                 return state, self.conclude(exc)
         retry_on = self.retry_on
-        if retry_on is not None and not retry_on(exc):
+        if retry_on is not None and not self._retryable(retry_on, exc):
             return state, self.conclude(exc)
         if attempt > self.retry:
             if self.retry == 0:
@@ -235,6 +237,18 @@ class RetryPlan:
         policy's own budgets.
         """
         return isinstance(exc, DeadlineExceeded) and classify(exc, own=_OWN_SOURCES) != "own"
+
+    def _retryable(self, retry_on: Callable[[Exception], bool], exc: Exception) -> bool:
+        try:
+            return bool(retry_on(exc))
+        except Exception as broken:
+            # A bug in the predicate ends the call with its own error, saying where it came from.
+            broken.add_note(
+                f"raised by the retry_on predicate of {self.what} while judging "
+                f"{type(exc).__name__}: {exc}"
+            )
+            broken.__context__ = exc
+            raise
 
     # Backoff -----------------------------------------------------------------------------
 

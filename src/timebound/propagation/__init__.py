@@ -19,6 +19,7 @@ from ._codec import (
     parse_timeout_ms,
 )
 from ._config import is_enabled, set_enabled
+from ._detach import detached
 from ._state import (
     ClampedTimeout,
     RequestState,
@@ -37,6 +38,7 @@ __all__ = [
     "RequestState",
     "clamp_timeout",
     "current_request",
+    "detached",
     "format_grpc_timeout",
     "format_timeout_ms",
     "is_enabled",

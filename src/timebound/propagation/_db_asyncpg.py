@@ -119,6 +119,14 @@ class DeadlineConnection(asyncpg.Connection):  # type: ignore[misc]
         """
         try:
             tag = await _Conn.execute(self, begin_narrowed(ms))
+        except asyncpg.InterfaceError:
+            # Refused before anything was sent (another operation in progress, a closed
+            # connection): there is no transaction of ours to end, nor one to disturb.
+            raise
+        except BaseException:
+            await self._timebound_rollback()
+            raise
+        try:
             narrowed = tag == "SELECT 1"
             result = await guard.statement(lambda: _statement(run, narrowed=narrowed))
             await _statement(lambda: _Conn.execute(self, "COMMIT"), narrowed=narrowed)

@@ -123,10 +123,17 @@ class DeadlineConnection(_GuardedRetry, redis.Connection):
     _timebound_setup: bool = False
 
     def on_connect_check_health(self, check_health: bool = True) -> None:
-        """redis-py's connection setup; its commands are bounded but not counted as the user's."""
+        """redis-py's connection setup; its commands are bounded but not counted as the user's,
+        and a setup cut part-way closes the connection."""
         self._timebound_setup = True
         try:
             super().on_connect_check_health(check_health)
+        except BaseException:
+            # The handshake sends several commands before reading their replies: cut part-way
+            # (a spent deadline fails the next send fast), replies are still due, and redis-py
+            # would keep the connection. Closed, so none reaches a later command.
+            self.disconnect()  # type: ignore[no-untyped-call]
+            raise
         finally:
             self._timebound_setup = False
 
@@ -185,10 +192,15 @@ class AsyncDeadlineConnection(_GuardedRetry, redis.asyncio.Connection):
     _timebound_setup: bool = False
 
     async def on_connect_check_health(self, check_health: bool = True) -> None:
-        """redis-py's connection setup; its commands are bounded but not counted as the user's."""
+        """redis-py's connection setup; its commands are bounded but not counted as the user's,
+        and a setup cut part-way closes the connection."""
         self._timebound_setup = True
         try:
             await super().on_connect_check_health(check_health)
+        except BaseException:
+            # As in the sync twin: a handshake cut part-way leaves replies due; closed.
+            await self.disconnect(nowait=True)
+            raise
         finally:
             self._timebound_setup = False
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextvars
 import inspect
 import math
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Final, NamedTuple
 
@@ -46,6 +47,7 @@ __all__ = [
     "EXPIRED_DETAILS",
     "PropagatedDeadlineExceeded",
     "aio_client_interceptor",
+    "aio_client_interceptors",
     "aio_server_interceptor",
     "client_interceptor",
     "server_interceptor",
@@ -54,8 +56,12 @@ __all__ = [
 #: The status details of a call rejected because its deadline was spent (userver, verbatim).
 EXPIRED_DETAILS: Final = "Deadline propagation: Not enough time to handle this call"
 
-#: ``time_remaining()`` at or above this means "no deadline" (D4.6, grpc#26236).
+#: A ``grpc-timeout`` of this much or more means "no deadline" (D4.6, grpc#26236).
 _NO_DEADLINE_AT: Final = 365 * 24 * 3600.0
+_HOUR: Final = 3600.0
+#: grpc-core's upward rounding of a sent timeout: relative, plus whole milliseconds.
+_GRPC_ROUNDING: Final = 0.01
+_GRPC_ROUNDING_MS: Final = 0.002
 
 SERVER_PROPAGATED: Final = "grpc.server.by-destination.deadline-propagated"
 SERVER_CANCELLED: Final = "grpc.server.by-destination.cancelled-by-deadline-propagation"
@@ -77,10 +83,28 @@ def _method_name(method: str | bytes) -> str:
 
 
 def _received_deadline(time_remaining: float | None) -> float | None:
-    """Seconds left from the client's deadline, or ``None`` for no deadline (D4.6)."""
-    if time_remaining is None or time_remaining >= _NO_DEADLINE_AT:
+    """Seconds left from the client's deadline as grpc reports it, or ``None`` for no deadline.
+
+    The 365-day rule (D4.6, grpc#26236) is about the value on the wire, and grpc-core sends a
+    timeout that large in whole hours, rounded up; ``time_remaining()`` is that value minus the
+    time since the call arrived. Anything above 8759 hours on arrival was 8760 hours (365 days)
+    or more when sent, so the rule does not flip on transit time.
+    """
+    if time_remaining is None or time_remaining > _NO_DEADLINE_AT - _HOUR:
         return None
     return time_remaining
+
+
+def _handler_budget(received: float) -> float:
+    """The least time the caller can have had when it sent ``received`` (never more).
+
+    grpc-core rounds the ``grpc-timeout`` it sends up, to at most three significant digits of
+    its unit, after rounding the deadline to whole milliseconds: a 30 s timeout arrives as
+    30.1 s, 1 s as 1.01 s. That overshoot is at most 1 % plus 2 ms (sub-second values are sent
+    in whole ms), so the handler gets that much less than arrived: never more than its caller
+    has, at the price of up to 1 % of the budget.
+    """
+    return max(0.0, received - (received * _GRPC_ROUNDING + _GRPC_ROUNDING_MS))
 
 
 # Errors --------------------------------------------------------------------------------------
@@ -201,18 +225,20 @@ def _propagated_from(
 class _CallBound:
     """The inherited deadline and request state of one server call, entered in one Context."""
 
-    __slots__ = ("_bound", "state")
+    __slots__ = ("_bound", "budget", "state")
 
-    def __init__(self, left: float | None) -> None:
-        if left is None:
+    def __init__(self, received: float | None) -> None:
+        if received is None:
             self.state = RequestState()
             self._bound = None
+            self.budget: float | None = None
             return
-        deadline = Deadline.after(max(0.0, left))
+        self.budget = _handler_budget(received)
+        deadline = Deadline.after(self.budget)
         self.state = RequestState(
-            deadline_received_ms=max(0, math.ceil(left * 1000)), deadline=deadline
+            deadline_received_ms=max(0, math.ceil(received * 1000)), deadline=deadline
         )
-        self._bound = inherit_deadline(deadline, source="inherited", timeout=left)
+        self._bound = inherit_deadline(deadline, source="inherited", timeout=self.budget)
 
     def enter(self) -> contextvars.Token[RequestState | None]:
         token = _request.set(self.state)
@@ -245,7 +271,7 @@ class _ServerBase:
                     grpc_destination=dest,
                     deadline_received_ms=call.state.deadline_received_ms,
                 )
-        expired = left is not None and left <= 0.0
+        expired = call.budget is not None and call.budget <= 0.0
         if expired:
             self._finished_cancelled(method)
         return call, expired
@@ -788,12 +814,14 @@ def client_interceptor(*, enabled: bool = True, destination: Destination | None 
     return _SyncClientInterceptor(enabled=enabled, destination=destination)
 
 
-def aio_client_interceptor(
+def aio_client_interceptors(
     *, enabled: bool = True, destination: Destination | None = None
 ) -> list[grpc.aio.ClientInterceptor]:
-    """The ``grpc.aio`` client interceptors, one per call kind (grpc.aio dispatches on the type).
+    """The ``grpc.aio`` client interceptors: a list, one per call kind.
 
-    ``grpc.aio.insecure_channel(target, interceptors=aio_client_interceptor())``. Same rules as
+    ``grpc.aio.insecure_channel(target, interceptors=aio_client_interceptors())`` — or
+    ``interceptors=[*aio_client_interceptors(), other]``. grpc.aio files each interceptor under
+    the first call kind its type matches, so one object cannot serve all four. Same rules as
     :func:`client_interceptor`; the unary-response error is :class:`AioPropagatedDeadlineExceeded`.
     """
     return [
@@ -802,3 +830,17 @@ def aio_client_interceptor(
         _AioUnaryStream(enabled=enabled, destination=destination),
         _AioStreamStream(enabled=enabled, destination=destination),
     ]
+
+
+def aio_client_interceptor(
+    *, enabled: bool = True, destination: Destination | None = None
+) -> list[grpc.aio.ClientInterceptor]:
+    """Deprecated name of :func:`aio_client_interceptors` (it returns a list, not one
+    interceptor); warns and returns the same list."""
+    warnings.warn(
+        "timebound.propagation.grpc.aio_client_interceptor() returns a list of interceptors;"
+        " it is now aio_client_interceptors(): pass interceptors=aio_client_interceptors()",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return aio_client_interceptors(enabled=enabled, destination=destination)

@@ -9,6 +9,8 @@ that an exporter attaches to the request's span.
 from __future__ import annotations
 
 import logging
+import math
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -22,13 +24,13 @@ from ._state import RequestState
 
 __all__ = [
     "COMPONENT",
+    "ExpiredAnswers",
     "Arrival",
     "ServerConfig",
     "arrive",
     "expired_headers",
     "log_late_failure",
     "now",
-    "record_cancelled",
     "record_started_late",
 ]
 
@@ -123,15 +125,54 @@ def expired_headers(names: HeaderNames) -> list[tuple[str, str]]:
     ]
 
 
-def record_cancelled(state: RequestState, original_body_size: int | None) -> None:
-    """Count and tag a request answered "Deadline expired"."""
-    state.cancelled_by_deadline = True
-    counters.inc("cancelled-by-deadline", component=COMPONENT)
-    if enabled():
-        tags: dict[str, object] = {"cancelled_by_deadline": 1}
-        if original_body_size is not None:
-            tags["dp_original_body_size"] = original_body_size
-        emit("span.tags", component=COMPONENT, **tags)
+class ExpiredAnswers:
+    """Counts, tags and logs the requests one middleware answers "Deadline expired" (D4.4).
+
+    Operators see every such answer in the log without a flood: the first one in each
+    ``interval`` seconds is an INFO line (with how many were answered quietly since), the rest
+    are DEBUG lines. Owned by its middleware, so two apps never share a rate limit.
+    """
+
+    __slots__ = ("_interval", "_lock", "_next_info", "_quiet", "_status")
+
+    def __init__(self, status: int, interval: float = 10.0) -> None:
+        self._status = status
+        self._interval = interval
+        self._next_info = -math.inf
+        self._quiet = 0
+        self._lock = threading.Lock()
+
+    def record(
+        self, state: RequestState, original_body_size: int | None, method: str, path: str
+    ) -> None:
+        """Count, tag and log one request answered "Deadline expired"."""
+        state.cancelled_by_deadline = True
+        counters.inc("cancelled-by-deadline", component=COMPONENT)
+        if enabled():
+            tags: dict[str, object] = {"cancelled_by_deadline": 1}
+            if original_body_size is not None:
+                tags["dp_original_body_size"] = original_body_size
+            emit("span.tags", component=COMPONENT, **tags)
+        with self._lock:
+            t = _clock.now()
+            if t >= self._next_info:
+                self._next_info = t + self._interval
+                level, quiet, self._quiet = logging.INFO, self._quiet, 0
+            else:
+                level, quiet = logging.DEBUG, 0
+                self._quiet += 1
+        if logger.isEnabledFor(level):
+            # The path comes from the client: repr() keeps control characters out of the log.
+            shown = path if len(path) <= 200 else path[:200] + "…"
+            logger.log(
+                level,
+                "answered %d Deadline expired to %s %r (deadline received: %s ms)%s",
+                self._status,
+                method,
+                shown,
+                state.deadline_received_ms,
+                f"; {quiet} more answered so since the last such line" if quiet else "",
+            )
 
 
 def log_late_failure(exc: BaseException, status: int) -> None:

@@ -43,15 +43,15 @@ from ._codec import (
 )
 from ._server import (
     Arrival,
+    ExpiredAnswers,
     ServerConfig,
     arrive,
     expired_headers,
     log_late_failure,
     now,
-    record_cancelled,
     record_started_late,
 )
-from ._state import _request
+from ._state import RequestState, _request
 
 __all__ = ["DeadlineMiddleware"]
 
@@ -95,6 +95,7 @@ class DeadlineMiddleware:
             enabled=enabled,
         )
         self.cancel_on_expiry = bool(cancel_on_expiry)
+        self._answers = ExpiredAnswers(self._config.expired_status)
         names = self._config.names
         self._wanted = frozenset(
             n.lower().encode("latin-1")
@@ -133,17 +134,20 @@ class DeadlineMiddleware:
             return
         if arrival.deadline.expired:
             # Already spent when read: answer without calling the app (D4.4).
-            record_cancelled(arrival.state, None)
+            self._expired_answer(scope, arrival.state, None)
             await self._send_expired(send)
             return
         await self._handle(arrival, scope, receive, send)
+
+    def _expired_answer(self, scope: Scope, state: RequestState, size: int | None) -> None:
+        self._answers.record(state, size, str(scope.get("method", "")), str(scope.get("path", "")))
 
     async def _send_expired(self, send: Send) -> None:
         await send(dict(self._expired_start))
         await send({"type": "http.response.body", "body": EXPIRED_BODY, "more_body": False})
 
     async def _handle(self, arrival: Arrival, scope: Scope, receive: Receive, send: Send) -> None:
-        response = _HeldResponse(send, arrival, self)
+        response = _HeldResponse(send, arrival, self, scope)
         token = _request.set(arrival.state)
         try:
             with inherit_deadline(arrival.deadline):
@@ -171,6 +175,7 @@ class _HeldResponse:
     __slots__ = (
         "_arrival",
         "_mw",
+        "_scope",
         "_send",
         "dropped",
         "expired_sent",
@@ -179,7 +184,8 @@ class _HeldResponse:
         "started",
     )
 
-    def __init__(self, send: Send, arrival: Arrival, mw: DeadlineMiddleware) -> None:
+    def __init__(self, send: Send, arrival: Arrival, mw: DeadlineMiddleware, scope: Scope) -> None:
+        self._scope = scope
         self._send = send
         self._arrival = arrival
         self._mw = mw
@@ -227,7 +233,7 @@ class _HeldResponse:
         if self.replaced:
             if not self.expired_sent:
                 await self._mw._send_expired(self._send)
-            record_cancelled(state, self.dropped)
+            self._mw._expired_answer(self._scope, state, self.dropped)
             return
         if self.started:
             record_started_late(self._arrival)
@@ -237,7 +243,7 @@ class _HeldResponse:
             if self._arrival.late():
                 self.pending = None
                 await self._mw._send_expired(self._send)
-                record_cancelled(state, 0)
+                self._mw._expired_answer(self._scope, state, 0)
                 return
             self.started = True
             pending, self.pending = self.pending, None
@@ -247,4 +253,4 @@ class _HeldResponse:
         if self._arrival.late():
             # The app sent nothing and the deadline passed (e.g. it swallowed a cancellation).
             await self._mw._send_expired(self._send)
-            record_cancelled(state, None)
+            self._mw._expired_answer(self._scope, state, None)

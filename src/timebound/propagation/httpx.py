@@ -14,11 +14,17 @@ request (httpx's ``timeout=``; D4.3). httpx has no total timeout of its own — 
 restarts with every chunk (httpx#776, #1450) — so the transport bounds the whole exchange,
 body included:
 
-* async: a timebound scope around the exchange, and one around every chunk read of the response
-  body, so a stalled read is interrupted exactly at the end of the attempt;
-* sync: every phase timeout is set to at most the time left, and the body stream checks the
-  clock after every chunk (a sync read cannot be interrupted: a server trickling bytes can
-  overrun by at most one read timeout).
+* async: the caller waits for the exchange (run in a task of its own, see
+  :class:`_Exchange`) under a timebound scope, and reads every chunk of the body under one, so a
+  stalled read is interrupted exactly at the end of the attempt;
+* sync: the connect, read and write timeouts are set to at most the time left, again at the
+  start of every step after the pool wait, and the body stream checks the clock after every
+  chunk (a sync read cannot be interrupted: a server trickling bytes can overrun by at most one
+  read timeout).
+
+Neither ever cuts a request while it waits for a pooled connection, and the pool timeout is
+never lowered to the deadline: either leaks a connection in httpcore (encode/httpcore#1093) and,
+repeated, wedges the client.
 
 Errors: no time left before sending → ``DeadlineExceeded`` with the binding bound's source and
 nothing is sent; our deadline cut the exchange → ``DeadlineExceeded`` with that source and the
@@ -46,14 +52,32 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from .._core import _clock
 from .._core._deadline import Deadline
 from .._core._durations import Duration, to_seconds
-from .._core._scopes import _spawn_detached, move_on_at, spawn_background
+from .._core._scopes import _clean_context, _spawn_detached, move_on_at, spawn_background
 from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin
 from ._codec import EXPIRED_HEADER, TIMEOUT_HEADER
 
 __all__ = ["AsyncDeadlineTransport", "AttemptTimeout", "DeadlineTransport"]
 
 _PHASES = ("connect", "read", "write", "pool")
-_TIMEOUTS: tuple[type[BaseException], ...] = (httpx.TimeoutException,)
+
+
+class _Spent(Exception):
+    """Raised from httpcore's trace hook at a step begun after the attempt's end (sync)."""
+
+
+_TIMEOUTS: tuple[type[BaseException], ...] = (httpx.TimeoutException, _Spent)
+# The steps httpcore traces after the pool wait, at whose start a sync attempt may stop.
+_STEPS = frozenset(
+    {
+        "connect_tcp.started",
+        "connect_unix_socket.started",
+        "start_tls.started",
+        "send_request_headers.started",
+        "send_request_body.started",
+        "receive_response_headers.started",
+        "receive_response_body.started",
+    }
+)
 
 
 class AttemptTimeout(AttemptTimeoutBase, httpx.TimeoutException):
@@ -156,9 +180,13 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
         self._inner = inner if inner is not None else httpx.HTTPTransport()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        attempt = self._begin(request, self._static(request))
-        seconds = attempt.clamped.seconds
-        _prepare(request, attempt, phases_to=seconds, pool_to=seconds)
+        static = self._static(request)
+        attempt = self._begin(request, static)
+        # The pool wait is not shortened to our deadline: httpcore's pool timeout leaks the
+        # connection it has just assigned (encode/httpcore#1093), as a cancel does in async.
+        _prepare(request, attempt, phases_to=attempt.clamped.seconds, pool_to=static)
+        if attempt.end is not None:
+            _gate_steps(request, attempt)
         with attempt.boundary():
             response = self._inner.handle_request(request)
         refusal = attempt.refusal(
@@ -177,6 +205,35 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
 
     def close(self) -> None:
         self._inner.close()
+
+
+def _gate_steps(request: httpx.Request, attempt: Attempt) -> None:
+    """Sync: bound every step after the pool wait by the time left.
+
+    A sync pool wait cannot be interrupted, and its timeout must not be our deadline (see
+    :meth:`DeadlineTransport.handle_request`), so the wait may end after the attempt's end. At
+    the start of each later step httpcore traces (connect, send, receive), the step's phase
+    timeouts — read by httpcore from the request's own ``timeout`` mapping at every I/O — are
+    lowered to the time left, and a step that would start after the end raises :class:`_Spent`
+    (mapped to the cut by the boundary); httpcore closes a connection that stops there.
+    """
+    phases: dict[str, float | None] = request.extensions["timeout"]
+    theirs = request.extensions.get("trace")
+    end = attempt.end
+    assert end is not None
+
+    def trace(name: str, info: dict[str, Any]) -> None:
+        if name.partition(".")[2] in _STEPS:
+            left = end - _clock.now()
+            if left <= 0:
+                raise _Spent(name)
+            for phase in ("connect", "read", "write"):
+                value = phases.get(phase)
+                phases[phase] = left if value is None else min(value, left)
+        if theirs is not None:
+            theirs(name, info)
+
+    request.extensions = {**request.extensions, "trace": trace}
 
 
 class _SyncStream(httpx.SyncByteStream):
@@ -199,19 +256,19 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
 
     ``inner`` defaults to ``httpx.AsyncHTTPTransport()``; options as :class:`DeadlineTransport`.
 
-    On asyncio, every exchange that can be cut runs in a task of its own, and a cut never
-    cancels it while its request still waits for a pooled connection (see
+    Every exchange that can be cut runs in a task of its own (a system task under trio), and
+    a cut never cancels it while its request still waits for a pooled connection (see
     :class:`_Exchange`): cancelling there leaks the connection httpcore has just created for
     it (encode/httpcore#1093, #830), and once ``max_connections`` have leaked every later
     request on the client fails. The caller still leaves at its deadline.
 
-    ``save_connections`` (default on, D4.8): when our deadline lowered the timeout, a cut
-    releases the caller only; the exchange goes on in the background up to the static timeout
-    so that its pooled connection is not closed. ``save_connections=False`` cancels the
-    exchange at the cut (once it has its connection; a connection mid-response is then
-    closed). The task costs ~14 us per call in-process on Python 3.11 and ~100 us of latency
-    per forwarding hop in ``bench/propagation.py`` (docs/propagation.md, "Benchmark: the work
-    saved").
+    ``save_connections`` (default on, D4.8; asyncio only): when our deadline lowered the
+    timeout, a cut releases the caller only; the exchange goes on in its task up to the static
+    timeout so that its pooled connection is not closed. ``save_connections=False`` (and trio)
+    cancels the exchange at the cut, once it has its connection (a connection mid-response is
+    then closed). The task was measured at ~14 us per call in-process on Python 3.11 and ~100 us
+    of latency per forwarding hop in ``bench/propagation.py`` (docs/propagation.md, "Benchmark:
+    the work saved"), when only lowered calls paid it.
     """
 
     def __init__(
@@ -245,20 +302,22 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
         if attempt.end is None:
             _prepare(request, attempt, phases_to=None, pool_to=None)
             return await self._inner.handle_async_request(request)
+        # The pool wait is never shortened to our deadline: httpcore's pool timeout leaks a
+        # connection just as a cancel does (encode/httpcore#1093); the caller leaves at the
+        # cut anyway.
         loop = asyncio._get_running_loop()
+        exchange: _Exchange
         if loop is None:
-            # trio: no task to hand the exchange to (see docs/propagation.md, "httpx").
-            _prepare(request, attempt, phases_to=seconds, pool_to=seconds)
-            response = await attempt.run(self._inner.handle_async_request, request)
+            _prepare(request, attempt, phases_to=seconds, pool_to=static)
+            exchange = _TrioExchange(self._inner, request, gated=self._pooled)
+            response = await exchange.wait(attempt, None)
         else:
             # A kept exchange may outlive our deadline, up to the static timeout (its phases
-            # too). The pool wait is never shortened to our deadline: httpcore's pool timeout
-            # leaks a connection just as a cancel does (encode/httpcore#1093), and the caller
-            # leaves at the cut anyway.
+            # too).
             keep = self._save_connections and attempt.lowered and static is not None
             _prepare(request, attempt, phases_to=static if keep else seconds, pool_to=static)
             keep_until = _clock.now() + static if keep and static is not None else None
-            exchange = _Exchange(self._inner, request, loop, gated=self._pooled)
+            exchange = _AsyncioExchange(self._inner, request, loop, gated=self._pooled)
             response = await exchange.wait(attempt, keep_until)
         refusal = attempt.refusal(
             response.status_code, response.headers.get(self._options.expired_header)
@@ -286,38 +345,29 @@ class _Exchange:
     task waits on; a cancellation delivered before that task wakes up leaves the connection in
     the pool, never connected and owned by nobody (encode/httpcore#1093). Once
     ``max_connections`` have leaked, every request on the client fails. So the caller never
-    waits inside httpcore: it waits for a hand-off from this task, under its own deadline, and
-    leaves at the cut whatever the task is doing. The task is cancelled only once its request
-    holds a connection — the first ``trace`` event httpcore emits comes from the connection,
-    after the pool wait — and a cancel asked for earlier is deferred to that event. A request
-    that never gets a connection ends by itself at the pool timeout (set to at most the
-    attempt's timeout, or the static one for a kept exchange). Detecting the leak afterwards
-    would mean reading httpcore's private pool state; not causing it needs only its public
-    trace hook.
+    waits inside httpcore: it waits for this task's result, under its own deadline, and leaves
+    at the cut whatever the task is doing. The task is cancelled only once its request holds a
+    connection — the first ``trace`` event httpcore emits comes from the connection, after the
+    pool wait — and a cancel asked for earlier is deferred to that event. A request that never
+    gets a connection ends by itself at the pool timeout (at most the static timeout).
+    Detecting the leak afterwards would mean reading httpcore's private pool state; not
+    causing it needs only its public trace hook.
 
     The exchange cannot start in the caller's task and be handed over at the cut: httpcore's
-    anyio cancel scopes belong to the task that entered them. The task hands the response
-    straight to a future the caller awaits (one wake-up; ``asyncio.shield`` over the task needs
-    two), and it carries no scope of its own: the caller's scope always ends first.
+    anyio cancel scopes belong to the task that entered them. The task carries no scope of its
+    own: the caller's scope always ends first. Subclasses supply the task (asyncio, trio).
     """
 
-    __slots__ = ("_cancel_asked", "_connected", "_handoff", "_loop", "_task")
+    __slots__ = ("_cancel_asked", "_connected", "_error", "_left", "_response")
 
-    def __init__(
-        self,
-        inner: httpx.AsyncBaseTransport,
-        request: httpx.Request,
-        loop: asyncio.AbstractEventLoop,
-        *,
-        gated: bool,
-    ) -> None:
-        self._loop = loop
+    def __init__(self, request: httpx.Request, *, gated: bool) -> None:
         self._connected = not gated
         self._cancel_asked = False
-        self._handoff: asyncio.Future[httpx.Response] = loop.create_future()
+        self._left = False
+        self._response: httpx.Response | None = None
+        self._error: Exception | None = None
         if gated:
             request.extensions = {**request.extensions, "trace": self._tracer(request)}
-        self._task = _start(self._run(inner, request), loop)
 
     def _tracer(self, request: httpx.Request) -> Callable[[str, dict[str, Any]], Awaitable[None]]:
         theirs = request.extensions.get("trace")
@@ -326,7 +376,7 @@ class _Exchange:
             if not self._connected:
                 self._connected = True
                 if self._cancel_asked:
-                    self._task.cancel()  # lands at the connection's next await: safe there
+                    self._cancel_now()  # lands at the connection's next await: safe there
             if theirs is not None:
                 await theirs(name, info)
 
@@ -335,9 +385,27 @@ class _Exchange:
     def cancel(self) -> None:
         """Cancel the exchange now if httpcore can take it, else when its connection is had."""
         if self._connected:
-            self._task.cancel()
+            self._cancel_now()
         else:
             self._cancel_asked = True
+
+    async def _run(self, inner: httpx.AsyncBaseTransport, request: httpx.Request) -> None:
+        """The task: hand the response (or the error) over; once the caller left, release it."""
+        try:
+            response = await inner.handle_async_request(request)
+        except Exception as exc:
+            self._error = exc  # an abandoned exchange's failure has nobody to tell
+            self._wake()
+            return
+        except BaseException:
+            self._wake()
+            raise
+        if self._left:
+            self._wake()
+            await _release(response)
+            return
+        self._response = response
+        self._wake()
 
     async def wait(self, attempt: Attempt, keep_until: float | None) -> httpx.Response:
         """The response, or the attempt's error at its end (the caller never waits longer).
@@ -348,7 +416,12 @@ class _Exchange:
         assert attempt.end is not None
         try:
             with attempt.boundary(), move_on_at(Deadline(attempt.end)):
-                return await self._handoff
+                await self._arrival()
+                if self._error is not None:
+                    raise self._error
+                if self._response is None:
+                    raise RuntimeError("the httpx exchange task was cancelled")
+                return self._response
         except BaseException:
             self._leave(keep_until if attempt.expired() else None)
             raise
@@ -357,38 +430,112 @@ class _Exchange:
 
     def _leave(self, keep_until: float | None) -> None:
         """The caller leaves without the response: end or bound the exchange, free its reply."""
-        handoff = self._handoff
-        if handoff.done() and not handoff.cancelled() and handoff.exception() is None:
-            # Handed over in the very iteration the caller left: nobody will read it.
-            response = handoff.result()
-            release = response.aclose() if keep_until is None else _release_by(response, keep_until)
-            spawn_background(release, name="timebound-httpx-drain")
-            return
-        handoff.cancel()  # tells the task nobody waits for its response
-        if self._task.done():
-            return
-        if keep_until is None:
+        self._left = True
+        response, self._response = self._response, None
+        if response is not None:
+            # Handed over in the very step the caller left: nobody will read it.
+            self._release_later(response, keep_until)
+        elif keep_until is None:
             self.cancel()
         else:
-            timer = self._loop.call_at(keep_until, self.cancel)
+            self._cancel_at(keep_until)  # also bounds the release of a late response
+
+    # The task, per event loop.
+
+    def _wake(self) -> None:
+        raise NotImplementedError
+
+    async def _arrival(self) -> None:
+        raise NotImplementedError
+
+    def _cancel_now(self) -> None:
+        raise NotImplementedError
+
+    def _cancel_at(self, when: float) -> None:
+        raise NotImplementedError
+
+    def _release_later(self, response: httpx.Response, until: float | None) -> None:
+        raise NotImplementedError
+
+
+class _AsyncioExchange(_Exchange):
+    """The exchange in an asyncio task; the caller awaits a future it completes (one wake-up;
+    ``asyncio.shield`` over the task needs two, paid again per hop under load)."""
+
+    __slots__ = ("_done", "_loop", "_task")
+
+    def __init__(
+        self,
+        inner: httpx.AsyncBaseTransport,
+        request: httpx.Request,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        gated: bool,
+    ) -> None:
+        super().__init__(request, gated=gated)
+        self._loop = loop
+        self._done: asyncio.Future[None] = loop.create_future()
+        self._task = _start(self._run(inner, request), loop)
+
+    def _wake(self) -> None:
+        if not self._done.done():
+            self._done.set_result(None)
+
+    async def _arrival(self) -> None:
+        await self._done
+
+    def _cancel_now(self) -> None:
+        self._task.cancel()
+
+    def _cancel_at(self, when: float) -> None:
+        if not self._task.done():
+            timer = self._loop.call_at(when, self.cancel)
             self._task.add_done_callback(lambda _task: timer.cancel())
 
-    async def _run(self, inner: httpx.AsyncBaseTransport, request: httpx.Request) -> None:
-        """Hand the response (or the error) over; once the caller has left, release it."""
-        handoff = self._handoff
-        try:
-            response = await inner.handle_async_request(request)
-        except asyncio.CancelledError:
-            handoff.cancel()
-            raise
-        except Exception as exc:
-            if not handoff.done():
-                handoff.set_exception(exc)
-            return  # an abandoned exchange's failure has nobody to tell
-        if not handoff.done():
-            handoff.set_result(response)
-            return
-        await _release(response)
+    def _release_later(self, response: httpx.Response, until: float | None) -> None:
+        release = response.aclose() if until is None else _release_by(response, until)
+        spawn_background(release, name="timebound-httpx-drain")
+
+
+class _TrioExchange(_Exchange):
+    """The exchange in a trio system task (trio has no detached tasks otherwise); it is never
+    kept past the cut (``save_connections`` needs asyncio)."""
+
+    __slots__ = ("_event", "_scope", "_trio")
+
+    def __init__(
+        self, inner: httpx.AsyncBaseTransport, request: httpx.Request, *, gated: bool
+    ) -> None:
+        import trio
+
+        super().__init__(request, gated=gated)
+        self._trio = trio
+        self._event = trio.Event()
+        self._scope = trio.CancelScope()
+        trio.lowlevel.spawn_system_task(
+            self._run_scoped, inner, request, name=_EXCHANGE, context=_clean_context()
+        )
+
+    async def _run_scoped(self, inner: httpx.AsyncBaseTransport, request: httpx.Request) -> None:
+        with self._scope:  # absorbs our own cancel; a system task must not raise
+            await self._run(inner, request)
+
+    def _wake(self) -> None:
+        self._event.set()
+
+    async def _arrival(self) -> None:
+        await self._event.wait()
+
+    def _cancel_now(self) -> None:
+        self._scope.cancel()
+
+    def _cancel_at(self, when: float) -> None:  # pragma: no cover - trio never keeps
+        self.cancel()
+
+    def _release_later(self, response: httpx.Response, until: float | None) -> None:
+        self._trio.lowlevel.spawn_system_task(
+            response.aclose, name="timebound-httpx-drain", context=_clean_context()
+        )
 
 
 def _start(coro: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop) -> asyncio.Task[None]:

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
+from .._core._errors import DeadlineExceeded
 from .._core._scopes import inherit_deadline
 from ..telemetry import correlation
 from ._codec import (
@@ -40,15 +41,15 @@ from ._codec import (
 )
 from ._server import (
     Arrival,
+    ExpiredAnswers,
     ServerConfig,
     arrive,
     expired_headers,
     log_late_failure,
     now,
-    record_cancelled,
     record_started_late,
 )
-from ._state import _request
+from ._state import RequestState, _request, current_request
 
 __all__ = ["DeadlineMiddleware"]
 
@@ -74,6 +75,11 @@ class DeadlineMiddleware:
     """WSGI middleware that reads, enforces and exposes the caller's deadline (D4.1-D4.5).
 
     Options as for the ASGI middleware, except ``cancel_on_expiry`` (sync code is cooperative).
+
+    Wrapping a Flask app's ``wsgi_app`` also registers a Flask error handler for
+    :class:`~timebound.DeadlineExceeded` (unless the app has its own): Flask would otherwise log
+    an ERROR traceback for every request this middleware answers "Deadline expired" (see
+    :func:`_quiet_flask`).
     """
 
     def __init__(
@@ -96,6 +102,7 @@ class DeadlineMiddleware:
             envoy_timeout_header=envoy_timeout_header,
             enabled=enabled,
         )
+        _quiet_flask(app, self._config.expired_status)
         names = self._config.names
         self._keys = [
             (n.lower(), _environ_key(n))
@@ -103,6 +110,7 @@ class DeadlineMiddleware:
             if n
         ]
         self._status = _status_line(self._config.expired_status)
+        self._answers = ExpiredAnswers(self._config.expired_status)
         self._headers = expired_headers(names)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
@@ -126,12 +134,18 @@ class DeadlineMiddleware:
         if arrival is None:
             return self.app(environ, start_response)
         if arrival.deadline.expired:
-            record_cancelled(arrival.state, None)
+            self._expired_answer(environ, arrival.state, None)
             return self._expired(start_response)
         # A private context per request: the deadline and request state live in it, and the
         # response iterator re-enters it for every chunk (the server iterates after we return).
         ctx = contextvars.copy_context()
         return ctx.run(self._handle, ctx, arrival, environ, start_response)
+
+    def _expired_answer(
+        self, environ: dict[str, Any], state: RequestState, size: int | None
+    ) -> None:
+        path = f"{environ.get('SCRIPT_NAME', '')}{environ.get('PATH_INFO', '')}"
+        self._answers.record(state, size, str(environ.get("REQUEST_METHOD", "")), path)
 
     def _expired(self, start_response: StartResponse) -> list[bytes]:
         start_response(self._status, list(self._headers))
@@ -174,13 +188,13 @@ class DeadlineMiddleware:
             if not arrival.late():
                 raise
             log_late_failure(exc, self._config.expired_status)
-            record_cancelled(state, None)
+            self._expired_answer(environ, state, None)
             return self._expired(start_response)
         if arrival.late() or not captured:
             _close(result)
             if not captured and not arrival.late():
                 raise RuntimeError("WSGI app returned without calling start_response")
-            record_cancelled(state, len(first))
+            self._expired_answer(environ, state, len(first))
             return self._expired(start_response)
         status, headers, exc_info = captured
         if exc_info is not None:
@@ -188,6 +202,45 @@ class DeadlineMiddleware:
         else:
             start_response(status, headers)
         return _Body(ctx, arrival, first, iterator, result)
+
+
+def _quiet_flask(app: WSGIApp, status: int) -> None:
+    """Keep Flask from logging a traceback for a request that ran out of its deadline.
+
+    Flask logs every exception that reaches it unhandled at ERROR, with its traceback, before
+    this middleware replaces the 500 by the "Deadline expired" answer (the middleware logs that
+    answer itself, one line). So when ``app`` is a Flask app's bound ``wsgi_app``, a handler
+    for ``DeadlineExceeded`` is registered on it: when the request is late (its deadline passed
+    or a call failed because of it, D4.5) it answers ``status`` quietly, which the middleware
+    then replaces; otherwise the error is another bound's, the handler's own, and goes to the
+    app's handler for a base class (``TimeoutError`` …) or is re-raised, so Flask treats it as
+    usual. An app with its own ``DeadlineExceeded`` handler is left alone.
+    """
+    flask_app = getattr(app, "__self__", None)
+    register = getattr(flask_app, "register_error_handler", None)
+    spec = getattr(flask_app, "error_handler_spec", None)
+    if getattr(app, "__name__", None) != "wsgi_app" or register is None or spec is None:
+        return
+    handlers: dict[type, Callable[[BaseException], Any]] = spec[None][None]
+    if DeadlineExceeded in handlers:
+        return
+
+    def deadline_exceeded(err: BaseException) -> Any:
+        state = current_request()
+        late = state is not None and (
+            state.cancelled_by_deadline or (state.deadline is not None and state.deadline.expired)
+        )
+        if late:
+            return EXPIRED_BODY, status
+        for cls in type(err).__mro__:
+            if issubclass(cls, DeadlineExceeded):
+                continue  # this handler's own classes: only a base class's handler is wanted
+            handler = handlers.get(cls)
+            if handler is not None:
+                return handler(err)
+        raise err
+
+    register(DeadlineExceeded, deadline_exceeded)
 
 
 def _close(result: Iterable[bytes] | None) -> None:

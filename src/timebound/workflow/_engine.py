@@ -30,13 +30,22 @@ from .._core._scopes import fail_after
 from .._store import Store, Tx, open_store
 from ._actions import ActionContext, Outcome, freeze, run_http, run_python
 from ._definition import Definition, DefinitionError, parse_definition
-from ._machine import RUN_TERMINAL, Machine
+from ._machine import Machine
+from ._rows import RUN_TERMINAL
 
 __all__ = ["Engine", "RunResult"]
 
 # Waking a hair after a stored deadline makes the floored epoch-ms reading reach it, so the
 # deadline is reported at its own millisecond instead of one loop turn later.
 _WAKE_MARGIN_S = 1e-6
+
+
+class _Start(NamedTuple):
+    """A run to start, waiting for the loop's next transaction."""
+
+    definition: Definition
+    input: Any
+    future: asyncio.Future[str]
 
 
 class _Report(NamedTuple):
@@ -120,6 +129,8 @@ class Engine:
         self._background: set[asyncio.Task[None]] = set()
         self._finished: dict[str, asyncio.Event] = {}
         self._outcomes: list[_Report] = []
+        self._starts: list[_Start] = []
+        self._stored: set[tuple[str, int]] = set()  # definitions this engine has written
 
     # Definitions ----------------------------------------------------------------------------
 
@@ -175,6 +186,10 @@ class Engine:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         self._attempts.clear()
+        starts, self._starts = self._starts, []
+        for start in starts:
+            if not start.future.done():
+                start.future.set_exception(RuntimeError("the engine closed before the run started"))
         if self._outcomes:  # results that arrived before the stop are kept
             outcomes, self._outcomes = self._outcomes, []
             async with self._txn() as tx:
@@ -200,14 +215,15 @@ class Engine:
             raise DefinitionError(f"no definition {definition_id!r} is registered", path="id")
         try:
             input = json.loads(json.dumps(input, allow_nan=False))
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             raise ConfigurationError(f"a run's input must be JSON: {exc}", option="input")
-        async with self._txn() as tx:
-            await self._store_definition(tx, definition)
-            run_id = await self._machine.start_run(
-                tx, definition, input, self._now(), timeout_ms=definition.timeout_ms
-            )
-        return run_id
+        if self._loop_task is None:
+            raise RuntimeError("the engine is not open: use 'async with engine:' first")
+        # Started by the loop's next transaction: concurrent starts share one commit.
+        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._starts.append(_Start(definition, input, future))
+        self._wake.set()
+        return await future
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
         """Wait until the run ends; ``timeout`` seconds bound the wait (``DeadlineExceeded``)."""
@@ -295,6 +311,9 @@ class Engine:
         self._wake.set()
 
     async def _store_definition(self, tx: Tx, definition: Definition) -> None:
+        key = (definition.id, definition.version)
+        if key in self._stored:
+            return
         await tx.execute(
             "INSERT INTO tb_wf_definitions (id, version, body) VALUES (?, ?, ?) "
             "ON CONFLICT (id, version) DO NOTHING",
@@ -302,6 +321,7 @@ class Engine:
             definition.version,
             json.dumps(definition.raw, sort_keys=True),
         )
+        self._stored.add(key)  # forgotten if the transaction fails (see _loop)
 
     async def _requeue(self, tx: Tx, where: str, *args: Any) -> None:
         """Put in-flight tokens back to ``pending``, keeping their deadline (``resume``)."""
@@ -354,12 +374,15 @@ class Engine:
                 await self._renew_leases()
                 renew_at = self._now() + self._lease_ms // 3
             outcomes, self._outcomes = self._outcomes, []
+            starts, self._starts = self._starts, []
             try:
-                plans, next_ms = await self._turn(outcomes)
+                plans, next_ms = await self._turn(starts, outcomes)
             except Exception:
                 # A failed turn is rolled back (on PostgreSQL, a deadlock between two workers'
-                # batches is one cause): keep its outcomes and try again after a pause.
+                # batches is one cause): keep its work and try again after a pause.
                 self._outcomes[:0] = outcomes
+                self._starts[:0] = starts
+                self._stored.clear()
                 _log.exception("workflow engine turn failed; retrying")
                 await asyncio.sleep(self._sweep_ms / 1000)
                 continue
@@ -368,7 +391,7 @@ class Engine:
                 task = asyncio.create_task(self._attempt(*plan), name=f"workflow-token-{plan[0]}")
                 self._attempts[plan[0]] = task
                 task.add_done_callback(functools.partial(self._attempt_done, plan[0]))
-            if self._outcomes:
+            if self._outcomes or self._starts:
                 continue
             delay = None
             if next_ms is not None:
@@ -385,20 +408,30 @@ class Engine:
             except TimeoutError:
                 pass
 
-    async def _turn(self, outcomes: list[_Report]) -> tuple[list[_Plan], int | None]:
-        """One transaction, one commit (group commit): fire the due timers, store the attempts'
-        outcomes, claim and start ready tokens; return the attempts to run and the next wake-up.
+    async def _turn(
+        self, starts: list[_Start], outcomes: list[_Report]
+    ) -> tuple[list[_Plan], int | None]:
+        """One transaction, one commit (group commit): fire the due timers, start new runs, store
+        the attempts' outcomes, claim and begin ready tokens; return the attempts to run and the
+        next wake-up.
 
         Timers go first, so a workflow timeout due now wins over a result reported at the same
         instant (D6.4).
         """
         now = self._now()
+        started: list[tuple[asyncio.Future[str], str]] = []
         async with self._txn() as tx:
             for timer in await tx.due_timers(now, limit=1000):
                 await self._fire(tx, timer, now)
                 await tx.execute(
                     "DELETE FROM tb_timers WHERE key = ? AND due_ms <= ?", timer["key"], now
                 )
+            for start in starts:
+                await self._store_definition(tx, start.definition)
+                run_id = await self._machine.start_run(
+                    tx, start.definition, start.input, now, timeout_ms=start.definition.timeout_ms
+                )
+                started.append((start.future, run_id))
             for report in sorted(outcomes, key=lambda r: r.run_id):
                 await self._report(tx, report, now)
             plans = await self._dispatch(tx, now)
@@ -406,6 +439,9 @@ class Engine:
             row = await tx.fetchone(
                 "SELECT MIN(not_before) AS t FROM tb_wf_tokens WHERE status = 'pending'"
             )
+        for future, run_id in started:  # committed: the runs exist
+            if not future.done():
+                future.set_result(run_id)
         if row is not None and row["t"] is not None and len(self._attempts) < self._concurrency:
             next_ms = row["t"] if next_ms is None else min(next_ms, row["t"])
         return plans, next_ms
@@ -436,7 +472,7 @@ class Engine:
             ):
                 await self._machine.token_timeout(tx, run, tok, now)
         elif timer["kind"] == "join":
-            await self._machine.join_timeout(tx, run, timer["key"], now)
+            await self._machine.joins.join_timeout(tx, run, timer["key"], now)
 
     async def _dispatch(self, tx: Tx, now: int) -> list[_Plan]:
         """Claim ready tokens (a lease each) and begin their attempts."""

@@ -17,37 +17,37 @@ from collections.abc import Callable
 from typing import Any
 
 from .._store import Tx
+from ..policies import RetryAt, RetryPlan, RetryState
 from ._definition import Definition, Node, RetryBlock, Transition, parse_definition
-from ._merge import get_path, merge_outputs, set_path
+from ._joins import Joins
+from ._rows import (
+    LIVE_SQL,
+    PRIORITY_RUN,
+    PRIORITY_TOKEN,
+    TERMINAL,
+    decode,
+    encode,
+)
 
-__all__ = ["LIVE", "TERMINAL", "Machine", "retry_delay_ms"]
-
-LIVE = ("pending", "dispatched", "executing", "waiting_for_siblings")
-TERMINAL = ("completed", "failed", "timed_out", "cancelled")
-RUN_TERMINAL = ("completed", "failed", "timed_out", "cancelled")
-_LIVE_SQL = "('pending', 'dispatched', 'executing', 'waiting_for_siblings')"
-
-# Timer priorities at one instant: the workflow timeout is handled first (D6.4).
-PRIORITY_RUN, PRIORITY_TOKEN = 0, 1
+__all__ = ["Machine", "retry_delay_ms"]
 
 
-def retry_delay_ms(block: RetryBlock, attempts_done: int) -> int | None:
+def retry_delay_ms(block: RetryBlock, attempts_done: int, error: str, what: str) -> int | None:
     """The delay before the next attempt after an action error, or ``None`` to stop.
 
-    The one place a node-retry decision is made, so adopting the policies' retry decision core
-    is a single edit here.
+    Decided by the policies' retry decision core (D3.1-D3.2), the one implementation of retry
+    counting and backoff; the engine persists the delay as the token's ``not_before`` instead of
+    sleeping.
     """
-    if attempts_done >= block.max_attempts:
-        return None
-    return round(block.delay_ms * block.backoff ** (attempts_done - 1))
-
-
-def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value)  # no options: json's cached C encoder is several times faster
+    plan = RetryPlan(
+        what,
+        retry=block.max_attempts - 1,
+        delay=block.delay_ms / 1000,
+        backoff=block.backoff,
+        max_delay=block.max_delay_ms / 1000,
+    )
+    _, decision = plan.failed(RetryState(attempt=attempts_done - 1), RuntimeError(error))
+    return round(decision.delay * 1000) if isinstance(decision, RetryAt) else None
 
 
 class Machine:
@@ -63,6 +63,8 @@ class Machine:
         self._cancel_attempt = cancel_attempt
         self._on_run_finished = on_run_finished
         self.late_results = 0
+        self._seq = 0
+        self.joins = Joins(self)
 
     # Loading --------------------------------------------------------------------------------
 
@@ -113,7 +115,7 @@ class Machine:
             run_id,
             definition.id,
             definition.version,
-            _dumps(input),
+            encode(input),
             now,
             timeout_at,
             parent_token_id,
@@ -140,7 +142,7 @@ class Machine:
         run_id = run["id"]
         tx.wake_others = True  # waiters in other processes
         for tok in await tx.fetch(
-            f"SELECT * FROM tb_wf_tokens WHERE run_id = ? AND status IN {_LIVE_SQL} ORDER BY seq",
+            f"SELECT * FROM tb_wf_tokens WHERE run_id = ? AND status IN {LIVE_SQL} ORDER BY seq",
             run_id,
         ):
             await self._set_token(tx, tok, "cancelled", now, reason=f"run_{status}")
@@ -179,7 +181,7 @@ class Machine:
         definition = await self.definition(tx, run)
         policy = definition.on_timeout
         for tok in await tx.fetch(
-            f"SELECT * FROM tb_wf_tokens WHERE run_id = ? AND status IN {_LIVE_SQL} ORDER BY seq",
+            f"SELECT * FROM tb_wf_tokens WHERE run_id = ? AND status IN {LIVE_SQL} ORDER BY seq",
             run["id"],
         ):
             await self._set_token(tx, tok, "timed_out", now, reason="workflow_timeout")
@@ -202,7 +204,7 @@ class Machine:
 
     async def _maybe_complete_run(self, tx: Tx, run_id: str, now: int) -> None:
         row = await tx.fetchone(
-            f"SELECT COUNT(*) AS n FROM tb_wf_tokens WHERE run_id = ? AND status IN {_LIVE_SQL}",
+            f"SELECT COUNT(*) AS n FROM tb_wf_tokens WHERE run_id = ? AND status IN {LIVE_SQL}",
             run_id,
         )
         if row is not None and row["n"] == 0:
@@ -224,10 +226,9 @@ class Machine:
     ) -> str:
         token_id = uuid.uuid4().hex
         tx.wake_others = True
-        row = await tx.fetchone(
-            "SELECT COALESCE(MAX(seq), 0) + 1 AS s FROM tb_wf_tokens WHERE run_id = ?", run_id
-        )
-        seq = 1 if row is None else int(row["s"])
+        # Creation order without a query: increasing in this process, and across processes
+        # ordered by the creation millisecond.
+        self._seq = seq = max(self._seq + 1, now * 1000)
         b = branch or {}
         # A token stuck in pending/dispatched longer than its node timeout times out (fail).
         timeout_ms = definition.node_timeout_ms(definition.nodes[node_id])
@@ -243,8 +244,8 @@ class Machine:
             seq,
             b.get("branch_index"),
             b.get("branch_total"),
-            None if branch is None else _dumps(b.get("branch_item")),
-            None if branch is None else _dumps(b.get("branch_output")),
+            None if branch is None else encode(b.get("branch_item")),
+            None if branch is None else encode(b.get("branch_output")),
             b.get("fan_out_transition_id"),
             b.get("group_key"),
             b.get("outer_branch"),
@@ -270,23 +271,26 @@ class Machine:
         self, tx: Tx, tok: dict[str, Any], status: str, now: int, **fields: Any
     ) -> None:
         """Move a token to ``status``; ``fields`` go into ``state_data`` and the event."""
-        data = _loads(tok["state_data"]) or {}
+        data = decode(tok["state_data"]) or {}
         data.update(fields)
         await tx.execute(
             "UPDATE tb_wf_tokens SET status = ?, state_data = ?, updated_at = ?, "
             "lease_owner = CASE WHEN ? THEN NULL ELSE lease_owner END WHERE id = ?",
             status,
-            _dumps(data),
+            encode(data),
             now,
             status in TERMINAL,
             tok["id"],
         )
-        tok["status"], tok["state_data"] = status, _dumps(data)
-        if status in TERMINAL or status == "waiting_for_siblings":
+        tok["status"], tok["state_data"] = status, encode(data)
+        if tok["timeout_at"] is not None and (
+            status in TERMINAL or status == "waiting_for_siblings"
+        ):
             await tx.clear_timer(f"tok:{tok['id']}")
         if status in TERMINAL:
             self._cancel_attempt(tok["id"])
-            await self._cancel_children(tx, tok["id"], now)
+            if tok["child_run_id"] is not None:
+                await self._cancel_children(tx, tok["id"], now)
         if status != "timed_out":  # token_timed_out carries the seed's richer shape
             await tx.append_event(
                 tok["run_id"],
@@ -325,6 +329,7 @@ class Machine:
     async def claim(
         self, tx: Tx, tok: dict[str, Any], owner: str, lease_until: int, now: int
     ) -> None:
+        """Take a ready token under a lease (``dispatched``)."""
         await tx.execute(
             "UPDATE tb_wf_tokens SET status = 'dispatched', lease_owner = ?, lease_until = ?, "
             "updated_at = ? WHERE id = ?",
@@ -333,6 +338,7 @@ class Machine:
             now,
             tok["id"],
         )
+        tok.update(status="dispatched", lease_owner=owner, lease_until=lease_until)
         await tx.append_event(
             tok["run_id"],
             "token_dispatched",
@@ -347,7 +353,7 @@ class Machine:
     ) -> int | None:
         """``dispatched`` → ``executing``: a fresh node timeout (kept when resuming after a
         crash, so a restart never grants extra time). Returns the token's deadline."""
-        data = _loads(tok["state_data"]) or {}
+        data = decode(tok["state_data"]) or {}
         timeout_ms = definition.node_timeout_ms(definition.nodes[tok["node_id"]])
         timeout_at = tok["timeout_at"]
         if not data.pop("resume", False):
@@ -358,7 +364,7 @@ class Machine:
             "state_data = ?, updated_at = ? WHERE id = ?",
             attempt,
             timeout_at,
-            _dumps(data),
+            encode(data),
             now,
             tok["id"],
         )
@@ -443,7 +449,11 @@ class Machine:
     ) -> None:
         """An action error that is not a timeout: the node's ``retry`` block, else failure."""
         node = (await self.definition(tx, run)).nodes[tok["node_id"]]
-        delay = None if node.retry is None else retry_delay_ms(node.retry, tok["attempt"])
+        delay = (
+            None
+            if node.retry is None
+            else retry_delay_ms(node.retry, tok["attempt"], error, f"workflow node '{node.id}'")
+        )
         if delay is not None:
             # The delay is durable: not_before is stored, and the loop's timer is armed from it.
             await tx.execute(
@@ -480,8 +490,8 @@ class Machine:
         if join is None:
             await self.fail_run(tx, run, error, now)
             return
-        await self._mark_arrival(tx, tok, "failed", now)
-        await self._evaluate_join(tx, run, definition, join, tok["group_key"], now, error)
+        await self.joins.mark_arrival(tx, tok, "failed", now)
+        await self.joins.evaluate_join(tx, run, definition, join, tok["group_key"], now, error)
 
     async def complete(
         self, tx: Tx, run: dict[str, Any], tok: dict[str, Any], output: Any, now: int
@@ -489,7 +499,7 @@ class Machine:
         """The attempt succeeded: store the output and follow the node's transitions."""
         definition = await self.definition(tx, run)
         in_branch = tok["branch_index"] is not None
-        encoded = _dumps(output)
+        encoded = encode(output)
         await tx.execute(
             "UPDATE tb_wf_tokens SET output = ?, branch_output = CASE WHEN ? THEN ? "
             "ELSE branch_output END WHERE id = ?",
@@ -499,9 +509,9 @@ class Machine:
             tok["id"],
         )
         if not in_branch:
-            state = _loads(run["state"])
+            state = decode(run["state"])
             state[tok["node_id"]] = output
-            run["state"] = _dumps(state)
+            run["state"] = encode(state)
             await tx.execute(
                 "UPDATE tb_wf_runs SET state = ? WHERE id = ?", run["state"], run["id"]
             )
@@ -513,7 +523,7 @@ class Machine:
                 if transition.synchronization is not None:
                     joins.append(transition)
                 elif transition.fans_out:
-                    await self._fan_out(tx, run, definition, transition, tok, branch, now)
+                    await self.joins.fan_out(tx, run, definition, transition, tok, branch, now)
                 else:
                     await self._new_token(
                         tx, run["id"], definition, transition.target, now, branch=branch
@@ -541,8 +551,8 @@ class Machine:
                 )
                 return
             await self._set_token(tx, tok, "waiting_for_siblings", now, arrived_at=now)
-            await self._mark_arrival(tx, tok, "completed", now)
-            await self._evaluate_join(tx, run, definition, join, tok["group_key"], now, None)
+            await self.joins.mark_arrival(tx, tok, "completed", now)
+            await self.joins.evaluate_join(tx, run, definition, join, tok["group_key"], now, None)
 
     @staticmethod
     def _branch_of(tok: dict[str, Any], output: Any) -> dict[str, Any] | None:
@@ -551,271 +561,13 @@ class Machine:
         return {
             "branch_index": tok["branch_index"],
             "branch_total": tok["branch_total"],
-            "branch_item": _loads(tok["branch_item"]),
+            "branch_item": decode(tok["branch_item"]),
             "branch_output": output,
             "fan_out_transition_id": tok["fan_out_transition_id"],
             "group_key": tok["group_key"],
             "outer_branch": tok["outer_branch"],
             "lineage": tok["lineage"],
         }
-
-    # Fan-out and fan-in ---------------------------------------------------------------------
-
-    async def _fan_out(
-        self,
-        tx: Tx,
-        run: dict[str, Any],
-        definition: Definition,
-        transition: Transition,
-        tok: dict[str, Any],
-        branch: dict[str, Any] | None,
-        now: int,
-    ) -> None:
-        if transition.foreach is not None:
-            context = {"input": _loads(run["input"]), "state": _loads(run["state"])}
-            try:
-                items = get_path(context, transition.foreach)
-            except KeyError:
-                raise KeyError(f"foreach path {transition.foreach!r} is absent") from None
-            if not isinstance(items, list):
-                raise TypeError(
-                    f"foreach path {transition.foreach!r} holds a {type(items).__name__}, "
-                    "not a list"
-                )
-        else:
-            assert transition.spawn_count is not None
-            items = [None] * transition.spawn_count
-        group_key = tok["id"]
-        join = definition.join_for_group(transition.id)
-        if join is not None:
-            await tx.execute(
-                "INSERT INTO tb_wf_joins (run_id, transition_id, group_key, spawned) "
-                "VALUES (?, ?, ?, ?)",
-                run["id"],
-                join.id,
-                group_key,
-                len(items),
-            )
-        lineage = ((branch or {}).get("lineage", "") + " " + group_key).strip()
-        for index, item in enumerate(items):
-            await self._new_token(
-                tx,
-                run["id"],
-                definition,
-                transition.target,
-                now,
-                branch={
-                    "branch_index": index,
-                    "branch_total": len(items),
-                    "branch_item": item,
-                    "branch_output": None,
-                    "fan_out_transition_id": transition.id,
-                    "group_key": group_key,
-                    "outer_branch": None if branch is None else _dumps(branch),
-                    "lineage": lineage,
-                },
-            )
-        if join is not None and not items:
-            await self._evaluate_join(tx, run, definition, join, group_key, now, None)
-
-    async def _mark_arrival(self, tx: Tx, tok: dict[str, Any], kind: str, now: int) -> None:
-        data = _loads(tok["state_data"]) or {}
-        data["arrival"] = kind
-        await tx.execute(
-            "UPDATE tb_wf_tokens SET state_data = ? WHERE id = ?", _dumps(data), tok["id"]
-        )
-        tok["state_data"] = _dumps(data)
-
-    async def _evaluate_join(
-        self,
-        tx: Tx,
-        run: dict[str, Any],
-        definition: Definition,
-        join: Transition,
-        group_key: str,
-        now: int,
-        failure: str | None,
-    ) -> None:
-        sync = join.synchronization
-        assert sync is not None
-        row = await tx.fetchone(
-            "SELECT * FROM tb_wf_joins WHERE run_id = ? AND transition_id = ? AND group_key = ?",
-            run["id"],
-            join.id,
-            group_key,
-        )
-        if row is None or row["decided"]:
-            return
-        spawned = int(row["spawned"])
-        completed, failed = await self._arrivals(tx, run["id"], group_key)
-        if row["sync_started_at"] is None and (completed or failed):
-            timeout_ms = definition.sync_timeout_ms(join, spawned)
-            await tx.execute(
-                "UPDATE tb_wf_joins SET sync_started_at = ?, timeout_at = ? "
-                "WHERE run_id = ? AND transition_id = ? AND group_key = ?",
-                now,
-                now + timeout_ms,
-                run["id"],
-                join.id,
-                group_key,
-            )
-            await tx.set_timer(
-                f"join:{run['id']}:{join.id}:{group_key}",
-                "join",
-                run["id"],
-                now + timeout_ms,
-                PRIORITY_TOKEN,
-            )
-            for tok in completed + failed:
-                data = _loads(tok["state_data"]) or {}
-                data["sync_started_at"] = now
-                await tx.execute(
-                    "UPDATE tb_wf_tokens SET state_data = ? WHERE id = ?", _dumps(data), tok["id"]
-                )
-        needed = {"all": spawned, "any": 1}.get(sync.strategy, sync.required or spawned)
-        if len(completed) >= needed:
-            await self._decide(tx, run, definition, join, group_key, completed, now, "satisfied")
-        elif spawned - len(failed) < needed:
-            await self.fail_run(
-                tx,
-                run,
-                f"join '{join.id}' can no longer be satisfied: {len(failed)} of {spawned} "
-                f"siblings failed" + (f" ({failure})" if failure else ""),
-                now,
-            )
-
-    async def _arrivals(
-        self, tx: Tx, run_id: str, group_key: str
-    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        completed, failed = [], []
-        for tok in await tx.fetch(
-            "SELECT * FROM tb_wf_tokens WHERE run_id = ? AND group_key = ? ORDER BY branch_index",
-            run_id,
-            group_key,
-        ):
-            arrival = (_loads(tok["state_data"]) or {}).get("arrival")
-            if arrival == "completed" and tok["status"] == "waiting_for_siblings":
-                completed.append(tok)
-            elif arrival == "failed":
-                failed.append(tok)
-        return completed, failed
-
-    async def _decide(
-        self,
-        tx: Tx,
-        run: dict[str, Any],
-        definition: Definition,
-        join: Transition,
-        group_key: str,
-        completed: list[dict[str, Any]],
-        now: int,
-        how: str,
-    ) -> None:
-        """The join proceeds with ``completed``; siblings still running are cancelled (D6.10)."""
-        sync = join.synchronization
-        assert sync is not None
-        await tx.execute(
-            "UPDATE tb_wf_joins SET decided = 1 WHERE run_id = ? AND transition_id = ? "
-            "AND group_key = ?",
-            run["id"],
-            join.id,
-            group_key,
-        )
-        await tx.clear_timer(f"join:{run['id']}:{join.id}:{group_key}")
-        if sync.merge is not None:
-            source = sync.merge.source.split(".", 1)[1]
-            outputs = []
-            for tok in completed:
-                branch = {
-                    "output": _loads(tok["branch_output"]),
-                    "index": tok["branch_index"],
-                    "item": _loads(tok["branch_item"]),
-                }
-                try:
-                    outputs.append((int(tok["branch_index"]), get_path(branch, source)))
-                except KeyError:
-                    continue  # a branch without the source path contributes nothing
-            try:
-                merged = merge_outputs(sync.merge.strategy, outputs)
-                state = _loads(run["state"])
-                set_path(state, sync.merge.target.split(".", 1)[1], merged)
-            except TypeError as exc:
-                await self.fail_run(tx, run, f"join '{join.id}': {exc}", now)
-                return
-            await tx.execute(
-                "UPDATE tb_wf_runs SET state = ? WHERE id = ?", _dumps(state), run["id"]
-            )
-            run["state"] = _dumps(state)
-        await tx.append_event(
-            run["id"],
-            "join_decided",
-            now,
-            transition_id=join.id,
-            group_key=group_key,
-            how=how,
-            branches=[tok["branch_index"] for tok in completed],
-        )
-        for tok in completed:
-            await self._set_token(tx, tok, "completed", now)
-        # Everything still running in this group (and fan-outs nested in it) is cancelled.
-        for tok in await tx.fetch(
-            f"SELECT * FROM tb_wf_tokens WHERE run_id = ? AND status IN {_LIVE_SQL} "
-            "AND (group_key = ? OR (' ' || lineage || ' ') LIKE ?) ORDER BY seq",
-            run["id"],
-            group_key,
-            f"% {group_key} %",
-        ):
-            await self._set_token(tx, tok, "cancelled", now, reason="join_decided")
-        spawner = await self.token(tx, group_key)
-        outer = (
-            None
-            if spawner is None or spawner["branch_index"] is None
-            else self._branch_of(spawner, _loads(spawner["branch_output"]))
-        )
-        await self._new_token(tx, run["id"], definition, join.target, now, branch=outer)
-
-    async def join_timeout(self, tx: Tx, run: dict[str, Any], key: str, now: int) -> None:
-        """The synchronization timeout (D6.2, D6.3): proceed with what arrived, or fail."""
-        _, _, transition_id, group_key = key.split(":", 3)
-        definition = await self.definition(tx, run)
-        join = definition.transitions[transition_id]
-        sync = join.synchronization
-        assert sync is not None
-        row = await tx.fetchone(
-            "SELECT * FROM tb_wf_joins WHERE run_id = ? AND transition_id = ? AND group_key = ?",
-            run["id"],
-            transition_id,
-            group_key,
-        )
-        if row is None or row["decided"]:
-            return
-        completed, _ = await self._arrivals(tx, run["id"], group_key)
-        timeout_ms = row["timeout_at"] - row["sync_started_at"]
-        await tx.append_event(
-            run["id"],
-            "join_timed_out",
-            now,
-            transition_id=transition_id,
-            group_key=group_key,
-            timeout_type="synchronization",
-            timeout_duration_ms=timeout_ms,
-            policy_applied=sync.on_timeout,
-            deadline_at=row["timeout_at"],
-            detection_lag_ms=now - row["timeout_at"],
-            sync_started_at=row["sync_started_at"],
-        )
-        if sync.on_timeout == "proceed_with_available":
-            if completed:
-                await self._decide(tx, run, definition, join, group_key, completed, now, "timeout")
-                return
-            await self.fail_run(tx, run, "No siblings completed before timeout", now)
-            return
-        for tok in completed:
-            await self._set_token(tx, tok, "timed_out", now, reason="synchronization_timeout")
-            await self._timed_out_event(
-                tx, tok, "synchronization", timeout_ms, "fail", row["timeout_at"], now
-            )
-        await self.fail_run(tx, run, "Synchronization timeout exceeded", now)
 
     # Subworkflows ---------------------------------------------------------------------------
 
@@ -840,9 +592,9 @@ class Machine:
         child_id = await self.start_run(
             tx,
             child,
-            _loads(run["input"])
+            decode(run["input"])
             if tok["branch_index"] is None
-            else {"input": _loads(run["input"]), "item": _loads(tok["branch_item"])},
+            else {"input": decode(run["input"]), "item": decode(tok["branch_item"])},
             now,
             timeout_ms=timeout_ms,
             parent_token_id=tok["id"],
@@ -854,6 +606,7 @@ class Machine:
             child_id,
             tok["id"],
         )
+        tok.update(child_run_id=child_id, timeout_at=None)
         await tx.clear_timer(f"tok:{tok['id']}")
         return child_id
 
@@ -867,7 +620,7 @@ class Machine:
         if run is None or await self.check_run_deadline(tx, run, now):
             return
         if status == "completed":
-            await self.complete(tx, run, tok, _loads(child["state"]), now)
+            await self.complete(tx, run, tok, decode(child["state"]), now)
         elif status == "timed_out" or error == "Workflow exceeded timeout":
             ms = None if child["timeout_at"] is None else child["timeout_at"] - child["started_at"]
             message = f"Subworkflow '{child['definition_id']}' timed out after {ms}ms"

@@ -2,22 +2,53 @@
 parameters and behaviour (delays, failures), so the programs run as their comments describe.
 
 ``make_registry()`` builds a fresh registry each time: the flaky services count their calls per
-registry, never across tests. ``registry`` is one such registry for the command line
-(``timebound run prog.cst --modules tests/dsl/upstream/modules.py``).
+registry, never across tests. Given a Redis URL it also registers the ``"redis"`` cache backend
+two of the programs name (a real Redis server, keys under a prefix of their own). ``registry`` is
+one registry for the command line (``timebound run prog.cst --modules
+tests/dsl/upstream/modules.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+from typing import Any
 
 from timebound.dsl import ModuleRegistry
 
-__all__ = ["make_registry", "registry"]
+__all__ = ["RedisCache", "make_registry", "registry"]
 
 
-def make_registry() -> ModuleRegistry:
+class RedisCache:
+    """A cache backend on a Redis server: values stored as JSON (so a hit is always a fresh
+    object) under ``prefix``, expiring after their TTL on the server's clock."""
+
+    def __init__(self, url: str, prefix: str) -> None:
+        import redis
+
+        self.client = redis.Redis.from_url(url, socket_timeout=2)
+        self.prefix = prefix
+
+    def get(self, key: str) -> tuple[bool, Any]:
+        raw = self.client.get(self.prefix + key)
+        return (False, None) if raw is None else (True, json.loads(raw))
+
+    def set(self, key: str, value: Any, ttl: float) -> None:
+        self.client.set(self.prefix + key, json.dumps(value), px=max(1, round(ttl * 1000)))
+
+    def clear(self) -> None:
+        """Delete this cache's keys (and close the connection)."""
+        keys = list(self.client.scan_iter(match=self.prefix + "*"))
+        if keys:
+            self.client.delete(*keys)
+        self.client.close()
+
+
+def make_registry(redis_cache: RedisCache | None = None) -> ModuleRegistry:
     r = ModuleRegistry()
+    if redis_cache is not None:
+        r.register_cache_backend("redis", redis_cache)
     flaky_calls = itertools.count(1)
     timeout_calls = itertools.count(1)
 

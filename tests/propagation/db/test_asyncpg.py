@@ -427,3 +427,21 @@ async def test_cancel_right_after_narrowing_in_callers_transaction_restores_its_
             assert await con.fetchval("SHOW statement_timeout") == "7s"
     finally:
         await con.close()
+
+
+async def test_concurrent_misuse_is_refused_without_closing_the_connection(
+    postgres_dsn: str,
+) -> None:
+    """A second query while one is in progress on the same connection is refused by asyncpg,
+    as without a deadline; the connection is not closed and the first query finishes."""
+    con = await connect(postgres_dsn)
+    try:
+        first = asyncio.ensure_future(con.fetchval("SELECT pg_sleep(0.2), 1", column=1))
+        await asyncio.sleep(0.05)
+        with tb.inherit_deadline(tb.Deadline.after(5)):
+            with pytest.raises(asyncpg.InterfaceError):
+                await con.execute("SELECT 1")
+        assert await first == 1
+        assert con.is_closed() is False
+    finally:
+        await con.close()

@@ -404,6 +404,81 @@ async def test_async_pipeline_cut_after_a_reply_never_hands_the_rest_to_another_
         await client.aclose()
 
 
+def _record_disconnects(monkeypatch: pytest.MonkeyPatch, cls: Any) -> list[bool]:
+    """Record every ``disconnect()`` of a redis-py connection class."""
+    closed: list[bool] = []
+    base = cls.disconnect
+
+    def recording(self: Any, *args: Any, **kwargs: Any) -> Any:
+        closed.append(True)
+        return base(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "disconnect", recording)
+    return closed
+
+
+def _second_send_finds_the_deadline_spent(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the adapter's fail-fast check raise on the second command sent: in a fresh
+    connection's handshake, after the first ``CLIENT SETINFO`` went out, before the second."""
+    real = _db_redis.budget
+    calls = 0
+
+    def budget(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise tb.DeadlineExceeded(source="inherited", what="redis command")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_db_redis, "budget", budget)
+
+
+def test_handshake_cut_part_way_leaves_no_reply_for_the_next_command(
+    redis_url: str, keys: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deadline spent between the handshake's pipelined commands: the connection is closed,
+    so the reply still due to the first one never reaches the next command."""
+    key = unique("handshake")
+    keys.append(key)
+    with redis.Redis.from_url(redis_url) as plain:
+        plain.set(key, "mine")
+    client = from_url(redis_url, socket_timeout=None)
+    closed = _record_disconnects(monkeypatch, redis.Connection)
+    try:
+        _second_send_finds_the_deadline_spent(monkeypatch)
+        with pytest.raises(tb.DeadlineExceeded):
+            client.get(key)
+        # Closed at once: redis-py's pool only notices a reply that has already arrived.
+        assert closed
+        monkeypatch.undo()
+        assert client.get(key) == b"mine"
+    finally:
+        client.close()
+
+
+@pytest.mark.asyncio_real
+async def test_async_handshake_cut_part_way_leaves_no_reply_for_the_next_command(
+    redis_url: str, keys: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """asyncio: a deadline spent between the handshake's pipelined commands closes the
+    connection; the next command reads its own reply."""
+    key = unique("ahandshake")
+    keys.append(key)
+    with redis.Redis.from_url(redis_url) as plain:
+        plain.set(key, "mine")
+    client = afrom_url(redis_url, socket_timeout=None)
+    closed = _record_disconnects(monkeypatch, redis.asyncio.Connection)
+    try:
+        _second_send_finds_the_deadline_spent(monkeypatch)
+        with pytest.raises(tb.DeadlineExceeded):
+            await client.get(key)
+        assert closed
+        monkeypatch.undo()
+        assert await client.get(key) == b"mine"
+    finally:
+        await client.aclose()
+
+
 def test_guarded_retry_copied_into_another_client_stays_guarded_once(redis_url: str) -> None:
     """A guarded retry passed on to a new client is deep-copied (as redis-py does) unnested."""
     first = from_url(redis_url, retry=Retry(NoBackoff(), 2))

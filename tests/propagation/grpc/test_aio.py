@@ -16,7 +16,7 @@ from timebound.propagation.grpc import (
     EXPIRED_DETAILS,
     AioPropagatedDeadlineExceeded,
     PropagatedDeadlineExceeded,
-    aio_client_interceptor,
+    aio_client_interceptors,
     aio_server_interceptor,
 )
 from timebound.telemetry import counters
@@ -47,7 +47,7 @@ async def start(
 
 def channel(port: int, *, intercepted: bool = True) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(
-        f"127.0.0.1:{port}", interceptors=aio_client_interceptor() if intercepted else None
+        f"127.0.0.1:{port}", interceptors=aio_client_interceptors() if intercepted else None
     )
 
 

@@ -9,21 +9,9 @@ import grpc.aio
 import pytest
 
 import timebound as tb
-from timebound.propagation._grpc_interceptors import _received_deadline
 from timebound.propagation.grpc import AioPropagatedDeadlineExceeded, PropagatedDeadlineExceeded
 
 YEAR = 365 * 24 * 3600.0
-
-
-@pytest.mark.parametrize(
-    ("time_remaining", "expected"),
-    [(None, None), (YEAR, None), (10 * YEAR, None), (YEAR - 1, YEAR - 1), (0.0, 0.0), (2.5, 2.5)],
-)
-def test_year_or_more_means_no_deadline(
-    time_remaining: float | None, expected: float | None
-) -> None:
-    """``time_remaining()`` of None or >= 365 days is no deadline (D4.6, grpc#26236)."""
-    assert _received_deadline(time_remaining) == expected
 
 
 def test_propagated_error_is_a_deadline_and_an_rpc_error() -> None:

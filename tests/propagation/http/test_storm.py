@@ -151,15 +151,15 @@ async def test_httpx_async_client_works_after_a_deadline_storm(
 
 
 def test_httpx_sync_client_works_after_a_deadline_storm(echo_url: str) -> None:
-    """100 requests from 16 threads over 4 connections, cut at random instants: the client
+    """300 requests from 32 threads over 2 connections, cut at random instants: the client
     works afterwards and no reply reaches the wrong caller."""
-    inner = httpx.HTTPTransport(limits=httpx.Limits(max_connections=4))
+    inner = httpx.HTTPTransport(limits=httpx.Limits(max_connections=2))
     with httpx.Client(transport=DeadlineTransport(inner, timeout=5.0), timeout=5.0) as client:
 
         def call(ident: str) -> str:
             return client.get(echo_url, params={"id": ident}).text
 
-        tally = _sync_storm(call, count=100, threads=16, top=0.05)
+        tally = _sync_storm(call, count=300, threads=32, top=0.03)
         after = [call(f"after{i}") for i in range(10)]
     assert tally.wrong is None
     assert tally.cut > 0
@@ -167,16 +167,16 @@ def test_httpx_sync_client_works_after_a_deadline_storm(echo_url: str) -> None:
 
 
 def test_requests_session_works_after_a_deadline_storm(echo_url: str) -> None:
-    """100 requests from 16 threads over a blocking pool of 4, cut at random instants: the
+    """300 requests from 32 threads over a blocking pool of 2, cut at random instants: the
     session works afterwards and no reply reaches the wrong caller."""
-    adapter = DeadlineAdapter(timeout=5.0, pool_maxsize=4, pool_block=True)
+    adapter = DeadlineAdapter(timeout=5.0, pool_maxsize=2, pool_block=True)
     with requests.Session() as session:
         session.mount("http://", adapter)
 
         def call(ident: str) -> str:
             return session.get(echo_url, params={"id": ident}, timeout=5.0).text
 
-        tally = _sync_storm(call, count=100, threads=16, top=0.05)
+        tally = _sync_storm(call, count=300, threads=32, top=0.03)
         after = [call(f"after{i}") for i in range(10)]
     assert tally.wrong is None
     assert tally.cut > 0
@@ -201,3 +201,43 @@ async def test_aiohttp_session_works_after_a_deadline_storm(echo_url: str) -> No
     assert tally.wrong is None
     assert tally.cut > 0
     assert after == [f"after{i}" for i in range(10)]
+
+
+def test_httpx_async_client_under_trio_works_after_a_deadline_storm(echo_url: str) -> None:
+    """Under trio: 300 requests, 32 at a time over 8 connections, cut at random instants: the
+    client works afterwards and no reply reaches the wrong caller."""
+    import trio
+
+    async def main() -> tuple[Tally, list[str]]:
+        inner = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=8))
+        transport = AsyncDeadlineTransport(inner, timeout=5.0)
+        tally = Tally()
+        slots = trio.CapacityLimiter(32)
+        async with httpx.AsyncClient(transport=transport, timeout=5.0) as client:
+
+            async def call(ident: str) -> str:
+                return (await client.get(echo_url, params={"id": ident})).text
+
+            async def one(i: int, budget: float) -> None:
+                async with slots:
+                    try:
+                        with tb.inherit_deadline(tb.Deadline.after(budget)):
+                            body = await call(str(i))
+                    except tb.DeadlineExceeded:
+                        tally.cut += 1
+                        return
+                    tally.reply(str(i), body)
+
+            async with trio.open_nursery() as nursery:
+                for i, budget in enumerate(_budgets(300, 0.05)):
+                    nursery.start_soon(one, i, budget)
+            after = []
+            for i in range(20):
+                with trio.fail_after(10):
+                    after.append(await call(f"after{i}"))
+        return tally, after
+
+    tally, after = trio.run(main)
+    assert tally.wrong is None
+    assert tally.cut > 0
+    assert after == [f"after{i}" for i in range(20)]

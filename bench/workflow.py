@@ -1,0 +1,279 @@
+"""Durable workflows: steps per second, timeout detection lag, dead-worker takeover, restart.
+
+Run: ``python bench/workflow.py`` (about a minute; ``--quick`` for a smaller run). Prints a table
+and writes ``bench/results/workflow.json``. Needs PostgreSQL at 127.0.0.1:5432 for the PostgreSQL
+rows and ``dbos`` (the ``bench`` extra) for the baseline; rows that cannot run are reported
+missing, never invented.
+
+Rows:
+- ``steps_per_s.*``: the same 10-step workflow (each step a trivial python action), many runs
+  started at once, on SQLite with ``synchronous=FULL`` and ``NORMAL`` and on PostgreSQL (one worker).
+  Baseline: DBOS running the same 10-step workflow on SQLite in a child process, with the same
+  number of runs in flight (threads, as DBOS runs sync workflows).
+- ``steps_per_s.sqlite_full_one_run``: a single run at a time (every step waits for its own
+  commit): the latency-bound case, for reference.
+- ``timeout_lag.*``: 1,000 node timeouts at instants spread over two seconds (SQLite, FULL); lag
+  from each deadline to its stored ``timed_out`` and event (the engine records it in the event),
+  p50 and p99; ``early`` counts detections before the deadline (must be 0).
+- ``dead_worker_lag.p99``: PostgreSQL, a worker stops with 100 tokens in flight; a second worker
+  enforces their node deadlines; lag from deadline to detection.
+- ``restart_to_redispatch``: SQLite, a process restarts with a node in flight; time from opening
+  the engine to the node's handler running again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from _common import Row, percentile, print_table, write_results
+
+from timebound import workflow as wf
+
+QUICK = "--quick" in sys.argv
+RUNS = 50 if QUICK else 200  # runs in flight for the throughput rows
+TIMEOUTS = 200 if QUICK else 1000
+PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+
+TEN_STEPS: dict[str, Any] = {
+    "id": "ten",
+    "initial_node": "s0",
+    "actions": [{"id": "step", "kind": "python", "implementation": {"handler": "step"}}],
+    "nodes": [{"id": f"s{i}", "action_id": "step"} for i in range(10)],
+    "transitions": [{"id": f"t{i}", "from": f"s{i}", "to": f"s{i + 1}"} for i in range(9)],
+}
+
+
+async def step(ctx: wf.ActionContext) -> int:
+    return ctx.attempt
+
+
+async def hang(ctx: wf.ActionContext) -> None:
+    await asyncio.sleep(3600)
+
+
+async def _throughput(url: str, runs: int) -> float:
+    engine = wf.Engine(db=url, actions={"step": step}, concurrency=max(runs, 1))
+    engine.register(TEN_STEPS)
+    async with engine:
+        await engine.wait(await engine.start("ten"))  # warm up
+        started = time.perf_counter()
+        ids = await asyncio.gather(*(engine.start("ten") for _ in range(runs)))
+        for run_id in ids:
+            result = await engine.wait(run_id)
+            assert result.status == "completed", result
+        elapsed = time.perf_counter() - started
+    return runs * 10 / elapsed
+
+
+async def _sequential(url: str, runs: int) -> float:
+    engine = wf.Engine(db=url, actions={"step": step})
+    engine.register(TEN_STEPS)
+    async with engine:
+        started = time.perf_counter()
+        for _ in range(runs):
+            await engine.wait(await engine.start("ten"))
+        elapsed = time.perf_counter() - started
+    return runs * 10 / elapsed
+
+
+def _dbos_child(db_path: str, runs: int) -> None:
+    """In a child process (DBOS is a process-wide singleton): steps/s of the same workflow."""
+    from dbos import DBOS
+
+    @DBOS.step()
+    def dbos_step(x: int) -> int:
+        return x + 1
+
+    @DBOS.workflow()
+    def ten() -> int:
+        x = 0
+        for _ in range(10):
+            x = dbos_step(x)
+        return x
+
+    DBOS(config={"name": "bench", "system_database_url": f"sqlite:///{db_path}",
+                 "run_admin_server": False, "max_executor_threads": runs})  # fmt: skip
+    DBOS.launch()
+    ten()  # warm up
+    started = time.perf_counter()
+    handles = [DBOS.start_workflow(ten) for _ in range(runs)]
+    for h in handles:
+        h.get_result()
+    elapsed = time.perf_counter() - started
+    DBOS.destroy()
+    print(json.dumps({"steps_per_s": runs * 10 / elapsed}))
+
+
+def _dbos(runs: int, tmp: str) -> float | None:
+    try:
+        import dbos  # noqa: F401
+    except ImportError:
+        print(
+            "dbos is not installed (pip install 'timebound[bench]'): no baseline", file=sys.stderr
+        )
+        return None
+    proc = subprocess.run(
+        [sys.executable, __file__, "--dbos-child", f"{tmp}/dbos.sqlite", str(runs)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    for line in proc.stdout.splitlines():
+        if line.startswith("{"):
+            return float(json.loads(line)["steps_per_s"])
+    print(proc.stderr[-2000:], file=sys.stderr)
+    return None
+
+
+async def _timeout_lags(url: str, n: int) -> list[int]:
+    """Node timeouts at staggered instants; the engine's recorded lag for each (ms)."""
+    d = {"id": "t", "initial_node": "A",
+         "actions": [{"id": "h", "kind": "python", "implementation": {"handler": "hang"}}],
+         "nodes": [{"id": "A", "action_id": "h"}]}  # fmt: skip
+    rng = random.Random(7)
+    engine = wf.Engine(db=url, actions={"hang": hang}, concurrency=n + 1)
+    for i in range(n):
+        # One definition version per timeout so deadlines spread over two seconds, after every
+        # run has started (starting them is measured elsewhere).
+        d = {**d, "version": i + 1, "nodes": [{"id": "A", "action_id": "h",
+                                                "timeout_ms": 6000 + rng.randrange(2000)}]}  # fmt: skip
+        engine.register(d)
+    async with engine:
+        ids = await asyncio.gather(*(engine.start("t", version=i + 1) for i in range(n)))
+        lags = []
+        for run_id in ids:
+            await engine.wait(run_id)
+            for e in await engine.events(run_id):
+                if e["kind"] == "token_timed_out":
+                    lags.append(e["detection_lag_ms"])
+    return lags
+
+
+async def _dead_worker_lags(url: str, n: int) -> list[int]:
+    d = {"id": "dw", "initial_node": "A",
+         "actions": [{"id": "h", "kind": "python", "implementation": {"handler": "hang"}}],
+         "nodes": [{"id": "A", "action_id": "h", "timeout_ms": 1500}]}  # fmt: skip
+    dying = wf.Engine(db=url, actions={"hang": hang}, concurrency=n + 1)
+    dying.register(d)
+    await dying.open()
+    ids = await asyncio.gather(*(dying.start("dw") for _ in range(n)))
+    await asyncio.sleep(0.5)  # every token executing
+    await dying.close()  # as after a crash: tokens 'executing', nobody enforcing their timers
+    survivor = wf.Engine(db=url, actions={"hang": hang})
+    lags = []
+    async with survivor:
+        for run_id in ids:
+            await survivor.wait(run_id)
+            for e in await survivor.events(run_id):
+                if e["kind"] == "token_timed_out":
+                    lags.append(e["detection_lag_ms"])
+    return lags
+
+
+async def _restart(url: str) -> float:
+    entered = asyncio.Event()
+
+    async def slow(ctx: wf.ActionContext) -> None:
+        entered.set()
+        await asyncio.sleep(3600)
+
+    d = {"id": "r", "initial_node": "A",
+         "actions": [{"id": "h", "kind": "python", "implementation": {"handler": "slow"}}],
+         "nodes": [{"id": "A", "action_id": "h"}]}  # fmt: skip
+    first = wf.Engine(db=url, actions={"slow": slow})
+    first.register(d)
+    async with first:
+        await first.start("r")
+        await entered.wait()
+    entered.clear()
+    second = wf.Engine(db=url, actions={"slow": slow})
+    started = time.perf_counter()
+    await second.open()
+    await entered.wait()
+    elapsed = time.perf_counter() - started
+    await second.close()
+    return elapsed
+
+
+def _pg_url() -> str | None:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", 5432), timeout=1).close()
+    except OSError:
+        print("PostgreSQL is not reachable: its rows are missing", file=sys.stderr)
+        return None
+    return f"{PG_DSN}?schema=tbbench_{uuid.uuid4().hex[:10]}"
+
+
+def _drop(url: str) -> None:
+    import asyncpg
+
+    schema = url.rsplit("schema=", 1)[1]
+
+    async def drop() -> None:
+        conn = await asyncpg.connect(PG_DSN)
+        await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+        await conn.close()
+
+    asyncio.run(drop())
+
+
+def main() -> None:
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        dbos_rate = _dbos(RUNS, tmp)
+        base = "DBOS, SQLite, same workflow" if dbos_rate is not None else None
+        full = asyncio.run(_throughput(f"sqlite:///{tmp}/full.db?synchronous=FULL", RUNS))
+        rows.append(Row("steps_per_s.sqlite_full", full, "steps/s", base, dbos_rate,
+                        ">= 1000", full >= 1000))  # fmt: skip
+        normal = asyncio.run(_throughput(f"sqlite:///{tmp}/normal.db?synchronous=NORMAL", RUNS))
+        rows.append(Row("steps_per_s.sqlite_normal", normal, "steps/s", base, dbos_rate,
+                        ">= 5000", normal >= 5000))  # fmt: skip
+        one = asyncio.run(_sequential(f"sqlite:///{tmp}/one.db?synchronous=FULL", 20))
+        rows.append(Row("steps_per_s.sqlite_full_one_run", one, "steps/s"))
+        lags = asyncio.run(_timeout_lags(f"sqlite:///{tmp}/lag.db", TIMEOUTS))
+        rows.append(Row("timeout_lag.p50", percentile(lags, 50), "ms", target="<= 20",
+                        passed=percentile(lags, 50) <= 20))  # fmt: skip
+        rows.append(Row("timeout_lag.p99", percentile(lags, 99), "ms", target="<= 100",
+                        passed=percentile(lags, 99) <= 100))  # fmt: skip
+        early = sum(1 for lag in lags if lag < 0)
+        rows.append(Row("timeout_lag.early", early, "count", target="== 0", passed=early == 0))
+        restart = asyncio.run(_restart(f"sqlite:///{tmp}/restart.db"))
+        rows.append(Row("restart_to_redispatch", restart * 1000, "ms", target="<= 500",
+                        passed=restart <= 0.5))  # fmt: skip
+    pg = _pg_url()
+    if pg is not None:
+        try:
+            rate = asyncio.run(_throughput(pg, RUNS))
+            rows.append(Row("steps_per_s.postgres_one_worker", rate, "steps/s",
+                            target=">= 1000", passed=rate >= 1000))  # fmt: skip
+        finally:
+            _drop(pg)
+        pg = _pg_url()
+        assert pg is not None
+        try:
+            lags = asyncio.run(_dead_worker_lags(pg, 100))
+            rows.append(Row("dead_worker_lag.p99", percentile(lags, 99), "ms",
+                            target="<= 1500", passed=percentile(lags, 99) <= 1500))  # fmt: skip
+        finally:
+            _drop(pg)
+    print_table(rows, "durable workflows")
+    if not QUICK:
+        write_results("workflow", rows)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--dbos-child"]:
+        _dbos_child(sys.argv[2], int(sys.argv[3]))
+    else:
+        os.chdir(Path(__file__).resolve().parent)
+        main()

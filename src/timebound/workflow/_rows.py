@@ -1,0 +1,31 @@
+"""Token and run states, timer priorities and the JSON encoding of stored columns."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = [
+    "LIVE_SQL",
+    "PRIORITY_RUN",
+    "PRIORITY_TOKEN",
+    "RUN_TERMINAL",
+    "TERMINAL",
+    "decode",
+    "encode",
+]
+
+TERMINAL = ("completed", "failed", "timed_out", "cancelled")
+RUN_TERMINAL = ("completed", "failed", "timed_out", "cancelled")
+LIVE_SQL = "('pending', 'dispatched', 'executing', 'waiting_for_siblings')"
+
+# Timer priorities at one instant: the workflow timeout is handled first (D6.4).
+PRIORITY_RUN, PRIORITY_TOKEN = 0, 1
+
+
+def decode(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def encode(value: Any) -> str:
+    return json.dumps(value)  # no options: json's cached C encoder is several times faster
