@@ -70,3 +70,24 @@ async def test_detached_task_sees_no_deadline(virtual_clock: VirtualClock) -> No
         task = _scopes._spawn_detached(work(), eager=True)
     await task
     assert seen == [True]
+
+
+async def test_a_finished_scope_leaves_no_cycle_through_its_task(
+    virtual_clock: VirtualClock,
+) -> None:
+    """After its scope exits, a finished task is freed by reference counting, not the cyclic GC."""
+    import weakref
+
+    async def work() -> None:
+        async with tb.fail_after(10):
+            await asyncio.sleep(0)
+
+    task = asyncio.get_running_loop().create_task(work())
+    await task
+    ref = weakref.ref(task)
+    gc.disable()
+    try:
+        del task
+        assert ref() is None
+    finally:
+        gc.enable()
