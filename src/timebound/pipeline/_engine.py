@@ -184,7 +184,8 @@ class Engine:
         except Exception as exc:
             _locate(exc, compiled.meta)
             raise
-        keys = [k for k in self.registry.keys if rowset.has(k)]
+        present = set(rowset.keys())
+        keys = [k for k in self.registry.keys if k in present]
         return Result(rowset.table(keys), trace)
 
     def run_sync(
@@ -623,10 +624,6 @@ def _task_action(
     return sync_action, False
 
 
-def _same_keys(out: Mapping[Any, Any], keys: frozenset[str]) -> bool:
-    return len(out) == len(keys) and all(k in out for k in keys)
-
-
 def _apply(
     registry: Registry,
     task: TaskSpec,
@@ -646,7 +643,7 @@ def _apply(
     if declared is None:
         writes = evaluate(task.writes, params)
         declared = writes.keys if writes.kind == "exact" else None
-    if declared is not None and not _same_keys(out, declared):
+    if declared is not None and out.keys() != declared:
         for k in sorted(declared - set(out)):
             raise TaskError(f"task {name!r} did not return key {k!r}", task=name, key=k)
         for k in sorted(set(out) - declared, key=str):
