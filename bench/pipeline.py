@@ -9,7 +9,8 @@ baseline in the same process, in the same run:
   staged columns back at commit, restore the snapshot at rollback). Target: <= 50 us, and flat
   in rows (the 10k figure within 1.5x of the 1k one).
 - ``dispatch``: a 20-task plan on 1,000 rows through ``Engine.run`` against calling the same
-  task functions in a plain loop (select the columns, call, keep the outputs). Target <= 1.3x.
+  task functions in a plain loop (select the columns, call, keep the outputs), in thread CPU
+  time. Target <= 1.3x.
 - ``ranking``: a 1,000-candidate, 20-node ranking plan (tasks, a timeout_wrapper, vm, filter,
   sort, take) end to end, p50 and p99 (reference, no target).
 """
@@ -201,20 +202,22 @@ def dispatch_rows() -> list[Row]:
     loop = asyncio.new_event_loop()
     reps = 20 if QUICK else 200
 
+    # The plan is CPU-bound (sync tasks, no I/O): this thread's CPU time is what a caller pays,
+    # and unlike wall time it does not count the other processes of a shared machine.
     def run_engine() -> float:
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         for _ in range(reps):
             loop.run_until_complete(engine.run(artifact, table))
-        return time.perf_counter() - t0
+        return time.thread_time() - t0
 
     def run_plain() -> float:
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         for _ in range(reps):
             out: dict[str, pa.Array] = {}
             for fn in fns:
                 out.update(fn(None, table.select(["id"])))
             pa.table({"id": table.column("id"), **out})
-        return time.perf_counter() - t0
+        return time.thread_time() - t0
 
     try:
         times = interleave({"engine": run_engine, "plain": run_plain}, rounds=ROUNDS, n=reps)
@@ -223,7 +226,7 @@ def dispatch_rows() -> list[Row]:
     ratio = times["engine"] / times["plain"]
     return [
         Row(
-            f"pipeline.dispatch.{TASKS}_tasks_{ROWS}_rows",
+            f"pipeline.dispatch.{TASKS}_tasks_{ROWS}_rows.cpu",
             times["engine"] * US,
             "us",
             "the same task functions in a plain loop",
@@ -232,7 +235,7 @@ def dispatch_rows() -> list[Row]:
             ratio <= 1.3,
         ),
         Row(
-            "pipeline.dispatch.overhead_per_node",
+            "pipeline.dispatch.overhead_per_node.cpu",
             (times["engine"] - times["plain"]) / TASKS * US,
             "us",
         ),

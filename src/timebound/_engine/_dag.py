@@ -537,7 +537,7 @@ class DagPlan(Generic[_C]):
             if kind == _ENTER:
                 return self._enter_group(st, ctx, i)
             return self._exit_group(st, ctx, i, None)
-        why = self._blocked(st, i)
+        why = self._blocked(st, i) if st.poisoned or self._chain[i] else None
         if why is not None:
             self._end(st, i, why)
             self._complete(st, i, poison=why == "skipped" and i in (st.poisoned or ()))

@@ -669,7 +669,7 @@ def _apply(
             raise TaskError(
                 f"task {name!r}, key {k!r}: {len(column)} values for {n} rows", task=name, key=k
             )
-        if column.type != kdef.type:
+        if not column.type.equals(kdef.type):
             raise TaskError(
                 f"task {name!r}, key {k!r}: column is {column.type}, the key holds {kdef.type}",
                 task=name,
