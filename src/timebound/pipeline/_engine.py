@@ -1,7 +1,8 @@
 """The pipeline engine: runs a validated artifact on the shared DAG executor.
 
-Each chain becomes executor nodes whose dependencies follow the data (a node waits for the
-nodes that write what it reads or writes, and for every rowset-changing op); each
+The plan's chain becomes executor nodes whose dependencies follow the data (a node waits for
+the nodes that write what it reads or writes, and for every rowset-changing op); a wrapper
+branch runs its steps in order; each
 ``timeout_wrapper`` becomes an executor group that owns the region deadline (source
 ``region``), opens a copy-on-write overlay when it is entered, commits it when every member
 finished in time, and on its own timeout rolls back and fails the plan or runs the fail branch
@@ -310,13 +311,18 @@ class _Builder:
             key = prefix + node["node_id"]
             reads, writes = self._effects(node)
             deps: list[str] = []
-            for j in range(len(keys) - 1, -1, -1):
-                r, w = effects[j]
-                if w is None or writes is None or w & (reads | writes) or r & writes:
-                    deps.append(keys[j])
-                    if w is None:
-                        break  # a barrier: everything before it is already behind it
-            deps.reverse()
+            if parent is not None:
+                # A wrapper branch runs its steps in order (RFC 0002 §5.3: sequential branch
+                # execution; region-local parallelism is the RFC's open question OQ3).
+                deps = keys[-1:]
+            else:
+                for j in range(len(keys) - 1, -1, -1):
+                    r, w = effects[j]
+                    if w is None or writes is None or w & (reads | writes) or r & writes:
+                        deps.append(keys[j])
+                        if w is None:
+                            break  # a barrier: everything before it is already behind it
+                deps.reverse()
             self.meta[key] = {
                 "op": node["op"],
                 "name": node["params"].get("name", node["op"])
