@@ -219,6 +219,11 @@ class Engine:
             raise ConfigurationError(f"a run's input must be JSON: {exc}", option="input")
         if self._loop_task is None:
             raise RuntimeError("the engine is not open: use 'async with engine:' first")
+        if (definition.id, definition.version) not in self._stored:
+            async with self._txn() as tx:
+                conflict = await self._store_definition(tx, definition)
+            if conflict is not None:
+                raise DefinitionError(conflict, path="version")
         # Started by the loop's next transaction: concurrent starts share one commit.
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._starts.append(_Start(definition, input, future))
@@ -310,18 +315,33 @@ class Engine:
             yield tx
         self._wake.set()
 
-    async def _store_definition(self, tx: Tx, definition: Definition) -> None:
+    async def _store_definition(self, tx: Tx, definition: Definition) -> str | None:
+        """Store a definition once; an error message if the store holds another body for it.
+
+        Runs keep the version they started with, read back from the store after a restart or
+        on another worker, so one (id, version) must never name two bodies.
+        """
         key = (definition.id, definition.version)
         if key in self._stored:
-            return
+            return None
+        body = json.dumps(definition.raw, sort_keys=True)
         await tx.execute(
             "INSERT INTO tb_wf_definitions (id, version, body) VALUES (?, ?, ?) "
             "ON CONFLICT (id, version) DO NOTHING",
             definition.id,
             definition.version,
-            json.dumps(definition.raw, sort_keys=True),
+            body,
         )
+        row = await tx.fetchone(
+            "SELECT body FROM tb_wf_definitions WHERE id = ? AND version = ?", *key
+        )
+        if row is not None and json.loads(row["body"]) != definition.raw:
+            return (
+                f"definition {definition.id!r} version {definition.version} is already stored "
+                "with a different body; give the new one a higher version"
+            )
         self._stored.add(key)  # forgotten if the transaction fails (see _loop)
+        return None
 
     async def _requeue(self, tx: Tx, where: str, *args: Any) -> None:
         """Put in-flight tokens back to ``pending``, keeping their deadline (``resume``)."""
@@ -427,7 +447,6 @@ class Engine:
                     "DELETE FROM tb_timers WHERE key = ? AND due_ms <= ?", timer["key"], now
                 )
             for start in starts:
-                await self._store_definition(tx, start.definition)
                 run_id = await self._machine.start_run(
                     tx, start.definition, start.input, now, timeout_ms=start.definition.timeout_ms
                 )
@@ -614,5 +633,8 @@ class Engine:
                 tx, run, tok, f"subworkflow definition {child_id!r} is not registered", now
             )
             return
-        await self._store_definition(tx, child)
+        conflict = await self._store_definition(tx, child)
+        if conflict is not None:
+            await self._machine.action_error(tx, run, tok, conflict, now)
+            return
         await self._machine.start_child(tx, run, tok, node, child, now)
