@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import pathlib
 import re
 import subprocess
@@ -287,6 +288,178 @@ def _fan_out(text: str) -> list[str]:
     return ["the flaky call fails the run"]
 
 
+def _conditional_branching(text: str) -> list[str]:
+    out, _ = run_example(text)  # score 85, premium tier
+    low, _ = run_example(text, {"score": 40, "tier": "basic", "defaultMessage": "hi"})
+    return _failures(
+        (
+            "85 is gold; premium with 80+ is fast-tracked",
+            (out["category"], out["route"]) == ("gold", "fast-track"),
+        ),
+        (
+            "the guards hold, so ?? keeps their values",
+            out["offerMessage"].startswith("Free") and out["bonusMessage"].startswith("Bonus"),
+        ),
+        ("the chain stops at the second guard", out["finalMessage"].startswith("Gold")),
+        (
+            "40 is bronze, routed as standard",
+            (low["category"], low["route"]) == ("bronze", "standard"),
+        ),
+        (
+            "failed guards give the defaults",
+            low["offerMessage"].startswith("Standard") and low["bonusMessage"].startswith("No"),
+        ),
+        ("the chain ends at the input", low["finalMessage"] == "hi"),
+    )
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+def _error_handling(text: str) -> list[str]:
+    program = compile(text, modules=make_registry())
+    logged = _Records()
+    logging.getLogger().addHandler(logged)
+    try:
+        out, _ = run_example(text)
+    finally:
+        logging.getLogger().removeHandler(logged)
+    messages = [r.getMessage() for r in logged.records]
+    return _failures(
+        ("on_error: log logs the one failure it absorbs", len(messages) == 1),
+        ("naming the module", bool(messages) and "AlwaysFailsService" in messages[0]),
+        ("skip and log give the zero value", (out["skipped"], out["logged"]) == ("", "")),
+        ("retry gets FlakyService through", out["robustResult"] == "Success for: flaky-request"),
+        ("the fallback wins over on_error", out["safeCritical"] == program.examples["safeDefault"]),
+    )
+
+
+def _resilient_pipeline(text: str) -> list[str]:
+    out, elapsed = run_example(text)
+    user, product = out["userData"], out["productData"]
+    return _failures(
+        ("FlakyService succeeds on its third attempt", user == "Success for: user-123"),
+        ("the product call answers", product == "API response from: product-456"),
+        ("the lazy outputs are computed", out["recommendation"] == f"Computed: {user.upper()}"),
+        ("from the values they read", out["deepInsights"] == f"Deep analysis of: {product}"),
+        ("the rate-limited call answers", out["enrichedData"].startswith("Rate-limited")),
+        # user data at 0.3 (delays 100ms, 200ms) + 2s compute; product at 1.0 + 1.5s analysis.
+        ("the deep analysis ends the run", elapsed == 2.5),
+    )
+
+
+def _string_interpolation(text: str) -> list[str]:
+    out, _ = run_example(text)  # Alice, 28, balance 1500
+    return _failures(
+        ("names interpolate", "Alice" in out["greeting"] and "ALICE" in out["formalGreeting"]),
+        ("arithmetic interpolates", "29" in out["ageNextYear"]),
+        (
+            "escapes: newline, tab, dollar",
+            "\n\t" in out["formatted"] and "$1500" in out["formatted"],
+        ),
+        ("a branch value interpolates", out["statusMessage"].endswith("healthy")),
+    )
+
+
+def _simple(text: str) -> list[str]:
+    program = compile(text, modules=make_registry())
+    out, _ = run_example(text)
+    return _failures(("uppercase", out["result"] == program.examples["message"].upper()))
+
+
+def _optional_types(text: str) -> list[str]:
+    given = {"maybeValue": None, "maybeName": "Bo", "maybeMultiplier": 3}
+    out, _ = run_example(text, {**given, "maybeTimeout": None, "maybeRetries": 2})
+    expected = {
+        "value": 100,  # the default: maybeValue is none
+        "name": "Bo",
+        "multiplier": 3,
+        "safeScore": 85,
+        "finalValue": 10,  # 85: not above 90, above 50
+        "scaledValue": 300,
+        "finalScaledBonus": 300,
+        "timeout": 30,
+        "retries": 2,
+        "totalWaitTime": 60,
+    }
+    return _failures(("optionals unwrap with their defaults", out == expected))
+
+
+def _union_types(text: str) -> list[str]:
+    given = {
+        "result": {"error": "e", "code": 7},
+        "userId": 12,
+        "response": {"data": "d", "count": 1},
+        "state": {"failed": "f"},
+        "scoringInput": {"reason": "r"},
+    }
+    out, _ = run_example(text, given)
+    passed = {k: out[f"output{k[0].upper()}{k[1:]}"] for k in ("result", "userId", "response")}
+    return _failures(
+        ("union values pass through", passed == {k: given[k] for k in passed}),
+        ("records of the last member too", out["outputState"] == given["state"]),
+        ("and inputs straight to outputs", out["scoringInput"] == given["scoringInput"]),
+        ("42 is not above 50", out["statusMessage"].startswith("Standard")),
+    )
+
+
+def _lead_scoring(text: str) -> list[str]:
+    company = {"name": "Acme", "industry": " software ", "employeeCount": 800}
+    engagement = {"websiteVisits": 6, "emailOpens": 3, "contentDownloads": 2}
+    out, _ = run_example(
+        text,
+        {
+            "company": {**company, "annualRevenue": 2_000_000},
+            "engagement": {**engagement, "description": "  We build tools "},
+        },
+    )
+    # Large company 100, revenue 200 capped at 100, 11 engagements 100, 3 words 25:
+    # 100/4 + 100*3/10 + 100/4 + 25/5 = 85, no keyword match, so no bonus.
+    expected = {
+        "displayName": "ACME",
+        "normalizedIndustry": "software",
+        "companySizeScore": 100,
+        "revenueScore": 100,
+        "engagementScore": 100,
+        "textQualityScore": 25,
+        "totalEngagement": 11,
+        "scaledEngagement": 22,
+        "descWordCount": 3,
+        "hasIndustryMatch": False,
+        "isQualified": True,
+        "isHighPriority": True,
+        "isDisqualified": False,
+        "rawTotalScore": 85,
+        "industryBonus": 0,
+        "finalScore": 85,
+        "formattedTotal": "85",
+        "isHotLead": True,
+        "isWarmLead": False,
+        "isColdLead": False,
+        "meetsMinimum": True,
+        "scoreDifference": 25,
+        "isAboveThreshold": True,
+        "isBelowThreshold": False,
+        "isAtThreshold": False,
+        "doubleScore": 170,
+        "halfScore": 42,
+        "conditionalBonus": None,
+        "adjustmentFactor": 0,
+        "premiumLead": None,
+        "leadCategory": 85,
+        "tieredBonus": 30,
+        "finalScoreWithTieredBonus": 115,
+    }
+    wrong = sorted(k for k in expected if out.get(k, "missing") != expected[k])
+    return [f"lead scores ({', '.join(wrong)})"] if wrong else []
+
+
 def _failures(*checks: tuple[str, bool]) -> list[str]:
     return [name for name, ok in checks if not ok]
 
@@ -302,6 +475,14 @@ CHECKS: dict[str, Callable[[str], list[str]]] = {
     "data-pipeline.cst": _data_pipeline,
     "text-analysis.cst": _text_analysis,
     "fan-out-fan-in.cst": _fan_out,
+    "conditional-branching.cst": _conditional_branching,
+    "error-handling-demo.cst": _error_handling,
+    "resilient-pipeline-demo.cst": _resilient_pipeline,
+    "string-interpolation.cst": _string_interpolation,
+    "simple-test.cst": _simple,
+    "optional-types.cst": _optional_types,
+    "union-types.cst": _union_types,
+    "lead-scoring-pipeline.cst": _lead_scoring,
 }
 REDIS_CHECKS: dict[str, Callable[[str, RedisCache], list[str]]] = {
     "cache-demo.cst": _cache_demo,
@@ -322,7 +503,11 @@ def check_examples(all_programs: list[Program], redis_url: str) -> dict[str, dic
         if name in NOT_COMPILED:
             results[name] = {"checked": "refused (D3.7)", "failed": _refused(p.text)}
         elif name in CHECKS:
-            results[name] = {"checked": "results", "failed": CHECKS[name](p.text)}
+            try:
+                failed = CHECKS[name](p.text)
+            except Exception as exc:  # reported as the example's failure, the others still run
+                failed = [f"raised {type(exc).__name__}: {exc}"]
+            results[name] = {"checked": "results", "failed": failed}
         elif name in REDIS_CHECKS:
             cache = RedisCache(redis_url, f"timebound-bench:{uuid.uuid4()}:")
             try:
