@@ -3,10 +3,16 @@ module call, the identity the trace reads, and the policy built from a node alon
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+
 import pytest
 
 from timebound.dsl import BOOLEAN, STRING, CallOptions, ModuleRegistry, compile
+from timebound.dsl._options import OPTIONS
 from timebound.dsl._types import ResultType
+from timebound.policies import Policy
+from timebound.policies._options import BACKOFFS, ON_ERROR_MODES
 from timebound.testing import VirtualClock
 
 
@@ -119,3 +125,23 @@ def test_call_without_options_has_default_options() -> None:
     (node,) = compile("in k: String\nv = Size(k)\nout v", modules=_registry()).ir.calls
     assert node.options == CallOptions()
     assert node.placement == "node"
+
+
+def test_call_options_has_a_field_per_option_of_the_table() -> None:
+    """The IR's typed options and the one option table name the same options."""
+    fields = {f.name for f in dataclasses.fields(CallOptions)} - {"declared"}
+    assert fields == set(OPTIONS)
+
+
+def test_every_policy_option_of_the_table_is_a_policy_keyword() -> None:
+    """Each option the table hands to Policy is a keyword Policy takes, under the same name."""
+    parameters = inspect.signature(Policy.__init__).parameters
+    to_policy = {name for name, spec in OPTIONS.items() if spec.policy is not None}
+    assert to_policy <= set(parameters)
+    assert {"fallback", "throttle", "concurrency"} <= set(parameters)  # added by the lowering
+
+
+def test_option_value_lists_are_the_policies_own() -> None:
+    """backoff and on_error accept exactly the values timebound.policies accepts."""
+    assert OPTIONS["backoff"].choices == BACKOFFS
+    assert OPTIONS["on_error"].choices == ON_ERROR_MODES
