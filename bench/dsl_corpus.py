@@ -75,9 +75,11 @@ class Mirror:
         self.commit = commit
 
     def _git(self, *args: str) -> bytes:
-        return subprocess.run(
-            ["git", "-C", str(self.path), *args], capture_output=True, check=True
-        ).stdout
+        done = subprocess.run(["git", "-C", str(self.path), *args], capture_output=True)
+        if done.returncode != 0:
+            error = done.stderr.decode(errors="replace").strip()
+            raise SystemExit(f"--mirror {self.path}: git {args[0]} failed: {error}")
+        return done.stdout
 
     def names(self) -> list[str]:
         out = self._git("ls-tree", "-r", "-z", "--name-only", self.commit).decode()
