@@ -34,6 +34,8 @@ from typing import Any
 
 from .._core._scopes import inherit_deadline, move_on_at
 from ..telemetry import correlation
+from ._admission import Admission, Outcome, Ticket
+from ._admitting import OVERLOADED_BODY, OVERLOADED_STATUS, criticality, enter_async
 from ._codec import (
     ENVOY_TIMEOUT_HEADER,
     EXPIRED_BODY,
@@ -53,7 +55,7 @@ from ._server import (
 )
 from ._state import RequestState, _request
 
-__all__ = ["DeadlineMiddleware"]
+__all__ = ["AdmissionMiddleware", "DeadlineMiddleware"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -254,3 +256,86 @@ class _HeldResponse:
             # The app sent nothing and the deadline passed (e.g. it swallowed a cancellation).
             await self._mw._send_expired(self._send)
             self._mw._expired_answer(self._scope, state, None)
+
+
+class AdmissionMiddleware(DeadlineMiddleware):
+    """:class:`DeadlineMiddleware` with deadline-aware admission control in front of the app (D9).
+
+    A request is admitted under the concurrency limit, waits in a bounded queue, or is answered
+    at once without running the app: ``498`` + ``X-YaTaxi-Deadline-Expired: 1`` when its own
+    deadline makes it hopeless, ``503`` + ``Retry-After`` when the server sheds load (D9.1). The
+    deadline still counts from the moment the request arrived, so queueing spends it (D4.2).
+
+    ``admission``: the :class:`~timebound.propagation.admission.Admission` this app owns (a new
+    one with safe defaults if omitted). ``critical_header``: a request header whose value
+    ``critical`` lets a request in before the others (off by default: set it only where a trusted
+    proxy sets or strips it). ``route``: the key of the per-route service-time estimate (method
+    and path by default; give a function returning the route *template* when paths carry ids).
+    Every other option is :class:`DeadlineMiddleware`'s.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        admission: Admission | None = None,
+        *,
+        critical_header: str | None = None,
+        route: Callable[[Scope], str] | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(app, **options)
+        self.admission = Admission() if admission is None else admission
+        self._critical = critical_header.lower().encode("latin-1") if critical_header else None
+        self._route = route
+        body = OVERLOADED_BODY
+        self._overloaded_start: Message = {
+            "type": "http.response.start",
+            "status": OVERLOADED_STATUS,
+            "headers": [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(body)).encode("latin-1")),
+                (b"retry-after", str(self.admission.config.retry_after).encode("latin-1")),
+            ],
+        }
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        start = now()  # D4.2: queueing spends the request's deadline.
+        wanted = self._wanted
+        found: list[tuple[str, bytes]] = []
+        critical = False
+        for k, v in scope.get("headers", ()):
+            key = k.lower()
+            if key in wanted:
+                found.append((key.decode("latin-1"), v))
+            elif key == self._critical:
+                critical = criticality(v)
+        arrival = arrive(found, self._config.names, start) if found else None
+        if arrival is not None and arrival.deadline.expired:
+            self._expired_answer(scope, arrival.state, None)
+            await self._send_expired(send)
+            return
+        route = (
+            self._route(scope)
+            if self._route is not None
+            else f"{scope.get('method', '')} {scope.get('path', '')}"
+        )
+        ticket = Ticket(
+            route, None if arrival is None else arrival.deadline.when, critical=critical
+        )
+        outcome = await enter_async(self.admission, ticket)
+        if outcome is Outcome.HOPELESS and arrival is not None:
+            self._expired_answer(scope, arrival.state, None)
+            await self._send_expired(send)
+            return
+        if outcome is not Outcome.ADMIT:
+            await send(dict(self._overloaded_start))
+            await send({"type": "http.response.body", "body": OVERLOADED_BODY, "more_body": False})
+            return
+        try:
+            if arrival is None:
+                await self.app(scope, receive, send)
+            else:
+                await self._handle(arrival, scope, receive, send)
+        finally:
+            late = arrival is not None and arrival.late()
+            self.admission.release(ticket, now(), late=late)
