@@ -504,3 +504,78 @@ def test_recorded_spans_survive_a_failed_run(run: Runner) -> None:
         ("hang", "cancelled", 1.0),
         ("boom", "error", 1.0),
     ]
+
+
+def test_an_inner_fallback_is_bounded_by_the_outer_region(run: Runner) -> None:
+    """A nested group's fallback runs outside its own expired region but inside the enclosing
+    one: when the outer region runs out, the outer fallback wins."""
+    log: list[tuple[str, float]] = []
+
+    async def inner_fallback(ctx: object) -> str:
+        log.append(("inner fallback", _clock.now()))
+        await anyio.sleep(10)
+        return "inner"
+
+    def outer_fallback(ctx: object) -> str:
+        log.append(("outer fallback", _clock.now()))
+        return "outer"
+
+    results: dict[Any, Any] = {}
+    plan: DagPlan[None] = DagPlan(
+        [Node("m", sleeper([], "m", 100), group="inner")],
+        [
+            Group("outer", timeout=5, on_timeout=outer_fallback),
+            Group("inner", timeout=1, parent="outer", on_timeout=inner_fallback),
+        ],
+    )
+
+    async def main() -> None:
+        spans = await plan.execute(None, results=results, record=True)
+        assert spans is not None
+        assert {s.key: s.outcome for s in spans} == {
+            "m": "timed_out",
+            "outer": "timed_out",
+            "inner": "timed_out",
+        }
+
+    run(main)
+    assert log == [("inner fallback", 1.0), ("outer fallback", 5.0)]
+    assert results == {"outer": "outer"}
+
+
+def test_a_group_is_never_entered_after_its_enclosing_region_ran_out(run: Runner) -> None:
+    """A nested group whose turn comes after the outer deadline is skipped: no on_enter, no
+    on_success, no fallback."""
+    log: list[str] = []
+    plan: DagPlan[None] = DagPlan(
+        [
+            Node("slow", sleeper([], "slow", 3), group="outer"),
+            Node("inside", sleeper([], "inside", 1), group="inner"),
+        ],
+        [
+            Group("outer", timeout=2, on_timeout="collect"),
+            Group(
+                "inner",
+                parent="outer",
+                deps=("slow",),
+                on_enter=lambda ctx: log.append("enter"),
+                on_success=lambda ctx: log.append("success"),
+                on_timeout=lambda ctx: log.append("fallback"),
+            ),
+        ],
+    )
+    errors: dict[Any, BaseException] = {}
+
+    async def main() -> None:
+        spans = await plan.execute(None, errors=errors, record=True)
+        assert spans is not None
+        assert {s.key: s.outcome for s in spans} == {
+            "slow": "timed_out",
+            "inside": "skipped",
+            "outer": "timed_out",
+            "inner": "skipped",
+        }
+
+    run(main)
+    assert log == []
+    assert list(errors) == ["outer"]

@@ -596,3 +596,80 @@ def test_a_malformed_budget_names_the_field() -> None:
     with pytest.raises(pl.ValidationError, match="base_ms") as info:
         pl.compile(plan)
     assert info.value.rule == "schema"
+
+
+def test_nested_wrappers_roll_back_in_order() -> None:
+    """An inner wrapper falls back inside an outer one that then runs out: the outer
+    fallback's values are what remains, nothing from either success branch."""
+    reg = sample.make_registry(fetch_features=1.0, call_models=0.0005)
+
+    @reg.task(reads=["id"], writes=["f_lsr"])
+    async def slow_lsr(ctx: pl.TaskContext, rows: pa.Table) -> dict[str, Any]:
+        await anyio.sleep(1)
+        return {"f_lsr": pa.array([7.0] * rows.num_rows)}
+
+    plan = pl.Plan("nested", registry=reg)
+    plan.timeout_wrapper(
+        if_success=lambda c: (
+            c.task("call_models")
+            .timeout_wrapper(
+                if_success=lambda i: i.task("fetch_features", stage="esr"),
+                if_fail=lambda i: i.fill_defaults(["f_esr"]),
+                budget={"base_ms": 1, "per_row_us": 0, "min_ms": 1, "max_ms": 1},
+                on_timeout="fallback",
+            )
+            .task("slow_lsr")
+        ),
+        if_fail=lambda c: c.fill_defaults(["score_model", "f_esr", "f_lsr"]),
+        budget={"base_ms": 3, "per_row_us": 0, "min_ms": 1, "max_ms": 3},
+        on_timeout="fallback",
+    )
+    result = run(pl.Engine(reg), pl.compile(plan), sample.rows(2))
+    assert result.rows.column("score_model").to_pylist() == [None, None]
+    assert result.rows.column("f_esr").to_pylist() == [None, None]
+    assert result.rows.column("f_lsr").to_pylist() == [None, None]
+    w = result.trace.wrappers
+    assert w["timeout_wrapper"]["chosen_branch"] == "fail"
+    assert w["timeout_wrapper/success/timeout_wrapper"]["chosen_branch"] == "fail"
+
+
+def test_an_outer_region_cuts_an_inner_wrapper_unsettled() -> None:
+    """The outer region runs out while an inner wrapper is still running: the inner one never
+    settles (no branch chosen) and both overlays are dropped."""
+    reg = sample.make_registry(fetch_features=1.0)
+    plan = pl.Plan("cut", registry=reg)
+    plan.timeout_wrapper(
+        if_success=lambda c: c.task("call_models").timeout_wrapper(
+            if_success=lambda i: i.task("fetch_features", stage="esr"),
+            if_fail=lambda i: i.fill_defaults(["f_esr"]),
+            budget={"base_ms": 50, "per_row_us": 0, "min_ms": 1, "max_ms": 50},
+            on_timeout="fallback",
+        ),
+        if_fail=lambda c: c.fill_defaults(["score_model", "f_esr"]),
+        budget={"base_ms": 3, "per_row_us": 0, "min_ms": 1, "max_ms": 3},
+        on_timeout="fallback",
+    ).vm("score_final", pl.col("score_model").fill_null(0.0) + 1.0)
+    result = run(pl.Engine(reg), pl.compile(plan), sample.rows(2))
+    assert result.rows.column("score_final").to_pylist() == [1.0, 1.0]
+    inner = result.trace.wrappers["timeout_wrapper/success/timeout_wrapper"]
+    assert (inner["chosen_branch"], inner["timed_out"]) == (None, False)
+
+
+def test_an_inner_wrapper_commits_into_the_outer_one() -> None:
+    """Both in time: the inner commit lands in the outer overlay, the outer commit keeps it."""
+    reg = sample.make_registry()
+    plan = pl.Plan("nested_ok", registry=reg)
+    plan.timeout_wrapper(
+        if_success=lambda c: c.task("call_models").timeout_wrapper(
+            if_success=lambda i: i.task("fetch_features", stage="esr"),
+            if_fail=lambda i: i.fill_defaults(["f_esr"]),
+            budget={"base_ms": 5, "per_row_us": 0, "min_ms": 1, "max_ms": 5},
+            on_timeout="fallback",
+        ),
+        if_fail=lambda c: c.fill_defaults(["score_model", "f_esr"]),
+        budget={"base_ms": 10, "per_row_us": 0, "min_ms": 1, "max_ms": 10},
+        on_timeout="fallback",
+    )
+    result = run(pl.Engine(reg), pl.compile(plan), sample.rows(2))
+    assert result.rows.column("f_esr").to_pylist() == [0.25, 1.25]
+    assert result.rows.column("score_model").to_pylist() == [0.0, 0.5]

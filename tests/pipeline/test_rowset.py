@@ -76,6 +76,19 @@ def test_nested_overlays() -> None:
     assert not rs.has("c")
 
 
+def test_rollback_to_drops_nested_overlays() -> None:
+    """rollback_to(depth) drops that overlay and every one opened inside it."""
+    rs = base(2)
+    outer = rs.begin()
+    rs.write("c", pa.array([1.0, 2.0]))
+    rs.begin()
+    rs.write("d", pa.array([1.0, 2.0]))
+    rs.rollback_to(outer)
+    assert (rs.depth, rs.has("c"), rs.has("d")) == (0, False, False)
+    with pytest.raises(RuntimeError):
+        rs.rollback_to(1)
+
+
 def test_commit_and_rollback_copy_no_rows() -> None:
     """The committed column is the very array the task produced (no copy)."""
     rs = base(1000)

@@ -90,6 +90,23 @@ def test_async_fixture_and_virtual_time_share_the_loop(inner: pytest.Pytester) -
     result.assert_outcomes(passed=1)
 
 
+def test_sync_test_with_the_mark_is_left_alone(inner: pytest.Pytester) -> None:
+    """A sync test that carries the asyncio mark keeps plain virtual time, and no loop is made."""
+    test = """
+        import asyncio
+        import pytest
+
+        @pytest.mark.asyncio
+        def test_sync(virtual_clock):
+            virtual_clock.advance(2)
+            assert virtual_clock.now() == 2.0
+            # no event loop was created for the thread on the test's behalf
+            assert getattr(asyncio.get_event_loop_policy()._local, "_loop", None) is None
+    """
+    result = _run(inner, test)
+    result.assert_outcomes(passed=1, warnings=1)  # pytest-asyncio's "not an async function"
+
+
 def test_drive_restores_the_loop() -> None:
     """VirtualClock.drive() hands the loop back with its own time() and selector."""
     loop = asyncio.new_event_loop()

@@ -199,13 +199,13 @@ async def test_token_stuck_in_pending_times_out_with_fail(virtual_clock, make_en
 
 
 async def test_action_error_retry_block_uses_durable_delays(virtual_clock, make_engine) -> None:
-    """An error is retried after delay_ms x backoff^(n-1), then the node fails."""
+    """An error is retried after exponential delays (100, 200 ms), then the node fails."""
     d = definition(
         [
             {
                 "id": "A",
                 "action_id": "boom",
-                "retry": {"max_attempts": 3, "delay_ms": 100, "backoff": 2},
+                "retry": {"max_attempts": 3, "delay_ms": 100, "backoff": "exponential"},
             }
         ]
     )
@@ -214,6 +214,17 @@ async def test_action_error_retry_block_uses_durable_delays(virtual_clock, make_
         events = by_kind(await engine.events(run_id), "token_executing")
     assert [e["at_epoch_ms"] - row["started_at"] for e in events] == [0, 100, 300]
     assert result.error == "node 'A' failed: RuntimeError: boom at attempt 3"
+
+
+async def test_retry_block_linear_backoff_is_capped(virtual_clock, make_engine) -> None:
+    """linear backoff waits n x delay_ms, never more than max_delay_ms (the retry core's D3.2)."""
+    retry = {"max_attempts": 4, "delay_ms": 100, "backoff": "linear", "max_delay_ms": 250}
+    d = definition([{"id": "A", "action_id": "boom", "retry": retry}])
+    async with make_engine(HANDLERS, d) as engine:
+        run_id, result, row = await run(engine)
+        events = by_kind(await engine.events(run_id), "token_executing")
+    assert [e["at_epoch_ms"] - row["started_at"] for e in events] == [0, 100, 300, 550]
+    assert result.status == "failed"
 
 
 async def test_action_error_without_retry_fails_the_run(virtual_clock, make_engine) -> None:
@@ -591,3 +602,22 @@ async def test_start_needs_an_open_engine(virtual_clock, make_engine) -> None:
     engine = make_engine(HANDLERS, definition([{"id": "A"}]))
     with pytest.raises(RuntimeError, match="async with engine"):
         await engine.start("wf")
+
+
+async def test_foreach_over_too_many_items_fails_the_run(virtual_clock, make_engine) -> None:
+    """A foreach list beyond the fan-out bound fails the run instead of spawning it."""
+    d = definition([{"id": "A"}, {"id": "B"}], [fan(foreach="input.items")])
+    del d["transitions"][0]["spawn_count"]
+    async with make_engine(HANDLERS, d) as engine:
+        _, result, _ = await run(engine, {"items": [0] * 10_001})
+    assert result.status == "failed" and "more than the 10000" in (result.error or "")
+
+
+async def test_deeply_nested_input_is_a_clear_error(virtual_clock, make_engine) -> None:
+    """Input nested beyond the recursion limit is refused with a ConfigurationError."""
+    deep: Any = []
+    for _ in range(100_000):
+        deep = [deep]
+    async with make_engine(HANDLERS, definition([{"id": "A"}])) as engine:
+        with pytest.raises(tb.ConfigurationError, match="must be JSON"):
+            await engine.start("wf", deep)

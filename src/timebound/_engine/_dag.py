@@ -36,12 +36,16 @@ Semantics:
   interrupted or never started, and ``on_timeout`` decides: ``"fail"`` raises the region's
   :class:`~timebound.DeadlineExceeded`, ``"collect"`` stores it in ``errors[group key]`` and skips
   the group's dependents, a callable is the group's fallback: it runs once, outside the expired
-  region but under every enclosing bound (D5.2), and its value is stored as ``results[group
-  key]``. A value a member produced after the group's deadline is discarded (outcome ``"late"``).
+  region but under every enclosing bound (D5.2; an enclosing region that runs out cuts it), and
+  its value is stored as ``results[group key]``. A value a member produced after the group's
+  deadline is discarded (outcome ``"late"``). ``on_enter``/``on_success`` bracket a group that
+  settles in time (a transaction's begin and commit); a group whose enclosing region ran out
+  before its turn is never entered: no hook, no fallback.
 * Events: ``sink(Event)`` receives ``ready``/``start``/``end`` for every node and group, with
   the outcome at ``end`` (``ok``, ``error``, ``cancelled``, ``skipped``, ``timed_out``, ``late``).
   ``record=True`` returns the same as :class:`Span` objects (nodes in declaration order, then
-  groups); :meth:`DagPlan.critical_path` walks them back from the last node to finish.
+  groups; ``record=`` a list keeps them even when the run fails); :meth:`DagPlan.critical_path`
+  walks them back from the last node to finish.
 
 Node and group keys are the caller's (stable across edits of the definition); the executor
 never invents identities.
@@ -50,6 +54,7 @@ never invents identities.
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import inspect
 import sys
@@ -510,9 +515,16 @@ class DagPlan(Generic[_C]):
     def _run_sync(self, st: _Exec, ctx: _C, i: int) -> bool:
         """Run a sync (or bookkeeping) node inline; true when the run must stop."""
         kind = self._kind[i]
-        if kind == _ENTER:
-            return self._enter_group(st, ctx, i)
-        if kind == _EXIT:
+        if kind != _USER:
+            if self._blocked(st, i) is not None:
+                # An enclosing region ran out: this group is never entered (its members are
+                # skipped through the poison) or settles as skipped -- no hooks, no fallback.
+                if kind == _EXIT:
+                    self._end(st, i, "skipped")
+                self._complete(st, i, poison=kind == _ENTER)
+                return False
+            if kind == _ENTER:
+                return self._enter_group(st, ctx, i)
             return self._exit_group(st, ctx, i, None)
         why = self._blocked(st, i)
         if why is not None:
@@ -569,7 +581,8 @@ class DagPlan(Generic[_C]):
         return value
 
     def _exit_group(self, st: _Exec, ctx: _C, i: int, fallback: tuple[bool, Any] | None) -> bool:
-        """Settle group ``i``; ``fallback`` is (ok, value-or-exception) when one ran."""
+        """Settle group ``i``; ``fallback`` is (True, its value) when one ran, or (False,
+        outcome) when an enclosing region's deadline cut it."""
         g = self._gof[i]
         group = self.groups[g]
         poisoned = st.poisoned is not None and i in st.poisoned
@@ -585,7 +598,10 @@ class DagPlan(Generic[_C]):
         if fallback is not None:
             ok, value = fallback
             if not ok:
-                return self._fail(st, i, value)
+                # The enclosing region timed out too; its own exit decides what happens.
+                self._end(st, i, value)
+                self._complete(st, i)
+                return False
             if st.results is not None:
                 st.results[group.key] = value
             self._end(st, i, "timed_out")
@@ -625,13 +641,17 @@ class DagPlan(Generic[_C]):
 
     async def _run_async(self, st: _Exec, ctx: _C, i: int) -> tuple[bool, Any]:
         """Run async node ``i``: (True, value) or (False, outcome) when it produced nothing."""
-        if self._kind[i] == _EXIT:
-            return True, await self._fallback(self.groups[self._gof[i]], ctx)
         chain = self._chain[i]
+        if self._kind[i] == _EXIT:
+            # A fallback runs outside its own expired region, inside the enclosing ones.
+            group = self.groups[self._gof[i]]
+            action: Callable[[_C], Any] = functools.partial(self._fallback, group)
+        else:
+            action = self.nodes[i].action
         if not chain:
-            return True, await self.nodes[i].action(ctx)
+            return True, await action(ctx)
         scopes = self._scopes(st, chain)
-        value = await _arun_in_scopes(scopes, self.nodes[i].action, ctx)
+        value = await _arun_in_scopes(scopes, action, ctx)
         if self._expired(st, scopes):
             return False, "late" if value is not _NOTHING else "timed_out"
         return True, value

@@ -241,7 +241,7 @@ class _Compiler(ExpressionForms):
     def known(self) -> list[str]:
         """Every callable name: the program's modules, then the standard library's."""
         if self._known is None:
-            names = [*self.registry.names(), *self.stdlib.names(), *HIGHER_ORDER]
+            names = [*self.registry.names(), *sorted(self.stdlib), *HIGHER_ORDER]
             self._known = list(dict.fromkeys(names))
         return self._known
 

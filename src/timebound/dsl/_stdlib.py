@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from ._registry import ModuleRegistry
+from ._registry import ModuleRegistry, ModuleSpec
 
 __all__ = ["HIGHER_ORDER", "standard_library"]
 
@@ -231,10 +232,12 @@ def _functions() -> dict[str, Callable[..., Any]]:
 
 
 @functools.cache
-def standard_library() -> ModuleRegistry:
-    """The standard library's modules. Built once and never changed afterwards: the compiler
-    only reads it (a program's own registry shadows it name by name)."""
+def standard_library() -> Mapping[str, ModuleSpec]:
+    """The standard library's module signatures by qualified name: a read-only mapping built
+    once (signatures only; caches and limiters belong to each program). A program's own
+    registry shadows it name by name."""
     registry = ModuleRegistry()
     for name, fn in _functions().items():
         registry.register(name, fn)
-    return registry
+    specs = {name: spec for name in registry.names() if (spec := registry.get(name))}
+    return types.MappingProxyType(specs)

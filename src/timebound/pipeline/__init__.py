@@ -15,7 +15,7 @@ from ._model import (
     ParamDef,
     Registry,
     Switch,
-    TaskDef,
+    TaskSpec,
     Union,
     Unknown,
 )
@@ -38,7 +38,7 @@ __all__ = [
     "Result",
     "Switch",
     "TaskContext",
-    "TaskDef",
+    "TaskSpec",
     "TaskError",
     "Trace",
     "Union",

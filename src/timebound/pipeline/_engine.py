@@ -29,7 +29,7 @@ from .._engine import DagPlan, Group, Node
 from . import _expr
 from ._artifact import Artifact
 from ._errors import PlanTimeout, TaskError, ValidationError
-from ._model import Registry, TaskDef, check_value, evaluate
+from ._model import Registry, TaskSpec, check_value, evaluate
 from ._rowset import RowSet
 from ._trace import Trace
 from ._validate import SUPPORTED_CAPABILITIES, Checked, task_known, validate
@@ -91,6 +91,7 @@ class _WrapperState:
     timeout_ms: float
     index: Any
     nrows: int
+    depth: int  # the overlay this wrapper opened
 
 
 @dataclass
@@ -432,8 +433,8 @@ class _Builder:
             timeout_ms, applied, origin = _budget(
                 budget, override, n, run.params, env, node, node_id
             )
-            rs.begin()
-            run.wrappers[node_id] = _WrapperState(_clock.now(), timeout_ms, rs.index, n)
+            depth = rs.begin()
+            run.wrappers[node_id] = _WrapperState(_clock.now(), timeout_ms, rs.index, n, depth)
             run.trace.wrappers[node_id] = {
                 "timeout_ms": timeout_ms,
                 "nrows": n,
@@ -456,7 +457,8 @@ class _Builder:
 
         async def fallback(run: _Run) -> None:
             state = run.wrappers[node_id]
-            run.rowset.rollback()
+            # Also drops the overlays of wrappers nested in this one that were cut unsettled.
+            run.rowset.rollback_to(state.depth)
             now = _clock.now()
             record = run.trace.wrappers[node_id]
             record["success_elapsed_ms"] = (now - state.start) * 1000.0
@@ -470,9 +472,14 @@ class _Builder:
                     deadline=Deadline(state.start + state.timeout_ms / 1000.0),
                 )
             record["chosen_branch"] = "fail"
-            run.rowset.begin()
-            await fail_plan.execute(run, record=run.trace.recording())
-            _check_preserved(run.rowset, state, node_id, "fail")
+            depth = run.rowset.begin()
+            try:
+                await fail_plan.execute(run, record=run.trace.recording())
+                _check_preserved(run.rowset, state, node_id, "fail")
+            except BaseException:
+                # Cut by an enclosing region (or failed): its writes never leak.
+                run.rowset.rollback_to(depth)
+                raise
             run.rowset.commit()
             record["fail_elapsed_ms"] = (_clock.now() - now) * 1000.0
 
@@ -554,7 +561,7 @@ def _budget(
 
 
 def _task_action(
-    registry: Registry, task: TaskDef, args: Mapping[str, Any], key: str
+    registry: Registry, task: TaskSpec, args: Mapping[str, Any], key: str
 ) -> tuple[Callable[[_Run], Any], bool]:
     fn = task.fn
     reads = task.reads
@@ -622,7 +629,7 @@ def _same_keys(out: Mapping[Any, Any], keys: frozenset[str]) -> bool:
 
 def _apply(
     registry: Registry,
-    task: TaskDef,
+    task: TaskSpec,
     rs: RowSet,
     out: Any,
     params: Mapping[str, Any],

@@ -20,7 +20,7 @@ __all__ = [
     "ParamDef",
     "Registry",
     "Switch",
-    "TaskDef",
+    "TaskSpec",
     "Union",
     "Unknown",
 ]
@@ -207,8 +207,8 @@ def effect_keys(effect: Effect | tuple[str, ...]) -> set[str]:
 
 
 @dataclass(frozen=True, slots=True)
-class TaskDef:
-    """A registered task: the function and its TaskSpec (reads, writes effect, rowset effect,
+class TaskSpec:
+    """A registered task: its function and spec (reads, the writes effect, the rowset effect,
     an optional per-task timeout in seconds)."""
 
     name: str
@@ -230,7 +230,7 @@ class Registry:
     def __init__(self) -> None:
         self.keys: dict[str, KeyDef] = {}
         self.params: dict[str, ParamDef] = {}
-        self.tasks: dict[str, TaskDef] = {}
+        self.tasks: dict[str, TaskSpec] = {}
 
     def key(
         self,
@@ -328,7 +328,7 @@ class Registry:
             for p in effect_params(effect):
                 if p not in self.params:
                     raise ConfigurationError(f"task {task_name!r} names unknown param {p!r}")
-            self.tasks[task_name] = TaskDef(
+            self.tasks[task_name] = TaskSpec(
                 task_name,
                 fn,
                 inspect.iscoroutinefunction(fn),

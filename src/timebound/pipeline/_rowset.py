@@ -107,12 +107,14 @@ class RowSet:
         self.nrows = len(index)
         self.index = None
 
-    def begin(self) -> None:
-        """Open an overlay: later writes are staged until commit or rollback."""
+    def begin(self) -> int:
+        """Open an overlay: later writes are staged until commit or rollback. Returns its
+        depth, for :meth:`rollback_to`."""
         if self.index is not None and not self.depth:
             self._compact()
         self._layers.append({})
         self._tables.clear()
+        return self.depth
 
     def commit(self) -> None:
         """Apply the top overlay's columns to the layer below (no row data is copied)."""
@@ -129,16 +131,24 @@ class RowSet:
         self._layers.pop()
         self._tables.clear()
 
+    def rollback_to(self, depth: int) -> None:
+        """Drop the overlay opened at ``depth`` and every overlay opened inside it (a nested
+        region cut before it could settle)."""
+        if not 1 <= depth <= self.depth:
+            raise RuntimeError(f"no open overlay at depth {depth}")
+        del self._layers[depth:]
+        self._tables.clear()
+
     # Shape-changing operations (never inside an overlay) -----------------------------------
 
-    def _positions(self) -> pa.Array:
-        if self.index is None:
-            return pa.array(range(self.nrows), type=pa.int64())
-        return self.index
+    def _select(self, positions: pa.Array) -> None:
+        """Keep the active rows at ``positions`` (indices into the active rows), in order."""
+        positions = positions.cast(pa.int64())
+        self.index = positions if self.index is None else self.index.take(positions)
 
     def filter(self, mask: pa.Array) -> None:
         """Keep the active rows where ``mask`` is true (null counts as false)."""
-        self.index = pc.filter(self._positions(), mask, null_selection_behavior="drop")
+        self._select(pc.indices_nonzero(pc.fill_null(mask, False)))
 
     def sort(self, key: str, descending: bool) -> None:
         """Reorder the active rows by ``key`` (stable; nulls last)."""
@@ -147,11 +157,17 @@ class RowSet:
             order="descending" if descending else "ascending",
             null_placement="at_end",
         )
-        self.index = self._positions().take(order)
+        self._select(order)
 
     def take(self, n: int) -> None:
         """Keep the first ``n`` active rows."""
-        self.index = self._positions().slice(0, n)
+        if self.index is not None:
+            self.index = self.index.slice(0, n)
+        elif n < self.nrows:
+            # All rows in order: the first n of every column are zero-copy slices.
+            self._layers[0] = {k: v.slice(0, n) for k, v in self._layers[0].items()}
+            self.nrows = n
+            self._tables.clear()
 
     def dedupe(self, key: str) -> None:
         """Keep the first active row of each value of ``key`` (nulls are one value)."""
@@ -162,5 +178,4 @@ class RowSet:
             .aggregate([("i", "min")])
             .column("i_min")
         )
-        keep = pc.sort_indices(firsts)
-        self.index = self._positions().take(firsts.take(keep))
+        self._select(firsts.take(pc.sort_indices(firsts)))

@@ -375,4 +375,9 @@ async def aconnection(pool: Any, *, timeout: float | None = None) -> AsyncIterat
         async with conn:
             yield conn
     finally:
-        await pool.putconn(conn)
+        # Cancelled part-way, putconn would lose the connection (the pool runs dry); it is
+        # bookkeeping, so it runs to its end first, as in run_guarded, then the cancel goes on.
+        async def give_back(guard: Guard) -> None:
+            await pool.putconn(conn)
+
+        await run_guarded(give_back, what=_ACQUIRE, client=_CLIENT, grace=DEFAULT_GRACE)

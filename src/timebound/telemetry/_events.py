@@ -177,5 +177,9 @@ def _thread_abandoned(thread: str, what: str | None) -> None:
 
 
 # The core's signal/thread tiers report abandoned threads through this hook (core never
-# imports telemetry).
+# imports telemetry). `import timebound` does not load telemetry, so threads may have been
+# abandoned before this module loaded: the counter starts from the core's own count. (An
+# abandonment in the few instructions between the two lines below is the only one missed.)
+if _preempt.abandoned_threads():
+    counters.inc("abandoned-threads", _preempt.abandoned_threads())
 _preempt.abandon_hooks.append(_thread_abandoned)

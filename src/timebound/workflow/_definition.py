@@ -67,7 +67,8 @@ class RetryBlock:
 
     max_attempts: int
     delay_ms: int = 0
-    backoff: float = 1.0
+    backoff: Literal["fixed", "linear", "exponential"] = "fixed"
+    max_delay_ms: int = 30_000
 
 
 @dataclass(frozen=True)
@@ -299,7 +300,12 @@ def _build(data: dict[str, Any]) -> Definition:
             inherit_deadline=n.get("inherit_deadline", False),
             retry=None
             if r is None
-            else RetryBlock(r["max_attempts"], r.get("delay_ms", 0), float(r.get("backoff", 1.0))),
+            else RetryBlock(
+                r["max_attempts"],
+                r.get("delay_ms", 0),
+                r.get("backoff", "fixed"),
+                r.get("max_delay_ms", 30_000),
+            ),
         )
         nodes[node.id] = node
     if data["initial_node"] not in nodes:

@@ -215,7 +215,7 @@ class Engine:
             raise DefinitionError(f"no definition {definition_id!r} is registered", path="id")
         try:
             input = json.loads(json.dumps(input, allow_nan=False))
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, RecursionError) as exc:
             raise ConfigurationError(f"a run's input must be JSON: {exc}", option="input")
         if self._loop_task is None:
             raise RuntimeError("the engine is not open: use 'async with engine:' first")

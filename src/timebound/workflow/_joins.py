@@ -16,7 +16,10 @@ from ._rows import LIVE_SQL, PRIORITY_TOKEN, decode, encode
 if TYPE_CHECKING:
     from ._machine import Machine
 
-__all__ = ["Joins"]
+__all__ = ["MAX_FAN_OUT", "Joins"]
+
+#: The most siblings one fan-out spawns (the schema's bound on spawn_count, applied to foreach).
+MAX_FAN_OUT = 10_000
 
 
 class Joins:
@@ -45,6 +48,12 @@ class Joins:
                 raise TypeError(
                     f"foreach path {transition.foreach!r} holds a {type(items).__name__}, "
                     "not a list"
+                )
+            if len(items) > MAX_FAN_OUT:
+                # The same bound as spawn_count's: one fan-out is written in one transaction.
+                raise TypeError(
+                    f"foreach path {transition.foreach!r} holds {len(items)} items, more than "
+                    f"the {MAX_FAN_OUT} one fan-out may spawn"
                 )
         else:
             assert transition.spawn_count is not None

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._store import Tx
+from ..policies import RetryAt, RetryPlan, RetryState
 from ._definition import Definition, Node, RetryBlock, Transition, parse_definition
 from ._joins import Joins
 from ._rows import (
@@ -31,15 +32,22 @@ from ._rows import (
 __all__ = ["Machine", "retry_delay_ms"]
 
 
-def retry_delay_ms(block: RetryBlock, attempts_done: int) -> int | None:
+def retry_delay_ms(block: RetryBlock, attempts_done: int, error: str, what: str) -> int | None:
     """The delay before the next attempt after an action error, or ``None`` to stop.
 
-    The one place a node-retry decision is made, so adopting the policies' retry decision core
-    is a single edit here.
+    Decided by the policies' retry decision core (D3.1-D3.2), the one implementation of retry
+    counting and backoff; the engine persists the delay as the token's ``not_before`` instead of
+    sleeping.
     """
-    if attempts_done >= block.max_attempts:
-        return None
-    return round(block.delay_ms * block.backoff ** (attempts_done - 1))
+    plan = RetryPlan(
+        what,
+        retry=block.max_attempts - 1,
+        delay=block.delay_ms / 1000,
+        backoff=block.backoff,
+        max_delay=block.max_delay_ms / 1000,
+    )
+    _, decision = plan.failed(RetryState(attempt=attempts_done - 1), RuntimeError(error))
+    return round(decision.delay * 1000) if isinstance(decision, RetryAt) else None
 
 
 class Machine:
@@ -441,7 +449,11 @@ class Machine:
     ) -> None:
         """An action error that is not a timeout: the node's ``retry`` block, else failure."""
         node = (await self.definition(tx, run)).nodes[tok["node_id"]]
-        delay = None if node.retry is None else retry_delay_ms(node.retry, tok["attempt"])
+        delay = (
+            None
+            if node.retry is None
+            else retry_delay_ms(node.retry, tok["attempt"], error, f"workflow node '{node.id}'")
+        )
         if delay is not None:
             # The delay is durable: not_before is stored, and the loop's timer is armed from it.
             await tx.execute(

@@ -392,3 +392,40 @@ async def test_async_pipeline_mode_statement_runs_under_the_deadline(postgres_ds
                 row = await (await c.execute(SETTING)).fetchone()
         assert row is not None and 0 < row[0] <= 5000
         assert c.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+@pytest.mark.asyncio_real
+async def test_async_cancel_while_the_connection_goes_back_does_not_lose_it(
+    postgres_dsn: str,
+) -> None:
+    """A cancel that lands while ``aconnection`` gives the connection back to the pool: it is
+    still given back, so the pool's only connection can be taken again."""
+    async with AsyncConnectionPool(
+        postgres_dsn,
+        min_size=1,
+        max_size=1,
+        kwargs={"cursor_factory": AsyncDeadlineCursor},
+        open=False,
+    ) as pool:
+        real = pool.putconn
+        giving_back = asyncio.Event()
+
+        async def slow_putconn(conn: Any) -> None:
+            giving_back.set()
+            await asyncio.sleep(0.1)
+            await real(conn)
+
+        pool.putconn = slow_putconn  # type: ignore[method-assign]
+
+        async def use() -> None:
+            async with aconnection(pool) as conn:
+                await conn.execute("SELECT 1")
+
+        task = asyncio.ensure_future(use())
+        await giving_back.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        pool.putconn = real  # type: ignore[method-assign]
+        async with aconnection(pool, timeout=5) as conn:
+            assert await (await conn.execute("SELECT 1")).fetchone() == (1,)

@@ -231,6 +231,65 @@ async def test_psycopg_async_storm_every_acknowledged_write_is_committed(
     assert sorted(acked - stored) == []
 
 
+async def test_psycopg_async_pool_storm_with_retries(postgres_dsn: str) -> None:
+    """psycopg async through a pool: inserts under a policy's attempt timeout with retries, and
+    under random cuts; every insert that returned is in the table, and every connection the
+    pool hands out afterwards is clean."""
+    from psycopg_pool import AsyncConnectionPool
+
+    from timebound.propagation.psycopg import AsyncDeadlineCursor, aconnection
+
+    rnd = random.Random(17)
+    table = unique("ppool")
+    acked: set[int] = set()
+    admin = await aconnect(postgres_dsn, autocommit=True)
+    await admin.execute(f"CREATE TABLE {table} (id int NOT NULL)")
+    insert = f"INSERT INTO {table} VALUES (%s)"
+    pool = AsyncConnectionPool(
+        postgres_dsn,
+        min_size=4,
+        max_size=4,
+        kwargs={"cursor_factory": AsyncDeadlineCursor, "autocommit": True},
+        open=False,
+    )
+    await pool.open()
+    try:
+
+        async def write(i: int) -> None:
+            async with aconnection(pool) as conn:
+                await conn.execute(insert, (i,))
+
+        @tb.resilient(timeout=MAX_BUDGET / 2, retry=3)
+        async def save(i: int) -> None:
+            await write(i)
+
+        async def worker(w: int) -> None:
+            for k in range(OPS_PER_WORKER):
+                i = w * 1000 + k + 1
+                try:
+                    if rnd.randrange(2):
+                        await save(i)
+                    else:
+                        await _cut(rnd, lambda i=i: write(i))
+                except CUT:
+                    continue
+                acked.add(i)
+
+        await asyncio.gather(*(worker(w) for w in range(WORKERS)))
+        states = []
+        for _ in range(4):
+            async with aconnection(pool) as conn:
+                states.append(await _psycopg_state(conn))
+        cur = await admin.execute(f"SELECT id FROM {table}")
+        stored = {r[0] for r in await cur.fetchall()}
+    finally:
+        await pool.close()
+        await admin.execute(f"DROP TABLE {table}")
+        await admin.close()
+    assert sorted(acked - stored) == []
+    assert states == [(False, "0")] * 4
+
+
 async def test_psycopg_async_storm_callers_transaction_keeps_its_own_timeout(
     postgres_dsn: str,
 ) -> None:

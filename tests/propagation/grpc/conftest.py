@@ -49,6 +49,20 @@ def within(received_ms: int | None, timeout_s: float) -> bool:
     return received_ms is not None and 0 < received_ms <= timeout_s * 1000 + GRPC_SLACK_MS
 
 
+def settled(read: Callable[[], int], expected: int) -> int:
+    """``read()`` once it equals ``expected``, or its last value after 5 s.
+
+    A sync server counts a call in the handler's thread, which may finish after the client has
+    already seen the call end (its own deadline answers it); asserting at once would race it.
+    """
+    for _ in range(1000):
+        value = read()
+        if value == expected:
+            return value
+        time.sleep(0.005)
+    return read()
+
+
 def encode(data: Any) -> bytes:
     return json.dumps(data).encode()
 

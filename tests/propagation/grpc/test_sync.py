@@ -25,6 +25,7 @@ from .conftest import (
     decode,
     encode,
     observe,
+    settled,
     start_sync_server,
     within,
 )
@@ -194,7 +195,7 @@ def test_expired_call_is_rejected_without_running_the_handler() -> None:
     assert recorder.handler_ran is False
     assert recorder.code == grpc.StatusCode.DEADLINE_EXCEEDED
     assert recorder.details == EXPIRED_DETAILS.encode()
-    assert counters.get(SRV_CANCELLED, grpc_destination="test.Svc/Echo") == 1
+    assert settled(lambda: counters.get(SRV_CANCELLED, grpc_destination="test.Svc/Echo"), 1) == 1
 
 
 def test_nested_expiry_answers_deadline_exceeded(mid: tuple[Leaf, grpc.Channel]) -> None:
@@ -206,7 +207,7 @@ def test_nested_expiry_answers_deadline_exceeded(mid: tuple[Leaf, grpc.Channel])
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert info.value.details() == EXPIRED_DETAILS
     assert counters.get(CLI_CANCELLED, grpc_destination="test.Leaf/Echo") == 1
-    assert counters.get(SRV_CANCELLED, grpc_destination="test.Mid/Call") == 1
+    assert settled(lambda: counters.get(SRV_CANCELLED, grpc_destination="test.Mid/Call"), 1) == 1
 
 
 def test_swallowed_nested_expiry_still_answers_deadline_exceeded(

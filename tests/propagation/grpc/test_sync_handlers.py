@@ -18,7 +18,7 @@ from timebound.propagation.grpc import (
 )
 from timebound.telemetry import counters
 
-from .conftest import decode, encode, observe, start_sync_server, wait_until_spent, within
+from .conftest import decode, encode, observe, settled, start_sync_server, wait_until_spent, within
 
 SRV_CANCELLED = "grpc.server.by-destination.cancelled-by-deadline-propagation"
 CLI_PROPAGATED = "grpc.client.by-destination.deadline-propagated"
@@ -66,7 +66,7 @@ def test_response_stream_spending_the_request_deadline_ends_deadline_exceeded() 
         server.stop(None)
     assert items == [b"first"]
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert counters.get(SRV_CANCELLED, grpc_destination="test.Svc/Stream") == 1
+    assert settled(lambda: counters.get(SRV_CANCELLED, grpc_destination="test.Svc/Stream"), 1) == 1
 
 
 def test_response_stream_error_from_another_bound_is_the_handlers_own() -> None:
@@ -176,4 +176,4 @@ def test_expired_stream_call_is_rejected_without_running_the_handler() -> None:
         server.stop(None)
     assert (items, ran, info.value.code()) == ([], [], grpc.StatusCode.DEADLINE_EXCEEDED)
     assert status == [(grpc.StatusCode.DEADLINE_EXCEEDED, EXPIRED_DETAILS.encode())]
-    assert counters.get(SRV_CANCELLED, grpc_destination="test.Svc/Stream") == 1
+    assert settled(lambda: counters.get(SRV_CANCELLED, grpc_destination="test.Svc/Stream"), 1) == 1
