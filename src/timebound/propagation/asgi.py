@@ -37,6 +37,7 @@ from ..telemetry import correlation
 from ._admission import Admission, Outcome, Ticket
 from ._admitting import OVERLOADED_BODY, OVERLOADED_STATUS, criticality, enter_async
 from ._codec import (
+    ABSOLUTE_HEADER,
     ENVOY_TIMEOUT_HEADER,
     EXPIRED_BODY,
     EXPIRED_HEADER,
@@ -44,6 +45,7 @@ from ._codec import (
     TIMEOUT_HEADER,
 )
 from ._server import (
+    DEFAULT_SKEW,
     Arrival,
     ExpiredAnswers,
     ServerConfig,
@@ -70,6 +72,9 @@ class DeadlineMiddleware:
     ``expired_status``: status of the "Deadline expired" answer (498, or e.g. 504 for
     environments that reject unknown codes). Header names are configurable; pass ``None`` for
     ``grpc_timeout_header``/``envoy_timeout_header`` to ignore those headers.
+    ``absolute_header`` (``X-Request-Deadline``, ``None`` to ignore it) and ``clock_skew``
+    (seconds, default 1): the absolute deadline counts when it agrees with the relative one
+    within the skew (D9.3).
     ``cancel_on_expiry``: cancel the handler at the deadline and answer 498 (off by default, as in
     userver). ``enabled=False`` is the static kill switch;
     :func:`timebound.propagation.set_enabled` is the runtime one.
@@ -84,6 +89,8 @@ class DeadlineMiddleware:
         expired_header: str = EXPIRED_HEADER,
         grpc_timeout_header: str | None = GRPC_TIMEOUT_HEADER,
         envoy_timeout_header: str | None = ENVOY_TIMEOUT_HEADER,
+        absolute_header: str | None = ABSOLUTE_HEADER,
+        clock_skew: float = DEFAULT_SKEW,
         cancel_on_expiry: bool = False,
         enabled: bool = True,
     ) -> None:
@@ -95,13 +102,15 @@ class DeadlineMiddleware:
             grpc_timeout_header=grpc_timeout_header,
             envoy_timeout_header=envoy_timeout_header,
             enabled=enabled,
+            absolute_header=absolute_header,
+            clock_skew=clock_skew,
         )
         self.cancel_on_expiry = bool(cancel_on_expiry)
         self._answers = ExpiredAnswers(self._config.expired_status)
         names = self._config.names
         self._wanted = frozenset(
             n.lower().encode("latin-1")
-            for n in (names.timeout, names.grpc_timeout, names.envoy_timeout)
+            for n in (names.timeout, names.grpc_timeout, names.envoy_timeout, names.absolute)
             if n
         )
         self._expired_start: Message = {
@@ -130,7 +139,7 @@ class DeadlineMiddleware:
             for k, v in scope.get("headers", ())
             if k.lower() in wanted
         ]
-        arrival = arrive(found, self._config.names, start) if found else None
+        arrival = arrive(found, self._config.names, start, self._config.skew) if found else None
         if arrival is None:
             await self.app(scope, receive, send)
             return
@@ -309,7 +318,7 @@ class AdmissionMiddleware(DeadlineMiddleware):
                 found.append((key.decode("latin-1"), v))
             elif key == self._critical:
                 critical = criticality(v)
-        arrival = arrive(found, self._config.names, start) if found else None
+        arrival = arrive(found, self._config.names, start, self._config.skew) if found else None
         if arrival is not None and arrival.deadline.expired:
             self._expired_answer(scope, arrival.state, None)
             await self._send_expired(send)

@@ -35,6 +35,7 @@ from ..telemetry import correlation
 from ._admission import Admission, Outcome, Ticket
 from ._admitting import OVERLOADED_BODY, criticality, enter_blocking
 from ._codec import (
+    ABSOLUTE_HEADER,
     ENVOY_TIMEOUT_HEADER,
     EXPIRED_BODY,
     EXPIRED_HEADER,
@@ -42,6 +43,7 @@ from ._codec import (
     TIMEOUT_HEADER,
 )
 from ._server import (
+    DEFAULT_SKEW,
     Arrival,
     ExpiredAnswers,
     ServerConfig,
@@ -93,6 +95,8 @@ class DeadlineMiddleware:
         expired_header: str = EXPIRED_HEADER,
         grpc_timeout_header: str | None = GRPC_TIMEOUT_HEADER,
         envoy_timeout_header: str | None = ENVOY_TIMEOUT_HEADER,
+        absolute_header: str | None = ABSOLUTE_HEADER,
+        clock_skew: float = DEFAULT_SKEW,
         enabled: bool = True,
     ) -> None:
         self.app = app
@@ -103,12 +107,14 @@ class DeadlineMiddleware:
             grpc_timeout_header=grpc_timeout_header,
             envoy_timeout_header=envoy_timeout_header,
             enabled=enabled,
+            absolute_header=absolute_header,
+            clock_skew=clock_skew,
         )
         _quiet_flask(app, self._config.expired_status)
         names = self._config.names
         self._keys = [
             (n.lower(), _environ_key(n))
-            for n in (names.timeout, names.grpc_timeout, names.envoy_timeout)
+            for n in (names.timeout, names.grpc_timeout, names.envoy_timeout, names.absolute)
             if n
         ]
         self._status = _status_line(self._config.expired_status)
@@ -132,7 +138,7 @@ class DeadlineMiddleware:
                 # WSGI servers join repeated lines with commas; the codec reads that form and
                 # ASGI's separate lines alike (D4.1).
                 found.append((name, value))
-        arrival = arrive(found, self._config.names, start) if found else None
+        arrival = arrive(found, self._config.names, start, self._config.skew) if found else None
         if arrival is None:
             return self.app(environ, start_response)
         if arrival.deadline.expired:
@@ -318,7 +324,7 @@ class AdmissionMiddleware(DeadlineMiddleware):
         found: list[tuple[str, str | bytes]] = [
             (name, value) for name, key in self._keys if isinstance(value := environ.get(key), str)
         ]
-        arrival = arrive(found, self._config.names, start) if found else None
+        arrival = arrive(found, self._config.names, start, self._config.skew) if found else None
         if arrival is not None and arrival.deadline.expired:
             self._expired_answer(environ, arrival.state, None)
             return self._expired(start_response)
