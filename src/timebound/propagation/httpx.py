@@ -413,20 +413,19 @@ class _Exchange:
         ``keep_until``: at a cut by our deadline, leave the exchange running until then (D4.8)
         and release its response; ``None``: cancel it at the cut.
         """
-        assert attempt.end is not None
         try:
-            with attempt.boundary(), move_on_at(Deadline(attempt.end)):
-                await self._arrival()
-                if self._error is not None:
-                    raise self._error
-                if self._response is None:
-                    raise RuntimeError("the httpx exchange task was cancelled")
-                return self._response
+            return await attempt.run(self._result)
         except BaseException:
             self._leave(keep_until if attempt.expired() else None)
             raise
-        self._leave(keep_until)
-        raise attempt.cut()
+
+    async def _result(self) -> httpx.Response:
+        await self._arrival()
+        if self._error is not None:
+            raise self._error
+        if self._response is None:
+            raise RuntimeError("the httpx exchange task was cancelled")
+        return self._response
 
     def _leave(self, keep_until: float | None) -> None:
         """The caller leaves without the response: end or bound the exchange, free its reply."""
