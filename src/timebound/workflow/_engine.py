@@ -46,6 +46,7 @@ class _Start(NamedTuple):
     definition: Definition
     input: Any
     future: asyncio.Future[str]
+    deadline_at: int | None
 
 
 class _Report(NamedTuple):
@@ -223,9 +224,17 @@ class Engine:
     # Runs -----------------------------------------------------------------------------------
 
     async def start(
-        self, definition_id: str, input: Any = None, *, version: int | None = None
+        self,
+        definition_id: str,
+        input: Any = None,
+        *,
+        version: int | None = None,
+        deadline_ms: int | None = None,
     ) -> str:
-        """Start a run of a registered definition (its latest version unless ``version``)."""
+        """Start a run of a registered definition (its latest version unless ``version``);
+        ``deadline_ms`` bounds the run further, as a parent's deadline would (D1.5)."""
+        if deadline_ms is not None and deadline_ms < 1:
+            raise ConfigurationError("deadline_ms must be >= 1", option="deadline_ms")
         version = version or self._latest.get(definition_id)
         definition = None if version is None else self._definitions.get((definition_id, version))
         if definition is None:
@@ -243,7 +252,8 @@ class Engine:
                 raise DefinitionError(conflict, path="version")
         # Started by the loop's next transaction: concurrent starts share one commit.
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._starts.append(_Start(definition, input, future))
+        deadline_at = None if deadline_ms is None else self._now() + deadline_ms
+        self._starts.append(_Start(definition, input, future, deadline_at))
         self._wake.set()
         return await future
 
@@ -311,6 +321,48 @@ class Engine:
     async def events(self, run_id: str) -> list[dict[str, Any]]:
         async with self._txn() as tx:
             return await tx.events(run_id)
+
+    async def list_runs(
+        self,
+        *,
+        status: str | None = None,
+        definition_id: str | None = None,
+        after: tuple[int, str] | None = None,
+        limit: int = 50,
+    ) -> list[dict[str, Any]]:
+        """Runs newest first (without input and state); ``after`` is the ``(started_at, id)`` of
+        the last run of the previous page, so pages stay stable while runs are added."""
+        where: list[str] = ["1 = 1"]
+        args: list[Any] = []
+        if status is not None:
+            where.append("status = ?")
+            args.append(status)
+        if definition_id is not None:
+            where.append("definition_id = ?")
+            args.append(definition_id)
+        if after is not None:
+            where.append("(started_at < ? OR (started_at = ? AND id < ?))")
+            args += [after[0], after[0], after[1]]
+        async with self._txn() as tx:
+            return await tx.fetch(
+                "SELECT id, definition_id, definition_version, status, started_at, timeout_at, "
+                f"finished_at, error FROM tb_wf_runs WHERE {' AND '.join(where)} "
+                "ORDER BY started_at DESC, id DESC LIMIT ?",
+                *args,
+                limit,
+            )
+
+    async def counts(self) -> dict[str, dict[str, int]]:
+        """How many runs and tokens are in each state, and timeouts by layer (for metrics)."""
+        async with self._txn() as tx:
+            runs = await tx.fetch("SELECT status, COUNT(*) AS n FROM tb_wf_runs GROUP BY status")
+            tokens = await tx.fetch(
+                "SELECT status, COUNT(*) AS n FROM tb_wf_tokens GROUP BY status"
+            )
+        return {
+            "runs": {r["status"]: int(r["n"]) for r in runs},
+            "tokens": {r["status"]: int(r["n"]) for r in tokens},
+        }
 
     async def cancel(self, run_id: str) -> bool:
         """Cancel a running run, its live tokens and child runs; ``False`` if it had ended."""
@@ -465,7 +517,12 @@ class Engine:
                 )
             for start in starts:
                 run_id = await self._machine.start_run(
-                    tx, start.definition, start.input, now, timeout_ms=start.definition.timeout_ms
+                    tx,
+                    start.definition,
+                    start.input,
+                    now,
+                    timeout_ms=start.definition.timeout_ms,
+                    inherited_deadline_at=start.deadline_at,
                 )
                 started.append((start.future, run_id))
             for report in sorted(outcomes, key=lambda r: r.run_id):
