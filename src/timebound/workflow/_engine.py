@@ -46,6 +46,7 @@ class _Start(NamedTuple):
     definition: Definition
     input: Any
     future: asyncio.Future[str]
+    deadline_at: int | None
 
 
 class _Report(NamedTuple):
@@ -223,9 +224,17 @@ class Engine:
     # Runs -----------------------------------------------------------------------------------
 
     async def start(
-        self, definition_id: str, input: Any = None, *, version: int | None = None
+        self,
+        definition_id: str,
+        input: Any = None,
+        *,
+        version: int | None = None,
+        deadline_ms: int | None = None,
     ) -> str:
-        """Start a run of a registered definition (its latest version unless ``version``)."""
+        """Start a run of a registered definition (its latest version unless ``version``);
+        ``deadline_ms`` bounds the run further, as a parent's deadline would (D1.5)."""
+        if deadline_ms is not None and deadline_ms < 1:
+            raise ConfigurationError("deadline_ms must be >= 1", option="deadline_ms")
         version = version or self._latest.get(definition_id)
         definition = None if version is None else self._definitions.get((definition_id, version))
         if definition is None:
@@ -236,9 +245,15 @@ class Engine:
             raise ConfigurationError(f"a run's input must be JSON: {exc}", option="input")
         if self._loop_task is None:
             raise RuntimeError("the engine is not open: use 'async with engine:' first")
+        if (definition.id, definition.version) not in self._stored:
+            async with self._txn() as tx:
+                conflict = await self._store_definition(tx, definition)
+            if conflict is not None:
+                raise DefinitionError(conflict, path="version")
         # Started by the loop's next transaction: concurrent starts share one commit.
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._starts.append(_Start(definition, input, future))
+        deadline_at = None if deadline_ms is None else self._now() + deadline_ms
+        self._starts.append(_Start(definition, input, future, deadline_at))
         self._wake.set()
         return await future
 
@@ -307,6 +322,48 @@ class Engine:
         async with self._txn() as tx:
             return await tx.events(run_id)
 
+    async def list_runs(
+        self,
+        *,
+        status: str | None = None,
+        definition_id: str | None = None,
+        after: tuple[int, str] | None = None,
+        limit: int = 50,
+    ) -> list[dict[str, Any]]:
+        """Runs newest first (without input and state); ``after`` is the ``(started_at, id)`` of
+        the last run of the previous page, so pages stay stable while runs are added."""
+        where: list[str] = ["1 = 1"]
+        args: list[Any] = []
+        if status is not None:
+            where.append("status = ?")
+            args.append(status)
+        if definition_id is not None:
+            where.append("definition_id = ?")
+            args.append(definition_id)
+        if after is not None:
+            where.append("(started_at < ? OR (started_at = ? AND id < ?))")
+            args += [after[0], after[0], after[1]]
+        async with self._txn() as tx:
+            return await tx.fetch(
+                "SELECT id, definition_id, definition_version, status, started_at, timeout_at, "
+                f"finished_at, error FROM tb_wf_runs WHERE {' AND '.join(where)} "
+                "ORDER BY started_at DESC, id DESC LIMIT ?",
+                *args,
+                limit,
+            )
+
+    async def counts(self) -> dict[str, dict[str, int]]:
+        """How many runs and tokens are in each state, and timeouts by layer (for metrics)."""
+        async with self._txn() as tx:
+            runs = await tx.fetch("SELECT status, COUNT(*) AS n FROM tb_wf_runs GROUP BY status")
+            tokens = await tx.fetch(
+                "SELECT status, COUNT(*) AS n FROM tb_wf_tokens GROUP BY status"
+            )
+        return {
+            "runs": {r["status"]: int(r["n"]) for r in runs},
+            "tokens": {r["status"]: int(r["n"]) for r in tokens},
+        }
+
     async def cancel(self, run_id: str) -> bool:
         """Cancel a running run, its live tokens and child runs; ``False`` if it had ended."""
         async with self._txn() as tx:
@@ -327,18 +384,33 @@ class Engine:
             yield tx
         self._wake.set()
 
-    async def _store_definition(self, tx: Tx, definition: Definition) -> None:
+    async def _store_definition(self, tx: Tx, definition: Definition) -> str | None:
+        """Store a definition once; an error message if the store holds another body for it.
+
+        Runs keep the version they started with, read back from the store after a restart or
+        on another worker, so one (id, version) must never name two bodies.
+        """
         key = (definition.id, definition.version)
         if key in self._stored:
-            return
+            return None
+        body = json.dumps(definition.raw, sort_keys=True)
         await tx.execute(
             "INSERT INTO tb_wf_definitions (id, version, body) VALUES (?, ?, ?) "
             "ON CONFLICT (id, version) DO NOTHING",
             definition.id,
             definition.version,
-            json.dumps(definition.raw, sort_keys=True),
+            body,
         )
+        row = await tx.fetchone(
+            "SELECT body FROM tb_wf_definitions WHERE id = ? AND version = ?", *key
+        )
+        if row is not None and json.loads(row["body"]) != definition.raw:
+            return (
+                f"definition {definition.id!r} version {definition.version} is already stored "
+                "with a different body; give the new one a higher version"
+            )
         self._stored.add(key)  # forgotten if the transaction fails (see _loop)
+        return None
 
     async def _requeue(self, tx: Tx, where: str, *args: Any) -> None:
         """Put in-flight tokens back to ``pending``, keeping their deadline (``resume``)."""
@@ -444,9 +516,13 @@ class Engine:
                     "DELETE FROM tb_timers WHERE key = ? AND due_ms <= ?", timer["key"], now
                 )
             for start in starts:
-                await self._store_definition(tx, start.definition)
                 run_id = await self._machine.start_run(
-                    tx, start.definition, start.input, now, timeout_ms=start.definition.timeout_ms
+                    tx,
+                    start.definition,
+                    start.input,
+                    now,
+                    timeout_ms=start.definition.timeout_ms,
+                    inherited_deadline_at=start.deadline_at,
                 )
                 started.append((start.future, run_id))
             for report in sorted(outcomes, key=lambda r: r.run_id):
@@ -688,5 +764,8 @@ class Engine:
                 tx, run, tok, f"subworkflow definition {child_id!r} is not registered", now
             )
             return
-        await self._store_definition(tx, child)
+        conflict = await self._store_definition(tx, child)
+        if conflict is not None:
+            await self._machine.action_error(tx, run, tok, conflict, now)
+            return
         await self._machine.start_child(tx, run, tok, node, child, now)
