@@ -90,3 +90,13 @@ def test_malformed_member_warns_once_with_the_whole_value(
         call(DeadlineMiddleware(app), {KEY: "100, 5ms"})
     messages = [r.getMessage() for r in caplog.records if "invalid" in r.getMessage()]
     assert len(messages) == 1 and "'100, 5ms'" in messages[0]
+
+
+def test_long_member_list_is_read_in_one_pass(virtual_clock: VirtualClock) -> None:
+    """A hostile header of 100,000 members is read (its minimum), and one bad member among them
+    still invalidates it."""
+    from timebound.propagation import parse_timeout_ms
+
+    members = [str(1000 + i % 7) for i in range(100_000)]
+    assert parse_timeout_ms(", ".join(members)) == 1.0
+    assert parse_timeout_ms(", ".join([*members, "1e3"])) is None
