@@ -923,6 +923,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _on_sigterm)
     t_start = time.monotonic()
+    load_start = os.getloadavg()[0]
     modes = tuple(args.modes.split(",")) if args.modes else MODES
     loads = tuple(float(x) for x in args.loads.split(",")) if args.loads else LOADS
     cap_seconds, cap_warm = 2.0, 0.5
@@ -1012,6 +1013,11 @@ def main(argv: list[str] | None = None) -> int:
 
     overhead = Overhead.pool([r for r in results + extra if r.rho == 0.5])
     rows = build_rows(capacity, results, overhead, lifo, bursty)
+    # How loaded the machine was: the brief's runs share it with other work.
+    rows += [
+        Row("propagation.load_average_1m_start", load_start, "processes"),
+        Row("propagation.load_average_1m_end", os.getloadavg()[0], "processes"),
+    ]
     if micro is not None:
         for name, what in (("asgi", "asgi_middleware"), ("httpx", "httpx_transport")):
             rows.append(
