@@ -1,5 +1,6 @@
 """One outgoing attempt and its exception-mapping boundary, shared by every client adapter
-(httpx, requests, aiohttp, gRPC; DECISIONS D4.3, D4.5, D4.7).
+(httpx, requests, aiohttp, gRPC, and the database adapters asyncpg, psycopg and redis;
+DECISIONS D4.3, D4.5, D4.7, D4.8).
 
 An adapter goes through three steps, each written once here:
 
@@ -27,10 +28,15 @@ The "ordinary timeout" type is each adapter's ``AttemptTimeout``: a ``DeadlineEx
 library's own timeout exception (``httpx.TimeoutException``, ``requests.Timeout``,
 ``aiohttp.ServerTimeoutError``), so existing ``except`` clauses and retry predicates keep working.
 
-Telemetry goes through the options' :class:`Report`; the HTTP clients' (label
-``component="http-client"``) counts ``timeout-updated-by-deadline`` and
-``cancelled-by-deadline`` and emits the span tags ``propagated_timeout_ms`` and
-``cancelled_by_deadline`` as ``span.tags`` events.
+A component that sends no header of its own (gRPC carries its timeout itself; a database
+query carries it as ``statement_timeout``, a Redis command as the reply's read timeout) sets
+``propagate_header=False``. The database adapters use :attr:`Attempt.end`, :meth:`Attempt.check`
+and :meth:`Attempt.cut` the same way around their own waits.
+
+Telemetry goes through the options' :class:`Report`. :class:`CounterReport` is userver's
+(``timeout-updated-by-deadline``, ``cancelled-by-deadline`` and the matching ``span.tags``
+events) for any component label: ``http-client`` for the HTTP clients, the driver's name for
+a database adapter (whose own bookkeeping commands are not counted as lowered, D4.7).
 """
 
 from __future__ import annotations
@@ -61,7 +67,7 @@ __all__ = [
     "Attempt",
     "AttemptTimeoutBase",
     "ClientOptions",
-    "HttpReport",
+    "CounterReport",
     "Report",
     "begin",
 ]
@@ -81,20 +87,31 @@ class Report(Protocol):
         """A call was not sent, or was cut short, because the deadline was spent."""
 
 
-class HttpReport:
-    """The HTTP clients' counters and span tags (``component="http-client"``)."""
+@dataclass(frozen=True, slots=True)
+class CounterReport:
+    """userver's client counters and span tags, labelled ``component=<component>`` (D4.7).
 
-    __slots__ = ()
+    ``timeout_tag`` names the span tag that carries a lowered timeout in ms. With
+    ``count_lowered=False`` a lowered timeout is not counted: a component's own bookkeeping
+    (a pool's wait, a connection handshake) is bounded like the user's calls but is not one.
+    A call cut short is always counted.
+    """
+
+    component: str
+    timeout_tag: str = "propagated_timeout_ms"
+    count_lowered: bool = True
 
     def lowered(self, timeout_ms: int | None) -> None:
-        counters.inc("timeout-updated-by-deadline", component=COMPONENT)
+        if not self.count_lowered:
+            return
+        counters.inc("timeout-updated-by-deadline", component=self.component)
         if enabled():
-            emit("span.tags", component=COMPONENT, propagated_timeout_ms=timeout_ms)
+            emit("span.tags", component=self.component, **{self.timeout_tag: timeout_ms})
 
     def cancelled(self) -> None:
-        counters.inc("cancelled-by-deadline", component=COMPONENT)
+        counters.inc("cancelled-by-deadline", component=self.component)
         if enabled():
-            emit("span.tags", component=COMPONENT, cancelled_by_deadline=1)
+            emit("span.tags", component=self.component, cancelled_by_deadline=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +124,7 @@ class ClientOptions:
     absolute_header: str | None = ABSOLUTE_HEADER
     expired_header: str = EXPIRED_HEADER
     what: str = "http request"
-    report: Report = field(default_factory=HttpReport)
+    report: Report = field(default_factory=lambda: CounterReport(COMPONENT))
 
 
 class AttemptTimeoutBase(DeadlineExceeded):
