@@ -1,5 +1,6 @@
 """One outgoing attempt and its exception-mapping boundary, shared by every client adapter
-(httpx, requests, aiohttp, gRPC; DECISIONS D4.3, D4.5, D4.7).
+(httpx, requests, aiohttp, gRPC, and the database adapters asyncpg, psycopg and redis;
+DECISIONS D4.3, D4.5, D4.7, D4.8).
 
 An adapter goes through three steps, each written once here:
 
@@ -27,10 +28,15 @@ The "ordinary timeout" type is each adapter's ``AttemptTimeout``: a ``DeadlineEx
 library's own timeout exception (``httpx.TimeoutException``, ``requests.Timeout``,
 ``aiohttp.ServerTimeoutError``), so existing ``except`` clauses and retry predicates keep working.
 
-Telemetry goes through the options' :class:`Report`; the HTTP clients' (label
-``component="http-client"``) counts ``timeout-updated-by-deadline`` and
-``cancelled-by-deadline`` and emits the span tags ``propagated_timeout_ms`` and
-``cancelled_by_deadline`` as ``span.tags`` events.
+A component that sends no header of its own (gRPC carries its timeout itself; a database
+query carries it as ``statement_timeout``, a Redis command as the reply's read timeout) sets
+``propagate_header=False``. The database adapters use :attr:`Attempt.end`, :meth:`Attempt.check`
+and :meth:`Attempt.cut` the same way around their own waits.
+
+Telemetry goes through the options' :class:`Report`. :class:`CounterReport` is userver's
+(``timeout-updated-by-deadline``, ``cancelled-by-deadline`` and the matching ``span.tags``
+events) for any component label: ``http-client`` for the HTTP clients, the driver's name for
+a database adapter (whose own bookkeeping commands are not counted as lowered, D4.7).
 """
 
 from __future__ import annotations
@@ -53,7 +59,7 @@ from .._core._scopes import (
 )
 from ..telemetry._events import counters, emit, enabled
 from . import _config
-from ._codec import EXPIRED_HEADER, TIMEOUT_HEADER
+from ._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER, format_absolute_us
 from ._state import ClampedTimeout, RequestState, _request, clamp_timeout
 
 __all__ = [
@@ -61,7 +67,7 @@ __all__ = [
     "Attempt",
     "AttemptTimeoutBase",
     "ClientOptions",
-    "HttpReport",
+    "CounterReport",
     "Report",
     "begin",
 ]
@@ -81,20 +87,31 @@ class Report(Protocol):
         """A call was not sent, or was cut short, because the deadline was spent."""
 
 
-class HttpReport:
-    """The HTTP clients' counters and span tags (``component="http-client"``)."""
+@dataclass(frozen=True, slots=True)
+class CounterReport:
+    """userver's client counters and span tags, labelled ``component=<component>`` (D4.7).
 
-    __slots__ = ()
+    ``timeout_tag`` names the span tag that carries a lowered timeout in ms. With
+    ``count_lowered=False`` a lowered timeout is not counted: a component's own bookkeeping
+    (a pool's wait, a connection handshake) is bounded like the user's calls but is not one.
+    A call cut short is always counted.
+    """
+
+    component: str
+    timeout_tag: str = "propagated_timeout_ms"
+    count_lowered: bool = True
 
     def lowered(self, timeout_ms: int | None) -> None:
-        counters.inc("timeout-updated-by-deadline", component=COMPONENT)
+        if not self.count_lowered:
+            return
+        counters.inc("timeout-updated-by-deadline", component=self.component)
         if enabled():
-            emit("span.tags", component=COMPONENT, propagated_timeout_ms=timeout_ms)
+            emit("span.tags", component=self.component, **{self.timeout_tag: timeout_ms})
 
     def cancelled(self) -> None:
-        counters.inc("cancelled-by-deadline", component=COMPONENT)
+        counters.inc("cancelled-by-deadline", component=self.component)
         if enabled():
-            emit("span.tags", component=COMPONENT, cancelled_by_deadline=1)
+            emit("span.tags", component=self.component, cancelled_by_deadline=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +120,11 @@ class ClientOptions:
 
     propagate_header: bool = True
     timeout_header: str = TIMEOUT_HEADER
+    #: The absolute deadline header sent beside the relative one (D9.3); ``None``: not sent.
+    absolute_header: str | None = ABSOLUTE_HEADER
     expired_header: str = EXPIRED_HEADER
     what: str = "http request"
-    report: Report = field(default_factory=HttpReport)
+    report: Report = field(default_factory=lambda: CounterReport(COMPONENT))
 
 
 class AttemptTimeoutBase(DeadlineExceeded):
@@ -164,6 +183,17 @@ class Attempt:
     timeouts: tuple[type[BaseException], ...]
     #: The request being handled when the attempt began (``None`` outside a server adapter).
     state: RequestState | None
+    #: The absolute deadline header's value (``None``: send none), beside ``header_value``.
+    absolute_value: str | None = None
+
+    def headers(self) -> list[tuple[str, str]]:
+        """The deadline headers to send with this attempt (none when propagation is off)."""
+        out: list[tuple[str, str]] = []
+        if self.header_value is not None:
+            out.append((self.options.timeout_header, self.header_value))
+            if self.absolute_value is not None and self.options.absolute_header:
+                out.append((self.options.absolute_header, self.absolute_value))
+        return out
 
     @property
     def lowered(self) -> bool:
@@ -293,11 +323,25 @@ def begin(
     else:
         end = _clock.now() + seconds
     header_value: str | None = None
+    absolute_value: str | None = None
     if seconds is not None and options.propagate_header and _config.is_enabled():
         header_value = str(clamped.ms)
+        if options.absolute_header and end is not None:
+            # The end on the system clock: counts the transit the relative header cannot.
+            absolute_value = format_absolute_us(_clock.wall() + (end - _clock.now()))
     if clamped.lowered:
         source = current_bound_source() or "scope"
         options.report.lowered(clamped.ms)
     else:
         source = "attempt"
-    return Attempt(clamped, end, source, header_value, options, make, timeouts, _request.get())
+    return Attempt(
+        clamped,
+        end,
+        source,
+        header_value,
+        options,
+        make,
+        timeouts,
+        _request.get(),
+        absolute_value,
+    )

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 from collections.abc import Awaitable, Callable, Generator, Iterable
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
 from .._core._errors import ConfigurationError, DeadlineExceeded
-from ._db_common import Guard, budget, run_guarded, spent, updated
+from ._client import Attempt, AttemptTimeoutBase, begin
+from ._db_common import Guard, options, run_guarded
 from ._db_postgres import NARROW_ASYNCPG, RESTORE_ASYNCPG, begin_narrowed
 
 try:
@@ -23,9 +23,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 __all__ = ["DeadlineConnection", "DeadlinePool", "connect", "create_pool"]
 
 _T = TypeVar("_T")
-_CLIENT: Final = "asyncpg"
-_QUERY: Final = "postgres query"
-_ACQUIRE: Final = "postgres connection"
+_QUERY: Final = options("asyncpg", "postgres query")
+_ACQUIRE: Final = options("asyncpg", "postgres connection", user=False)
 _Conn = asyncpg.Connection
 
 # Transaction control is never bounded: asyncpg's own Transaction objects send it through
@@ -88,13 +87,13 @@ class DeadlineConnection(asyncpg.Connection):  # type: ignore[misc]
     ) -> _T:
         if self._timebound_bypass or _TX_CONTROL.match(query):
             return await call(timeout)
-        clamped = budget(timeout, what=_QUERY, client=_CLIENT)
+        attempt = begin(timeout, _QUERY, AttemptTimeoutBase)
+        clamped = attempt.clamped
         if not clamped.lowered or clamped.seconds is None:
             # No deadline, or the caller's own timeout is the tighter one: asyncpg as it is.
             return await call(timeout)
         ms = clamped.ms
         assert ms is not None
-        updated(_CLIENT, ms)
         backstop = clamped.seconds + self._timebound_grace
 
         def run() -> Awaitable[_T]:
@@ -104,13 +103,13 @@ class DeadlineConnection(asyncpg.Connection):  # type: ignore[misc]
 
         async def guarded(guard: Guard) -> _T:
             if in_callers:
-                return await self._in_callers_transaction(guard, run, ms)
-            return await self._in_own_transaction(guard, run, ms)
+                return await self._in_callers_transaction(guard, attempt, run, ms)
+            return await self._in_own_transaction(guard, attempt, run, ms)
 
-        return await run_guarded(guarded, what=_QUERY, client=_CLIENT, grace=self._timebound_grace)
+        return await run_guarded(guarded, attempt, grace=self._timebound_grace)
 
     async def _in_own_transaction(
-        self, guard: Guard, run: Callable[[], Awaitable[_T]], ms: int
+        self, guard: Guard, attempt: Attempt, run: Callable[[], Awaitable[_T]], ms: int
     ) -> _T:
         """``BEGIN``+narrowing, the statement, ``COMMIT``; any failure rolls back.
 
@@ -128,23 +127,23 @@ class DeadlineConnection(asyncpg.Connection):  # type: ignore[misc]
             raise
         try:
             narrowed = tag == "SELECT 1"
-            result = await guard.statement(lambda: _statement(run, narrowed=narrowed))
-            await _statement(lambda: _Conn.execute(self, "COMMIT"), narrowed=narrowed)
+            result = await guard.statement(lambda: _statement(attempt, run, narrowed=narrowed))
+            await _statement(attempt, lambda: _Conn.execute(self, "COMMIT"), narrowed=narrowed)
         except BaseException:
             await self._timebound_rollback()
             raise
         return result
 
     async def _in_callers_transaction(
-        self, guard: Guard, run: Callable[[], Awaitable[_T]], ms: int
+        self, guard: Guard, attempt: Attempt, run: Callable[[], Awaitable[_T]], ms: int
     ) -> _T:
         """Narrowing, the statement, then the previous value put back for the caller."""
         prev, narrowed = await _Conn.fetchrow(self, NARROW_ASYNCPG, ms)
         if not narrowed:
             # A tighter setting rules: nothing of ours to undo.
-            return await guard.statement(lambda: _statement(run, narrowed=False))
+            return await guard.statement(lambda: _statement(attempt, run, narrowed=False))
         try:
-            result = await guard.statement(lambda: _statement(run, narrowed=True))
+            result = await guard.statement(lambda: _statement(attempt, run, narrowed=True))
         except BaseException:
             # Interrupted after the statement ended, the transaction is still good and needs
             # its value back; after a failed statement it is aborted (the restore fails with
@@ -156,7 +155,9 @@ class DeadlineConnection(asyncpg.Connection):  # type: ignore[misc]
             raise
         # Runs under the narrowed value itself: if that cancels it, the caller's transaction
         # is aborted, and says so (never a narrowed value left behind in it).
-        await _statement(lambda: _Conn.fetchval(self, RESTORE_ASYNCPG, prev, ms), narrowed=True)
+        await _statement(
+            attempt, lambda: _Conn.fetchval(self, RESTORE_ASYNCPG, prev, ms), narrowed=True
+        )
         return result
 
     async def _timebound_rollback(self) -> None:
@@ -226,46 +227,33 @@ class DeadlineConnection(asyncpg.Connection):  # type: ignore[misc]
         )
 
 
-async def _statement(run: Callable[[], Awaitable[_T]], *, narrowed: bool) -> _T:
+async def _statement(attempt: Attempt, run: Callable[[], Awaitable[_T]], *, narrowed: bool) -> _T:
     """Run a statement; a cancel caused by our deadline becomes ``DeadlineExceeded``."""
-    err: DeadlineExceeded | None
     try:
         return await run()
     except asyncpg.QueryCanceledError as exc:
         # 57014 is ours only when our value was in force and our deadline has really passed
         # (the server's timer starts after we computed it, so by then it has).
-        if narrowed and (err := spent(what=_QUERY, client=_CLIENT)) is not None:
-            raise err from exc
+        if narrowed and attempt.expired():
+            raise attempt.cut() from exc
         raise
     except TimeoutError as exc:
         if isinstance(exc, DeadlineExceeded):
             raise
         # asyncpg's own timeout: the backstop fired because the server did not answer.
-        if (err := spent(what=_QUERY, client=_CLIENT)) is not None:
-            raise err from exc
+        if attempt.expired():
+            raise attempt.cut() from exc
         raise
 
 
 async def _acquire(pool: Any, timeout: float | None) -> Any:
     """Take a connection, waiting no longer than the deadline allows."""
-    while True:
-        clamped = budget(timeout, what=_ACQUIRE, client=_CLIENT)
-        if not clamped.lowered:
-            return await pool.acquire(timeout=timeout)
-
-        async def take() -> Any:
-            # Without a timeout asyncpg releases with none either: the deadline bounds the
-            # wait, never the later reset of a healthy connection (D4.8).
-            return await pool.acquire()
-
-        try:
-            return await asyncio.wait_for(take(), clamped.seconds)
-        except TimeoutError as exc:
-            if isinstance(exc, DeadlineExceeded):
-                raise
-            # Loop: budget() raises the binding bound's error now, or, if the timer woke a
-            # hair early, waits out the rest (never early, D1.3).
-            continue
+    attempt = begin(timeout, _ACQUIRE, AttemptTimeoutBase)
+    if not attempt.lowered:
+        return await pool.acquire(timeout=timeout)
+    # Without a timeout asyncpg releases with none either: the deadline bounds the wait, never
+    # the later reset of a healthy connection (D4.8).
+    return await attempt.run(pool.acquire)
 
 
 class _Acquire:

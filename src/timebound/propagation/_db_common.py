@@ -1,60 +1,38 @@
-"""What the database adapters share: fail fast, count, and report a spent deadline (D4.8).
+"""What the database adapters share besides the one client attempt (D4.8).
 
 userver's rules for database clients: stop waiting for a free connection and fail at once when
 the deadline has passed; use the deadline to update the timeout; include the deadline in the
-query. Every adapter reports with userver's metric names (D4.7), labelled ``client=<driver>``.
+query. Every call obtains its :class:`~timebound.propagation._client.Attempt` from
+:func:`~timebound.propagation._client.begin` — the one place that clamps, fails fast, counts
+and reports a cut (userver's metric names, D4.7, labelled ``component=<driver>``). What is
+particular to a database lives here: the options an adapter passes to ``begin``, and
+:func:`run_guarded`, which lets a cancellation interrupt only the statement itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
-from .._core._errors import DeadlineExceeded
-from .._core._scopes import current_bound_error
-from ..telemetry._events import counters, emit, enabled
-from ._state import ClampedTimeout, clamp_timeout, mark_spent
+from ._client import Attempt, ClientOptions, CounterReport
 
 _T = TypeVar("_T")
 
-#: A database call whose timeout the deadline lowered (userver's name, D4.7).
-TIMEOUT_UPDATED: Final = "timeout-updated-by-deadline"
-#: A database call given up because the deadline was spent (userver's name, D4.7).
-CANCELLED: Final = "cancelled-by-deadline"
 
+def options(client: str, what: str, *, user: bool = True) -> ClientOptions:
+    """The attempt options of a database call: no header (the deadline travels in the query or
+    the read timeout), counters labelled ``component=<client>``, span tag ``timeout_ms``.
 
-def budget(static: float | None, *, what: str, client: str) -> ClampedTimeout:
-    """``min(static, remaining)``; raises (and counts, and marks) when nothing is left."""
-    try:
-        return clamp_timeout(static, what=what)
-    except DeadlineExceeded:
-        _cancelled(client)
-        raise
-
-
-def spent(*, what: str, client: str) -> DeadlineExceeded | None:
-    """The binding bound's error when the deadline has passed (counted; the request marked when
-    that bound is its own deadline)."""
-    err = current_bound_error(what)
-    if err is None:
-        return None
-    mark_spent()
-    _cancelled(client)
-    return err
-
-
-def _cancelled(client: str) -> None:
-    counters.inc(CANCELLED, component=client)
-    if enabled():
-        emit("span.tags", component=client, cancelled_by_deadline=1)
-
-
-def updated(client: str, timeout_ms: int | None = None) -> None:
-    """Count a call whose timeout the deadline lowered (span tag ``timeout_ms``)."""
-    counters.inc(TIMEOUT_UPDATED, component=client)
-    if enabled():
-        emit("span.tags", component=client, timeout_ms=timeout_ms)
+    ``user=False`` for the adapter's own bookkeeping (a pool's wait, a connection handshake, a
+    send whose wait is counted at its read): bounded and failing fast like a user's call, but
+    a lowered timeout is not counted as one.
+    """
+    return ClientOptions(
+        propagate_header=False,
+        what=what,
+        report=CounterReport(client, timeout_tag="timeout_ms", count_lowered=user),
+    )
 
 
 class Guard:
@@ -68,11 +46,10 @@ class Guard:
     delivered, when the statement is over).
     """
 
-    __slots__ = ("_client", "_in_statement", "_interrupted", "_task", "_what")
+    __slots__ = ("_attempt", "_in_statement", "_interrupted", "_task")
 
-    def __init__(self, what: str, client: str) -> None:
-        self._what = what
-        self._client = client
+    def __init__(self, attempt: Attempt | None) -> None:
+        self._attempt = attempt
         self._in_statement = False
         self._interrupted = False
         self._task: asyncio.Future[Any] | None = None
@@ -85,8 +62,8 @@ class Guard:
         """
         if self._interrupted:
             raise asyncio.CancelledError
-        if (err := spent(what=self._what, client=self._client)) is not None:
-            raise err
+        if self._attempt is not None:
+            self._attempt.check()
         self._in_statement = True
         try:
             return await run()
@@ -101,31 +78,32 @@ class Guard:
 
 
 async def run_guarded(
-    body: Callable[[Guard], Coroutine[Any, Any, _T]], *, what: str, client: str, grace: float
+    body: Callable[[Guard], Coroutine[Any, Any, _T]], attempt: Attempt | None, *, grace: float
 ) -> _T:
     """Run ``body`` to its end whatever cancels the caller, then re-raise the cancellation.
 
     The caller's cancellation is handled in one of two ways:
 
-    * the deadline's own (a cancelling scope firing at the deadline the statement is already
-      bounded by): the statement is left to end by itself — the server cancels it at the same
-      deadline — and is interrupted only if it has not ended ``grace`` seconds later (a server
-      that stopped answering);
+    * the deadline's own (a cancelling scope firing at the end of ``attempt``, which the
+      statement is already bounded by): the statement is left to end by itself — the server
+      cancels it at the same deadline — and is interrupted only if it has not ended ``grace``
+      seconds later (a server that stopped answering);
     * any other (``task.cancel()`` with time left): the statement is interrupted at once.
 
     Either way the bookkeeping around the statement runs to completion before the caller's
     ``CancelledError`` goes on, so the connection is never left inside a transaction of ours
     or with a narrowed timeout. A result that arrives after the caller was cancelled is
     discarded: the caller sees the cancellation (a committed write can be reported as failed,
-    never the reverse).
+    never the reverse). With no ``attempt`` (pure bookkeeping, nothing bounded) every
+    cancellation waits for ``body`` to end.
     """
-    guard = Guard(what, client)
+    guard = Guard(attempt)
     task = asyncio.ensure_future(body(guard))
     guard._task = task
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
-        if current_bound_error(what) is None:
+        if attempt is None or not attempt.expired():
             guard.interrupt()
         await _settle(task, guard, grace)
         raise

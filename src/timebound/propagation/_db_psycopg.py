@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Final, TypeVar
 
-from .._core._errors import DeadlineExceeded
-from ._db_common import Guard, budget, run_guarded, spent, updated
+from ._client import Attempt, AttemptTimeoutBase, begin
+from ._db_common import Guard, options, run_guarded
 from ._db_postgres import NARROW_PSYCOPG, RESTORE_PSYCOPG, begin_narrowed
 
 try:
@@ -31,9 +31,10 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
-_CLIENT: Final = "psycopg"
-_QUERY: Final = "postgres query"
-_ACQUIRE: Final = "postgres connection"
+_QUERY: Final = options("psycopg", "postgres query")
+# A statement in an aborted transaction fails on its own: bounded, not counted as narrowed.
+_QUERY_ABORTED: Final = options("psycopg", "postgres query", user=False)
+_ACQUIRE: Final = options("psycopg", "postgres connection", user=False)
 #: How long past the deadline a cancelled caller waits for PostgreSQL's own cancel (57014)
 #: before the statement is cancelled from the client side (a server that stopped answering).
 DEFAULT_GRACE: Final = 1.0
@@ -53,32 +54,25 @@ def _passes_through(query: Any) -> bool:
     return isinstance(query, str) and _PASS_THROUGH.match(query) is not None
 
 
-def _plan(query: Any, conn: Any) -> tuple[int, bool] | None:
-    """``(ms, own_transaction)`` when the statement must be narrowed, else ``None``.
+def _plan(query: Any, conn: Any) -> tuple[Attempt, int, bool] | None:
+    """``(attempt, ms, own_transaction)`` when the statement must be narrowed, else ``None``.
 
     Raises :class:`~timebound.DeadlineExceeded` (counted, request marked) when the deadline has
     passed: nothing is sent.
     """
     if _passes_through(query):
         return None
-    clamped = budget(None, what=_QUERY, client=_CLIENT)
-    if not clamped.lowered or clamped.ms is None:
-        return None
     status = conn.info.transaction_status
-    if status == pq.TransactionStatus.INERROR:
-        return None  # the statement fails on its own: the transaction is already aborted
-    updated(_CLIENT, clamped.ms)
+    aborted = status == pq.TransactionStatus.INERROR
+    attempt = begin(None, _QUERY_ABORTED if aborted else _QUERY, AttemptTimeoutBase)
+    ms = attempt.clamped.ms
+    if not attempt.lowered or ms is None or aborted:
+        # No deadline, or the transaction is already aborted (the statement fails on its own).
+        return None
     # In autocommit mode an idle connection gets a transaction of ours (SET LOCAL needs one);
     # otherwise psycopg's implicit transaction, or the caller's, holds the narrowed value and
     # it is put back after the statement.
-    return clamped.ms, bool(conn.autocommit) and status == pq.TransactionStatus.IDLE
-
-
-def _converted(exc: psycopg.errors.QueryCanceled, narrowed: bool) -> DeadlineExceeded | None:
-    """The deadline error for a 57014 our narrowed timeout caused, or ``None``."""
-    if narrowed:
-        return spent(what=_QUERY, client=_CLIENT)
-    return None
+    return attempt, ms, bool(conn.autocommit) and status == pq.TransactionStatus.IDLE
 
 
 def _in_pipeline(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> bool:
@@ -125,36 +119,29 @@ class DeadlineCursor(psycopg.Cursor[Row]):
         plan = _plan(query, self.connection)
         if plan is None:
             return run()
-        ms, own = plan
+        attempt, ms, own = plan
         conn = self.connection
         helper: psycopg.Cursor[Any] = psycopg.Cursor(conn)
         if own:
             try:
                 narrowed = _begin(helper, ms)
-                result = self._statement(run, narrowed)
-                self._statement(lambda: helper.execute("COMMIT"), narrowed)
+                result = _statement(attempt, run, narrowed)
+                _statement(attempt, lambda: helper.execute("COMMIT"), narrowed)
             except BaseException:
                 _rollback(conn, helper)
                 raise
             return result
         helper.execute(NARROW_PSYCOPG, {"ms": ms})
         prev, narrowed = helper.fetchone() or ("0", False)
-        result = self._statement(run, narrowed)
+        result = _statement(attempt, run, narrowed)
         if narrowed:
             # Only on success: a failed statement aborts the transaction, whose rollback drops
             # the narrowed value with everything else. The restore runs under the narrowed
             # value: if that cancels it, the transaction is aborted and says so.
-            self._statement(lambda: helper.execute(RESTORE_PSYCOPG, {"prev": prev, "ms": ms}), True)
+            _statement(
+                attempt, lambda: helper.execute(RESTORE_PSYCOPG, {"prev": prev, "ms": ms}), True
+            )
         return result
-
-    @staticmethod
-    def _statement(run: Callable[[], _T], narrowed: bool) -> _T:
-        try:
-            return run()
-        except psycopg.errors.QueryCanceled as exc:
-            if (err := _converted(exc, narrowed)) is not None:
-                raise err from exc
-            raise
 
     def execute(
         self,
@@ -194,21 +181,22 @@ class AsyncDeadlineCursor(psycopg.AsyncCursor[Row]):
         plan = _plan(query, self.connection)
         if plan is None:
             return await run()
-        ms, own = plan
+        attempt, ms, own = plan
         conn = self.connection
 
         async def guarded(guard: Guard) -> _T:
             helper: psycopg.AsyncCursor[Any] = psycopg.AsyncCursor(conn)
             if own:
-                return await self._in_own_transaction(guard, helper, run, ms)
-            return await self._in_transaction(guard, helper, run, ms)
+                return await self._in_own_transaction(guard, attempt, helper, run, ms)
+            return await self._in_transaction(guard, attempt, helper, run, ms)
 
         # Only the statement may be interrupted: the bookkeeping around it always finishes.
-        return await run_guarded(guarded, what=_QUERY, client=_CLIENT, grace=DEFAULT_GRACE)
+        return await run_guarded(guarded, attempt, grace=DEFAULT_GRACE)
 
     async def _in_own_transaction(
         self,
         guard: Guard,
+        attempt: Attempt,
         helper: psycopg.AsyncCursor[Any],
         run: Callable[[], Awaitable[_T]],
         ms: int,
@@ -218,8 +206,8 @@ class AsyncDeadlineCursor(psycopg.AsyncCursor[Row]):
         conn = self.connection
         try:
             narrowed = await _abegin(helper, ms)
-            result = await guard.statement(lambda: self._statement(run, narrowed))
-            await self._statement(lambda: helper.execute("COMMIT"), narrowed)
+            result = await guard.statement(lambda: _astatement(attempt, run, narrowed))
+            await _astatement(attempt, lambda: helper.execute("COMMIT"), narrowed)
         except BaseException:
             await _arollback(conn, helper)
             raise
@@ -228,6 +216,7 @@ class AsyncDeadlineCursor(psycopg.AsyncCursor[Row]):
     async def _in_transaction(
         self,
         guard: Guard,
+        attempt: Attempt,
         helper: psycopg.AsyncCursor[Any],
         run: Callable[[], Awaitable[_T]],
         ms: int,
@@ -237,7 +226,7 @@ class AsyncDeadlineCursor(psycopg.AsyncCursor[Row]):
         await helper.execute(NARROW_PSYCOPG, {"ms": ms})
         prev, narrowed = await helper.fetchone() or ("0", False)
         try:
-            result = await guard.statement(lambda: self._statement(run, narrowed))
+            result = await guard.statement(lambda: _astatement(attempt, run, narrowed))
         except BaseException:
             # Interrupted after the statement ended, the transaction is good and needs its
             # value back; after a failed statement it is aborted, and its rollback drops ours.
@@ -248,19 +237,10 @@ class AsyncDeadlineCursor(psycopg.AsyncCursor[Row]):
                     pass  # the caller's transaction failed with it; its rollback drops ours
             raise
         if narrowed:
-            await self._statement(
-                lambda: helper.execute(RESTORE_PSYCOPG, {"prev": prev, "ms": ms}), True
+            await _astatement(
+                attempt, lambda: helper.execute(RESTORE_PSYCOPG, {"prev": prev, "ms": ms}), True
             )
         return result
-
-    @staticmethod
-    async def _statement(run: Callable[[], Awaitable[_T]], narrowed: bool) -> _T:
-        try:
-            return await run()
-        except psycopg.errors.QueryCanceled as exc:
-            if (err := _converted(exc, narrowed)) is not None:
-                raise err from exc
-            raise
 
     async def execute(
         self,
@@ -287,6 +267,27 @@ class AsyncDeadlineCursor(psycopg.AsyncCursor[Row]):
             query,
             lambda: psycopg.AsyncCursor.executemany(self, query, params_seq, returning=returning),
         )
+
+
+def _statement(attempt: Attempt, run: Callable[[], _T], narrowed: bool) -> _T:
+    """Run a statement; a cancel (57014) our narrowed timeout caused becomes the deadline's
+    error (counted, the request marked)."""
+    try:
+        return run()
+    except psycopg.errors.QueryCanceled as exc:
+        if narrowed and attempt.expired():
+            raise attempt.cut() from exc
+        raise
+
+
+async def _astatement(attempt: Attempt, run: Callable[[], Awaitable[_T]], narrowed: bool) -> _T:
+    """The async twin of :func:`_statement`."""
+    try:
+        return await run()
+    except psycopg.errors.QueryCanceled as exc:
+        if narrowed and attempt.expired():
+            raise attempt.cut() from exc
+        raise
 
 
 def _rollback(conn: psycopg.Connection[Any], helper: psycopg.Cursor[Any]) -> None:
@@ -343,15 +344,16 @@ def connection(pool: Any, *, timeout: float | None = None) -> Iterator[Any]:
     """
     pool_timeout = _pool_timeout()
     while True:
-        clamped = budget(timeout, what=_ACQUIRE, client=_CLIENT)
+        attempt = begin(timeout, _ACQUIRE, AttemptTimeoutBase)
         try:
-            conn = pool.getconn(clamped.seconds)
+            conn = pool.getconn(attempt.clamped.seconds)
             break
-        except pool_timeout:
-            if not clamped.lowered:
+        except pool_timeout as exc:
+            if not attempt.lowered:
                 raise
-            # Loop: budget() raises the binding bound's error now, or waits out the rest if
-            # the wait ended a hair early (never early, D1.3).
+            if attempt.expired():
+                raise attempt.cut() from exc
+            # The wait ended a hair early (never early, D1.3): wait out the rest.
     try:
         with conn:
             yield conn
@@ -364,13 +366,15 @@ async def aconnection(pool: Any, *, timeout: float | None = None) -> AsyncIterat
     """The ``psycopg_pool.AsyncConnectionPool`` twin of :func:`connection`."""
     pool_timeout = _pool_timeout()
     while True:
-        clamped = budget(timeout, what=_ACQUIRE, client=_CLIENT)
+        attempt = begin(timeout, _ACQUIRE, AttemptTimeoutBase)
         try:
-            conn = await pool.getconn(clamped.seconds)
+            conn = await pool.getconn(attempt.clamped.seconds)
             break
-        except pool_timeout:
-            if not clamped.lowered:
+        except pool_timeout as exc:
+            if not attempt.lowered:
                 raise
+            if attempt.expired():
+                raise attempt.cut() from exc
     try:
         async with conn:
             yield conn
@@ -380,4 +384,4 @@ async def aconnection(pool: Any, *, timeout: float | None = None) -> AsyncIterat
         async def give_back(guard: Guard) -> None:
             await pool.putconn(conn)
 
-        await run_guarded(give_back, what=_ACQUIRE, client=_CLIENT, grace=DEFAULT_GRACE)
+        await run_guarded(give_back, None, grace=DEFAULT_GRACE)

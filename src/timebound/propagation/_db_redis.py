@@ -11,13 +11,12 @@ back in use; the next command gets a fresh connection and its own reply.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Callable
 from typing import Any, Final
 
 from .._core._errors import DeadlineExceeded
-from .._core._scopes import current_bound_error, remaining
-from ._db_common import budget, spent, updated
+from ._client import Attempt, AttemptTimeoutBase, begin
+from ._db_common import options, run_guarded
 
 try:
     import redis
@@ -30,9 +29,16 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 __all__ = ["AsyncDeadlineConnection", "DeadlineConnection", "afrom_url", "from_url"]
 
-_CLIENT: Final = "redis"
 _WHAT: Final = "redis command"
+#: A user's command, counted when the deadline lowers its read timeout.
+_READ: Final = options("redis", _WHAT)
+#: A send (its wait is counted at the read) or the connection handshake: bounded, not counted.
+_QUIET: Final = options("redis", _WHAT, user=False)
+_TIMEOUTS: Final = (redis.exceptions.TimeoutError, TimeoutError)
 _SENTINEL: Any = getattr(redis.connection, "SENTINEL", object())
+#: How long past the deadline a cancelled caller waits for a bounded read to end by itself (its
+#: read timeout is the deadline) before it is cancelled from our side (a stuck connection).
+DEFAULT_GRACE: Final = 1.0
 
 
 class _NoRetryPastDeadline:
@@ -91,20 +97,40 @@ class _GuardedRetry:
         self._timebound_retry = value
 
 
-def _read_wait(socket_timeout: float | None) -> float | None:
-    """The read timeout the deadline imposes, or ``None`` when the connection's own is tighter.
+class _ReadAttempt:
+    """Connection mixin: the attempt a reply's wait runs under."""
 
-    Rounded *up* to the millisecond, so the wait never ends before the deadline (D1.3).
-    """
-    left = remaining()
-    if left == math.inf:
-        return None
-    if socket_timeout is not None and socket_timeout <= left:
-        return None
-    return max(0.001, math.ceil(left * 1000) / 1000)
+    socket_timeout: float | None
+    _timebound_setup: bool = False
+
+    def _timebound_read(self) -> Attempt:
+        """The read's attempt: the connection's ``socket_timeout`` clamped by the deadline (the
+        handshake's replies bounded but not counted as the user's commands, D4.7).
+
+        Raises when the deadline passed after the command was sent: the caller closes the
+        connection, its reply still being due.
+        """
+        return begin(
+            self.socket_timeout,
+            _QUIET if self._timebound_setup else _READ,
+            AttemptTimeoutBase,
+            _TIMEOUTS,
+        )
 
 
-class DeadlineConnection(_GuardedRetry, redis.Connection):
+def _fail_fast() -> None:
+    """Raise before a send when the deadline has passed (counted; nothing is sent)."""
+    begin(None, _QUIET, AttemptTimeoutBase)
+
+
+def _wait(attempt: Attempt) -> float:
+    """The read timeout the deadline imposes: whole ms rounded up, never before the deadline."""
+    ms = attempt.clamped.ms
+    assert ms is not None
+    return ms / 1000
+
+
+class DeadlineConnection(_GuardedRetry, _ReadAttempt, redis.Connection):
     """A redis-py ``Connection`` that obeys the current deadline (TCP; ``redis://`` URLs).
 
     ``redis.Redis(connection_pool=redis.ConnectionPool(connection_class=DeadlineConnection,
@@ -119,8 +145,6 @@ class DeadlineConnection(_GuardedRetry, redis.Connection):
     A tighter ``socket_timeout`` stays in force and fails as redis-py does. Reads with an
     explicit timeout of their own (pub/sub ``get_message``) are left to the caller.
     """
-
-    _timebound_setup: bool = False
 
     def on_connect_check_health(self, check_health: bool = True) -> None:
         """redis-py's connection setup; its commands are bounded but not counted as the user's,
@@ -139,7 +163,7 @@ class DeadlineConnection(_GuardedRetry, redis.Connection):
 
     def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         """Send, unless the deadline has passed (then nothing is sent)."""
-        budget(None, what=_WHAT, client=_CLIENT)
+        _fail_fast()
         super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
 
     def read_response(
@@ -151,45 +175,48 @@ class DeadlineConnection(_GuardedRetry, redis.Connection):
         push_request: bool = False,
     ) -> Any:
         """Read a reply, waiting no longer than the deadline allows."""
-        wait = None if timeout is not _SENTINEL else _read_wait(self.socket_timeout)
-        if wait is None:
+        attempt = None
+        if timeout is _SENTINEL:
+            try:
+                attempt = self._timebound_read()
+            except DeadlineExceeded:
+                # Spent since the send: the reply is still due, so the connection is closed.
+                self.disconnect()  # type: ignore[no-untyped-call]
+                raise
+        if attempt is None or not attempt.lowered:
             return super().read_response(
                 disable_decoding,
                 timeout=timeout,
                 disconnect_on_error=disconnect_on_error,
                 push_request=push_request,
             )
-        if not self._timebound_setup:
-            updated(_CLIENT, math.ceil(wait * 1000))
         try:
-            return super().read_response(
-                disable_decoding,
-                timeout=wait,
-                disconnect_on_error=disconnect_on_error,
-                push_request=push_request,
-            )
-        except (redis.exceptions.TimeoutError, TimeoutError) as exc:
+            with attempt.boundary():
+                return super().read_response(
+                    disable_decoding,
+                    timeout=_wait(attempt),
+                    disconnect_on_error=disconnect_on_error,
+                    push_request=push_request,
+                )
+        except _TIMEOUTS:
             # The reply may still be on its way: this connection must never serve another
             # command (redis-py#2624, CVE-2023-28858). Closed here, reconnected on next use.
             self.disconnect()  # type: ignore[no-untyped-call]
-            if (err := spent(what=_WHAT, client=_CLIENT)) is not None:
-                raise err from exc
             raise
 
 
-class AsyncDeadlineConnection(_GuardedRetry, redis.asyncio.Connection):
+class AsyncDeadlineConnection(_GuardedRetry, _ReadAttempt, redis.asyncio.Connection):
     """The ``redis.asyncio`` twin of :class:`DeadlineConnection`.
 
     ``redis.asyncio.Redis(connection_pool=redis.asyncio.ConnectionPool(
     connection_class=AsyncDeadlineConnection, ...))`` or :func:`afrom_url`. The wait for a
     reply is bounded by lowering the read timeout, and a cancelling scope that fires at the
-    deadline does not interrupt the read: the read ends by itself at the same deadline (see
-    :func:`_finish_read`), so the command is never cancelled mid-flight by the deadline. After
-    any cancellation during a read the connection is closed: replies of the same batch may
-    still be due.
+    deadline does not interrupt the read: the read ends by itself at the same deadline (the
+    read runs as the one interruptible step of
+    :func:`~timebound.propagation._db_common.run_guarded`, like a PostgreSQL statement), so
+    the command is never cancelled mid-flight by the deadline. After any cancellation during a
+    read the connection is closed: replies of the same batch may still be due.
     """
-
-    _timebound_setup: bool = False
 
     async def on_connect_check_health(self, check_health: bool = True) -> None:
         """redis-py's connection setup; its commands are bounded but not counted as the user's,
@@ -206,7 +233,7 @@ class AsyncDeadlineConnection(_GuardedRetry, redis.asyncio.Connection):
 
     async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
         """Send, unless the deadline has passed (then nothing is sent)."""
-        budget(None, what=_WHAT, client=_CLIENT)
+        _fail_fast()
         await super().send_packed_command(command, check_health)
 
     async def read_response(
@@ -218,37 +245,41 @@ class AsyncDeadlineConnection(_GuardedRetry, redis.asyncio.Connection):
         push_request: bool | None = False,
     ) -> Any:
         """Read a reply, waiting no longer than the deadline allows."""
-        wait = None if timeout is not None else _read_wait(self.socket_timeout)
-        if wait is None:
+        attempt = None
+        if timeout is None:
+            try:
+                attempt = self._timebound_read()
+            except DeadlineExceeded:
+                # Spent since the send: the reply is still due, so the connection is closed.
+                await self.disconnect(nowait=True)
+                raise
+        if attempt is None or not attempt.lowered:
             return await super().read_response(
                 disable_decoding,
                 timeout,
                 disconnect_on_error=disconnect_on_error,
                 push_request=push_request,
             )
-        if not self._timebound_setup:
-            updated(_CLIENT, math.ceil(wait * 1000))
+
+        async def read() -> Any:
+            with attempt.boundary():
+                return await super(AsyncDeadlineConnection, self).read_response(
+                    disable_decoding,
+                    None,
+                    disconnect_on_error=disconnect_on_error,
+                    push_request=push_request,
+                )
+
         # An explicit ``timeout`` makes redis-py return None on expiry and keep the connection
         # (its pub/sub polling contract); the socket timeout path raises and disconnects, which
         # is what a command whose reply is still due needs.
         saved = self.socket_timeout
-        self.socket_timeout = wait
-        read = asyncio.ensure_future(
-            super().read_response(
-                disable_decoding,
-                None,
-                disconnect_on_error=disconnect_on_error,
-                push_request=push_request,
-            )
-        )
+        self.socket_timeout = _wait(attempt)
         try:
-            return await _finish_read(read)
-        except (redis.exceptions.TimeoutError, TimeoutError) as exc:
-            await self.disconnect(nowait=True)
-            if (err := spent(what=_WHAT, client=_CLIENT)) is not None:
-                raise err from exc
-            raise
-        except asyncio.CancelledError:
+            return await run_guarded(
+                lambda guard: guard.statement(read), attempt, grace=DEFAULT_GRACE
+            )
+        except (*_TIMEOUTS, asyncio.CancelledError):
             # Even when this reply was read in full, the command may be one of a batch (a
             # pipeline, the connection handshake) whose caller now stops reading: the replies
             # still due must never reach another command. Closed, as redis-py does.
@@ -256,33 +287,6 @@ class AsyncDeadlineConnection(_GuardedRetry, redis.asyncio.Connection):
             raise
         finally:
             self.socket_timeout = saved
-
-
-async def _finish_read(read: asyncio.Future[Any]) -> Any:
-    """Await a bounded reply read without letting the deadline cancel it mid-command (D4.8).
-
-    The read's own wait ends at the deadline (rounded up to the ms), so when a cancelling scope
-    (``fail_after`` …) fires at that deadline, the read is left to end by itself a moment later
-    — redis-py then closes the connection, or the reply arrived in time and was consumed — and
-    the scope's cancellation is re-raised untouched (D2.3). Any other cancellation (an explicit
-    ``task.cancel()`` before the deadline) interrupts the read at once: the caller is released
-    and redis-py closes the connection, the only safe way out of a command mid-flight.
-    """
-    try:
-        return await asyncio.shield(read)
-    except asyncio.CancelledError:
-        if read.done() or current_bound_error(_WHAT) is None:
-            read.cancel()
-            raise
-        spent(what=_WHAT, client=_CLIENT)
-        try:
-            await asyncio.wait([read])
-        except asyncio.CancelledError:
-            read.cancel()
-            raise
-        if not read.cancelled():
-            read.exception()  # retrieved: its reply or timeout no longer has a caller
-        raise
 
 
 def from_url(url: str, **kwargs: Any) -> redis.Redis:

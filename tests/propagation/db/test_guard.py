@@ -7,9 +7,15 @@ import asyncio
 import pytest
 
 import timebound as tb
-from timebound.propagation._db_common import Guard, run_guarded
+from timebound.propagation._client import Attempt, AttemptTimeoutBase, begin
+from timebound.propagation._db_common import Guard, options, run_guarded
 
 pytestmark = pytest.mark.asyncio_real
+
+
+def attempt() -> Attempt:
+    """A database call's attempt under the current deadline (none: unbounded)."""
+    return begin(None, options("test", "q"), AttemptTimeoutBase)
 
 
 class Steps:
@@ -43,7 +49,7 @@ async def test_plain_cancel_interrupts_the_statement_and_waits_for_the_cleanup()
     """``task.cancel()`` with time left interrupts the statement at once; the caller's
     CancelledError goes on only after the cleanup ran."""
     steps = Steps()
-    task = asyncio.ensure_future(run_guarded(steps.body, what="q", client="test", grace=5))
+    task = asyncio.ensure_future(run_guarded(steps.body, attempt(), grace=5))
     await steps.statement_started.wait()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -65,7 +71,7 @@ async def test_cancel_during_the_bookkeeping_skips_the_statement() -> None:
         finally:
             steps.log.append("end")
 
-    task = asyncio.ensure_future(run_guarded(body, what="q", client="test", grace=5))
+    task = asyncio.ensure_future(run_guarded(body, attempt(), grace=5))
     while steps.log != ["begin"]:
         await asyncio.sleep(0)
     task.cancel()
@@ -89,7 +95,7 @@ async def test_deadline_cancel_leaves_the_statement_to_end_by_itself() -> None:
     server = asyncio.ensure_future(answer_after_the_deadline())
     with pytest.raises(tb.DeadlineExceeded):
         async with tb.fail_after(0.05):
-            await run_guarded(steps.body, what="q", client="test", grace=30)
+            await run_guarded(steps.body, attempt(), grace=30)
     await server
     assert steps.log == ["begin", "statement", "end"]
 
@@ -100,5 +106,5 @@ async def test_deadline_cancel_interrupts_a_statement_that_never_ends_after_the_
     steps = Steps()
     with pytest.raises(tb.DeadlineExceeded):
         async with tb.fail_after(0.05):
-            await run_guarded(steps.body, what="q", client="test", grace=0.05)
+            await run_guarded(steps.body, attempt(), grace=0.05)
     assert steps.log == ["begin", "statement", "statement interrupted", "end"]

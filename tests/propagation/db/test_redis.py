@@ -14,7 +14,7 @@ from redis.backoff import AbstractBackoff, NoBackoff
 from redis.retry import Retry
 
 import timebound as tb
-from timebound.propagation import RequestState, _db_redis
+from timebound.propagation import RequestState, _db_common, _db_redis
 from timebound.propagation.redis import afrom_url, from_url
 from timebound.telemetry import counters
 
@@ -341,16 +341,18 @@ async def test_async_cancel_while_the_deadline_read_ends_interrupts_it(
     queue = unique("asecond")
     keys.append(queue)
     client = afrom_url(redis_url, socket_timeout=None)
-    spent = _db_redis.spent
+    settle = _db_common._settle
+    settling: list[bool] = []
 
-    def spent_then_cancelled(**kwargs: Any) -> Any:
+    async def cancelled_while_settling(*args: Any) -> None:
         # The deadline's cancel was just taken; the task's owner cancels it in the same moment.
+        settling.append(True)
         task = asyncio.current_task()
         assert task is not None
         task.cancel()
-        return spent(**kwargs)
+        await settle(*args)
 
-    monkeypatch.setattr(_db_redis, "spent", spent_then_cancelled)
+    monkeypatch.setattr(_db_common, "_settle", cancelled_while_settling)
 
     async def wait() -> Any:
         with tb.fail_after(0.2):
@@ -362,10 +364,11 @@ async def test_async_cancel_while_the_deadline_read_ends_interrupts_it(
         task = asyncio.ensure_future(wait())
         await asyncio.wait([task])
         assert task.cancelled()
+        assert settling == [True]  # the deadline's cancel was taken, then the owner's came
         # The read was stopped (cancelled, or its own wait ended in the same instant, since
         # it ends at the deadline too): it never completed with a reply nobody reads.
         assert len(seen) == 1 and seen[0] in {"CancelledError", "TimeoutError"}
-        monkeypatch.setattr(_db_redis, "spent", spent)
+        monkeypatch.setattr(_db_common, "_settle", settle)
         await client.rpush(queue, "late")
         assert await client.lpop(queue) == b"late"
     finally:
@@ -420,17 +423,17 @@ def _record_disconnects(monkeypatch: pytest.MonkeyPatch, cls: Any) -> list[bool]
 def _second_send_finds_the_deadline_spent(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the adapter's fail-fast check raise on the second command sent: in a fresh
     connection's handshake, after the first ``CLIENT SETINFO`` went out, before the second."""
-    real = _db_redis.budget
+    real = _db_redis._fail_fast
     calls = 0
 
-    def budget(*args: Any, **kwargs: Any) -> Any:
+    def fail_fast() -> None:
         nonlocal calls
         calls += 1
         if calls == 2:
             raise tb.DeadlineExceeded(source="inherited", what="redis command")
-        return real(*args, **kwargs)
+        real()
 
-    monkeypatch.setattr(_db_redis, "budget", budget)
+    monkeypatch.setattr(_db_redis, "_fail_fast", fail_fast)
 
 
 def test_handshake_cut_part_way_leaves_no_reply_for_the_next_command(
