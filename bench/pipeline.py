@@ -9,7 +9,8 @@ baseline in the same process, in the same run:
   staged columns back at commit, restore the snapshot at rollback). Target: <= 50 us, and flat
   in rows (the 10k figure within 1.5x of the 1k one).
 - ``dispatch``: a 20-task plan on 1,000 rows through ``Engine.run`` against calling the same
-  task functions in a plain loop (select the columns, call, keep the outputs). Target <= 1.3x.
+  task functions in a plain loop (select the columns, call, keep the outputs), in thread CPU
+  time. Target <= 1.3x.
 - ``ranking``: a 1,000-candidate, 20-node ranking plan (tasks, a timeout_wrapper, vm, filter,
   sort, take) end to end, p50 and p99 (reference, no target).
 """
@@ -78,31 +79,36 @@ def overlay_rows() -> list[Row]:
 
         def ours(finish: str, n: int = n, reps: int = reps, staged: Any = staged) -> Any:
             def run() -> float:
-                total = 0.0
+                # Stage every transaction first, then time only the commits (or rollbacks),
+                # back to back: one clock reading per batch, not per operation.
+                sets = []
                 for _ in range(reps):
                     rs = RowSet(_columns_cached[n].copy(), n)
                     rs.begin()
                     for k, v in staged.items():
                         rs.write(k, v)
-                    t0 = time.perf_counter()
-                    getattr(rs, finish)()
-                    total += time.perf_counter() - t0
-                return total
+                    sets.append(getattr(rs, finish))
+                t0 = time.perf_counter()
+                for op in sets:
+                    op()
+                return time.perf_counter() - t0
 
             return run
 
         def theirs(finish: str, n: int = n, reps: int = reps, staged: Any = staged) -> Any:
             def run() -> float:
-                total = 0.0
-                for _ in range(max(1, reps // 20)):
+                k = max(1, reps // 20)  # fewer repetitions (it is slow), same per-call scale
+                sets = []
+                for _ in range(k):
                     ov = DeepCopyOverlay(_columns_cached[n].copy())
                     ov.begin()
-                    for k, v in staged.items():
-                        ov.write(k, v)
-                    t0 = time.perf_counter()
-                    getattr(ov, finish)()
-                    total += time.perf_counter() - t0
-                return total * 20  # fewer repetitions (it is slow), same per-call scale
+                    for key, v in staged.items():
+                        ov.write(key, v)
+                    sets.append(getattr(ov, finish))
+                t0 = time.perf_counter()
+                for op in sets:
+                    op()
+                return (time.perf_counter() - t0) * reps / k
 
             return run
 
@@ -196,20 +202,22 @@ def dispatch_rows() -> list[Row]:
     loop = asyncio.new_event_loop()
     reps = 20 if QUICK else 200
 
+    # The plan is CPU-bound (sync tasks, no I/O): this thread's CPU time is what a caller pays,
+    # and unlike wall time it does not count the other processes of a shared machine.
     def run_engine() -> float:
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         for _ in range(reps):
             loop.run_until_complete(engine.run(artifact, table))
-        return time.perf_counter() - t0
+        return time.thread_time() - t0
 
     def run_plain() -> float:
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         for _ in range(reps):
             out: dict[str, pa.Array] = {}
             for fn in fns:
                 out.update(fn(None, table.select(["id"])))
             pa.table({"id": table.column("id"), **out})
-        return time.perf_counter() - t0
+        return time.thread_time() - t0
 
     try:
         times = interleave({"engine": run_engine, "plain": run_plain}, rounds=ROUNDS, n=reps)
@@ -218,7 +226,7 @@ def dispatch_rows() -> list[Row]:
     ratio = times["engine"] / times["plain"]
     return [
         Row(
-            f"pipeline.dispatch.{TASKS}_tasks_{ROWS}_rows",
+            f"pipeline.dispatch.{TASKS}_tasks_{ROWS}_rows.cpu",
             times["engine"] * US,
             "us",
             "the same task functions in a plain loop",
@@ -227,7 +235,7 @@ def dispatch_rows() -> list[Row]:
             ratio <= 1.3,
         ),
         Row(
-            "pipeline.dispatch.overhead_per_node",
+            "pipeline.dispatch.overhead_per_node.cpu",
             (times["engine"] - times["plain"]) / TASKS * US,
             "us",
         ),

@@ -172,3 +172,20 @@ def test_duration_rejects_a_non_ascii_unit() -> None:
     """A look-alike unit character is rejected like a foreign digit."""
     with pytest.raises(tb.ConfigurationError, match="only ASCII"):
         parse_duration("5\uff53")
+
+
+def test_fast_deadline_exceeded_equals_the_constructed_one() -> None:
+    """The scopes' fast error has the message, fields and pickling of the normal constructor."""
+    from timebound._core._errors import new_deadline_exceeded
+
+    fast = new_deadline_exceeded("scope deadline of 1s exceeded", "scope", 1.0, None)
+    slow = tb.DeadlineExceeded("scope deadline of 1s exceeded", source="scope", timeout=1.0)
+    for err in (fast, pickle.loads(pickle.dumps(fast))):
+        assert (str(err), err.args, err.source, err.timeout, err.deadline) == (
+            str(slow),
+            slow.args,
+            slow.source,
+            slow.timeout,
+            slow.deadline,
+        )
+        assert isinstance(err, TimeoutError)

@@ -70,3 +70,23 @@ async def test_detached_task_sees_no_deadline(virtual_clock: VirtualClock) -> No
         task = _scopes._spawn_detached(work(), eager=True)
     await task
     assert seen == [True]
+
+
+def test_finished_tasks_leave_at_most_the_scope_itself_to_the_cyclic_gc() -> None:
+    """Tasks whose scopes exited leave one cyclic object each (the scope), not their task."""
+
+    async def work() -> None:
+        async with tb.fail_after(10):
+            await asyncio.sleep(0)
+
+    async def main() -> None:
+        await asyncio.gather(*[work() for _ in range(200)])
+
+    gc.collect()
+    gc.disable()
+    try:
+        asyncio.run(main())
+        garbage = gc.collect()
+    finally:
+        gc.enable()
+    assert garbage <= 200 + 50  # one scope per task; a little of asyncio.run's own

@@ -24,7 +24,7 @@ def test_the_pipeline_benchmark_runs() -> None:
     for metric in (
         "pipeline.overlay.commit.1k_rows_x50_keys",
         "pipeline.overlay.rollback.10k_rows_x50_keys",
-        "pipeline.dispatch.20_tasks_1000_rows",
+        "pipeline.dispatch.20_tasks_1000_rows.cpu",
         "pipeline.ranking.",
     ):
         assert metric in done.stdout

@@ -143,7 +143,7 @@ def test_the_sample_plan_succeeds_in_time() -> None:
     }
     w = result.trace.wrappers["timeout_wrapper"]
     assert (w["timed_out"], w["chosen_branch"], w["fail_elapsed_ms"]) == (False, "success", None)
-    assert w["success_elapsed_ms"] == pytest.approx(1.0)
+    assert w["success_elapsed_ms"] == pytest.approx(2.0)  # two 1 ms steps, one after the other
 
 
 def test_the_sample_plan_times_out_and_falls_back() -> None:
@@ -673,3 +673,22 @@ def test_an_inner_wrapper_commits_into_the_outer_one() -> None:
     result = run(pl.Engine(reg), pl.compile(plan), sample.rows(2))
     assert result.rows.column("f_esr").to_pylist() == [0.25, 1.25]
     assert result.rows.column("score_model").to_pylist() == [0.0, 0.5]
+
+
+def test_branch_steps_run_in_order_and_plan_steps_by_their_data() -> None:
+    """Inside a wrapper branch the steps run one after the other (RFC 0002 v1); in the plan,
+    steps that touch different keys run together."""
+    reg = sample.make_registry(fetch_features=0.003, call_models=0.002)
+    plan = pl.Plan("order", registry=reg)
+    plan.task("fetch_features", stage="lsr").task("call_models")
+    plan.timeout_wrapper(
+        if_success=lambda c: c.task("fetch_features", stage="esr").task("call_models"),
+        if_fail=lambda c: c.fill_defaults(["f_esr", "score_model"]),
+        budget={"base_ms": 50, "per_row_us": 0, "min_ms": 1, "max_ms": 50},
+        on_timeout="fallback",
+    )
+    result = run(pl.Engine(reg), pl.compile(plan), sample.rows(2))
+    starts = {s["node_id"]: s["start_ms"] for s in result.trace.spans}
+    assert starts["task:fetch_features"] == starts["task:call_models"] == 0.0
+    assert starts["timeout_wrapper/success/task:fetch_features"] == pytest.approx(3.0)
+    assert starts["timeout_wrapper/success/task:call_models"] == pytest.approx(6.0)

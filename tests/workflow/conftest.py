@@ -55,3 +55,13 @@ def make_engine(store_url: str, request: pytest.FixtureRequest) -> Callable[...,
         return engine
 
     return make
+
+
+@pytest.fixture
+def pg_url(postgres_dsn: str) -> Iterator[str]:
+    """A PostgreSQL store URL in a fresh schema (for tests that are about many workers)."""
+    schema = f"tbwf_{uuid.uuid4().hex[:12]}"
+    try:
+        yield f"{postgres_dsn}?schema={schema}"
+    finally:
+        _drop_schema(postgres_dsn, schema)

@@ -251,11 +251,11 @@ def test_duplicate_node_ids_are_rejected() -> None:
     assert _error(data).path == "nodes[1].id"
 
 
-def test_deferred_kind_is_not_available_yet() -> None:
-    """The deferred action kind is reserved for the deferred-operations engine."""
+def test_deferred_kind_needs_a_handler_and_a_module() -> None:
+    """A deferred action names the handler that starts it and the connector module that polls it."""
     data = _with()
     data["actions"][0] = {"id": "act", "kind": "deferred", "implementation": {}}
-    assert _error(data).path == "actions[0].kind"
+    assert _error(data).path == "actions[0].implementation"
 
 
 def test_python_action_implementation_is_checked() -> None:

@@ -621,3 +621,13 @@ async def test_deeply_nested_input_is_a_clear_error(virtual_clock, make_engine) 
     async with make_engine(HANDLERS, definition([{"id": "A"}])) as engine:
         with pytest.raises(tb.ConfigurationError, match="must be JSON"):
             await engine.start("wf", deep)
+
+
+async def test_one_stored_version_never_names_two_bodies(virtual_clock, make_engine) -> None:
+    """A changed definition under a stored (id, version) is refused at start, naming version."""
+    async with make_engine(HANDLERS, definition([{"id": "A"}])) as engine:
+        await engine.wait(await engine.start("wf"))
+    changed = definition([{"id": "A", "timeout_ms": 5}])
+    async with make_engine(HANDLERS, changed) as engine:
+        with pytest.raises(wf.DefinitionError, match="already stored with a different body"):
+            await engine.start("wf")

@@ -4,27 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from timebound import workflow as wf
 
-from .conftest import _drop_schema
 from .test_engine import definition
 
 pytestmark = [pytest.mark.postgres, pytest.mark.asyncio_real]
-
-
-@pytest.fixture
-def pg_url(postgres_dsn: str) -> Iterator[str]:
-    schema = f"tbwf_{uuid.uuid4().hex[:12]}"
-    try:
-        yield f"{postgres_dsn}?schema={schema}"
-    finally:
-        _drop_schema(postgres_dsn, schema)
 
 
 def _fan(n: int, **node: Any) -> dict[str, Any]:

@@ -135,6 +135,25 @@ class DeadlineExceeded(TimeboundError, TimeoutError):
         )
 
 
+def new_deadline_exceeded(
+    message: str, source: str, timeout: float | None, deadline: Any
+) -> DeadlineExceeded:
+    """A DeadlineExceeded with fields already validated (the scopes' path at expiry).
+
+    The same object ``DeadlineExceeded(message, source=..., ...)`` builds, without the Python
+    ``__init__`` call chain: it runs for every firing deadline, between the timer and the caller.
+    """
+    err = _exception_new(DeadlineExceeded)
+    err.args = (message,)
+    err.source = source
+    err.timeout = timeout
+    err.deadline = deadline
+    return err
+
+
+_exception_new = DeadlineExceeded.__new__
+
+
 def _rebuild_deadline_exceeded(
     message: str, source: str, timeout: float | None, deadline: Any
 ) -> DeadlineExceeded:

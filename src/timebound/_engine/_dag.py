@@ -447,20 +447,31 @@ class DagPlan(Generic[_C]):
         sink(Event(kind, span.key, at, outcome, span.group, span.is_group))
 
     def _start(self, st: _Exec, i: int) -> None:
-        if st.spans is not None:
+        spans = st.spans
+        if spans is not None:
             now = _clock.now()
-            if self._kind[i] != _EXIT:
-                self._span(st, i).start = now
-            self._emit(st, "start", i, now)
+            if i < self._n_user:
+                spans[i].start = now
+            elif self._kind[i] == _ENTER:
+                spans[self._n_user + self._gof[i]].start = now
+            if st.sink is not None:
+                self._emit(st, "start", i, now)
 
     def _end(self, st: _Exec, i: int, outcome: str) -> None:
-        if st.spans is not None:
+        spans = st.spans
+        if spans is not None:
             now = _clock.now()
-            if self._kind[i] != _ENTER:
-                span = self._span(st, i)
+            if i < self._n_user:
+                span = spans[i]
+            elif self._kind[i] == _EXIT:
+                span = spans[self._n_user + self._gof[i]]
+            else:
+                span = None
+            if span is not None:
                 span.end = now
                 span.outcome = outcome
-            self._emit(st, "end", i, now, outcome)
+            if st.sink is not None:
+                self._emit(st, "end", i, now, outcome)
 
     def _complete(self, st: _Exec, i: int, poison: bool = False) -> None:
         remaining = st.remaining
@@ -526,7 +537,7 @@ class DagPlan(Generic[_C]):
             if kind == _ENTER:
                 return self._enter_group(st, ctx, i)
             return self._exit_group(st, ctx, i, None)
-        why = self._blocked(st, i)
+        why = self._blocked(st, i) if st.poisoned or self._chain[i] else None
         if why is not None:
             self._end(st, i, why)
             self._complete(st, i, poison=why == "skipped" and i in (st.poisoned or ()))

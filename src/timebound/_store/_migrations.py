@@ -101,6 +101,56 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             )""",
         ),
     ),
+    (
+        2,
+        (
+            # Deferred operations (D7): one row per operation, keyed by its operation/id. Private
+            # content (continuation, result) lives only in this row; history keeps digests.
+            """CREATE TABLE tb_deferred_ops (
+                id TEXT PRIMARY KEY,
+                kind TEXT NOT NULL,
+                module TEXT,
+                status TEXT NOT NULL,
+                created_ms {bigint} NOT NULL,
+                updated_ms {bigint} NOT NULL,
+                expires_ms {bigint} NOT NULL,
+                connector_updated_ms {bigint},
+                next_poll_ms {bigint},
+                retry_after_s INTEGER NOT NULL,
+                attempts INTEGER NOT NULL DEFAULT 0,
+                status_href TEXT,
+                cancel_href TEXT,
+                cancel_reason TEXT,
+                cancel_requested_ms {bigint},
+                correlation_id TEXT,
+                idem_digest TEXT UNIQUE,
+                request_digest TEXT,
+                continuation TEXT,
+                continuation_digest TEXT,
+                resumed_ms {bigint},
+                resume_error TEXT,
+                last_error_code TEXT,
+                error TEXT,
+                result TEXT,
+                result_digest TEXT,
+                late_result_digest TEXT,
+                status_digest TEXT,
+                retain_until_ms {bigint}
+            )""",
+            "CREATE INDEX tb_deferred_ops_poll ON tb_deferred_ops (next_poll_ms)",
+            "CREATE INDEX tb_deferred_ops_expiry ON tb_deferred_ops (status, expires_ms)",
+            "CREATE INDEX tb_deferred_ops_resume ON tb_deferred_ops (resumed_ms, status)",
+            """CREATE TABLE tb_deferred_history (
+                seq {serial},
+                op_id TEXT NOT NULL,
+                at_ms {bigint} NOT NULL,
+                status TEXT NOT NULL,
+                digest TEXT,
+                code TEXT
+            )""",
+            "CREATE INDEX tb_deferred_history_op ON tb_deferred_history (op_id, seq)",
+        ),
+    ),
 )
 
 

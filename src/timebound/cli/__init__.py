@@ -45,6 +45,7 @@ _COMMANDS: tuple[_Command, ...] = (
         "workflow", "timebound.cli._workflow", "validate and run durable workflows", "workflow"
     ),
     _Command("worker", "timebound.cli._workflow", "work on a workflow store's runs", "workflow"),
+    _Command("serve", "timebound.cli._host", "serve workflows: HTTP API, operator UI", "host"),
 )
 
 # Options whose value may start with "-" (a negative duration is a mistake worth a clear error,

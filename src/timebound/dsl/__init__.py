@@ -15,6 +15,7 @@ timebound's policies and deadlines.
 from __future__ import annotations
 
 from ._diagnostics import CODES, CompileError, Diagnostic, format_diagnostic, format_failure
+from ._ir import CallNode, CallOptions, ProgramIR
 from ._registry import ModuleRegistry, ModuleSpec
 from ._runtime import (
     Annotation,
@@ -36,6 +37,8 @@ __all__ = [
     "STRING",
     "Annotation",
     "AttemptTrace",
+    "CallNode",
+    "CallOptions",
     "CallSite",
     "CallTrace",
     "CompileError",
@@ -47,6 +50,7 @@ __all__ = [
     "ModuleSpec",
     "OptionalType",
     "Program",
+    "ProgramIR",
     "RecordType",
     "RunResult",
     "Type",

@@ -28,6 +28,7 @@ from ._forms import (
     _start,
     _to_async,
 )
+from ._ir import CallNode, CallOptions, ProgramIR
 from ._options import OPTIONS
 from ._registry import ModuleRegistry, ModuleSpec
 from ._runtime import (
@@ -122,6 +123,7 @@ class _Compiler(ExpressionForms):
         self.nodes: list[Node[_Run]] = []
         self.lazy: list[tuple[str, CompiledCall]] = []
         self.sites: dict[str, CallSite] = {}
+        self.calls: list[CallNode] = []  # the IR's module calls, in source order
         # Call nodes' actions for untraced runs (CompiledCall.fast_action), by node key.
         self.fast: dict[str, Callable[[_Run], Any]] = {}
         self.counter = 0
@@ -688,41 +690,56 @@ class _Compiler(ExpressionForms):
                     )
         result_type = spec.returns
         fallback = self.check_options(e, spec, result_type)
-        opts = e.options
-        on_error = opts["on_error"].value if "on_error" in opts else "propagate"
-        if on_error == "wrap":
+        options = CallOptions.of(e.options)
+        if options.on_error == "wrap":
             result_type = ResultType(spec.returns)
         deps = frozenset().union(*(a.deps for a in args))
         if fallback is not None:
             deps |= fallback.deps
-        site = CallSite(spec.name, e.module_pos[0], e.module_pos[1])
-        priority = int(opts["priority"].value) if "priority" in opts else 50
-        lazy = bool(opts["lazy"].value) if "lazy" in opts else False
+        self.check_shared_limits(spec.name, e)
+        node = CallNode(
+            key=key or self.new_key(),
+            module=spec.name,
+            site=CallSite(spec.name, e.module_pos[0], e.module_pos[1]),
+            params=tuple(a.type for a in args),
+            returns=result_type,
+            options=options,
+            deps=tuple(sorted(deps)),
+            placement=("thunk" if options.lazy else "node") if lifted else "inline",
+            positions={name: opt.value_pos for name, opt in e.options.items()},
+        )
+        self.calls.append(node)
+        return self.lower(node, spec, args, fallback, e.pos)
+
+    def lower(
+        self, node: CallNode, spec: ModuleSpec, args: list[CE], fallback: CE | None, pos: A.Pos
+    ) -> CE:
+        """Build the runnable call of a checked node: its policy, its compiled call, and its
+        place in the DAG (a node, a thunk, or a closure evaluated in place)."""
         cc = CompiledCall(
-            site=site,
+            node=node,
             fn=self._callable(spec),
             is_async=spec.is_async,
             args=[(a.is_async, a.fn, a.key) for a in args],
-            policy=self.policy(spec, e, fallback),
-            lazy=lazy and lifted,
-            priority=priority,
+            policy=self.policy(node, spec, fallback, pos),
         )
-        node_key = cc.key = key or self.new_key()
-        if not lifted:
-            return CE(result_type, cc.invoke, True, deps)
-        if lazy:
+        node_key = node.key
+        deps = frozenset(node.deps)
+        if node.placement == "inline":
+            return CE(node.returns, cc.invoke, True, deps)
+        if node.placement == "thunk":
             self.lazy.append((node_key, cc))
-            return CE(result_type, lazy_ref(node_key), True, deps)
-        node_deps = tuple(sorted(deps))
+            return CE(node.returns, lazy_ref(node_key), True, deps)
+        priority = node.options.priority
         if cc.sync_node:
-            node = Node(node_key, cc.call_now, node_deps, priority, False)
+            dag_node = Node(node_key, cc.call_now, node.deps, priority, False)
         else:
-            node = Node(node_key, cc.start, node_deps, priority, True)
-        self.nodes.append(node)
+            dag_node = Node(node_key, cc.start, node.deps, priority, True)
+        self.nodes.append(dag_node)
         self.fast[node_key] = cc.fast_action()
-        self.sites[node_key] = site
+        self.sites[node_key] = node.site
         return CE(
-            result_type, lambda run: run.env[node_key], False, frozenset({node_key}), node_key
+            node.returns, lambda run: run.env[node_key], False, frozenset({node_key}), node_key
         )
 
     @staticmethod
@@ -779,43 +796,42 @@ class _Compiler(ExpressionForms):
             )
         return fallback
 
-    def policy(self, spec: ModuleSpec, e: A.Call, fallback: CE | None) -> Any:
+    def policy(self, node: CallNode, spec: ModuleSpec, fallback: CE | None, pos: A.Pos) -> Any:
         """One Policy per call site, or None for a call without resilience options."""
-        opts = e.options
-        self.check_shared_limits(spec.name, e)
-        relevant = "fallback" in opts or any(OPTIONS[n].policy is not None for n in opts)
-        if not relevant or any(d.severity == "error" for d in self.diags):
+        options = node.options
+        needed = options.fallback or any(OPTIONS[n].policy is not None for n in options.declared)
+        if not needed or any(d.severity == "error" for d in self.diags):
             return None  # no policy needed (or the program will not compile anyway)
         from ..policies import Policy
 
+        # The options that map one-to-one, through the option table's converters.
         kwargs: dict[str, Any] = {"name": spec.name}
-        for name, option in opts.items():
+        for name in options.declared:
             to_policy = OPTIONS[name].policy
             if to_policy is not None:
-                kwargs[name] = to_policy(option.value)
+                kwargs[name] = to_policy(getattr(options, name))
         # The program's own limiters, shared by every call site of one module (D3.7).
         res = self.resources
-        if "throttle" in opts:
-            count, per = opts["throttle"].value[:2]
+        if options.throttle is not None:
+            count, per, _ = options.throttle
             kwargs["throttle"] = res.bucket(spec.name, count, per)
-        if "concurrency" in opts:
-            kwargs["concurrency"] = res.slots(spec.name, opts["concurrency"].value)
-        if "on_error" in opts:
+        if options.concurrency is not None:
+            kwargs["concurrency"] = res.slots(spec.name, options.concurrency)
+        if "on_error" in options.declared:
             kwargs["zero"] = zero_value(spec.returns)
         if fallback is not None:
             kwargs["fallback"] = _fallback_callable(fallback)
         try:
-            if "cache" in opts:
-                kwargs["cache_backend"] = res.cache(spec.name, kwargs.get("cache_backend"))
+            if options.cache is not None:
+                kwargs["cache_backend"] = res.cache(spec.name, options.cache_backend)
             else:
                 kwargs.pop("cache_backend", None)  # W004: no cache, no backend to look up
             return Policy(**kwargs)
         except ConfigurationError as exc:
             # Point at the option the policy refused (an unknown cache_backend...) when it
             # says which one; otherwise at the call.
-            opt = opts.get(getattr(exc, "option", None) or "")
-            pos = opt.value_pos if opt is not None else e.pos
-            self.error("E013", f"Invalid options for '{spec.name}': {exc}", pos)
+            where = node.positions.get(getattr(exc, "option", None) or "", pos)
+            self.error("E013", f"Invalid options for '{spec.name}': {exc}", where)
             return None
 
     def annotations(
@@ -977,4 +993,5 @@ def compile_program(
         source=source,
         examples=examples,
         annotations=annotations,
+        ir=ProgramIR(inputs=inputs, outputs=outputs, calls=tuple(c.calls)),
     )

@@ -1,6 +1,7 @@
 """The module-call options (``with timeout: 2s, retry: 3, ...``): one table, read by the parser
 (what each option's value looks like, which values are refused) and by the compiler (what the
-call site's :class:`~timebound.policies.Policy` receives).
+call site's :class:`~timebound.policies.Policy` receives). The value lists of ``backoff`` and
+``on_error`` are the policies' own, the duration units the core's: one definition each.
 """
 
 from __future__ import annotations
@@ -9,18 +10,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from .._core._durations import _UNITS_MS as DURATION_UNITS_MS
+from ..policies._options import BACKOFFS, ON_ERROR_MODES
+
 __all__ = [
     "BACKOFFS",
     "DURATION_UNITS_MS",
-    "ON_ERRORS",
+    "ON_ERROR_MODES",
     "OPTIONS",
     "OptionSpec",
     "PRIORITIES",
 ]
 
-DURATION_UNITS_MS: Final = {"ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
-BACKOFFS: Final = ("fixed", "linear", "exponential")
-ON_ERRORS: Final = ("propagate", "skip", "log", "wrap")
 PRIORITIES: Final = {"critical": 100, "high": 80, "normal": 50, "low": 20, "background": 0}
 
 
@@ -70,7 +71,7 @@ OPTIONS: Final[dict[str, OptionSpec]] = {
             policy=lambda value: value[2],
         ),
         OptionSpec("concurrency", "count", _COUNT, positive=True),
-        OptionSpec("on_error", "choice", "one of " + ", ".join(ON_ERRORS), ON_ERRORS),
+        OptionSpec("on_error", "choice", "one of " + ", ".join(ON_ERROR_MODES), ON_ERROR_MODES),
         OptionSpec("lazy", "flag", "true or false", policy=None),
         OptionSpec(
             "priority",

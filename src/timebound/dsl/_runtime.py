@@ -16,7 +16,7 @@ import math
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from .._core import _clock
 from .._core._classify import classify
@@ -27,6 +27,9 @@ from .._engine import DagPlan
 from ..telemetry import correlation
 from ._diagnostics import Diagnostic
 from ._types import Type, validate_value
+
+if TYPE_CHECKING:
+    from ._ir import CallNode, ProgramIR
 
 __all__ = ["Annotation", "CallSite", "CallTrace", "InputError", "Program", "RunResult"]
 
@@ -228,7 +231,9 @@ def _arg_builder(args: list[ArgSpec]) -> Callable[[_Run], tuple[Any, ...]] | Non
 
 
 class CompiledCall:
-    """One call site, compiled: argument closures, the function, its policy (or None)."""
+    """One call site, compiled from its IR node: argument closures, the function, its policy
+    (or None). Its trace records are the node's: identity, module, position, laziness and
+    priority."""
 
     __slots__ = (
         "_arg_fns",
@@ -246,15 +251,13 @@ class CompiledCall:
     def __init__(
         self,
         *,
-        site: CallSite,
+        node: CallNode,
         fn: Callable[..., Any],
         is_async: bool,
         args: list[ArgSpec],
         policy: Any,
-        lazy: bool,
-        priority: int,
     ) -> None:
-        self.site = site
+        self.site = node.site
         self.fn = fn
         self.is_async = is_async
         self._build = _arg_builder(args)
@@ -262,11 +265,10 @@ class CompiledCall:
         self._plain_keys: tuple[str, ...] | None = tuple(keys) if len(keys) == len(args) else None
         self._arg_fns = tuple((a, f) for a, f, _ in args)
         self.policy = policy
-        self.lazy = lazy
-        self.priority = priority
-        # The call's identity: its declaration and place there, or the binding's name for the
-        # call a binding is; stable across edits of other declarations (the trace's `node`).
-        self.key = ""
+        self.lazy = node.placement == "thunk"
+        self.priority = node.options.priority
+        # The call's identity, stable across edits of other declarations (the trace's `node`).
+        self.key = node.key
 
     async def _eval_args(self, run: _Run) -> tuple[Any, ...]:
         out = []
@@ -350,7 +352,7 @@ class CompiledCall:
             t,
             priority=self.priority,
             _t0=run.t0,
-            node=self.key or None,
+            node=self.key,
         )
         rec.attempts = 1
         rec.attempt_log.append(AttemptTrace(t))
@@ -379,7 +381,7 @@ class CompiledCall:
             lazy=self.lazy,
             priority=self.priority,
             _t0=run.t0,
-            node=self.key or None,
+            node=self.key,
         )
         assert run.trace is not None
         run.trace.append(rec)
@@ -534,6 +536,7 @@ class Program:
         source: str,
         examples: dict[str, Any] | None = None,
         annotations: dict[str, tuple[Annotation, ...]] | None = None,
+        ir: ProgramIR,
     ) -> None:
         self.inputs = inputs
         self.outputs = outputs
@@ -541,6 +544,9 @@ class Program:
         self.source = source
         self.examples: dict[str, Any] = examples or {}
         self.annotations: dict[str, tuple[Annotation, ...]] = annotations or {}
+        #: The checked program's typed representation: its module calls, their types and
+        #: options (see ``timebound.dsl.ProgramIR``).
+        self.ir = ir
         self._plan = plan
         self._fast_plan = fast_plan
         self._lazy = lazy

@@ -1,7 +1,8 @@
 """The pipeline engine: runs a validated artifact on the shared DAG executor.
 
-Each chain becomes executor nodes whose dependencies follow the data (a node waits for the
-nodes that write what it reads or writes, and for every rowset-changing op); each
+The plan's chain becomes executor nodes whose dependencies follow the data (a node waits for
+the nodes that write what it reads or writes, and for every rowset-changing op); a wrapper
+branch runs its steps in order; each
 ``timeout_wrapper`` becomes an executor group that owns the region deadline (source
 ``region``), opens a copy-on-write overlay when it is entered, commits it when every member
 finished in time, and on its own timeout rolls back and fails the plan or runs the fail branch
@@ -184,7 +185,8 @@ class Engine:
         except Exception as exc:
             _locate(exc, compiled.meta)
             raise
-        keys = [k for k in self.registry.keys if rowset.has(k)]
+        present = set(rowset.keys())
+        keys = [k for k in self.registry.keys if k in present]
         return Result(rowset.table(keys), trace)
 
     def run_sync(
@@ -309,13 +311,18 @@ class _Builder:
             key = prefix + node["node_id"]
             reads, writes = self._effects(node)
             deps: list[str] = []
-            for j in range(len(keys) - 1, -1, -1):
-                r, w = effects[j]
-                if w is None or writes is None or w & (reads | writes) or r & writes:
-                    deps.append(keys[j])
-                    if w is None:
-                        break  # a barrier: everything before it is already behind it
-            deps.reverse()
+            if parent is not None:
+                # A wrapper branch runs its steps in order (RFC 0002 §5.3: sequential branch
+                # execution; region-local parallelism is the RFC's open question OQ3).
+                deps = keys[-1:]
+            else:
+                for j in range(len(keys) - 1, -1, -1):
+                    r, w = effects[j]
+                    if w is None or writes is None or w & (reads | writes) or r & writes:
+                        deps.append(keys[j])
+                        if w is None:
+                            break  # a barrier: everything before it is already behind it
+                deps.reverse()
             self.meta[key] = {
                 "op": node["op"],
                 "name": node["params"].get("name", node["op"])
@@ -623,10 +630,6 @@ def _task_action(
     return sync_action, False
 
 
-def _same_keys(out: Mapping[Any, Any], keys: frozenset[str]) -> bool:
-    return len(out) == len(keys) and all(k in out for k in keys)
-
-
 def _apply(
     registry: Registry,
     task: TaskSpec,
@@ -646,7 +649,7 @@ def _apply(
     if declared is None:
         writes = evaluate(task.writes, params)
         declared = writes.keys if writes.kind == "exact" else None
-    if declared is not None and not _same_keys(out, declared):
+    if declared is not None and out.keys() != declared:
         for k in sorted(declared - set(out)):
             raise TaskError(f"task {name!r} did not return key {k!r}", task=name, key=k)
         for k in sorted(set(out) - declared, key=str):
@@ -672,7 +675,7 @@ def _apply(
             raise TaskError(
                 f"task {name!r}, key {k!r}: {len(column)} values for {n} rows", task=name, key=k
             )
-        if column.type != kdef.type:
+        if not column.type.equals(kdef.type):
             raise TaskError(
                 f"task {name!r}, key {k!r}: column is {column.type}, the key holds {kdef.type}",
                 task=name,

@@ -27,8 +27,9 @@ __all__ = [
 #: Marks "no fallback configured" (``None`` is a legitimate fallback value).
 MISSING: Final[Any] = type("_Missing", (), {"__repr__": lambda self: "MISSING"})()
 
-BACKOFFS: Final = frozenset({"fixed", "linear", "exponential"})
-ON_ERROR_MODES: Final = frozenset({"propagate", "skip", "log", "wrap"})
+# Ordered as the docs list them: the Constellation option table reads them for its messages.
+BACKOFFS: Final = ("fixed", "linear", "exponential")
+ON_ERROR_MODES: Final = ("propagate", "skip", "log", "wrap")
 
 _OptFloat = TypeVar("_OptFloat", bound=float | None)
 

@@ -59,7 +59,7 @@ from .._core._scopes import (
 )
 from ..telemetry._events import counters, emit, enabled
 from . import _config
-from ._codec import EXPIRED_HEADER, TIMEOUT_HEADER
+from ._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER, format_absolute_us
 from ._state import ClampedTimeout, RequestState, _request, clamp_timeout
 
 __all__ = [
@@ -120,6 +120,8 @@ class ClientOptions:
 
     propagate_header: bool = True
     timeout_header: str = TIMEOUT_HEADER
+    #: The absolute deadline header sent beside the relative one (D9.3); ``None``: not sent.
+    absolute_header: str | None = ABSOLUTE_HEADER
     expired_header: str = EXPIRED_HEADER
     what: str = "http request"
     report: Report = field(default_factory=lambda: CounterReport(COMPONENT))
@@ -181,6 +183,17 @@ class Attempt:
     timeouts: tuple[type[BaseException], ...]
     #: The request being handled when the attempt began (``None`` outside a server adapter).
     state: RequestState | None
+    #: The absolute deadline header's value (``None``: send none), beside ``header_value``.
+    absolute_value: str | None = None
+
+    def headers(self) -> list[tuple[str, str]]:
+        """The deadline headers to send with this attempt (none when propagation is off)."""
+        out: list[tuple[str, str]] = []
+        if self.header_value is not None:
+            out.append((self.options.timeout_header, self.header_value))
+            if self.absolute_value is not None and self.options.absolute_header:
+                out.append((self.options.absolute_header, self.absolute_value))
+        return out
 
     @property
     def lowered(self) -> bool:
@@ -310,11 +323,25 @@ def begin(
     else:
         end = _clock.now() + seconds
     header_value: str | None = None
+    absolute_value: str | None = None
     if seconds is not None and options.propagate_header and _config.is_enabled():
         header_value = str(clamped.ms)
+        if options.absolute_header and end is not None:
+            # The end on the system clock: counts the transit the relative header cannot.
+            absolute_value = format_absolute_us(_clock.wall() + (end - _clock.now()))
     if clamped.lowered:
         source = current_bound_source() or "scope"
         options.report.lowered(clamped.ms)
     else:
         source = "attempt"
-    return Attempt(clamped, end, source, header_value, options, make, timeouts, _request.get())
+    return Attempt(
+        clamped,
+        end,
+        source,
+        header_value,
+        options,
+        make,
+        timeouts,
+        _request.get(),
+        absolute_value,
+    )

@@ -12,6 +12,10 @@ Formats
 ``grpc-timeout`` (gRPC over HTTP/2)
     1 to 8 ASCII digits and one unit: ``H`` hours, ``M`` minutes, ``S`` seconds, ``m`` ms,
     ``u`` µs, ``n`` ns. ``0<unit>`` means already expired.
+``X-Request-Deadline`` (newer userver, D9.3)
+    The absolute deadline in whole microseconds of the Unix epoch (system clock), ASCII digits
+    only. It counts the time in transit, which the relative header cannot; the server takes it
+    only where it agrees with the relative one within the configured clock skew.
 ``x-envoy-expected-rq-timeout-ms`` (Envoy)
     Decimal milliseconds like userver's header, but ``0`` means *infinite* in Envoy, so it gives
     no deadline here.
@@ -34,6 +38,7 @@ from typing import Final
 from .._core import _clock
 
 __all__ = [
+    "ABSOLUTE_HEADER",
     "ENVOY_TIMEOUT_HEADER",
     "EXPIRED_BODY",
     "EXPIRED_HEADER",
@@ -41,11 +46,14 @@ __all__ = [
     "TIMEOUT_HEADER",
     "HeaderNames",
     "ReceivedTimeout",
+    "format_absolute_us",
     "format_grpc_timeout",
     "format_timeout_ms",
+    "parse_absolute_us",
     "parse_envoy_timeout",
     "parse_grpc_timeout",
     "parse_timeout_ms",
+    "read_absolute",
     "read_timeout",
 ]
 
@@ -55,6 +63,7 @@ TIMEOUT_HEADER: Final = "X-YaTaxi-Client-TimeoutMs"
 EXPIRED_HEADER: Final = "X-YaTaxi-Deadline-Expired"
 GRPC_TIMEOUT_HEADER: Final = "grpc-timeout"
 ENVOY_TIMEOUT_HEADER: Final = "x-envoy-expected-rq-timeout-ms"
+ABSOLUTE_HEADER: Final = "X-Request-Deadline"
 EXPIRED_BODY: Final = b"Deadline expired"
 
 #: Values at or above this are not deadlines (D4.1): "10 years" is userver's cut-off.
@@ -65,6 +74,7 @@ _OWS: Final = " \t"
 # fullmatch + ASCII classes: ``\d`` and ``int()`` accept Unicode digits ("٣"), ``$`` accepts a
 # trailing newline; neither is a valid wire value.
 _MS_RE: Final = re.compile(r"(\+?)([0-9]+)|-(0+)", re.ASCII)
+_US_RE: Final = re.compile(r"[0-9]{1,19}", re.ASCII)
 _GRPC_RE: Final = re.compile(r"([0-9]{1,8})([HMSmun])", re.ASCII)
 _GRPC_UNITS: Final = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 
@@ -116,6 +126,13 @@ def _parse_ms(text: str) -> float | _Invalid | None:
     if seconds >= MAX_TIMEOUT_SECONDS:
         return None
     return seconds
+
+
+def _parse_us(text: str) -> float | _Invalid | None:
+    """Epoch microseconds as epoch seconds (an absolute instant, not a duration)."""
+    if _US_RE.fullmatch(text) is None:
+        return INVALID
+    return int(text) / 1e6
 
 
 def _parse_envoy(text: str) -> float | _Invalid | None:
@@ -183,6 +200,18 @@ def parse_grpc_timeout(value: str | bytes, *, header: str = GRPC_TIMEOUT_HEADER)
     return _read((value,), _parse_grpc, header)
 
 
+def parse_absolute_us(value: str | bytes, *, header: str = ABSOLUTE_HEADER) -> float | None:
+    """Epoch seconds carried by an ``X-Request-Deadline`` value (whole microseconds); ``None``
+    when invalid (with a rate-limited warning). A comma-joined value gives its minimum."""
+    return _read((value,), _parse_us, header)
+
+
+def format_absolute_us(epoch_seconds: float) -> str:
+    """The ``X-Request-Deadline`` value for an instant: whole microseconds, rounded up, so the
+    callee never sees an earlier deadline than ours (as D4.3 rounds the relative header)."""
+    return str(max(0, math.ceil(round(epoch_seconds * 1e6, 3))))
+
+
 def _printable(value: str | bytes) -> str:
     if isinstance(value, bytes):
         return value.decode("latin-1")
@@ -215,6 +244,7 @@ class HeaderNames:
     expired: str = EXPIRED_HEADER
     grpc_timeout: str | None = GRPC_TIMEOUT_HEADER
     envoy_timeout: str | None = ENVOY_TIMEOUT_HEADER
+    absolute: str | None = ABSOLUTE_HEADER
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,3 +283,14 @@ def read_timeout(
         if seconds is not None and (best is None or seconds < best):
             best = seconds
     return None if best is None else ReceivedTimeout(best)
+
+
+def read_absolute(
+    headers: Iterable[tuple[str, str | bytes]], names: HeaderNames = HeaderNames()
+) -> float | None:
+    """The absolute deadline (epoch seconds) in ``headers`` (lower-case names), or ``None``."""
+    if not names.absolute:
+        return None
+    name = names.absolute.lower()
+    lines = [value for key, value in headers if key == name]
+    return _read(lines, _parse_us, names.absolute) if lines else None

@@ -19,11 +19,20 @@ from .._core._deadline import Deadline
 from .._core._errors import ConfigurationError, DeadlineExceeded
 from ..telemetry._events import counters, emit, enabled
 from . import _config
-from ._codec import EXPIRED_BODY, HeaderNames, read_timeout
+from ._codec import (
+    ABSOLUTE_HEADER,
+    EXPIRED_BODY,
+    MAX_TIMEOUT_SECONDS,
+    HeaderNames,
+    ReceivedTimeout,
+    read_absolute,
+    read_timeout,
+)
 from ._state import RequestState
 
 __all__ = [
     "COMPONENT",
+    "DEFAULT_SKEW",
     "ExpiredAnswers",
     "Arrival",
     "ServerConfig",
@@ -35,6 +44,8 @@ __all__ = [
 ]
 
 COMPONENT = "http-server"
+#: Default tolerance (seconds) between the absolute and the relative deadline (D9.3).
+DEFAULT_SKEW = 1.0
 
 logger = logging.getLogger("timebound.propagation")
 
@@ -46,6 +57,8 @@ class ServerConfig:
     names: HeaderNames
     expired_status: int
     enabled: bool
+    #: How far the absolute deadline may disagree with the relative one and still count (D9.3).
+    skew: float = DEFAULT_SKEW
 
     @classmethod
     def build(
@@ -57,6 +70,8 @@ class ServerConfig:
         grpc_timeout_header: str | None,
         envoy_timeout_header: str | None,
         enabled: bool,
+        absolute_header: str | None = ABSOLUTE_HEADER,
+        clock_skew: float = DEFAULT_SKEW,
     ) -> ServerConfig:
         if not isinstance(expired_status, int) or not 400 <= expired_status <= 599:
             # userver: the marker "must follow an HTTP status code in the range 400-599".
@@ -70,13 +85,28 @@ class ServerConfig:
         ):
             if not value or not isinstance(value, str):
                 raise ConfigurationError(f"{option} must be a header name", option=option)
+        if (
+            isinstance(clock_skew, bool)
+            or not isinstance(clock_skew, int | float)
+            or not 0 <= clock_skew < math.inf
+        ):
+            raise ConfigurationError(
+                f"clock_skew must be a finite number of seconds >= 0, not {clock_skew!r}",
+                option="clock_skew",
+            )
         names = HeaderNames(
             timeout=timeout_header,
             expired=expired_header,
             grpc_timeout=grpc_timeout_header or None,
             envoy_timeout=envoy_timeout_header or None,
+            absolute=absolute_header or None,
         )
-        return cls(names=names, expired_status=expired_status, enabled=bool(enabled))
+        return cls(
+            names=names,
+            expired_status=expired_status,
+            enabled=bool(enabled),
+            skew=float(clock_skew),
+        )
 
     def active(self) -> bool:
         """Both the middleware's static switch and the process-wide runtime switch are on."""
@@ -98,10 +128,34 @@ class Arrival:
 
 
 def arrive(
-    headers: Iterable[tuple[str, str | bytes]], names: HeaderNames, start: float
+    headers: Iterable[tuple[str, str | bytes]],
+    names: HeaderNames,
+    start: float,
+    skew: float = DEFAULT_SKEW,
 ) -> Arrival | None:
-    """Read the deadline headers of a request first seen at ``start`` (D4.2); ``None`` if none."""
+    """Read the deadline headers of a request first seen at ``start`` (D4.2); ``None`` if none.
+
+    The absolute ``X-Request-Deadline`` counts beside the relative headers (D9.3): the effective
+    deadline is the minimum, but an absolute one further than ``skew`` seconds from the relative
+    one says the clocks disagree, and is ignored and counted (``absolute-deadline-ignored``).
+    Alone, it is taken as it is.
+    """
+    headers = list(headers)
     received = read_timeout(headers, names)
+    absolute = read_absolute(headers, names)
+    if absolute is not None:
+        # Our wall clock read once: the absolute deadline as time left from ``start``.
+        # The disagreement is measured before clamping: a deadline 3 s in our past is 3 s off.
+        raw = absolute - _clock.wall()
+        left = max(0.0, raw)
+        if left >= MAX_TIMEOUT_SECONDS:
+            pass  # 10 years or more is no deadline, as for the relative headers (D4.1)
+        elif received is None:
+            received = ReceivedTimeout(left)
+        elif abs(raw - received.seconds) > skew:
+            counters.inc("absolute-deadline-ignored", component=COMPONENT)
+        elif left < received.seconds:
+            received = ReceivedTimeout(left)
     if received is None:
         return None
     ms = received.ms

@@ -32,7 +32,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from .._core._durations import Duration, to_seconds
 from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin
-from ._codec import EXPIRED_HEADER, TIMEOUT_HEADER
+from ._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER
 
 __all__ = ["AttemptTimeout", "DeadlineMiddleware"]
 
@@ -57,6 +57,7 @@ class DeadlineMiddleware:
         timeout: Duration | None = None,
         propagate_header: bool = True,
         timeout_header: str = TIMEOUT_HEADER,
+        absolute_header: str | None = ABSOLUTE_HEADER,
         expired_header: str = EXPIRED_HEADER,
         what: str = "http request",
     ) -> None:
@@ -64,6 +65,7 @@ class DeadlineMiddleware:
         self._options = ClientOptions(
             propagate_header=propagate_header,
             timeout_header=timeout_header,
+            absolute_header=absolute_header,
             expired_header=expired_header,
             what=what,
         )
@@ -80,8 +82,8 @@ class DeadlineMiddleware:
         self, request: aiohttp.ClientRequest, handler: Any
     ) -> aiohttp.ClientResponse:
         attempt = begin(self._static(request), self._options, AttemptTimeout, _TIMEOUTS)
-        if attempt.header_value is not None:
-            request.headers[self._options.timeout_header] = attempt.header_value
+        for name, value in attempt.headers():
+            request.headers[name] = value
         if attempt.end is None:
             response: aiohttp.ClientResponse = await handler(request)
             return response

@@ -34,7 +34,10 @@ from typing import Any
 
 from .._core._scopes import inherit_deadline, move_on_at
 from ..telemetry import correlation
+from ._admission import Admission, Outcome, Ticket
+from ._admitting import OVERLOADED_BODY, OVERLOADED_STATUS, criticality, enter_async
 from ._codec import (
+    ABSOLUTE_HEADER,
     ENVOY_TIMEOUT_HEADER,
     EXPIRED_BODY,
     EXPIRED_HEADER,
@@ -42,6 +45,7 @@ from ._codec import (
     TIMEOUT_HEADER,
 )
 from ._server import (
+    DEFAULT_SKEW,
     Arrival,
     ExpiredAnswers,
     ServerConfig,
@@ -53,7 +57,7 @@ from ._server import (
 )
 from ._state import RequestState, _request
 
-__all__ = ["DeadlineMiddleware"]
+__all__ = ["AdmissionMiddleware", "DeadlineMiddleware"]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -68,6 +72,9 @@ class DeadlineMiddleware:
     ``expired_status``: status of the "Deadline expired" answer (498, or e.g. 504 for
     environments that reject unknown codes). Header names are configurable; pass ``None`` for
     ``grpc_timeout_header``/``envoy_timeout_header`` to ignore those headers.
+    ``absolute_header`` (``X-Request-Deadline``, ``None`` to ignore it) and ``clock_skew``
+    (seconds, default 1): the absolute deadline counts when it agrees with the relative one
+    within the skew (D9.3).
     ``cancel_on_expiry``: cancel the handler at the deadline and answer 498 (off by default, as in
     userver). ``enabled=False`` is the static kill switch;
     :func:`timebound.propagation.set_enabled` is the runtime one.
@@ -82,6 +89,8 @@ class DeadlineMiddleware:
         expired_header: str = EXPIRED_HEADER,
         grpc_timeout_header: str | None = GRPC_TIMEOUT_HEADER,
         envoy_timeout_header: str | None = ENVOY_TIMEOUT_HEADER,
+        absolute_header: str | None = ABSOLUTE_HEADER,
+        clock_skew: float = DEFAULT_SKEW,
         cancel_on_expiry: bool = False,
         enabled: bool = True,
     ) -> None:
@@ -93,13 +102,15 @@ class DeadlineMiddleware:
             grpc_timeout_header=grpc_timeout_header,
             envoy_timeout_header=envoy_timeout_header,
             enabled=enabled,
+            absolute_header=absolute_header,
+            clock_skew=clock_skew,
         )
         self.cancel_on_expiry = bool(cancel_on_expiry)
         self._answers = ExpiredAnswers(self._config.expired_status)
         names = self._config.names
         self._wanted = frozenset(
             n.lower().encode("latin-1")
-            for n in (names.timeout, names.grpc_timeout, names.envoy_timeout)
+            for n in (names.timeout, names.grpc_timeout, names.envoy_timeout, names.absolute)
             if n
         )
         self._expired_start: Message = {
@@ -128,7 +139,7 @@ class DeadlineMiddleware:
             for k, v in scope.get("headers", ())
             if k.lower() in wanted
         ]
-        arrival = arrive(found, self._config.names, start) if found else None
+        arrival = arrive(found, self._config.names, start, self._config.skew) if found else None
         if arrival is None:
             await self.app(scope, receive, send)
             return
@@ -254,3 +265,86 @@ class _HeldResponse:
             # The app sent nothing and the deadline passed (e.g. it swallowed a cancellation).
             await self._mw._send_expired(self._send)
             self._mw._expired_answer(self._scope, state, None)
+
+
+class AdmissionMiddleware(DeadlineMiddleware):
+    """:class:`DeadlineMiddleware` with deadline-aware admission control in front of the app (D9).
+
+    A request is admitted under the concurrency limit, waits in a bounded queue, or is answered
+    at once without running the app: ``498`` + ``X-YaTaxi-Deadline-Expired: 1`` when its own
+    deadline makes it hopeless, ``503`` + ``Retry-After`` when the server sheds load (D9.1). The
+    deadline still counts from the moment the request arrived, so queueing spends it (D4.2).
+
+    ``admission``: the :class:`~timebound.propagation.admission.Admission` this app owns (a new
+    one with safe defaults if omitted). ``critical_header``: a request header whose value
+    ``critical`` lets a request in before the others (off by default: set it only where a trusted
+    proxy sets or strips it). ``route``: the key of the per-route service-time estimate (method
+    and path by default; give a function returning the route *template* when paths carry ids).
+    Every other option is :class:`DeadlineMiddleware`'s.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        admission: Admission | None = None,
+        *,
+        critical_header: str | None = None,
+        route: Callable[[Scope], str] | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(app, **options)
+        self.admission = Admission() if admission is None else admission
+        self._critical = critical_header.lower().encode("latin-1") if critical_header else None
+        self._route = route
+        body = OVERLOADED_BODY
+        self._overloaded_start: Message = {
+            "type": "http.response.start",
+            "status": OVERLOADED_STATUS,
+            "headers": [
+                (b"content-type", b"text/plain; charset=utf-8"),
+                (b"content-length", str(len(body)).encode("latin-1")),
+                (b"retry-after", str(self.admission.config.retry_after).encode("latin-1")),
+            ],
+        }
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
+        start = now()  # D4.2: queueing spends the request's deadline.
+        wanted = self._wanted
+        found: list[tuple[str, bytes]] = []
+        critical = False
+        for k, v in scope.get("headers", ()):
+            key = k.lower()
+            if key in wanted:
+                found.append((key.decode("latin-1"), v))
+            elif key == self._critical:
+                critical = criticality(v)
+        arrival = arrive(found, self._config.names, start, self._config.skew) if found else None
+        if arrival is not None and arrival.deadline.expired:
+            self._expired_answer(scope, arrival.state, None)
+            await self._send_expired(send)
+            return
+        route = (
+            self._route(scope)
+            if self._route is not None
+            else f"{scope.get('method', '')} {scope.get('path', '')}"
+        )
+        ticket = Ticket(
+            route, None if arrival is None else arrival.deadline.when, critical=critical
+        )
+        outcome = await enter_async(self.admission, ticket)
+        if outcome is Outcome.HOPELESS and arrival is not None:
+            self._expired_answer(scope, arrival.state, None)
+            await self._send_expired(send)
+            return
+        if outcome is not Outcome.ADMIT:
+            await send(dict(self._overloaded_start))
+            await send({"type": "http.response.body", "body": OVERLOADED_BODY, "more_body": False})
+            return
+        try:
+            if arrival is None:
+                await self.app(scope, receive, send)
+            else:
+                await self._handle(arrival, scope, receive, send)
+        finally:
+            late = arrival is not None and arrival.late()
+            self.admission.release(ticket, now(), late=late)

@@ -10,6 +10,7 @@ See ``docs/propagation-grpc.md``. Needs ``pip install 'timebound[grpc]'``.
 
 from __future__ import annotations
 
+from ._grpc_admission import OVERLOADED_DETAILS, admission_interceptor, aio_admission_interceptor
 from ._grpc_interceptors import (
     EXPIRED_DETAILS,
     AioPropagatedDeadlineExceeded,
@@ -24,6 +25,9 @@ from ._grpc_interceptors import (
 __all__ = [
     "AioPropagatedDeadlineExceeded",
     "EXPIRED_DETAILS",
+    "OVERLOADED_DETAILS",
+    "admission_interceptor",
+    "aio_admission_interceptor",
     "PropagatedDeadlineExceeded",
     "aio_client_interceptor",
     "aio_client_interceptors",

@@ -54,7 +54,7 @@ from .._core._deadline import Deadline
 from .._core._durations import Duration, to_seconds
 from .._core._scopes import _clean_context, _spawn_detached, move_on_at, spawn_background
 from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin
-from ._codec import EXPIRED_HEADER, TIMEOUT_HEADER
+from ._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER
 
 __all__ = ["AsyncDeadlineTransport", "AttemptTimeout", "DeadlineTransport"]
 
@@ -114,8 +114,8 @@ def _prepare(
 ) -> None:
     """Write the header and lower the phase timeouts: connect, read and write to at most
     ``phases_to``, the pool wait to at most ``pool_to`` (``None``: leave it)."""
-    if attempt.header_value is not None:
-        request.headers[attempt.options.timeout_header] = attempt.header_value
+    for name, header in attempt.headers():
+        request.headers[name] = header
     phases = dict(request.extensions.get("timeout") or {})
     for phase in _PHASES:
         limit = pool_to if phase == "pool" else phases_to
@@ -132,6 +132,7 @@ class _Base:
         timeout: Duration | None,
         propagate_header: bool,
         timeout_header: str,
+        absolute_header: str | None,
         expired_header: str,
         what: str,
     ) -> None:
@@ -139,6 +140,7 @@ class _Base:
         self._options = ClientOptions(
             propagate_header=propagate_header,
             timeout_header=timeout_header,
+            absolute_header=absolute_header,
             expired_header=expired_header,
             what=what,
         )
@@ -158,6 +160,8 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
     ``inner`` defaults to ``httpx.HTTPTransport()``. ``timeout``: a total for each attempt
     (seconds, timedelta or ``"5s"``). ``propagate_header=False`` keeps clamping but sends no
     ``X-YaTaxi-Client-TimeoutMs`` (userver's ``set-deadline-propagation-header: false``).
+    ``absolute_header``: the absolute deadline header sent beside it (``X-Request-Deadline``,
+    epoch microseconds, D9.3); ``None`` for peers that do not know it.
     """
 
     def __init__(
@@ -167,6 +171,7 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
         timeout: Duration | None = None,
         propagate_header: bool = True,
         timeout_header: str = TIMEOUT_HEADER,
+        absolute_header: str | None = ABSOLUTE_HEADER,
         expired_header: str = EXPIRED_HEADER,
         what: str = "http request",
     ) -> None:
@@ -174,6 +179,7 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
             timeout=timeout,
             propagate_header=propagate_header,
             timeout_header=timeout_header,
+            absolute_header=absolute_header,
             expired_header=expired_header,
             what=what,
         )
@@ -278,6 +284,7 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
         timeout: Duration | None = None,
         propagate_header: bool = True,
         timeout_header: str = TIMEOUT_HEADER,
+        absolute_header: str | None = ABSOLUTE_HEADER,
         expired_header: str = EXPIRED_HEADER,
         what: str = "http request",
         save_connections: bool = True,
@@ -286,6 +293,7 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
             timeout=timeout,
             propagate_header=propagate_header,
             timeout_header=timeout_header,
+            absolute_header=absolute_header,
             expired_header=expired_header,
             what=what,
         )

@@ -38,7 +38,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from .._core._durations import Duration, to_seconds
 from .._core._errors import DeadlineExceeded
 from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin
-from ._codec import EXPIRED_HEADER, TIMEOUT_HEADER
+from ._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER
 
 __all__ = ["AttemptTimeout", "DeadlineAdapter"]
 
@@ -97,6 +97,7 @@ class DeadlineAdapter(HTTPAdapter):
         timeout: Duration | None = None,
         propagate_header: bool = True,
         timeout_header: str = TIMEOUT_HEADER,
+        absolute_header: str | None = ABSOLUTE_HEADER,
         expired_header: str = EXPIRED_HEADER,
         what: str = "http request",
         **kwargs: Any,
@@ -106,6 +107,7 @@ class DeadlineAdapter(HTTPAdapter):
         self._options = ClientOptions(
             propagate_header=propagate_header,
             timeout_header=timeout_header,
+            absolute_header=absolute_header,
             expired_header=expired_header,
             what=what,
         )
@@ -132,8 +134,8 @@ class DeadlineAdapter(HTTPAdapter):
             functools.partial(AttemptTimeout, request=request),
             _TIMEOUTS,
         )
-        if attempt.header_value is not None:
-            request.headers[self._options.timeout_header] = attempt.header_value
+        for name, value in attempt.headers():
+            request.headers[name] = value
         seconds = attempt.clamped.seconds
         if seconds is not None:
             timeout = (

@@ -32,7 +32,10 @@ from typing import Any
 from .._core._errors import DeadlineExceeded
 from .._core._scopes import inherit_deadline
 from ..telemetry import correlation
+from ._admission import Admission, Outcome, Ticket
+from ._admitting import OVERLOADED_BODY, criticality, enter_blocking
 from ._codec import (
+    ABSOLUTE_HEADER,
     ENVOY_TIMEOUT_HEADER,
     EXPIRED_BODY,
     EXPIRED_HEADER,
@@ -40,6 +43,7 @@ from ._codec import (
     TIMEOUT_HEADER,
 )
 from ._server import (
+    DEFAULT_SKEW,
     Arrival,
     ExpiredAnswers,
     ServerConfig,
@@ -51,7 +55,7 @@ from ._server import (
 )
 from ._state import RequestState, _request, current_request
 
-__all__ = ["DeadlineMiddleware"]
+__all__ = ["AdmissionMiddleware", "DeadlineMiddleware"]
 
 ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
 StartResponse = Callable[..., Callable[[bytes], object]]
@@ -91,6 +95,8 @@ class DeadlineMiddleware:
         expired_header: str = EXPIRED_HEADER,
         grpc_timeout_header: str | None = GRPC_TIMEOUT_HEADER,
         envoy_timeout_header: str | None = ENVOY_TIMEOUT_HEADER,
+        absolute_header: str | None = ABSOLUTE_HEADER,
+        clock_skew: float = DEFAULT_SKEW,
         enabled: bool = True,
     ) -> None:
         self.app = app
@@ -101,12 +107,14 @@ class DeadlineMiddleware:
             grpc_timeout_header=grpc_timeout_header,
             envoy_timeout_header=envoy_timeout_header,
             enabled=enabled,
+            absolute_header=absolute_header,
+            clock_skew=clock_skew,
         )
         _quiet_flask(app, self._config.expired_status)
         names = self._config.names
         self._keys = [
             (n.lower(), _environ_key(n))
-            for n in (names.timeout, names.grpc_timeout, names.envoy_timeout)
+            for n in (names.timeout, names.grpc_timeout, names.envoy_timeout, names.absolute)
             if n
         ]
         self._status = _status_line(self._config.expired_status)
@@ -130,7 +138,7 @@ class DeadlineMiddleware:
                 # WSGI servers join repeated lines with commas; the codec reads that form and
                 # ASGI's separate lines alike (D4.1).
                 found.append((name, value))
-        arrival = arrive(found, self._config.names, start) if found else None
+        arrival = arrive(found, self._config.names, start, self._config.skew) if found else None
         if arrival is None:
             return self.app(environ, start_response)
         if arrival.deadline.expired:
@@ -279,3 +287,95 @@ class _Body:
     def close(self) -> None:
         record_started_late(self._arrival)
         self._ctx.run(_close, self._result)
+
+
+class AdmissionMiddleware(DeadlineMiddleware):
+    """:class:`DeadlineMiddleware` with deadline-aware admission control (D9), for threaded servers.
+
+    As :class:`timebound.propagation.asgi.AdmissionMiddleware`: admitted under the concurrency
+    limit, queued (the server's thread waits), or answered at once without running the app —
+    498 + expired marker when hopeless, 503 + ``Retry-After`` when shedding (D9.1). The slot is
+    held until the server closes the response iterable (PEP 3333 requires servers to call
+    ``close()``), so a streamed body counts as running. Give the server more threads than the
+    limit plus the queue, or the server's own backlog becomes the queue.
+    """
+
+    def __init__(
+        self,
+        app: WSGIApp,
+        admission: Admission | None = None,
+        *,
+        critical_header: str | None = None,
+        route: Callable[[dict[str, Any]], str] | None = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(app, **options)
+        self.admission = Admission() if admission is None else admission
+        self._critical_key = _environ_key(critical_header) if critical_header else None
+        self._route = route
+        self._overloaded_headers = [
+            ("Content-Type", "text/plain; charset=utf-8"),
+            ("Content-Length", str(len(OVERLOADED_BODY))),
+            ("Retry-After", str(self.admission.config.retry_after)),
+        ]
+
+    def _serve(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        start = now()  # D4.2: queueing spends the request's deadline.
+        found: list[tuple[str, str | bytes]] = [
+            (name, value) for name, key in self._keys if isinstance(value := environ.get(key), str)
+        ]
+        arrival = arrive(found, self._config.names, start, self._config.skew) if found else None
+        if arrival is not None and arrival.deadline.expired:
+            self._expired_answer(environ, arrival.state, None)
+            return self._expired(start_response)
+        route = (
+            self._route(environ)
+            if self._route is not None
+            else f"{environ.get('REQUEST_METHOD', '')} {environ.get('PATH_INFO', '')}"
+        )
+        critical = self._critical_key is not None and criticality(environ.get(self._critical_key))
+        ticket = Ticket(
+            route, None if arrival is None else arrival.deadline.when, critical=critical
+        )
+        outcome = enter_blocking(self.admission, ticket)
+        if outcome is Outcome.HOPELESS and arrival is not None:
+            self._expired_answer(environ, arrival.state, None)
+            return self._expired(start_response)
+        if outcome is not Outcome.ADMIT:
+            start_response("503 Service Unavailable", list(self._overloaded_headers))
+            return [OVERLOADED_BODY]
+
+        def release() -> None:
+            self.admission.release(ticket, now(), late=arrival is not None and arrival.late())
+
+        try:
+            if arrival is None:
+                result = self.app(environ, start_response)
+            else:
+                ctx = contextvars.copy_context()
+                result = ctx.run(self._handle, ctx, arrival, environ, start_response)
+        except BaseException:
+            release()
+            raise
+        return _ReleasedOnClose(result, release)
+
+
+class _ReleasedOnClose:
+    """A response iterable that gives back its admission slot once, when the server closes it."""
+
+    __slots__ = ("_release", "_result")
+
+    def __init__(self, result: Iterable[bytes], release: Callable[[], None]) -> None:
+        self._result = result
+        self._release: Callable[[], None] | None = release
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._result)
+
+    def close(self) -> None:
+        try:
+            _close(self._result)
+        finally:
+            release, self._release = self._release, None
+            if release is not None:
+                release()

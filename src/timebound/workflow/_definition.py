@@ -268,11 +268,6 @@ def _build(data: dict[str, Any]) -> Definition:
     for i, a in enumerate(data.get("actions", [])):
         if a["id"] in actions:
             raise DefinitionError(f"duplicate action id {a['id']!r}", path=f"actions[{i}].id")
-        if a["kind"] == "deferred":
-            raise DefinitionError(
-                "kind 'deferred' is not available yet (deferred operations are a later engine)",
-                path=f"actions[{i}].kind",
-            )
         execution = a.get("execution", {})
         actions[a["id"]] = Action(
             a["id"],

@@ -46,6 +46,7 @@ class _Start(NamedTuple):
     definition: Definition
     input: Any
     future: asyncio.Future[str]
+    deadline_at: int | None
 
 
 class _Report(NamedTuple):
@@ -61,6 +62,8 @@ class _Report(NamedTuple):
 _Plan = tuple[str, str, Mapping[str, Any], ActionContext]
 
 _log = logging.getLogger("timebound.workflow")
+#: How the deferred registry hands a workflow's continuations back to it.
+_RESUME_KIND = "timebound.workflow"
 
 
 class RunResult(NamedTuple):
@@ -107,6 +110,8 @@ class Engine:
         lease_ms: int = 30_000,
         sweep_ms: int = 1_000,
         worker_id: str | None = None,
+        deferred_policy: Any = None,
+        deferred_connectors: Mapping[str, Any] | None = None,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError("concurrency must be >= 1", option="concurrency")
@@ -131,6 +136,15 @@ class Engine:
         self._outcomes: list[_Report] = []
         self._starts: list[_Start] = []
         self._stored: set[tuple[str, int]] = set()  # definitions this engine has written
+        # Deferred operations (docs/deferred.md): the registry shares this engine's store, and a
+        # completed operation resumes its token in the registry's transaction (exactly once).
+        from ..deferred import Poller, Registry
+
+        self.deferred_registry = Registry(self._store, policy=deferred_policy)
+        self.deferred_registry.on_resume(_RESUME_KIND, self._resume_deferred)
+        self._deferred_poller = (
+            Poller(self.deferred_registry, deferred_connectors) if deferred_connectors else None
+        )
 
     # Definitions ----------------------------------------------------------------------------
 
@@ -139,7 +153,7 @@ class Engine:
         parsed = parse_definition(definition)
         for i, action in enumerate(parsed.raw.get("actions", [])):
             handler = action["implementation"].get("handler")
-            if action["kind"] == "python" and handler not in self._handlers:
+            if action["kind"] in ("python", "deferred") and handler not in self._handlers:
                 raise DefinitionError(
                     f"no python handler named {handler!r} was given to the engine",
                     path=f"actions[{i}].implementation.handler",
@@ -177,9 +191,13 @@ class Engine:
             async with self._txn() as tx:
                 await self._requeue(tx, "status IN ('dispatched', 'executing')")
         self._loop_task = asyncio.create_task(self._loop(), name="timebound-workflow-loop")
+        if self._deferred_poller is not None:
+            await self._deferred_poller.__aenter__()
 
     async def close(self) -> None:
         """Stop the loop and in-flight attempts (their tokens are re-dispatched on restart)."""
+        if self._deferred_poller is not None:
+            await self._deferred_poller.stop()
         task, self._loop_task = self._loop_task, None
         pending = [t for t in (task, *self._attempts.values(), *self._background) if t is not None]
         for t in pending:
@@ -206,9 +224,17 @@ class Engine:
     # Runs -----------------------------------------------------------------------------------
 
     async def start(
-        self, definition_id: str, input: Any = None, *, version: int | None = None
+        self,
+        definition_id: str,
+        input: Any = None,
+        *,
+        version: int | None = None,
+        deadline_ms: int | None = None,
     ) -> str:
-        """Start a run of a registered definition (its latest version unless ``version``)."""
+        """Start a run of a registered definition (its latest version unless ``version``);
+        ``deadline_ms`` bounds the run further, as a parent's deadline would (D1.5)."""
+        if deadline_ms is not None and deadline_ms < 1:
+            raise ConfigurationError("deadline_ms must be >= 1", option="deadline_ms")
         version = version or self._latest.get(definition_id)
         definition = None if version is None else self._definitions.get((definition_id, version))
         if definition is None:
@@ -219,9 +245,15 @@ class Engine:
             raise ConfigurationError(f"a run's input must be JSON: {exc}", option="input")
         if self._loop_task is None:
             raise RuntimeError("the engine is not open: use 'async with engine:' first")
+        if (definition.id, definition.version) not in self._stored:
+            async with self._txn() as tx:
+                conflict = await self._store_definition(tx, definition)
+            if conflict is not None:
+                raise DefinitionError(conflict, path="version")
         # Started by the loop's next transaction: concurrent starts share one commit.
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._starts.append(_Start(definition, input, future))
+        deadline_at = None if deadline_ms is None else self._now() + deadline_ms
+        self._starts.append(_Start(definition, input, future, deadline_at))
         self._wake.set()
         return await future
 
@@ -290,6 +322,48 @@ class Engine:
         async with self._txn() as tx:
             return await tx.events(run_id)
 
+    async def list_runs(
+        self,
+        *,
+        status: str | None = None,
+        definition_id: str | None = None,
+        after: tuple[int, str] | None = None,
+        limit: int = 50,
+    ) -> list[dict[str, Any]]:
+        """Runs newest first (without input and state); ``after`` is the ``(started_at, id)`` of
+        the last run of the previous page, so pages stay stable while runs are added."""
+        where: list[str] = ["1 = 1"]
+        args: list[Any] = []
+        if status is not None:
+            where.append("status = ?")
+            args.append(status)
+        if definition_id is not None:
+            where.append("definition_id = ?")
+            args.append(definition_id)
+        if after is not None:
+            where.append("(started_at < ? OR (started_at = ? AND id < ?))")
+            args += [after[0], after[0], after[1]]
+        async with self._txn() as tx:
+            return await tx.fetch(
+                "SELECT id, definition_id, definition_version, status, started_at, timeout_at, "
+                f"finished_at, error FROM tb_wf_runs WHERE {' AND '.join(where)} "
+                "ORDER BY started_at DESC, id DESC LIMIT ?",
+                *args,
+                limit,
+            )
+
+    async def counts(self) -> dict[str, dict[str, int]]:
+        """How many runs and tokens are in each state, and timeouts by layer (for metrics)."""
+        async with self._txn() as tx:
+            runs = await tx.fetch("SELECT status, COUNT(*) AS n FROM tb_wf_runs GROUP BY status")
+            tokens = await tx.fetch(
+                "SELECT status, COUNT(*) AS n FROM tb_wf_tokens GROUP BY status"
+            )
+        return {
+            "runs": {r["status"]: int(r["n"]) for r in runs},
+            "tokens": {r["status"]: int(r["n"]) for r in tokens},
+        }
+
     async def cancel(self, run_id: str) -> bool:
         """Cancel a running run, its live tokens and child runs; ``False`` if it had ended."""
         async with self._txn() as tx:
@@ -310,18 +384,33 @@ class Engine:
             yield tx
         self._wake.set()
 
-    async def _store_definition(self, tx: Tx, definition: Definition) -> None:
+    async def _store_definition(self, tx: Tx, definition: Definition) -> str | None:
+        """Store a definition once; an error message if the store holds another body for it.
+
+        Runs keep the version they started with, read back from the store after a restart or
+        on another worker, so one (id, version) must never name two bodies.
+        """
         key = (definition.id, definition.version)
         if key in self._stored:
-            return
+            return None
+        body = json.dumps(definition.raw, sort_keys=True)
         await tx.execute(
             "INSERT INTO tb_wf_definitions (id, version, body) VALUES (?, ?, ?) "
             "ON CONFLICT (id, version) DO NOTHING",
             definition.id,
             definition.version,
-            json.dumps(definition.raw, sort_keys=True),
+            body,
         )
+        row = await tx.fetchone(
+            "SELECT body FROM tb_wf_definitions WHERE id = ? AND version = ?", *key
+        )
+        if row is not None and json.loads(row["body"]) != definition.raw:
+            return (
+                f"definition {definition.id!r} version {definition.version} is already stored "
+                "with a different body; give the new one a higher version"
+            )
         self._stored.add(key)  # forgotten if the transaction fails (see _loop)
+        return None
 
     async def _requeue(self, tx: Tx, where: str, *args: Any) -> None:
         """Put in-flight tokens back to ``pending``, keeping their deadline (``resume``)."""
@@ -427,9 +516,13 @@ class Engine:
                     "DELETE FROM tb_timers WHERE key = ? AND due_ms <= ?", timer["key"], now
                 )
             for start in starts:
-                await self._store_definition(tx, start.definition)
                 run_id = await self._machine.start_run(
-                    tx, start.definition, start.input, now, timeout_ms=start.definition.timeout_ms
+                    tx,
+                    start.definition,
+                    start.input,
+                    now,
+                    timeout_ms=start.definition.timeout_ms,
+                    inherited_deadline_at=start.deadline_at,
                 )
                 started.append((start.future, run_id))
             for report in sorted(outcomes, key=lambda r: r.run_id):
@@ -562,6 +655,8 @@ class Engine:
     ) -> Outcome:
         if kind == "http_request":
             return await run_http(implementation, ctx, what=what)
+        if kind == "deferred":
+            return await self._defer(implementation, ctx, what)
         handler = self._handlers.get(implementation["handler"])
         if handler is None:
             return Outcome("error", error=f"no python handler named {implementation['handler']!r}")
@@ -572,6 +667,54 @@ class Engine:
             task.add_done_callback(self._background.discard)
 
         return await run_python(handler, ctx, what=what, on_late=late)
+
+    async def _defer(
+        self, implementation: Mapping[str, Any], ctx: ActionContext, what: str
+    ) -> Outcome:
+        """Run the bounded initial call, then register its operation and suspend the token."""
+        from ..deferred import CONTINUATION_SCHEMA, SchemaError
+
+        handler = self._handlers[implementation["handler"]]
+        first = await run_python(handler, ctx, what=what, on_late=lambda: None)
+        if first.kind != "ok":
+            return first
+        continuation = {
+            "schema": CONTINUATION_SCHEMA,
+            "resume_kind": _RESUME_KIND,
+            "run": ctx.run_id,
+            "token": ctx.token_id,
+            "node": ctx.node_id,
+            "attempt": ctx.attempt,
+        }
+        try:
+            op = await self.deferred_registry.register(
+                first.value,
+                module=implementation["module"],
+                idempotency_key=f"{ctx.run_id}:{ctx.token_id}:{ctx.attempt}",
+                continuation=continuation,
+                caller_deadline=ctx.deadline,  # the node's and the run's deadlines (D7.7)
+            )
+        except SchemaError as exc:
+            return Outcome("error", error=f"contract-violation: {exc}")
+        return Outcome("deferred", value=op.id)
+
+    async def _resume_deferred(self, tx: Tx, resumption: Any) -> None:
+        cont = resumption.continuation
+        tok = await self._machine.token(tx, cont["token"])
+        if tok is None or tok["status"] != "executing" or tok["attempt"] != cont["attempt"]:
+            return  # the token moved on (its deadline, a cancel): nothing to resume
+        now = self._now()
+        run = await self._machine.run(tx, tok["run_id"], lock=self._store.lock_clause())
+        if run is None or await self._machine.check_run_deadline(tx, run, now):
+            return
+        op = resumption.operation
+        if op.status == "completed":
+            await self._machine.complete(tx, run, tok, resumption.result, now)
+        else:
+            code = (resumption.error or {}).get("code", op.status)
+            error = f"deferred-operation: {op.id} ended {op.status} ({code})"
+            await self._machine.action_error(tx, run, tok, error, now)
+        self._wake.set()
 
     async def _late(self, run_id: str, token_id: str, attempt: int) -> None:
         async with self._txn() as tx:
@@ -596,6 +739,13 @@ class Engine:
             if outcome.kind == "ok":
                 await machine.late_result(tx, run["id"], token_id, attempt, now)
             await machine.token_timeout(tx, run, tok, now)
+        elif outcome.kind == "deferred":
+            # Suspended on a deferred operation: no worker is held; the registry's resume
+            # completes or fails the token. child_run_id names what it waits on, so a restart
+            # does not re-dispatch it.
+            await tx.execute(
+                "UPDATE tb_wf_tokens SET child_run_id = ? WHERE id = ?", outcome.value, token_id
+            )
         elif outcome.kind == "ok":
             await machine.complete(tx, run, tok, outcome.value, now)
         else:
@@ -614,5 +764,8 @@ class Engine:
                 tx, run, tok, f"subworkflow definition {child_id!r} is not registered", now
             )
             return
-        await self._store_definition(tx, child)
+        conflict = await self._store_definition(tx, child)
+        if conflict is not None:
+            await self._machine.action_error(tx, run, tok, conflict, now)
+            return
         await self._machine.start_child(tx, run, tok, node, child, now)

@@ -5,7 +5,7 @@ parameters and behaviour (delays, failures), so the programs run as their commen
 registry, never across tests. Given a Redis URL it also registers the ``"redis"`` cache backend
 two of the programs name (a real Redis server, keys under a prefix of their own). ``registry`` is
 one registry for the command line (``timebound run prog.cst --modules
-tests/dsl/upstream/modules.py``).
+tests/dsl/app_modules.py``). ``bench/dsl_corpus.py`` runs upstream's example programs with them.
 """
 
 from __future__ import annotations

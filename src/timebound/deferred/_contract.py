@@ -1,0 +1,137 @@
+"""The wire contract: ``deferred-operation.v1`` and ``deferred-operation-status.v1`` (D7.1).
+
+Both schemas are JSON Schema 2020-12 files shipped in this package and checked by ``jsonschema``
+with format checks on. Two rules are not expressible in the schema language and are checked here
+after it: ``expires_at`` is after ``created_at``, and the kind segment of ``operation/id`` is
+``operation/kind``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from functools import cache
+from importlib import resources
+from typing import Any
+
+__all__ = [
+    "OPERATION_SCHEMA",
+    "STATUS_SCHEMA",
+    "TERMINAL",
+    "SchemaError",
+    "digest",
+    "format_time",
+    "parse_time",
+    "validate_operation",
+    "validate_status",
+]
+
+OPERATION_SCHEMA = "deferred-operation.v1"
+STATUS_SCHEMA = "deferred-operation-status.v1"
+#: Statuses nothing leaves (D7.2).
+TERMINAL = frozenset({"completed", "failed", "timed-out", "cancelled", "expired", "unknown"})
+
+
+class SchemaError(ValueError):
+    """A document breaks its schema. ``path`` is the JSON path, ``rule`` the rule it broke."""
+
+    def __init__(self, schema: str, path: str, rule: str, message: str) -> None:
+        super().__init__(f"{schema}: {path}: {message} (rule: {rule})")
+        self.schema = schema
+        self.path = path
+        self.rule = rule
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        message = str(self).split(": ", 2)[2].rsplit(" (rule: ", 1)[0]
+        return (SchemaError, (self.schema, self.path, self.rule, message))
+
+
+@cache
+def _validator(name: str) -> Any:
+    import jsonschema
+
+    text = resources.files(__package__).joinpath(f"schemas/{name}.json").read_text("utf-8")
+    schema = json.loads(text)
+    cls = jsonschema.Draft202012Validator
+    cls.check_schema(schema)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def _check(name: str, doc: object) -> None:
+    if not isinstance(doc, dict):
+        raise SchemaError(
+            name, "$", "type", f"a document is a JSON object, not {type(doc).__name__}"
+        )
+    errors = sorted(
+        _validator(name).iter_errors(doc), key=lambda e: (list(e.absolute_path), e.validator)
+    )
+    if errors:
+        err = errors[0]
+        raise SchemaError(name, err.json_path, str(err.validator), _short(err.message))
+
+
+def _short(message: str) -> str:
+    # jsonschema quotes the whole offending value; a hostile document may make that huge.
+    return message if len(message) <= 300 else message[:297] + "..."
+
+
+def validate_operation(doc: object) -> dict[str, Any]:
+    """Check a ``deferred-operation.v1`` document; return it, or raise :class:`SchemaError`."""
+    _check(OPERATION_SCHEMA, doc)
+    assert isinstance(doc, dict)
+    _same_kind(OPERATION_SCHEMA, doc)
+    if parse_time(doc["expires_at"]) <= parse_time(doc["created_at"]):
+        raise SchemaError(
+            OPERATION_SCHEMA,
+            "$.expires_at",
+            "after-created_at",
+            "expires_at is not after created_at",
+        )
+    return doc
+
+
+def validate_status(doc: object) -> dict[str, Any]:
+    """Check a ``deferred-operation-status.v1`` document (or raise :class:`SchemaError`)."""
+    _check(STATUS_SCHEMA, doc)
+    assert isinstance(doc, dict)
+    _same_kind(STATUS_SCHEMA, doc)
+    return doc
+
+
+def _same_kind(name: str, doc: dict[str, Any]) -> None:
+    kind = doc["operation/id"].split(":")[1]
+    if kind != doc["operation/kind"]:
+        raise SchemaError(
+            name,
+            "$['operation/id']",
+            "kind-segment",
+            f"the kind segment {kind!r} of operation/id is not operation/kind "
+            f"{doc['operation/kind']!r}",
+        )
+
+
+def parse_time(text: str) -> int:
+    """An RFC 3339 UTC timestamp (already schema-checked) as epoch milliseconds, rounded up."""
+    whole, _, frac = text[:-1].partition(".")
+    base = datetime.strptime(whole, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC)
+    ms = int(base.timestamp()) * 1000
+    if frac:
+        # Rounded up: a stored instant is never earlier than the one on the wire (D1.3).
+        nanos = int(frac.ljust(9, "0"))
+        ms += -(-nanos // 1_000_000)
+    return ms
+
+
+def format_time(epoch_ms: int) -> str:
+    """Epoch milliseconds as an RFC 3339 UTC timestamp with ``Z``."""
+    dt = datetime.fromtimestamp(epoch_ms // 1000, tz=UTC)
+    text = dt.strftime("%Y-%m-%dT%H:%M:%S")
+    rest = epoch_ms % 1000
+    return f"{text}.{rest:03d}Z" if rest else f"{text}Z"
+
+
+def digest(doc: object) -> str:
+    """A stable digest of a JSON value (sorted keys, no whitespace)."""
+    canonical = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()

@@ -1,0 +1,236 @@
+"""The HTTP side: the host's connector to a remote service, and the ASGI app a service mounts.
+
+:class:`HttpConnector` polls a connector's ``status_href`` and posts to its ``cancel_href``
+through timebound's httpx transport, so each call carries and enforces the poll's deadline.
+:func:`status_app` serves the fixed routes over a :class:`~timebound.deferred.Registry`:
+
+- ``POST /v1/operations/{kind}``: start an operation of a :class:`Service` (202 Accepted);
+- ``GET /v1/deferred-operations/{id}/status``: its status document (404 never issued, 410 gone);
+- ``POST /v1/deferred-operations/{id}/cancel``: cancel it.
+
+A 429 or 503 keeps its meaning (overload, with ``Retry-After``); it is never a deferral.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+from urllib.parse import unquote
+
+from ._contract import TERMINAL
+from ._poller import TransientPollError
+from ._registry import Gone, IdempotencyConflict, Operation, Registry
+from ._service import Overloaded, Service, UnknownKind
+
+__all__ = ["HttpConnector", "status_app"]
+
+_STATUS = re.compile(r"^/v1/deferred-operations/([^/]+)/(status|cancel)$")
+_START = re.compile(r"^/v1/operations/([^/]+)$")
+_WAIT = re.compile(r"(?:^|[,;\s])wait=(\d{1,9})(?:$|[,;\s])")
+_MAX_BODY = 1024 * 1024
+
+
+class HttpConnector:
+    """Polls and cancels operations over HTTP with an ``httpx.AsyncClient``.
+
+    Give the client a :class:`timebound.propagation.httpx.AsyncDeadlineTransport` (the default
+    client does) so the poller's deadline bounds and travels with each call; relative
+    ``status_href``/``cancel_href`` are resolved against ``base_url``.
+    """
+
+    def __init__(self, base_url: str, client: Any = None) -> None:
+        import httpx
+
+        from ..propagation.httpx import AsyncDeadlineTransport
+
+        self.base_url = base_url
+        self._client = (
+            client
+            if client is not None
+            else httpx.AsyncClient(base_url=base_url, transport=AsyncDeadlineTransport())
+        )
+        self._owns = client is None
+
+    async def aclose(self) -> None:
+        if self._owns:
+            await self._client.aclose()
+
+    async def status(self, op: Operation) -> object:
+        if op.status_href is None:
+            raise TransientPollError("no-status-href", "the operation has no status_href")
+        return await self._call("GET", op.status_href)
+
+    async def cancel(self, op: Operation) -> object:
+        assert op.cancel_href is not None
+        return await self._call("POST", op.cancel_href)
+
+    async def _call(self, method: str, href: str) -> object:
+        import httpx
+
+        try:
+            response = await self._client.request(method, href)
+        except httpx.TransportError as exc:
+            code = "poll-timeout" if isinstance(exc, httpx.TimeoutException) else "poll-unreachable"
+            raise TransientPollError(code, f"{method} {href}: {type(exc).__name__}") from None
+        if response.status_code == 429 or response.status_code >= 500:
+            raise TransientPollError(
+                f"poll-http-{response.status_code}", f"{method} {href}: {response.status_code}"
+            )
+        try:
+            return response.json()
+        except ValueError:
+            return None  # not JSON: the registry rejects it as a schema violation
+
+
+# The ASGI app ---------------------------------------------------------------------------
+
+
+async def _send_json(
+    send: Any, status: int, body: object, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    data = json.dumps(body, separators=(",", ":")).encode("utf-8")
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": head + (headers or [])})
+    await send({"type": "http.response.body", "body": data})
+
+
+def _problem(status: int, title: str, detail: str) -> dict[str, Any]:
+    return {"type": "about:blank", "title": title, "status": status, "detail": detail}
+
+
+async def _read_body(receive: Any) -> bytes | None:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > _MAX_BODY:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def status_app(registry: Registry, service: Service | None = None) -> Any:
+    """An ASGI app serving ``registry``'s operations (and starting ``service``'s, if given)."""
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        method: str = scope["method"]
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        m = _STATUS.match(path)
+        if m is not None:
+            op_id, action = unquote(m.group(1)), m.group(2)
+            want = "GET" if action == "status" else "POST"
+            if method != want:
+                await _send_json(send, 405, _problem(405, "Method Not Allowed", f"use {want}"))
+                return
+            if action == "status":
+                await _status(send, op_id)
+            else:
+                await _cancel(send, op_id)
+            return
+        m = _START.match(path)
+        if m is not None and service is not None:
+            if method != "POST":
+                await _send_json(send, 405, _problem(405, "Method Not Allowed", "use POST"))
+                return
+            await _start(send, receive, unquote(m.group(1)), headers)
+            return
+        await _send_json(send, 404, _problem(404, "Not Found", "no such route"))
+
+    async def _status(send: Any, op_id: str) -> None:
+        try:
+            doc = await registry.status_document(op_id)
+        except Gone:
+            await _send_json(
+                send, 410, _problem(410, "Gone", "the operation is no longer retained")
+            )
+            return
+        if doc is None:
+            await _send_json(send, 404, _problem(404, "Not Found", "no such operation"))
+            return
+        extra = []
+        if doc["status"] not in TERMINAL:
+            extra.append((b"retry-after", str(doc["retry_after_seconds"]).encode()))
+        await _send_json(send, 200, doc, extra)
+
+    async def _cancel(send: Any, op_id: str) -> None:
+        try:
+            op = await registry.get(op_id)
+        except Gone:
+            await _send_json(
+                send, 410, _problem(410, "Gone", "the operation is no longer retained")
+            )
+            return
+        if op is None:
+            await _send_json(send, 404, _problem(404, "Not Found", "no such operation"))
+            return
+        if op.cancel_href is None and not op.terminal:
+            reason = op.cancel_reason or "not cancelable"
+            await _send_json(send, 409, _problem(409, "Conflict", reason))
+            return
+        if service is not None and not op.terminal:
+            await service.cancel(op_id)
+        await _status(send, op_id)
+
+    async def _start(send: Any, receive: Any, kind: str, headers: dict[str, str]) -> None:
+        assert service is not None
+        body = await _read_body(receive)
+        if body is None:
+            await _send_json(send, 413, _problem(413, "Content Too Large", "body over 1 MiB"))
+            return
+        try:
+            payload = json.loads(body) if body else None
+        except ValueError:
+            await _send_json(send, 400, _problem(400, "Bad Request", "the body is not JSON"))
+            return
+        prefer = headers.get("prefer", "")
+        wait = _WAIT.search(prefer)
+        try:
+            doc = await service.start(
+                kind,
+                payload,
+                idempotency_key=headers.get("idempotency-key"),
+                wait_s=None if wait is None else int(wait.group(1)),
+            )
+        except UnknownKind:
+            await _send_json(send, 404, _problem(404, "Not Found", "no such operation kind"))
+            return
+        except IdempotencyConflict as exc:
+            await _send_json(send, 409, _problem(409, "Conflict", str(exc)))
+            return
+        except Overloaded as exc:
+            retry = str(exc.retry_after_s).encode()
+            await _send_json(
+                send, 503, _problem(503, "Service Unavailable", str(exc)), [(b"retry-after", retry)]
+            )
+            return
+        extra = [
+            (b"location", doc["status_href"].encode()),
+            (b"retry-after", str(doc["retry_after_seconds"]).encode()),
+        ]
+        if "respond-async" in prefer:
+            extra.append((b"preference-applied", b"respond-async"))
+        await _send_json(send, 202, doc, extra)
+
+    return app
+
+
+async def _lifespan(receive: Any, send: Any) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

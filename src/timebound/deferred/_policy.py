@@ -1,0 +1,165 @@
+"""The host policy (D7.6, D7.8): the host, not the connector, owns cadence, lifetime and load.
+
+Every connector hint goes through here: ``retry_after`` clamps the poll interval, ``expires_at``
+computes the lifetime (the connector's hint, the action's profile and the caller's deadline, the
+smallest present, never above ``max_ttl_s``), and ``poll_delay`` adds jitter on top of the clamped
+interval only, so no poll is ever earlier than the interval the host agreed to.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from .._core._deadline import Deadline
+from .._core._errors import ConfigurationError, DeadlineExceeded
+from ..policies._retry import RetryPlan
+
+__all__ = ["HostPolicy"]
+
+_rng = random.Random()
+
+
+def _positive_int(name: str, value: object, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(f"HostPolicy({name}=...) takes a positive integer, not {value!r}")
+
+
+@dataclass(frozen=True)
+class HostPolicy:
+    """The deferred-operation limits a host enforces (names and defaults fixed by D7.8)."""
+
+    min_retry_after_s: int = 1
+    max_retry_after_s: int = 60
+    max_ttl_s: int = 900
+    max_attempts: int | None = None
+    poll_rate_cap: int = 100
+    per_module_inflight: int = 4
+    jitter: bool = True
+    retain_s: int = 86400
+    #: The random source of the jitter (a test may pass a seeded one).
+    rng: random.Random = field(default=_rng, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in (
+            "min_retry_after_s",
+            "max_retry_after_s",
+            "max_ttl_s",
+            "poll_rate_cap",
+            "per_module_inflight",
+            "retain_s",
+        ):
+            _positive_int(name, getattr(self, name))
+        _positive_int("max_attempts", self.max_attempts, allow_none=True)
+        if self.min_retry_after_s > self.max_retry_after_s:
+            raise ConfigurationError(
+                f"HostPolicy: min_retry_after_s ({self.min_retry_after_s}) is above "
+                f"max_retry_after_s ({self.max_retry_after_s})"
+            )
+        if not isinstance(self.jitter, bool):
+            raise ConfigurationError(f"HostPolicy(jitter=...) takes a bool, not {self.jitter!r}")
+
+    def check_retry_after(self, hint: object) -> tuple[int, bool]:
+        """The clamped interval, and whether the hint was valid (if not: the minimum)."""
+        if isinstance(hint, bool) or not isinstance(hint, int) or hint <= 0:
+            return self.min_retry_after_s, False
+        return max(self.min_retry_after_s, min(hint, self.max_retry_after_s)), True
+
+    def retry_after(self, hint: object) -> int:
+        """``clamp(hint, min_retry_after_s, max_retry_after_s)``; an invalid hint: the minimum."""
+        return self.check_retry_after(hint)[0]
+
+    def jitter_s(self, retry_after: int) -> float:
+        """Additive jitter, ``U[0, min(0.2 * retry_after, 5 s)]`` (zero when jitter is off)."""
+        if not self.jitter:
+            return 0.0
+        return self.rng.uniform(0.0, min(0.2 * retry_after, 5.0))
+
+    def poll_delay_s(self, retry_after: int, polls: int) -> float:
+        """The wait before the next poll after ``polls`` polls (at least 1): the cadence stretches.
+
+        The n-th wait is ``retry_after * 2**(n-1)``, at most ``max_retry_after_s`` (the retry
+        decision core's exponential backoff), plus the additive jitter. An operation that keeps
+        answering ``pending`` every second is asked about twenty times in fifteen minutes, not
+        nine hundred (the retry-storm failure mode); no wait is shorter than ``retry_after``.
+        """
+        plan = RetryPlan(
+            "deferred poll",
+            delay=float(retry_after),
+            backoff="exponential",
+            max_delay=float(max(self.max_retry_after_s, retry_after)),
+        )
+        return plan.delay_after(max(polls, 1)) + self.jitter_s(retry_after)
+
+    def lifetime_s(
+        self,
+        now_epoch_ms: int,
+        *,
+        fail_after_s: float | None = None,
+        action_max_ttl_s: float | None = None,
+        caller_deadline: Deadline | None = None,
+    ) -> float:
+        """The effective lifetime in seconds: ``min(min_present(...), max_ttl_s)``.
+
+        A caller deadline already spent raises ``DeadlineExceeded(source="deferred")``.
+        """
+        present: list[float] = []
+        for name, value in (("fail_after_s", fail_after_s), ("action_max_ttl_s", action_max_ttl_s)):
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+                raise ConfigurationError(
+                    f"HostPolicy.expires_at({name}=...) takes seconds, not {value!r}"
+                )
+            present.append(float(value))
+        if caller_deadline is not None:
+            until_ms = caller_deadline.to_epoch_ms()
+            if until_ms is not None:
+                left = (until_ms - now_epoch_ms) / 1000
+                if left <= 0:
+                    raise DeadlineExceeded(
+                        "the caller's deadline passed before the deferred operation was created",
+                        source="deferred",
+                        deadline=caller_deadline,
+                    )
+                present.append(left)
+        requested = min(present) if present else float(self.max_ttl_s)
+        return max(0.0, min(requested, float(self.max_ttl_s)))
+
+    def expires_at(
+        self,
+        now: datetime,
+        *,
+        fail_after_s: float | None = None,
+        action_max_ttl_s: float | None = None,
+        caller_deadline: Deadline | None = None,
+    ) -> datetime:
+        """``now + min(min_present(fail_after, action_ttl, caller_deadline - now), max_ttl)``."""
+        if now.tzinfo is None:
+            raise ConfigurationError("HostPolicy.expires_at(now=...) takes an aware datetime (UTC)")
+        now_ms = math.floor(now.timestamp() * 1000)
+        life = self.lifetime_s(
+            now_ms,
+            fail_after_s=fail_after_s,
+            action_max_ttl_s=action_max_ttl_s,
+            caller_deadline=caller_deadline,
+        )
+        return datetime.fromtimestamp((now_ms + math.floor(life * 1000)) / 1000, tz=UTC)
+
+    def describe(self) -> dict[str, Any]:
+        """The policy as plain data (for operator views)."""
+        return {
+            "min_retry_after_s": self.min_retry_after_s,
+            "max_retry_after_s": self.max_retry_after_s,
+            "max_ttl_s": self.max_ttl_s,
+            "max_attempts": self.max_attempts,
+            "poll_rate_cap": self.poll_rate_cap,
+            "per_module_inflight": self.per_module_inflight,
+            "jitter": self.jitter,
+            "retain_s": self.retain_s,
+        }

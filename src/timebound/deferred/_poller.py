@@ -1,0 +1,266 @@
+"""The poller: the host's cadence for deferred operations (D7.3, D7.6).
+
+Poll times live in the registry's rows, so a restart re-arms every pending operation from
+storage. The loop never polls before a row's ``next_poll_ms``; it starts at most
+``poll_rate_cap`` polls in any one-second window and at most ``per_module_inflight`` at once per
+connector module, and an operator's :meth:`Poller.poll_now` goes through the same gates.
+Transient failures (a timeout, a refused connection, a 5xx) leave the status alone, spend an
+attempt and back off with the retry decision core's exponential delay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import math
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from .._core import _clock
+from .._core._errors import DeadlineExceeded
+from .._core._scopes import fail_after
+from ._contract import TERMINAL
+from ._registry import Operation, Outcome, Registry, now_ms
+
+__all__ = ["Connector", "Poller", "TransientPollError"]
+
+_log = logging.getLogger("timebound.deferred")
+
+
+class TransientPollError(Exception):
+    """A poll that failed for a reason that may pass (overload, a 5xx, a refused connection).
+
+    ``code`` is the stable code recorded in the history (``poll-timeout``, ``poll-5xx``, ...).
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Connector(Protocol):
+    """How the host reaches the owner of an operation (see :class:`HttpConnector`)."""
+
+    async def status(self, op: Operation) -> object:
+        """The operation's ``deferred-operation-status.v1`` document (any JSON value: the
+        registry checks it); raise :class:`TransientPollError` for a failure that may pass."""
+        ...
+
+    async def cancel(self, op: Operation) -> object:
+        """Ask the owner to cancel; return the status document it answers with."""
+        ...
+
+
+class _RateWindow:
+    """At most ``cap`` starts in any window of one second (a sliding log of start instants).
+
+    Written by hand: the limiters in :mod:`timebound.policies` bound concurrency, not a rate
+    over a sliding window, and this one must be exact so a test can assert it is never exceeded.
+    """
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._starts: collections.deque[float] = collections.deque()
+
+    def wait_s(self) -> float:
+        now = _clock.now()
+        starts = self._starts
+        while starts and now - starts[0] >= 1.0:
+            starts.popleft()
+        return 0.0 if len(starts) < self.cap else starts[0] + 1.0 - now
+
+    def room(self) -> int:
+        """How many starts the window allows now."""
+        return self.cap - len(self._starts) if self.wait_s() == 0 else 0
+
+    def take(self) -> None:
+        self._starts.append(_clock.now())
+
+
+class Poller:
+    """Polls the registry's operations through their modules' connectors.
+
+    ``async with Poller(registry, {"module": connector}):`` runs the loop in a task; it marks
+    operations expired at start-up without polling them when their lifetime ended while the
+    host was down, then keeps every poll on time. ``poll_timeout_s`` bounds one status call.
+    """
+
+    def __init__(
+        self,
+        registry: Registry,
+        connectors: Mapping[str, Connector],
+        *,
+        poll_timeout_s: float = 10.0,
+    ) -> None:
+        if not (isinstance(poll_timeout_s, int | float) and 0 < poll_timeout_s < math.inf):
+            raise ValueError(
+                f"poll_timeout_s is a positive number of seconds, not {poll_timeout_s!r}"
+            )
+        self.registry = registry
+        self.connectors = dict(connectors)
+        self.poll_timeout_s = float(poll_timeout_s)
+        policy = registry.policy
+        self._window = _RateWindow(policy.poll_rate_cap)
+        self._inflight: collections.Counter[str] = collections.Counter()
+        self._polling: set[str] = set()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._polls: set[asyncio.Task[Any]] = set()
+        #: How many polls started (for tests and metrics).
+        self.polls_started = 0
+
+    # Lifecycle ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Poller:
+        self.registry.on_change = self._wake.set
+        await self.registry.expire_due(startup=True)
+        self._task = asyncio.get_running_loop().create_task(self.run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def stop(self) -> None:
+        """Stop the loop and every poll in flight (their rows stay due: nothing is lost)."""
+        task, self._task = self._task, None
+        tasks = [t for t in (task, *self._polls) if t is not None]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self.registry.on_change = None
+
+    async def run(self) -> None:
+        """The loop (``__aenter__`` runs it in a task)."""
+        while True:
+            try:
+                delay = await self.step()
+            except Exception as exc:  # a failed round (a lost connection): log, pause, retry
+                _log.warning("deferred poller round failed (%s); retrying", type(exc).__name__)
+                delay = 1.0
+            self._wake.clear()
+            if delay is None or delay > 0:
+                await self._sleep(delay)
+
+    async def _sleep(self, delay: float | None) -> None:
+        # Not asyncio.wait_for: on Python 3.11 it can swallow a cancellation that arrives as
+        # the wait ends (cpython#86296), and stop() would then wait for the loop forever.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await self._wake.wait()
+
+    async def step(self) -> float | None:
+        """One round: expire, resume, start due polls. Returns how long to wait at most."""
+        reg = self.registry
+        await reg.expire_due()
+        await reg.resume_due()
+        # Fetch no more rows than could start now (plus the ones in flight, still due).
+        policy = reg.policy
+        slots = sum(max(0, policy.per_module_inflight - self._inflight[m]) for m in self.connectors)
+        room = min(slots, self._window.room())
+        if room == 0:
+            wait = self._window.wait_s()
+            return wait if wait > 0 else None  # a poll that ends wakes the loop
+        batch = room + len(self._polling)
+        at = now_ms()
+        due = await reg.due_polls(list(self.connectors), batch)
+        started = 0
+        for op in due:
+            if op.id in self._polling:
+                continue
+            assert op.module is not None
+            if self._inflight[op.module] >= reg.policy.per_module_inflight:
+                continue  # a poll that ends wakes the loop
+            wait = self._window.wait_s()
+            if wait > 0:
+                return wait
+            self._start(op)
+            started += 1
+        if started and len(due) == batch:
+            return 0.0  # more may be due than one batch holds
+        nxt = await reg.next_instant(at)
+        return None if nxt is None else max(0.0, (nxt - now_ms()) / 1000)
+
+    # Polls -------------------------------------------------------------------------------
+
+    def _start(self, op: Operation) -> None:
+        assert op.module is not None
+        self._window.take()
+        self.polls_started += 1
+        self._inflight[op.module] += 1
+        self._polling.add(op.id)
+        task = asyncio.get_running_loop().create_task(self._poll(op))
+        self._polls.add(task)
+        task.add_done_callback(self._polls.discard)
+
+    async def _poll(self, op: Operation) -> Outcome:
+        assert op.module is not None
+        try:
+            connector = self.connectors[op.module]
+            try:
+                with fail_after(self.poll_timeout_s):
+                    doc = await connector.status(op)
+            except TransientPollError as exc:
+                return await self._failed(op, exc.code)
+            except DeadlineExceeded:
+                return await self._failed(op, "poll-timeout")
+            except OSError:
+                return await self._failed(op, "poll-unreachable")
+            except Exception:  # a broken connector backs off like a failing one, never spins
+                return await self._failed(op, "poll-error")
+            return await self.registry.polled(op.id, doc)
+        finally:
+            self._inflight[op.module] -= 1
+            self._polling.discard(op.id)
+            self._wake.set()
+
+    async def _failed(self, op: Operation, code: str) -> Outcome:
+        # The same stretching cadence as a successful poll: a failing connector is not asked
+        # more often than a slow one.
+        delay = self.registry.policy.poll_delay_s(op.retry_after_s, op.attempts + 1)
+        return await self.registry.poll_failed(op.id, delay, code)
+
+    async def poll_now(self, op_id: str) -> Outcome:
+        """An operator's "poll now": under the same rate cap and module limit as the loop."""
+        op = await self.registry.get(op_id)
+        if op is None:
+            return Outcome(False, "not-found")
+        if op.terminal:
+            return Outcome(False, "terminal")
+        if op.module not in self.connectors:
+            return Outcome(False, "no-connector")
+        while (
+            op.id in self._polling
+            or self._inflight[op.module] >= self.registry.policy.per_module_inflight
+            or self._window.wait_s() > 0
+        ):
+            wait = self._window.wait_s()
+            self._wake.clear()
+            await self._sleep(wait if wait > 0 else None)
+        self._window.take()
+        self.polls_started += 1
+        self._inflight[op.module] += 1
+        self._polling.add(op.id)
+        return await self._poll(op)
+
+    async def cancel(self, op_id: str) -> dict[str, Any]:
+        """Cancel an operation: ask its connector when it offers ``cancel_href`` (D7).
+
+        Returns the operator view after the attempt. A terminal operation is returned
+        unchanged; one without ``cancel_href`` keeps its state and shows its stored reason.
+        """
+        op = await self.registry.get(op_id)
+        if op is None:
+            raise LookupError(f"no deferred operation {op_id!r}")
+        if op.status in TERMINAL or op.cancel_href is None or op.module not in self.connectors:
+            return op.describe()
+        await self.registry.mark_cancel_requested(op_id)
+        with fail_after(self.poll_timeout_s):
+            doc = await self.connectors[op.module].cancel(op)
+        await self.registry.apply_status(op_id, doc)
+        fresh = await self.registry.get(op_id)
+        assert fresh is not None
+        return fresh.describe()

@@ -1,0 +1,167 @@
+"""Python connectors: a service offers deferred operations without writing the protocol.
+
+``@service.operation("report.render")`` turns an async function into a deferred operation:
+a start answers at once with ``deferred-operation.v1`` (the row is in the service's own
+:class:`~timebound.deferred.Registry`, so its state survives a restart), the function runs in a
+task bounded by the operation's lifetime, and its return value or failure becomes the status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .._core._deadline import Deadline
+from .._core._errors import DeadlineExceeded
+from .._core._scopes import fail_at
+from ._contract import OPERATION_SCHEMA, format_time
+from ._registry import Registry, now_ms
+
+__all__ = ["Overloaded", "Service", "UnknownKind"]
+
+Work = Callable[[Any], Awaitable[Any]]
+
+
+class UnknownKind(LookupError):
+    """No operation of this kind is offered."""
+
+
+class Overloaded(Exception):
+    """The service takes no more work now (answered 503 with ``Retry-After``, never 202)."""
+
+    def __init__(self, message: str, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+@dataclass(frozen=True)
+class _Offer:
+    work: Work
+    retry_after_s: int
+    ttl_s: int
+    cancelable: bool
+
+
+class Service:
+    """A set of deferred operations served from ``registry`` (mount :func:`status_app`).
+
+    ``max_running`` bounds the operations running at once; beyond it a start is refused with
+    :class:`Overloaded` (HTTP 503 + ``Retry-After``).
+    """
+
+    def __init__(self, registry: Registry, *, max_running: int = 64, base_path: str = "") -> None:
+        self.registry = registry
+        self.max_running = max_running
+        self.base_path = base_path.rstrip("/")
+        self._offers: dict[str, _Offer] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+
+    def operation(
+        self, kind: str, *, retry_after_s: int = 1, ttl_s: int = 900, cancelable: bool = True
+    ) -> Callable[[Work], Work]:
+        """Offer the decorated ``async def work(payload) -> result`` as operation ``kind``."""
+
+        def register(work: Work) -> Work:
+            if kind in self._offers:
+                raise ValueError(f"operation kind {kind!r} is already offered")
+            self._offers[kind] = _Offer(work, retry_after_s, ttl_s, cancelable)
+            return work
+
+        return register
+
+    async def start(
+        self,
+        kind: str,
+        payload: Any,
+        *,
+        idempotency_key: str | None = None,
+        wait_s: int | None = None,
+    ) -> dict[str, Any]:
+        """Accept work of ``kind``; return its ``deferred-operation.v1`` document at once."""
+        offer = self._offers.get(kind)
+        if offer is None:
+            raise UnknownKind(kind)
+        if len(self._tasks) >= self.max_running:
+            raise Overloaded("too many operations running", offer.retry_after_s)
+        op_id = f"deferred:{kind}:{uuid.uuid4().hex}"
+        created = now_ms()
+        ttl = offer.ttl_s if wait_s is None else max(1, min(offer.ttl_s, wait_s))
+        base = f"{self.base_path}/v1/deferred-operations/{op_id}"
+        doc: dict[str, Any] = {
+            "schema": OPERATION_SCHEMA,
+            "schema/v": 1,
+            "status": "deferred",
+            "operation/id": op_id,
+            "operation/kind": kind,
+            "retry_after_seconds": offer.retry_after_s,
+            "created_at": format_time(created),
+            "expires_at": format_time(created + ttl * 1000),
+            "status_href": f"{base}/status",
+        }
+        if offer.cancelable:
+            doc["cancel_href"] = f"{base}/cancel"
+        else:
+            doc["cancel/unavailable-reason"] = "this operation cannot be undone once started"
+        op = await self.registry.register(
+            doc, idempotency_key=idempotency_key, request=[kind, payload]
+        )
+        if op.id != op_id:  # an idempotent repeat: the same operation, nothing new runs
+            doc.update(
+                {
+                    "operation/id": op.id,
+                    "created_at": format_time(op.created_ms),
+                    "expires_at": format_time(op.expires_ms),
+                    "status_href": f"{self.base_path}/v1/deferred-operations/{op.id}/status",
+                }
+            )
+            if op.cancel_href is not None:
+                doc["cancel_href"] = op.cancel_href
+            return doc
+        # The registry's instants are the ones its status documents show.
+        doc["created_at"] = format_time(op.created_ms)
+        doc["expires_at"] = format_time(op.expires_ms)
+        task = asyncio.get_running_loop().create_task(
+            self._run(op_id, offer, payload, op.expires_ms)
+        )
+        self._tasks[op_id] = task
+        task.add_done_callback(lambda _: self._tasks.pop(op_id, None))
+        return doc
+
+    async def _run(self, op_id: str, offer: _Offer, payload: Any, expires_ms: int) -> None:
+        await self.registry.finish(op_id, "running")
+        try:
+            with fail_at(Deadline.from_epoch_ms(expires_ms)):
+                result = await offer.work(payload)
+        except DeadlineExceeded:
+            await self.registry.expire_due()
+            return
+        except Exception as exc:  # the work's failure is the operation's status, not a crash
+            # Only the error's type: its message may carry private data (privacy, D7).
+            error = {"code": "operation-failed", "message": type(exc).__name__, "retryable": False}
+            await self.registry.finish(op_id, "failed", error=error)
+            return
+        await self.registry.finish(op_id, "completed", result=result)
+
+    async def cancel(self, op_id: str) -> None:
+        """Cancel a running operation: its task stops and its status becomes ``cancelled``."""
+        outcome = await self.registry.finish(
+            op_id,
+            "cancelled",
+            error={"code": "cancelled", "message": "cancelled on request", "retryable": False},
+        )
+        task = self._tasks.get(op_id)
+        if outcome.applied and task is not None:
+            task.cancel()
+
+    async def aclose(self) -> None:
+        """Stop every running task (their rows stay; after a restart they expire on time)."""
+        tasks = list(self._tasks.values())
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t

@@ -1,0 +1,17 @@
+"""The timebound host: ``timebound serve`` runs workflows behind an HTTP API, an operator UI,
+Prometheus metrics and health checks (docs/host.md; needs ``pip install 'timebound[host]'``)::
+
+    from timebound.host import Host, create_app, load_config
+
+    host = Host.build(load_config({"workflows": "flows/", "actions": ["myapp.actions"]}))
+    app = create_app(host)  # any ASGI server; `timebound serve` uses uvicorn
+"""
+
+from __future__ import annotations
+
+from ._app import create_app
+from ._config import Config, ConfigError, load_config
+from ._host import Host
+from ._serve import serve
+
+__all__ = ["Config", "ConfigError", "Host", "create_app", "load_config", "serve"]

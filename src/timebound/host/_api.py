@@ -1,0 +1,252 @@
+"""The JSON API under ``/v1`` (routes fixed by the host's issue; OpenAPI in ``_openapi``)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import json
+import math
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .._core._scopes import remaining
+from ..workflow import DefinitionError
+from ..workflow._rows import RUN_TERMINAL
+from ._host import Host
+from ._problems import Problem
+from ._timeline import bound_fired, timeline, timeouts
+
+__all__ = ["api_routes", "decode_cursor", "encode_cursor", "read_json"]
+
+_RUN_STATUSES = ("running", *RUN_TERMINAL)
+# How often an SSE stream looks for new events: a display cadence, never part of a run's timing.
+_SSE_POLL_S = 0.2
+
+
+def _host(request: Request) -> Host:
+    host: Host = request.app.state.host
+    return host
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The request's JSON body: 415 if not JSON, 413 past ``limit`` bytes (counted while reading,
+    so a lying Content-Length does not help), 400 naming where the JSON broke."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media != "application/json":
+        raise Problem(415, f"the body must be application/json, not {media or 'missing'!r}")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise Problem(413, f"the body is larger than the limit of {limit} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise Problem(413, f"the body is larger than the limit of {limit} bytes")
+    try:
+        return json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
+    except UnicodeDecodeError:
+        raise Problem(400, "the body is not UTF-8") from None
+    except json.JSONDecodeError as exc:
+        raise Problem(
+            400, f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
+    except (ValueError, RecursionError) as exc:
+        raise Problem(400, f"malformed JSON: {exc}") from None
+
+
+def _only(data: Any, allowed: set[str], where: str = "body") -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise Problem(422, f"{where}: expected a JSON object")
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise Problem(422, f"{where}: unknown field(s) {unknown}; allowed: {sorted(allowed)}")
+    return data
+
+
+def encode_cursor(started_at: int, run_id: str) -> str:
+    raw = json.dumps([started_at, run_id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[int, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        started_at, run_id = json.loads(raw)
+    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError):
+        raise Problem(400, "cursor: not a cursor this host gave out") from None
+    if not isinstance(started_at, int) or not isinstance(run_id, str):
+        raise Problem(400, "cursor: not a cursor this host gave out")
+    return started_at, run_id
+
+
+def _query(request: Request, allowed: set[str]) -> dict[str, str]:
+    unknown = sorted(set(request.query_params) - allowed)
+    if unknown:
+        raise Problem(400, f"unknown query parameter(s) {unknown}; allowed: {sorted(allowed)}")
+    return dict(request.query_params)
+
+
+async def list_page(host: Host, params: dict[str, str]) -> tuple[list[dict[str, Any]], str | None]:
+    """One page of runs for the API and the UI, and the cursor of the next page."""
+    status = params.get("status") or None
+    if status is not None and status not in _RUN_STATUSES:
+        raise Problem(400, f"status: {status!r} is not one of {list(_RUN_STATUSES)}")
+    after = decode_cursor(params["cursor"]) if params.get("cursor") else None
+    size = host.config.page_size
+    rows = await host.engine.list_runs(
+        status=status,
+        definition_id=params.get("definition") or None,
+        after=after,
+        limit=size + 1,
+    )
+    page = rows[:size]
+    more = len(rows) > size
+    return page, encode_cursor(page[-1]["started_at"], page[-1]["id"]) if more else None
+
+
+async def _get_run(host: Host, run_id: str) -> dict[str, Any]:
+    try:
+        return await host.engine.get_run(run_id)
+    except KeyError:
+        raise Problem(404, f"no run {run_id!r}") from None
+
+
+async def start_run(request: Request) -> Response:
+    host = _host(request)
+    definition_id = request.path_params["definition_id"]
+    body = _only(await read_json(request, host.config.max_body_bytes), {"input", "deadline_ms"})
+    deadline_ms = body.get("deadline_ms")
+    if deadline_ms is not None and (
+        not isinstance(deadline_ms, int) or isinstance(deadline_ms, bool) or deadline_ms < 1
+    ):
+        raise Problem(422, "deadline_ms: expected a positive integer of milliseconds")
+    if definition_id not in host.definitions:
+        raise Problem(404, f"no definition {definition_id!r}")
+    run_id = await host.engine.start(definition_id, body.get("input"), deadline_ms=deadline_ms)
+    return JSONResponse(
+        {"run_id": run_id}, status_code=201, headers={"Location": f"/v1/runs/{run_id}"}
+    )
+
+
+async def list_runs(request: Request) -> Response:
+    page, cursor = await list_page(
+        _host(request), _query(request, {"status", "definition", "cursor"})
+    )
+    return JSONResponse({"runs": page, "next_cursor": cursor})
+
+
+async def run_detail(host: Host, run_id: str) -> dict[str, Any]:
+    run = await _get_run(host, run_id)
+    events = await host.engine.events(run_id)
+    return {
+        "run": run,
+        "tokens": await host.engine.tokens(run_id),
+        "timeouts": timeouts(events),
+        "bound_fired": bound_fired(run, events),
+        "timeline": timeline(run, events, math.floor(time.time() * 1000)),
+    }
+
+
+async def get_run(request: Request) -> Response:
+    _query(request, set())
+    return JSONResponse(await run_detail(_host(request), request.path_params["run_id"]))
+
+
+async def _sse(host: Host, run_id: str, start: int) -> AsyncIterator[bytes]:
+    """Events from number ``start + 1`` on, until the run ends or the caller's deadline passes
+    (then an ``event: deadline``: the stream ends cleanly, the run goes on)."""
+    seen = start
+    while True:
+        left = remaining()
+        if left == 0.0:
+            yield b"event: deadline\ndata: {}\n\n"
+            return
+        events = await host.engine.events(run_id)
+        for seq, event in enumerate(events[seen:], start=seen + 1):
+            yield f"id: {seq}\nevent: {event['kind']}\ndata: {json.dumps(event)}\n\n".encode()
+        seen = max(seen, len(events))
+        if (await host.engine.get_run(run_id))["status"] in RUN_TERMINAL:
+            yield b"event: end\ndata: {}\n\n"
+            return
+        await asyncio.sleep(min(_SSE_POLL_S, left))
+
+
+async def run_events(request: Request) -> Response:
+    _query(request, set())
+    host = _host(request)
+    run_id = request.path_params["run_id"]
+    await _get_run(host, run_id)
+    if "text/event-stream" in request.headers.get("accept", ""):
+        last = request.headers.get("last-event-id", "0")
+        start = int(last) if last.isdigit() else 0
+        return StreamingResponse(
+            _sse(host, run_id, start),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+    return JSONResponse({"events": await host.engine.events(run_id)})
+
+
+async def cancel_run(request: Request) -> Response:
+    host = _host(request)
+    run_id = request.path_params["run_id"]
+    await _get_run(host, run_id)
+    cancelled = await host.engine.cancel(run_id)
+    if not cancelled:
+        run = await _get_run(host, run_id)
+        raise Problem(409, f"run {run_id!r} has already ended ({run['status']})")
+    return JSONResponse({"run_id": run_id, "status": "cancelled"})
+
+
+def _definition_summary(d: Any) -> dict[str, Any]:
+    return {"id": d.id, "version": d.version, "timeout_ms": d.timeout_ms, "nodes": len(d.nodes)}
+
+
+async def list_definitions(request: Request) -> Response:
+    _query(request, set())
+    host = _host(request)
+    return JSONResponse(
+        {"definitions": [_definition_summary(d) for _, d in sorted(host.definitions.items())]}
+    )
+
+
+async def put_definition(request: Request) -> Response:
+    host = _host(request)
+    definition_id = request.path_params["definition_id"]
+    body = await read_json(request, host.config.max_body_bytes)
+    if not isinstance(body, dict):
+        raise Problem(422, "body: expected a workflow definition object")
+    if body.get("id") != definition_id:
+        raise Problem(
+            422, f"id: the body's id {body.get('id')!r} is not the path's {definition_id!r}"
+        )
+    try:
+        definition = host.engine.register(body)
+    except DefinitionError as exc:
+        raise Problem(422, f"invalid definition: {exc}", path=exc.path) from None
+    known = host.definitions.get(definition_id)
+    if known is None or definition.version > known.version:
+        host.definitions[definition_id] = definition  # runs start the latest version
+    return JSONResponse(_definition_summary(definition), status_code=201 if known is None else 200)
+
+
+def api_routes() -> list[Route]:
+    return [
+        Route("/v1/workflows/{definition_id}/runs", start_run, methods=["POST"]),
+        Route("/v1/runs", list_runs, methods=["GET"]),
+        Route("/v1/runs/{run_id}", get_run, methods=["GET"]),
+        Route("/v1/runs/{run_id}/events", run_events, methods=["GET"]),
+        Route("/v1/runs/{run_id}/cancel", cancel_run, methods=["POST"]),
+        Route("/v1/definitions", list_definitions, methods=["GET"]),
+        Route("/v1/definitions/{definition_id}", put_definition, methods=["PUT"]),
+    ]

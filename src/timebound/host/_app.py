@@ -1,0 +1,193 @@
+"""The host's ASGI application: API, UI, metrics and health, behind the deadline middleware."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from ..propagation.asgi import DeadlineMiddleware
+from ..telemetry.prometheus import CountersCollector
+from ._api import api_routes
+from ._host import Host
+from ._openapi import openapi
+from ._problems import Problem, problem_response
+from ._ui import SESSION_COOKIE, ui_routes
+
+__all__ = ["create_app"]
+
+_log = logging.getLogger("timebound.host")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+# Pages that must answer without a session: the login form and its stylesheet.
+_UI_OPEN = ("/ui/login", "/ui/static/")
+
+
+class _Snapshot(Collector):
+    """Runs and tokens by state, read once per scrape."""
+
+    def __init__(self, counts: dict[str, dict[str, int]]) -> None:
+        self._counts = counts
+
+    def collect(self) -> Any:
+        for what in ("runs", "tokens"):
+            family = GaugeMetricFamily(
+                f"timebound_workflow_{what}", f"Workflow {what} by state", labels=["state"]
+            )
+            for state, n in sorted(self._counts[what].items()):
+                family.add_metric([state], n)
+            yield family
+
+
+class _Guard:
+    """Auth (D8.1) and request metrics, as pure ASGI so streaming answers stay streaming."""
+
+    def __init__(self, app: ASGIApp, host: Host) -> None:
+        self.app, self.host = app, host
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope)
+        path = scope["path"]
+        refused = self._refuse(request, path)
+        started = time.perf_counter()
+        status = 500
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            if refused is not None:
+                await refused(scope, receive, sending)
+            else:
+                await self.app(scope, receive, sending)
+        finally:
+            route = _route_label(scope)
+            self.host.requests.labels(route, str(status)).inc()
+            self.host.latency.labels(route).observe(time.perf_counter() - started)
+
+    def _refuse(self, request: Request, path: str) -> Response | None:
+        host = self.host
+        if host.config.token is None:
+            return None
+        if path.startswith("/v1/"):
+            scheme, _, presented = request.headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not host.token_ok(presented.strip() or None):
+                return problem_response(401, "this route needs 'Authorization: Bearer <token>'")
+        elif (
+            path.startswith("/ui")
+            and not path.startswith(_UI_OPEN)
+            and request.cookies.get(SESSION_COOKIE) not in host.sessions
+        ):
+            return RedirectResponse("/ui/login", status_code=303)
+        return None
+
+
+def _route_label(scope: Scope) -> str:
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else "unmatched"
+
+
+def create_app(host: Host) -> ASGIApp:
+    """The ASGI app serving ``host``; its lifespan opens and closes the engine."""
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await host.engine.open()
+        try:
+            yield
+        finally:
+            await host.engine.close()
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def readyz(request: Request) -> Response:
+        try:
+            await host.engine.list_runs(limit=1)
+        except Exception as exc:
+            _log.warning("readiness: the store is not reachable: %s", type(exc).__name__)
+            return problem_response(503, "the store is not reachable")
+        return JSONResponse({"status": "ready"})
+
+    async def metrics(request: Request) -> Response:
+        registry = CollectorRegistry()
+        registry.register(_Snapshot(await host.engine.counts()))
+        registry.register(CountersCollector())
+        body = generate_latest(registry) + generate_latest(host.registry)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+    async def openapi_json(request: Request) -> Response:
+        return JSONResponse(openapi())
+
+    async def on_problem(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, Problem)
+        return problem_response(exc.status, exc.detail, request.url.path, **exc.extra)
+
+    async def on_http(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        detail = {404: "no such route", 405: f"method {request.method} is not allowed here"}
+        return problem_response(
+            exc.status_code, detail.get(exc.status_code, str(exc.detail)), request.url.path
+        )
+
+    async def on_error(request: Request, exc: Exception) -> Response:
+        # The traceback goes to the host's log only, never into a response (D8.2).
+        _log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        return problem_response(500, "internal error; the host's log has the details")
+
+    app = Starlette(
+        routes=[
+            *api_routes(),
+            *ui_routes(),
+            Route("/healthz", healthz),
+            Route("/readyz", readyz),
+            Route("/metrics", metrics),
+            Route("/openapi.json", openapi_json),
+        ],
+        exception_handlers={Problem: on_problem, HTTPException: on_http, Exception: on_error},
+        lifespan=lifespan,
+    )
+    app.state.host = host
+    guarded = _Guard(app, host)
+    # D8.3: a caller's deadline header bounds every call. A handler is cancelled at the deadline
+    # (answered 498); an event stream instead ends itself cleanly at the deadline (see _api._sse),
+    # because cancelling it would cut the chunked response mid-message.
+    bounded = DeadlineMiddleware(guarded, cancel_on_expiry=True)
+    streaming = DeadlineMiddleware(guarded, cancel_on_expiry=False)
+
+    async def dispatch(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and _wants_stream(scope):
+            await streaming(scope, receive, send)
+        else:
+            await bounded(scope, receive, send)
+
+    return dispatch
+
+
+def _wants_stream(scope: Scope) -> bool:
+    if not scope["path"].endswith("/events"):
+        return False
+    return any(k == b"accept" and b"text/event-stream" in v for k, v in scope["headers"])

@@ -1,0 +1,158 @@
+"""The host's configuration: command-line options over environment variables over a TOML file.
+
+Every value is checked here, before anything binds or opens a store, so ``timebound serve
+--check`` and a real start refuse the same mistakes with the same message (naming the option and
+where it came from).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Config", "ConfigError", "load_config"]
+
+_ENV_PREFIX = "TIMEBOUND_"
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong: the message names the option and its source."""
+
+
+@dataclass(frozen=True)
+class Config:
+    """What ``timebound serve`` runs with (every field has a command-line option, an environment
+    variable ``TIMEBOUND_<NAME>`` and a key in the TOML file's ``[host]`` table)."""
+
+    db: str = "sqlite:///timebound.db"
+    actions: tuple[str, ...] = ()
+    workflows: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    token: str | None = field(default=None, repr=False)  # never printed
+    worker: bool = True
+    max_body_bytes: int = 1_048_576
+    drain_s: float = 10.0
+    page_size: int = 50
+
+    @property
+    def loopback(self) -> bool:
+        return _is_loopback(self.host)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+_INT = {"port": (0, 65535), "max_body_bytes": (1, 1 << 30), "page_size": (1, 1000)}
+
+
+def _coerce(name: str, value: Any, source: str) -> Any:
+    where = f"{name} ({source})"
+    if name == "actions":
+        if isinstance(value, str):
+            value = [v for v in value.replace(",", " ").split() if v]
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: expected a list of module names")
+        return tuple(value)
+    if name == "worker":
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if name in _INT:
+        low, high = _INT[name]
+        try:
+            number = int(value) if not isinstance(value, bool) else None
+        except (TypeError, ValueError):
+            number = None
+        if number is None or not low <= number <= high:
+            raise ConfigError(f"{where}: expected an integer in [{low}, {high}], got {value!r}")
+        return number
+    if name == "drain_s":
+        try:
+            seconds = float(value) if not isinstance(value, bool) else -1.0
+        except (TypeError, ValueError):
+            seconds = -1.0
+        if not 0 <= seconds <= 3600:
+            raise ConfigError(f"{where}: expected seconds in [0, 3600], got {value!r}")
+        return seconds
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{where}: expected a non-empty string")
+    return value
+
+
+def _read_token_file(path: str, source: str) -> str:
+    try:
+        token = Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"token_file ({source}): cannot read {path!r}: {exc.strerror}") from None
+    if not token:
+        raise ConfigError(f"token_file ({source}): {path!r} is empty")
+    return token
+
+
+def load_config(
+    options: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_file: str | None = None,
+) -> Config:
+    """Merge the TOML file's ``[host]`` table, then ``TIMEBOUND_*`` variables, then ``options``
+    (command-line values; ``None`` means "not given"), and check the result (D8.1)."""
+    names = {f.name for f in fields(Config)} | {"token_file"}
+    values: dict[str, Any] = {}
+    layers: list[tuple[str, Mapping[str, Any]]] = []
+    if config_file is not None:
+        try:
+            with open(config_file, "rb") as f:
+                document = tomllib.load(f)
+        except OSError as exc:
+            raise ConfigError(f"config file {config_file!r}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {config_file!r}: {exc}") from None
+        table = document.get("host", {})
+        if not isinstance(table, dict):
+            raise ConfigError(f"config file {config_file!r}: [host] must be a table")
+        unknown = sorted(set(table) - names)
+        if unknown:
+            raise ConfigError(f"config file {config_file!r}: unknown key(s) {unknown} in [host]")
+        layers.append((f"config file {config_file}", table))
+    if env is not None:
+        layers.append(
+            (
+                "environment",
+                {
+                    n: env[_ENV_PREFIX + n.upper()]
+                    for n in names
+                    if env.get(_ENV_PREFIX + n.upper())
+                },
+            )
+        )
+    if options is not None:
+        layers.append(("command line", {k: v for k, v in options.items() if v is not None}))
+    for source, layer in layers:
+        for name, value in layer.items():
+            if name == "token_file":
+                values["token"] = _read_token_file(_coerce(name, value, source), source)
+            else:
+                values[name] = _coerce(name, value, source)
+    config = Config(**values)
+    if config.token is None and not config.loopback:
+        raise ConfigError(
+            f"host {config.host!r} is not a loopback address and no token is configured: "
+            "set --token-file (or TIMEBOUND_TOKEN) to serve beyond this machine (D8.1)"
+        )
+    return config

@@ -1,0 +1,110 @@
+"""The OpenAPI 3.1 document served at ``/openapi.json``, written out so it says exactly what the
+routes do (generated schemas would not know the problem documents or the SSE variant)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._version import __version__
+
+__all__ = ["openapi"]
+
+_PROBLEM = {"$ref": "#/components/responses/Problem"}
+_ERRORS = {"400": _PROBLEM, "401": _PROBLEM, "404": _PROBLEM, "413": _PROBLEM, "415": _PROBLEM}
+
+
+def _op(summary: str, ok: str, **more: Any) -> dict[str, Any]:
+    return {"summary": summary, "responses": {ok: {"description": "OK"}, **_ERRORS}, **more}
+
+
+def _path_param(name: str) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+
+
+def openapi() -> dict[str, Any]:
+    json_body = {
+        "required": True,
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    }
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "timebound host", "version": __version__},
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "responses": {
+                "Problem": {
+                    "description": "An RFC 9457 problem document",
+                    "content": {"application/problem+json": {"schema": {"type": "object"}}},
+                }
+            },
+        },
+        "security": [{"bearer": []}],
+        "paths": {
+            "/v1/workflows/{definition_id}/runs": {
+                "post": _op(
+                    "Start a run: body {input, deadline_ms?}; answers 201 {run_id}",
+                    "201",
+                    parameters=[_path_param("definition_id")],
+                    requestBody={
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "input": {},
+                                        "deadline_ms": {"type": "integer", "minimum": 1},
+                                    },
+                                }
+                            }
+                        },
+                    },
+                )
+            },
+            "/v1/runs": {
+                "get": _op(
+                    "Runs, newest first, a page at a time (next_cursor)",
+                    "200",
+                    parameters=[
+                        {"name": n, "in": "query", "schema": {"type": "string"}}
+                        for n in ("status", "definition", "cursor")
+                    ],
+                )
+            },
+            "/v1/runs/{run_id}": {
+                "get": _op(
+                    "A run, its tokens, its timeouts, the bound that fired and its timeline",
+                    "200",
+                    parameters=[_path_param("run_id")],
+                )
+            },
+            "/v1/runs/{run_id}/events": {
+                "get": _op(
+                    "A run's events as JSON, or as Server-Sent Events with "
+                    "Accept: text/event-stream (resumable with Last-Event-ID)",
+                    "200",
+                    parameters=[_path_param("run_id")],
+                )
+            },
+            "/v1/runs/{run_id}/cancel": {
+                "post": _op(
+                    "Cancel a running run (409 if it has ended)",
+                    "200",
+                    parameters=[_path_param("run_id")],
+                )
+            },
+            "/v1/definitions": {"get": _op("The registered definitions", "200")},
+            "/v1/definitions/{definition_id}": {
+                "put": _op(
+                    "Register a definition (validated; errors name the field's path)",
+                    "201",
+                    parameters=[_path_param("definition_id")],
+                    requestBody=json_body,
+                )
+            },
+            "/metrics": {"get": _op("Prometheus metrics", "200", security=[])},
+            "/healthz": {"get": _op("The process answers", "200", security=[])},
+            "/readyz": {"get": _op("The store is reachable (503 if not)", "200", security=[])},
+        },
+    }

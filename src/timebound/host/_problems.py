@@ -1,0 +1,54 @@
+"""RFC 9457 problem documents: the only shape an error of the host ever has (D8.2)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.responses import Response
+
+__all__ = ["Problem", "problem_response"]
+
+_TITLES = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    406: "Not Acceptable",
+    409: "Conflict",
+    413: "Content Too Large",
+    415: "Unsupported Media Type",
+    422: "Unprocessable Content",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
+class Problem(Exception):
+    """An error answered as ``application/problem+json``; ``detail`` names what was wrong."""
+
+    def __init__(self, status: int, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.status, self.detail, self.extra = status, detail, extra
+
+
+def problem_response(
+    status: int, detail: str, instance: str | None = None, **extra: Any
+) -> Response:
+    body: dict[str, Any] = {
+        "type": "about:blank",
+        "title": _TITLES.get(status, "Error"),
+        "status": status,
+        "detail": detail,
+    }
+    if instance is not None:
+        body["instance"] = instance
+    body.update(extra)
+    headers = {"WWW-Authenticate": 'Bearer realm="timebound"'} if status == 401 else None
+    return Response(
+        json.dumps(body),
+        status_code=status,
+        media_type="application/problem+json",
+        headers=headers,
+    )

@@ -1,0 +1,84 @@
+"""A run's token timeline and the bound that fired, computed from its stored events."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["bound_fired", "timeline", "timeouts"]
+
+_TERMINAL = {"token_completed", "token_failed", "token_timed_out", "token_cancelled"}
+_TIMEOUT_KINDS = ("token_timed_out", "join_timed_out")
+_TIMEOUT_FIELDS = (
+    "node_id",
+    "transition_id",
+    "timeout_type",
+    "timeout_duration_ms",
+    "policy_applied",
+    "deadline_at",
+    "detection_lag_ms",
+)
+
+
+def timeouts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every timeout of the run, with its layer (workflow, execution, synchronization...)."""
+    return [
+        {"kind": e["kind"], "at_epoch_ms": e["at_epoch_ms"]}
+        | {k: e[k] for k in _TIMEOUT_FIELDS if k in e}
+        for e in events
+        if e["kind"] in _TIMEOUT_KINDS
+    ]
+
+
+def bound_fired(run: dict[str, Any], events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The timeout that ended the run, if a timeout did: the last one before the run's end (a
+    retried node timeout that was followed by success ended nothing)."""
+    if run["status"] not in ("timed_out", "failed"):
+        return None
+    fired = [t for t in timeouts(events) if t.get("policy_applied") != "retry"]
+    return fired[-1] if fired else None
+
+
+def timeline(run: dict[str, Any], events: list[dict[str, Any]], now_ms: int) -> dict[str, Any]:
+    """Tokens as bars from creation to their end (``end_ms`` is ``None`` while live), and joins
+    as markers; instants are epoch milliseconds as stored."""
+    bars: dict[str, dict[str, Any]] = {}
+    markers: list[dict[str, Any]] = []
+    for e in events:
+        kind, at = e["kind"], e["at_epoch_ms"]
+        token_id = e.get("token_id")
+        if kind == "token_created" and token_id is not None:
+            bars[token_id] = {
+                "token_id": token_id,
+                "node_id": e.get("node_id"),
+                "branch_index": e.get("branch_index"),
+                "start_ms": at,
+                "end_ms": None,
+                "status": "pending",
+                "timeout": None,
+            }
+        elif token_id in bars and kind.startswith("token_"):
+            bar = bars[token_id]
+            bar["status"] = kind.removeprefix("token_")
+            if kind in _TERMINAL:
+                bar["end_ms"] = at
+            if kind == "token_timed_out":
+                bar["timeout"] = {k: e[k] for k in _TIMEOUT_FIELDS if k in e}
+        elif kind in ("join_decided", "join_timed_out"):
+            markers.append(
+                {
+                    "kind": kind,
+                    "at_ms": at,
+                    "transition_id": e.get("transition_id"),
+                    "timeout_type": e.get("timeout_type"),
+                    "branches": e.get("branches"),
+                }
+            )
+    start = run["started_at"]
+    end = run["finished_at"] if run["finished_at"] is not None else max(now_ms, start)
+    return {
+        "start_ms": start,
+        "end_ms": end,
+        "deadline_ms": run["timeout_at"],
+        "tokens": list(bars.values()),
+        "markers": markers,
+    }

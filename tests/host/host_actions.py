@@ -1,0 +1,16 @@
+"""Handlers the host tests serve (imported by the server process as ``tests.host.host_actions``)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+
+async def work(ctx: Any) -> Any:
+    """Sleeps ``input.sleep_s`` seconds (0 by default), then answers ``"ok"``."""
+    await asyncio.sleep(ctx.input.get("sleep_s", 0) if ctx.input else 0)
+    return "ok"
+
+
+async def fan(ctx: Any) -> Any:
+    return ctx.branch["item"] if ctx.branch else None

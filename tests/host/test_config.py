@@ -1,0 +1,136 @@
+"""Configuration: options over environment over TOML, and the loopback rule (D8.1)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from timebound.host import Config, ConfigError, load_config
+
+from .conftest import ROOT
+
+
+def test_defaults_are_sqlite_in_the_working_directory_on_loopback() -> None:
+    """With nothing configured: ./timebound.db, 127.0.0.1:8080, no token, a worker."""
+    config = load_config({}, {}, None)
+    assert config == Config()
+    assert (config.db, config.host, config.port) == ("sqlite:///timebound.db", "127.0.0.1", 8080)
+
+
+def test_command_line_beats_environment_beats_file(tmp_path: Path) -> None:
+    """Each layer overrides the one below it, field by field."""
+    f = tmp_path / "host.toml"
+    f.write_text('[host]\nport = 7000\ndb = "sqlite:///file.db"\npage_size = 20\n')
+    env = {"TIMEBOUND_PORT": "7100", "TIMEBOUND_DB": "sqlite:///env.db"}
+    config = load_config({"port": "7200"}, env, str(f))
+    assert (config.port, config.db, config.page_size) == (7200, "sqlite:///env.db", 20)
+
+
+def test_non_loopback_address_without_token_is_refused() -> None:
+    """Binding beyond loopback needs a token (D8.1)."""
+    with pytest.raises(ConfigError, match="not a loopback address and no token"):
+        load_config({"host": "0.0.0.0"}, {}, None)
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "127.5.5.5", "::1", "localhost"])
+def test_loopback_addresses_need_no_token(address: str) -> None:
+    """Every loopback spelling is accepted without a token."""
+    assert load_config({"host": address}, {}, None).loopback
+
+
+def test_token_from_file_allows_any_address(tmp_path: Path) -> None:
+    """A token file makes 0.0.0.0 acceptable; the token is not in the config's repr."""
+    (tmp_path / "t").write_text("tok-123\n")
+    config = load_config({"host": "0.0.0.0", "token_file": str(tmp_path / "t")}, {}, None)
+    assert config.token == "tok-123"
+    assert "tok-123" not in repr(config)
+
+
+def test_token_from_environment(tmp_path: Path) -> None:
+    """TIMEBOUND_TOKEN configures the token."""
+    assert load_config({}, {"TIMEBOUND_TOKEN": "abc"}, None).token == "abc"
+
+
+@pytest.mark.parametrize(
+    ("options", "env", "message"),
+    [
+        ({"port": "http"}, {}, "port (command line): expected an integer in [0, 65535]"),
+        ({}, {"TIMEBOUND_PORT": "70000"}, "port (environment): expected an integer"),
+        ({}, {"TIMEBOUND_WORKER": "maybe"}, "worker (environment): expected true or false"),
+        ({}, {"TIMEBOUND_DRAIN_S": "-1"}, "drain_s (environment): expected seconds"),
+        ({"token_file": "/nonexistent/t"}, {}, "token_file (command line): cannot read"),
+    ],
+)
+def test_bad_values_name_the_option_and_source(
+    options: dict[str, str], env: dict[str, str], message: str
+) -> None:
+    """A wrong value is refused with the option and where it came from."""
+    with pytest.raises(ConfigError) as info:
+        load_config(options, env, None)
+    assert str(info.value).startswith(message)
+
+
+def test_unknown_key_in_the_file_is_refused(tmp_path: Path) -> None:
+    """A misspelt key in [host] is an error, not silently ignored."""
+    f = tmp_path / "host.toml"
+    f.write_text("[host]\nprot = 1\n")
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) \['prot'\]"):
+        load_config({}, {}, str(f))
+
+
+def test_malformed_toml_is_refused(tmp_path: Path) -> None:
+    """A TOML syntax error names the file."""
+    f = tmp_path / "host.toml"
+    f.write_text("[host\n")
+    with pytest.raises(ConfigError, match=r"host\.toml"):
+        load_config({}, {}, str(f))
+
+
+def _serve(tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    return subprocess.run(
+        [sys.executable, "-m", "timebound", "serve", *args],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_check_validates_definitions_and_exits(tmp_path: Path) -> None:
+    """serve --check loads actions and definitions, prints them and exits 0."""
+    flows = tmp_path / "flows"
+    flows.mkdir()
+    (flows / "q.json").write_text((ROOT / "tests/host/flows/quick.json").read_text())
+    r = _serve(tmp_path, "--check", "--actions", "tests.host.host_actions", "--workflows", "flows")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "configuration is valid; definitions: quick\n"
+
+
+def test_check_names_the_broken_definition_file_and_field(tmp_path: Path) -> None:
+    """An invalid definition stops the start with its file and field."""
+    flows = tmp_path / "flows"
+    flows.mkdir()
+    (flows / "bad.yaml").write_text("id: bad\ninitial_node: a\nnodes: 5\n")
+    r = _serve(tmp_path, "--check", "--workflows", "flows")
+    assert r.returncode == 2
+    assert "bad.yaml" in r.stderr and "nodes" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_serve_refuses_public_address_without_token(tmp_path: Path) -> None:
+    """serve --host 0.0.0.0 without a token exits 2 with the reason."""
+    r = _serve(tmp_path, "--host", "0.0.0.0")
+    assert r.returncode == 2
+    assert "no token is configured" in r.stderr
+
+
+def test_unimportable_actions_module_is_a_usage_error(tmp_path: Path) -> None:
+    """--actions naming a missing module exits 2 naming it."""
+    r = _serve(tmp_path, "--check", "--actions", "no_such_module_xyz")
+    assert r.returncode == 2
+    assert "cannot import 'no_such_module_xyz'" in r.stderr

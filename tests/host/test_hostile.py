@@ -1,0 +1,124 @@
+"""Bad and hostile input: every error is an RFC 9457 problem naming what was wrong (D8.2)."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import Server
+
+JSON = {"content-type": "application/json"}
+
+
+def _problem(r: object, status: int) -> dict[str, object]:
+    import httpx
+
+    assert isinstance(r, httpx.Response)
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/problem+json"
+    body: dict[str, object] = r.json()
+    assert body["status"] == status
+    assert "Traceback" not in r.text
+    return body
+
+
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [
+        (b'{"input": ', "malformed JSON: Expecting value at line 1 column 11"),
+        (b"\xff\xfe{}", "the body is not UTF-8"),
+        (b'{"input": NaN}', "malformed JSON: NaN is not JSON"),
+        (b"{}{}", "malformed JSON: Extra data at line 1 column 3"),
+        (b"[" * 100_000 + b"]" * 100_000, "malformed JSON"),
+    ],
+)
+def test_malformed_json_is_a_400_problem(host: Server, body: bytes, detail: str) -> None:
+    """Broken JSON is answered 400 with where it broke."""
+    r = host.client.post("/v1/workflows/quick/runs", content=body, headers=JSON)
+    assert str(_problem(r, 400)["detail"]).startswith(detail)
+
+
+def test_unknown_field_is_named(host: Server) -> None:
+    """An unknown field in a start request is a 422 naming the field and the allowed ones."""
+    r = host.client.post("/v1/workflows/quick/runs", json={"input": {}, "priority": 9})
+    detail = _problem(r, 422)["detail"]
+    assert detail == "body: unknown field(s) ['priority']; allowed: ['deadline_ms', 'input']"
+
+
+def test_body_that_is_not_an_object_is_refused(host: Server) -> None:
+    """A JSON array where an object belongs is a 422."""
+    r = host.client.post("/v1/workflows/quick/runs", json=[1, 2])
+    assert _problem(r, 422)["detail"] == "body: expected a JSON object"
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, "100", True])
+def test_bad_deadline_ms_is_refused(host: Server, value: object) -> None:
+    """deadline_ms must be a positive integer."""
+    r = host.client.post("/v1/workflows/quick/runs", json={"deadline_ms": value})
+    assert "deadline_ms" in str(_problem(r, 422)["detail"])
+
+
+def test_oversized_body_is_413_even_without_content_length(host: Server) -> None:
+    """A chunked body past the limit (1 MiB by default) is refused while reading it."""
+
+    def chunks():  # type: ignore[no-untyped-def]
+        yield b'{"input": "'
+        for _ in range(2048):
+            yield b"x" * 1024
+        yield b'"}'
+
+    r = host.client.post("/v1/workflows/quick/runs", content=chunks(), headers=JSON)
+    assert "1048576 bytes" in str(_problem(r, 413)["detail"])
+
+
+def test_declared_oversized_body_is_413(host: Server) -> None:
+    """A Content-Length past the limit is refused before reading."""
+    r = host.client.post(
+        "/v1/workflows/quick/runs", content=b"{" + b" " * 1_048_577 + b"}", headers=JSON
+    )
+    _problem(r, 413)
+
+
+def test_wrong_media_type_is_415(host: Server) -> None:
+    """A form body where JSON belongs is a 415."""
+    r = host.client.post(
+        "/v1/workflows/quick/runs",
+        content=b"a=1",
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
+    assert "application/json" in str(_problem(r, 415)["detail"])
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "detail"),
+    [
+        ("GET", "/v1/runs/does-not-exist", 404, "no run 'does-not-exist'"),
+        ("GET", "/v1/runs/does-not-exist/events", 404, "no run 'does-not-exist'"),
+        ("POST", "/v1/runs/does-not-exist/cancel", 404, "no run 'does-not-exist'"),
+        ("GET", "/v1/nowhere", 404, "no such route"),
+        ("DELETE", "/v1/runs", 405, "method DELETE is not allowed here"),
+        ("GET", "/v1/runs?cursor=%%%", 400, "cursor: not a cursor this host gave out"),
+        ("GET", "/v1/runs?cursor=WzEsMl0", 400, "cursor: not a cursor this host gave out"),
+        ("GET", "/v1/runs?status=sleeping", 400, "status: 'sleeping' is not one of"),
+        ("GET", "/v1/runs?limit=5", 400, "unknown query parameter(s) ['limit']"),
+    ],
+)
+def test_unknown_ids_routes_and_parameters_are_problems(
+    host: Server, method: str, path: str, status: int, detail: str
+) -> None:
+    """Unknown ids, routes, methods, cursors and parameters are 4xx problems naming them."""
+    r = host.client.request(method, path)
+    assert str(_problem(r, status)["detail"]).startswith(detail)
+
+
+def test_start_of_unknown_definition_is_404(host: Server) -> None:
+    """Starting a run of a definition nobody registered names it."""
+    r = host.client.post("/v1/workflows/ghost/runs", json={"input": None})
+    assert _problem(r, 404)["detail"] == "no definition 'ghost'"
+
+
+def test_host_still_answers_after_hostile_requests(host: Server) -> None:
+    """After deeply nested and binary bodies the process is alive and healthy."""
+    for body in (b"[" * 200_000, b"\x00" * 1000, b'{"input": {"a": ' * 5000):
+        host.client.post("/v1/workflows/quick/runs", content=body, headers=JSON)
+    assert host.client.get("/healthz").status_code == 200
+    assert host.proc.poll() is None

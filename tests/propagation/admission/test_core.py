@@ -1,0 +1,313 @@
+"""The admission discipline (D9) on explicit instants: every decision at an exact time."""
+
+from __future__ import annotations
+
+import pytest
+
+from timebound import ConfigurationError
+from timebound.propagation.admission import (
+    Admission,
+    AdmissionConfig,
+    AIMDLimit,
+    FixedLimit,
+    Outcome,
+    RouteEstimates,
+    Ticket,
+)
+from timebound.telemetry import counters
+
+
+def shed(reason: str) -> int:
+    return counters.get("admission-shed", component="http-server", reason=reason)
+
+
+def make(limit: int = 1, **config: float) -> Admission:
+    return Admission(FixedLimit(limit), AdmissionConfig(**config))  # type: ignore[arg-type]
+
+
+def test_under_the_limit_a_request_runs_at_once() -> None:
+    """A request arriving below the concurrency limit is admitted."""
+    adm = make(limit=2)
+    assert adm.arrive(Ticket("GET /", None), 0.0) is Outcome.ADMIT
+    assert adm.inflight == 1
+    assert counters.get("admission-admitted", component="http-server") == 1
+
+
+def test_at_the_limit_a_request_queues_and_a_release_admits_it() -> None:
+    """A request over the limit waits, and the next release admits it and wakes it."""
+    adm = make(limit=1)
+    first, second = Ticket("GET /", None), Ticket("GET /", None)
+    woken: list[Outcome] = []
+    second.wake = woken.append
+    adm.arrive(first, 0.0)
+    assert adm.arrive(second, 0.0) is Outcome.QUEUED
+    adm.release(first, 0.03125, late=False)
+    assert woken == [Outcome.ADMIT] and adm.inflight == 1 and adm.queued() == 0
+
+
+def test_hopeless_request_is_answered_on_arrival() -> None:
+    """A budget below the route's expected service time is shed as hopeless before running."""
+    adm = make(limit=4)
+    adm.estimates.observe("GET /slow", 0.5)
+    assert adm.arrive(Ticket("GET /slow", deadline=10.25), 10.0) is Outcome.HOPELESS
+    assert adm.inflight == 0 and shed("deadline") == 1
+
+
+def test_unknown_route_is_never_shed_as_hopeless() -> None:
+    """A route with no measured handler time admits any request with budget left."""
+    adm = make(limit=4)
+    assert adm.arrive(Ticket("GET /new", deadline=10.001), 10.0) is Outcome.ADMIT
+
+
+def test_budget_equal_to_the_estimate_is_hopeless() -> None:
+    """Exactly the expected service time left is not enough (the answer would be late)."""
+    adm = make(limit=4)
+    adm.estimates.observe("r", 0.25)
+    assert adm.arrive(Ticket("r", deadline=1.25), 1.0) is Outcome.HOPELESS
+
+
+def test_normal_queue_is_first_in_first_out() -> None:
+    """While the queue is not standing, waiters are admitted oldest first."""
+    adm = make(limit=1)
+    running = Ticket("r", None)
+    adm.arrive(running, 0.0)
+    order: list[str] = []
+    for name in ("a", "b"):
+        t = Ticket(name, None)
+        t.wake = lambda _o, n=name: order.append(n)
+        adm.arrive(t, 0.0)
+    adm.release(running, 0.001, late=False)
+    assert order == ["a"]
+
+
+def test_standing_queue_serves_newest_first() -> None:
+    """Once the queue has not emptied for longer than ``interval``, the newest waiter goes first."""
+    adm = make(limit=1, interval=0.125, target=0.0625)
+    running = Ticket("r", None)
+    adm.arrive(running, 0.0)
+    tickets = {}
+    for name, at in (("old", 0.0), ("new", 0.125)):
+        tickets[name] = Ticket(name, None)
+        adm.arrive(tickets[name], at)
+    adm.release(running, 0.15625, late=False)
+    assert tickets["new"].outcome is Outcome.ADMIT
+
+
+def test_standing_queue_sheds_waiters_older_than_target() -> None:
+    """Under adaptive LIFO, waiters that exceeded ``target`` are shed with 503, not left to rot."""
+    adm = make(limit=1, interval=0.125, target=0.0625)
+    running = Ticket("r", None)
+    adm.arrive(running, 0.0)
+    old, new = Ticket("old", None), Ticket("new", None)
+    adm.arrive(old, 0.0)
+    adm.arrive(new, 0.125)
+    adm.release(running, 0.15625, late=False)
+    assert old.outcome is Outcome.OVERLOADED and shed("queue-delay") == 1
+
+
+def test_full_queue_sheds_with_overload() -> None:
+    """A request meeting a full queue is answered 503 at once."""
+    adm = make(limit=1, max_queue=1)
+    adm.arrive(Ticket("r", None), 0.0)
+    adm.arrive(Ticket("r", None), 0.0)
+    assert adm.arrive(Ticket("r", None), 0.0) is Outcome.OVERLOADED
+    assert shed("queue-full") == 1
+
+
+def test_critical_request_takes_the_place_of_the_oldest_normal_one() -> None:
+    """A critical request meeting a full queue evicts the oldest normal waiter."""
+    adm = make(limit=1, max_queue=1)
+    adm.arrive(Ticket("r", None), 0.0)
+    normal = Ticket("r", None)
+    woken: list[Outcome] = []
+    normal.wake = woken.append
+    adm.arrive(normal, 0.0)
+    assert adm.arrive(Ticket("r", None, critical=True), 0.0) is Outcome.QUEUED
+    assert woken == [Outcome.OVERLOADED]
+
+
+def test_critical_waiter_is_admitted_before_older_normal_ones() -> None:
+    """Critical traffic goes first whatever the arrival order."""
+    adm = make(limit=1)
+    running = Ticket("r", None)
+    adm.arrive(running, 0.0)
+    normal, critical = Ticket("r", None), Ticket("r", None, critical=True)
+    adm.arrive(normal, 0.0)
+    adm.arrive(critical, 0.001)
+    adm.release(running, 0.002, late=False)
+    assert critical.outcome is Outcome.ADMIT and normal.outcome is Outcome.QUEUED
+
+
+def test_request_without_deadline_keeps_its_place_among_deadline_requests() -> None:
+    """An older waiter without a deadline goes before newer ones with one (D9.2)."""
+    adm = make(limit=1)
+    running = Ticket("r", None)
+    adm.arrive(running, 0.0)
+    plain = Ticket("r", None)
+    adm.arrive(plain, 0.0)
+    adm.arrive(Ticket("r", deadline=5.0), 0.001)
+    adm.release(running, 0.002, late=False)
+    assert plain.outcome is Outcome.ADMIT
+
+
+def test_wait_until_is_the_instant_a_waiter_becomes_hopeless() -> None:
+    """A waiter's bound is its deadline minus the expected service time, when that is earliest."""
+    adm = make(limit=1, interval=1.0)
+    adm.estimates.observe("r", 0.25)
+    adm.arrive(Ticket("r", None), 0.0)
+    t = Ticket("r", deadline=0.5)
+    adm.arrive(t, 0.0)
+    assert adm.wait_until(t, 0.0) == 0.25
+    assert adm.give_up(t, 0.25) is Outcome.HOPELESS and adm.queued() == 0
+
+
+def test_waiting_longer_than_interval_sheds_with_overload() -> None:
+    """A waiter without a deadline is shed 503 after ``interval`` in a non-standing queue."""
+    adm = make(limit=1, interval=0.125, target=0.0625)
+    adm.arrive(Ticket("r", None), 0.0)
+    t = Ticket("r", None)
+    adm.arrive(t, 0.0)
+    assert adm.wait_until(t, 0.0) == 0.125
+    assert adm.give_up(t, 0.0625) is Outcome.QUEUED
+    assert adm.give_up(t, 0.125) is Outcome.OVERLOADED and shed("queue-delay") == 1
+
+
+def test_give_up_after_admission_returns_the_slot_to_the_caller() -> None:
+    """A waiter admitted just before its timer fired still runs."""
+    adm = make(limit=1)
+    running, t = Ticket("r", None), Ticket("r", None)
+    adm.arrive(running, 0.0)
+    adm.arrive(t, 0.0)
+    adm.release(running, 0.001, late=False)
+    assert adm.give_up(t, 0.2) is Outcome.ADMIT and adm.inflight == 1
+
+
+def test_cancelled_waiter_leaves_no_ticket() -> None:
+    """A waiter that goes away is removed from the queue."""
+    adm = make(limit=1)
+    adm.arrive(Ticket("r", None), 0.0)
+    t = Ticket("r", None)
+    adm.arrive(t, 0.0)
+    adm.cancel(t, 0.001)
+    assert adm.queued() == 0 and adm.inflight == 1
+
+
+def test_cancelled_after_admission_gives_back_the_slot() -> None:
+    """A waiter admitted and then cancelled before running frees its slot."""
+    adm = make(limit=1)
+    running, t = Ticket("r", None), Ticket("r", None)
+    adm.arrive(running, 0.0)
+    adm.arrive(t, 0.0)
+    adm.release(running, 0.001, late=False)
+    adm.cancel(t, 0.002)
+    assert adm.inflight == 0
+
+
+def test_release_learns_the_route_service_time() -> None:
+    """The handler time of a finished request feeds its route's estimate."""
+    adm = make(limit=1)
+    t = Ticket("GET /a", None)
+    adm.arrive(t, 1.0)
+    adm.release(t, 1.25, late=False)
+    assert adm.estimates.get("GET /a") == 0.25
+
+
+def test_queue_delay_histogram_counts_admitted_waits() -> None:
+    """The queue delay of each waiter admitted from the queue lands in its bucket."""
+    adm = make(limit=1)
+    running, t = Ticket("r", None), Ticket("r", None)
+    adm.arrive(running, 0.0)
+    adm.arrive(t, 0.0)
+    adm.release(running, 0.003, late=False)
+    stats = adm.stats()
+    assert stats.queue_delay_counts[2] == 1 and sum(stats.queue_delay_counts) == 1
+    assert stats.queue_delay_sum == 0.003 and stats.limit == 1
+
+
+def test_ewma_moves_by_alpha() -> None:
+    """Each observation moves the estimate by ``alpha`` of the difference."""
+    est = RouteEstimates(alpha=0.5)
+    est.observe("r", 1.0)
+    est.observe("r", 0.5)
+    assert est.get("r") == 0.75
+
+
+def test_route_table_is_bounded() -> None:
+    """Past ``max_routes`` the least recently seen route is forgotten (hostile paths)."""
+    est = RouteEstimates(max_routes=2)
+    for route in ("a", "b", "c"):
+        est.observe(route, 1.0)
+    assert est.get("a") == 0.0 and est.get("c") == 1.0
+
+
+def test_aimd_grows_while_the_limit_is_in_use() -> None:
+    """A good sample with at least half the limit in flight raises the limit by one."""
+    limit = AIMDLimit(4)
+    limit.sample(0.01, dropped=False, inflight=2)
+    assert limit.value == 5
+
+
+def test_aimd_does_not_grow_when_idle() -> None:
+    """An idle server learns nothing about its capacity."""
+    limit = AIMDLimit(4)
+    limit.sample(0.01, dropped=False, inflight=1)
+    assert limit.value == 4
+
+
+def test_aimd_backs_off_on_a_late_request() -> None:
+    """A request that ended after its deadline multiplies the limit by ``backoff``."""
+    limit = AIMDLimit(20, backoff=0.5)
+    limit.sample(0.01, dropped=True, inflight=20)
+    assert limit.value == 10
+
+
+def test_aimd_backs_off_on_a_slow_request() -> None:
+    """A request slower than ``slow`` counts as a drop."""
+    limit = AIMDLimit(20, backoff=0.5, slow=0.1)
+    limit.sample(0.25, dropped=False, inflight=20)
+    assert limit.value == 10
+
+
+def test_aimd_stays_within_its_bounds() -> None:
+    """The limit never drops below ``minimum`` nor grows past ``maximum``."""
+    limit = AIMDLimit(2, minimum=2, maximum=3, backoff=0.5)
+    limit.sample(0.01, dropped=True, inflight=2)
+    low = limit.value
+    for _ in range(5):
+        limit.sample(0.01, dropped=False, inflight=3)
+    assert (low, limit.value) == (2, 3)
+
+
+def test_adaptive_limit_drives_admission() -> None:
+    """A late finish lowers the limit, so a later arrival queues where it would have run."""
+    adm = Admission(AIMDLimit(2, backoff=0.5))
+    a, b = Ticket("r", None), Ticket("r", None)
+    adm.arrive(a, 0.0)
+    adm.arrive(b, 0.0)
+    adm.release(a, 1.0, late=True)
+    assert adm.stats().limit == 1
+    assert adm.arrive(Ticket("r", None), 1.0) is Outcome.QUEUED
+
+
+@pytest.mark.parametrize(
+    ("build", "option"),
+    [
+        (lambda: FixedLimit(0), "limit"),
+        (lambda: FixedLimit(1.5), "limit"),  # type: ignore[arg-type]
+        (lambda: AIMDLimit(0), "initial"),
+        (lambda: AIMDLimit(5, maximum=4), "initial"),
+        (lambda: AIMDLimit(backoff=1.0), "backoff"),
+        (lambda: AIMDLimit(slow=float("nan")), "slow"),
+        (lambda: AdmissionConfig(max_queue=0), "max_queue"),
+        (lambda: AdmissionConfig(target=float("inf")), "target"),
+        (lambda: AdmissionConfig(target=0.5, interval=0.1), "target"),
+        (lambda: AdmissionConfig(retry_after=True), "retry_after"),  # type: ignore[arg-type]
+        (lambda: RouteEstimates(alpha=0), "alpha"),
+        (lambda: RouteEstimates(max_routes=-1), "max_routes"),
+    ],
+)
+def test_bad_knob_is_refused_by_name(build: object, option: str) -> None:
+    """A bad knob raises ConfigurationError naming the option."""
+    with pytest.raises(ConfigurationError, match=option) as info:
+        build()  # type: ignore[operator]
+    assert info.value.option == option
