@@ -136,15 +136,23 @@ class Engine:
         self._outcomes: list[_Report] = []
         self._starts: list[_Start] = []
         self._stored: set[tuple[str, int]] = set()  # definitions this engine has written
-        # Deferred operations (docs/deferred.md): the registry shares this engine's store, and a
-        # completed operation resumes its token in the registry's transaction (exactly once).
-        from ..deferred import Poller, Registry
+        # Deferred operations (docs/deferred.md): made on first use, so an engine without them
+        # never imports timebound.deferred.
+        self._deferred_policy = deferred_policy
+        self._deferred_connectors = dict(deferred_connectors or {})
+        self._deferred_registry: Any = None
+        self._deferred_poller: Any = None
 
-        self.deferred_registry = Registry(self._store, policy=deferred_policy)
-        self.deferred_registry.on_resume(_RESUME_KIND, self._resume_deferred)
-        self._deferred_poller = (
-            Poller(self.deferred_registry, deferred_connectors) if deferred_connectors else None
-        )
+    @property
+    def deferred_registry(self) -> Any:
+        """The :class:`timebound.deferred.Registry` of this engine's deferred operations, on its
+        store; a completed operation resumes its token in the registry's transaction (once)."""
+        if self._deferred_registry is None:
+            from ..deferred import Registry
+
+            self._deferred_registry = Registry(self._store, policy=self._deferred_policy)
+            self._deferred_registry.on_resume(_RESUME_KIND, self._resume_deferred)
+        return self._deferred_registry
 
     # Definitions ----------------------------------------------------------------------------
 
@@ -191,13 +199,17 @@ class Engine:
             async with self._txn() as tx:
                 await self._requeue(tx, "status IN ('dispatched', 'executing')")
         self._loop_task = asyncio.create_task(self._loop(), name="timebound-workflow-loop")
-        if self._deferred_poller is not None:
+        if self._deferred_connectors:
+            from ..deferred import Poller
+
+            self._deferred_poller = Poller(self.deferred_registry, self._deferred_connectors)
             await self._deferred_poller.__aenter__()
 
     async def close(self) -> None:
         """Stop the loop and in-flight attempts (their tokens are re-dispatched on restart)."""
         if self._deferred_poller is not None:
             await self._deferred_poller.stop()
+            self._deferred_poller = None
         task, self._loop_task = self._loop_task, None
         pending = [t for t in (task, *self._attempts.values(), *self._background) if t is not None]
         for t in pending:
