@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -71,8 +72,17 @@ class Server:
 
     def __init__(self, proc: subprocess.Popen[str], url: str, token: str | None) -> None:
         self.proc, self.url, self.token = proc, url, token
+        # Drained all along: a full pipe would block the server at its next log line.
+        self.output: list[str] = []
+        self._reader = threading.Thread(target=self._drain, name="host-output", daemon=True)
+        self._reader.start()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.client = httpx.Client(base_url=url, headers=headers, timeout=30)
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.output.append(line)
 
     def wait_run(self, run_id: str) -> dict[str, Any]:
         """The run's detail once it has ended (polls; the server's clock decides, not ours)."""
@@ -133,12 +143,14 @@ def stop(server: Server) -> str:
     server.client.close()
     server.proc.send_signal(signal.SIGTERM)
     try:
-        out, _ = server.proc.communicate(timeout=30)
+        server.proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
         server.proc.kill()
-        out, _ = server.proc.communicate()
-        raise AssertionError(f"the host did not stop on SIGTERM: {out}") from None
-    return out
+        server.proc.wait()
+        server._reader.join()
+        raise AssertionError(f"the host did not stop on SIGTERM: {''.join(server.output)}")
+    server._reader.join()
+    return "".join(server.output)
 
 
 @pytest.fixture(scope="module")
