@@ -121,3 +121,26 @@ async def test_a_broken_acceptance_is_a_contract_violation(
         result = await engine.wait(run_id, timeout=30)
     assert result.status == "failed"
     assert result.error is not None and "contract-violation" in result.error
+
+
+async def test_reject_as_failure_fails_the_run_and_polls_nothing(
+    served: tuple[Served, str], store_url: str
+) -> None:
+    """deferred_response_mode reject-as-failure: the run fails, no operation is registered."""
+    _, url = served
+    engine = _engine(store_url, url, "report.render", {"pages": 1})
+    engine.register({**_definition(), "deferred_response_mode": "reject-as-failure"})
+    async with engine:
+        run_id = await engine.start("report", {})
+        result = await engine.wait(run_id, timeout=30)
+        ops = await engine.deferred_registry.operations()
+    assert result == wf.RunResult("failed", None, "deferred-not-accepted")
+    assert ops == []
+
+
+def test_an_unknown_response_mode_is_refused() -> None:
+    """deferred_response_mode takes one of its two values."""
+    with pytest.raises(wf.DefinitionError, match="deferred_response_mode"):
+        wf.Engine(db="sqlite:///unused.db").register(
+            {**_definition(), "deferred_response_mode": "maybe"}
+        )

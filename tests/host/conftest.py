@@ -34,6 +34,37 @@ BOUNDED = {
     "nodes": [{"id": "a", "action_id": "work", "timeout_ms": 200}],
 }
 
+# A fan-out of naps whose join waits 400 ms from the first arrival, then goes on with what came.
+FANOUT = {
+    "id": "fanout",
+    "timeout_ms": 60_000,
+    "initial_node": "start",
+    "actions": [
+        {"id": "nap", "kind": "python", "implementation": {"handler": "nap"}},
+        {"id": "noop", "kind": "python", "implementation": {"handler": "noop"}},
+    ],
+    "nodes": [
+        {"id": "start", "action_id": "noop"},
+        {"id": "probe", "action_id": "nap"},
+        {"id": "report", "action_id": "noop"},
+    ],
+    "transitions": [
+        {"id": "spread", "from": "start", "to": "probe", "foreach": "input.delays"},
+        {
+            "id": "join",
+            "from": "probe",
+            "to": "report",
+            "synchronization": {
+                "strategy": "all",
+                "sibling_group": "spread",
+                "timeout_ms": 400,
+                "on_timeout": "proceed_with_available",
+                "merge": {"source": "_branch.output", "target": "state.naps", "strategy": "append"},
+            },
+        },
+    ],
+}
+
 
 class Server:
     """A running host: its base URL, its output so far, and a client."""
@@ -66,6 +97,7 @@ def launch(
     flows.mkdir(exist_ok=True)
     (flows / "quick.json").write_text(json.dumps(QUICK))
     (flows / "bounded.yaml").write_text(json.dumps(BOUNDED))  # JSON is YAML
+    (flows / "fanout.yml").write_text(json.dumps(FANOUT))
     argv = [sys.executable, "-m", "timebound", "serve", "--port", "0"]
     argv += ["--db", f"sqlite:///{tmp}/host.db", "--actions", "tests.host.host_actions"]
     argv += ["--workflows", str(flows), *args]

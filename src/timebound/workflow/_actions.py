@@ -38,7 +38,7 @@ class ActionContext:
 
 @dataclass(frozen=True)
 class Outcome:
-    kind: Literal["ok", "error", "timeout", "deferred"]
+    kind: Literal["ok", "error", "timeout", "deferred", "reject"]
     value: Any = None
     error: str | None = None
 

@@ -137,6 +137,12 @@ class Definition:
     transitions: dict[str, Transition]
     raw: dict[str, Any] = field(repr=False, compare=False)
 
+    @property
+    def deferred_response_mode(self) -> str:
+        """``surface-to-caller`` (default): a deferred answer suspends the node; or
+        ``reject-as-failure``: the run fails with ``deferred-not-accepted``."""
+        return str(self.raw.get("deferred_response_mode", "surface-to-caller"))
+
     def outgoing(self, node_id: str) -> list[Transition]:
         return [t for t in self.transitions.values() if t.source == node_id]
 

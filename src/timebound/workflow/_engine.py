@@ -631,7 +631,11 @@ class Engine:
             attempt=tok["attempt"],
             deadline=Deadline.from_epoch_ms(min(bounds) if bounds else None),
         )
-        return (tok["id"], action.kind, action.implementation, ctx)
+        implementation = action.implementation
+        if action.kind == "deferred":
+            mode = definition.deferred_response_mode
+            implementation = {**implementation, "response_mode": mode}
+        return (tok["id"], action.kind, implementation, ctx)
 
     async def _attempt(
         self, token_id: str, kind: str, implementation: Mapping[str, Any], ctx: ActionContext
@@ -672,12 +676,18 @@ class Engine:
         self, implementation: Mapping[str, Any], ctx: ActionContext, what: str
     ) -> Outcome:
         """Run the bounded initial call, then register its operation and suspend the token."""
-        from ..deferred import CONTINUATION_SCHEMA, SchemaError
+        from ..deferred import CONTINUATION_SCHEMA, SchemaError, validate_operation
 
         handler = self._handlers[implementation["handler"]]
         first = await run_python(handler, ctx, what=what, on_late=lambda: None)
         if first.kind != "ok":
             return first
+        try:
+            validate_operation(first.value)
+        except SchemaError as exc:
+            return Outcome("error", error=f"contract-violation: {exc}")
+        if implementation["response_mode"] == "reject-as-failure":
+            return Outcome("reject", error="deferred-not-accepted")  # nothing is registered
         continuation = {
             "schema": CONTINUATION_SCHEMA,
             "resume_kind": _RESUME_KIND,
@@ -739,6 +749,8 @@ class Engine:
             if outcome.kind == "ok":
                 await machine.late_result(tx, run["id"], token_id, attempt, now)
             await machine.token_timeout(tx, run, tok, now)
+        elif outcome.kind == "reject":
+            await machine.fail_run(tx, run, outcome.error or "deferred-not-accepted", now)
         elif outcome.kind == "deferred":
             # Suspended on a deferred operation: no worker is held; the registry's resume
             # completes or fails the token. child_run_id names what it waits on, so a restart
