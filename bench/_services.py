@@ -24,6 +24,8 @@ Modes (what each service does; see ``docs/propagation.md``)
 - ``M2``: ``DeadlineMiddleware`` on A, B and C plus the transports; no local budgets — the deadline
   is the one received on the wire.
 - ``M3``: M2 with ``DeadlineMiddleware(cancel_on_expiry=True)``.
+- ``M4``/``M5``: M2/M3 with C's middleware an ``AdmissionMiddleware`` (default knobs: adaptive
+  limit, CoDel queue with adaptive LIFO, hopeless requests answered 498 before any work).
 
 Accounting (never behaviour)
 ----------------------------
@@ -263,6 +265,7 @@ class Work:
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         w0 = _wall()
         status = 200
+        scope["bench.ran"] = True  # the handler ran: the request was not shed
         try:
             async with self.lock:
                 for _ in range(self.quanta):
@@ -378,6 +381,7 @@ class BenchApp:
                 float(received_ms) if received_ms.isdigit() else -1.0,
                 status,
                 int(sent) / 1e6 if sent is not None else -1.0,
+                1 if scope.get("bench.ran") else 0,
             )
         )
 
@@ -386,10 +390,16 @@ def build_app(
     role: str, mode: str, next_url: str | None, iters: int, quanta: int, lifo: bool = False
 ) -> Any:
     handler: Any = Work(iters, quanta, lifo) if role == "C" else Forward(role, mode, next_url or "")
-    if mode in ("M2", "M3"):
+    cancel = mode in ("M3", "M5")
+    if mode in ("M4", "M5") and role == "C":
+        # Admission where the overload is: C, the bottleneck, with the default (adaptive) limit.
+        from timebound.propagation.asgi import AdmissionMiddleware
+
+        handler = AdmissionMiddleware(handler, cancel_on_expiry=cancel)
+    elif mode in ("M2", "M3", "M4", "M5"):
         from timebound.propagation.asgi import DeadlineMiddleware
 
-        handler = DeadlineMiddleware(handler, cancel_on_expiry=(mode == "M3"))
+        handler = DeadlineMiddleware(handler, cancel_on_expiry=cancel)
     return BenchApp(handler)
 
 
@@ -445,7 +455,7 @@ async def _serve(args: argparse.Namespace) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--role", choices=["A", "B", "C"], required=True)
-    p.add_argument("--mode", choices=["M0", "M1", "M2", "M3"], required=True)
+    p.add_argument("--mode", choices=["M0", "M1", "M2", "M3", "M4", "M5"], required=True)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--next", default=None)
     p.add_argument("--iters", type=int, default=1000)

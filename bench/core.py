@@ -1,6 +1,7 @@
 """Core benchmarks: scope overhead, remaining(), policies' happy path, lateness, sync tiers.
 
-Run: ``python bench/core.py`` (about 1.5 minutes on 2 cores). Prints a table and writes
+Run: ``python bench/core.py`` (about 4 minutes on 2 cores; the 100k-task rows run six
+subprocesses). Prints a table and writes
 ``bench/results/core.json``. Every timebound number is compared with a baseline measured in the
 same process and run (asyncio.timeout, asyncio.sleep, backoff, time.sleep, ...), interleaved and
 summarised by medians of best-of-batches, so the ratio — not the absolute value — is what the

@@ -266,7 +266,12 @@ def _rows(driver: str, t: dict[str, float], trips: dict[str, int]) -> list[Row]:
 async def _guard_rows() -> list[Row]:
     """What the guard itself costs: a statement run through ``run_guarded`` (its own task, the
     caller waiting on it) against the same coroutine awaited directly, no I/O."""
-    from timebound.propagation._db_common import Guard, run_guarded
+    from timebound.propagation._client import AttemptTimeoutBase, begin
+    from timebound.propagation._db_common import Guard, options, run_guarded
+
+    # An attempt under a deadline, as a guarded call has one (its statement checks it).
+    with tb.inherit_deadline(tb.Deadline.after(3600)):
+        attempt = begin(None, options("bench", "bench"), AttemptTimeoutBase)
 
     async def statement() -> None:
         await asyncio.sleep(0)
@@ -275,7 +280,7 @@ async def _guard_rows() -> list[Row]:
         await guard.statement(statement)
 
     async def through_guard() -> None:
-        await run_guarded(guarded, what="bench", client="bench", grace=1.0)
+        await run_guarded(guarded, attempt, grace=1.0)
 
     t = await _interleave({"direct": statement, "guarded": through_guard})
     return [Row("db.guard.time", t["guarded"] * US, "us", "direct", t["direct"] * US)]

@@ -7,8 +7,9 @@ every quantum. The load generator (this process) sends open-loop Poisson arrival
 C's measured capacity and gives up on each request at 250 ms.
 
 Modes: M0 no propagation; M1 clients only (A and B clamp to their own static budget); M2 clients +
-``DeadlineMiddleware`` on every server; M3 M2 with ``cancel_on_expiry=True`` (see
-``bench/_services.py`` and ``docs/propagation.md`` for the precise definitions).
+``DeadlineMiddleware`` on every server; M3 M2 with ``cancel_on_expiry=True``; M4 and M5: M2 and M3
+with ``AdmissionMiddleware`` at C (see ``bench/_services.py`` and ``docs/propagation.md`` for the
+precise definitions). ``--bursty`` also runs M2, M4 and M5 under an on/off load of the same mean.
 
 Per mode and load it reports:
 
@@ -56,8 +57,12 @@ HERE = Path(__file__).resolve().parent
 SERVICES = HERE / "_services.py"
 CLIENT_DEADLINE = 0.250  # seconds; the load generator gives up here in every mode
 QUANTUM = 0.0005  # seconds of CPU per work quantum
-MODES = ("M0", "M1", "M2", "M3")
+MODES = ("M0", "M1", "M2", "M3", "M4", "M5")
+#: Modes with admission control at C (issue 13): their targets are set at rho 2 and 3.
+ADMISSION_MODES = ("M4", "M5")
 LOADS = (0.5, 1.0, 2.0, 3.0)
+#: The bursty load's rates, as multiples of the mean, in the on and the off half-second.
+BURST_HIGH, BURST_LOW = 1.75, 0.25
 
 
 # --- small helpers -------------------------------------------------------------------------
@@ -370,12 +375,16 @@ async def open_loop(
     seed: int,
     on_mark: float,
     mark: Any,
+    bursty: bool = False,
 ) -> tuple[list[Outcome], float]:
     """Poisson arrivals at ``rate``/s for ``total`` seconds; calls ``mark()`` at ``on_mark`` s.
 
+    ``bursty``: the same mean rate, on and off — each second, half a second at 1.75 x ``rate``
+    and half at 0.25 x (a Poisson process at the peak rate, thinned).
     Returns every outcome and the epoch time of the mark.
     """
     rng = random.Random(seed)
+    peak = rate * (BURST_HIGH if bursty else 1.0)
     outcomes: list[Outcome] = []
     limits = httpx.Limits(max_connections=4000, max_keepalive_connections=4000)
     tasks: set[asyncio.Task[None]] = set()
@@ -405,9 +414,11 @@ async def open_loop(
         i = 0
         marked = False
         while True:
-            t += rng.expovariate(rate)
+            t += rng.expovariate(peak)
             if t >= total:
                 break
+            if bursty and t % 1.0 >= 0.5 and rng.random() >= BURST_LOW / BURST_HIGH:
+                continue
             if not marked and t >= on_mark:
                 await asyncio.sleep(max(0.0, start + on_mark - loop.time()))
                 # The control channel is a blocking pipe round-trip: keep it off the loop.
@@ -445,6 +456,10 @@ class RunResult:
     cpu: dict[str, float]  # process CPU per service in the window (s)
     received: int  # requests that reached A in the window
     p50_latency: float  # end to end, successful requests (s)
+    p99_latency: float = math.nan  # end to end, successful requests (s)
+    #: Fraction of C's requests in the window answered without running its handler (498, 503).
+    shed: float = 0.0
+    load: str = "poisson"
     #: Per request, each service's own time (s): its app time minus the next service's (A, B);
     #: C's app time minus its queue and work (C).
     own: dict[str, list[float]] = field(default_factory=dict)
@@ -490,6 +505,7 @@ def run_one(
     measure: float,
     seed: int,
     queue: str = "fifo",
+    bursty: bool = False,
 ) -> RunResult:
     """One mode at one load: fresh services, warm-up, measured window, figures; always cleaned up."""
     services = start_chain(mode, iters, quanta, queue=queue)
@@ -504,7 +520,9 @@ def run_one(
             marks["busy"], marks["own"] = cpu_busy(), time.process_time()
 
         outcomes, mark_at = asyncio.run(
-            open_loop(services["A"].url, rate, warm + measure, mode != "M0", seed, warm, mark)
+            open_loop(
+                services["A"].url, rate, warm + measure, mode != "M0", seed, warm, mark, bursty
+            )
         )
         # Stats right after the window (not after the load generator's last give-up), so the
         # services' window matches the requests sent in it.
@@ -527,8 +545,13 @@ def run_one(
     slack = sorted(
         x[1] + x[5] / 1e3 - x[4]
         for x in stats["C"]["records"]
-        if mode in ("M2", "M3") and x[5] >= 0 and mark_at <= x[4] - CLIENT_DEADLINE < end
+        if mode in ("M2", "M3", "M4", "M5")
+        and x[5] >= 0
+        and mark_at <= x[4] - CLIENT_DEADLINE < end
     )
+    c_window = [x for x in stats["C"]["records"] if mark_at <= x[4] - CLIENT_DEADLINE < end]
+    shed = sum(1 for x in c_window if x[6] in (498, 503) and not x[8])
+    latencies = sorted(o.latency for o in good)
     return RunResult(
         mode=mode,
         rho=rho,
@@ -542,7 +565,10 @@ def run_one(
         late_by_service={r: int(stats[r]["late_calls"]) for r in "ABC"},
         cpu=cpu,
         received=max(1, int(stats["A"]["received"])),
-        p50_latency=median([o.latency for o in good]),
+        p50_latency=median(latencies),
+        p99_latency=latencies[int(0.99 * (len(latencies) - 1))] if latencies else math.nan,
+        shed=shed / len(c_window) if c_window else 0.0,
+        load="bursty" if bursty else "poisson",
         own=_own_times(stats),
         c_slack=(
             (slack[len(slack) // 2], slack[int(0.9 * (len(slack) - 1))])
@@ -635,6 +661,8 @@ def _mode_rows(prefix: str, results: list[RunResult], capacity: float, targets: 
         bname = "M0" if base else None
         key = f"{prefix}.{r.mode}.{rho_name(r.rho)}"
         is_target = targets and r.mode == "M2" and r.rho == 2.0
+        # Issue 13: with admission, PDW <= 5 % and goodput >= 0.8 x capacity at rho 2 and 3.
+        admitted = targets and r.mode in ADMISSION_MODES and r.rho in (2.0, 3.0)
         for name, value, bval in (
             ("pdw_c", r.pdw_c, base.pdw_c if base else None),
             ("pdw_total", r.pdw_total, base.pdw_total if base else None),
@@ -643,8 +671,17 @@ def _mode_rows(prefix: str, results: list[RunResult], capacity: float, targets: 
             if is_target and bval is not None:
                 target = "<= 0.1 x M0 and <= 0.05"
                 passed = value <= 0.1 * bval and value <= 0.05
+            elif admitted and name == "pdw_c":
+                target, passed = "<= 0.05", value <= 0.05
             rows.append(Row(f"{key}.{name}", value, "fraction", bname, bval, target, passed))
-        if is_target:
+        target = passed = None
+        if targets and r.mode in ADMISSION_MODES and r.rho == 0.5:
+            target, passed = "<= 0.001", r.shed <= 0.001
+        rows.append(Row(f"{key}.shed", r.shed, "fraction", None, None, target, passed))
+        for name, value in (("p50_latency", r.p50_latency), ("p99_latency", r.p99_latency)):
+            if not math.isnan(value):
+                rows.append(Row(f"{key}.{name}", value * 1e3, "ms"))
+        if is_target or admitted:
             rows.append(
                 Row(
                     f"{key}.goodput",
@@ -685,7 +722,11 @@ def _mode_rows(prefix: str, results: list[RunResult], capacity: float, targets: 
 
 
 def build_rows(
-    capacity: float, results: list[RunResult], overhead: Overhead | None, lifo: list[RunResult]
+    capacity: float,
+    results: list[RunResult],
+    overhead: Overhead | None,
+    lifo: list[RunResult],
+    bursty: Sequence[RunResult] = (),
 ) -> list[Row]:
     """Every result row, with targets and pass/miss where the brief sets them."""
     rows = [Row("propagation.c_capacity", capacity, "req/s")]
@@ -742,6 +783,7 @@ def build_rows(
         if not math.isnan(o.null_per_hop):
             rows.append(Row("propagation.M0.rho0.5.null_p50_per_hop", o.null_per_hop * 1e6, "us"))
     rows += _mode_rows("propagation.lifo", lifo, capacity, targets=False)
+    rows += _mode_rows("propagation.bursty", list(bursty), capacity, targets=False)
     return rows
 
 
@@ -749,8 +791,8 @@ def _table(results: list[RunResult], capacity: float) -> list[str]:
     """Markdown table lines, one row per run."""
     lines = [
         "| mode | rho | offered req/s | goodput req/s | goodput / capacity | PDW C | PDW A+B+C "
-        "| L (at B + C) | C's deadline - origin's, p50 / p90 |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| L (at B + C) | shed at C | served p50 / p99 | C's deadline - origin's, p50 / p90 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         slack = (
@@ -761,7 +803,8 @@ def _table(results: list[RunResult], capacity: float) -> list[str]:
         lines.append(
             f"| {r.mode} | {r.rho:g} | {r.rate:.0f} | {r.goodput:.1f} | "
             f"{r.goodput / capacity:.2f} | {r.pdw_c:.1%} | {r.pdw_total:.1%} | "
-            f"{r.late_by_service['B']} + {r.late_by_service['C']} | {slack} |"
+            f"{r.late_by_service['B']} + {r.late_by_service['C']} | {r.shed:.1%} | "
+            f"{r.p50_latency * 1e3:.0f} / {r.p99_latency * 1e3:.0f} ms | {slack} |"
         )
     return lines
 
@@ -772,6 +815,7 @@ def markdown_table(
     overhead: Overhead | None,
     lifo: list[RunResult],
     quanta: int,
+    bursty: Sequence[RunResult] = (),
 ) -> str:
     """The results as markdown, as ``docs/propagation.md`` shows them."""
     foreign = [r.foreign_cpu for r in results + lifo if not math.isnan(r.foreign_cpu)]
@@ -811,6 +855,13 @@ def markdown_table(
                 f"| the same, M0 repeats against the first M0 run (noise) | | | "
                 f"{o.null_per_hop * 1e6:+.0f} us |"
             )
+    if bursty:
+        lines += [
+            "",
+            "Bursty load of mean rho = 1 (each second: half at 1.75 x, half at 0.25 x):",
+            "",
+            *_table(list(bursty), capacity),
+        ]
     if lifo:
         lines += [
             "",
@@ -855,6 +906,7 @@ def main(argv: list[str] | None = None) -> int:
         help="re-run (twice at most) a run during which other processes used more cores",
     )
     p.add_argument("--no-lifo", action="store_true", help="skip the LIFO diagnostic variant")
+    p.add_argument("--no-bursty", action="store_true", help="skip the bursty-load runs")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "propagation.json")
     p.add_argument("--markdown", type=Path, default=None, help="also write the markdown here")
     p.add_argument("--seed", type=int, default=1)
@@ -871,6 +923,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, _on_sigterm)
     t_start = time.monotonic()
+    load_start = os.getloadavg()[0]
     modes = tuple(args.modes.split(",")) if args.modes else MODES
     loads = tuple(float(x) for x in args.loads.split(",")) if args.loads else LOADS
     cap_seconds, cap_warm = 2.0, 0.5
@@ -879,6 +932,7 @@ def main(argv: list[str] | None = None) -> int:
         loads = tuple(float(x) for x in args.loads.split(",")) if args.loads else (1.0,)
         args.warm, args.measure, args.quanta = 0.3, 0.7, 8
         args.repeats, args.no_lifo, args.quiet_wait = 0, True, 0.0
+        args.no_bursty = True
         cap_seconds, cap_warm = 0.4, 0.1
     if any(m != "M0" for m in modes) and not propagation_available():
         log("timebound.propagation.asgi/httpx not importable: running M0 only")
@@ -886,15 +940,25 @@ def main(argv: list[str] | None = None) -> int:
 
     def progress(r: RunResult) -> None:
         log(
-            f"[{time.monotonic() - t_start:6.1f}s] {r.mode} rho={r.rho:g} queue={r.queue}: "
-            f"goodput {r.goodput:.1f}/s, PDW C {r.pdw_c:.1%}, total {r.pdw_total:.1%}, "
+            f"[{time.monotonic() - t_start:6.1f}s] {r.mode} rho={r.rho:g} queue={r.queue} "
+            f"load={r.load}: goodput {r.goodput:.1f}/s, PDW C {r.pdw_c:.1%}, "
+            f"total {r.pdw_total:.1%}, shed {r.shed:.1%}, "
             f"L {r.late_calls}, other processes {r.foreign_cpu:.2f} cores"
         )
 
-    def run(mode: str, rho: float, queue: str = "fifo") -> RunResult:
+    def run(mode: str, rho: float, queue: str = "fifo", bursty: bool = False) -> RunResult:
         for attempt in range(3):
             r = run_one(
-                mode, rho, capacity, iters, args.quanta, args.warm, args.measure, args.seed, queue
+                mode,
+                rho,
+                capacity,
+                iters,
+                args.quanta,
+                args.warm,
+                args.measure,
+                args.seed,
+                queue,
+                bursty,
             )
             progress(r)
             if args.smoke or not r.foreign_cpu > args.max_foreign or attempt == 2:
@@ -907,6 +971,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[RunResult] = []
     extra: list[RunResult] = []
     lifo: list[RunResult] = []
+    bursty: list[RunResult] = []
     try:
         if args.quiet_wait > 0:
             busy = wait_quiet(args.quiet_wait)
@@ -929,6 +994,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_lifo and {"M0", "M2"} <= set(modes):
             for rho in (x for x in loads if x >= 2.0):
                 lifo += [run("M0", rho, "lifo"), run("M2", rho, "lifo")]
+        if not args.no_bursty:
+            # The same mean as rho = 1, in on/off bursts: admission must not over-shed them.
+            bursty += [run(m, 1.0, bursty=True) for m in ("M0", "M2", "M4", "M5") if m in modes]
         micro = None
         if "M2" in modes and not args.smoke:
             micro = asyncio.run(_micro())
@@ -944,7 +1012,12 @@ def main(argv: list[str] | None = None) -> int:
         stop_all()
 
     overhead = Overhead.pool([r for r in results + extra if r.rho == 0.5])
-    rows = build_rows(capacity, results, overhead, lifo)
+    rows = build_rows(capacity, results, overhead, lifo, bursty)
+    # How loaded the machine was: the brief's runs share it with other work.
+    rows += [
+        Row("propagation.load_average_1m_start", load_start, "processes"),
+        Row("propagation.load_average_1m_end", os.getloadavg()[0], "processes"),
+    ]
     if micro is not None:
         for name, what in (("asgi", "asgi_middleware"), ("httpx", "httpx_transport")):
             rows.append(
@@ -957,7 +1030,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
     print_table(rows, title="Deadline propagation: the work saved")
-    md = markdown_table(capacity, results, overhead, lifo, args.quanta)
+    md = markdown_table(capacity, results, overhead, lifo, args.quanta, bursty)
     if micro is not None:
         md += (
             "\n\nIn-process cost per request, without sockets (median of interleaved rounds): "

@@ -99,8 +99,13 @@ def test_services_are_stopped_after_a_run(smoke: dict[str, Any]) -> None:
 
 def test_interrupt_stops_every_service(tmp_path: Path) -> None:
     """Ctrl-C (SIGINT) during a run stops every service the harness started."""
+    # Not --smoke: its M0 run is over in a second, so a loaded machine that delivers the
+    # signal late lets the harness start M2's chain (or finish). A single M0 run of a minute,
+    # interrupted as soon as it is up, is surely still running when the signal lands.
+    args = ["--modes", "M0", "--loads", "1", "--warm", "30", "--measure", "30", "--quanta", "8"]
+    args += ["--repeats", "0", "--no-lifo", "--quiet-wait", "0"]
     proc = subprocess.Popen(
-        [sys.executable, str(SCRIPT), "--smoke", "--verbose", "--out", str(tmp_path / "x.json")],
+        [sys.executable, str(SCRIPT), *args, "--verbose", "--out", str(tmp_path / "x.json")],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,14 +35,54 @@ BOUNDED = {
     "nodes": [{"id": "a", "action_id": "work", "timeout_ms": 200}],
 }
 
+# A fan-out of naps whose join waits 400 ms from the first arrival, then goes on with what came.
+FANOUT = {
+    "id": "fanout",
+    "timeout_ms": 60_000,
+    "initial_node": "start",
+    "actions": [
+        {"id": "nap", "kind": "python", "implementation": {"handler": "nap"}},
+        {"id": "noop", "kind": "python", "implementation": {"handler": "noop"}},
+    ],
+    "nodes": [
+        {"id": "start", "action_id": "noop"},
+        {"id": "probe", "action_id": "nap"},
+        {"id": "report", "action_id": "noop"},
+    ],
+    "transitions": [
+        {"id": "spread", "from": "start", "to": "probe", "foreach": "input.delays"},
+        {
+            "id": "join",
+            "from": "probe",
+            "to": "report",
+            "synchronization": {
+                "strategy": "all",
+                "sibling_group": "spread",
+                "timeout_ms": 400,
+                "on_timeout": "proceed_with_available",
+                "merge": {"source": "_branch.output", "target": "state.naps", "strategy": "append"},
+            },
+        },
+    ],
+}
+
 
 class Server:
     """A running host: its base URL, its output so far, and a client."""
 
     def __init__(self, proc: subprocess.Popen[str], url: str, token: str | None) -> None:
         self.proc, self.url, self.token = proc, url, token
+        # Drained all along: a full pipe would block the server at its next log line.
+        self.output: list[str] = []
+        self._reader = threading.Thread(target=self._drain, name="host-output", daemon=True)
+        self._reader.start()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.client = httpx.Client(base_url=url, headers=headers, timeout=30)
+
+    def _drain(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.output.append(line)
 
     def wait_run(self, run_id: str) -> dict[str, Any]:
         """The run's detail once it has ended (polls; the server's clock decides, not ours)."""
@@ -66,6 +107,7 @@ def launch(
     flows.mkdir(exist_ok=True)
     (flows / "quick.json").write_text(json.dumps(QUICK))
     (flows / "bounded.yaml").write_text(json.dumps(BOUNDED))  # JSON is YAML
+    (flows / "fanout.yml").write_text(json.dumps(FANOUT))
     argv = [sys.executable, "-m", "timebound", "serve", "--port", "0"]
     argv += ["--db", f"sqlite:///{tmp}/host.db", "--actions", "tests.host.host_actions"]
     argv += ["--workflows", str(flows), *args]
@@ -101,12 +143,14 @@ def stop(server: Server) -> str:
     server.client.close()
     server.proc.send_signal(signal.SIGTERM)
     try:
-        out, _ = server.proc.communicate(timeout=30)
+        server.proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
         server.proc.kill()
-        out, _ = server.proc.communicate()
-        raise AssertionError(f"the host did not stop on SIGTERM: {out}") from None
-    return out
+        server.proc.wait()
+        server._reader.join()
+        raise AssertionError(f"the host did not stop on SIGTERM: {''.join(server.output)}")
+    server._reader.join()
+    return "".join(server.output)
 
 
 @pytest.fixture(scope="module")

@@ -12,5 +12,11 @@ async def work(ctx: Any) -> Any:
     return "ok"
 
 
-async def fan(ctx: Any) -> Any:
-    return ctx.branch["item"] if ctx.branch else None
+async def nap(ctx: Any) -> Any:
+    """Inside a fan-out: sleeps the branch's item (seconds) and answers it."""
+    await asyncio.sleep(ctx.branch["item"])
+    return ctx.branch["item"]
+
+
+def noop(ctx: Any) -> None:
+    return None

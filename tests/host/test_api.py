@@ -19,6 +19,16 @@ def test_start_run_answers_201_with_run_id_and_the_run_completes(host: Server) -
     assert detail["bound_fired"] is None
 
 
+def test_a_join_that_proceeded_on_its_timeout_is_the_bound_that_fired(host: Server) -> None:
+    """A completed run whose join gave up waiting names the synchronization bound."""
+    detail = host.wait_run(host.start("fanout", {"delays": [0, 30]}))
+    assert detail["run"]["status"] == "completed"
+    assert detail["run"]["state"]["naps"] == [0]
+    fired = detail["bound_fired"]
+    assert (fired["kind"], fired["timeout_type"]) == ("join_timed_out", "synchronization")
+    assert fired["at_epoch_ms"] >= fired["deadline_at"]
+
+
 def test_node_timeout_is_reported_as_the_bound_that_fired_never_early(host: Server) -> None:
     """A node that outlives its 200 ms bound fails the run; the detail names the execution
     bound and its detection is not before the stored deadline."""

@@ -14,7 +14,7 @@ from .conftest import ROOT
 
 
 def test_defaults_are_sqlite_in_the_working_directory_on_loopback() -> None:
-    """With nothing configured: ./timebound.db, 127.0.0.1:8080, no token, a worker."""
+    """With nothing configured: ./timebound.db, 127.0.0.1:8080, no token."""
     config = load_config({}, {}, None)
     assert config == Config()
     assert (config.db, config.host, config.port) == ("sqlite:///timebound.db", "127.0.0.1", 8080)
@@ -59,7 +59,7 @@ def test_token_from_environment(tmp_path: Path) -> None:
     [
         ({"port": "http"}, {}, "port (command line): expected an integer in [0, 65535]"),
         ({}, {"TIMEBOUND_PORT": "70000"}, "port (environment): expected an integer"),
-        ({}, {"TIMEBOUND_WORKER": "maybe"}, "worker (environment): expected true or false"),
+        ({}, {"TIMEBOUND_PAGE_SIZE": "0"}, "page_size (environment): expected an integer"),
         ({}, {"TIMEBOUND_DRAIN_S": "-1"}, "drain_s (environment): expected seconds"),
         ({"token_file": "/nonexistent/t"}, {}, "token_file (command line): cannot read"),
     ],

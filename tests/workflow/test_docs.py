@@ -1,4 +1,4 @@
-"""Every Python example in docs/workflow.md runs and prints what its comments promise."""
+"""Every Python example in docs/workflows.md runs and prints what its comments promise."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from tests.doc_examples import examples, run_example
 
-EXAMPLES = examples("docs/workflow.md")
+EXAMPLES = examples("docs/workflows.md")
 
 
 @pytest.mark.parametrize(("name", "code"), EXAMPLES)

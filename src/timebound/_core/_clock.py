@@ -12,10 +12,11 @@ the virtual clock, so deadlines computed here can be handed to ``loop.call_at`` 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 
-__all__ = ["now", "sleep", "wall"]
+__all__ = ["now", "real_io", "sleep", "wall"]
 
 #: Current time in seconds on the monotonic scheduling clock. Rebound by virtual time.
 now: Callable[[], float] = time.monotonic
@@ -25,3 +26,8 @@ sleep: Callable[[float], None] = time.sleep
 
 #: Wall-clock seconds since the Unix epoch (UTC), for durable forms only. Rebound by virtual time.
 wall: Callable[[], float] = time.time
+
+#: Entered around a wait for a real external server (a database round trip): a no-op on the real
+#: clock. Virtual time (:mod:`timebound.testing`) rebinds it so that autojump never leaps while an
+#: answer is on its way: a slow server must not look like an idle loop.
+real_io: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext

@@ -152,7 +152,7 @@ async def run_detail(host: Host, run_id: str) -> dict[str, Any]:
         "run": run,
         "tokens": await host.engine.tokens(run_id),
         "timeouts": timeouts(events),
-        "bound_fired": bound_fired(run, events),
+        "bound_fired": bound_fired(events),
         "timeline": timeline(run, events, math.floor(time.time() * 1000)),
     }
 

@@ -20,6 +20,7 @@ from starlette.routing import Route
 from ..propagation.asgi import DeadlineMiddleware
 from ..telemetry.prometheus import CountersCollector
 from ._api import api_routes
+from ._deferred import deferred_routes
 from ._host import Host
 from ._openapi import openapi
 from ._problems import Problem, problem_response
@@ -161,6 +162,7 @@ def create_app(host: Host) -> ASGIApp:
     app = Starlette(
         routes=[
             *api_routes(),
+            *deferred_routes(),
             *ui_routes(),
             Route("/healthz", healthz),
             Route("/readyz", readyz),

@@ -34,7 +34,6 @@ class Config:
     host: str = "127.0.0.1"
     port: int = 8080
     token: str | None = field(default=None, repr=False)  # never printed
-    worker: bool = True
     max_body_bytes: int = 1_048_576
     drain_s: float = 10.0
     page_size: int = 50
@@ -64,15 +63,6 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}: expected a list of module names")
         return tuple(value)
-    if name == "worker":
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if text in ("1", "true", "yes", "on"):
-            return True
-        if text in ("0", "false", "no", "off"):
-            return False
-        raise ConfigError(f"{where}: expected true or false, got {value!r}")
     if name in _INT:
         low, high = _INT[name]
         try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hmac
 import importlib
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -87,10 +87,13 @@ class Host:
         )
 
     @classmethod
-    def build(cls, config: Config) -> Host:
-        """Import the actions, open nothing yet, register the definitions (ConfigError if any is
-        wrong, naming the file and the field)."""
-        engine = Engine(db=config.db, actions=load_actions(config.actions))
+    def build(cls, config: Config, actions: Mapping[str, Callable[..., Any]] | None = None) -> Host:
+        """Import ``config.actions`` (plus the ``actions`` given here, by name), open nothing
+        yet, register the definitions (ConfigError if any is wrong, naming file and field)."""
+        handlers = load_actions(config.actions)
+        for name in set(handlers) & set(actions or {}):
+            raise ConfigError(f"actions: handler {name!r} is given twice")
+        engine = Engine(db=config.db, actions={**handlers, **(actions or {})})
         return cls(config, engine, load_definitions(engine, config.workflows))
 
     def token_ok(self, presented: str | None) -> bool:

@@ -23,6 +23,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from ._api import list_page, run_detail
+from ._deferred import DEFERRED_STATUSES, deferred_detail, deferred_list
 from ._host import Host
 from ._problems import Problem
 
@@ -178,9 +179,26 @@ async def login(request: Request) -> Response:
     return response
 
 
+async def deferred_page(request: Request) -> Response:
+    status = request.query_params.get("status") or None
+    operations = await deferred_list(_host(request), status)
+    return _render(
+        request,
+        "deferred.html",
+        {"operations": operations, "status": status or "", "statuses": DEFERRED_STATUSES},
+    )
+
+
+async def operation_page(request: Request) -> Response:
+    detail = await deferred_detail(_host(request), request.path_params["op_id"])
+    return _render(request, "operation.html", detail)
+
+
 def ui_routes() -> list[Route | Mount]:
     return [
         Route("/ui/", runs_page),
+        Route("/ui/deferred", deferred_page),
+        Route("/ui/deferred/{op_id}", operation_page),
         Route("/ui/runs/{run_id}", run_page),
         Route("/ui/runs/{run_id}/cancel", cancel, methods=["POST"]),
         Route("/ui/login", login_page, methods=["GET"]),

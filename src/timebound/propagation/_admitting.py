@@ -20,10 +20,20 @@ __all__ = [
     "criticality",
     "enter_async",
     "enter_blocking",
+    "route_key",
 ]
 
 OVERLOADED_STATUS: Final = 503
 OVERLOADED_BODY: Final = b"Service overloaded"
+
+
+#: Longest path kept in a route key: paths come from clients, and the estimate table holds keys.
+MAX_ROUTE_PATH: Final = 200
+
+
+def route_key(method: str, path: str) -> str:
+    """The default route key, ``"GET /path"``, with the path cut to :data:`MAX_ROUTE_PATH`."""
+    return f"{method} {path[:MAX_ROUTE_PATH]}"
 
 
 def criticality(value: str | bytes | None) -> bool:

@@ -30,8 +30,8 @@ library's own timeout exception (``httpx.TimeoutException``, ``requests.Timeout`
 
 A component that sends no header of its own (gRPC carries its timeout itself; a database
 query carries it as ``statement_timeout``, a Redis command as the reply's read timeout) sets
-``propagate_header=False``. The database adapters use :attr:`Attempt.end`, :meth:`Attempt.check`
-and :meth:`Attempt.cut` the same way around their own waits.
+``propagate_header=False``; the database adapters then map their drivers' own signal of the
+end (see :class:`Attempt`) to the same :meth:`Attempt.cut`.
 
 Telemetry goes through the options' :class:`Report`. :class:`CounterReport` is userver's
 (``timeout-updated-by-deadline``, ``cancelled-by-deadline`` and the matching ``span.tags``
@@ -164,6 +164,10 @@ class Attempt:
     * :meth:`run` — the async form: awaits under a timebound scope ending at :attr:`end`,
       inside the boundary; :meth:`check` — the sync form's clock check between reads;
     * :meth:`refusal` — the error for a response marked "deadline expired" (D4.5), or ``None``.
+
+    A database adapter puts :attr:`clamped` into the query or the read timeout itself, so the
+    driver, not :meth:`boundary`, reports the end; where it does (a 57014, a read timeout) the
+    adapter asks :meth:`expired` and raises :meth:`cut`, the same error and the same count.
 
     The request being handled when the attempt began is captured, so a cut observed later (a
     body read outside the caller's context, a gRPC completion callback) still marks it.

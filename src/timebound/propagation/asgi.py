@@ -35,7 +35,7 @@ from typing import Any
 from .._core._scopes import inherit_deadline, move_on_at
 from ..telemetry import correlation
 from ._admission import Admission, Outcome, Ticket
-from ._admitting import OVERLOADED_BODY, OVERLOADED_STATUS, criticality, enter_async
+from ._admitting import OVERLOADED_BODY, OVERLOADED_STATUS, criticality, enter_async, route_key
 from ._codec import (
     ABSOLUTE_HEADER,
     ENVOY_TIMEOUT_HEADER,
@@ -326,7 +326,7 @@ class AdmissionMiddleware(DeadlineMiddleware):
         route = (
             self._route(scope)
             if self._route is not None
-            else f"{scope.get('method', '')} {scope.get('path', '')}"
+            else route_key(str(scope.get("method", "")), str(scope.get("path", "")))
         )
         ticket = Ticket(
             route, None if arrival is None else arrival.deadline.when, critical=critical

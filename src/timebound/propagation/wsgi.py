@@ -33,7 +33,7 @@ from .._core._errors import DeadlineExceeded
 from .._core._scopes import inherit_deadline
 from ..telemetry import correlation
 from ._admission import Admission, Outcome, Ticket
-from ._admitting import OVERLOADED_BODY, criticality, enter_blocking
+from ._admitting import OVERLOADED_BODY, criticality, enter_blocking, route_key
 from ._codec import (
     ABSOLUTE_HEADER,
     ENVOY_TIMEOUT_HEADER,
@@ -331,7 +331,9 @@ class AdmissionMiddleware(DeadlineMiddleware):
         route = (
             self._route(environ)
             if self._route is not None
-            else f"{environ.get('REQUEST_METHOD', '')} {environ.get('PATH_INFO', '')}"
+            else route_key(
+                str(environ.get("REQUEST_METHOD", "")), str(environ.get("PATH_INFO", ""))
+            )
         )
         critical = self._critical_key is not None and criticality(environ.get(self._critical_key))
         ticket = Ticket(

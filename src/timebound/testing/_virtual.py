@@ -48,8 +48,10 @@ class VirtualClock:
         self._wall_offset = float(wall_start) - self._now
         self._lock = threading.Lock()
         self.autojump_threshold = autojump_threshold
-        self._saved: tuple[Any, Any, Any] | None = None
+        self._saved: tuple[Any, Any, Any, Any] | None = None
         self._jumps = 0
+        self._io = 0  # real_io() blocks open
+        self._io_progress = 0.0  # real time of the last sign of life of real I/O
 
     # The clock ------------------------------------------------------------------------------
 
@@ -84,22 +86,54 @@ class VirtualClock:
         """How many times autojump moved time (useful to assert no real waiting happened)."""
         return self._jumps
 
+    # Real I/O ----------------------------------------------------------------------------------
+
+    #: How long, in real seconds without any I/O arriving, autojump waits for a ``real_io()``
+    #: block before leaping anyway: code that sleeps on virtual time inside such a block must
+    #: not hang a test.
+    real_io_patience = 5.0
+
+    @contextlib.contextmanager
+    def real_io(self) -> Iterator[None]:
+        """While open, autojump waits for real I/O instead of leaping to the next timer.
+
+        timebound's clients of external servers (the durable store's PostgreSQL round trips)
+        enter it through ``_clock.real_io()``: on virtual time a server's answer takes no time,
+        however loaded the machine is, so a test never sees time leap past it to a far timer.
+        """
+        with self._lock:
+            if self._io == 0:
+                self._io_progress = time.monotonic()
+            self._io += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._io -= 1
+
+    def _awaiting_io(self) -> bool:
+        return self._io > 0 and time.monotonic() - self._io_progress < self.real_io_patience
+
+    def _saw_io(self) -> None:
+        self._io_progress = time.monotonic()
+
     # Installation ------------------------------------------------------------------------------
 
     def install(self) -> None:
         """Make timebound read this clock (``now``) and sleep on it (``sleep``)."""
         if self._saved is not None:
             raise RuntimeError("this VirtualClock is already installed")
-        self._saved = (_clock.now, _clock.sleep, _clock.wall)
+        self._saved = (_clock.now, _clock.sleep, _clock.wall, _clock.real_io)
         _clock.now = self.now
         _clock.sleep = self.sleep
         _clock.wall = self.wall
+        _clock.real_io = self.real_io
 
     def uninstall(self) -> None:
         """Restore the clock that was in place before :meth:`install`."""
         if self._saved is None:
             return
-        _clock.now, _clock.sleep, _clock.wall = self._saved
+        _clock.now, _clock.sleep, _clock.wall, _clock.real_io = self._saved
         self._saved = None
 
     def __enter__(self) -> VirtualClock:
@@ -182,6 +216,9 @@ class VirtualClock:
                 if deadline == math.inf:
                     # No timer at all: only real I/O or another thread can wake the run.
                     return math.inf
+                if vclock._awaiting_io():
+                    # A real server is answering: poll for it without moving time.
+                    return _IO_POLL
                 # trio asks how long to block: say "not at all" after jumping, so the run loop
                 # wakes and finds the timer due (trio's own MockClock autojump does the same).
                 threshold = vclock.autojump_threshold
@@ -197,6 +234,10 @@ class VirtualClock:
                 return threshold
 
         return _TrioVirtualClock()
+
+
+# Real seconds between polls while real I/O is awaited on virtual time.
+_IO_POLL = 0.01
 
 
 class _VirtualSelector(selectors.BaseSelector):
@@ -235,6 +276,12 @@ class _VirtualSelector(selectors.BaseSelector):
         if timeout is None:
             # Nothing is scheduled: only real I/O or another thread can wake us.
             return self._real.select(None)
+        while self._clock._awaiting_io():
+            # A real server is answering: wait for it instead of leaping past its answer.
+            events = self._real.select(_IO_POLL)
+            if events:
+                self._clock._saw_io()
+                return events
         loop = self.loop
         nxt = _next_timer(loop) if loop is not None else None
         self._clock.jump_to(nxt if nxt is not None else self._clock.now() + timeout)

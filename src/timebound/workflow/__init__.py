@@ -1,4 +1,4 @@
-"""Durable workflows with workflow, node and fan-in timeouts (docs/workflow.md).
+"""Durable workflows with workflow, node and fan-in timeouts (docs/workflows.md).
 
 A definition is data (JSON, YAML or a dict) checked against the JSON Schema shipped with the
 package; :class:`Engine` runs it durably on SQLite (embedded) or PostgreSQL (many workers), with the

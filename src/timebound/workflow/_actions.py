@@ -24,7 +24,7 @@ __all__ = ["ActionContext", "Outcome", "run_http", "run_python"]
 
 @dataclass(frozen=True)
 class ActionContext:
-    """What a python handler receives (the data model of docs/workflow.md)."""
+    """What a python handler receives (the data model of docs/workflows.md)."""
 
     input: Any
     state: Mapping[str, Any]

@@ -271,18 +271,21 @@ class Machine:
         self, tx: Tx, tok: dict[str, Any], status: str, now: int, **fields: Any
     ) -> None:
         """Move a token to ``status``; ``fields`` go into ``state_data`` and the event."""
-        data = decode(tok["state_data"]) or {}
-        data.update(fields)
+        state_data = tok["state_data"]
+        if fields:
+            data = decode(state_data) or {}
+            data.update(fields)
+            state_data = encode(data)
         await tx.execute(
             "UPDATE tb_wf_tokens SET status = ?, state_data = ?, updated_at = ?, "
             "lease_owner = CASE WHEN ? THEN NULL ELSE lease_owner END WHERE id = ?",
             status,
-            encode(data),
+            state_data,
             now,
             status in TERMINAL,
             tok["id"],
         )
-        tok["status"], tok["state_data"] = status, encode(data)
+        tok["status"], tok["state_data"] = status, state_data
         if tok["timeout_at"] is not None and (
             status in TERMINAL or status == "waiting_for_siblings"
         ):
@@ -353,10 +356,15 @@ class Machine:
     ) -> int | None:
         """``dispatched`` → ``executing``: a fresh node timeout (kept when resuming after a
         crash, so a restart never grants extra time). Returns the token's deadline."""
-        data = decode(tok["state_data"]) or {}
+        state_data = tok["state_data"]
         timeout_ms = definition.node_timeout_ms(definition.nodes[tok["node_id"]])
         timeout_at = tok["timeout_at"]
-        if not data.pop("resume", False):
+        resume = False
+        if '"resume"' in state_data:  # set only by a re-dispatch after a crash
+            data = decode(state_data)
+            resume = data.pop("resume", False)
+            state_data = encode(data)
+        if not resume:
             timeout_at = None if timeout_ms is None else now + timeout_ms
         attempt = tok["attempt"] + 1
         await tx.execute(
@@ -364,7 +372,7 @@ class Machine:
             "state_data = ?, updated_at = ? WHERE id = ?",
             attempt,
             timeout_at,
-            encode(data),
+            state_data,
             now,
             tok["id"],
         )

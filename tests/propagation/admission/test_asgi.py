@@ -198,3 +198,12 @@ def test_uvicorn_sheds_hopeless_and_overload_without_running_the_handler() -> No
     assert (overloaded.status_code, overloaded.headers["retry-after"]) == (503, "1")
     assert sorted(results) == [200, 200, 200, 200] and calls == 4
     assert counters.get("admission-shed", component="http-server", reason="queue-full") == 1
+
+
+async def test_hostile_long_path_keeps_a_bounded_route_key(virtual_clock: VirtualClock) -> None:
+    """A 100 000-character path is learned under a key cut to 200 characters."""
+    adm = make(limit=1)
+    mw = _with_path(AdmissionMiddleware(Handler(), adm))
+    await mw("/" + "x" * 100_000, {})
+    (key,) = adm.estimates._table
+    assert key == "GET /" + "x" * 199

@@ -311,3 +311,14 @@ def test_bad_knob_is_refused_by_name(build: object, option: str) -> None:
     with pytest.raises(ConfigurationError, match=option) as info:
         build()  # type: ignore[operator]
     assert info.value.option == option
+
+
+def test_standing_bound_is_at_least_the_route_service_time() -> None:
+    """A standing queue keeps a waiter one expected service time when that exceeds ``target``."""
+    adm = make(limit=1, interval=0.5, target=0.0625)
+    adm.estimates.observe("r", 0.25)
+    adm.arrive(Ticket("r", None), 0.0)
+    adm.arrive(Ticket("r", None), 0.0)
+    late = Ticket("r", None)
+    adm.arrive(late, 0.5625)
+    assert adm.standing(0.5625) and adm.wait_until(late, 0.5625) == 0.8125

@@ -74,6 +74,21 @@ def test_non_autocommit_connection_recovers_after_rollback(postgres_dsn: str) ->
         assert scalar(c, "SHOW statement_timeout") == "0"
 
 
+def test_statement_in_an_aborted_transaction_is_not_counted_as_narrowed(
+    postgres_dsn: str,
+) -> None:
+    """In an aborted transaction a statement under a deadline is sent as it is (it fails on its
+    own) and is not counted as a call whose timeout the deadline lowered."""
+    with connect(postgres_dsn) as c:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            c.execute("SELECT 1/0")
+        with tb.inherit_deadline(tb.Deadline.after(5)):
+            with pytest.raises(psycopg.errors.InFailedSqlTransaction):
+                c.execute("SELECT 1")
+        c.rollback()
+    assert counters.get("timeout-updated-by-deadline", component="psycopg") == 0
+
+
 def test_query_runs_under_the_narrowed_statement_timeout(conn: psycopg.Connection[Any]) -> None:
     """Under a 5 s deadline the statement sees ``statement_timeout`` of at most 5000 ms."""
     with tb.inherit_deadline(tb.Deadline.after(5)):

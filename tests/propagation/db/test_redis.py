@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -498,3 +500,70 @@ def test_guarded_retry_copied_into_another_client_stays_guarded_once(redis_url: 
         second.connection_pool.release(copied)
         first.close()
         second.close()
+
+
+def _send_then_outlive_the_deadline(monkeypatch: pytest.MonkeyPatch, cls: Any) -> None:
+    """Make every send of ``cls`` return only 100 ms after the command went out, so a 50 ms
+    deadline passes between the send and the wait for its reply."""
+    base = cls.send_packed_command
+
+    if inspect.iscoroutinefunction(base):
+
+        async def slow_async(self: Any, *args: Any, **kwargs: Any) -> None:
+            await base(self, *args, **kwargs)
+            await asyncio.sleep(0.1)
+
+        monkeypatch.setattr(cls, "send_packed_command", slow_async)
+        return
+
+    def slow(self: Any, *args: Any, **kwargs: Any) -> None:
+        base(self, *args, **kwargs)
+        time.sleep(0.1)
+
+    monkeypatch.setattr(cls, "send_packed_command", slow)
+
+
+def test_deadline_spent_between_send_and_read_closes_the_connection(
+    redis_url: str, keys: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deadline that passes after the command was sent fails the wait for its reply at once
+    (counted once) and closes the connection, so the reply still due reaches nobody."""
+    key = unique("sent")
+    keys.append(key)
+    client = from_url(redis_url, socket_timeout=None)
+    try:
+        first_id = client.client_id()
+        _send_then_outlive_the_deadline(monkeypatch, redis.Connection)
+        with tb.inherit_deadline(tb.Deadline.after(0.05)):
+            with pytest.raises(tb.DeadlineExceeded):
+                client.incr(key)
+        monkeypatch.undo()
+        assert counters.get("cancelled-by-deadline", component="redis") == 1
+        # The write went out before the deadline and stands; the next reply is its own.
+        assert client.get(key) == b"1"
+        assert client.client_id() != first_id
+    finally:
+        client.close()
+
+
+@pytest.mark.asyncio_real
+async def test_async_deadline_spent_between_send_and_read_closes_the_connection(
+    redis_url: str, keys: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """asyncio: a deadline that passes after the send fails the wait for the reply at once and
+    closes the connection; the next command reads its own reply."""
+    key = unique("asent")
+    keys.append(key)
+    client = afrom_url(redis_url, socket_timeout=None)
+    try:
+        first_id = await client.client_id()
+        _send_then_outlive_the_deadline(monkeypatch, redis.asyncio.Connection)
+        with tb.inherit_deadline(tb.Deadline.after(0.05)):
+            with pytest.raises(tb.DeadlineExceeded):
+                await client.incr(key)
+        monkeypatch.undo()
+        assert counters.get("cancelled-by-deadline", component="redis") == 1
+        assert await client.get(key) == b"1"
+        assert await client.client_id() != first_id
+    finally:
+        await client.aclose()

@@ -142,6 +142,7 @@ async def test_client_without_deadline_gives_no_deadline() -> None:
 async def test_expired_call_is_rejected_without_running_the_handler() -> None:
     """A call already past its deadline gets the exact userver status; the handler never runs."""
     recorder = Recorder()
+    finished = asyncio.Event()
 
     async def handler(request: bytes, context: Any) -> bytes:
         recorder.handler_ran = True
@@ -158,6 +159,7 @@ async def test_expired_call_is_rejected_without_running_the_handler() -> None:
                 finally:
                     recorder.code = context.code()
                     recorder.details = context.details()
+                    finished.set()
 
             return grpc.unary_unary_rpc_method_handler(behavior)
 
@@ -169,6 +171,9 @@ async def test_expired_call_is_rejected_without_running_the_handler() -> None:
         async with channel(port, intercepted=False) as client:
             with pytest.raises(grpc.aio.AioRpcError) as info:
                 await client.unary_unary("/test.Svc/Echo")(b"", timeout=0.05)
+        # The client's own 0.05 s deadline may answer it first; stopping the server before the
+        # handler's finally ran would cancel it there and record nothing (or a cancellation).
+        await asyncio.wait_for(finished.wait(), 10)
     finally:
         await server.stop(None)
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED

@@ -3,6 +3,7 @@ the propagated error's accessors, over real servers on 127.0.0.1."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -144,6 +145,7 @@ def test_expired_stream_call_is_rejected_without_running_the_handler() -> None:
     """A response-stream call already past its deadline is answered expired, never run."""
     ran: list[bool] = []
     status: list[Any] = []
+    finished = threading.Event()
 
     def stream(request: bytes, context: Any) -> Iterator[bytes]:
         ran.append(True)
@@ -159,6 +161,7 @@ def test_expired_stream_call_is_rejected_without_running_the_handler() -> None:
                     yield from inner(request, context)
                 finally:
                     status.append((context.code(), context.details()))
+                    finished.set()
 
             return grpc.unary_stream_rpc_method_handler(behavior)
 
@@ -172,6 +175,9 @@ def test_expired_stream_call_is_rejected_without_running_the_handler() -> None:
             with pytest.raises(grpc.RpcError) as info:
                 for item in channel.unary_stream("/test.Svc/Stream")(b"", timeout=0.05):
                     items.append(item)
+        # The client's own 0.05 s deadline can end the call before the server thread reaches the
+        # generator's finally; stopping the server then would abandon the generator unrecorded.
+        assert finished.wait(10)
     finally:
         server.stop(None)
     assert (items, ran, info.value.code()) == ([], [], grpc.StatusCode.DEADLINE_EXCEEDED)

@@ -474,18 +474,41 @@ async def _wait_idle(inner: httpx.AsyncHTTPTransport) -> None:
     raise AssertionError("the cut exchange never returned its connection")
 
 
-@pytest.mark.asyncio_real
+async def _cut_once_received(
+    app: Downstream, clock: VirtualClock, client: httpx.AsyncClient, url: str
+) -> tb.DeadlineExceeded:
+    """GET ``url`` under a 60 s deadline reached (on virtual time) once the server has it.
+
+    The tests below are about a cut *exchange*: with a real budget, a connect slowed by load
+    could spend it before the request was sent. Time stands still until the test moves it (no
+    autojump while real I/O is pending for under an hour), so every other bound (the client's
+    phase timeouts, the transport's static timeout) must lie beyond the 60 s.
+    """
+    clock.autojump_threshold = 3600
+    with tb.inherit_deadline(tb.Deadline.after(60)):
+        call = asyncio.ensure_future(client.get(url))
+    for _ in range(1000):
+        if app.seen:
+            break
+        await asyncio.sleep(0.01)
+    else:
+        raise AssertionError("the request never reached the server")
+    clock.advance(60)
+    with pytest.raises(tb.DeadlineExceeded) as info:
+        await call
+    return info.value
+
+
 async def test_cut_exchange_finishes_in_background_keeping_connection(
-    svc: tuple[Downstream, str],
+    svc: tuple[Downstream, str], virtual_clock: VirtualClock
 ) -> None:
     """D4.8: a propagated cut releases the caller; the exchange ends later on the same conn."""
     app, url = svc
     inner = httpx.AsyncHTTPTransport()
-    async with httpx.AsyncClient(transport=AsyncDeadlineTransport(inner, timeout=5)) as c:
-        with tb.inherit_deadline(tb.Deadline.after(0.2)):
-            with pytest.raises(tb.DeadlineExceeded) as info:
-                await c.get(f"{url}/held")
-        assert info.value.source == "inherited"
+    transport = AsyncDeadlineTransport(inner, timeout=7200)
+    async with httpx.AsyncClient(transport=transport, timeout=7200) as c:
+        error = await _cut_once_received(app, virtual_clock, c, f"{url}/held")
+        assert error.source == "inherited"
         assert [s.path for s in app.seen] == ["/held"]  # the caller is free; the server still works
         app.held.set()
         await _wait_idle(inner)
@@ -493,21 +516,20 @@ async def test_cut_exchange_finishes_in_background_keeping_connection(
     assert app.seen[0].client_port == app.seen[1].client_port
 
 
-@pytest.mark.asyncio_real
-async def test_cut_without_saving_closes_the_connection(svc: tuple[Downstream, str]) -> None:
+async def test_cut_without_saving_closes_the_connection(
+    svc: tuple[Downstream, str], virtual_clock: VirtualClock
+) -> None:
     """save_connections=False cancels the exchange: the next request needs a new connection."""
     app, url = svc
     inner = httpx.AsyncHTTPTransport()
-    transport = AsyncDeadlineTransport(inner, timeout=5, save_connections=False)
-    async with httpx.AsyncClient(transport=transport) as c:
-        with tb.inherit_deadline(tb.Deadline.after(0.2)):
-            with pytest.raises(tb.DeadlineExceeded):
-                await c.get(f"{url}/held")
+    transport = AsyncDeadlineTransport(inner, timeout=7200, save_connections=False)
+    async with httpx.AsyncClient(transport=transport, timeout=7200) as c:
+        await _cut_once_received(app, virtual_clock, c, f"{url}/held")
         assert (await c.get(f"{url}/ok")).status_code == 200
     assert app.seen[0].client_port != app.seen[1].client_port
 
 
-def test_async_transport_under_trio() -> None:
+def test_async_transport_under_trio(virtual_clock: VirtualClock) -> None:
     """Under trio the transport clamps, sends the header and cuts at the deadline too."""
     import trio
 
@@ -527,8 +549,8 @@ def test_async_transport_under_trio() -> None:
                     return exc.source
         return "no error"
 
-    assert trio.run(main) == "inherited"
-    assert seen[0] is not None and 1 <= int(seen[0]) <= 50
+    assert trio.run(main, clock=virtual_clock.trio_clock()) == "inherited"
+    assert (seen, virtual_clock.now()) == (["50"], 0.05)
 
 
 # --- span tags, pass-through of the client's own phase timeouts, late body reads -----------------

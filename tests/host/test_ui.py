@@ -1,0 +1,204 @@
+"""The operator UI in real headless Chromium (Debian's package, driven by Playwright)."""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import Server
+
+CHROMIUM = "/usr/bin/chromium"
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+# The screenshot docs/host.md shows; TIMEBOUND_UPDATE_SCREENSHOTS=1 makes the suite retake it
+# (otherwise tests write only to their temporary directory, never into the repository).
+DOC_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "host-run.png"
+
+
+def _require_chromium() -> None:
+    if Path(CHROMIUM).exists():
+        return
+    reason = f"{CHROMIUM} is absent (apt-get install chromium)"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"{reason}; CI=true requires it")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    _require_chromium()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1100, "height": 700})
+    yield context.new_page()
+    context.close()
+
+
+def _pixels(png: bytes) -> list[tuple[int, int, int]]:
+    """Decode an 8-bit RGB(A) PNG without filters beyond the five standard ones (Chromium's)."""
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width, height, channels = 8, b"", 0, 0, 0
+    while pos < len(png):
+        (length,) = struct.unpack(">I", png[pos : pos + 4])
+        kind, data = png[pos + 4 : pos + 8], png[pos + 8 : pos + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, color = struct.unpack(">IIBB", data[:10])
+            assert depth == 8
+            channels = {2: 3, 6: 4}[color]
+        elif kind == b"IDAT":
+            idat += data
+        pos += 12 + length
+    raw = zlib.decompress(idat)
+    stride = width * channels
+    rows: list[bytearray] = []
+    prev = bytearray(stride)
+    for y in range(height):
+        f, line = (
+            raw[y * (stride + 1)],
+            bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)]),
+        )
+        for i in range(stride):
+            a = line[i - channels] if i >= channels else 0
+            b, c = prev[i], prev[i - channels] if i >= channels else 0
+            if f == 1:
+                line[i] = (line[i] + a) & 255
+            elif f == 2:
+                line[i] = (line[i] + b) & 255
+            elif f == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif f == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        rows.append(line)
+        prev = line
+    return [tuple(r[i : i + 3]) for r in rows for i in range(0, stride, channels)]  # type: ignore[misc]
+
+
+def test_runs_list_shows_runs_and_filters_by_status(host: Server, page: Any) -> None:
+    """The list shows runs; choosing status=failed keeps only failed ones."""
+    host.wait_run(host.start("quick", {}))
+    host.wait_run(host.start("bounded", {"sleep_s": 30}))
+    page.goto(host.url + "/ui/")
+    assert page.locator("table.runs tbody tr").count() >= 2
+    page.select_option("#status", "failed")
+    page.click("text=Filter")
+    page.wait_for_url("**/ui/?status=failed*")
+    badges = page.locator("table.runs tbody .badge").all_inner_texts()
+    assert badges and set(badges) == {"failed"}
+
+
+def test_run_page_timeline_marks_the_timeout_and_the_bound(host: Server, page: Any) -> None:
+    """A timed-out node's bar is drawn, labelled with its layer, and the bound is named."""
+    run_id = host.start("bounded", {"sleep_s": 30})
+    host.wait_run(run_id)
+    page.goto(f"{host.url}/ui/runs/{run_id}")
+    assert page.inner_text("#bound-fired") == "execution bound on node a (200 ms, policy fail)"
+    bar = page.locator(".timeline .bar.timed_out")
+    assert bar.inner_text() == "execution timeout"
+    box = bar.bounding_box()
+    assert box["width"] > 100 and box["height"] > 10
+
+
+def test_timeline_screenshot_shows_the_timed_out_bar(
+    host: Server, page: Any, tmp_path: Path
+) -> None:
+    """The rendered timeline's pixels contain the timed-out colour (#e8890c)."""
+    run_id = host.start("bounded", {"sleep_s": 30})
+    host.wait_run(run_id)
+    page.goto(f"{host.url}/ui/runs/{run_id}")
+    png = page.locator("#timeline").screenshot(path=str(tmp_path / "timeline.png"))
+    assert (0xE8, 0x89, 0x0C) in set(_pixels(png))
+
+
+def test_fan_out_timeline_shows_branches_and_the_join_bound(
+    host: Server, page: Any, tmp_path: Path
+) -> None:
+    """A fan-out draws one lane per branch, the join as a marker, and names the
+    synchronization bound; the slow branch is drawn cancelled, in the cancelled colour."""
+    run_id = host.start("fanout", {"delays": [0.05, 0.1, 30]})
+    assert host.wait_run(run_id)["run"]["status"] == "completed"
+    page.goto(f"{host.url}/ui/runs/{run_id}")
+    labels = page.locator(".timeline .label").all_inner_texts()
+    assert labels == ["start", "probe[0]", "probe[1]", "probe[2]", "report"]
+    assert page.locator(".timeline .marker.join_timed_out").count() == 1
+    assert page.inner_text("#bound-fired") == (
+        "synchronization bound at join join (400 ms, policy proceed_with_available)"
+    )
+    assert page.locator(".timeline .bar.cancelled").count() == 1
+    png = page.locator("#timeline").screenshot(path=str(tmp_path / "fanout.png"))
+    assert (0x88, 0x88, 0xAA) in set(_pixels(png))
+    if os.environ.get("TIMEBOUND_UPDATE_SCREENSHOTS") == "1":
+        page.screenshot(path=str(DOC_SCREENSHOT), full_page=True)
+
+
+def test_run_page_follows_events_live_until_the_end(host: Server, page: Any) -> None:
+    """A running run's page lists its events as they happen and sees the run end."""
+    run_id = host.start("quick", {"sleep_s": 0.5})
+    page.goto(f"{host.url}/ui/runs/{run_id}")
+    page.wait_for_selector("#events[data-live=ended]", timeout=20_000)
+    texts = page.locator("#events li").all_inner_texts()
+    assert "run_started" in texts[0]
+    assert "run_completed" in texts[-1]
+
+
+def test_cancel_from_the_run_page(host: Server, page: Any) -> None:
+    """The cancel button (a CSRF-protected form) cancels a running run."""
+    run_id = host.start("quick", {"sleep_s": 30})
+    page.goto(f"{host.url}/ui/runs/{run_id}")
+    page.click("text=Cancel run")
+    page.wait_for_url(f"**/ui/runs/{run_id}")
+    assert page.inner_text("#run-status") == "cancelled"
+
+
+def test_keyboard_reaches_and_opens_a_run(host: Server, page: Any) -> None:
+    """Tab moves through skip link, filters and run links; Enter on a run link opens it."""
+    run_id = host.start("quick", {})
+    host.wait_run(run_id)
+    page.goto(host.url + "/ui/")
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.className") == "skip"
+    for _ in range(20):
+        page.keyboard.press("Tab")
+        href = page.evaluate("document.activeElement.getAttribute('href') || ''")
+        if href.startswith("/ui/runs/"):
+            break
+    else:
+        raise AssertionError("no run link reachable by keyboard")
+    page.keyboard.press("Enter")
+    page.wait_for_url("**/ui/runs/*")
+    assert page.locator("h1").inner_text().startswith("Run ")
+
+
+def test_login_page_guards_the_ui(secured: Server, page: Any) -> None:
+    """With a token, the UI asks for it first and then shows the runs."""
+    page.goto(secured.url + "/ui/")
+    page.wait_for_url("**/ui/login")
+    page.fill("#token", "wrong")
+    page.click("button:has-text('Sign in')")
+    assert page.locator(".error").inner_text() == "That token is not valid."
+    page.fill("#token", secured.token)
+    page.keyboard.press("Enter")
+    page.wait_for_url("**/ui/")
+    assert page.locator("h1").inner_text() == "Runs"

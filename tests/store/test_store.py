@@ -1,0 +1,97 @@
+"""The engine-neutral store: URLs, migrations, durable timers, events, one SQLite writer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from timebound._store import StoreBusy, StoreError, open_store
+
+pytestmark = pytest.mark.asyncio_real
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["", "mysql://x/y", "sqlite://", "sqlite:///x.db?journal=off", "postgresql://h/db?schema=A;B"],
+)
+def test_bad_urls_are_named(url: str) -> None:
+    """An unsupported or malformed store URL is a StoreError that quotes it."""
+    with pytest.raises(StoreError) as info:
+        open_store(url)
+    assert repr(url) in str(info.value) or "non-empty" in str(info.value)
+
+
+async def test_timers_come_due_in_instant_then_priority_order(store_url: str) -> None:
+    """Due timers are returned earliest first, the lower priority first at one instant."""
+    store = open_store(store_url)
+    await store.open()
+    try:
+        async with store.transaction() as tx:
+            await tx.set_timer("b", "token", "s", 1000, 1)
+            await tx.set_timer("a", "run", "s", 1000, 0)
+            await tx.set_timer("c", "token", "s", 999, 1)
+            await tx.set_timer("later", "token", "s", 5000, 0)
+        async with store.transaction() as tx:
+            due = [t["key"] for t in await tx.due_timers(1000)]
+            assert await tx.next_timer_ms() == 999
+    finally:
+        await store.close()
+    assert due == ["c", "a", "b"]
+
+
+async def test_rearming_a_timer_moves_it(store_url: str) -> None:
+    """Setting a timer again under its key replaces its instant."""
+    store = open_store(store_url)
+    await store.open()
+    try:
+        async with store.transaction() as tx:
+            await tx.set_timer("k", "token", "s", 1000)
+            await tx.set_timer("k", "token", "s", 3000)
+            assert await tx.due_timers(2000) == []
+            assert await tx.next_timer_ms() == 3000
+    finally:
+        await store.close()
+
+
+async def test_events_of_a_rolled_back_transaction_are_not_stored(store_url: str) -> None:
+    """An event is stored with its transaction's changes or not at all."""
+    store = open_store(store_url)
+    await store.open()
+    try:
+        async with store.transaction() as tx:
+            await tx.append_event("s", "kept", 1, n=1)
+        with pytest.raises(RuntimeError):
+            async with store.transaction() as tx:
+                await tx.append_event("s", "dropped", 2, n=2)
+                raise RuntimeError("roll back")
+        async with store.transaction() as tx:
+            events = await tx.events("s")
+    finally:
+        await store.close()
+    assert events == [{"kind": "kept", "at_epoch_ms": 1, "n": 1}]
+
+
+async def test_migrations_run_once(store_url: str) -> None:
+    """Opening a store twice applies the migration history once."""
+    for _ in range(2):
+        store = open_store(store_url)
+        await store.open()
+        async with store.transaction() as tx:
+            rows = await tx.fetch("SELECT version FROM tb_schema ORDER BY version")
+        await store.close()
+    assert [r["version"] for r in rows] == list(range(1, len(rows) + 1))
+
+
+async def test_second_sqlite_writer_gets_store_busy(tmp_path: Path) -> None:
+    """A second process-level writer on one SQLite file is refused at once."""
+    first = open_store(f"sqlite:///{tmp_path}/s.db")
+    await first.open()
+    try:
+        with pytest.raises(StoreBusy):
+            await open_store(f"sqlite:///{tmp_path}/s.db").open()
+    finally:
+        await first.close()
+    again = open_store(f"sqlite:///{tmp_path}/s.db")
+    await again.open()  # the lock was released with the first store
+    await again.close()
