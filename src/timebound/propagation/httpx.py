@@ -17,13 +17,14 @@ body included:
 * async: the caller waits for the exchange (run in a task of its own, see
   :class:`_Exchange`) under a timebound scope, and reads every chunk of the body under one, so a
   stalled read is interrupted exactly at the end of the attempt;
-* sync: the connect, read and write timeouts are set to at most the time left, again at the
-  start of every step after the pool wait, and the body stream checks the clock after every
-  chunk (a sync read cannot be interrupted: a server trickling bytes can overrun by at most one
-  read timeout).
+* sync: a request waits for a pooled connection in the transport (see :func:`_pool_slots`),
+  until the pool timeout or the attempt's end; the connect, read and write timeouts are set to
+  at most the time left, again at the start of every step after that wait, and the body stream
+  checks the clock after every chunk (a sync read cannot be interrupted: a server trickling
+  bytes can overrun by at most one read timeout).
 
-Neither ever cuts a request while it waits for a pooled connection, and the pool timeout is
-never lowered to the deadline: either leaks a connection in httpcore (encode/httpcore#1093) and,
+Neither ever cuts a request while it waits inside httpcore's pool, and httpcore's pool timeout
+is never lowered to the deadline: either leaks a connection (encode/httpcore#1093) and,
 repeated, wedges the client.
 
 Errors: no time left before sending → ``DeadlineExceeded`` with the binding bound's source and
@@ -39,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import Any
 
@@ -184,29 +186,37 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
             what=what,
         )
         self._inner = inner if inner is not None else httpx.HTTPTransport()
+        self._slots = _pool_slots(self._inner)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         static = self._static(request)
         attempt = self._begin(request, static)
-        # The pool wait is not shortened to our deadline: httpcore's pool timeout leaks the
-        # connection it has just assigned (encode/httpcore#1093), as a cancel does in async.
+        # httpcore's pool timeout is not shortened to our deadline: it leaks the connection it
+        # has just assigned (encode/httpcore#1093); our own slot wait ends at the deadline.
         _prepare(request, attempt, phases_to=attempt.clamped.seconds, pool_to=static)
         if attempt.end is not None:
             _gate_steps(request, attempt)
-        with attempt.boundary():
-            response = self._inner.handle_request(request)
-        refusal = attempt.refusal(
-            response.status_code, response.headers.get(self._options.expired_header)
-        )
-        if refusal is not None:
-            # Read the short body so the connection goes back to the pool intact (D4.8).
-            try:
-                response.read()
-            finally:
-                response.close()
-            raise refusal
-        if attempt.end is not None:
-            response.stream = _SyncStream(response.stream, attempt)
+        release = _RELEASED
+        try:
+            with attempt.boundary():
+                if self._slots is not None:
+                    release = _admit(self._slots, request, attempt.end)
+                response = self._inner.handle_request(request)
+            refusal = attempt.refusal(
+                response.status_code, response.headers.get(self._options.expired_header)
+            )
+            if refusal is not None:
+                # Read the short body so the connection goes back to the pool intact (D4.8).
+                try:
+                    response.read()
+                finally:
+                    response.close()
+                raise refusal
+        except BaseException:
+            release()
+            raise
+        if attempt.end is not None or release is not _RELEASED:
+            response.stream = _SyncStream(response.stream, attempt, release)
         return response
 
     def close(self) -> None:
@@ -242,10 +252,64 @@ def _gate_steps(request: httpx.Request, attempt: Attempt) -> None:
     request.extensions = {**request.extensions, "trace": trace}
 
 
+def _pool_slots(inner: httpx.BaseTransport) -> threading.BoundedSemaphore | None:
+    """One slot per connection of an HTTP/1.1 httpcore pool (``None``: no wait to take over).
+
+    httpcore's sync pool leaks a connection when a request's pool timeout fires while the pool
+    is handing that request a new connection (encode/httpcore#1093): the connection stays
+    "CONNECTING", owned by nobody, and once ``max_connections`` have leaked every later request
+    fails with ``PoolTimeout``. A deadline storm provokes it: reproduced with 64 threads over 2
+    connections and a 40 ms pool timeout, the client was wedged after most storms. So requests
+    wait for a slot here, where a timed-out wait leaves nothing behind, and httpcore never
+    queues one (each admitted request finds a connection free, or room for one). The pool's
+    size is read from httpx's transport, the only place it is kept; an HTTP/2 pool multiplexes
+    many requests over one connection, so it is left to wait itself.
+    """
+    pool = getattr(inner, "_pool", None) if isinstance(inner, httpx.HTTPTransport) else None
+    size = getattr(pool, "_max_connections", None)
+    if not isinstance(size, int) or getattr(pool, "_http2", True):
+        return None
+    return threading.BoundedSemaphore(size)
+
+
+def _admit(
+    slots: threading.BoundedSemaphore, request: httpx.Request, end: float | None
+) -> Callable[[], None]:
+    """Wait for a slot until the pool timeout or the attempt's end, whichever comes first;
+    return the slot's release (idempotent). A wait that ends raises ``httpx.PoolTimeout``,
+    which the attempt's boundary turns into the cut when the attempt's end has passed."""
+    pool = request.extensions["timeout"].get("pool")
+    ends = [e for e in (end, None if pool is None else _clock.now() + pool) if e is not None]
+    # An unbounded wait blocks until a slot is free; a bounded one may wake a hair before its
+    # end (never report a timeout early, D1.3), so it waits again for what is left.
+    while not slots.acquire(timeout=max(0.0, min(ends) - _clock.now()) if ends else -1):
+        if _clock.now() >= min(ends):
+            raise httpx.PoolTimeout("timed out waiting for a pooled connection")
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            slots.release()
+
+    return release
+
+
+def _released() -> None:
+    """The release of a request that holds no slot."""
+
+
+_RELEASED: Callable[[], None] = _released
+
+
 class _SyncStream(httpx.SyncByteStream):
-    def __init__(self, inner: Any, attempt: Attempt) -> None:
+    """The body: the clock checked after every chunk, the pool slot released on close."""
+
+    def __init__(self, inner: Any, attempt: Attempt, release: Callable[[], None]) -> None:
         self._inner = inner
         self._attempt = attempt
+        self._release = release
 
     def __iter__(self) -> Iterator[bytes]:
         with self._attempt.boundary():
@@ -254,7 +318,10 @@ class _SyncStream(httpx.SyncByteStream):
                 yield chunk
 
     def close(self) -> None:
-        self._inner.close()
+        try:
+            self._inner.close()
+        finally:
+            self._release()
 
 
 class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
