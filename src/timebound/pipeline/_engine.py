@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
-import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -177,7 +176,7 @@ class Engine:
         compiled = self._compiled(artifact)
         rowset = self._rowset(rows, compiled.checked)
         params = self._params(artifact, request_params, source_params)
-        trace = Trace(artifact.digest, time.time_ns(), compiled.meta)
+        trace = Trace(artifact.digest, round(_clock.wall() * 1_000_000_000), compiled.meta)
         run = _Run(rowset, params, trace)
         trace.base = run.base
         try:
