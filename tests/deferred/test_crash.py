@@ -59,7 +59,11 @@ def test_kill_9_loses_nothing_resumes_once_polls_none_early(tmp_path: Path, stor
         assert proc.wait(timeout=30) in (-signal.SIGKILL, 0)
         proc.stdout.close()
     final = _spawn("run", url, str(log))
-    out, _ = final.communicate(timeout=120)
+    try:
+        out, _ = final.communicate(timeout=120)
+    finally:
+        final.kill()  # never left running after a failure
+        final.wait()
     assert final.returncode == 0 and out.strip().endswith("done")
 
     rows, resumes = asyncio.run(_read(url))
