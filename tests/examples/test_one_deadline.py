@@ -1,0 +1,169 @@
+"""The showcase (examples/one_deadline) runs end to end on real loopback and prints one timeline.
+
+The script runs in a child process (it starts uvicorn servers, a workflow engine and a poller, and
+the child's exit leaves nothing behind in the test process), bounded by a timeout. The request's
+300 ms deadline, the Constellation call timeouts and the propagated HTTP deadline are measured on
+the real clock, so whether they are met depends on the machine's load: the tests assert that the
+timeline's verdict for each of them agrees with what the request returned. The pipeline region
+(5.5 ms against a 120 ms feature store) and the workflow's deferred resume do not depend on load.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from timebound.cli import main as cli_main
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "examples" / "one_deadline" / "showcase.py"
+LINE = re.compile(r"^\s+\+\s*(?P<at>[\d.]+) ms  (?P<lane>\S+)\s+(?P<text>.*)$")
+
+
+@dataclass(frozen=True)
+class Entry:
+    at_ms: float
+    lane: str
+    text: str
+
+
+def _timeline(stdout: str) -> list[Entry]:
+    entries = []
+    for raw in stdout.splitlines():
+        match = LINE.match(raw)
+        if match:
+            entries.append(Entry(float(match["at"]), match["lane"], match["text"]))
+    return entries
+
+
+def _verdicts(entries: list[Entry]) -> dict[str, str]:
+    found = {}
+    for entry in entries:
+        if entry.text.startswith("bound "):
+            name, _, verdict = entry.text[len("bound ") :].rpartition(": ")
+            found[name] = verdict
+    return found
+
+
+def _index(entries: list[Entry], needle: str) -> int:
+    return next(i for i, e in enumerate(entries) if needle in e.text)
+
+
+@pytest.fixture(scope="module")
+def showcase_output() -> str:
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=90, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_every_bound_appears_with_a_verdict(showcase_output: str) -> None:
+    """The timeline names every bound of the run and says whether it fired or was met."""
+    verdicts = _verdicts(_timeline(showcase_output))
+    assert set(verdicts) == {
+        "timeout_wrapper region (5.5 ms)",
+        "Rank call timeout",
+        "Stock call timeout",
+        "propagated HTTP deadline",
+        "request deadline (300 ms)",
+        "workflow node and run timeouts",
+    }
+    assert set(verdicts.values()) <= {"FIRED", "met"}
+
+
+def test_the_pipeline_region_fires_and_its_fallback_branch_is_chosen(showcase_output: str) -> None:
+    """The 5.5 ms region budget fires against the 120 ms feature store and the fail branch runs."""
+    entries = _timeline(showcase_output)
+    assert _verdicts(entries)["timeout_wrapper region (5.5 ms)"] == "FIRED"
+    chosen = entries[_index(entries, "chosen_branch=")]
+    assert (chosen.lane, chosen.text) == ("pipeline", "chosen_branch='fail'")
+    assert "ranked [102, 104, 105]" in entries[_index(entries, "ranked [")].text
+
+
+def test_the_summary_lists_the_fired_bounds(showcase_output: str) -> None:
+    """The closing summary names exactly the bounds the timeline marked as fired."""
+    verdicts = _verdicts(_timeline(showcase_output))
+    fired = [name for name, verdict in verdicts.items() if verdict == "FIRED"]
+    assert f"Fired: {', '.join(fired)}." in showcase_output
+
+
+def test_the_request_verdict_agrees_with_its_answer(showcase_output: str) -> None:
+    """A met request deadline comes with the ranked answer; a fired one with no answer."""
+    entries = _timeline(showcase_output)
+    verdicts = _verdicts(entries)
+    client = [e.text for e in entries if e.lane == "client"]
+    if verdicts["request deadline (300 ms)"] == "met":
+        assert any(t.startswith("200 {'ranked': [102, 104, 105], 'stock': ") for t in client)
+    else:
+        assert not any(t.startswith("200 ") for t in client)
+
+
+def test_the_stock_verdict_agrees_with_the_fallback(showcase_output: str) -> None:
+    """The Stock call's fallback value (-1) is answered exactly when its timeout fired."""
+    entries = _timeline(showcase_output)
+    verdicts = _verdicts(entries)
+    client = [e.text for e in entries if e.lane == "client" and e.text.startswith("200 ")]
+    if verdicts["request deadline (300 ms)"] == "met":
+        fell_back = client[0].split(", ")[1].startswith("'stock': -1")
+        assert fell_back == (verdicts["Stock call timeout"] == "FIRED")
+
+
+def test_each_hop_sees_no_more_budget_than_its_caller(showcase_output: str) -> None:
+    """The budget seen by the storefront, the modules and the inventory service only shrinks."""
+    entries = _timeline(showcase_output)
+    seen = []
+    for needle in (
+        "arrives with",
+        "Rank('ada') starts, sees",
+        "calls the inventory service",
+        "GET /stock/ada arrives with",
+    ):
+        text = entries[_index(entries, needle)].text.split(needle, 1)[1]
+        budget = re.search(r"(-?\d+) ms", text)
+        assert budget is not None, text
+        seen.append(int(budget[1]))
+    assert seen[0] <= 300
+    assert seen[1] <= min(seen[0], 250)
+    assert seen[2] <= min(seen[0], 150)
+    assert seen[3] <= seen[2]
+
+
+def test_the_workflow_is_suspended_on_the_deferred_operation_and_resumed(
+    showcase_output: str,
+) -> None:
+    """The token is suspended on the 202, the work finishes, then the token resumes and the run
+    completes with the operation's result as the node's output."""
+    entries = _timeline(showcase_output)
+    suspended = _index(entries, "answered 202 (deferred")
+    work_done = _index(entries, "background work done")
+    resumed = _index(entries, "token resumed: node notify sees render={'pages': 2}")
+    completed = _index(entries, "run completed: {'render': {'pages': 2}, 'notify': 'sent'}")
+    assert suspended < work_done < resumed < completed
+    # The host polls no earlier than the clamped 1 s retry-after hint (D7.6).
+    assert entries[resumed].at_ms - entries[suspended].at_ms >= 1000
+
+
+def test_the_cli_runs_the_showcase(tmp_path: Path) -> None:
+    """``timebound demo --showcase`` runs the same script and prints its timeline."""
+    done = subprocess.run(
+        [sys.executable, "-m", "timebound", "demo", "--showcase"],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "bound timeout_wrapper region (5.5 ms): FIRED" in done.stdout
+
+
+def test_keep_without_showcase_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """``timebound demo --keep`` alone is an error that says --keep needs --showcase."""
+    assert cli_main(["demo", "--keep"]) == 2
+    assert "--keep only applies with --showcase" in capsys.readouterr().err
