@@ -64,16 +64,19 @@ def showcase_output() -> str:
 
 
 def test_every_bound_appears_with_a_verdict(showcase_output: str) -> None:
-    """The timeline names every bound of the run and says whether it fired or was met."""
+    """The timeline names every bound of the run and says whether it fired or was met (the
+    storefront's own bounds only when the request was answered: a fired request deadline
+    cancels its handler before it reports them)."""
     verdicts = _verdicts(_timeline(showcase_output))
-    assert set(verdicts) == {
+    expected = {
         "timeout_wrapper region (5.5 ms)",
-        "Rank call timeout",
-        "Stock call timeout",
-        "propagated HTTP deadline",
         "request deadline (300 ms)",
         "workflow node and run timeouts",
     }
+    storefront = {"Rank call timeout", "Stock call timeout", "propagated HTTP deadline"}
+    if verdicts.get("request deadline (300 ms)") == "met":
+        expected |= storefront
+    assert expected <= set(verdicts) <= expected | storefront
     assert set(verdicts.values()) <= {"FIRED", "met"}
 
 
