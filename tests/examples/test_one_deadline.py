@@ -10,12 +10,17 @@ timeline's verdict for each of them agrees with what the request returned. The p
 
 from __future__ import annotations
 
+import os
 import re
+import selectors
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from timebound.cli import main as cli_main
@@ -170,3 +175,51 @@ def test_keep_without_showcase_is_refused(capsys: pytest.CaptureFixture[str]) ->
     """``timebound demo --keep`` alone is an error that says --keep needs --showcase."""
     assert cli_main(["demo", "--keep"]) == 2
     assert "--keep only applies with --showcase" in capsys.readouterr().err
+
+
+def _read_until(proc: subprocess.Popen[bytes], marker: str, limit_s: float) -> str:
+    """The child's stdout up to the end of the line holding ``marker``, waiting at most
+    ``limit_s`` seconds for it."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    seen = b""
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        end = time.monotonic() + limit_s
+        while b"\n" not in seen.partition(marker.encode())[2] and time.monotonic() < end:
+            if selector.select(timeout=max(0.0, end - time.monotonic())):
+                chunk = os.read(fd, 65536)  # unbuffered: select sees every byte not yet read
+                if not chunk:
+                    break
+                seen += chunk
+    text = seen.decode()
+    assert marker in text, f"{marker!r} never printed; output so far:\n{text}"
+    return text
+
+
+def test_keep_serves_the_same_runs_in_the_host() -> None:
+    """With ``--keep`` the host serves the showcase's workflow run and its deferred operation."""
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "--keep", "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        output = _read_until(proc, "timebound host listening on ", limit_s=90)
+        base = re.search(r"listening on (http://\S+/)", output)
+        assert base is not None, output
+        runs = httpx.get(f"{base[1]}v1/runs", timeout=10).json()["runs"]
+        assert [(r["definition_id"], r["status"]) for r in runs] == [("report", "completed")]
+        assert runs[0]["id"][:8] in output  # the run the timeline printed
+        ops = httpx.get(f"{base[1]}v1/deferred-operations", timeout=10).json()["operations"]
+        assert [(o["operation/kind"], o["status"]) for o in ops] == [("report.render", "completed")]
+        assert httpx.get(f"{base[1]}ui/runs/{runs[0]['id']}", timeout=10).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
