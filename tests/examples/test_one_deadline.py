@@ -223,3 +223,14 @@ def test_keep_serves_the_same_runs_in_the_host() -> None:
             proc.wait()
         assert proc.stdout is not None
         proc.stdout.close()
+
+
+def test_showcase_outside_a_source_tree_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without the example sources, ``demo --showcase`` exits 2 and says where to run it."""
+    from timebound.cli import _demo
+
+    monkeypatch.setattr(_demo, "_showcase_script", lambda: None)
+    assert cli_main(["demo", "--showcase"]) == 2
+    assert "run it from a clone of the timebound repository" in capsys.readouterr().err
