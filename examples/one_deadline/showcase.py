@@ -124,7 +124,10 @@ async def run(
         )
         result = await engine.wait(run_id, timeout=15)
         tl.say("workflow", f"run {result.status}: {result.output}")
-        timed_out = result.status == "timed_out"
+        # A node timeout ends its token as timed_out (the run may then fail); a run timeout ends
+        # the run as timed_out (D6.5): either one is a workflow bound that fired.
+        kinds = {event.get("kind") for event in await engine.events(run_id)}
+        timed_out = result.status == "timed_out" or "token_timed_out" in kinds
         tl.bound("workflow", "workflow node and run timeouts", fired=timed_out)
     if out is not None:
         fired = [name for name, f in tl.bounds.items() if f]
