@@ -144,9 +144,19 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep", action="store_true", help="then serve the runs with the host UI")
     parser.add_argument("--port", type=int, default=8080, help="the host's port with --keep")
+    parser.add_argument(
+        "--deadline-ms",
+        type=int,
+        default=int(REQUEST_DEADLINE_S * 1000),
+        help="the request's deadline (on a loaded machine 300 ms may not be enough)",
+    )
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="timebound-showcase-"))
-    asyncio.run(run(workdir, out))
+    if args.deadline_ms <= 0:
+        parser.error(
+            f"--deadline-ms must be a positive number of milliseconds, got {args.deadline_ms}"
+        )
+    asyncio.run(run(workdir, out, args.deadline_ms / 1000))
     if args.keep:
         from timebound.cli import main as cli_main
 
