@@ -25,6 +25,7 @@ from ._forms import (
     Var,
     _const,
     _merge_record_types,
+    _pair,
     _start,
     _to_async,
 )
@@ -464,15 +465,7 @@ class _Compiler(ExpressionForms):
             else:
                 self.error("E011", f"Operator '{op}' cannot be applied to {lt} and {rt}", e.pos)
                 t = ERROR
-        lf, rf = left.fn, right.fn
-        if not left.is_async and not right.is_async:
-            return CE(t, lambda run: func(lf(run), rf(run)), False, deps)
-        la, ra = _to_async(left), _to_async(right)
-
-        async def both(run: _Run) -> Any:
-            return func(await la(run), await ra(run))
-
-        return CE(t, both, True, deps)
+        return _pair(left, right, func, t)
 
     def unary(self, e: A.Unary, lifted: bool) -> CE:
         inner = self.expr(e.operand, lifted=lifted)
