@@ -57,7 +57,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
 
-from ._run import _ENTER, _EXIT, _USER, Event, Span, _Run
+from ._run import _ENTER, _EXIT, _USER, Event, Span, _Execution
 
 __all__ = ["DagPlan", "Event", "Group", "Node", "Span"]
 
@@ -293,7 +293,7 @@ class DagPlan(Generic[_C]):
         """
         if concurrency is not None and concurrency < 1:
             raise ValueError("concurrency must be >= 1")
-        run = _Run(self, record, results, errors, sink)
+        run = _Execution(self, record, results, errors, sink)
         await run.run(ctx, concurrency)
         return run.spans if record is not False else None
 

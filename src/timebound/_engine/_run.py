@@ -1,4 +1,4 @@
-"""Running a :class:`~timebound._engine._dag.DagPlan`: one :class:`_Run` per execution.
+"""Running a :class:`~timebound._engine._dag.DagPlan`: one :class:`_Execution` per run.
 
 The plan (``_dag.py``) holds what never changes between runs: the internal index space (user
 nodes, then an enter and an exit node per group), the edges, policies and ready-queue entries.
@@ -65,7 +65,7 @@ class _NeedTaskGroup(Exception):
     """Internal: the run needs a second task; re-enter the loop inside a task group."""
 
 
-class _Run(Generic[_C]):
+class _Execution(Generic[_C]):
     """One execution of a plan: its state and the loop that drives it (a plain class with
     slots: built once per run, on the hot path)."""
 
