@@ -245,6 +245,22 @@ class Registry:
             )
         return [_row_op(r) for r in rows]
 
+    async def stats(self) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
+        """For metrics: operations by (status, module), and polls made (attempts) by module
+        (``""`` for operations without a module)."""
+        async with self._store.transaction() as tx:
+            rows = await tx.fetch(
+                "SELECT status, module, COUNT(*) AS n, SUM(attempts) AS polls "
+                "FROM tb_deferred_ops GROUP BY status, module"
+            )
+        ops: dict[tuple[str, str], int] = {}
+        polls: dict[str, int] = {}
+        for r in rows:
+            module = r["module"] or ""
+            ops[(r["status"], module)] = int(r["n"])
+            polls[module] = polls.get(module, 0) + int(r["polls"] or 0)
+        return ops, polls
+
     async def history(self, op_id: str) -> list[dict[str, Any]]:
         """The status history: instant, status, digest and code, never a document."""
         async with self._store.transaction() as tx:
