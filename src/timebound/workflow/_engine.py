@@ -164,6 +164,12 @@ class Engine:
             self._deferred_registry.on_resume(_RESUME_KIND, self._resume_deferred)
         return self._deferred_registry
 
+    @property
+    def deferred_poller(self) -> Any:
+        """The :class:`timebound.deferred.Poller` of this engine's ``deferred_connectors`` while
+        the engine is open (``None`` without connectors): operators poll and cancel through it."""
+        return self._deferred_poller
+
     # Definitions ----------------------------------------------------------------------------
 
     def register(self, definition: dict[str, Any] | str | Path) -> Definition:
