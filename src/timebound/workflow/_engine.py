@@ -510,16 +510,18 @@ class Engine:
         renew_at = 0
         while True:
             self._wake.clear()
-            if self._store.shared and self._now() >= renew_at:
-                await self._renew_leases()
-                renew_at = self._now() + self._lease_ms // 3
             outcomes, self._outcomes = self._outcomes, []
             starts, self._starts = self._starts, []
             try:
+                if self._store.shared and self._now() >= renew_at:
+                    await self._renew_leases()
+                    renew_at = self._now() + self._lease_ms // 3
                 plans, next_ms = await self._turn(starts, outcomes)
             except Exception:
                 # A failed turn is rolled back (on PostgreSQL, a deadlock between two workers'
-                # batches is one cause): keep its work and try again after a pause.
+                # batches, or the server restarting and dropping every connection): keep its
+                # work and try again after a pause. The lease renewal is part of the turn, so
+                # a renewal that meets a dropped connection is retried, not the loop's end.
                 self._outcomes[:0] = outcomes
                 self._starts[:0] = starts
                 self._stored.clear()
