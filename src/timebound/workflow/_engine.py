@@ -164,6 +164,12 @@ class Engine:
             self._deferred_registry.on_resume(_RESUME_KIND, self._resume_deferred)
         return self._deferred_registry
 
+    @property
+    def deferred_poller(self) -> Any:
+        """The :class:`timebound.deferred.Poller` of this engine's ``deferred_connectors`` while
+        the engine is open (``None`` without connectors): operators poll and cancel through it."""
+        return self._deferred_poller
+
     # Definitions ----------------------------------------------------------------------------
 
     def register(self, definition: dict[str, Any] | str | Path) -> Definition:
@@ -389,7 +395,7 @@ class Engine:
             )
 
     async def counts(self) -> dict[str, dict[str, int]]:
-        """How many runs and tokens are in each state, and timeouts by layer (for metrics)."""
+        """How many runs and tokens are in each state (for metrics)."""
         async with self._txn() as tx:
             runs = await tx.fetch("SELECT status, COUNT(*) AS n FROM tb_wf_runs GROUP BY status")
             tokens = await tx.fetch(
@@ -399,6 +405,15 @@ class Engine:
             "runs": {r["status"]: int(r["n"]) for r in runs},
             "tokens": {r["status"]: int(r["n"]) for r in tokens},
         }
+
+    async def timeouts(self) -> list[dict[str, Any]]:
+        """Every timeout the store recorded (workflow, execution and synchronization layers),
+        as its event data: layer (``timeout_type``), policy and ``detection_lag_ms``."""
+        async with self._txn() as tx:
+            rows = await tx.fetch(
+                "SELECT data FROM tb_events WHERE kind IN ('token_timed_out', 'join_timed_out')"
+            )
+        return [json.loads(r["data"]) for r in rows]
 
     async def cancel(self, run_id: str) -> bool:
         """Cancel a running run, its live tokens and child runs; ``False`` if it had ended."""
