@@ -151,23 +151,26 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         help="the request's deadline (on a loaded machine 300 ms may not be enough)",
     )
     args = parser.parse_args(argv)
-    workdir = Path(tempfile.mkdtemp(prefix="timebound-showcase-"))
     if args.deadline_ms <= 0:
         parser.error(
             f"--deadline-ms must be a positive number of milliseconds, got {args.deadline_ms}"
         )
+    if not args.keep:
+        with tempfile.TemporaryDirectory(prefix="timebound-showcase-") as tmp:
+            asyncio.run(run(Path(tmp), out, args.deadline_ms / 1000))
+        return 0
+    # --keep: the stores outlive this run, so the host can serve them (and you can look at them).
+    workdir = Path(tempfile.mkdtemp(prefix="timebound-showcase-"))
     asyncio.run(run(workdir, out, args.deadline_ms / 1000))
-    if args.keep:
-        from timebound.cli import main as cli_main
+    from timebound.cli import main as cli_main
 
-        print(
-            f"\nServing the same runs with the host (store {workdir}/runs.db): open /ui/ at the "
-            "address below; Ctrl-C stops it.",
-            file=out,
-            flush=True,
-        )
-        return cli_main(["serve", "--db", f"sqlite:///{workdir}/runs.db", "--port", str(args.port)])
-    return 0
+    print(
+        f"\nServing the same runs with the host (store {workdir}/runs.db): open /ui/ at the "
+        "address below; Ctrl-C stops it.",
+        file=out,
+        flush=True,
+    )
+    return cli_main(["serve", "--db", f"sqlite:///{workdir}/runs.db", "--port", str(args.port)])
 
 
 if __name__ == "__main__":
