@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .._core._classify import classify
 from .._core._deadline import Deadline
 from .._core._errors import DeadlineExceeded
 from .._core._scopes import fail_at
@@ -24,6 +25,9 @@ from ._registry import Registry, now_ms
 __all__ = ["Overloaded", "Service", "UnknownKind"]
 
 Work = Callable[[Any], Awaitable[Any]]
+
+#: The source of the bound an operation's lifetime sets on its work.
+_SOURCE = "deferred"
 
 
 class UnknownKind(LookupError):
@@ -134,10 +138,19 @@ class Service:
     async def _run(self, op_id: str, offer: _Offer, payload: Any, expires_ms: int) -> None:
         await self.registry.finish(op_id, "running")
         try:
-            with fail_at(Deadline.from_epoch_ms(expires_ms)):
+            with fail_at(Deadline.from_epoch_ms(expires_ms), source=_SOURCE):
                 result = await offer.work(payload)
-        except DeadlineExceeded:
-            await self.registry.expire_due()
+        except DeadlineExceeded as exc:
+            origin = classify(exc, own={_SOURCE})
+            if exc.source == _SOURCE:
+                # The lifetime itself ran out: only the expiry clock writes ``expired`` (D7.3).
+                await self.registry.expire_due()
+                return
+            # A bound inside the work, or a downstream's spent deadline, fired before the
+            # lifetime: the operation failed now, it does not linger until its expiry.
+            code = "downstream-deadline-exceeded" if origin == "remote" else "timed-out"
+            error = {"code": code, "message": "DeadlineExceeded", "retryable": False}
+            await self.registry.finish(op_id, "failed", error=error)
             return
         except Exception as exc:  # the work's failure is the operation's status, not a crash
             # Only the error's type: its message may carry private data (privacy, D7).

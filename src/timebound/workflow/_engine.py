@@ -112,12 +112,22 @@ class Engine:
         worker_id: str | None = None,
         deferred_policy: Any = None,
         deferred_connectors: Mapping[str, Any] | None = None,
+        worker: bool = True,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError("concurrency must be >= 1", option="concurrency")
         if lease_ms < 1 or sweep_ms < 1:
             raise ConfigurationError("lease_ms and sweep_ms must be >= 1", option="lease_ms")
         self._store: Store = open_store(db)
+        if not worker and not self._store.shared:
+            # Nothing else may write a one-process store (D6): without our loop, no one would.
+            raise ConfigurationError(
+                "worker=False needs a shared store (postgresql://…) that worker processes serve",
+                option="worker",
+            )
+        # Without the worker loop the engine starts, reads and cancels runs; other processes
+        # (``timebound worker``) dispatch them.
+        self._worker = worker
         self._handlers = _handlers(actions)
         self._concurrency = concurrency
         self._lease_ms = lease_ms
@@ -188,11 +198,14 @@ class Engine:
         await self.close()
 
     async def open(self) -> None:
-        """Open the store, re-arm from storage and start this process's worker loop."""
-        if self._loop_task is not None:
+        """Open the store, re-arm from storage and start this process's worker loop (unless
+        ``worker=False``)."""
+        if self._open:
             return
         await self._store.open()
         self._open = True
+        if not self._worker:
+            return
         await self._store.listen(self._wake_all)
         if not self._store.shared:
             # One writer process: whatever a previous process left in flight died with it.
@@ -255,16 +268,27 @@ class Engine:
             input = json.loads(json.dumps(input, allow_nan=False))
         except (TypeError, ValueError, RecursionError) as exc:
             raise ConfigurationError(f"a run's input must be JSON: {exc}", option="input")
-        if self._loop_task is None:
+        if not self._open:
             raise RuntimeError("the engine is not open: use 'async with engine:' first")
         if (definition.id, definition.version) not in self._stored:
             async with self._txn() as tx:
                 conflict = await self._store_definition(tx, definition)
             if conflict is not None:
                 raise DefinitionError(conflict, path="version")
+        deadline_at = None if deadline_ms is None else self._now() + deadline_ms
+        if not self._worker:  # no loop to batch with: one transaction; its commit wakes workers
+            async with self._txn() as tx:
+                run_id: str = await self._machine.start_run(
+                    tx,
+                    definition,
+                    input,
+                    self._now(),
+                    timeout_ms=definition.timeout_ms,
+                    inherited_deadline_at=deadline_at,
+                )
+            return run_id
         # Started by the loop's next transaction: concurrent starts share one commit.
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        deadline_at = None if deadline_ms is None else self._now() + deadline_ms
         self._starts.append(_Start(definition, input, future, deadline_at))
         self._wake.set()
         return await future

@@ -1,0 +1,53 @@
+"""The Python service's own task: how its work ends becomes the operation's status (D7.3)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from timebound import DeadlineExceeded, fail_after
+from timebound.deferred import Registry, Service
+
+
+async def _run_to_end(store_url: str, work: Any, ttl_s: int = 300) -> tuple[Any, int]:
+    """Start one operation running ``work``, wait for its task; its stored row and start time."""
+    async with Registry(store_url) as reg:
+        service = Service(reg)
+        service.operation("report.render", ttl_s=ttl_s)(work)
+        doc = await service.start("report.render", {})
+        started = asyncio.get_running_loop().time()
+        await asyncio.gather(*list(service._tasks.values()))
+        op = await reg.get(doc["operation/id"])
+        return op, round(asyncio.get_running_loop().time() - started)
+
+
+async def test_an_inner_timeout_fails_at_once(store_url: str, clock: Any) -> None:
+    """The work's own 2 s bound firing ends the operation failed/timed-out at 2 s, not expired."""
+
+    async def work(payload: Any) -> Any:
+        with fail_after(2):
+            await asyncio.sleep(60)
+
+    op, took = await _run_to_end(store_url, work)
+    assert (op.status, op.last_error_code, took) == ("failed", "timed-out", 2)
+
+
+async def test_a_downstream_deadline_fails_the_operation(store_url: str, clock: Any) -> None:
+    """A downstream's spent deadline (source propagated) fails the operation with its own code."""
+
+    async def work(payload: Any) -> Any:
+        await asyncio.sleep(1)
+        raise DeadlineExceeded(source="propagated")
+
+    op, took = await _run_to_end(store_url, work)
+    assert (op.status, op.last_error_code, took) == ("failed", "downstream-deadline-exceeded", 1)
+
+
+async def test_the_lifetime_running_out_expires_it(store_url: str, clock: Any) -> None:
+    """Work outliving the operation's 5 s lifetime ends expired at 5 s."""
+
+    async def work(payload: Any) -> Any:
+        await asyncio.sleep(3600)
+
+    op, took = await _run_to_end(store_url, work, ttl_s=5)
+    assert (op.status, op.last_error_code, took) == ("expired", "expired", 5)
