@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import math
 import os
 import random
 import signal
@@ -128,7 +129,7 @@ def test_runs_survive_worker_kills_and_a_server_restart(
     rng = random.Random(int(os.environ.get("TB_CHAOS_SEED", "12")))
     starter = _Proc([sys.executable, str(HERE / "_starter.py"), url, str(RUNS), "7", str(RATE)])
     workers = [_worker(url) for _ in range(WORKERS)]
-    killed: set[int] = set()
+    killed: dict[int, float] = {}  # pid -> epoch ms of the kill
     restarts, restarted_ms = 0, 0.0
     try:
         start_span = RUNS / RATE
@@ -140,8 +141,8 @@ def test_runs_survive_worker_kills_and_a_server_restart(
             time.sleep(rng.uniform(0.2, 0.8))
             # workers[0] is never killed: it must keep working across the server restart.
             victim = workers.pop(rng.randrange(1, len(workers)))
-            killed.add(victim.proc.pid)
             victim.end(signal.SIGKILL)
+            killed[victim.proc.pid] = time.time() * 1000
             workers.append(_worker(url))
             if restarts == 0 and time.monotonic() >= restart_at:
                 chaos_cluster.restart()
@@ -174,7 +175,9 @@ def test_runs_survive_worker_kills_and_a_server_restart(
     ), "the worker alive at the restart stopped working"
 
 
-def _check(store: dict[str, list[dict[str, Any]]], run_ids: set[str], killed: set[int]) -> None:
+def _check(
+    store: dict[str, list[dict[str, Any]]], run_ids: set[str], killed: dict[int, float]
+) -> None:
     runs = {r["id"]: r for r in store["runs"]}
     # Exactly the runs started: none lost, none doubled by a retried commit.
     assert set(runs) == run_ids
@@ -210,7 +213,8 @@ def _check(store: dict[str, list[dict[str, Any]]], run_ids: set[str], killed: se
             assert sorted(t["node_id"] for t in tokens if t["status"] == "completed") == [
                 "A", "B", "C",
             ]  # fmt: skip
-        # No timeout early; each one's lag, and whether the token's worker was killed.
+        # No timeout early; each one's lag, and whether the token's worker was dead by then
+        # (killed before the deadline: only a live worker can have enforced it).
         owner = {}
         for e in events:
             if e["kind"] == "token_dispatched":
@@ -219,14 +223,14 @@ def _check(store: dict[str, list[dict[str, Any]]], run_ids: set[str], killed: se
                 lag = e["at"] - e["deadline_at"]
                 assert lag >= 0, ("token timeout fired early", e)
                 lags.append(lag)
-                if owner.get(e["token_id"]) in killed:
+                if killed.get(owner.get(e["token_id"], 0), math.inf) <= e["deadline_at"]:
                     dead_lags.append(lag)
             if e["kind"] == "run_timed_out":
                 lag = e["at"] - run["timeout_at"]
                 assert lag >= 0, ("run timeout fired early", e, run)
                 lags.append(lag)
                 live = [o for t, o in owner.items() if t not in done]
-                if any(o in killed for o in live):
+                if any(killed.get(o, math.inf) <= run["timeout_at"] for o in live):
                     dead_lags.append(lag)
     print(
         f"\nchaos: {len(runs)} runs {dict(statuses)}; {len(killed)} workers killed; "
