@@ -61,6 +61,7 @@ def test_token_from_environment(tmp_path: Path) -> None:
         ({}, {"TIMEBOUND_PORT": "70000"}, "port (environment): expected an integer"),
         ({}, {"TIMEBOUND_PAGE_SIZE": "0"}, "page_size (environment): expected an integer"),
         ({}, {"TIMEBOUND_DRAIN_S": "-1"}, "drain_s (environment): expected seconds"),
+        ({}, {"TIMEBOUND_WORKER": "maybe"}, "worker (environment): expected true or false"),
         ({"token_file": "/nonexistent/t"}, {}, "token_file (command line): cannot read"),
     ],
 )
@@ -134,3 +135,18 @@ def test_unimportable_actions_module_is_a_usage_error(tmp_path: Path) -> None:
     r = _serve(tmp_path, "--check", "--actions", "no_such_module_xyz")
     assert r.returncode == 2
     assert "cannot import 'no_such_module_xyz'" in r.stderr
+
+
+def test_no_worker_from_the_file_or_environment(tmp_path: Path) -> None:
+    """``worker = false`` in the TOML file and ``TIMEBOUND_WORKER=0`` both turn the loop off."""
+    pg = "postgresql://u@db/x"
+    (tmp_path / "host.toml").write_text(f'[host]\nworker = false\ndb = "{pg}"\n')
+    assert load_config({}, {}, str(tmp_path / "host.toml")).worker is False
+    assert load_config({"db": pg}, {"TIMEBOUND_WORKER": "0"}, None).worker is False
+    assert load_config({"db": pg}, {}, None).worker is True
+
+
+def test_no_worker_on_sqlite_is_refused() -> None:
+    """A host without a worker on a one-process SQLite store would never run a run: refused."""
+    with pytest.raises(ConfigError, match="worker = false needs a shared PostgreSQL store"):
+        load_config({"worker": False}, {}, None)

@@ -66,7 +66,8 @@ def test_operator_list_shows_the_operation_with_its_digest(with_ops: Server) -> 
 def test_operator_list_filters_by_status(with_ops: Server) -> None:
     """?status=completed finds nothing; an unknown status is a 400 problem."""
     assert with_ops.client.get("/v1/deferred-operations?status=completed").json() == {
-        "operations": []
+        "operations": [],
+        "next_cursor": None,
     }
     r = with_ops.client.get("/v1/deferred-operations?status=sleeping")
     assert r.status_code == 400
@@ -123,3 +124,60 @@ def test_deferred_routes_need_the_token(tmp_path: Path) -> None:
             assert anonymous.post(f"/v1/deferred-operations/{OP_ID}/cancel").status_code == 401
     finally:
         stop(server)
+
+
+async def _plant_many(db: str) -> None:
+    async with Registry(db) as registry:
+        for i, module in enumerate(["a", "b", "a", "a"]):
+            await registry.register(_doc(f"deferred:report.render:p{i}"), module=module)
+
+
+def test_operator_list_pages_with_a_cursor_and_filters_by_module(tmp_path: Path) -> None:
+    """Pages of two follow the cursor without repeats; ?module=a keeps only module a's."""
+    asyncio.run(_plant_many(f"sqlite:///{tmp_path}/host.db"))
+    server = launch(tmp_path, env={"TIMEBOUND_PAGE_SIZE": "2"})
+    try:
+        seen: list[str] = []
+        cursor = None
+        for _ in range(3):
+            params = {"cursor": cursor} if cursor else {}
+            page = server.client.get("/v1/deferred-operations", params=params).json()
+            assert len(page["operations"]) <= 2
+            seen += [op["operation/id"] for op in page["operations"]]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        assert sorted(seen) == [f"deferred:report.render:p{i}" for i in range(4)]
+        only_a = server.client.get("/v1/deferred-operations?module=a").json()["operations"]
+        assert {op["module"] for op in only_a} == {"a"} and len(only_a) == 2
+        bad = server.client.get("/v1/deferred-operations?cursor=zzz")
+        assert bad.status_code == 400 and "cursor" in bad.json()["detail"]
+    finally:
+        stop(server)
+
+
+def test_poll_without_a_connector_is_a_conflict(with_ops: Server) -> None:
+    """POST …/poll answers 409 naming the module this host has no connector for."""
+    r = with_ops.client.post(f"/v1/deferred-operations/{OP_ID}/poll")
+    assert r.status_code == 409
+    assert "no connector for module 'reports'" in r.json()["detail"]
+
+
+def test_poll_of_an_unknown_operation_is_not_found(with_ops: Server) -> None:
+    """POST …/poll of an id the registry does not hold answers 404."""
+    assert with_ops.client.post("/v1/deferred-operations/nope/poll").status_code == 404
+
+
+def test_ui_detail_has_poll_and_cancel_forms_with_csrf(with_ops: Server) -> None:
+    """A pending, cancelable operation's page has both forms, each carrying the CSRF token."""
+    page = with_ops.client.get("/ui/deferred/deferred%3Areport.render%3Aop1").text
+    assert 'action="/ui/deferred/deferred%3Areport.render%3Aop1/poll"' in page
+    assert 'action="/ui/deferred/deferred%3Areport.render%3Aop1/cancel"' in page
+    assert page.count('name="csrf"') >= 2
+
+
+@pytest.mark.parametrize("action", ["poll", "cancel"])
+def test_ui_forms_refuse_a_post_without_csrf(with_ops: Server, action: str) -> None:
+    """Posting the poll or cancel form without its CSRF token is refused (403)."""
+    r = with_ops.client.post(f"/ui/deferred/deferred%3Areport.render%3Aop1/{action}", data={})
+    assert r.status_code == 403

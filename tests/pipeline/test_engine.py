@@ -692,3 +692,11 @@ def test_branch_steps_run_in_order_and_plan_steps_by_their_data() -> None:
     assert starts["task:fetch_features"] == starts["task:call_models"] == 0.0
     assert starts["timeout_wrapper/success/task:fetch_features"] == pytest.approx(3.0)
     assert starts["timeout_wrapper/success/task:call_models"] == pytest.approx(6.0)
+
+
+def test_trace_start_reads_the_clock_module() -> None:
+    """The trace's wall-clock start comes from timebound's clock, so virtual time sets it."""
+    reg = sample.make_registry()
+    clock = VirtualClock(wall_start=1_767_225_600.0)
+    result = clock.run(pl.Engine(reg).run(pl.compile(sample.make_plan(reg)), sample.rows(4)))
+    assert result.trace.started_epoch_ns == 1_767_225_600_000_000_000

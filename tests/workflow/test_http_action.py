@@ -19,7 +19,8 @@ TIMEOUT_HEADER = b"x-yataxi-client-timeoutms"
 
 
 class App:
-    """Records the deadline header; /ok echoes, /slow hangs, /expired answers 498, /fail 500."""
+    """Records the deadline header; /ok echoes, /slow hangs, /fail answers 500, /bare 498 alone,
+    /marked 498 with the remote expiry marker (a downstream that says its budget ran out)."""
 
     def __init__(self) -> None:
         self.headers: list[str | None] = []
@@ -37,10 +38,12 @@ class App:
         path = scope["path"]
         if path == "/slow":
             await asyncio.sleep(30)
-        status = {"/expired": 498, "/fail": 500}.get(path, 200)
+        status = {"/bare": 498, "/marked": 498, "/fail": 500}.get(path, 200)
+        headers = [(b"content-type", b"application/json")]
+        if path == "/marked":
+            headers.append((b"x-yataxi-deadline-expired", b"1"))
         payload = json.dumps({"seen": self.bodies[-1]["input"]}).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json")]})  # fmt: skip
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload})
 
 
@@ -79,12 +82,22 @@ async def test_request_carries_the_nodes_remaining_budget(server, tmp_path) -> N
     assert header is not None and 10_000 < int(header) <= 20_000
 
 
-async def test_498_is_a_node_timeout(server, tmp_path) -> None:
-    """A 498 answer is the node timing out, not an action error."""
+async def test_bare_498_is_an_action_error(server, tmp_path) -> None:
+    """A 498 without the expiry marker is an HTTP error status, not the node timing out."""
     _, url = server
-    result, events = await _run(tmp_path, url + "/expired", 20_000)
-    (event,) = [e for e in events if e["kind"] == "token_timed_out"]
-    assert result.status == "failed" and event["timeout_type"] == "execution"
+    result, events = await _run(tmp_path, url + "/bare", 20_000)
+    assert not [e for e in events if e["kind"] == "token_timed_out"]
+    assert result.status == "failed" and "HTTP 498" in (result.error or "")
+
+
+async def test_downstream_expiry_within_the_nodes_budget_is_an_action_error(
+    server, tmp_path
+) -> None:
+    """A downstream reporting its budget spent while the node still has time is an error."""
+    _, url = server
+    result, events = await _run(tmp_path, url + "/marked", 20_000)
+    assert not [e for e in events if e["kind"] == "token_timed_out"]
+    assert result.status == "failed" and "propagated deadline" in (result.error or "")
 
 
 async def test_slow_server_is_cut_at_the_node_deadline(server, tmp_path) -> None:

@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import random
+import runpy
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TextIO
 
 import timebound as tb
@@ -128,7 +130,37 @@ async def _demo(out: TextIO) -> None:
     print("\nEvery bound above came from one deadline model: see docs/deadlines.md.", file=out)
 
 
+def _showcase_script() -> Path | None:
+    """``examples/one_deadline/showcase.py`` of the source tree: the current directory's, else
+    the one this package was installed from (an editable install of a clone)."""
+    here = Path(__file__).resolve().parents[3]
+    for root in (Path.cwd(), here):
+        script = root / "examples" / "one_deadline" / "showcase.py"
+        if script.is_file():
+            return script
+    return None
+
+
+def _run_showcase(keep: bool) -> int:
+    script = _showcase_script()
+    if script is None:
+        # The showcase is an example program, not part of the package: it ships with the sources.
+        print(
+            "timebound demo --showcase: examples/one_deadline/showcase.py not found; run it from "
+            "a clone of the timebound repository",
+            file=sys.stderr,
+        )
+        return 2
+    main = runpy.run_path(str(script))["main"]
+    return int(main(["--keep"] if keep else []))
+
+
 def _run(args: argparse.Namespace) -> int:
+    if args.showcase:
+        return _run_showcase(args.keep)
+    if args.keep:
+        print("timebound demo: --keep only applies with --showcase", file=sys.stderr)
+        return 2
     asyncio.run(_demo(sys.stdout))
     return 0
 
@@ -138,5 +170,14 @@ def register(sub: Any) -> None:
         "demo",
         help="show nested deadlines, a retry under a total budget and a fallback, as a timeline",
         description=__doc__,
+    )
+    parser.add_argument(
+        "--showcase",
+        action="store_true",
+        help="one 300 ms deadline across services, Constellation, a pipeline, a workflow and a "
+        "deferred operation (examples/one_deadline)",
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="with --showcase: then serve the runs in the host UI"
     )
     parser.set_defaults(handler=_run)

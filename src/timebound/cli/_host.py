@@ -24,6 +24,11 @@ def register(sub: Any) -> None:
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", help="port (default 8080; 0 picks a free one)")
     p.add_argument("--token-file", metavar="FILE", help="file holding the API/UI token")
+    p.add_argument(
+        "--no-worker",
+        action="store_true",
+        help="serve the API and UI only; `timebound worker` processes run the work (PostgreSQL)",
+    )
     p.add_argument("--check", action="store_true", help="validate configuration and exit")
     p.set_defaults(handler=_serve)
 
@@ -36,6 +41,7 @@ def _serve(args: argparse.Namespace) -> int:
         "host": args.host,
         "port": args.port,
         "token_file": args.token_file,
+        "worker": False if args.no_worker else None,
     }
     try:
         config = load_config(options, os.environ, args.config)

@@ -233,17 +233,52 @@ class Registry:
             raise Gone(f"deferred operation {op_id!r} is no longer retained")
         return op
 
-    async def operations(self, *, status: str | None = None, limit: int = 100) -> list[Operation]:
-        """Operations for an operator view, newest first."""
+    async def operations(
+        self,
+        *,
+        status: str | None = None,
+        module: str | None = None,
+        after: tuple[int, str] | None = None,
+        limit: int = 100,
+    ) -> list[Operation]:
+        """Operations for an operator view, newest first; ``after`` is the (created_ms, id) of
+        the last operation of the previous page."""
+        conditions: list[str] = []
+        args: list[Any] = []
+        if status is not None:
+            conditions.append("status = ?")
+            args.append(status)
+        if module is not None:
+            conditions.append("module = ?")
+            args.append(module)
+        if after is not None:
+            conditions.append("(created_ms < ? OR (created_ms = ? AND id > ?))")
+            args += [after[0], after[0], after[1]]
+        where = f"WHERE {' AND '.join(conditions)}" if conditions else ""
         async with self._store.transaction() as tx:
-            where = "WHERE status = ?" if status is not None else ""
-            args: tuple[Any, ...] = (status, limit) if status is not None else (limit,)
             rows = await tx.fetch(
                 f"SELECT {_COLUMNS} FROM tb_deferred_ops {where} ORDER BY created_ms DESC, id "
                 "LIMIT ?",
                 *args,
+                limit,
             )
         return [_row_op(r) for r in rows]
+
+    async def stats(self) -> tuple[dict[tuple[str, str], int], dict[str, int]]:
+        """For metrics: operations by (status, module), and polls made (attempts) by module
+        (``""`` for operations without a module)."""
+        async with self._store.transaction() as tx:
+            rows = await tx.fetch(
+                "SELECT status, module, COUNT(*) AS n, SUM(attempts) AS polls "
+                "FROM tb_deferred_ops GROUP BY status, module"
+            )
+        ops: dict[tuple[str, str], int] = {}
+        polls: dict[str, int] = {}
+        for r in rows:
+            module = r["module"] or ""
+            ops[(r["status"], module)] = int(r["n"])
+            polls[module] = polls.get(module, 0) + int(r["polls"] or 0)
+        return ops, polls
 
     async def history(self, op_id: str) -> list[dict[str, Any]]:
         """The status history: instant, status, digest and code, never a document."""

@@ -37,6 +37,9 @@ class Config:
     max_body_bytes: int = 1_048_576
     drain_s: float = 10.0
     page_size: int = 50
+    # False: serve the API and UI only; `timebound worker` processes on the shared store do the
+    # work (a one-process SQLite store is refused, nothing else could run its runs).
+    worker: bool = True
 
     @property
     def loopback(self) -> bool:
@@ -52,6 +55,7 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+_BOOL = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 _INT = {"port": (0, 65535), "max_body_bytes": (1, 1 << 30), "page_size": (1, 1000)}
 
 
@@ -72,6 +76,12 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         if number is None or not low <= number <= high:
             raise ConfigError(f"{where}: expected an integer in [{low}, {high}], got {value!r}")
         return number
+    if name == "worker":
+        if isinstance(value, str) and value.lower() in _BOOL:
+            return _BOOL[value.lower()]
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        return value
     if name == "drain_s":
         try:
             seconds = float(value) if not isinstance(value, bool) else -1.0
@@ -144,5 +154,10 @@ def load_config(
         raise ConfigError(
             f"host {config.host!r} is not a loopback address and no token is configured: "
             "set --token-file (or TIMEBOUND_TOKEN) to serve beyond this machine (D8.1)"
+        )
+    if not config.worker and not config.db.startswith(("postgresql://", "postgres://")):
+        raise ConfigError(
+            f"worker = false needs a shared PostgreSQL store (db is {config.db.split(':', 1)[0]}"
+            "://…): nothing else may run a SQLite store's runs"
         )
     return config

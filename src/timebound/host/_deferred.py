@@ -15,10 +15,18 @@ from starlette.routing import Route
 
 from ..deferred import status_app
 from ..deferred._contract import TERMINAL
+from ._api import decode_cursor, encode_cursor
 from ._host import Host
 from ._problems import Problem
 
-__all__ = ["DEFERRED_STATUSES", "deferred_detail", "deferred_list", "deferred_routes"]
+__all__ = [
+    "DEFERRED_STATUSES",
+    "cancel_now",
+    "deferred_detail",
+    "deferred_list",
+    "deferred_routes",
+    "poll_now",
+]
 
 DEFERRED_STATUSES = ("pending", "running", *sorted(TERMINAL))
 
@@ -28,12 +36,60 @@ def _host(request: Request) -> Host:
     return host
 
 
-async def deferred_list(host: Host, status: str | None) -> list[dict[str, Any]]:
+async def deferred_list(
+    host: Host, params: dict[str, str]
+) -> tuple[list[dict[str, Any]], str | None]:
+    """One page of operations (``status``, ``module`` and ``cursor`` filters) and the cursor of
+    the next page."""
+    status = params.get("status") or None
     if status is not None and status not in DEFERRED_STATUSES:
         raise Problem(400, f"status: {status!r} is not one of {list(DEFERRED_STATUSES)}")
-    registry = host.engine.deferred_registry
-    ops = await registry.operations(status=status, limit=host.config.page_size)
-    return [op.describe() for op in ops]
+    after = decode_cursor(params["cursor"]) if params.get("cursor") else None
+    size = host.config.page_size
+    ops = await host.engine.deferred_registry.operations(
+        status=status, module=params.get("module") or None, after=after, limit=size + 1
+    )
+    page = ops[:size]
+    more = len(ops) > size
+    return [op.describe() for op in page], (
+        encode_cursor(page[-1].created_ms, page[-1].id) if more else None
+    )
+
+
+def _poller(host: Host, op: Any) -> Any:
+    """The poller that may act on ``op`` for an operator, or a 409 problem saying why none."""
+    if op.terminal:
+        raise Problem(409, f"deferred operation {op.id!r} has already ended ({op.status})")
+    poller = host.engine.deferred_poller
+    if poller is None or op.module not in poller.connectors:
+        raise Problem(409, f"this host has no connector for module {op.module!r}")
+    return poller
+
+
+async def _operation(host: Host, op_id: str) -> Any:
+    op = await host.engine.deferred_registry.get(op_id)
+    if op is None:
+        raise Problem(404, f"no deferred operation {op_id!r}")
+    return op
+
+
+async def poll_now(host: Host, op_id: str) -> dict[str, Any]:
+    """Poll an operation now, within the poller's rate cap and per-module limit (it waits for
+    room; the caller's deadline bounds the wait)."""
+    poller = _poller(host, await _operation(host, op_id))
+    outcome = await poller.poll_now(op_id)
+    fresh = await _operation(host, op_id)
+    return {"applied": outcome.applied, "code": outcome.code, "operation": fresh.describe()}
+
+
+async def cancel_now(host: Host, op_id: str) -> dict[str, Any]:
+    """Ask the operation's connector to cancel it (D7); 409 when it offers no cancel."""
+    op = await _operation(host, op_id)
+    poller = _poller(host, op)
+    if op.cancel_href is None:
+        raise Problem(409, f"not cancelable: {op.cancel_reason or 'no cancel offered'}")
+    described: dict[str, Any] = await poller.cancel(op_id)
+    return described
 
 
 async def deferred_detail(host: Host, op_id: str) -> dict[str, Any]:
@@ -45,11 +101,16 @@ async def deferred_detail(host: Host, op_id: str) -> dict[str, Any]:
 
 
 async def list_operations(request: Request) -> Response:
-    unknown = sorted(set(request.query_params) - {"status"})
+    allowed = ["cursor", "module", "status"]
+    unknown = sorted(set(request.query_params) - set(allowed))
     if unknown:
-        raise Problem(400, f"unknown query parameter(s) {unknown}; allowed: ['status']")
-    ops = await deferred_list(_host(request), request.query_params.get("status") or None)
-    return JSONResponse({"operations": ops})
+        raise Problem(400, f"unknown query parameter(s) {unknown}; allowed: {allowed}")
+    ops, cursor = await deferred_list(_host(request), dict(request.query_params))
+    return JSONResponse({"operations": ops, "next_cursor": cursor})
+
+
+async def poll_operation(request: Request) -> Response:
+    return JSONResponse(await poll_now(_host(request), request.path_params["op_id"]))
 
 
 async def get_operation(request: Request) -> Response:
@@ -73,6 +134,7 @@ def deferred_routes() -> list[Route]:
     return [
         Route("/v1/deferred-operations", list_operations, methods=["GET"]),
         Route("/v1/deferred-operations/{op_id}", get_operation, methods=["GET"]),
+        Route("/v1/deferred-operations/{op_id}/poll", poll_operation, methods=["POST"]),
         Route("/v1/deferred-operations/{op_id}/status", surface, methods=["GET"]),
         Route("/v1/deferred-operations/{op_id}/cancel", surface, methods=["POST"]),
     ]

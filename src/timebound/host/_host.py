@@ -93,7 +93,7 @@ class Host:
         handlers = load_actions(config.actions)
         for name in set(handlers) & set(actions or {}):
             raise ConfigError(f"actions: handler {name!r} is given twice")
-        engine = Engine(db=config.db, actions={**handlers, **(actions or {})})
+        engine = Engine(db=config.db, actions={**handlers, **(actions or {})}, worker=config.worker)
         return cls(config, engine, load_definitions(engine, config.workflows))
 
     def token_ok(self, presented: str | None) -> bool:

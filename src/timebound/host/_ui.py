@@ -14,7 +14,7 @@ import secrets
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
@@ -23,7 +23,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from ._api import list_page, run_detail
-from ._deferred import DEFERRED_STATUSES, deferred_detail, deferred_list
+from ._deferred import DEFERRED_STATUSES, cancel_now, deferred_detail, deferred_list, poll_now
 from ._host import Host
 from ._problems import Problem
 
@@ -181,7 +181,7 @@ async def login(request: Request) -> Response:
 
 async def deferred_page(request: Request) -> Response:
     status = request.query_params.get("status") or None
-    operations = await deferred_list(_host(request), status)
+    operations, _ = await deferred_list(_host(request), {"status": status or ""})
     return _render(
         request,
         "deferred.html",
@@ -194,11 +194,27 @@ async def operation_page(request: Request) -> Response:
     return _render(request, "operation.html", detail)
 
 
+async def operation_poll(request: Request) -> Response:
+    await _form(request)
+    op_id = request.path_params["op_id"]
+    await poll_now(_host(request), op_id)
+    return RedirectResponse(f"/ui/deferred/{quote(op_id, safe='')}", status_code=303)
+
+
+async def operation_cancel(request: Request) -> Response:
+    await _form(request)
+    op_id = request.path_params["op_id"]
+    await cancel_now(_host(request), op_id)
+    return RedirectResponse(f"/ui/deferred/{quote(op_id, safe='')}", status_code=303)
+
+
 def ui_routes() -> list[Route | Mount]:
     return [
         Route("/ui/", runs_page),
         Route("/ui/deferred", deferred_page),
         Route("/ui/deferred/{op_id}", operation_page),
+        Route("/ui/deferred/{op_id}/poll", operation_poll, methods=["POST"]),
+        Route("/ui/deferred/{op_id}/cancel", operation_cancel, methods=["POST"]),
         Route("/ui/runs/{run_id}", run_page),
         Route("/ui/runs/{run_id}/cancel", cancel, methods=["POST"]),
         Route("/ui/login", login_page, methods=["GET"]),

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
-import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -30,10 +29,10 @@ from .._engine import DagPlan, Group, Node
 from . import _expr
 from ._artifact import Artifact
 from ._errors import PlanTimeout, TaskError, ValidationError
-from ._model import Registry, TaskSpec, check_value, evaluate
+from ._model import Registry, TaskSpec, evaluate
 from ._rowset import RowSet
 from ._trace import Trace
-from ._validate import SUPPORTED_CAPABILITIES, Checked, task_known, validate
+from ._validate import SUPPORTED_CAPABILITIES, Checked, check_params, task_known, validate
 
 __all__ = ["Engine", "Result", "TaskContext"]
 
@@ -177,7 +176,7 @@ class Engine:
         compiled = self._compiled(artifact)
         rowset = self._rowset(rows, compiled.checked)
         params = self._params(artifact, request_params, source_params)
-        trace = Trace(artifact.digest, time.time_ns(), compiled.meta)
+        trace = Trace(artifact.digest, round(_clock.wall() * 1_000_000_000), compiled.meta)
         run = _Run(rowset, params, trace)
         trace.base = run.base
         try:
@@ -253,14 +252,7 @@ class Engine:
                 continue
             if not isinstance(given, Mapping):
                 raise ConfigurationError(f"{origin}_params must be a mapping")
-            for pid, value in given.items():
-                pdef = self.registry.params.get(pid) if isinstance(pid, str) else None
-                if pdef is None:
-                    raise ValidationError("reference", f"{origin} param {pid!r} is not registered")
-                try:
-                    check_value(value, pdef.type, f"{origin} param {pid!r}")
-                except ConfigurationError as exc:
-                    raise ValidationError("type", str(exc)) from None
+            check_params(self.registry, given, origin)
             layers.append((origin, given))
         out: dict[str, tuple[Any, str]] = {}
         for pid, pdef in self.registry.params.items():

@@ -20,7 +20,7 @@ from ._artifact import CAPABILITY, Artifact
 from ._errors import ValidationError
 from ._model import ORIGINS, Registry, Writes, check_value, evaluate
 
-__all__ = ["Checked", "validate"]
+__all__ = ["Checked", "check_params", "validate"]
 
 SUPPORTED_CAPABILITIES = frozenset({CAPABILITY})
 _MUTATING = ("filter", "sort", "take", "dedupe")
@@ -50,6 +50,19 @@ def task_known(
         else:
             known.pop(arg, None)  # bound at run time: unknown now
     return known
+
+
+def check_params(registry: Registry, given: Mapping[Any, Any], origin: str) -> None:
+    """Raise :class:`ValidationError` unless every param in ``given`` is registered and has a
+    value of its type; ``origin`` (``plan``, ``request``, ``source``) names them in the error."""
+    for pid, value in given.items():
+        pdef = registry.params.get(pid) if isinstance(pid, str) else None
+        if pdef is None:
+            raise ValidationError("reference", f"{origin} param {pid!r} is not registered")
+        try:
+            check_value(value, pdef.type, f"{origin} param {pid!r}")
+        except ConfigurationError as exc:
+            raise ValidationError("type", str(exc)) from None
 
 
 def validate(
@@ -83,14 +96,7 @@ def validate(
                 details={"missing": [cap]},
             )
     params = plan["params"]
-    for pid, value in params.items():
-        pdef = registry.params.get(pid)
-        if pdef is None:
-            raise ValidationError("reference", f"plan param {pid!r} is not registered")
-        try:
-            check_value(value, pdef.type, f"plan param {pid!r}")
-        except ConfigurationError as exc:
-            raise ValidationError("type", str(exc)) from None
+    check_params(registry, params, "plan")
     v = _Validator(artifact, registry, params)
     v.written_anywhere = v.all_writes(plan["nodes"])
     v.chain(plan["nodes"], set(), branch=None, path="")

@@ -46,6 +46,7 @@ __all__ = [
     "TIMEOUT_HEADER",
     "HeaderNames",
     "ReceivedTimeout",
+    "ceil_ms",
     "format_absolute_us",
     "format_grpc_timeout",
     "format_timeout_ms",
@@ -218,13 +219,18 @@ def _printable(value: str | bytes) -> str:
     return value
 
 
-def format_timeout_ms(seconds: float) -> str:
-    """The ``X-YaTaxi-Client-TimeoutMs`` value for ``seconds``: whole ms, rounded up, never 0.
+def ceil_ms(seconds: float) -> int:
+    """``seconds`` in whole milliseconds, rounded up: the one wire rounding of a timeout.
 
     Rounding up (D4.3) means the callee never sees less time than we have; ``round(…, 6)`` first
     absorbs float noise such as ``0.3 * 1000 == 300.00000000000006``.
     """
-    return str(max(1, math.ceil(round(seconds * 1000, 6))))
+    return math.ceil(round(seconds * 1000, 6))
+
+
+def format_timeout_ms(seconds: float) -> str:
+    """The ``X-YaTaxi-Client-TimeoutMs`` value for ``seconds``: whole ms, rounded up, never 0."""
+    return str(max(1, ceil_ms(seconds)))
 
 
 def format_grpc_timeout(seconds: float) -> str:
@@ -256,7 +262,7 @@ class ReceivedTimeout:
     @property
     def ms(self) -> int:
         """Whole milliseconds, rounded up (the ``deadline_received_ms`` span tag)."""
-        return math.ceil(round(self.seconds * 1000, 6))
+        return ceil_ms(self.seconds)
 
 
 def read_timeout(

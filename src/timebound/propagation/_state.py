@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from .._core._deadline import Deadline
 from .._core._errors import DeadlineExceeded
 from .._core._scopes import current_bound_error, current_deadline, remaining
+from ._codec import ceil_ms
 
 __all__ = [
     "ClampedTimeout",
@@ -97,7 +98,7 @@ class ClampedTimeout:
         """Whole milliseconds, rounded up, never 0 (the wire form); ``None`` for no timeout."""
         if self.seconds is None:
             return None
-        return max(1, math.ceil(round(self.seconds * 1000, 6)))
+        return max(1, ceil_ms(self.seconds))
 
 
 def clamp_timeout(static: float | None, *, what: str = "request") -> ClampedTimeout:

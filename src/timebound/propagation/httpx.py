@@ -17,14 +17,15 @@ body included:
 * async: the caller waits for the exchange (run in a task of its own, see
   :class:`_Exchange`) under a timebound scope, and reads every chunk of the body under one, so a
   stalled read is interrupted exactly at the end of the attempt;
-* sync: the connect, read and write timeouts are set to at most the time left, again at the
-  start of every step after the pool wait, and the body stream checks the clock after every
-  chunk (a sync read cannot be interrupted: a server trickling bytes can overrun by at most one
-  read timeout).
+* sync: a request waits for a pooled connection in the transport (see :func:`_pool_size`),
+  until the pool timeout or the attempt's end; the connect, read and write timeouts are set to
+  at most the time left, again at the start of every step after that wait, and the body stream
+  checks the clock after every chunk (a sync read cannot be interrupted: a server trickling
+  bytes can overrun by at most one read timeout).
 
-Neither ever cuts a request while it waits for a pooled connection, and the pool timeout is
-never lowered to the deadline: either leaks a connection in httpcore (encode/httpcore#1093) and,
-repeated, wedges the client.
+Neither ever cuts a request while it waits inside httpcore's pool, nor lets httpcore's pool
+timeout fire (both wait for a pooled connection in the transport, :func:`_pool_size`): either
+leaks a connection (encode/httpcore#1093) and, repeated, wedges the client.
 
 Errors: no time left before sending → ``DeadlineExceeded`` with the binding bound's source and
 nothing is sent; our deadline cut the exchange → ``DeadlineExceeded`` with that source and the
@@ -39,10 +40,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import Any
 
 try:
+    import anyio
     import httpx
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
@@ -184,29 +187,38 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
             what=what,
         )
         self._inner = inner if inner is not None else httpx.HTTPTransport()
+        size = _pool_size(self._inner)
+        self._slots = None if size is None else threading.BoundedSemaphore(size)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         static = self._static(request)
         attempt = self._begin(request, static)
-        # The pool wait is not shortened to our deadline: httpcore's pool timeout leaks the
-        # connection it has just assigned (encode/httpcore#1093), as a cancel does in async.
+        # httpcore's pool timeout is not shortened to our deadline: it leaks the connection it
+        # has just assigned (encode/httpcore#1093); our own slot wait ends at the deadline.
         _prepare(request, attempt, phases_to=attempt.clamped.seconds, pool_to=static)
         if attempt.end is not None:
             _gate_steps(request, attempt)
-        with attempt.boundary():
-            response = self._inner.handle_request(request)
-        refusal = attempt.refusal(
-            response.status_code, response.headers.get(self._options.expired_header)
-        )
-        if refusal is not None:
-            # Read the short body so the connection goes back to the pool intact (D4.8).
-            try:
-                response.read()
-            finally:
-                response.close()
-            raise refusal
-        if attempt.end is not None:
-            response.stream = _SyncStream(response.stream, attempt)
+        release = _RELEASED
+        try:
+            with attempt.boundary():
+                if self._slots is not None:
+                    release = _admit(self._slots, request, attempt.end)
+                response = self._inner.handle_request(request)
+            refusal = attempt.refusal(
+                response.status_code, response.headers.get(self._options.expired_header)
+            )
+            if refusal is not None:
+                # Read the short body so the connection goes back to the pool intact (D4.8).
+                try:
+                    response.read()
+                finally:
+                    response.close()
+                raise refusal
+        except BaseException:
+            release()
+            raise
+        if attempt.end is not None or release is not _RELEASED:
+            response.stream = _SyncStream(response.stream, attempt, release)
         return response
 
     def close(self) -> None:
@@ -242,10 +254,89 @@ def _gate_steps(request: httpx.Request, attempt: Attempt) -> None:
     request.extensions = {**request.extensions, "trace": trace}
 
 
+def _pool_size(inner: object) -> int | None:
+    """The number of connections of httpx's own HTTP/1.1 pool (``None``: no wait to take over).
+
+    httpcore's pool leaks a connection when a request's pool timeout fires while the pool is
+    handing that request a new connection (encode/httpcore#1093): the connection stays
+    "CONNECTING", owned by nobody, and once ``max_connections`` have leaked every later request
+    fails with ``PoolTimeout``. A deadline storm provokes it: reproduced with 64 threads over 2
+    connections and a 40 ms pool timeout, the sync client was wedged after 31 of 40 storms (the
+    async one, 64 tasks over 8 connections and 60 ms, after 23 of 25). So both
+    transports keep one slot per connection and a request waits for a slot, where a wait that
+    ends leaves nothing behind; httpcore then never queues one (each admitted request finds a
+    connection free, or room for one). The size is read from httpx's transport, the only place
+    it is kept; an HTTP/2 pool multiplexes many requests over one connection, so it is left to
+    wait itself.
+    """
+    if not isinstance(inner, (httpx.HTTPTransport, httpx.AsyncHTTPTransport)):
+        return None
+    pool = getattr(inner, "_pool", None)
+    size = getattr(pool, "_max_connections", None)
+    if not isinstance(size, int) or getattr(pool, "_http2", True):
+        return None
+    return size
+
+
+def _admit(
+    slots: threading.BoundedSemaphore, request: httpx.Request, end: float | None
+) -> Callable[[], None]:
+    """Wait for a slot until the pool timeout or the attempt's end, whichever comes first;
+    return the slot's release (idempotent). A wait that ends raises ``httpx.PoolTimeout``,
+    which the attempt's boundary turns into the cut when the attempt's end has passed."""
+    pool = request.extensions["timeout"].get("pool")
+    ends = [e for e in (end, None if pool is None else _clock.now() + pool) if e is not None]
+    # An unbounded wait blocks until a slot is free; a bounded one may wake a hair before its
+    # end (never report a timeout early, D1.3), so it waits again for what is left.
+    while not slots.acquire(timeout=max(0.0, min(ends) - _clock.now()) if ends else -1):
+        if _clock.now() >= min(ends):
+            raise httpx.PoolTimeout("timed out waiting for a pooled connection")
+    return _once(slots.release)
+
+
+def _released() -> None:
+    """The release of a request that holds no slot."""
+
+
+_RELEASED: Callable[[], None] = _released
+
+
+async def _admit_async(slots: anyio.Semaphore, request: httpx.Request) -> Callable[[], None]:
+    """The async :func:`_admit`: wait for a slot until the pool timeout (the caller leaves at
+    its own end anyway); return the slot's release (idempotent)."""
+    pool = request.extensions["timeout"].get("pool")
+    if pool is None:
+        await slots.acquire()
+    else:
+        acquired = False
+        with move_on_at(Deadline(_clock.now() + pool)):
+            await slots.acquire()
+            acquired = True
+        if not acquired:
+            raise httpx.PoolTimeout("timed out waiting for a pooled connection")
+    return _once(slots.release)
+
+
+def _once(release: Callable[[], None]) -> Callable[[], None]:
+    """``release``, run at most once however often the result is called."""
+    released = False
+
+    def once() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            release()
+
+    return once
+
+
 class _SyncStream(httpx.SyncByteStream):
-    def __init__(self, inner: Any, attempt: Attempt) -> None:
+    """The body: the clock checked after every chunk, the pool slot released on close."""
+
+    def __init__(self, inner: Any, attempt: Attempt, release: Callable[[], None]) -> None:
         self._inner = inner
         self._attempt = attempt
+        self._release = release
 
     def __iter__(self) -> Iterator[bytes]:
         with self._attempt.boundary():
@@ -254,7 +345,10 @@ class _SyncStream(httpx.SyncByteStream):
                 yield chunk
 
     def close(self) -> None:
-        self._inner.close()
+        try:
+            self._inner.close()
+        finally:
+            self._release()
 
 
 class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
@@ -302,6 +396,8 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
         # Only httpcore's pool (behind httpx's own transport) has the pool-wait hazard; any
         # other transport's exchange may be cancelled at once.
         self._pooled = isinstance(self._inner, httpx.AsyncHTTPTransport)
+        size = _pool_size(self._inner)
+        self._slots = None if size is None else anyio.Semaphore(size)
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         static = self._static(request)
@@ -317,7 +413,7 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
         exchange: _Exchange
         if loop is None:
             _prepare(request, attempt, phases_to=seconds, pool_to=static)
-            exchange = _TrioExchange(self._inner, request, gated=self._pooled)
+            exchange = _TrioExchange(self._inner, request, self._slots, gated=self._pooled)
             response = await exchange.wait(attempt, None)
         else:
             # A kept exchange may outlive our deadline, up to the static timeout (its phases
@@ -325,7 +421,7 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
             keep = self._save_connections and attempt.lowered and static is not None
             _prepare(request, attempt, phases_to=static if keep else seconds, pool_to=static)
             keep_until = _clock.now() + static if keep and static is not None else None
-            exchange = _AsyncioExchange(self._inner, request, loop, gated=self._pooled)
+            exchange = _AsyncioExchange(self._inner, request, self._slots, loop, gated=self._pooled)
             response = await exchange.wait(attempt, keep_until)
         refusal = attempt.refusal(
             response.status_code, response.headers.get(self._options.expired_header)
@@ -397,17 +493,33 @@ class _Exchange:
         else:
             self._cancel_asked = True
 
-    async def _run(self, inner: httpx.AsyncBaseTransport, request: httpx.Request) -> None:
-        """The task: hand the response (or the error) over; once the caller left, release it."""
+    async def _run(
+        self,
+        inner: httpx.AsyncBaseTransport,
+        request: httpx.Request,
+        slots: anyio.Semaphore | None,
+    ) -> None:
+        """The task: hand the response (or the error) over; once the caller left, release it.
+
+        With ``slots`` (see :func:`_pool_size`) it first waits for a slot, held until the
+        response is closed, so that httpcore never queues the request.
+        """
+        release = _RELEASED
         try:
+            if slots is not None:
+                release = await _admit_async(slots, request)
             response = await inner.handle_async_request(request)
         except Exception as exc:
+            release()
             self._error = exc  # an abandoned exchange's failure has nobody to tell
             self._wake()
             return
         except BaseException:
+            release()
             self._wake()
             raise
+        if release is not _RELEASED:
+            response.stream = _AsyncReleasing(response.stream, release)
         if self._left:
             self._wake()
             await _release(response)
@@ -475,6 +587,7 @@ class _AsyncioExchange(_Exchange):
         self,
         inner: httpx.AsyncBaseTransport,
         request: httpx.Request,
+        slots: anyio.Semaphore | None,
         loop: asyncio.AbstractEventLoop,
         *,
         gated: bool,
@@ -482,7 +595,7 @@ class _AsyncioExchange(_Exchange):
         super().__init__(request, gated=gated)
         self._loop = loop
         self._done: asyncio.Future[None] = loop.create_future()
-        self._task = _start(self._run(inner, request), loop)
+        self._task = _start(self._run(inner, request, slots), loop)
 
     def _wake(self) -> None:
         if not self._done.done():
@@ -511,7 +624,12 @@ class _TrioExchange(_Exchange):
     __slots__ = ("_event", "_scope", "_trio")
 
     def __init__(
-        self, inner: httpx.AsyncBaseTransport, request: httpx.Request, *, gated: bool
+        self,
+        inner: httpx.AsyncBaseTransport,
+        request: httpx.Request,
+        slots: anyio.Semaphore | None,
+        *,
+        gated: bool,
     ) -> None:
         import trio
 
@@ -520,12 +638,17 @@ class _TrioExchange(_Exchange):
         self._event = trio.Event()
         self._scope = trio.CancelScope()
         trio.lowlevel.spawn_system_task(
-            self._run_scoped, inner, request, name=_EXCHANGE, context=_clean_context()
+            self._run_scoped, inner, request, slots, name=_EXCHANGE, context=_clean_context()
         )
 
-    async def _run_scoped(self, inner: httpx.AsyncBaseTransport, request: httpx.Request) -> None:
+    async def _run_scoped(
+        self,
+        inner: httpx.AsyncBaseTransport,
+        request: httpx.Request,
+        slots: anyio.Semaphore | None,
+    ) -> None:
         with self._scope:  # absorbs our own cancel; a system task must not raise
-            await self._run(inner, request)
+            await self._run(inner, request, slots)
 
     def _wake(self) -> None:
         self._event.set()
@@ -570,6 +693,24 @@ async def _release(response: httpx.Response) -> None:
 async def _release_by(response: httpx.Response, until: float) -> None:
     with move_on_at(Deadline(until)):
         await _release(response)
+
+
+class _AsyncReleasing(httpx.AsyncByteStream):
+    """httpcore's body, releasing the request's pool slot once closed."""
+
+    def __init__(self, inner: Any, release: Callable[[], None]) -> None:
+        self._inner = inner
+        self._release = release
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            yield chunk
+
+    async def aclose(self) -> None:
+        try:
+            await self._inner.aclose()
+        finally:
+            self._release()
 
 
 class _AsyncStream(httpx.AsyncByteStream):

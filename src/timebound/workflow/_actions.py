@@ -1,7 +1,7 @@
 """Running one attempt of an action: python handlers and HTTP requests, inside the node's bound.
 
 An attempt ends in one :class:`Outcome`: ``ok`` with a JSON value, ``error``, or ``timeout``
-(the node's deadline was reached, or the remote side said the budget it was given ran out).
+(the node's effective deadline was reached, whoever noticed it first: see :func:`_timed_out`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
 
+from .._core._classify import classify
 from .._core._deadline import Deadline
 from .._core._errors import DeadlineExceeded
 from .._core._scopes import fail_at
@@ -73,8 +74,20 @@ def _describe(exc: BaseException) -> str:
 
 
 def _timed_out(exc: BaseException, deadline: Deadline) -> bool:
-    """Whether the node's own bound ended the attempt (then its timeout policy applies)."""
-    return isinstance(exc, DeadlineExceeded) and deadline.expired
+    """Whether the node's own bound ended the attempt (then its timeout policy applies).
+
+    The one classification decides whose bound the error reports (D2.5, D4.5). A bound inside
+    the action (a handler's own scope, an HTTP attempt's static timeout) is the action failing.
+    The node's bound, a bound around it, or a downstream reporting the budget we gave it spent
+    (D4.5) is the node's timeout only once the node's effective deadline (D6.11) has passed:
+    a downstream whose clock ran ahead answers "expired" while the node still has time, and
+    that is an error of the action, never an early node timeout (D1.3).
+    """
+    if not isinstance(exc, DeadlineExceeded):
+        return False
+    if classify(exc, own={"node"}) == "own" and exc.source != "node":
+        return False
+    return deadline.expired
 
 
 async def run_python(
@@ -134,8 +147,9 @@ async def run_http(implementation: Mapping[str, Any], ctx: ActionContext, *, wha
     """Send the request through timebound's httpx transport, carrying the node's budget.
 
     The JSON body is ``{"input", "state", "branch"}``; a JSON response body is the output (text
-    otherwise). A 498 or the remote expiry marker is a node timeout (the transport raises
-    ``DeadlineExceeded`` for both); other 4xx/5xx answers are action errors.
+    otherwise). An answer carrying the remote expiry marker reaches us as the transport's
+    ``DeadlineExceeded`` and is judged like any other (:func:`_timed_out`); every other 4xx/5xx
+    answer, a bare 498 included, is an action error.
     """
     import httpx
 
@@ -155,12 +169,11 @@ async def run_http(implementation: Mapping[str, Any], ctx: ActionContext, *, wha
                 headers=dict(implementation.get("headers", {})),
             )
             await response.aread()
-    except DeadlineExceeded as exc:
-        return Outcome("timeout", error=str(exc))
-    except httpx.HTTPError as exc:
+    except (DeadlineExceeded, httpx.HTTPError) as exc:
+        # An attempt timeout is both: the classification, not the except clause, decides.
+        if _timed_out(exc, ctx.deadline):
+            return Outcome("timeout", error=str(exc))
         return Outcome("error", error=_describe(exc))
-    if response.status_code == 498:
-        return Outcome("timeout", error=f"{what}: the server answered 498 (deadline expired)")
     if response.status_code >= 400:
         return Outcome("error", error=f"{what}: HTTP {response.status_code}")
     try:

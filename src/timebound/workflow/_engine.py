@@ -108,12 +108,22 @@ class Engine:
         worker_id: str | None = None,
         deferred_policy: Any = None,
         deferred_connectors: Mapping[str, Any] | None = None,
+        worker: bool = True,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError("concurrency must be >= 1", option="concurrency")
         if lease_ms < 1 or sweep_ms < 1:
             raise ConfigurationError("lease_ms and sweep_ms must be >= 1", option="lease_ms")
         self._store: Store = open_store(db)
+        if not worker and not self._store.shared:
+            # Nothing else may write a one-process store (D6): without our loop, no one would.
+            raise ConfigurationError(
+                "worker=False needs a shared store (postgresql://…) that worker processes serve",
+                option="worker",
+            )
+        # Without the worker loop the engine starts, reads and cancels runs; other processes
+        # (``timebound worker``) dispatch them.
+        self._worker = worker
         self._handlers = _handlers(actions)
         self._concurrency = concurrency
         self._lease_ms = lease_ms
@@ -150,6 +160,12 @@ class Engine:
             self._deferred_registry.on_resume(_RESUME_KIND, self._resume_deferred)
         return self._deferred_registry
 
+    @property
+    def deferred_poller(self) -> Any:
+        """The :class:`timebound.deferred.Poller` of this engine's ``deferred_connectors`` while
+        the engine is open (``None`` without connectors): operators poll and cancel through it."""
+        return self._deferred_poller
+
     # Definitions ----------------------------------------------------------------------------
 
     def register(self, definition: dict[str, Any] | str | Path) -> Definition:
@@ -184,11 +200,14 @@ class Engine:
         await self.close()
 
     async def open(self) -> None:
-        """Open the store, re-arm from storage and start this process's worker loop."""
-        if self._loop_task is not None:
+        """Open the store, re-arm from storage and start this process's worker loop (unless
+        ``worker=False``)."""
+        if self._open:
             return
         await self._store.open()
         self._open = True
+        if not self._worker:
+            return
         await self._store.listen(self._wake_all)
         if not self._store.shared:
             # One writer process: whatever a previous process left in flight died with it.
@@ -251,16 +270,27 @@ class Engine:
             input = json.loads(json.dumps(input, allow_nan=False))
         except (TypeError, ValueError, RecursionError) as exc:
             raise ConfigurationError(f"a run's input must be JSON: {exc}", option="input")
-        if self._loop_task is None:
+        if not self._open:
             raise RuntimeError("the engine is not open: use 'async with engine:' first")
         if (definition.id, definition.version) not in self._stored:
             async with self._txn() as tx:
                 conflict = await self._store_definition(tx, definition)
             if conflict is not None:
                 raise DefinitionError(conflict, path="version")
+        deadline_at = None if deadline_ms is None else self._now() + deadline_ms
+        if not self._worker:  # no loop to batch with: one transaction; its commit wakes workers
+            async with self._txn() as tx:
+                run_id: str = await self._machine.start_run(
+                    tx,
+                    definition,
+                    input,
+                    self._now(),
+                    timeout_ms=definition.timeout_ms,
+                    inherited_deadline_at=deadline_at,
+                )
+            return run_id
         # Started by the loop's next transaction: concurrent starts share one commit.
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        deadline_at = None if deadline_ms is None else self._now() + deadline_ms
         self._starts.append(_Start(definition, input, future, deadline_at))
         self._wake.set()
         return await future
@@ -361,7 +391,7 @@ class Engine:
             )
 
     async def counts(self) -> dict[str, dict[str, int]]:
-        """How many runs and tokens are in each state, and timeouts by layer (for metrics)."""
+        """How many runs and tokens are in each state (for metrics)."""
         async with self._txn() as tx:
             runs = await tx.fetch("SELECT status, COUNT(*) AS n FROM tb_wf_runs GROUP BY status")
             tokens = await tx.fetch(
@@ -371,6 +401,15 @@ class Engine:
             "runs": {r["status"]: int(r["n"]) for r in runs},
             "tokens": {r["status"]: int(r["n"]) for r in tokens},
         }
+
+    async def timeouts(self) -> list[dict[str, Any]]:
+        """Every timeout the store recorded (workflow, execution and synchronization layers),
+        as its event data: layer (``timeout_type``), policy and ``detection_lag_ms``."""
+        async with self._txn() as tx:
+            rows = await tx.fetch(
+                "SELECT data FROM tb_events WHERE kind IN ('token_timed_out', 'join_timed_out')"
+            )
+        return [json.loads(r["data"]) for r in rows]
 
     async def cancel(self, run_id: str) -> bool:
         """Cancel a running run, its live tokens and child runs; ``False`` if it had ended."""
@@ -467,16 +506,18 @@ class Engine:
         renew_at = 0
         while True:
             self._wake.clear()
-            if self._store.shared and self._now() >= renew_at:
-                await self._renew_leases()
-                renew_at = self._now() + self._lease_ms // 3
             outcomes, self._outcomes = self._outcomes, []
             starts, self._starts = self._starts, []
             try:
+                if self._store.shared and self._now() >= renew_at:
+                    await self._renew_leases()
+                    renew_at = self._now() + self._lease_ms // 3
                 plans, next_ms = await self._turn(starts, outcomes)
             except Exception:
                 # A failed turn is rolled back (on PostgreSQL, a deadlock between two workers'
-                # batches is one cause): keep its work and try again after a pause.
+                # batches, or the server restarting and dropping every connection): keep its
+                # work and try again after a pause. The lease renewal is part of the turn, so
+                # a renewal that meets a dropped connection is retried, not the loop's end.
                 self._outcomes[:0] = outcomes
                 self._starts[:0] = starts
                 self._stored.clear()

@@ -1,6 +1,6 @@
-"""A request that waits for a pooled connection past its deadline (real uvicorn): it is not
-cut by httpcore's pool timeout (which leaks connections, encode/httpcore#1093) but stops at the
-first step after the wait, sending nothing, and the pool stays usable."""
+"""A request that waits for a pooled connection past its deadline (real uvicorn): it does not
+wait inside httpcore's pool (whose timeout leaks connections, encode/httpcore#1093) but in the
+transport, which it leaves at its deadline, sending nothing, and the pool stays usable."""
 
 from __future__ import annotations
 
@@ -26,12 +26,13 @@ def _wait_for(predicate: object, what: str) -> None:
 def test_sync_pool_wait_past_the_deadline_stops_before_sending(
     svc: tuple[Downstream, str],
 ) -> None:
-    """The waiting request raises its deadline's error once it gets the connection; the server
-    never sees it, and the client works afterwards."""
+    """The waiting request raises its deadline's error while the connection is still held; the
+    server never sees it, and the client works afterwards."""
     app, url = svc
     inner = httpx.HTTPTransport(limits=httpx.Limits(max_connections=1))
     errors: list[BaseException] = []
-    with httpx.Client(transport=DeadlineTransport(inner, timeout=5.0), timeout=5.0) as client:
+    # A pool timeout beyond the server's own 10 s stall: only the deadline ends the wait early.
+    with httpx.Client(transport=DeadlineTransport(inner, timeout=30.0), timeout=30.0) as client:
         holder = threading.Thread(target=lambda: client.get(f"{url}/held"))
         holder.start()
         _wait_for(lambda: any(s.path == "/held" for s in app.seen), "the first request arrived")
@@ -46,12 +47,40 @@ def test_sync_pool_wait_past_the_deadline_stops_before_sending(
 
         second = threading.Thread(target=waiter)
         second.start()
-        _wait_for(lambda: deadline.expired, "the second request's deadline passed")
+        _wait_for(lambda: errors, "the second request left at its deadline")
+        left_while_held = holder.is_alive()
         app.held.set()
         holder.join(10)
         second.join(10)
         after = client.get(f"{url}/ok")
     assert len(errors) == 1 and isinstance(errors[0], tb.DeadlineExceeded)
     assert errors[0].source == "inherited"
+    assert left_while_held
     assert [s.path for s in app.seen] == ["/held", "/ok"]  # the /ok is the one made afterwards
+    assert after.text == "ok"
+
+
+def test_sync_pool_wait_ends_at_the_pool_timeout_with_httpx_error(
+    svc: tuple[Downstream, str],
+) -> None:
+    """Without a deadline, a wait for the held connection ends at httpx's ``pool`` timeout with
+    ``httpx.PoolTimeout``; the server never sees the request and the client works afterwards."""
+    app, url = svc
+    inner = httpx.HTTPTransport(limits=httpx.Limits(max_connections=1))
+    timeout = httpx.Timeout(5.0, pool=0.05)
+    with httpx.Client(transport=DeadlineTransport(inner), timeout=timeout) as client:
+        holder = threading.Thread(target=lambda: client.get(f"{url}/held"))
+        holder.start()
+        _wait_for(lambda: any(s.path == "/held" for s in app.seen), "the first request arrived")
+        try:
+            client.get(f"{url}/ok")
+        except BaseException as exc:
+            error: BaseException | None = exc
+        else:
+            error = None
+        app.held.set()
+        holder.join(10)
+        after = client.get(f"{url}/ok")
+    assert type(error) is httpx.PoolTimeout
+    assert [s.path for s in app.seen] == ["/held", "/ok"]
     assert after.text == "ok"

@@ -150,6 +150,28 @@ async def test_httpx_async_client_works_after_a_deadline_storm(
     assert after == [f"after{i}" for i in range(20)]
 
 
+@pytest.mark.asyncio_real
+@pytest.mark.parametrize("save_connections", [True, False])
+async def test_httpx_async_client_survives_pool_waits_that_time_out(
+    echo_url: str, save_connections: bool
+) -> None:
+    """300 requests, 64 at a time over 8 connections with a 60 ms pool timeout, so that pool
+    waits end while connections are being handed over: no connection leaks
+    (encode/httpcore#1093) and the client works afterwards."""
+    inner = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=8))
+    transport = AsyncDeadlineTransport(inner, save_connections=save_connections)
+    async with httpx.AsyncClient(transport=transport, timeout=5.0) as client:
+
+        async def call(ident: str) -> str:
+            return (await client.get(echo_url, params={"id": ident}, timeout=0.06)).text
+
+        tally = await _async_storm(call, count=300, concurrency=64, top=0.05)
+        after = [(await client.get(echo_url, params={"id": f"after{i}"})).text for i in range(20)]
+    assert tally.wrong is None
+    assert tally.cut > 0
+    assert after == [f"after{i}" for i in range(20)]
+
+
 def test_httpx_sync_client_works_after_a_deadline_storm(echo_url: str) -> None:
     """300 requests from 32 threads over 2 connections, cut at random instants: the client
     works afterwards and no reply reaches the wrong caller."""
@@ -161,6 +183,23 @@ def test_httpx_sync_client_works_after_a_deadline_storm(echo_url: str) -> None:
 
         tally = _sync_storm(call, count=300, threads=32, top=0.03)
         after = [call(f"after{i}") for i in range(10)]
+    assert tally.wrong is None
+    assert tally.cut > 0
+    assert after == [f"after{i}" for i in range(10)]
+
+
+def test_httpx_sync_client_survives_pool_waits_that_time_out(echo_url: str) -> None:
+    """64 threads over 2 connections with a 40 ms pool timeout, so that pool waits end while
+    connections are being handed over: no connection leaks (encode/httpcore#1093) and the
+    client works afterwards."""
+    inner = httpx.HTTPTransport(limits=httpx.Limits(max_connections=2))
+    with httpx.Client(transport=DeadlineTransport(inner), timeout=5.0) as client:
+
+        def call(ident: str) -> str:
+            return client.get(echo_url, params={"id": ident}, timeout=0.04).text
+
+        tally = _sync_storm(call, count=300, threads=64, top=0.03)
+        after = [client.get(echo_url, params={"id": f"after{i}"}).text for i in range(10)]
     assert tally.wrong is None
     assert tally.cut > 0
     assert after == [f"after{i}" for i in range(10)]
