@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
+import math
 import random
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,10 @@ from typing import Any
 import pytest
 
 from timebound.deferred import HostPolicy, Operation, Poller, Registry, TransientPollError
+from timebound.deferred._registry import now_ms
 from timebound.testing import VirtualClock
 
-from .conftest import operation_doc, status_doc
+from .conftest import operation_doc, raw_update, status_doc
 
 
 class Scripted:
@@ -31,8 +33,11 @@ class Scripted:
         self.cancels: list[str] = []
 
     async def status(self, op: Operation) -> object:
-        self.polls[op.id].append(self.clock.now())
-        self.starts.append(self.clock.now())
+        # The millisecond a poll starts in, floored as the registry reads it: a poll a hair
+        # after its instant (the wake margin) is at it, one a hair before is a millisecond early.
+        at = math.floor(self.clock.now() * 1000) / 1000
+        self.polls[op.id].append(at)
+        self.starts.append(at)
         self.inflight += 1
         self.max_inflight = max(self.max_inflight, self.inflight)
         try:
@@ -62,7 +67,7 @@ def _id(i: int) -> str:
 
 
 async def test_polls_are_never_early(tmp_path: Path, virtual_clock: VirtualClock) -> None:
-    """With a 5 s hint and no jitter, polls happen at exactly 5 s and 10 s."""
+    """With a 5 s hint and no jitter, polls happen at 5 s and 10 s, never before."""
     conn = Scripted(virtual_clock, ["pending", "completed"])
     async with Registry(_url(tmp_path), policy=HostPolicy(jitter=False)) as reg:
         await reg.register(operation_doc(_id(1), retry_after=5), module="m")
@@ -273,3 +278,22 @@ def test_bad_poll_timeout_is_refused(tmp_path: Path) -> None:
     """poll_timeout_s must be a positive number."""
     with pytest.raises(ValueError, match="poll_timeout_s"):
         Poller(Registry(_url(tmp_path)), {}, poll_timeout_s=0)
+
+
+async def test_an_idle_round_never_wakes_before_the_next_poll(
+    tmp_path: Path, virtual_clock: VirtualClock
+) -> None:
+    """The wait an idle round returns ends at or after the next poll's millisecond (D7.6).
+
+    The instants are ones where ``(next - now_ms()) / 1000`` ended a millisecond early: the
+    floored epoch-ms reading after the wait fell below the stored instant.
+    """
+    base = now_ms()
+    async with Registry(_url(tmp_path)) as reg:
+        await reg.register(operation_doc(_id(1), ttl_s=300), module="m")
+        await raw_update(reg, _id(1), next_poll_ms=base + 16_287)
+        virtual_clock.jump_to(3.017999783851022)
+        delay = await Poller(reg, {"m": Scripted(virtual_clock)}).step()
+    assert delay is not None
+    virtual_clock.advance(delay)
+    assert now_ms() >= base + 16_287

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs, urlsplit
 
-from ._base import Store, StoreBusy, StoreError, Tx
+from ._base import Store, StoreBusy, StoreError, Tx, wake_delay
 
-__all__ = ["Store", "StoreBusy", "StoreError", "Tx", "open_store"]
+__all__ = ["Store", "StoreBusy", "StoreError", "Tx", "open_store", "wake_delay"]
 
 
 def open_store(url: str) -> Store:

@@ -12,7 +12,18 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["Store", "StoreBusy", "StoreError", "Tx"]
+from .._core._deadline import Deadline
+
+__all__ = ["Store", "StoreBusy", "StoreError", "Tx", "wake_delay"]
+
+# Waking a hair after a stored instant makes the floored epoch-ms reading reach it, so a timer is
+# seen due at its own millisecond, never one empty loop turn early (D7.6).
+_WAKE_MARGIN_S = 1e-6
+
+
+def wake_delay(epoch_ms: int) -> float:
+    """Seconds an engine's loop sleeps so that it wakes at or just after ``epoch_ms``."""
+    return max(0.0, Deadline.from_epoch_ms(epoch_ms).remaining() + _WAKE_MARGIN_S)
 
 
 class StoreError(RuntimeError):

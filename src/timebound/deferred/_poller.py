@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from .._core import _clock
 from .._core._errors import DeadlineExceeded
 from .._core._scopes import fail_after
+from .._store import wake_delay
 from ._contract import TERMINAL
 from ._registry import Operation, Outcome, Registry, now_ms
 
@@ -182,7 +183,7 @@ class Poller:
         if started and len(due) == batch:
             return 0.0  # more may be due than one batch holds
         nxt = await reg.next_instant(at)
-        return None if nxt is None else max(0.0, (nxt - now_ms()) / 1000)
+        return None if nxt is None else wake_delay(nxt)
 
     # Polls -------------------------------------------------------------------------------
 
@@ -203,12 +204,10 @@ class Poller:
             try:
                 with fail_after(self.poll_timeout_s):
                     doc = await connector.status(op)
-            except TransientPollError as exc:
+            except TransientPollError as exc:  # the connector maps its transport's failures
                 return await self._failed(op, exc.code)
-            except DeadlineExceeded:
+            except DeadlineExceeded:  # the poll's own bound above
                 return await self._failed(op, "poll-timeout")
-            except OSError:
-                return await self._failed(op, "poll-unreachable")
             except Exception:  # a broken connector backs off like a failing one, never spins
                 return await self._failed(op, "poll-error")
             return await self.registry.polled(op.id, doc)

@@ -27,17 +27,13 @@ from .._core import _clock
 from .._core._deadline import Deadline
 from .._core._errors import ConfigurationError
 from .._core._scopes import fail_after
-from .._store import Store, Tx, open_store
+from .._store import Store, Tx, open_store, wake_delay
 from ._actions import ActionContext, Outcome, freeze, run_http, run_python
 from ._definition import Definition, DefinitionError, parse_definition
 from ._machine import Machine
 from ._rows import RUN_TERMINAL
 
 __all__ = ["Engine", "RunResult"]
-
-# Waking a hair after a stored deadline makes the floored epoch-ms reading reach it, so the
-# deadline is reported at its own millisecond instead of one loop turn later.
-_WAKE_MARGIN_S = 1e-6
 
 
 class _Start(NamedTuple):
@@ -537,7 +533,7 @@ class Engine:
                 continue
             delay = None
             if next_ms is not None:
-                delay = Deadline.from_epoch_ms(next_ms).remaining() + _WAKE_MARGIN_S
+                delay = wake_delay(next_ms)
             if self._store.shared:
                 # The sweep catches other workers' changes; leases are renewed well before expiry.
                 renew = max(renew_at - self._now(), 0) / 1000
