@@ -113,6 +113,13 @@ def clamp_timeout(static: float | None, *, what: str = "request") -> ClampedTime
         mark_spent()
         raise err
     left = remaining()
+    if left <= 0:
+        # The deadline passed between the check above and this reading (two clock reads): it is
+        # spent, and a timeout of 0 must never reach a client library (urllib3 rejects it).
+        err = current_bound_error(what)
+        if err is not None:
+            mark_spent()
+            raise err
     if left == math.inf:
         return ClampedTimeout(static, False)
     if static is None or left < static:
