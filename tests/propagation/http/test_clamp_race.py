@@ -12,7 +12,9 @@ from timebound.propagation._state import clamp_timeout
 from timebound.testing import VirtualClock
 
 
-def test_deadline_passing_between_two_clock_reads_fails_fast(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_deadline_passing_between_two_clock_reads_fails_fast(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """The first reading is before the deadline, the next at it: the call fails with the
     deadline's own error instead of being given a timeout of 0 (which urllib3 rejects)."""
     with VirtualClock() as clock, tb.inherit_deadline(tb.Deadline.after(1.0)):
