@@ -702,9 +702,10 @@ class _AsyncReleasing(httpx.AsyncByteStream):
         self._inner = inner
         self._release = release
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._inner:
-            yield chunk
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        # httpcore's own iterator: no generator of ours left unfinished when a read is cut.
+        iterator: AsyncIterator[bytes] = self._inner.__aiter__()
+        return iterator
 
     async def aclose(self) -> None:
         try:
