@@ -152,7 +152,15 @@ class AIMDLimit:
 
 
 class RouteEstimates:
-    """Expected service time per route: an EWMA of recent handler times.
+    """Expected service time per route: an EWMA of recent handler times, and its baseline.
+
+    The *baseline* is the route's service time when nothing queues inside the handler. It
+    follows the EWMA down at once, and up only with requests that started alone (no other
+    request in flight: nothing inside the server can have made them wait), by ``alpha`` of the
+    gap. So a run of slow requests caused by the server's own concurrency (handlers waiting for
+    a lock, a core, a connection) shows as the EWMA rising well above the baseline, while a real
+    change of the route's cost is learnt as soon as requests run alone again — which a
+    shrinking concurrency limit ensures.
 
     Route keys come from requests, so the table is bounded: past ``max_routes`` the least
     recently seen route is forgotten (a hostile client inventing paths costs memory, never
@@ -167,21 +175,39 @@ class RouteEstimates:
         _positive("max_routes", max_routes, integer=True)
         self._alpha = float(alpha)
         self._max = max_routes
-        self._table: OrderedDict[str, float] = OrderedDict()
+        # route -> [EWMA, baseline]
+        self._table: OrderedDict[str, list[float]] = OrderedDict()
 
     def get(self, route: str) -> float:
-        """The expected service time of ``route`` in seconds (0.0 when unknown)."""
-        return self._table.get(route, 0.0)
+        """The recent service time of ``route`` in seconds, queueing included (0.0: unknown)."""
+        entry = self._table.get(route)
+        return 0.0 if entry is None else entry[0]
 
-    def observe(self, route: str, seconds: float) -> None:
-        old = self._table.get(route)
-        if old is None:
-            self._table[route] = seconds
+    def baseline(self, route: str) -> float:
+        """The route's service time without queueing inside the handler (0.0 when unknown)."""
+        entry = self._table.get(route)
+        return 0.0 if entry is None else entry[1]
+
+    def observe(self, route: str, seconds: float, *, alone: bool = True) -> None:
+        """Learn one handler time; ``alone``: the request started with no other in flight."""
+        entry = self._table.get(route)
+        if entry is None:
+            self._table[route] = [seconds, seconds]
             if len(self._table) > self._max:
                 self._table.popitem(last=False)
-        else:
-            self._table[route] = old + self._alpha * (seconds - old)
-            self._table.move_to_end(route)
+            return
+        ewma = entry[0] + self._alpha * (seconds - entry[0])
+        base = entry[1]
+        if alone and seconds > base:
+            base += self._alpha * (seconds - base)
+        entry[0] = ewma
+        entry[1] = min(base, ewma)
+        self._table.move_to_end(route)
+
+    def queueing(self, route: str, tolerance: float) -> bool:
+        """The route's recent service time exceeds ``tolerance`` times its baseline."""
+        entry = self._table.get(route)
+        return entry is not None and entry[0] > tolerance * entry[1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,19 +216,35 @@ class AdmissionConfig:
 
     ``max_queue``: waiting requests beyond the running ones (a full queue sheds with 503).
     ``target`` / ``interval``: CoDel's queue-delay bounds (seconds) for a standing / a normal queue.
+    ``services``: the interval is at least this many of a route's service times (``interval``
+    suits millisecond handlers; a 40 ms one would see a standing queue in any burst of three).
     ``retry_after``: the ``Retry-After`` seconds of a 503 answer (whole seconds on the wire).
+    ``tolerance``: a route whose recent service time exceeds ``tolerance`` times its baseline
+    (:class:`RouteEstimates`) is queueing inside the handler — admitted requests wait for
+    something the server has too little of — and each request that ends so is reported to the
+    limit as a drop, so an adaptive limit shrinks to the concurrency the server really has.
+    ``None`` reports only requests that ended after their deadline.
     """
 
     max_queue: int = 128
     target: float = 0.005
     interval: float = 0.1
     retry_after: int = 1
+    tolerance: float | None = 2.0
+    services: float = 5.0
 
     def __post_init__(self) -> None:
         _positive("max_queue", self.max_queue, integer=True)
         _positive("target", self.target)
         _positive("interval", self.interval)
         _positive("retry_after", self.retry_after, integer=True)
+        _positive("services", self.services)
+        if self.tolerance is not None:
+            _positive("tolerance", self.tolerance)
+            if not self.tolerance > 1:
+                raise ConfigurationError(
+                    f"tolerance must exceed 1, not {self.tolerance!r}", option="tolerance"
+                )
         if self.target > self.interval:
             raise ConfigurationError(
                 f"target ({self.target}) must not exceed interval ({self.interval})",
@@ -226,6 +268,8 @@ class Ticket:
     arrived: float = 0.0
     outcome: Outcome = Outcome.QUEUED
     admitted_at: float = field(default=0.0)
+    #: Admitted with no other request in flight (its time is the handler's own).
+    alone: bool = False
 
     def hopeless(self, now: float, expected: float) -> bool:
         """Its remaining budget is below the expected service time (or nothing is left).
@@ -304,22 +348,39 @@ class Admission:
     def queued(self) -> int:
         return len(self._critical) + len(self._normal)
 
+    def interval(self, route: str) -> float:
+        """CoDel's interval for ``route``: ``interval``, but at least ``services`` of its
+        service times (a queue of a few slow requests is not yet a standing one)."""
+        return max(self.config.interval, self.config.services * self.estimates.baseline(route))
+
     def standing(self, now: float) -> bool:
-        """The queue has not emptied for longer than ``interval``: the server is overloaded."""
-        return self.queued() > 0 and now - self._last_empty > self.config.interval
+        """The queue has not emptied for longer than the interval (of its oldest waiter's
+        route): the server is overloaded."""
+        head = self._critical or self._normal
+        return bool(head) and now - self._last_empty > self.interval(head[0].route)
+
+    def _waited_too_long(self, ticket: Ticket, now: float) -> bool:
+        """Past its queue-delay bound. A request with a deadline may wait the whole interval
+        even in a standing queue: its deadline already sheds it once it cannot finish (rule 4),
+        and until then newest-first service leaves it only the slots nobody newer wants, so
+        shedding it earlier only turns away work the server could still have done."""
+        if ticket.deadline is not None:
+            return now >= ticket.arrived + self.interval(ticket.route)
+        return now >= ticket.arrived + self.max_wait(ticket.route, now)
 
     def max_wait(self, route: str, now: float) -> float:
         """How long a request for ``route`` may wait now.
 
-        ``interval`` while the queue is not standing. Once it is, CoDel's ``target`` — but never
-        less than the route's expected service time: a slot frees about once per service time,
-        so a shorter bound would shed the very waiters that newest-first service is about to
-        reach, and leave slots idle while requests with budget are turned away (seen with
-        40 ms handlers and the 5 ms target of "Fail at Scale", which assumes far faster ones).
+        The interval while the queue is not standing. Once it is, CoDel's ``target`` — but never
+        less than the route's service time: a slot frees about once per service time, so a
+        shorter bound would shed the very waiters that newest-first service is about to reach,
+        and leave slots idle while requests with budget are turned away (seen with 40 ms
+        handlers and the 5 ms target of "Fail at Scale", which assumes far faster ones).
         """
+        interval = self.interval(route)
         if not self.standing(now):
-            return self.config.interval
-        return min(self.config.interval, max(self.config.target, self.estimates.get(route)))
+            return interval
+        return min(interval, max(self.config.target, self.estimates.baseline(route)))
 
     def stats(self) -> AdmissionStats:
         with self._lock:
@@ -338,7 +399,7 @@ class Admission:
         ticket.arrived = now
         shed: list[Ticket] = []
         with self._lock:
-            if ticket.hopeless(now, self.estimates.get(ticket.route)):
+            if ticket.hopeless(now, self.estimates.baseline(ticket.route)):
                 outcome = self._shed(ticket, Outcome.HOPELESS, "deadline")
             elif self._inflight < self.limit.value and not self.queued():
                 outcome = self._admit(ticket, now)
@@ -350,10 +411,10 @@ class Admission:
     def wait_until(self, ticket: Ticket, now: float) -> float:
         """The instant a queued ``ticket`` should stop waiting and call :meth:`give_up`."""
         with self._lock:
-            bound = ticket.arrived + self.max_wait(ticket.route, now)
-            if ticket.deadline is not None:
-                bound = min(bound, ticket.deadline - self.estimates.get(ticket.route))
-            return bound
+            if ticket.deadline is None:
+                return ticket.arrived + self.max_wait(ticket.route, now)
+            bound = ticket.arrived + self.interval(ticket.route)
+            return min(bound, ticket.deadline - self.estimates.baseline(ticket.route))
 
     def give_up(self, ticket: Ticket, now: float) -> Outcome:
         """A queued request's wait timed out (or its waiter was cancelled): its final outcome.
@@ -365,10 +426,10 @@ class Admission:
         with self._lock:
             if ticket.outcome is not Outcome.QUEUED:
                 return ticket.outcome
-            if ticket.hopeless(now, self.estimates.get(ticket.route)):
+            if ticket.hopeless(now, self.estimates.baseline(ticket.route)):
                 self._remove(ticket)
                 return self._shed(ticket, Outcome.HOPELESS, "deadline")
-            if now >= ticket.arrived + self.max_wait(ticket.route, now):
+            if self._waited_too_long(ticket, now):
                 self._remove(ticket)
                 return self._shed(ticket, Outcome.OVERLOADED, "queue-delay")
             return Outcome.QUEUED
@@ -392,9 +453,16 @@ class Admission:
             self._inflight -= 1
             if measure:
                 service = now - ticket.admitted_at
-                self.estimates.observe(ticket.route, service)
+                self.estimates.observe(ticket.route, service, alone=ticket.alone)
+                tolerance = self.config.tolerance
+                # Queueing inside the handler is congestion just as a late answer is: without
+                # it an adaptive limit grows until admitted requests miss their deadlines
+                # waiting for a worker, and only then backs off (half the goodput, measured).
+                dropped = late or (
+                    tolerance is not None and self.estimates.queueing(ticket.route, tolerance)
+                )
                 before = self.limit.value
-                self.limit.sample(service, late, self._inflight + 1)
+                self.limit.sample(service, dropped, self._inflight + 1)
                 after = self.limit.value
                 if after != before and enabled():
                     emit("admission.limit", component=self.component, limit=after)
@@ -405,6 +473,7 @@ class Admission:
 
     def _admit(self, ticket: Ticket, now: float) -> Outcome:
         self._inflight += 1
+        ticket.alone = self._inflight == 1
         ticket.outcome = Outcome.ADMIT
         ticket.admitted_at = now
         counters.inc("admission-admitted", component=self.component)
@@ -444,18 +513,14 @@ class Admission:
             queue = self._critical if self._critical else self._normal
             # Under LIFO the oldest waiters would only time out later: shed them now, so a
             # standing queue holds requests that can still be served.
-            while (
-                lifo
-                and len(queue) > 1
-                and now >= queue[0].arrived + self.max_wait(queue[0].route, now)
-            ):
+            while lifo and len(queue) > 1 and self._waited_too_long(queue[0], now):
                 stale = queue.popleft()
                 self._shed(stale, Outcome.OVERLOADED, "queue-delay")
                 woken.append(stale)
             ticket = queue.pop() if lifo else queue.popleft()
-            if ticket.hopeless(now, self.estimates.get(ticket.route)):
+            if ticket.hopeless(now, self.estimates.baseline(ticket.route)):
                 self._shed(ticket, Outcome.HOPELESS, "deadline")
-            elif now >= ticket.arrived + self.max_wait(ticket.route, now):
+            elif self._waited_too_long(ticket, now):
                 self._shed(ticket, Outcome.OVERLOADED, "queue-delay")
             else:
                 delay = now - ticket.arrived

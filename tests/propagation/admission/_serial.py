@@ -1,0 +1,104 @@
+"""A serial handler behind :class:`Admission`, simulated on virtual time (no clock, no loop).
+
+The shape of the propagation benchmark's bottleneck: one worker inside the app takes admitted
+requests in arrival order and works each for ``service`` seconds, in quanta, stopping at the
+first quantum past the request's deadline (a checkpoint). Arrivals are Poisson with a fixed seed,
+so every run is the same run. The admission layer cannot see the worker: it must learn from
+service times alone that admitting more than one or two at once only makes them queue inside.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections import deque
+from dataclasses import dataclass
+
+from timebound.propagation.admission import Admission, Outcome, Ticket
+
+
+@dataclass
+class Result:
+    sent: int = 0
+    good: int = 0  # finished within the deadline
+    late: int = 0  # admitted, then ran out of time inside the app
+    shed: int = 0  # answered 498 / 503 by the admission layer
+    goodput: float = 0.0  # good per second, as a fraction of the worker's capacity
+
+
+def simulate(
+    adm: Admission,
+    rho: float,
+    *,
+    service: float = 0.040,
+    budget: float = 0.245,
+    seconds: float = 60.0,
+    seed: int = 1,
+    quantum: float = 0.0005,
+) -> Result:
+    rng = random.Random(seed)
+    events: list[tuple[float, int, str, Ticket | None]] = []
+    order = itertools.count()
+
+    def at(when: float, kind: str, ticket: Ticket | None = None) -> None:
+        heapq.heappush(events, (when, next(order), kind, ticket))
+
+    t = rng.expovariate(rho / service)
+    while t < seconds:
+        at(t, "arrive")
+        t += rng.expovariate(rho / service)
+    inside: deque[Ticket] = deque()
+    busy = False
+    woken: list[tuple[Ticket, Outcome]] = []
+    out = Result()
+
+    def start(now: float) -> None:
+        nonlocal busy
+        if busy or not inside:
+            return
+        ticket = inside.popleft()
+        busy = True
+        assert ticket.deadline is not None
+        if now + service <= ticket.deadline:
+            at(now + service, "good", ticket)
+        else:  # stops at the first checkpoint past its deadline
+            left = max(0.0, ticket.deadline - now)
+            at(now + (int(left / quantum) + 1) * quantum, "late", ticket)
+
+    def settle(ticket: Ticket, outcome: Outcome, now: float) -> None:
+        if outcome is Outcome.ADMIT:
+            inside.append(ticket)
+            start(now)
+        elif outcome is Outcome.QUEUED:
+            at(adm.wait_until(ticket, now), "timer", ticket)
+        else:
+            out.shed += 1
+
+    while events:
+        now, _, kind, ticket = heapq.heappop(events)
+        if kind == "arrive":
+            out.sent += 1
+            ticket = Ticket("GET /", now + budget)
+            ticket.wake = lambda outcome, ticket=ticket: woken.append((ticket, outcome))
+            settle(ticket, adm.arrive(ticket, now), now)
+        elif kind == "timer":
+            assert ticket is not None
+            if ticket.outcome is Outcome.QUEUED:
+                outcome = adm.give_up(ticket, now)
+                if outcome is Outcome.QUEUED:
+                    at(max(now, adm.wait_until(ticket, now)), "timer", ticket)
+                else:
+                    settle(ticket, outcome, now)
+        else:
+            assert ticket is not None
+            busy = False
+            out.good += kind == "good"
+            out.late += kind == "late"
+            adm.release(ticket, now, late=kind == "late")
+        for waiter, outcome in woken:
+            settle(waiter, outcome, now)
+        woken.clear()
+        start(now)
+    out.goodput = out.good / seconds * service
+    return out
