@@ -230,8 +230,10 @@ class OrderedLock:
         except asyncio.CancelledError:
             if fut.done() and not fut.cancelled():
                 self._release()  # handed over, then cancelled: pass it on
-            else:
+            elif fut in self._waiters:
                 self._waiters.remove(fut)
+            # Otherwise the future was cancelled with the task and a release has already
+            # popped and skipped it (between the cancel and this handler): nothing to undo.
             raise
         # Handed over by _release: still locked, now ours.
 
