@@ -4,7 +4,8 @@ A chain ``load generator -> A -> B -> C`` of uvicorn services on loopback, each 
 (``bench/_services.py``). C is the bottleneck: CPU-bound work in ~0.5 ms quanta, one request at a
 time in arrival order, with ``await timebound.acheckpoint()`` (a checkpoint and a yield) before
 every quantum. The load generator (this process) sends open-loop Poisson arrivals at ``rho`` times
-C's measured capacity and gives up on each request at 250 ms.
+C's capacity measured through the chain (A, B and the load generator share the
+cores with C) and gives up on each request at 250 ms.
 
 Modes: M0 no propagation; M1 clients only (A and B clamp to their own static budget); M2 clients +
 ``DeadlineMiddleware`` on every server; M3 M2 with ``cancel_on_expiry=True``; M4 and M5: M2 and M3
@@ -376,11 +377,15 @@ async def open_loop(
     on_mark: float,
     mark: Any,
     bursty: bool = False,
+    absolute: bool = True,
 ) -> tuple[list[Outcome], float]:
     """Poisson arrivals at ``rate``/s for ``total`` seconds; calls ``mark()`` at ``on_mark`` s.
 
     ``bursty``: the same mean rate, on and off — each second, half a second at 1.75 x ``rate``
-    and half at 0.25 x (a Poisson process at the peak rate, thinned).
+    and half at 0.25 x (a Poisson process at the peak rate, thinned). ``absolute``: with
+    ``propagate``, also send the deadline as ``X-Request-Deadline`` (microseconds of the Unix
+    epoch), so A starts from the client's own instant rather than from when it read the
+    relative header (every process here shares one clock).
     Returns every outcome and the epoch time of the mark.
     """
     rng = random.Random(seed)
@@ -399,6 +404,8 @@ async def open_loop(
             }
             if propagate:
                 headers["X-YaTaxi-Client-TimeoutMs"] = str(round(CLIENT_DEADLINE * 1000))
+                if absolute:
+                    headers["X-Request-Deadline"] = str(math.ceil((sent + CLIENT_DEADLINE) * 1e6))
             try:
                 async with asyncio.timeout(CLIENT_DEADLINE):
                     r = await client.get(url, headers=headers)
@@ -506,6 +513,7 @@ def run_one(
     seed: int,
     queue: str = "fifo",
     bursty: bool = False,
+    absolute: bool = True,
 ) -> RunResult:
     """One mode at one load: fresh services, warm-up, measured window, figures; always cleaned up."""
     services = start_chain(mode, iters, quanta, queue=queue)
@@ -521,7 +529,15 @@ def run_one(
 
         outcomes, mark_at = asyncio.run(
             open_loop(
-                services["A"].url, rate, warm + measure, mode != "M0", seed, warm, mark, bursty
+                services["A"].url,
+                rate,
+                warm + measure,
+                mode != "M0",
+                seed,
+                warm,
+                mark,
+                bursty,
+                absolute,
             )
         )
         # Stats right after the window (not after the load generator's last give-up), so the
@@ -592,17 +608,20 @@ def run_one(
 
 
 def measure_capacity(
-    iters: int, quanta: int, seconds: float, warm: float, rounds: int = 2
+    iters: int, quanta: int, seconds: float, warm: float, rounds: int = 2, roles: str = "C"
 ) -> float:
-    """C's capacity: the best of ``rounds`` closed-loop runs straight to one C process.
+    """Completions per second of a closed loop into the first of ``roles`` (M0 services): the
+    best of ``rounds`` runs, because interference (another process on a shared machine) only
+    ever lowers it.
 
-    The best, because interference (another process on a shared machine) only ever lowers it.
+    ``roles="C"``: C alone, its standalone capacity. ``roles="ABC"``: through the whole chain,
+    which shares the machine's cores with C — the most any mode can deliver in the runs, and
+    so the capacity that offered load and goodput are measured against.
     """
-    services = start_chain("M0", iters, quanta, roles="C")
+    services = start_chain("M0", iters, quanta, roles=roles)
     try:
-        return max(
-            asyncio.run(closed_loop(services["C"].url, seconds, warm)) for _ in range(rounds)
-        )
+        url = services[roles[0]].url
+        return max(asyncio.run(closed_loop(url, seconds, warm)) for _ in range(rounds))
     finally:
         stop_chain(services)
 
@@ -816,12 +835,14 @@ def markdown_table(
     lifo: list[RunResult],
     quanta: int,
     bursty: Sequence[RunResult] = (),
+    standalone: float = math.nan,
 ) -> str:
     """The results as markdown, as ``docs/propagation.md`` shows them."""
     foreign = [r.foreign_cpu for r in results + lifo if not math.isnan(r.foreign_cpu)]
     max_foreign = max(foreign) if foreign else math.nan
     lines = [
-        f"C's capacity: {capacity:.1f} req/s (one process; {quanta} quanta of "
+        f"C's capacity: {capacity:.1f} req/s through the chain A -> B -> C, the denominator of "
+        f"rho and of goodput / capacity ({standalone:.1f} req/s for C alone; {quanta} quanta of "
         f"{QUANTUM * 1e3:g} ms per request). "
         f"Client deadline {CLIENT_DEADLINE * 1e3:g} ms. C's queue: FIFO. Other processes on "
         f"the machine used at most {max_foreign:.2f} cores during the runs.",
@@ -907,6 +928,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--no-lifo", action="store_true", help="skip the LIFO diagnostic variant")
     p.add_argument("--no-bursty", action="store_true", help="skip the bursty-load runs")
+    p.add_argument(
+        "--relative-only",
+        action="store_true",
+        help="the load generator sends only the relative deadline header (no X-Request-Deadline)",
+    )
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "propagation.json")
     p.add_argument("--markdown", type=Path, default=None, help="also write the markdown here")
     p.add_argument("--seed", type=int, default=1)
@@ -959,6 +985,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.seed,
                 queue,
                 bursty,
+                not args.relative_only,
             )
             progress(r)
             if args.smoke or not r.foreign_cpu > args.max_foreign or attempt == 2:
@@ -979,10 +1006,11 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"[{time.monotonic() - t_start:6.1f}s] other processes use {busy:.2f} cores")
         iters = calibrate_iters()
         log(f"[{time.monotonic() - t_start:6.1f}s] calibrated: {iters} iterations per quantum")
-        capacity = measure_capacity(iters, args.quanta, cap_seconds, cap_warm)
+        standalone = measure_capacity(iters, args.quanta, cap_seconds, cap_warm)
+        capacity = measure_capacity(iters, args.quanta, cap_seconds, cap_warm, roles="ABC")
         log(
-            f"[{time.monotonic() - t_start:6.1f}s] C capacity: {capacity:.1f} req/s "
-            f"({args.quanta} quanta per request)"
+            f"[{time.monotonic() - t_start:6.1f}s] C capacity: {capacity:.1f} req/s through "
+            f"the chain, {standalone:.1f} req/s alone ({args.quanta} quanta per request)"
         )
         for rho in loads:
             for mode in modes:
@@ -1013,6 +1041,7 @@ def main(argv: list[str] | None = None) -> int:
 
     overhead = Overhead.pool([r for r in results + extra if r.rho == 0.5])
     rows = build_rows(capacity, results, overhead, lifo, bursty)
+    rows.insert(1, Row("propagation.c_capacity_alone", standalone, "req/s"))
     # How loaded the machine was: the brief's runs share it with other work.
     rows += [
         Row("propagation.load_average_1m_start", load_start, "processes"),
@@ -1030,7 +1059,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
     print_table(rows, title="Deadline propagation: the work saved")
-    md = markdown_table(capacity, results, overhead, lifo, args.quanta, bursty)
+    md = markdown_table(capacity, results, overhead, lifo, args.quanta, bursty, standalone)
     if micro is not None:
         md += (
             "\n\nIn-process cost per request, without sockets (median of interleaved rounds): "
