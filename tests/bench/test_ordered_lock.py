@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from _services import OrderedLock  # noqa: E402
+from _services import OrderedLock
 
 
 @pytest.mark.parametrize("lifo", [False, True])
