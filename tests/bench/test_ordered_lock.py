@@ -9,13 +9,19 @@ the cancel correctly; the lock must expect its future to be gone.
 from __future__ import annotations
 
 import asyncio
-import sys
+import importlib.util
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from _services import OrderedLock
+# Loaded from its file, without touching sys.path or sys.modules (no process state left).
+_spec = importlib.util.spec_from_file_location(
+    "bench_services", Path(__file__).resolve().parents[2] / "bench" / "_services.py"
+)
+assert _spec is not None and _spec.loader is not None
+_services = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_services)
+OrderedLock = _services.OrderedLock
 
 
 @pytest.mark.parametrize("lifo", [False, True])
