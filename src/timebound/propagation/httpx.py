@@ -410,15 +410,23 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
         # connection just as a cancel does (encode/httpcore#1093); the caller leaves at the
         # cut anyway.
         loop = asyncio._get_running_loop()
+        keep = (
+            loop is not None and self._save_connections and attempt.lowered and static is not None
+        )
         exchange: _Exchange
-        if loop is None:
+        if not self._pooled and not keep:
+            # Nothing to save and no pool to wedge: the exchange may be cancelled at any await,
+            # so it runs in the caller's task (a task of its own costs a loop iteration to
+            # start and another to hand the response back, per call).
+            _prepare(request, attempt, phases_to=seconds, pool_to=static)
+            response = await attempt.run(self._inner.handle_async_request, request)
+        elif loop is None:
             _prepare(request, attempt, phases_to=seconds, pool_to=static)
             exchange = _TrioExchange(self._inner, request, self._slots, gated=self._pooled)
             response = await exchange.wait(attempt, None)
         else:
             # A kept exchange may outlive our deadline, up to the static timeout (its phases
             # too).
-            keep = self._save_connections and attempt.lowered and static is not None
             _prepare(request, attempt, phases_to=static if keep else seconds, pool_to=static)
             keep_until = _clock.now() + static if keep and static is not None else None
             exchange = _AsyncioExchange(self._inner, request, self._slots, loop, gated=self._pooled)
@@ -508,6 +516,12 @@ class _Exchange:
         try:
             if slots is not None:
                 release = await _admit_async(slots, request)
+                if self._left:
+                    # The caller left while we waited for a slot: nothing is sent yet, so
+                    # there is no connection to save — and sending now would be a late call.
+                    release()
+                    self._wake()
+                    return
             response = await inner.handle_async_request(request)
         except Exception as exc:
             release()

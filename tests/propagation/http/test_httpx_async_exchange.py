@@ -191,3 +191,51 @@ class _Stall(httpx.AsyncByteStream):
         yield b"first"
         await asyncio.sleep(10)
         yield b"rest"
+
+
+@pytest.mark.parametrize(
+    ("save", "deadline", "inline"),
+    [
+        (False, 0.3, True),  # nothing to keep: no task of its own
+        (True, 100.0, True),  # our deadline does not lower the 5 s timeout: nothing to keep
+        (True, 0.3, False),  # lowered and kept past a cut: its own task
+    ],
+)
+async def test_unpooled_exchange_runs_in_the_callers_task_when_nothing_is_kept(
+    virtual_clock: VirtualClock, save: bool, deadline: float, inline: bool
+) -> None:
+    """Without httpcore's pool there is no pool wait to protect, so an exchange that would not be
+    kept after a cut runs inline: no task to start, no hand-over (two loop iterations per call
+    on Python 3.11). One that may be kept still gets its task."""
+    tasks: list[asyncio.Task[Any] | None] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        tasks.append(asyncio.current_task())
+        return httpx.Response(200, text="ok")
+
+    with tb.inherit_deadline(tb.Deadline.after(deadline)):
+        r = await async_client(handler, timeout=5, save_connections=save).get("http://svc/")
+    assert r.text == "ok"
+    assert (tasks == [asyncio.current_task()]) is inline
+
+
+async def test_inline_exchange_is_cut_at_the_deadline(
+    virtual_clock: VirtualClock, request_state: RequestState
+) -> None:
+    """The inline path still leaves exactly at our deadline, as the deadline's error, and the
+    exchange (in the caller's task) is cancelled there."""
+    ended: list[float] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        try:
+            await asyncio.sleep(100)
+        finally:
+            ended.append(virtual_clock.now())
+        return httpx.Response(200)
+
+    client = async_client(handler, timeout=5, save_connections=False)
+    with tb.inherit_deadline(tb.Deadline.after(0.3)), pytest.raises(tb.DeadlineExceeded) as info:
+        await client.get("http://svc/")
+    assert info.value.source == "inherited"
+    assert (virtual_clock.now(), ended) == (0.3, [0.3])
+    assert request_state.cancelled_by_deadline

@@ -4,13 +4,15 @@ transport, which it leaves at its deadline, sending nothing, and the pool stays 
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
 import httpx
+import pytest
 
 import timebound as tb
-from timebound.propagation.httpx import DeadlineTransport
+from timebound.propagation.httpx import AsyncDeadlineTransport, DeadlineTransport
 
 from .conftest import Downstream
 
@@ -82,5 +84,33 @@ def test_sync_pool_wait_ends_at_the_pool_timeout_with_httpx_error(
         holder.join(10)
         after = client.get(f"{url}/ok")
     assert type(error) is httpx.PoolTimeout
+    assert [s.path for s in app.seen] == ["/held", "/ok"]
+    assert after.text == "ok"
+
+
+@pytest.mark.asyncio_real
+async def test_async_kept_exchange_whose_caller_left_during_the_slot_wait_sends_nothing(
+    svc: tuple[Downstream, str],
+) -> None:
+    """A kept exchange (``save_connections``, our deadline lowered the timeout) whose caller left
+    at its deadline while all connections were busy does not send its request once a connection
+    frees: nothing was sent, so there is no connection to save, and the call would be late (the
+    benchmark's metric L). The slot goes back and the client works afterwards."""
+    app, url = svc
+    inner = httpx.AsyncHTTPTransport(limits=httpx.Limits(max_connections=1))
+    transport = AsyncDeadlineTransport(inner, timeout=30.0)
+    async with httpx.AsyncClient(transport=transport, timeout=30.0) as client:
+        holder = asyncio.ensure_future(client.get(f"{url}/held"))
+        for _ in range(2000):
+            if any(s.path == "/held" for s in app.seen):
+                break
+            await asyncio.sleep(0.005)
+        with pytest.raises(tb.DeadlineExceeded), tb.inherit_deadline(tb.Deadline.after(0.05)):
+            await client.get(f"{url}/slow")
+        app.held.set()
+        assert (await holder).text == "held"
+        # Whatever the kept exchange would do, it has had the free connection for a while.
+        await asyncio.sleep(0.2)
+        after = await client.get(f"{url}/ok")
     assert [s.path for s in app.seen] == ["/held", "/ok"]
     assert after.text == "ok"
