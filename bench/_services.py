@@ -298,7 +298,7 @@ async def _stamp(event: str, info: dict[str, Any]) -> None:
 class Forward:
     """A's and B's handler: call the next service, answer with its status."""
 
-    def __init__(self, role: str, mode: str, next_url: str) -> None:
+    def __init__(self, role: str, mode: str, next_url: str, save_connections: bool = True) -> None:
         self.url = next_url
         self.budget = M1_BUDGET[role] if mode == "M1" else None
         self.retries = RETRIES[role]
@@ -309,7 +309,9 @@ class Forward:
         else:
             from timebound.propagation.httpx import AsyncDeadlineTransport
 
-            transport = AsyncDeadlineTransport(inner=httpx.AsyncHTTPTransport(limits=limits))
+            transport = AsyncDeadlineTransport(
+                inner=httpx.AsyncHTTPTransport(limits=limits), save_connections=save_connections
+            )
             self.client = httpx.AsyncClient(timeout=static, transport=transport)
 
     async def _call(self, headers: dict[str, str]) -> int:
@@ -396,9 +398,19 @@ class BenchApp:
 
 
 def build_app(
-    role: str, mode: str, next_url: str | None, iters: int, quanta: int, lifo: bool = False
+    role: str,
+    mode: str,
+    next_url: str | None,
+    iters: int,
+    quanta: int,
+    lifo: bool = False,
+    save_connections: bool = True,
 ) -> Any:
-    handler: Any = Work(iters, quanta, lifo) if role == "C" else Forward(role, mode, next_url or "")
+    handler: Any = (
+        Work(iters, quanta, lifo)
+        if role == "C"
+        else Forward(role, mode, next_url or "", save_connections)
+    )
     cancel = mode in ("M3", "M5")
     if mode in ("M4", "M5") and role == "C":
         # Admission where the overload is: C, the bottleneck, with the default (adaptive) limit.
@@ -438,7 +450,15 @@ def _control() -> None:
 
 async def _serve(args: argparse.Namespace) -> None:
     install_accounting()
-    app = build_app(args.role, args.mode, args.next, args.iters, args.quanta, args.queue == "lifo")
+    app = build_app(
+        args.role,
+        args.mode,
+        args.next,
+        args.iters,
+        args.quanta,
+        args.queue == "lifo",
+        not args.no_save_connections,
+    )
     config = uvicorn.Config(
         app,
         host="127.0.0.1",
@@ -470,6 +490,11 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=1000)
     p.add_argument("--quanta", type=int, default=40)
     p.add_argument("--queue", choices=["fifo", "lifo"], default="fifo", help="C's queue order")
+    p.add_argument(
+        "--no-save-connections",
+        action="store_true",
+        help="A's and B's transports with save_connections=False (D4.8)",
+    )
     args = p.parse_args()
     asyncio.run(_serve(args))
 

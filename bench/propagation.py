@@ -97,17 +97,24 @@ def calibrate_iters() -> int:
 
 
 async def _per_call(fn: Any, n: int) -> float:
-    t0 = time.perf_counter()
+    # CPU of this thread, not wall time: other processes on a shared machine (and, over
+    # loopback, the server's own work) do not count.
+    t0 = time.thread_time()
     for _ in range(n):
         await fn()
-    return (time.perf_counter() - t0) / n
+    return (time.thread_time() - t0) / n
 
 
-async def _micro(rounds: int = 7) -> dict[str, dict[str, float]]:
-    """In-process cost of the middleware and the transport, without sockets or other processes.
+async def _micro(loopback_url: str | None = None, rounds: int = 7) -> dict[str, dict[str, float]]:
+    """In-process cost of the middleware and the transport: CPU seconds per request.
 
-    Seconds per request for each variant: the median over ``rounds`` interleaved rounds of the
-    best of three batches (as ``_common.interleave``).
+    ``asgi``: the middleware against the bare app. ``httpx``: clients over
+    ``httpx.MockTransport`` (no sockets), bare, and through ``AsyncDeadlineTransport`` with
+    ``save_connections`` on (``dp``) and off (``dp_nosave``). ``loopback`` (with
+    ``loopback_url``): the same three over httpx's pooled transport to a real server process.
+    Every client call runs under a 2 s deadline below the 5 s static timeout, the case
+    where a cut could keep the exchange (D4.8). Each figure is the median over ``rounds``
+    interleaved rounds of the best of three batches.
     """
     import timebound as tb
     from timebound.propagation.asgi import DeadlineMiddleware
@@ -135,35 +142,59 @@ async def _micro(rounds: int = 7) -> dict[str, dict[str, float]]:
     def handler(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, content=b"ok")
 
-    plain = httpx.AsyncClient(transport=httpx.MockTransport(handler), timeout=0.5)
-    dp = httpx.AsyncClient(
-        transport=AsyncDeadlineTransport(inner=httpx.MockTransport(handler)), timeout=0.5
-    )
+    clients: list[httpx.AsyncClient] = []
 
-    async def client_plain() -> None:
-        await plain.get("http://c/")
+    def trio_of(inner: Any, url: str, n: int) -> dict[str, tuple[Any, int]]:
+        made = {
+            "plain": httpx.AsyncClient(transport=inner(), timeout=5.0),
+            "dp": httpx.AsyncClient(transport=AsyncDeadlineTransport(inner=inner()), timeout=5.0),
+            "dp_nosave": httpx.AsyncClient(
+                transport=AsyncDeadlineTransport(inner=inner(), save_connections=False),
+                timeout=5.0,
+            ),
+        }
+        clients.extend(made.values())
 
-    async def client_dp() -> None:
-        await dp.get("http://c/")
+        def call(client: httpx.AsyncClient) -> Any:
+            async def one() -> None:
+                with tb.inherit_deadline(tb.Deadline.after(2.0)):
+                    await client.get(url)
+
+            return one
+
+        return {k: (call(c), n) for k, c in made.items()}
 
     variants: dict[str, dict[str, tuple[Any, int]]] = {
         "asgi": {
             "plain": (lambda: app(plain_scope, receive, send), 5000),
             "dp": (lambda: mw(dp_scope, receive, send), 5000),
         },
-        "httpx": {"plain": (client_plain, 1000), "dp": (client_dp, 1000)},
+        "httpx": trio_of(lambda: httpx.MockTransport(handler), "http://c/", 1000),
     }
+    if loopback_url is not None:
+        variants["loopback"] = trio_of(httpx.AsyncHTTPTransport, loopback_url, 200)
     out: dict[str, dict[str, float]] = {}
-    with tb.inherit_deadline(tb.Deadline.after(3600)):
-        for name, pair in variants.items():
-            samples: dict[str, list[float]] = {k: [] for k in pair}
-            for _ in range(rounds):
-                for k, (fn, n) in pair.items():
-                    samples[k].append(min([await _per_call(fn, n) for _ in range(3)]))
-            out[name] = {k: statistics.median(v) for k, v in samples.items()}
-    await plain.aclose()
-    await dp.aclose()
+    try:
+        with tb.inherit_deadline(tb.Deadline.after(3600)):
+            for name, group in variants.items():
+                samples: dict[str, list[float]] = {k: [] for k in group}
+                for _ in range(rounds):
+                    for k, (fn, n) in group.items():
+                        samples[k].append(min([await _per_call(fn, n) for _ in range(3)]))
+                out[name] = {k: statistics.median(v) for k, v in samples.items()}
+    finally:
+        for client in clients:
+            await client.aclose()
     return out
+
+
+def micro_run(iters: int) -> dict[str, dict[str, float]]:
+    """:func:`_micro` with a loopback server: a C service process with no work per request."""
+    services = start_chain("M0", iters, 0, roles="C")
+    try:
+        return asyncio.run(_micro(services["C"].url))
+    finally:
+        stop_chain(services)
 
 
 def cpu_busy() -> float | None:
@@ -227,6 +258,7 @@ class Service:
         iters: int,
         quanta: int,
         queue: str = "fifo",
+        save_connections: bool = True,
     ):
         cmd = [
             sys.executable,
@@ -246,6 +278,8 @@ class Service:
         ]
         if next_url:
             cmd += ["--next", next_url]
+        if not save_connections:
+            cmd.append("--no-save-connections")
         self.role = role
         self.url = f"http://127.0.0.1:{port}/"
         # A new session: a Ctrl-C in the terminal reaches only the harness, which then stops
@@ -314,7 +348,12 @@ def stop_all() -> None:
 
 
 def start_chain(
-    mode: str, iters: int, quanta: int, roles: str = "ABC", queue: str = "fifo"
+    mode: str,
+    iters: int,
+    quanta: int,
+    roles: str = "ABC",
+    queue: str = "fifo",
+    save_connections: bool = True,
 ) -> dict[str, Service]:
     """Start the services of ``roles`` (C, then B, then A; each knows the next one's port)."""
     ports = {r: free_port() for r in roles}
@@ -323,7 +362,7 @@ def start_chain(
     for role in reversed(roles):
         nr = nxt.get(role)
         next_url = f"http://127.0.0.1:{ports[nr]}/" if nr in ports else None
-        svc = Service(role, mode, ports[role], next_url, iters, quanta, queue)
+        svc = Service(role, mode, ports[role], next_url, iters, quanta, queue, save_connections)
         _LIVE.append(svc)
         services[role] = svc
     for svc in services.values():
@@ -481,6 +520,8 @@ class RunResult:
     quantum_cpu: float = math.nan
     #: Cores used by other processes on the machine during the window (noise indicator).
     foreign_cpu: float = math.nan
+    #: A's and B's transports kept exchanges past a cut (D4.8, the default).
+    save_connections: bool = True
 
     @property
     def late_calls(self) -> int:
@@ -514,9 +555,10 @@ def run_one(
     queue: str = "fifo",
     bursty: bool = False,
     absolute: bool = True,
+    save_connections: bool = True,
 ) -> RunResult:
     """One mode at one load: fresh services, warm-up, measured window, figures; always cleaned up."""
-    services = start_chain(mode, iters, quanta, queue=queue)
+    services = start_chain(mode, iters, quanta, queue=queue, save_connections=save_connections)
     try:
         rate = rho * capacity
 
@@ -585,6 +627,7 @@ def run_one(
         p99_latency=latencies[int(0.99 * (len(latencies) - 1))] if latencies else math.nan,
         shed=shed / len(c_window) if c_window else 0.0,
         load="bursty" if bursty else "poisson",
+        save_connections=save_connections,
         own=_own_times(stats),
         c_slack=(
             (slack[len(slack) // 2], slack[int(0.9 * (len(slack) - 1))])
@@ -967,12 +1010,15 @@ def main(argv: list[str] | None = None) -> int:
     def progress(r: RunResult) -> None:
         log(
             f"[{time.monotonic() - t_start:6.1f}s] {r.mode} rho={r.rho:g} queue={r.queue} "
+            f"{'' if r.save_connections else 'save_connections=False '}"
             f"load={r.load}: goodput {r.goodput:.1f}/s, PDW C {r.pdw_c:.1%}, "
             f"total {r.pdw_total:.1%}, shed {r.shed:.1%}, "
             f"L {r.late_calls}, other processes {r.foreign_cpu:.2f} cores"
         )
 
-    def run(mode: str, rho: float, queue: str = "fifo", bursty: bool = False) -> RunResult:
+    def run(
+        mode: str, rho: float, queue: str = "fifo", bursty: bool = False, save: bool = True
+    ) -> RunResult:
         for attempt in range(3):
             r = run_one(
                 mode,
@@ -986,6 +1032,7 @@ def main(argv: list[str] | None = None) -> int:
                 queue,
                 bursty,
                 not args.relative_only,
+                save,
             )
             progress(r)
             if args.smoke or not r.foreign_cpu > args.max_foreign or attempt == 2:
@@ -997,6 +1044,7 @@ def main(argv: list[str] | None = None) -> int:
 
     results: list[RunResult] = []
     extra: list[RunResult] = []
+    nosave: list[RunResult] = []
     lifo: list[RunResult] = []
     bursty: list[RunResult] = []
     try:
@@ -1019,6 +1067,9 @@ def main(argv: list[str] | None = None) -> int:
             # Interleaved repeats (M2 first this time) so drift hits both modes alike.
             for _ in range(args.repeats):
                 extra += [run("M2", 0.5), run("M0", 0.5)]
+            if not args.smoke:
+                # The hop cost with save_connections=False (D4.8), against the same M0 runs.
+                nosave += [run("M2", 0.5, save=False) for _ in range(1 + args.repeats)]
         if not args.no_lifo and {"M0", "M2"} <= set(modes):
             for rho in (x for x in loads if x >= 2.0):
                 lifo += [run("M0", rho, "lifo"), run("M2", rho, "lifo")]
@@ -1027,11 +1078,16 @@ def main(argv: list[str] | None = None) -> int:
             bursty += [run(m, 1.0, bursty=True) for m in ("M0", "M2", "M4", "M5") if m in modes]
         micro = None
         if "M2" in modes and not args.smoke:
-            micro = asyncio.run(_micro())
+            micro = micro_run(iters)
             log(
-                f"[{time.monotonic() - t_start:6.1f}s] in-process cost per request: middleware "
+                f"[{time.monotonic() - t_start:6.1f}s] CPU per request in process: middleware "
                 f"+{(micro['asgi']['dp'] - micro['asgi']['plain']) * 1e6:.1f} us, transport "
-                f"+{(micro['httpx']['dp'] - micro['httpx']['plain']) * 1e6:.1f} us"
+                f"+{(micro['httpx']['dp'] - micro['httpx']['plain']) * 1e6:.1f} us "
+                f"(save_connections=False "
+                f"+{(micro['httpx']['dp_nosave'] - micro['httpx']['plain']) * 1e6:.1f} us), "
+                f"over loopback +{(micro['loopback']['dp'] - micro['loopback']['plain']) * 1e6:.1f}"
+                f" us (+{(micro['loopback']['dp_nosave'] - micro['loopback']['plain']) * 1e6:.1f}"
+                " us)"
             )
     except KeyboardInterrupt:
         log("interrupted")
@@ -1040,19 +1096,47 @@ def main(argv: list[str] | None = None) -> int:
         stop_all()
 
     overhead = Overhead.pool([r for r in results + extra if r.rho == 0.5])
+    overhead_nosave = Overhead.pool(
+        [r for r in results + extra if r.mode == "M0" and r.rho == 0.5] + nosave
+    )
     rows = build_rows(capacity, results, overhead, lifo, bursty)
     rows.insert(1, Row("propagation.c_capacity_alone", standalone, "req/s"))
+    if overhead_nosave is not None:
+        rows.append(
+            Row(
+                "propagation.M2.rho0.5.added_p50_per_hop_save_connections_off",
+                overhead_nosave.added_per_hop * 1e6,
+                "us",
+                "save_connections on",
+                overhead.added_per_hop * 1e6 if overhead is not None else None,
+            )
+        )
+        rows.append(
+            Row(
+                "propagation.M2.rho0.5.fwd_cpu_per_request_save_connections_off",
+                overhead_nosave.fwd_cpu_per_request["M2"] * 1e3,
+                "ms",
+                "M0",
+                overhead_nosave.fwd_cpu_per_request["M0"] * 1e3,
+            )
+        )
     # How loaded the machine was: the brief's runs share it with other work.
     rows += [
         Row("propagation.load_average_1m_start", load_start, "processes"),
         Row("propagation.load_average_1m_end", os.getloadavg()[0], "processes"),
     ]
     if micro is not None:
-        for name, what in (("asgi", "asgi_middleware"), ("httpx", "httpx_transport")):
+        for name, key, what in (
+            ("asgi", "dp", "asgi_middleware"),
+            ("httpx", "dp", "httpx_transport"),
+            ("httpx", "dp_nosave", "httpx_transport_save_connections_off"),
+            ("loopback", "dp", "loopback_transport"),
+            ("loopback", "dp_nosave", "loopback_transport_save_connections_off"),
+        ):
             rows.append(
                 Row(
                     f"propagation.micro.{what}",
-                    micro[name]["dp"] * 1e6,
+                    micro[name][key] * 1e6,
                     "us",
                     "without",
                     micro[name]["plain"] * 1e6,
@@ -1061,12 +1145,24 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows, title="Deadline propagation: the work saved")
     md = markdown_table(capacity, results, overhead, lifo, args.quanta, bursty, standalone)
     if micro is not None:
+        m = {k: {v: x * 1e6 for v, x in d.items()} for k, d in micro.items()}
         md += (
-            "\n\nIn-process cost per request, without sockets (median of interleaved rounds): "
-            f"`DeadlineMiddleware` {micro['asgi']['dp'] * 1e6:.1f} us against "
-            f"{micro['asgi']['plain'] * 1e6:.1f} us for the bare app; `AsyncDeadlineTransport` "
-            f"{micro['httpx']['dp'] * 1e6:.1f} us against {micro['httpx']['plain'] * 1e6:.1f} us "
-            "for a bare `httpx.MockTransport` client."
+            "\n\nCPU per request in process (median of interleaved rounds; client calls under a "
+            "2 s deadline that lowers the 5 s static timeout):\n\n"
+            "| | bare | timebound, save_connections on | off |\n|---|---|---|---|\n"
+            f"| ASGI app, `DeadlineMiddleware` | {m['asgi']['plain']:.1f} us | "
+            f"{m['asgi']['dp']:.1f} us | |\n"
+            f"| httpx over `MockTransport` | {m['httpx']['plain']:.1f} us | "
+            f"{m['httpx']['dp']:.1f} us | {m['httpx']['dp_nosave']:.1f} us |\n"
+            f"| httpx over loopback (pooled) | {m['loopback']['plain']:.1f} us | "
+            f"{m['loopback']['dp']:.1f} us | {m['loopback']['dp_nosave']:.1f} us |"
+        )
+    if overhead is not None and overhead_nosave is not None:
+        md += (
+            "\n\nAdded p50 latency per hop at rho = 0.5, M2 against M0: "
+            f"{overhead.added_per_hop * 1e6:+.0f} us with save_connections on, "
+            f"{overhead_nosave.added_per_hop * 1e6:+.0f} us with it off "
+            f"({overhead_nosave.requests['M2']} requests)."
         )
     print()
     print(md)
