@@ -1,7 +1,7 @@
 """A serial handler behind :class:`Admission`, simulated on virtual time (no clock, no loop).
 
-The shape of the propagation benchmark's bottleneck: one worker inside the app takes admitted
-requests in arrival order and works each for ``service`` seconds, in quanta, stopping at the
+The shape of the propagation benchmark's bottleneck: one worker (or ``workers``) inside the app
+takes admitted requests in arrival order and works each for ``service`` seconds, in quanta, stopping at the
 first quantum past the request's deadline (a checkpoint). Arrivals are Poisson with a fixed seed,
 so every run is the same run. The admission layer cannot see the worker: it must learn from
 service times alone that admitting more than one or two at once only makes them queue inside.
@@ -36,6 +36,7 @@ def simulate(
     seconds: float = 60.0,
     seed: int = 1,
     quantum: float = 0.0005,
+    workers: int = 1,
 ) -> Result:
     rng = random.Random(seed)
     events: list[tuple[float, int, str, Ticket | None]] = []
@@ -44,21 +45,22 @@ def simulate(
     def at(when: float, kind: str, ticket: Ticket | None = None) -> None:
         heapq.heappush(events, (when, next(order), kind, ticket))
 
-    t = rng.expovariate(rho / service)
+    rate = rho * workers / service
+    t = rng.expovariate(rate)
     while t < seconds:
         at(t, "arrive")
-        t += rng.expovariate(rho / service)
+        t += rng.expovariate(rate)
     inside: deque[Ticket] = deque()
-    busy = False
+    busy = 0
     woken: list[tuple[Ticket, Outcome]] = []
     out = Result()
 
     def start(now: float) -> None:
         nonlocal busy
-        if busy or not inside:
+        if busy == workers or not inside:
             return
         ticket = inside.popleft()
-        busy = True
+        busy += 1
         assert ticket.deadline is not None
         if now + service <= ticket.deadline:
             at(now + service, "good", ticket)
@@ -92,7 +94,7 @@ def simulate(
                     settle(ticket, outcome, now)
         else:
             assert ticket is not None
-            busy = False
+            busy -= 1
             out.good += kind == "good"
             out.late += kind == "late"
             adm.release(ticket, now, late=kind == "late")
@@ -100,5 +102,5 @@ def simulate(
             settle(waiter, outcome, now)
         woken.clear()
         start(now)
-    out.goodput = out.good / seconds * service
+    out.goodput = out.good / seconds * service / workers
     return out

@@ -329,34 +329,54 @@ def test_standing_bound_is_at_least_the_route_service_time() -> None:
 # -- learning the concurrency the server really has (issue 13) -------------------------------
 
 
+def _serial_rounds(adm: Admission, rounds: int = 30, service: float = 0.04) -> None:
+    """Each round admits as many requests as the limit allows at once; one worker inside the
+    app then serves them one after another (nothing ends late)."""
+    now = 0.0
+    for _ in range(rounds):
+        now += 1.0
+        tickets = []
+        while True:
+            t = Ticket("r", None)
+            if adm.arrive(t, now) is not Outcome.ADMIT:
+                adm.cancel(t, now)
+                break
+            tickets.append(t)
+        for i, t in enumerate(tickets, start=1):
+            adm.release(t, now + service * i, late=False)
+
+
 def test_queueing_inside_the_handler_shrinks_the_adaptive_limit() -> None:
     """Service times rising well above the route's baseline back the limit off, though no
     request ended late: admitted requests were waiting for a worker inside the app."""
     adm = Admission(AIMDLimit(8))
-    first = Ticket("r", None)
-    adm.arrive(first, 0.0)
-    adm.release(first, 0.04, late=False)  # alone: the baseline, 40 ms
-    tickets = [Ticket("r", None) for _ in range(8)]
-    for t in tickets:
-        assert adm.arrive(t, 1.0) is Outcome.ADMIT
-    for i, t in enumerate(tickets, start=1):
-        adm.release(t, 1.0 + 0.04 * i, late=False)  # served one after another
+    _serial_rounds(adm)
     assert adm.estimates.baseline("r") == pytest.approx(0.04)
-    assert adm.limit.value < 8
+    assert adm.limit.value <= 3
 
 
 def test_without_tolerance_only_late_requests_back_off() -> None:
-    """``tolerance=None`` restores the deadline-only signal: the same run keeps the limit."""
+    """``tolerance=None`` restores the deadline-only signal: the same rounds grow the limit."""
     adm = Admission(AIMDLimit(8), AdmissionConfig(tolerance=None))
-    first = Ticket("r", None)
-    adm.arrive(first, 0.0)
-    adm.release(first, 0.04, late=False)
-    tickets = [Ticket("r", None) for _ in range(8)]
-    for t in tickets:
-        adm.arrive(t, 1.0)
-    for i, t in enumerate(tickets, start=1):
-        adm.release(t, 1.0 + 0.04 * i, late=False)
-    assert adm.limit.value >= 8
+    _serial_rounds(adm)
+    assert adm.limit.value > 8
+
+
+def test_one_decrease_per_window() -> None:
+    """A congestion signal from a request admitted before the last decrease is not counted
+    again: the decrease already answered the backlog it belonged to."""
+    adm = Admission(AIMDLimit(10))
+    old = [Ticket("r", None) for _ in range(3)]
+    for t in old:
+        adm.arrive(t, 0.0)
+    adm.release(old[0], 0.5, late=True)
+    assert adm.limit.value == 9
+    adm.release(old[1], 0.6, late=True)  # admitted before the decrease at 0.5
+    assert adm.limit.value == 9
+    new = Ticket("r", None)
+    adm.arrive(new, 0.7)
+    adm.release(new, 0.8, late=True)  # admitted after it: a new signal
+    assert adm.limit.value == 8
 
 
 def test_baseline_rises_only_with_requests_that_ran_alone() -> None:
@@ -432,17 +452,27 @@ def test_serial_handler_overloaded_keeps_goodput_near_capacity(rho: float) -> No
     """Default admission in front of one worker at 2x and 3x its capacity (40 ms requests,
     245 ms budgets): at least 0.9 of capacity is served in time, and few admitted requests die
     inside the app. With a deadline-only signal the limit hovered where admitted requests
-    queued for the worker until their deadline (0.74 of capacity here, 0.5 in the benchmark)."""
+    queued for the worker until their deadline (0.5 of capacity in the benchmark)."""
     result = simulate(Admission(), rho)
     assert result.goodput >= 0.9
-    assert result.late <= 0.1 * result.good
+    assert result.late <= 0.2 * result.good
+
+
+@pytest.mark.parametrize("workers", [4, 16])
+def test_parallel_handler_overloaded_keeps_goodput_near_capacity(workers: int) -> None:
+    """The same with several workers inside the app: the limit settles near their number, not
+    at the minimum (one decrease per window), and goodput stays near capacity at 2x load."""
+    adm = Admission()
+    result = simulate(adm, 2.0, workers=workers, seconds=20.0)
+    assert result.goodput >= 0.9
+    assert adm.limit.value >= workers
 
 
 def test_serial_handler_overloaded_deadline_only_signal_is_worse() -> None:
     """The same run with ``tolerance=None``: the old behaviour, kept measurable."""
     new = simulate(Admission(), 2.0)
     old = simulate(Admission(config=AdmissionConfig(tolerance=None)), 2.0)
-    assert old.goodput < new.goodput - 0.1 and old.late > 5 * new.late
+    assert old.goodput < new.goodput - 0.3 and old.late > 5 * new.late
 
 
 def test_serial_handler_at_half_load_sheds_nothing() -> None:
