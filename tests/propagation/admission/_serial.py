@@ -1,10 +1,11 @@
 """A serial handler behind :class:`Admission`, simulated on virtual time (no clock, no loop).
 
 The shape of the propagation benchmark's bottleneck: one worker (or ``workers``) inside the app
-takes admitted requests in arrival order and works each for ``service`` seconds, in quanta, stopping at the
-first quantum past the request's deadline (a checkpoint). Arrivals are Poisson with a fixed seed,
-so every run is the same run. The admission layer cannot see the worker: it must learn from
-service times alone that admitting more than one or two at once only makes them queue inside.
+takes admitted requests in arrival order and works each for ``service`` seconds, in quanta,
+stopping at the first quantum past the request's deadline (a checkpoint). Arrivals are Poisson
+with a fixed seed, so every run is the same run. The admission layer cannot see the workers: it
+must learn from service times alone that admitting more at once only makes requests queue
+inside.
 """
 
 from __future__ import annotations
