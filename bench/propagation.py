@@ -884,9 +884,14 @@ def markdown_table(
     foreign = [r.foreign_cpu for r in results + lifo if not math.isnan(r.foreign_cpu)]
     max_foreign = max(foreign) if foreign else math.nan
     lines = [
-        f"C's capacity: {capacity:.1f} req/s through the chain A -> B -> C, the denominator of "
-        f"rho and of goodput / capacity ({standalone:.1f} req/s for C alone; {quanta} quanta of "
-        f"{QUANTUM * 1e3:g} ms per request). "
+        (
+            f"C's capacity: {capacity:.1f} req/s through the chain A -> B -> C, the denominator "
+            f"of rho and of goodput / capacity ({standalone:.1f} req/s for C alone; "
+            if capacity != standalone
+            else f"C's capacity: {capacity:.1f} req/s for C alone (nothing completed through "
+            "the chain when measured; "
+        )
+        + f"{quanta} quanta of {QUANTUM * 1e3:g} ms per request). "
         f"Client deadline {CLIENT_DEADLINE * 1e3:g} ms. C's queue: FIFO. Other processes on "
         f"the machine used at most {max_foreign:.2f} cores during the runs.",
         "",
