@@ -7,20 +7,23 @@ waiting (a future, a thread event) and call in here to decide.
 The rules, in the order a request meets them:
 
 1. **Hopeless requests are answered at once.** A request whose remaining budget is below its
-   route's expected service time (an EWMA of recent handler times) gets the "Deadline expired"
-   answer (498, D9.1); the handler never runs. userver allows this early answer: the server
-   "estimates that it is unable to respond in time".
+   route's baseline service time (:class:`RouteEstimates`: its handler time when nothing queues
+   inside the handler) gets the "Deadline expired" answer (498, D9.1); the handler never runs.
+   userver allows this early answer: the server "estimates that it is unable to respond in time".
 2. **Under the concurrency limit, a request runs.** The limit is fixed (:class:`FixedLimit`) or
    adaptive (:class:`AIMDLimit`, additive increase while the limit is in use, multiplicative
-   decrease when a request ends late or slower than its threshold — the AIMD limiter of Netflix's
-   concurrency-limits).
+   decrease on congestion — the AIMD limiter of Netflix's concurrency-limits). Congestion is a
+   request that ended late or slower than its threshold, or a route whose recent handler time
+   exceeds ``tolerance`` times its baseline (requests queue inside the handler, D9.4); the limit
+   comes down at most once per window.
 3. **Otherwise it waits in a bounded queue.** Critical requests are served before the others. The
    queue is controlled by queue delay, not length (CoDel as in Facebook's "Fail at Scale"): while
-   the queue has emptied within the last ``interval`` it is FIFO and a request may wait up to
-   ``interval``; once it has stayed non-empty for longer (a *standing* queue) the server is
-   overloaded, a request may wait only ``target``, and service becomes newest-first (adaptive
-   LIFO), because the newest request is the one whose caller is most likely still waiting.
-   A request that waits too long, or meets a full queue, is shed with 503 + ``Retry-After``.
+   the queue has emptied within the last interval (``interval``, at least ``services`` handler
+   times) it is FIFO and a request may wait up to the interval; once it has stayed non-empty for
+   longer (a *standing* queue) the server is overloaded, a request without a deadline may wait
+   only ``target``, and service becomes newest-first (adaptive LIFO), because the newest request
+   is the one whose caller is most likely still waiting. A request that waits too long, or meets
+   a full queue, is shed with 503 + ``Retry-After``.
 4. While waiting, a request that becomes hopeless (rule 1) is answered 498 at that instant.
 
 Requests without a deadline are ordered exactly like the others — a deadline never buys priority,
