@@ -70,7 +70,11 @@ class Outcome(enum.Enum):
 
 
 class Limit(Protocol):
-    """A concurrency limit: read :attr:`value`, fed one sample per finished request."""
+    """A concurrency limit: read :attr:`value`, fed one sample per finished request.
+
+    ``dropped``: the request ended after its deadline, or its route shows queueing inside the
+    handler (both are congestion); ``inflight``: requests in flight when it finished, itself
+    included."""
 
     @property
     def value(self) -> int: ...
@@ -108,8 +112,10 @@ class AIMDLimit:
     """Additive increase, multiplicative decrease (Netflix concurrency-limits' AIMD limiter).
 
     A request that ends well while at least half the limit was in use raises the limit by one (an
-    idle server learns nothing about its capacity); a request that ended late (its deadline
-    passed) or took longer than ``slow`` seconds multiplies the limit by ``backoff``. The limit
+    idle server learns nothing about its capacity); a dropped one — :class:`Admission` reports a
+    request as dropped when it ended late or its route shows queueing inside the handler
+    (``AdmissionConfig.tolerance``) — or one that took longer than ``slow`` seconds multiplies
+    the limit by ``backoff``. The limit
     stays within ``[minimum, maximum]``.
     """
 
