@@ -68,9 +68,11 @@ def test_reports_every_metric_for_each_mode(smoke: dict[str, Any]) -> None:
 
 
 def test_capacity_and_load_are_measured(smoke: dict[str, Any]) -> None:
-    """C's capacity is measured first and every run actually sent requests."""
+    """C's capacities (through the chain, alone) are measured first and every run actually sent
+    requests."""
     rows = smoke["rows"]
     assert rows["propagation.c_capacity"]["value"] > 0
+    assert rows["propagation.c_capacity_alone"]["value"] > 0
     assert rows["propagation.M0.rho1.sent"]["value"] > 0
     assert rows["propagation.M2.rho1.sent"]["value"] > 0
 
@@ -93,7 +95,8 @@ def test_m2_rows_compare_against_m0(smoke: dict[str, Any]) -> None:
 def test_services_are_stopped_after_a_run(smoke: dict[str, Any]) -> None:
     """No service process outlives a completed run."""
     pids = _pids(smoke["stdout"])
-    assert len(pids) == 7  # C for the capacity, then A, B, C for M0 and for M2
+    # C alone, then A, B, C for the capacities; then A, B, C for M0 and for M2.
+    assert len(pids) == 10
     assert not [pid for pid in pids if _alive(pid)]
 
 
@@ -114,7 +117,7 @@ def test_interrupt_stops_every_service(tmp_path: Path) -> None:
     assert proc.stdout is not None
     seen: list[str] = []
     try:
-        # Interrupt once the first chain (A, B, C of M0) is up.
+        # Interrupt once the first chain (A, B, C, measuring the capacity through it) is up.
         for line in proc.stdout:
             seen.append(line)
             if "service A (M0)" in line:
