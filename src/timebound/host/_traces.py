@@ -153,8 +153,8 @@ def read_trace(data: bytes) -> dict[str, Any]:
         doc, where = _object(doc["trace"], "trace"), "trace."
     if "spans" not in doc:
         raise TraceError(
-            f"{where or 'the file'}: no 'spans'; expected a pipeline trace (Trace.to_json, or "
-            "the output of 'timebound pipeline run --json')"
+            f"{where.rstrip('.') or 'the file'}: no 'spans'; expected a pipeline trace "
+            "(Trace.to_json, or the output of 'timebound pipeline run --json')"
         )
     raw_spans = doc["spans"]
     if not isinstance(raw_spans, list):
