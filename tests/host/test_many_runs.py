@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -80,6 +81,26 @@ def test_a_back_trail_the_host_did_not_give_out_is_refused(many: Server) -> None
     r = many.client.get("/ui/", params={"back": "not-a-cursor"})
     assert r.status_code == 400
     assert r.json()["detail"] == "cursor: not a cursor this host gave out"
+
+
+def test_previous_links_reach_back_a_hundred_pages_then_only_first(many: Server) -> None:
+    """Deep in the list the trail of earlier pages stops growing at 100 cursors: the oldest are
+    cut (``~``), and a page whose trail is only the cut offers "First page" but no "Previous"."""
+    cursors: list[str] = []
+    cursor = None
+    while len(cursors) < 102:  # the API's cursors are the UI's
+        params = {"cursor": cursor} if cursor else {}
+        cursor = many.client.get("/v1/runs", params=params).json()["next_cursor"]
+        cursors.append(cursor)
+    deep = many.client.get("/ui/", params={"cursor": cursors[101], "back": ".".join(cursors[:101])})
+    assert deep.status_code == 200
+    next_back = re.search(r'href="/ui/\?cursor=[^"&]+&amp;back=([^"]+)" rel="next"', deep.text)
+    assert next_back is not None
+    trail = next_back[1].split(".")
+    assert len(trail) == 100 and trail[0] == "~" and trail[1:] == cursors[3:102]
+    cut = many.client.get("/ui/", params={"cursor": cursors[3], "back": "~"})
+    assert cut.status_code == 200
+    assert 'rel="prev"' not in cut.text and 'class="first" href="/ui/"' in cut.text
 
 
 def _ids(page: Any) -> list[str]:

@@ -39,7 +39,7 @@ CSRF_COOKIE = "tb_csrf"
 _HERE = Path(__file__).parent
 _templates = Jinja2Templates(directory=str(_HERE / "templates"))
 # How many earlier pages of the runs list a "Previous page" link can walk back through: their
-# cursors ride in the page's address (``back``), about 60 characters each.
+# cursors ride in the page's address (``back``), about 75 characters each (7.5 kB in all).
 _BACK_PAGES = 100
 _SECURITY_HEADERS = {
     # Bars are placed with style attributes; no inline script or stylesheet is allowed.
