@@ -126,18 +126,24 @@ def _follow(page: Any) -> str:
 
 
 def test_the_runs_list_of_ten_thousand_runs_in_a_browser(
-    many: Server, page: Any, record_property: Any
+    many: Server, page: Any, record_property: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Chromium loads /ui/ over 10,000 runs: one page of 50 rows in the DOM; Next and Previous,
     followed by keyboard, move a page each way and back; the status filter, set by keyboard,
     finds the one cancelled run. The page's DOM-content-loaded time is reported (no threshold:
     the machine's load decides it)."""
-    page.goto(many.url + "/ui/", timeout=60_000)
-    loaded_ms = page.evaluate(
-        "performance.getEntriesByType('navigation')[0].domContentLoadedEventEnd"
-    )
-    record_property("ui_dom_content_loaded_ms_10000_runs", round(loaded_ms, 1))
-    print(f"\n/ui/ over {RUNS} runs: DOM content loaded after {loaded_ms:.1f} ms")
+    timings = []
+    for _ in range(2):  # the first load also warms the host's templates and the store's pages
+        page.goto(many.url + "/ui/", timeout=60_000)
+        timings.append(
+            page.evaluate("performance.getEntriesByType('navigation')[0].domContentLoadedEventEnd")
+        )
+    record_property("ui_dom_content_loaded_ms_10000_runs", [round(t, 1) for t in timings])
+    with capsys.disabled():  # a measurement for the reader, shown even when output is captured
+        print(
+            f"\n/ui/ over {RUNS} runs: DOM content loaded after {timings[0]:.1f} ms "
+            f"(first load), {timings[1]:.1f} ms (again)"
+        )
     assert page.locator("table.runs tbody tr").count() == PAGE
     first = _ids(page)
     assert page.locator("a[rel=prev]").count() == 0

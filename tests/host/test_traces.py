@@ -356,3 +356,12 @@ def test_a_file_over_the_body_limit_is_refused_even_without_a_length(host: Serve
     assert "content-length" not in streamed.request.headers
     assert streamed.status_code == 413
     assert "Traceback" not in "".join(host.output)
+
+
+def test_with_a_token_the_viewer_needs_a_session(secured: Server) -> None:
+    """On a host with a token, the trace page and its form are behind the sign-in like every
+    other page of the UI."""
+    with httpx.Client(base_url=secured.url, timeout=30) as client:
+        for method in ("GET", "POST"):
+            r = client.request(method, "/ui/traces", data={"csrf": "x", "trace_text": "{}"})
+            assert (r.status_code, r.headers["location"]) == (303, "/ui/login")
