@@ -365,3 +365,29 @@ def test_with_a_token_the_viewer_needs_a_session(secured: Server) -> None:
         for method in ("GET", "POST"):
             r = client.request(method, "/ui/traces", data={"csrf": "x", "trace_text": "{}"})
             assert (r.status_code, r.headers["location"]) == (303, "/ui/login")
+
+
+@pytest.mark.parametrize(
+    ("content_type", "body", "detail"),
+    [
+        ("multipart/form-data", b"garbage", "Missing boundary in multipart."),
+        ("multipart/form-data; boundary=x", b"--x\r\nnonsense\r\n\r\n--x--\r\n", "Invalid"),
+    ],
+)
+def test_a_malformed_upload_is_a_400_not_a_500(
+    host: Server, content_type: str, body: bytes, detail: str
+) -> None:
+    """A body that is not a form at all is refused with the parser's reason."""
+    with _session(host) as (client, _):
+        r = client.post("/ui/traces", content=body, headers={"content-type": content_type})
+    assert r.status_code == 400
+    assert r.json()["detail"].startswith(detail)
+
+
+def test_more_files_than_the_form_has_are_refused(host: Server) -> None:
+    """The form has one file field; an upload of three files is a 400 naming the limit."""
+    files = {f"f{i}": ("t.json", b"{}", "application/json") for i in range(3)}
+    with _session(host) as (client, token):
+        r = client.post("/ui/traces", data={"csrf": token}, files=files)
+    assert r.status_code == 400
+    assert r.json()["detail"] == "Too many files. Maximum number of files is 2."
