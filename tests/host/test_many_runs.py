@@ -41,6 +41,8 @@ def test_ten_thousand_runs_are_served_a_page_at_a_time(tmp_path: Path) -> None:
             {
                 **QUICK,
                 "id": "many",
+                # Another body than the stored version 1's: a new body needs a new version.
+                "version": 2,
                 "actions": [
                     {"id": "work", "kind": "python", "implementation": {"handler": "work"}}
                 ],

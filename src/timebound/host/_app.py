@@ -179,9 +179,13 @@ def create_app(host: Host) -> ASGIApp:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await host.engine.open()
         try:
+            await host.publish_definitions()
             yield
         finally:
-            await host.engine.close()
+            try:
+                await host.engine.close(drain_s=host.config.drain_s)
+            finally:
+                await host.aclose_connectors()
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
