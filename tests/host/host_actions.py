@@ -20,3 +20,15 @@ async def nap(ctx: Any) -> Any:
 
 def noop(ctx: Any) -> None:
     return None
+
+
+async def start_render(ctx: Any) -> Any:
+    """The first call of a deferred node: asks the render service (its URL in
+    ``TB_TEST_RENDER_URL``) to start ``report.render`` and answers its deferred-operation.v1."""
+    import os
+
+    import httpx
+
+    async with httpx.AsyncClient(base_url=os.environ["TB_TEST_RENDER_URL"]) as client:
+        r = await client.post("/v1/operations/report.render", json={"pages": ctx.input["pages"]})
+        return r.json()
