@@ -676,7 +676,9 @@ class Engine:
         for future, run_id in started:  # committed: the runs exist
             if not future.done():
                 future.set_result(run_id)
-        if row is not None and row["t"] is not None and len(self._attempts) < self._concurrency:
+        # Ready tokens wake the loop only while it may claim them (not while a stop drains).
+        free = len(self._attempts) < self._concurrency and self._claiming
+        if row is not None and row["t"] is not None and free:
             next_ms = row["t"] if next_ms is None else min(next_ms, row["t"])
         return plans, next_ms
 
