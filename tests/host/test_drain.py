@@ -74,6 +74,7 @@ def test_sigterm_drains_short_actions_and_reruns_the_cancelled_one_once(
     long = server.start("drain", {"sleep": {"a": 30}})
     _wait_for(lambda: {f"{short} a start", f"{long} a start"} <= set(lines()), "both started")
     stop(server)
+    assert server.proc.returncode == 0  # a drained host exits cleanly, not by the signal
 
     before = lines()
     assert f"{short} a end" in before  # finished within the drain bound

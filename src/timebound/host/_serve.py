@@ -33,6 +33,15 @@ class _Server(uvicorn.Server):
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
 
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets)
+        # uvicorn re-raises the stop signal once shut down (the process then dies of it, and
+        # SIGINT prints a KeyboardInterrupt traceback); a drained host exits 0 instead, as
+        # `timebound serve` documents. The list is uvicorn's own, hence the guard.
+        captured = getattr(self, "_captured_signals", None)
+        if isinstance(captured, list):
+            captured.clear()
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Runs in the signal handler: hand the engine's call to its loop.
         if self._loop is not None and not self._loop.is_closed():
