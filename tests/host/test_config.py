@@ -150,3 +150,30 @@ def test_no_worker_on_sqlite_is_refused() -> None:
     """A host without a worker on a one-process SQLite store would never run a run: refused."""
     with pytest.raises(ConfigError, match="worker = false needs a shared PostgreSQL store"):
         load_config({"worker": False}, {}, None)
+
+
+def test_connectors_and_drain_come_from_every_layer(tmp_path: Path) -> None:
+    """connectors (a list, or comma/space separated) and drain_s follow the same layering."""
+    f = tmp_path / "host.toml"
+    f.write_text('[host]\nconnectors = ["a.conn"]\ndrain_s = 4\n')
+    assert load_config({}, {}, str(f)).connectors == ("a.conn",)
+    assert load_config({}, {}, str(f)).drain_s == 4.0
+    env = {"TIMEBOUND_CONNECTORS": "b.conn, c.conn", "TIMEBOUND_DRAIN_S": "2.5"}
+    config = load_config({}, env, str(f))
+    assert (config.connectors, config.drain_s) == (("b.conn", "c.conn"), 2.5)
+    config = load_config({"connectors": ["d.conn"], "drain_s": "0"}, env, str(f))
+    assert (config.connectors, config.drain_s) == (("d.conn",), 0.0)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"connectors": [3]}, "connectors (command line): expected a list of module names"),
+        ({"drain_s": "-1"}, "drain_s (command line): expected seconds in [0, 3600]"),
+    ],
+)
+def test_bad_connectors_or_drain_name_the_setting(options: dict[str, object], message: str) -> None:
+    """A wrong connectors or drain value is refused naming the setting and its source."""
+    with pytest.raises(ConfigError) as info:
+        load_config(options, {}, None)
+    assert message in str(info.value)

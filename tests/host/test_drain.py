@@ -95,12 +95,10 @@ def test_sigterm_drains_short_actions_and_reruns_the_cancelled_one_once(
         for run_id in (short, long):
             detail = server.wait_run(run_id)
             assert detail["run"]["status"] == "completed", detail["run"]
-        events = {
-            run_id: [e["kind"] for e in server.client.get(f"/v1/runs/{run_id}/events").json()[
-                "events"
-            ]]
-            for run_id in (short, long)
-        }
+        events = {}
+        for run_id in (short, long):
+            listed = server.client.get(f"/v1/runs/{run_id}/events").json()["events"]
+            events[run_id] = [e["kind"] for e in listed]
     finally:
         stop(server)
     after = lines()
