@@ -175,11 +175,15 @@ async def _sse(host: Host, run_id: str, start: int) -> AsyncIterator[bytes]:
         if left == 0.0:
             yield b"event: deadline\ndata: {}\n\n"
             return
+        # The status first: a run's last events commit with its end, so events read after an
+        # ended status include them all (read the other way round, another worker's commit in
+        # between would end the stream without its last events).
+        ended = (await host.engine.get_run(run_id))["status"] in RUN_TERMINAL
         events = await host.engine.events(run_id)
         for seq, event in enumerate(events[seen:], start=seen + 1):
             yield f"id: {seq}\nevent: {event['kind']}\ndata: {json.dumps(event)}\n\n".encode()
         seen = max(seen, len(events))
-        if (await host.engine.get_run(run_id))["status"] in RUN_TERMINAL:
+        if ended:
             yield b"event: end\ndata: {}\n\n"
             return
         await asyncio.sleep(min(_SSE_POLL_S, left))
