@@ -7,9 +7,16 @@ Where a server is absent the tests that need it skip with a clear reason — exc
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import time
+from collections.abc import Iterator
 
 import pytest
+
+import timebound as tb
+from timebound._core import _clock, _scopes
+from timebound.telemetry import _events
 
 PG_HOST, PG_PORT = "127.0.0.1", 5432
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
@@ -46,3 +53,30 @@ def redis_url() -> str:
     """URL of the test Redis server."""
     _require("Redis", REDIS_HOST, REDIS_PORT)
     return REDIS_URL
+
+
+@pytest.fixture(autouse=True)
+def _no_process_state_left_behind() -> Iterator[None]:
+    """Fail the test that leaves timebound's process state changed for the tests after it.
+
+    Each of these once leaked and broke later tests in random order: a virtual clock restored
+    after its test ended (time froze for the rest of the run), a spent deadline left in the main
+    thread's context by the signal tier, an alarm or SIGALRM handler left armed, a listener left
+    registered.
+    """
+    alarm_handler = signal.getsignal(signal.SIGALRM)
+    listeners = list(_events._listeners)
+    yield
+    problems = []
+    if (_clock.now, _clock.sleep, _clock.wall) != (time.monotonic, time.sleep, time.time):
+        problems.append("the clock is not the real clock")
+    if _scopes._frame.get() is not _scopes._ROOT:
+        problems.append(f"a deadline scope is still active ({tb.current_deadline()!r})")
+    if signal.getsignal(signal.SIGALRM) is not alarm_handler:
+        problems.append("the SIGALRM handler was changed")
+    if signal.getitimer(signal.ITIMER_REAL) != (0.0, 0.0):
+        problems.append("an ITIMER_REAL alarm is still armed")
+    if list(_events._listeners) != listeners:
+        problems.append("telemetry listeners were added or removed")
+    if problems:
+        pytest.fail("the test left process state behind: " + "; ".join(problems))

@@ -12,18 +12,21 @@ service, which answers with a deferred operation: the workflow's token is suspen
 when the operation completes. Every part writes to one timeline (timeline.py), printed live.
 
 ``--keep`` then serves the workflow store with the timebound host (``timebound serve``) on
-http://127.0.0.1:8080/ so its UI shows the same runs; Ctrl-C stops it.
+http://127.0.0.1:8080/ so its UI shows the same runs; Ctrl-C (or SIGTERM) stops it and removes
+the stores.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import socket
 import sys
 import tempfile
-from collections.abc import Sequence
-from contextlib import AsyncExitStack
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import AsyncExitStack, contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -159,14 +162,47 @@ def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
         with tempfile.TemporaryDirectory(prefix="timebound-showcase-") as tmp:
             asyncio.run(run(Path(tmp), out, args.deadline_ms / 1000))
         return 0
-    # --keep: the stores outlive this run, so the host can serve them (and you can look at them).
-    workdir = Path(tempfile.mkdtemp(prefix="timebound-showcase-"))
+    # --keep: the stores outlive the showcase and the host serves them, until SIGINT or SIGTERM
+    # stops it; then the directory is removed like the one above.
+    try:
+        with tempfile.TemporaryDirectory(prefix="timebound-showcase-") as tmp, _stop_on_signals():
+            return _keep(Path(tmp), out, args)
+    except _Stopped:
+        return 0
+
+
+class _Stopped(Exception):
+    """SIGINT or SIGTERM asked the --keep host to stop (after its graceful shutdown)."""
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM raise ``_Stopped`` while the block runs, so the stores' directory is
+    removed on either. The host (uvicorn) takes both signals over while it serves, shuts down
+    gracefully, puts these handlers back and re-raises the signal into them; without them
+    SIGTERM would end the process before any cleanup. The previous handlers come back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signals reach the main thread only: nothing to take over
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise _Stopped(signal.Signals(signum).name)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _keep(workdir: Path, out: TextIO, args: argparse.Namespace) -> int:
     asyncio.run(run(workdir, out, args.deadline_ms / 1000))
     from timebound.cli import main as cli_main
 
     print(
         f"\nServing the same runs with the host (store {workdir}/runs.db): open /ui/ at the "
-        "address below; Ctrl-C stops it.",
+        "address below; Ctrl-C stops it and removes the store.",
         file=out,
         flush=True,
     )

@@ -8,6 +8,7 @@ runs and the previous SIGALRM handler is back.
 
 from __future__ import annotations
 
+import itertools
 import signal
 import sys
 import types
@@ -151,3 +152,38 @@ class _FakeFrame:
     def __init__(self, code: types.CodeType, back: types.FrameType) -> None:
         self.f_code = code
         self.f_back = back
+
+
+def test_deferrals_back_off_so_the_handler_cannot_nest_in_itself(
+    virtual_clock: VirtualClock,
+) -> None:
+    """Repeated deferrals re-arm later each time (capped), then a delivery starts over.
+
+    With a fixed 10 µs re-arm, a signal that fired again before the handler had returned ran the
+    handler nested in itself, one level deeper each time, until RecursionError (seen under
+    opcode tracing on a loaded machine in ``test_scopes_inside_the_call_leak_nothing…``).
+    """
+    delays: list[float] = []
+    previous = signal.getsignal(signal.SIGALRM)
+
+    def body() -> None:
+        virtual_clock.advance(6)
+        inside_exit = _FakeFrame(tb.CancelScope.__exit__.__code__, sys._getframe())
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        try:
+            for _ in range(14):
+                _preempt._on_alarm(signal.SIGALRM, inside_exit)  # type: ignore[arg-type]
+                delays.append(signal.getitimer(signal.ITIMER_REAL)[0])
+            # Not protected: delivered now, and the next deferral starts from the minimum again.
+            _preempt._on_alarm(signal.SIGALRM, sys._getframe())
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
+
+    with pytest.raises(tb.DeadlineExceeded):
+        tb.run_with_signal(body, timeout=5)
+    assert all(later > earlier for earlier, later in itertools.pairwise(delays[:10]))
+    assert max(delays) <= _preempt._MAX_DEFER + 1e-3
+    assert delays[-1] == pytest.approx(_preempt._MAX_DEFER, abs=1e-3)
+    assert _preempt._defer_delay == _preempt._MIN_REARM
+    _assert_clean(previous)

@@ -258,3 +258,59 @@ def test_a_deadline_that_is_not_positive_is_refused() -> None:
     assert done.returncode == 2
     assert "--deadline-ms must be a positive number of milliseconds, got 0" in done.stderr
     assert "One deadline" not in done.stdout
+
+
+@pytest.mark.parametrize("stop_with", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_demo_keep_serves_the_ui_and_stops_cleanly(
+    tmp_path: Path, stop_with: signal.Signals
+) -> None:
+    """``timebound demo --showcase --keep --port 0`` leaves the host running on the showcase's
+    store: its UI lists the run and opens its page. SIGINT or SIGTERM then stops it with exit
+    status 0 and removes the store: nothing is left in the temporary directory it was given
+    (TMPDIR) nor in its working directory."""
+    cwd, tmp = tmp_path / "cwd", tmp_path / "tmp"
+    cwd.mkdir()
+    tmp.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIMEBOUND_")}
+    with (tmp_path / "stderr.txt").open("wb") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "timebound", "demo", "--showcase", "--keep", "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            cwd=cwd,
+            env={**env, "TMPDIR": str(tmp)},
+        )
+        try:
+            output = _read_until(proc, "timebound host listening on ", limit_s=90)
+            base = re.search(r"listening on (http://\S+/)", output)
+            assert base is not None, output
+            assert [p.name.startswith("timebound-showcase-") for p in tmp.iterdir()] == [True]
+            with httpx.Client(base_url=base[1], timeout=10) as client:
+                runs = client.get("ui/")
+                assert runs.status_code == 200
+                link = re.search(r'href="/ui/runs/([^"]+)">', runs.text)
+                assert link is not None and link[1][:8] in output
+                assert "report v" in runs.text
+                run_page = client.get(f"ui/runs/{link[1]}")
+                assert run_page.status_code == 200
+                assert '<span class="badge completed" id="run-status">' in run_page.text
+                assert client.get("ui/traces").status_code == 200
+            proc.send_signal(stop_with)
+            assert proc.wait(timeout=30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            assert proc.stdout is not None
+            proc.stdout.close()
+    assert list(tmp.iterdir()) == []
+    assert list(cwd.iterdir()) == []
+    errors = (tmp_path / "stderr.txt").read_text()
+    assert "Application shutdown complete." in errors
+    assert "Traceback" not in errors
+
+
+def test_demo_port_needs_keep(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--port`` without ``--showcase --keep`` is refused (exit 2), saying what it needs."""
+    assert cli_main(["demo", "--showcase", "--port", "0"]) == 2
+    assert "--port only applies with --showcase --keep" in capsys.readouterr().err

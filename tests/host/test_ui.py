@@ -2,98 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import struct
-import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
+from .browser import DOCS_IMG, browser, page, pixels, screenshots_wanted
 from .conftest import Server
 
-CHROMIUM = "/usr/bin/chromium"
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-# The screenshot docs/host.md shows; TIMEBOUND_UPDATE_SCREENSHOTS=1 makes the suite retake it
-# (otherwise tests write only to their temporary directory, never into the repository).
-DOC_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "img" / "host-run.png"
+__all__ = ["browser", "page"]  # fixtures, used by name
 
-
-def _require_chromium() -> None:
-    if Path(CHROMIUM).exists():
-        return
-    reason = f"{CHROMIUM} is absent (apt-get install chromium)"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(f"{reason}; CI=true requires it")
-    pytest.skip(reason)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    _require_chromium()
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1100, "height": 700})
-    yield context.new_page()
-    context.close()
-
-
-def _pixels(png: bytes) -> list[tuple[int, int, int]]:
-    """Decode an 8-bit RGB(A) PNG without filters beyond the five standard ones (Chromium's)."""
-    assert png[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, idat, width, height, channels = 8, b"", 0, 0, 0
-    while pos < len(png):
-        (length,) = struct.unpack(">I", png[pos : pos + 4])
-        kind, data = png[pos + 4 : pos + 8], png[pos + 8 : pos + 8 + length]
-        if kind == b"IHDR":
-            width, height, depth, color = struct.unpack(">IIBB", data[:10])
-            assert depth == 8
-            channels = {2: 3, 6: 4}[color]
-        elif kind == b"IDAT":
-            idat += data
-        pos += 12 + length
-    raw = zlib.decompress(idat)
-    stride = width * channels
-    rows: list[bytearray] = []
-    prev = bytearray(stride)
-    for y in range(height):
-        f, line = (
-            raw[y * (stride + 1)],
-            bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)]),
-        )
-        for i in range(stride):
-            a = line[i - channels] if i >= channels else 0
-            b, c = prev[i], prev[i - channels] if i >= channels else 0
-            if f == 1:
-                line[i] = (line[i] + a) & 255
-            elif f == 2:
-                line[i] = (line[i] + b) & 255
-            elif f == 3:
-                line[i] = (line[i] + (a + b) // 2) & 255
-            elif f == 4:
-                p = a + b - c
-                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
-        rows.append(line)
-        prev = line
-    return [tuple(r[i : i + 3]) for r in rows for i in range(0, stride, channels)]  # type: ignore[misc]
+# The screenshot docs/host.md shows (retaken with TIMEBOUND_UPDATE_SCREENSHOTS=1).
+DOC_SCREENSHOT = DOCS_IMG / "host-run.png"
 
 
 def test_runs_list_shows_runs_and_filters_by_status(host: Server, page: Any) -> None:
@@ -129,7 +47,7 @@ def test_timeline_screenshot_shows_the_timed_out_bar(
     host.wait_run(run_id)
     page.goto(f"{host.url}/ui/runs/{run_id}")
     png = page.locator("#timeline").screenshot(path=str(tmp_path / "timeline.png"))
-    assert (0xE8, 0x89, 0x0C) in set(_pixels(png))
+    assert (0xE8, 0x89, 0x0C) in set(pixels(png))
 
 
 def test_fan_out_timeline_shows_branches_and_the_join_bound(
@@ -148,8 +66,8 @@ def test_fan_out_timeline_shows_branches_and_the_join_bound(
     )
     assert page.locator(".timeline .bar.cancelled").count() == 1
     png = page.locator("#timeline").screenshot(path=str(tmp_path / "fanout.png"))
-    assert (0x88, 0x88, 0xAA) in set(_pixels(png))
-    if os.environ.get("TIMEBOUND_UPDATE_SCREENSHOTS") == "1":
+    assert (0x88, 0x88, 0xAA) in set(pixels(png))
+    if screenshots_wanted():
         page.screenshot(path=str(DOC_SCREENSHOT), full_page=True)
 
 

@@ -52,6 +52,13 @@ _INF: Final = float("inf")
 
 # A timer can wake a hair early (clock granularity, cpython#127859): re-arm at least this far out.
 _MIN_REARM: Final = 1e-5
+#: A deferred delivery (the signal landed in protected bookkeeping) is retried after a delay that
+#: doubles while it keeps landing there, up to this. A fixed short delay can fire again before the
+#: handler itself has returned (a loaded machine, a tracer): the handler would then run nested in
+#: itself, each time one level deeper, until RecursionError. Doubling bounds that nesting to a
+#: handful of levels; the delivery is still only this late at most past the bookkeeping's end.
+_MAX_DEFER: Final = 0.01
+_defer_delay = _MIN_REARM  # main thread only, like _alarms
 
 
 class AbandonedThreadWarning(RuntimeWarning):
@@ -141,6 +148,7 @@ def _call_unprotected(fn: Callable[..., _T], args: Any, kwargs: Any) -> _T:
 
 
 def _on_alarm(signum: int, frame: FrameType | None) -> None:
+    global _defer_delay
     if not _alarms:
         return
     alarm = _alarms[-1]
@@ -152,8 +160,10 @@ def _on_alarm(signum: int, frame: FrameType | None) -> None:
         signal.setitimer(signal.ITIMER_REAL, max(left, _MIN_REARM))
         return
     if _protected(frame):
-        signal.setitimer(signal.ITIMER_REAL, _MIN_REARM)
+        delay, _defer_delay = _defer_delay, min(_defer_delay * 2, _MAX_DEFER)
+        signal.setitimer(signal.ITIMER_REAL, delay)
         return
+    _defer_delay = _MIN_REARM
     # This one exception reports the earliest bound; every enclosing call whose deadline has
     # passed too is delivered by it (it unwinds through them), so none of them fires again.
     now = _clock.now()
@@ -167,7 +177,9 @@ def _on_alarm(signum: int, frame: FrameType | None) -> None:
 
 def _arm(alarm: _Alarm) -> None:
     """Push ``alarm`` and start its timer (protected: see :func:`_protected`)."""
+    global _defer_delay
     alarm.prev_delay, alarm.prev_interval = signal.setitimer(signal.ITIMER_REAL, 0)
+    _defer_delay = _MIN_REARM
     alarm.started = _clock.now()
     alarm.active = True
     _alarms.append(alarm)

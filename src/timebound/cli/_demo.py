@@ -141,7 +141,7 @@ def _showcase_script() -> Path | None:
     return None
 
 
-def _run_showcase(keep: bool) -> int:
+def _run_showcase(keep: bool, port: int | None) -> int:
     script = _showcase_script()
     if script is None:
         # The showcase is an example program, not part of the package: it ships with the sources.
@@ -152,12 +152,21 @@ def _run_showcase(keep: bool) -> int:
         )
         return 2
     main = runpy.run_path(str(script))["main"]
-    return int(main(["--keep"] if keep else []))
+    argv = ["--keep"] if keep else []
+    if port is not None:
+        argv += ["--port", str(port)]
+    return int(main(argv))
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.port is not None and not args.keep:
+        print("timebound demo: --port only applies with --showcase --keep", file=sys.stderr)
+        return 2
+    if args.port is not None and not 0 <= args.port <= 65535:
+        print(f"timebound demo: --port must be in [0, 65535], got {args.port}", file=sys.stderr)
+        return 2
     if args.showcase:
-        return _run_showcase(args.keep)
+        return _run_showcase(args.keep, args.port)
     if args.keep:
         print("timebound demo: --keep only applies with --showcase", file=sys.stderr)
         return 2
@@ -178,6 +187,14 @@ def register(sub: Any) -> None:
         "deferred operation (examples/one_deadline)",
     )
     parser.add_argument(
-        "--keep", action="store_true", help="with --showcase: then serve the runs in the host UI"
+        "--keep",
+        action="store_true",
+        help="with --showcase: then serve the runs in the host UI until Ctrl-C or SIGTERM",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        metavar="N",
+        help="with --showcase --keep: the host's port (default 8080; 0 picks a free one)",
     )
     parser.set_defaults(handler=_run)

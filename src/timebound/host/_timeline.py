@@ -1,10 +1,11 @@
-"""A run's token timeline and the bound that fired, computed from its stored events."""
+"""A run's token timeline and the bound that fired, computed from its stored events; and the
+layout both timelines of the UI share (a run's tokens, a pipeline trace's spans)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["bound_fired", "timeline", "timeouts"]
+__all__ = ["at_percent", "bound_fired", "lay_out", "timeline", "timeouts"]
 
 _TERMINAL = {"token_completed", "token_failed", "token_timed_out", "token_cancelled"}
 _TIMEOUT_KINDS = ("token_timed_out", "join_timed_out")
@@ -81,3 +82,31 @@ def timeline(run: dict[str, Any], events: list[dict[str, Any]], now_ms: int) -> 
         "tokens": list(bars.values()),
         "markers": markers,
     }
+
+
+def at_percent(at_ms: float, start_ms: float, end_ms: float) -> float:
+    """Where the instant ``at_ms`` falls on a timeline from ``start_ms`` to ``end_ms``, in percent
+    of its width (a timeline of no length is drawn as 1 ms long)."""
+    return round((at_ms - start_ms) / max(end_ms - start_ms, 1) * 100, 2)
+
+
+def lay_out(
+    bars: list[dict[str, Any]], start_ms: float, end_ms: float, min_width: float = 0.5
+) -> list[dict[str, Any]]:
+    """Bars (each with ``start_ms`` and ``end_ms``; ``None`` while still running, drawn up to the
+    timeline's end) placed as percentages of the timeline: ``left`` and ``width`` (at least
+    ``min_width``, so an instant stays visible), with ``offset_ms`` and ``duration_ms``."""
+    span = max(end_ms - start_ms, 1)
+    placed = []
+    for bar in bars:
+        end = bar["end_ms"] if bar["end_ms"] is not None else end_ms
+        placed.append(
+            {
+                **bar,
+                "left": at_percent(bar["start_ms"], start_ms, end_ms),
+                "width": round(max((end - bar["start_ms"]) / span * 100, min_width), 2),
+                "offset_ms": bar["start_ms"] - start_ms,
+                "duration_ms": end - bar["start_ms"],
+            }
+        )
+    return placed

@@ -3,7 +3,8 @@ live event list (EventSource on the API's SSE stream), no build step.
 
 Forms are protected against cross-site requests by a double-submit token: a random value in a
 ``SameSite=Strict`` cookie that each form repeats in a hidden field; a POST whose field does not
-match its cookie is refused (compared in constant time).
+match its cookie is refused (compared in constant time). A form's body is counted while it is
+read, so a missing or lying Content-Length does not get past the body limit.
 """
 
 from __future__ import annotations
@@ -16,16 +17,20 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from starlette.datastructures import FormData, UploadFile
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
+from starlette.types import Message
 
-from ._api import list_page, run_detail
+from ._api import decode_cursor, list_page, run_detail
 from ._deferred import DEFERRED_STATUSES, cancel_now, deferred_detail, deferred_list, poll_now
 from ._host import Host
 from ._problems import Problem
+from ._timeline import at_percent, lay_out
+from ._traces import TraceError, read_trace, trace_view
 
 __all__ = ["SESSION_COOKIE", "ui_routes"]
 
@@ -33,6 +38,9 @@ SESSION_COOKIE = "tb_session"
 CSRF_COOKIE = "tb_csrf"
 _HERE = Path(__file__).parent
 _templates = Jinja2Templates(directory=str(_HERE / "templates"))
+# How many earlier pages of the runs list a "Previous page" link can walk back through: their
+# cursors ride in the page's address (``back``), about 75 characters each (7.5 kB in all).
+_BACK_PAGES = 100
 _SECURITY_HEADERS = {
     # Bars are placed with style attributes; no inline script or stylesheet is allowed.
     "Content-Security-Policy": "default-src 'self'; style-src 'self'; "
@@ -63,36 +71,92 @@ def _render(
     return response
 
 
-async def _form(request: Request) -> dict[str, str]:
-    """The posted form, once its CSRF field matches its cookie (403 otherwise)."""
-    host = _host(request)
+async def _checked_form(request: Request) -> FormData:
+    """The posted form (urlencoded or multipart), once its CSRF field matches its cookie (403
+    otherwise); 413 past the host's body limit, counted while reading."""
+    limit = _host(request).config.max_body_bytes
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > host.config.max_body_bytes:
-        raise Problem(413, "the form is larger than the body limit")
-    form = await request.form()
-    fields = {k: v for k, v in form.items() if isinstance(v, str)}
+    if declared.isdigit() and int(declared) > limit:
+        raise Problem(413, f"the form is larger than the limit of {limit} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise Problem(413, f"the form is larger than the limit of {limit} bytes")
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if replayed:
+            return {"type": "http.disconnect"}
+        replayed = True
+        return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+    # The counted body, parsed by Starlette from a request that replays it.
+    form = await Request(request.scope, replay).form(max_files=2, max_fields=20)
+    presented = form.get("csrf")
     cookie = request.cookies.get(CSRF_COOKIE, "")
-    if not cookie or not hmac.compare_digest(fields.get("csrf", "").encode(), cookie.encode()):
+    if (
+        not cookie
+        or not isinstance(presented, str)
+        or not hmac.compare_digest(presented.encode(), cookie.encode())
+    ):
         raise Problem(403, "the form's CSRF token is missing or does not match; reload the page")
-    return fields
+    return form
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """The posted form's text fields, once its CSRF field matches its cookie (403 otherwise)."""
+    form = await _checked_form(request)
+    try:
+        return {k: v for k, v in form.items() if isinstance(v, str)}
+    finally:
+        await form.close()
+
+
+def _page_url(params: dict[str, str], cursor: str | None, back: list[str]) -> str:
+    query = {k: v for k, v in params.items() if k in ("status", "definition") and v}
+    if cursor:
+        query["cursor"] = cursor
+    if back:
+        query["back"] = ".".join(back)
+    return "/ui/?" + urlencode(query) if query else "/ui/"
 
 
 async def runs_page(request: Request) -> Response:
+    """A page of runs. Cursors only go forward, so the page's address carries the cursors of the
+    pages before it (``back``, oldest first; the first page needs none) for a "Previous page"
+    link; past ``_BACK_PAGES`` pages the oldest are dropped (``~`` marks the cut) and only "First
+    page" leads further back."""
     params = {
-        k: v for k, v in request.query_params.items() if k in ("status", "definition", "cursor")
+        k: v
+        for k, v in request.query_params.items()
+        if k in ("status", "definition", "cursor", "back")
     }
+    back = [c for c in params.pop("back", "").split(".") if c]
+    for c in back:
+        if c != "~":
+            decode_cursor(c)  # 400 for anything this host did not give out
     page, cursor = await list_page(_host(request), params)
-    next_url = None
+    current = params.get("cursor")
+    next_url = prev_url = first_url = None
     if cursor is not None:
-        next_url = "/ui/?" + urlencode(
-            {**{k: v for k, v in params.items() if k != "cursor"}, "cursor": cursor}
-        )
+        trail = [*back, current] if current else []
+        if len(trail) > _BACK_PAGES:
+            trail = ["~", *trail[-_BACK_PAGES + 1 :]]
+        next_url = _page_url(params, cursor, trail)
+    if current:
+        first_url = _page_url(params, None, [])
+        if back != ["~"]:
+            prev_url = _page_url(params, back[-1] if back else None, back[:-1])
     return _render(
         request,
         "runs.html",
         {
             "runs": page,
             "next_url": next_url,
+            "prev_url": prev_url,
+            "first_url": first_url,
             "status": params.get("status", ""),
             "definition": params.get("definition", ""),
             "definitions": sorted(_host(request).definitions),
@@ -102,22 +166,17 @@ async def runs_page(request: Request) -> Response:
 
 
 def _bars(detail: dict[str, Any]) -> list[dict[str, Any]]:
-    """Token bars as percentages of the run's span, for the Gantt-like timeline."""
+    """Token bars for the run's timeline (one lane per token)."""
     tl = detail["timeline"]
-    span = max(tl["end_ms"] - tl["start_ms"], 1)
-    bars = []
-    for tok in tl["tokens"]:
-        end = tok["end_ms"] if tok["end_ms"] is not None else tl["end_ms"]
-        left = (tok["start_ms"] - tl["start_ms"]) / span * 100
-        bars.append(
-            {
-                **tok,
-                "left": round(left, 2),
-                "width": round(max((end - tok["start_ms"]) / span * 100, 0.5), 2),
-                "offset_ms": tok["start_ms"] - tl["start_ms"],
-                "duration_ms": end - tok["start_ms"],
-            }
+    bars = lay_out(tl["tokens"], tl["start_ms"], tl["end_ms"])
+    for bar in bars:
+        branch = f"[{bar['branch_index']}]" if bar["branch_index"] is not None else ""
+        bar["label"] = f"{bar['node_id']}{branch}"
+        bar["css"] = bar["status"]
+        bar["title"] = (
+            f"{bar['node_id']}: {bar['status']}, +{bar['offset_ms']} ms for {bar['duration_ms']} ms"
         )
+        bar["note"] = f"{bar['timeout']['timeout_type']} timeout" if bar["timeout"] else ""
     return bars
 
 
@@ -125,13 +184,7 @@ async def run_page(request: Request) -> Response:
     detail = await run_detail(_host(request), request.path_params["run_id"])
     tl = detail["timeline"]
     markers = [
-        {
-            **m,
-            "left": round(
-                (m["at_ms"] - tl["start_ms"]) / max(tl["end_ms"] - tl["start_ms"], 1) * 100, 2
-            ),
-        }
-        for m in tl["markers"]
+        {**m, "left": at_percent(m["at_ms"], tl["start_ms"], tl["end_ms"])} for m in tl["markers"]
     ]
     return _render(
         request,
@@ -208,6 +261,41 @@ async def operation_cancel(request: Request) -> Response:
     return RedirectResponse(f"/ui/deferred/{quote(op_id, safe='')}", status_code=303)
 
 
+async def traces_page(request: Request) -> Response:
+    return _render(request, "trace.html", {"trace": None, "error": None, "pasted": ""})
+
+
+async def trace_upload(request: Request) -> Response:
+    """Show an uploaded (or pasted) pipeline trace; nothing of it is kept on the host."""
+    try:
+        form = await _checked_form(request)
+    except Problem as exc:
+        if exc.status != 413:
+            raise
+        return _render(
+            request, "trace.html", {"trace": None, "error": exc.detail, "pasted": ""}, 413
+        )
+    try:
+        upload = form.get("trace_file")
+        pasted = form.get("trace_text")
+        data = await upload.read() if isinstance(upload, UploadFile) else b""
+    finally:
+        await form.close()
+    text = pasted if isinstance(pasted, str) else ""
+    if data and text.strip():
+        error = "give either a trace file or pasted JSON, not both"
+    elif not data and not text.strip():
+        error = "choose a trace file or paste a trace's JSON"
+    else:
+        try:
+            view = trace_view(read_trace(data or text.encode("utf-8")))
+        except TraceError as exc:
+            error = str(exc)
+        else:
+            return _render(request, "trace.html", {"trace": view, "error": None, "pasted": ""})
+    return _render(request, "trace.html", {"trace": None, "error": error, "pasted": text}, 422)
+
+
 def ui_routes() -> list[Route | Mount]:
     return [
         Route("/ui/", runs_page),
@@ -217,6 +305,8 @@ def ui_routes() -> list[Route | Mount]:
         Route("/ui/deferred/{op_id}/cancel", operation_cancel, methods=["POST"]),
         Route("/ui/runs/{run_id}", run_page),
         Route("/ui/runs/{run_id}/cancel", cancel, methods=["POST"]),
+        Route("/ui/traces", traces_page, methods=["GET"]),
+        Route("/ui/traces", trace_upload, methods=["POST"]),
         Route("/ui/login", login_page, methods=["GET"]),
         Route("/ui/login", login, methods=["POST"]),
         Mount("/ui/static", StaticFiles(directory=str(_HERE / "static")), name="static"),

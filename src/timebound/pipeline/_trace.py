@@ -9,7 +9,7 @@ from typing import Any
 
 from .._engine import Span
 
-__all__ = ["Trace"]
+__all__ = ["Trace", "critical_path"]
 
 # The wrapper fields RFC §5.8 lists, in the order they are reported.
 WRAPPER_FIELDS = (
@@ -90,37 +90,8 @@ class Trace:
         raise KeyError(node_id)
 
     def critical_path(self) -> list[dict[str, Any]]:
-        """The spans that decided when the run ended, in order: from the last top-level span,
-        step back to the dependency that ended last; a wrapper is followed by the path through
-        the branch that produced its result."""
-        by_id = {s["node_id"]: s for s in self.spans}
-        top = [s for s in by_id.values() if s["parent"] is None]
-        if not top:
-            return []
-        return self._path(max(top, key=_last), by_id)
-
-    def _path(self, span: dict[str, Any], by_id: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-        segments: list[list[dict[str, Any]]] = []
-        current: dict[str, Any] | None = span
-        while current is not None:
-            segment = [current]
-            if current["op"] == "timeout_wrapper":
-                branch = f"{current['node_id']}/{self._branch_of(current['node_id'])}/"
-                inner = [
-                    s
-                    for s in by_id.values()
-                    if s["parent"] == current["node_id"] and s["node_id"].startswith(branch)
-                ]
-                if inner:
-                    segment += self._path(max(inner, key=_last), by_id)
-            segments.append(segment)
-            deps = [by_id[d] for d in current["deps"] if d in by_id]
-            current = max(deps, key=_last) if deps else None
-        return [s for segment in reversed(segments) for s in segment]
-
-    def _branch_of(self, node_id: str) -> str:
-        w = self.wrappers.get(node_id)
-        return "fail" if w is not None and w["chosen_branch"] == "fail" else "success"
+        """The spans that decided when the run ended, in order (see :func:`critical_path`)."""
+        return critical_path(self.spans, self.wrappers)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -164,6 +135,51 @@ class Trace:
         ends = {s["node_id"]: s["end_ms"] for s in spans}
         for node_id, otel_span in made.items():
             otel_span.end(end_time=base + int(ends[node_id] * 1_000_000))
+
+
+def critical_path(
+    spans: list[dict[str, Any]], wrappers: Mapping[str, Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """The spans that decided when a run ended, in order: from the last top-level span, step
+    back to the dependency that ended last; a wrapper is followed by the path through the branch
+    that produced its result (``fail`` when its record says so, else ``success``).
+
+    Works on a trace's exported dicts too (the host's trace viewer reads them from a file), so a
+    span already on the path is never visited twice: a hand-made file whose ``deps`` loop still
+    gets an answer."""
+    by_id = {s["node_id"]: s for s in spans}
+    top = [s for s in by_id.values() if s["parent"] is None]
+    if not top:
+        return []
+    return _path(max(top, key=_last), by_id, wrappers, set())
+
+
+def _path(
+    span: dict[str, Any],
+    by_id: dict[str, dict[str, Any]],
+    wrappers: Mapping[str, Mapping[str, Any]],
+    seen: set[str],
+) -> list[dict[str, Any]]:
+    segments: list[list[dict[str, Any]]] = []
+    current: dict[str, Any] | None = span
+    while current is not None and current["node_id"] not in seen:
+        seen.add(current["node_id"])
+        segment = [current]
+        if current["op"] == "timeout_wrapper":
+            w = wrappers.get(current["node_id"])
+            chosen = "fail" if w is not None and w.get("chosen_branch") == "fail" else "success"
+            branch = f"{current['node_id']}/{chosen}/"
+            inner = [
+                s
+                for s in by_id.values()
+                if s["parent"] == current["node_id"] and s["node_id"].startswith(branch)
+            ]
+            if inner:
+                segment += _path(max(inner, key=_last), by_id, wrappers, seen)
+        segments.append(segment)
+        deps = [by_id[d] for d in current["deps"] if d in by_id]
+        current = max(deps, key=_last) if deps else None
+    return [s for segment in reversed(segments) for s in segment]
 
 
 def _last(span: dict[str, Any]) -> tuple[float, float]:
