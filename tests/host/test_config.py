@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 
 from timebound.host import Config, ConfigError, load_config
+from timebound.host._host import load_connectors
 
 from .conftest import ROOT
 
@@ -177,3 +179,46 @@ def test_bad_connectors_or_drain_name_the_setting(options: dict[str, object], me
     with pytest.raises(ConfigError) as info:
         load_config(options, {}, None)
     assert message in str(info.value)
+
+
+class _Conn:
+    async def status(self, op: object) -> object:
+        return None
+
+    async def cancel(self, op: object) -> object:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("made", "message"),
+    [
+        (lambda: [("render", _Conn())], "connectors() answered list, not a mapping"),
+        (lambda: {"render": object()}, "['render']: not a connector (no status or cancel method)"),
+        (lambda: {"": _Conn()}, "a deferred module name is a non-empty string"),
+        (lambda: 1 / 0, "connectors() failed: ZeroDivisionError"),
+    ],
+)
+def test_a_wrong_connectors_function_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, made: object, message: str
+) -> None:
+    """What connectors() answers is checked: a mapping of module names to connectors."""
+    module = types.ModuleType("tb_test_conns")
+    module.connectors = made  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "tb_test_conns", module)
+    with pytest.raises(ConfigError) as info:
+        load_connectors(("tb_test_conns",))
+    assert "connectors: tb_test_conns.connectors()" in str(info.value)
+    assert message in str(info.value)
+
+
+def test_one_module_name_in_two_connector_modules_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two modules both serving "render" would make the choice a guess: refused."""
+    for name in ("tb_test_one", "tb_test_two"):
+        module = types.ModuleType(name)
+        module.connectors = lambda: {"render": _Conn()}  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, name, module)
+    with pytest.raises(ConfigError, match="'render' has a connector in both 'tb_test_one'"):
+        load_connectors(("tb_test_one", "tb_test_two"))
+    assert set(load_connectors(("tb_test_one",))) == {"render"}
