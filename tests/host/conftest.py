@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -178,3 +180,52 @@ def host(host_factory: Callable[..., Server]) -> Server:
 def secured(host_factory: Callable[..., Server]) -> Server:
     """A host with a token configured."""
     return host_factory(token="s3cret-token-for-tests")
+
+
+class Schemas:
+    """Fresh PostgreSQL schemas for host processes, each dropped by :meth:`drop_all`."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.made: list[str] = []
+
+    def url(self) -> str:
+        """A store URL in a schema no other test uses (the host creates it at start)."""
+        schema = f"tbhost_{uuid.uuid4().hex[:12]}"
+        self.made.append(schema)
+        return f"{self.dsn}?schema={schema}"
+
+    def drop_all(self) -> None:
+        import asyncpg
+
+        async def drop(schemas: list[str]) -> None:
+            conn = await asyncpg.connect(self.dsn)
+            try:
+                for schema in schemas:
+                    await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            finally:
+                await conn.close()
+
+        if self.made:
+            asyncio.run(drop(self.made))
+            self.made.clear()
+
+
+@pytest.fixture(scope="session")
+def pg_schemas(postgres_dsn: str) -> Iterator[Schemas]:
+    """Schemas made during the session, dropped at its end."""
+    schemas = Schemas(postgres_dsn)
+    try:
+        yield schemas
+    finally:
+        schemas.drop_all()
+
+
+@pytest.fixture
+def pg_url(postgres_dsn: str) -> Iterator[str]:
+    """A PostgreSQL store URL in a fresh schema, dropped after the test."""
+    schemas = Schemas(postgres_dsn)
+    try:
+        yield schemas.url()
+    finally:
+        schemas.drop_all()

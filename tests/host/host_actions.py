@@ -20,3 +20,34 @@ async def nap(ctx: Any) -> Any:
 
 def noop(ctx: Any) -> None:
     return None
+
+
+async def start_render(ctx: Any) -> Any:
+    """The first call of a deferred node: asks the render service (its URL in
+    ``TB_TEST_RENDER_URL``) to start ``report.render`` and answers its deferred-operation.v1."""
+    import os
+
+    import httpx
+
+    async with httpx.AsyncClient(base_url=os.environ["TB_TEST_RENDER_URL"]) as client:
+        r = await client.post("/v1/operations/report.render", json={"pages": ctx.input["pages"]})
+        return r.json()
+
+
+async def logged(ctx: Any) -> Any:
+    """Appends ``<run> <node> start`` and ``… end`` to the file ``TB_TEST_ACTION_LOG`` names,
+    sleeping ``input.sleep[node]`` seconds in between on the node's first start only (a re-run
+    after a restart answers at once)."""
+    import os
+    from pathlib import Path
+
+    log = Path(os.environ["TB_TEST_ACTION_LOG"])
+    mark = f"{ctx.run_id} {ctx.node_id}"
+    seen = log.read_text().splitlines() if log.exists() else []
+    with log.open("a") as f:
+        f.write(f"{mark} start\n")
+    if f"{mark} start" not in seen:
+        await asyncio.sleep(ctx.input.get("sleep", {}).get(ctx.node_id, 0))
+    with log.open("a") as f:
+        f.write(f"{mark} end\n")
+    return "ok"

@@ -1,10 +1,34 @@
-"""The HTTP API against a real host process (uvicorn on 127.0.0.1, a random port)."""
+"""The HTTP API against a real host process (uvicorn on 127.0.0.1, a random port), on a SQLite
+store and on a PostgreSQL one (a fresh schema per host, dropped at the session's end)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+
+import pytest
 
 from .conftest import QUICK, Server
+
+
+@pytest.fixture(
+    scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def new_db(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[], str]:
+    """Makes the URL of an empty store of the parametrized kind."""
+    if request.param == "sqlite":
+        return lambda: f"sqlite:///{tmp_path_factory.mktemp('db')}/host.db"
+    schemas = request.getfixturevalue("pg_schemas")
+    url: Callable[[], str] = schemas.url
+    return url
+
+
+@pytest.fixture(scope="module")
+def host(host_factory: Callable[..., Server], new_db: Callable[[], str]) -> Server:
+    """One open host (no token) on the parametrized store, shared by this module's tests."""
+    return host_factory("--db", new_db())
 
 
 def test_start_run_answers_201_with_run_id_and_the_run_completes(host: Server) -> None:
@@ -68,9 +92,11 @@ def test_cancel_ends_a_running_run_and_a_second_cancel_is_409(host: Server) -> N
     assert "already ended (cancelled)" in again.json()["detail"]
 
 
-def test_runs_are_paged_with_a_cursor_newest_first(host_factory: object) -> None:
+def test_runs_are_paged_with_a_cursor_newest_first(
+    host_factory: Callable[..., Server], new_db: Callable[[], str]
+) -> None:
     """Sixty runs come back as pages of fifty then ten, with no run twice or missing."""
-    server = host_factory()  # type: ignore[operator]
+    server = host_factory("--db", new_db())
     started = {server.start("quick", {}) for _ in range(60)}
     first = server.client.get("/v1/runs").json()
     assert len(first["runs"]) == 50

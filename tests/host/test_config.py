@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 
 from timebound.host import Config, ConfigError, load_config
+from timebound.host._host import load_connectors
 
 from .conftest import ROOT
 
@@ -150,3 +152,73 @@ def test_no_worker_on_sqlite_is_refused() -> None:
     """A host without a worker on a one-process SQLite store would never run a run: refused."""
     with pytest.raises(ConfigError, match="worker = false needs a shared PostgreSQL store"):
         load_config({"worker": False}, {}, None)
+
+
+def test_connectors_and_drain_come_from_every_layer(tmp_path: Path) -> None:
+    """connectors (a list, or comma/space separated) and drain_s follow the same layering."""
+    f = tmp_path / "host.toml"
+    f.write_text('[host]\nconnectors = ["a.conn"]\ndrain_s = 4\n')
+    assert load_config({}, {}, str(f)).connectors == ("a.conn",)
+    assert load_config({}, {}, str(f)).drain_s == 4.0
+    env = {"TIMEBOUND_CONNECTORS": "b.conn, c.conn", "TIMEBOUND_DRAIN_S": "2.5"}
+    config = load_config({}, env, str(f))
+    assert (config.connectors, config.drain_s) == (("b.conn", "c.conn"), 2.5)
+    config = load_config({"connectors": ["d.conn"], "drain_s": "0"}, env, str(f))
+    assert (config.connectors, config.drain_s) == (("d.conn",), 0.0)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"connectors": [3]}, "connectors (command line): expected a list of module names"),
+        ({"drain_s": "-1"}, "drain_s (command line): expected seconds in [0, 3600]"),
+    ],
+)
+def test_bad_connectors_or_drain_name_the_setting(options: dict[str, object], message: str) -> None:
+    """A wrong connectors or drain value is refused naming the setting and its source."""
+    with pytest.raises(ConfigError) as info:
+        load_config(options, {}, None)
+    assert message in str(info.value)
+
+
+class _Conn:
+    async def status(self, op: object) -> object:
+        return None
+
+    async def cancel(self, op: object) -> object:
+        return None
+
+
+@pytest.mark.parametrize(
+    ("made", "message"),
+    [
+        (lambda: [("render", _Conn())], "connectors() answered list, not a mapping"),
+        (lambda: {"render": object()}, "['render']: not a connector (no status or cancel method)"),
+        (lambda: {"": _Conn()}, "a deferred module name is a non-empty string"),
+        (lambda: 1 / 0, "connectors() failed: ZeroDivisionError"),
+    ],
+)
+def test_a_wrong_connectors_function_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, made: object, message: str
+) -> None:
+    """What connectors() answers is checked: a mapping of module names to connectors."""
+    module = types.ModuleType("tb_test_conns")
+    module.connectors = made  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "tb_test_conns", module)
+    with pytest.raises(ConfigError) as info:
+        load_connectors(("tb_test_conns",))
+    assert "connectors: tb_test_conns.connectors()" in str(info.value)
+    assert message in str(info.value)
+
+
+def test_one_module_name_in_two_connector_modules_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two modules both serving "render" would make the choice a guess: refused."""
+    for name in ("tb_test_one", "tb_test_two"):
+        module = types.ModuleType(name)
+        module.connectors = lambda: {"render": _Conn()}  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, name, module)
+    with pytest.raises(ConfigError, match="'render' has a connector in both 'tb_test_one'"):
+        load_connectors(("tb_test_one", "tb_test_two"))
+    assert set(load_connectors(("tb_test_one",))) == {"render"}

@@ -14,8 +14,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(("name", "code"), EXAMPLES)
-def test_example_runs_and_prints_what_it_promises(name: str, code: str) -> None:
-    """The example executes and its output matches its promises."""
+def test_example_runs_and_prints_what_it_promises(
+    name: str, code: str, request: pytest.FixtureRequest
+) -> None:
+    """The example executes and its output matches its promises (the PostgreSQL deployment
+    needs the test server: skipped without it, failed under CI=true)."""
+    if "TIMEBOUND_EXAMPLE_PG" in code:
+        request.getfixturevalue("postgres_dsn")
     run_example(name, code)
 
 

@@ -50,6 +50,8 @@ def many(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             {
                 **QUICK,
                 "id": "many",
+                # Another body than the stored version 1's: a new body needs a new version.
+                "version": 2,
                 "actions": [
                     {"id": "work", "kind": "python", "implementation": {"handler": "work"}}
                 ],

@@ -3,12 +3,9 @@ them."""
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import subprocess
 import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,26 +16,6 @@ from timebound import workflow as wf
 from .conftest import ROOT, launch, stop
 
 pytestmark = pytest.mark.postgres
-
-
-@pytest.fixture
-def pg_url(postgres_dsn: str) -> Iterator[str]:
-    """A PostgreSQL store URL in a fresh schema, dropped afterwards."""
-    import asyncpg
-
-    schema = f"tbhost_{uuid.uuid4().hex[:12]}"
-    try:
-        yield f"{postgres_dsn}?schema={schema}"
-    finally:
-
-        async def drop() -> None:
-            conn = await asyncpg.connect(postgres_dsn)
-            try:
-                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
-            finally:
-                await conn.close()
-
-        asyncio.run(drop())
 
 
 def test_worker_process_finishes_a_run_the_host_started(pg_url: str, tmp_path: Path) -> None:

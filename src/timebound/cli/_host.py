@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from ..host import ConfigError, Host, load_config, serve
+from ..host._serve import publish
 
 __all__ = ["register"]
 
@@ -20,10 +21,22 @@ def register(sub: Any) -> None:
     p.add_argument("--config", metavar="FILE", help="TOML file with a [host] table")
     p.add_argument("--db", help="store URL (default sqlite:///timebound.db; postgresql://…)")
     p.add_argument("--actions", nargs="+", metavar="MODULE", help="modules of python handlers")
+    p.add_argument(
+        "--connectors",
+        nargs="+",
+        metavar="MODULE",
+        help="modules whose connectors() give the deferred operations' connectors",
+    )
     p.add_argument("--workflows", metavar="DIR", help="directory of *.json/*.yaml definitions")
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", help="port (default 8080; 0 picks a free one)")
     p.add_argument("--token-file", metavar="FILE", help="file holding the API/UI token")
+    p.add_argument(
+        "--drain-timeout",
+        metavar="SECONDS",
+        help="on SIGTERM, how long requests and then running actions may take to finish "
+        "(default 10)",
+    )
     p.add_argument(
         "--no-worker",
         action="store_true",
@@ -37,10 +50,12 @@ def _serve(args: argparse.Namespace) -> int:
     options = {
         "db": args.db,
         "actions": args.actions,
+        "connectors": args.connectors,
         "workflows": args.workflows,
         "host": args.host,
         "port": args.port,
         "token_file": args.token_file,
+        "drain_s": args.drain_timeout,
         "worker": False if args.no_worker else None,
     }
     try:
@@ -53,5 +68,10 @@ def _serve(args: argparse.Namespace) -> int:
         names = ", ".join(sorted(host.definitions)) or "none"
         print(f"configuration is valid; definitions: {names}")
         return 0
+    try:
+        publish(config, host)
+    except ConfigError as exc:
+        print(f"timebound serve: {exc}", file=sys.stderr)
+        return 2
     serve(config, host)
     return 0

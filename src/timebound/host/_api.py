@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .._core._scopes import remaining
-from ..workflow import DefinitionError
+from ..workflow import DefinitionConflict, DefinitionError
 from ..workflow._rows import RUN_TERMINAL
 from ._host import Host
 from ._problems import Problem
@@ -130,9 +130,13 @@ async def start_run(request: Request) -> Response:
         not isinstance(deadline_ms, int) or isinstance(deadline_ms, bool) or deadline_ms < 1
     ):
         raise Problem(422, "deadline_ms: expected a positive integer of milliseconds")
-    if definition_id not in host.definitions:
+    # The latest version in the store: another host may have published one since our start.
+    latest = await host.engine.stored_definitions(definition_id)
+    if not latest:
         raise Problem(404, f"no definition {definition_id!r}")
-    run_id = await host.engine.start(definition_id, body.get("input"), deadline_ms=deadline_ms)
+    run_id = await host.engine.start(
+        definition_id, body.get("input"), version=latest[0].version, deadline_ms=deadline_ms
+    )
     return JSONResponse(
         {"run_id": run_id}, status_code=201, headers={"Location": f"/v1/runs/{run_id}"}
     )
@@ -171,11 +175,15 @@ async def _sse(host: Host, run_id: str, start: int) -> AsyncIterator[bytes]:
         if left == 0.0:
             yield b"event: deadline\ndata: {}\n\n"
             return
+        # The status first: a run's last events commit with its end, so events read after an
+        # ended status include them all (read the other way round, another worker's commit in
+        # between would end the stream without its last events).
+        ended = (await host.engine.get_run(run_id))["status"] in RUN_TERMINAL
         events = await host.engine.events(run_id)
         for seq, event in enumerate(events[seen:], start=seen + 1):
             yield f"id: {seq}\nevent: {event['kind']}\ndata: {json.dumps(event)}\n\n".encode()
         seen = max(seen, len(events))
-        if (await host.engine.get_run(run_id))["status"] in RUN_TERMINAL:
+        if ended:
             yield b"event: end\ndata: {}\n\n"
             return
         await asyncio.sleep(min(_SSE_POLL_S, left))
@@ -214,10 +222,8 @@ def _definition_summary(d: Any) -> dict[str, Any]:
 
 async def list_definitions(request: Request) -> Response:
     _query(request, set())
-    host = _host(request)
-    return JSONResponse(
-        {"definitions": [_definition_summary(d) for _, d in sorted(host.definitions.items())]}
-    )
+    stored = await _host(request).engine.stored_definitions()
+    return JSONResponse({"definitions": [_definition_summary(d) for d in stored]})
 
 
 async def put_definition(request: Request) -> Response:
@@ -231,13 +237,18 @@ async def put_definition(request: Request) -> Response:
             422, f"id: the body's id {body.get('id')!r} is not the path's {definition_id!r}"
         )
     try:
-        definition = host.engine.register(body)
+        definition, created = await host.engine.publish(body)
+    except DefinitionConflict as exc:
+        raise Problem(409, str(exc), path=exc.path) from None
     except DefinitionError as exc:
         raise Problem(422, f"invalid definition: {exc}", path=exc.path) from None
-    known = host.definitions.get(definition_id)
-    if known is None or definition.version > known.version:
-        host.definitions[definition_id] = definition  # runs start the latest version
-    return JSONResponse(_definition_summary(definition), status_code=201 if known is None else 200)
+    # Stored: every host and worker on the store sees it, and it outlives a restart.
+    (latest,) = await host.engine.stored_definitions(definition_id)
+    host.definitions[definition_id] = latest
+    return JSONResponse(
+        {**_definition_summary(definition), "latest_version": latest.version},
+        status_code=201 if created else 200,
+    )
 
 
 def api_routes() -> list[Route]:

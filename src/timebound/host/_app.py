@@ -179,9 +179,13 @@ def create_app(host: Host) -> ASGIApp:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await host.engine.open()
         try:
+            await host.publish_definitions()
             yield
         finally:
-            await host.engine.close()
+            try:
+                await host.engine.close(drain_s=host.config.drain_s)
+            finally:
+                await host.aclose_connectors()
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -248,13 +252,26 @@ def create_app(host: Host) -> ASGIApp:
     bounded = DeadlineMiddleware(guarded, cancel_on_expiry=True)
     streaming = DeadlineMiddleware(guarded, cancel_on_expiry=False)
 
-    async def dispatch(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and _wants_stream(scope):
-            await streaming(scope, receive, send)
-        else:
-            await bounded(scope, receive, send)
+    return _Dispatch(app, bounded, streaming)
 
-    return dispatch
+
+class _Dispatch:
+    """The host's ASGI app: event streams to the non-cancelling deadline middleware, the rest to
+    the cancelling one. ``routes`` are the routes it serves (the OpenAPI document's test reads
+    them, so the document cannot drift from the app)."""
+
+    def __init__(self, app: Starlette, bounded: ASGIApp, streaming: ASGIApp) -> None:
+        self._app, self._bounded, self._streaming = app, bounded, streaming
+
+    @property
+    def routes(self) -> list[Any]:
+        return list(self._app.routes)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and _wants_stream(scope):
+            await self._streaming(scope, receive, send)
+        else:
+            await self._bounded(scope, receive, send)
 
 
 def _wants_stream(scope: Scope) -> bool:

@@ -30,11 +30,14 @@ class Config:
 
     db: str = "sqlite:///timebound.db"
     actions: tuple[str, ...] = ()
+    # Modules whose ``connectors()`` give the deferred connectors, by deferred module name.
+    connectors: tuple[str, ...] = ()
     workflows: str | None = None
     host: str = "127.0.0.1"
     port: int = 8080
     token: str | None = field(default=None, repr=False)  # never printed
     max_body_bytes: int = 1_048_576
+    # On SIGTERM: how long in-flight requests, then in-flight actions, may take to finish.
     drain_s: float = 10.0
     page_size: int = 50
     # False: serve the API and UI only; `timebound worker` processes on the shared store do the
@@ -61,7 +64,7 @@ _INT = {"port": (0, 65535), "max_body_bytes": (1, 1 << 30), "page_size": (1, 100
 
 def _coerce(name: str, value: Any, source: str) -> Any:
     where = f"{name} ({source})"
-    if name == "actions":
+    if name in ("actions", "connectors"):
         if isinstance(value, str):
             value = [v for v in value.replace(",", " ").split() if v]
         if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):

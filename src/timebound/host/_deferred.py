@@ -13,7 +13,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from ..deferred import status_app
+from .._core._errors import DeadlineExceeded
+from ..deferred import Gone, TransientPollError, status_app
 from ..deferred._contract import TERMINAL
 from ._api import decode_cursor, encode_cursor
 from ._host import Host
@@ -67,7 +68,10 @@ def _poller(host: Host, op: Any) -> Any:
 
 
 async def _operation(host: Host, op_id: str) -> Any:
-    op = await host.engine.deferred_registry.get(op_id)
+    try:
+        op = await host.engine.deferred_registry.get(op_id)
+    except Gone:
+        raise Problem(410, f"deferred operation {op_id!r} is no longer retained") from None
     if op is None:
         raise Problem(404, f"no deferred operation {op_id!r}")
     return op
@@ -88,16 +92,19 @@ async def cancel_now(host: Host, op_id: str) -> dict[str, Any]:
     poller = _poller(host, op)
     if op.cancel_href is None:
         raise Problem(409, f"not cancelable: {op.cancel_reason or 'no cancel offered'}")
-    described: dict[str, Any] = await poller.cancel(op_id)
+    try:
+        described: dict[str, Any] = await poller.cancel(op_id)
+    except TransientPollError as exc:
+        raise Problem(502, f"the connector of {op.module!r} did not cancel: {exc.code}") from None
+    except DeadlineExceeded:
+        raise Problem(504, f"the connector of {op.module!r} did not answer in time") from None
     return described
 
 
 async def deferred_detail(host: Host, op_id: str) -> dict[str, Any]:
-    registry = host.engine.deferred_registry
-    op = await registry.get(op_id)
-    if op is None:
-        raise Problem(404, f"no deferred operation {op_id!r}")
-    return {"operation": op.describe(), "history": await registry.history(op_id)}
+    op = await _operation(host, op_id)
+    history = await host.engine.deferred_registry.history(op_id)
+    return {"operation": op.describe(), "history": history}
 
 
 async def list_operations(request: Request) -> Response:
@@ -129,6 +136,27 @@ class _Surface:
         await self._app(scope, receive, send)
 
 
+class _Cancel:
+    """``POST …/cancel``: a live operation whose module has a connector on this host is
+    cancelled through it (D7) and answered with its status document; anything else gets the
+    status surface's own answer (the status of an ended one, 409 when not cancelable)."""
+
+    def __init__(self, surface: _Surface) -> None:
+        self._surface = surface
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        host: Host = scope["app"].state.host
+        op_id = scope["path_params"]["op_id"]
+        op = await _operation(host, op_id)
+        poller = host.engine.deferred_poller
+        if op.terminal or poller is None or op.module not in poller.connectors:
+            await self._surface(scope, receive, send)
+            return
+        await cancel_now(host, op_id)
+        document = await host.engine.deferred_registry.status_document(op_id)
+        await JSONResponse(document)(scope, receive, send)
+
+
 def deferred_routes() -> list[Route]:
     surface = _Surface()
     return [
@@ -136,5 +164,5 @@ def deferred_routes() -> list[Route]:
         Route("/v1/deferred-operations/{op_id}", get_operation, methods=["GET"]),
         Route("/v1/deferred-operations/{op_id}/poll", poll_operation, methods=["POST"]),
         Route("/v1/deferred-operations/{op_id}/status", surface, methods=["GET"]),
-        Route("/v1/deferred-operations/{op_id}/cancel", surface, methods=["POST"]),
+        Route("/v1/deferred-operations/{op_id}/cancel", _Cancel(surface), methods=["POST"]),
     ]

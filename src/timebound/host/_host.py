@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from ..workflow import Definition, DefinitionError, Engine
 from ._config import Config, ConfigError
 
-__all__ = ["Host", "load_actions", "load_definitions"]
+__all__ = ["Host", "load_actions", "load_connectors", "load_definitions"]
 
 _DEFINITION_SUFFIXES = (".json", ".yaml", ".yml")
 
@@ -46,6 +46,51 @@ def load_actions(modules: tuple[str, ...]) -> dict[str, Callable[..., Any]]:
     return handlers
 
 
+def load_connectors(modules: tuple[str, ...]) -> dict[str, Any]:
+    """The deferred connectors of each module, by deferred module name: each module defines
+    ``connectors()`` answering a mapping such as ``{"reports": HttpConnector(url)}``. Called
+    here, once per host, so the host owns what it gets (and closes it when it stops)."""
+    found: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except Exception as exc:
+            raise ConfigError(
+                f"connectors: cannot import {name!r}: {type(exc).__name__}: {exc}"
+            ) from None
+        factory = getattr(module, "connectors", None)
+        if not callable(factory):
+            raise ConfigError(
+                f"connectors: module {name!r} defines no connectors() function "
+                "answering {deferred module name: connector}"
+            )
+        try:
+            made = factory()
+        except Exception as exc:
+            raise ConfigError(
+                f"connectors: {name}.connectors() failed: {type(exc).__name__}: {exc}"
+            ) from None
+        if not isinstance(made, Mapping):
+            raise ConfigError(
+                f"connectors: {name}.connectors() answered {type(made).__name__}, not a mapping"
+            )
+        for key, connector in made.items():
+            where = f"connectors: {name}.connectors()[{key!r}]"
+            if not isinstance(key, str) or not key:
+                raise ConfigError(f"{where}: a deferred module name is a non-empty string")
+            missing = [m for m in ("status", "cancel") if not callable(getattr(connector, m, None))]
+            if missing:
+                raise ConfigError(f"{where}: not a connector (no {' or '.join(missing)} method)")
+            if key in found:
+                raise ConfigError(
+                    f"connectors: module {key!r} has a connector in both {origin[key]!r} and "
+                    f"{name!r}"
+                )
+            found[key], origin[key] = connector, name
+    return found
+
+
 def load_definitions(engine: Engine, directory: str | None) -> dict[str, Definition]:
     """Register every ``*.json``, ``*.yaml`` and ``*.yml`` file of ``directory``."""
     found: dict[str, Definition] = {}
@@ -66,10 +111,19 @@ def load_definitions(engine: Engine, directory: str | None) -> dict[str, Definit
 class Host:
     """One served host: build it with :meth:`build`, serve :func:`timebound.host.create_app`."""
 
-    def __init__(self, config: Config, engine: Engine, definitions: dict[str, Definition]):
+    def __init__(
+        self,
+        config: Config,
+        engine: Engine,
+        definitions: dict[str, Definition],
+        connectors: Mapping[str, Any] | None = None,
+    ):
         self.config = config
         self.engine = engine
+        # The definitions this host knows by id (files at start, then PUTs and the store's).
         self.definitions = definitions
+        # Connectors this host made from its configuration (closed when it stops).
+        self.connectors = dict(connectors or {})
         # UI sessions (random ids, kept in memory: a restart logs operators out).
         self.sessions: set[str] = set()
         self.registry = CollectorRegistry()
@@ -93,8 +147,33 @@ class Host:
         handlers = load_actions(config.actions)
         for name in set(handlers) & set(actions or {}):
             raise ConfigError(f"actions: handler {name!r} is given twice")
-        engine = Engine(db=config.db, actions={**handlers, **(actions or {})}, worker=config.worker)
-        return cls(config, engine, load_definitions(engine, config.workflows))
+        connectors = load_connectors(config.connectors)
+        engine = Engine(
+            db=config.db,
+            actions={**handlers, **(actions or {})},
+            worker=config.worker,
+            deferred_connectors=connectors,
+        )
+        return cls(config, engine, load_definitions(engine, config.workflows), connectors)
+
+    async def publish_definitions(self) -> None:
+        """Store the definitions loaded from files (the engine is open). A file's (id, version)
+        the store holds with another body stops the start: versions never change body; the
+        highest stored version of an id, from a file or a PUT, is the one runs start."""
+        for definition_id, definition in sorted(self.definitions.items()):
+            try:
+                await self.engine.publish(definition)
+            except DefinitionError as exc:
+                raise ConfigError(f"workflows: {definition_id!r}: {exc}") from None
+        for stored in await self.engine.stored_definitions():
+            self.definitions[stored.id] = stored
+
+    async def aclose_connectors(self) -> None:
+        """Close the connectors this host made (those with an ``aclose``, like HttpConnector)."""
+        for connector in self.connectors.values():
+            close = getattr(connector, "aclose", None)
+            if callable(close):
+                await close()
 
     def token_ok(self, presented: str | None) -> bool:
         """Whether a presented token is the configured one (constant-time, D8.1)."""

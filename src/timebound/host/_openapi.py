@@ -9,12 +9,23 @@ from .._version import __version__
 
 __all__ = ["openapi"]
 
+_DESCRIBED = {"200": "OK", "201": "Created", "410": "Gone: the operation's record has expired"}
 _PROBLEM = {"$ref": "#/components/responses/Problem"}
-_ERRORS = {"400": _PROBLEM, "401": _PROBLEM, "404": _PROBLEM, "413": _PROBLEM, "415": _PROBLEM}
+_ERRORS = {
+    "400": _PROBLEM,
+    "401": _PROBLEM,
+    "404": _PROBLEM,
+    "409": _PROBLEM,
+    "413": _PROBLEM,
+    "415": _PROBLEM,
+    "422": _PROBLEM,
+}
 
 
-def _op(summary: str, ok: str, **more: Any) -> dict[str, Any]:
-    return {"summary": summary, "responses": {ok: {"description": "OK"}, **_ERRORS}, **more}
+def _op(summary: str, ok: str, *also: str, **more: Any) -> dict[str, Any]:
+    """An operation answering ``ok`` (and the codes in ``also``) or a problem document."""
+    answers: dict[str, Any] = {code: {"description": _DESCRIBED[code]} for code in (ok, *also)}
+    return {"summary": summary, "responses": {**answers, **_ERRORS}, **more}
 
 
 def _path_param(name: str) -> dict[str, Any]:
@@ -97,10 +108,53 @@ def openapi() -> dict[str, Any]:
             "/v1/definitions": {"get": _op("The registered definitions", "200")},
             "/v1/definitions/{definition_id}": {
                 "put": _op(
-                    "Register a definition (validated; errors name the field's path)",
+                    "Store a definition version for every host and worker on the store "
+                    "(201 new id, 200 new or same version; 422 names the invalid field's path, "
+                    "409 when this version is stored with another body)",
                     "201",
+                    "200",
                     parameters=[_path_param("definition_id")],
                     requestBody=json_body,
+                )
+            },
+            "/v1/deferred-operations": {
+                "get": _op(
+                    "Deferred operations, newest first, a page at a time (next_cursor)",
+                    "200",
+                    parameters=[
+                        {"name": n, "in": "query", "schema": {"type": "string"}}
+                        for n in ("status", "module", "cursor")
+                    ],
+                )
+            },
+            "/v1/deferred-operations/{op_id}": {
+                "get": _op(
+                    "A deferred operation (states, instants, digests) and its status history",
+                    "200",
+                    parameters=[_path_param("op_id")],
+                )
+            },
+            "/v1/deferred-operations/{op_id}/status": {
+                "get": _op(
+                    "The operation's deferred-operation-status.v1 document (410 once gone)",
+                    "200",
+                    "410",
+                    parameters=[_path_param("op_id")],
+                )
+            },
+            "/v1/deferred-operations/{op_id}/poll": {
+                "post": _op(
+                    "Poll the operation now through the host's connector, within the poller's "
+                    "rate cap (409 if it has ended or no connector serves its module)",
+                    "200",
+                    parameters=[_path_param("op_id")],
+                )
+            },
+            "/v1/deferred-operations/{op_id}/cancel": {
+                "post": _op(
+                    "Cancel the operation (asks its connector; 409 if not cancelable)",
+                    "200",
+                    parameters=[_path_param("op_id")],
                 )
             },
             "/metrics": {"get": _op("Prometheus metrics", "200", security=[])},

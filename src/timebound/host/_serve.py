@@ -2,23 +2,80 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import socket
 import sys
+from types import FrameType
 from typing import TextIO
 
 import uvicorn
 
+from .._store import StoreError, open_store
+from ..workflow import Definition
+from ..workflow._engine import store_definition
 from ._app import create_app
-from ._config import Config
+from ._config import Config, ConfigError
 from ._host import Host
 
-__all__ = ["serve"]
+__all__ = ["publish", "serve"]
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, telling the engine to claim no more work as soon as a stop is asked."""
+
+    def __init__(self, config: uvicorn.Config, host: Host) -> None:
+        super().__init__(config)
+        self._host = host
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets)
+        # uvicorn re-raises the stop signal once shut down (the process then dies of it, and
+        # SIGINT prints a KeyboardInterrupt traceback); a drained host exits 0 instead, as
+        # `timebound serve` documents. The list is uvicorn's own, hence the guard.
+        captured = getattr(self, "_captured_signals", None)
+        if isinstance(captured, list):
+            captured.clear()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Runs in the signal handler: hand the engine's call to its loop.
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._host.engine.stop_claiming)
+        super().handle_exit(sig, frame)
+
+
+async def _publish(config: Config, definitions: list[Definition]) -> None:
+    """Store the definition files before serving, so a file that conflicts with the store is
+    refused with a clear message (exit 2) rather than failing the app's start-up."""
+    store = open_store(config.db)
+    await store.open()
+    try:
+        async with store.transaction() as tx:
+            for definition in definitions:
+                conflict = await store_definition(tx, definition)
+                if conflict is not None:
+                    raise ConfigError(f"workflows: {definition.id!r}: version: {conflict}")
+    finally:
+        await store.close()
+
+
+def publish(config: Config, host: Host) -> None:
+    """Store ``host``'s definition files in ``config.db`` (ConfigError on a conflict)."""
+    try:
+        asyncio.run(_publish(config, list(host.definitions.values())))
+    except StoreError as exc:
+        raise ConfigError(f"db: {exc}") from None
 
 
 def serve(config: Config, host: Host | None = None, out: TextIO = sys.stdout) -> None:
-    """Serve until SIGINT/SIGTERM; then stop accepting, let in-flight requests finish for up to
-    ``config.drain_s`` seconds, and close the engine (its in-flight tokens go back to
+    """Serve until SIGINT/SIGTERM; then stop claiming work and accepting connections, let
+    in-flight requests finish for up to ``config.drain_s`` seconds, then in-flight actions for up
+    to as long again, and close the engine (what is left is cancelled: its tokens go back to
     ``pending`` with their deadlines kept, so the next start resumes them)."""
     host = host or Host.build(config)
     family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
@@ -36,7 +93,7 @@ def serve(config: Config, host: Host | None = None, out: TextIO = sys.stdout) ->
             "no token configured: bound to loopback only, API and UI open to local users", file=out
         )
     out.flush()
-    server = uvicorn.Server(
+    server = _Server(
         uvicorn.Config(
             create_app(host),
             lifespan="on",
@@ -44,7 +101,8 @@ def serve(config: Config, host: Host | None = None, out: TextIO = sys.stdout) ->
             timeout_graceful_shutdown=math.ceil(config.drain_s),
             # Our own problem documents answer errors; uvicorn's server header says nothing useful.
             server_header=False,
-        )
+        ),
+        host,
     )
     server.run(sockets=[sock])
 

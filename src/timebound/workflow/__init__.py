@@ -16,12 +16,13 @@ three timeout layers as durable timers::
 from __future__ import annotations
 
 from ._actions import ActionContext
-from ._definition import Definition, DefinitionError, parse_definition, schema
+from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition, schema
 from ._engine import Engine, RunResult
 
 __all__ = [
     "ActionContext",
     "Definition",
+    "DefinitionConflict",
     "DefinitionError",
     "Engine",
     "RunResult",

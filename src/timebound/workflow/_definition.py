@@ -19,6 +19,7 @@ from typing import Any, Literal
 from .._core._errors import ConfigurationError
 
 __all__ = [
+    "DefinitionConflict",
     "Action",
     "Definition",
     "DefinitionError",
@@ -51,11 +52,20 @@ class DefinitionError(ConfigurationError):
         self.path = path
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_definition_error, (str(self), self.path))
+        return (_rebuild_definition_error, (str(self), self.path, type(self)))
 
 
-def _rebuild_definition_error(message: str, path: str) -> DefinitionError:
-    err = DefinitionError(message)
+class DefinitionConflict(DefinitionError):
+    """One (id, version) would name two bodies: a new body needs a higher version. A run keeps
+    the version it started with, so a stored version's body never changes."""
+
+    code = "workflow-definition-conflict"
+
+
+def _rebuild_definition_error(
+    message: str, path: str, cls: type[DefinitionError] = DefinitionError
+) -> DefinitionError:
+    err = cls(message)
     err.path = path
     err.option = path or None
     return err

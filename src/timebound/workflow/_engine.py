@@ -10,6 +10,7 @@ shared store (PostgreSQL) a periodic sweep also catches other workers' changes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -29,11 +30,11 @@ from .._core._errors import ConfigurationError
 from .._core._scopes import fail_after
 from .._store import Store, Tx, open_store, wake_delay
 from ._actions import ActionContext, Outcome, freeze, run_http, run_python
-from ._definition import Definition, DefinitionError, parse_definition
+from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition
 from ._machine import Machine
 from ._rows import RUN_TERMINAL
 
-__all__ = ["Engine", "RunResult"]
+__all__ = ["Engine", "RunResult", "store_definition"]
 
 
 class _Start(NamedTuple):
@@ -94,6 +95,34 @@ def _handlers(
     )
 
 
+async def store_definition(tx: Tx, definition: Definition) -> str | None:
+    """Store a definition's body under its (id, version) unless stored; an error message if the
+    store holds another body there.
+
+    Runs keep the version they started with, read back from the store after a restart or on
+    another worker, so one (id, version) must never name two bodies.
+    """
+    body = json.dumps(definition.raw, sort_keys=True)
+    await tx.execute(
+        "INSERT INTO tb_wf_definitions (id, version, body) VALUES (?, ?, ?) "
+        "ON CONFLICT (id, version) DO NOTHING",
+        definition.id,
+        definition.version,
+        body,
+    )
+    row = await tx.fetchone(
+        "SELECT body FROM tb_wf_definitions WHERE id = ? AND version = ?",
+        definition.id,
+        definition.version,
+    )
+    if row is not None and json.loads(row["body"]) != definition.raw:
+        return (
+            f"definition {definition.id!r} version {definition.version} is already stored "
+            "with a different body; give the new one a higher version"
+        )
+    return None
+
+
 class Engine:
     """A durable workflow engine on one store (``sqlite:///FILE`` or ``postgresql://…``)."""
 
@@ -142,6 +171,7 @@ class Engine:
         self._outcomes: list[_Report] = []
         self._starts: list[_Start] = []
         self._stored: set[tuple[str, int]] = set()  # definitions this engine has written
+        self._claiming = True  # False once a stop is coming (stop_claiming)
         # Deferred operations (docs/deferred.md): made on first use, so an engine without them
         # never imports timebound.deferred.
         self._deferred_policy = deferred_policy
@@ -170,6 +200,60 @@ class Engine:
 
     def register(self, definition: dict[str, Any] | str | Path) -> Definition:
         """Add a definition (dict, JSON/YAML text or path); the same one again is a no-op."""
+        parsed = self._checked(definition)
+        self._definitions[(parsed.id, parsed.version)] = parsed
+        self._latest[parsed.id] = max(self._latest.get(parsed.id, 0), parsed.version)
+        return parsed
+
+    async def publish(
+        self, definition: dict[str, Any] | str | Path | Definition
+    ) -> tuple[Definition, bool]:
+        """Register a definition and store it now (not at its first run), so every process on
+        the store sees it and it outlives a restart; answers it, and whether its id was new to
+        the store.
+
+        :class:`DefinitionConflict` if this (id, version) already names another body, here or
+        in the store: a run keeps its version's body, so a new body needs a higher version.
+        """
+        parsed = definition if isinstance(definition, Definition) else self._checked(definition)
+        async with self._txn() as tx:
+            known = await tx.fetchone(
+                "SELECT version FROM tb_wf_definitions WHERE id = ? LIMIT 1", parsed.id
+            )
+            conflict = await self._store_definition(tx, parsed)
+        if conflict is not None:
+            raise DefinitionConflict(conflict, path="version")
+        self._definitions[(parsed.id, parsed.version)] = parsed
+        self._latest[parsed.id] = max(self._latest.get(parsed.id, 0), parsed.version)
+        return parsed, known is None
+
+    async def stored_definitions(self, definition_id: str | None = None) -> list[Definition]:
+        """The latest stored version of each definition (or of ``definition_id`` only), by id:
+        what any process on the store published or ran, whatever this process registered."""
+        where, args = ("WHERE id = ?", [definition_id]) if definition_id is not None else ("", [])
+        async with self._txn() as tx:
+            rows = await tx.fetch(
+                f"SELECT id, MAX(version) AS version FROM tb_wf_definitions {where} GROUP BY id "
+                "ORDER BY id",
+                *args,
+            )
+            found = []
+            for row in rows:
+                key = (row["id"], int(row["version"]))
+                cached = self._definitions.get(key)
+                if cached is None:
+                    body = await tx.fetchone(
+                        "SELECT body FROM tb_wf_definitions WHERE id = ? AND version = ?", *key
+                    )
+                    assert body is not None
+                    # Cached like the definitions runs read back (Machine.definition).
+                    cached = self._definitions[key] = parse_definition(json.loads(body["body"]))
+                    self._stored.add(key)
+                found.append(cached)
+        return found
+
+    def _checked(self, definition: dict[str, Any] | str | Path) -> Definition:
+        """Parse a definition and check it against this engine's handlers and definitions."""
         parsed = parse_definition(definition)
         for i, action in enumerate(parsed.raw.get("actions", [])):
             handler = action["implementation"].get("handler")
@@ -178,16 +262,13 @@ class Engine:
                     f"no python handler named {handler!r} was given to the engine",
                     path=f"actions[{i}].implementation.handler",
                 )
-        key = (parsed.id, parsed.version)
-        known = self._definitions.get(key)
+        known = self._definitions.get((parsed.id, parsed.version))
         if known is not None and known.raw != parsed.raw:
-            raise DefinitionError(
+            raise DefinitionConflict(
                 f"definition {parsed.id!r} version {parsed.version} is already registered with "
                 "a different body; give the new one a higher version",
                 path="version",
             )
-        self._definitions[key] = parsed
-        self._latest[parsed.id] = max(self._latest.get(parsed.id, 0), parsed.version)
         return parsed
 
     # Lifecycle ------------------------------------------------------------------------------
@@ -220,8 +301,23 @@ class Engine:
             self._deferred_poller = Poller(self.deferred_registry, self._deferred_connectors)
             await self._deferred_poller.__aenter__()
 
-    async def close(self) -> None:
-        """Stop the loop and in-flight attempts (their tokens are re-dispatched on restart)."""
+    def stop_claiming(self) -> None:
+        """Claim no more tokens (a stop is coming): the loop still fires timers and stores the
+        outcomes of the attempts in flight. Safe to call from a signal handler's callback."""
+        self._claiming = False
+        self._wake.set()
+
+    async def close(self, *, drain_s: float = 0.0) -> None:
+        """Stop: claim no more tokens, let the attempts in flight finish for up to ``drain_s``
+        seconds (their outcomes are stored, so a node that finished is not run again), then
+        cancel the rest and put their tokens back to ``pending`` with their deadlines kept,
+        released at once so the next start (or another worker) takes them."""
+        if drain_s > 0 and self._attempts and self._loop_task is not None:
+            self.stop_claiming()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(drain_s):
+                    while self._attempts:
+                        await asyncio.wait(list(self._attempts.values()))
         if self._deferred_poller is not None:
             await self._deferred_poller.stop()
             self._deferred_poller = None
@@ -235,13 +331,22 @@ class Engine:
         for start in starts:
             if not start.future.done():
                 start.future.set_exception(RuntimeError("the engine closed before the run started"))
-        if self._outcomes:  # results that arrived before the stop are kept
-            outcomes, self._outcomes = self._outcomes, []
-            async with self._txn() as tx:
-                for report in outcomes:
-                    await self._report(tx, report, self._now())
-        await self._store.close()
-        self._open = False
+        outcomes, self._outcomes = self._outcomes, []
+        try:
+            if self._worker:
+                async with self._txn() as tx:
+                    for report in outcomes:  # results that arrived before the stop are kept
+                        await self._report(tx, report, self._now())
+                    # Cancelled attempts: their tokens are free now, not when the lease expires.
+                    await self._requeue(
+                        tx,
+                        "lease_owner = ? AND status IN ('dispatched', 'executing')",
+                        self.worker_id,
+                    )
+        finally:
+            await self._store.close()
+            self._open = False
+            self._claiming = True
 
     @property
     def late_results_discarded(self) -> int:
@@ -276,7 +381,7 @@ class Engine:
             async with self._txn() as tx:
                 conflict = await self._store_definition(tx, definition)
             if conflict is not None:
-                raise DefinitionError(conflict, path="version")
+                raise DefinitionConflict(conflict, path="version")
         deadline_at = None if deadline_ms is None else self._now() + deadline_ms
         if not self._worker:  # no loop to batch with: one transaction; its commit wakes workers
             async with self._txn() as tx:
@@ -432,32 +537,14 @@ class Engine:
         self._wake.set()
 
     async def _store_definition(self, tx: Tx, definition: Definition) -> str | None:
-        """Store a definition once; an error message if the store holds another body for it.
-
-        Runs keep the version they started with, read back from the store after a restart or
-        on another worker, so one (id, version) must never name two bodies.
-        """
+        """Store a definition once; an error message if the store holds another body for it."""
         key = (definition.id, definition.version)
         if key in self._stored:
             return None
-        body = json.dumps(definition.raw, sort_keys=True)
-        await tx.execute(
-            "INSERT INTO tb_wf_definitions (id, version, body) VALUES (?, ?, ?) "
-            "ON CONFLICT (id, version) DO NOTHING",
-            definition.id,
-            definition.version,
-            body,
-        )
-        row = await tx.fetchone(
-            "SELECT body FROM tb_wf_definitions WHERE id = ? AND version = ?", *key
-        )
-        if row is not None and json.loads(row["body"]) != definition.raw:
-            return (
-                f"definition {definition.id!r} version {definition.version} is already stored "
-                "with a different body; give the new one a higher version"
-            )
-        self._stored.add(key)  # forgotten if the transaction fails (see _loop)
-        return None
+        conflict = await store_definition(tx, definition)
+        if conflict is None:
+            self._stored.add(key)  # forgotten if the transaction fails (see _loop)
+        return conflict
 
     async def _requeue(self, tx: Tx, where: str, *args: Any) -> None:
         """Put in-flight tokens back to ``pending``, keeping their deadline (``resume``)."""
@@ -513,6 +600,11 @@ class Engine:
                     await self._renew_leases()
                     renew_at = self._now() + self._lease_ms // 3
                 plans, next_ms = await self._turn(starts, outcomes)
+            except asyncio.CancelledError:
+                # close() stopped the loop mid-turn (rolled back): close() stores these itself.
+                self._outcomes[:0] = outcomes
+                self._starts[:0] = starts
+                raise
             except Exception:
                 # A failed turn is rolled back (on PostgreSQL, a deadlock between two workers'
                 # batches, or the server restarting and dropping every connection): keep its
@@ -584,7 +676,9 @@ class Engine:
         for future, run_id in started:  # committed: the runs exist
             if not future.done():
                 future.set_result(run_id)
-        if row is not None and row["t"] is not None and len(self._attempts) < self._concurrency:
+        # Ready tokens wake the loop only while it may claim them (not while a stop drains).
+        free = len(self._attempts) < self._concurrency and self._claiming
+        if row is not None and row["t"] is not None and free:
             next_ms = row["t"] if next_ms is None else min(next_ms, row["t"])
         return plans, next_ms
 
@@ -619,7 +713,7 @@ class Engine:
     async def _dispatch(self, tx: Tx, now: int) -> list[_Plan]:
         """Claim ready tokens (a lease each) and begin their attempts."""
         free = self._concurrency - len(self._attempts)
-        if free <= 0:
+        if free <= 0 or not self._claiming:
             return []
         if self._store.shared:
             await self._requeue(
