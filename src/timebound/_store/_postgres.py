@@ -127,3 +127,16 @@ class PostgresStore(Store):
                 await tx.flush_events()
                 if tx.wake_others:  # delivered at commit, never for a rolled-back change
                     await conn.execute(f'NOTIFY "{self._channel}"')
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[Tx]:
+        if self._pool is None:
+            raise StoreError("the store is not open")
+        # One snapshot for every statement of the read (REPEATABLE READ), and the server refuses
+        # a write through it.
+        with _clock.real_io():
+            async with (
+                self._pool.acquire() as conn,
+                conn.transaction(isolation="repeatable_read", readonly=True),
+            ):
+                yield _PgTx(conn)

@@ -324,7 +324,7 @@ class Engine:
             self._finished.pop(run_id, None)
 
     async def get_run(self, run_id: str) -> dict[str, Any]:
-        async with self._txn() as tx:
+        async with self._read() as tx:
             run = await self._machine.run(tx, run_id)
         if run is None:
             raise KeyError(f"no workflow run {run_id!r}")
@@ -333,7 +333,7 @@ class Engine:
         return run
 
     async def tokens(self, run_id: str) -> list[dict[str, Any]]:
-        async with self._txn() as tx:
+        async with self._read() as tx:
             rows = await tx.fetch(
                 "SELECT * FROM tb_wf_tokens WHERE run_id = ? ORDER BY seq", run_id
             )
@@ -357,7 +357,7 @@ class Engine:
         return out
 
     async def events(self, run_id: str) -> list[dict[str, Any]]:
-        async with self._txn() as tx:
+        async with self._read() as tx:
             return await tx.events(run_id)
 
     async def list_runs(
@@ -381,7 +381,7 @@ class Engine:
         if after is not None:
             where.append("(started_at < ? OR (started_at = ? AND id < ?))")
             args += [after[0], after[0], after[1]]
-        async with self._txn() as tx:
+        async with self._read() as tx:
             return await tx.fetch(
                 "SELECT id, definition_id, definition_version, status, started_at, timeout_at, "
                 f"finished_at, error FROM tb_wf_runs WHERE {' AND '.join(where)} "
@@ -392,7 +392,7 @@ class Engine:
 
     async def counts(self) -> dict[str, dict[str, int]]:
         """How many runs and tokens are in each state (for metrics)."""
-        async with self._txn() as tx:
+        async with self._read() as tx:
             runs = await tx.fetch("SELECT status, COUNT(*) AS n FROM tb_wf_runs GROUP BY status")
             tokens = await tx.fetch(
                 "SELECT status, COUNT(*) AS n FROM tb_wf_tokens GROUP BY status"
@@ -405,7 +405,7 @@ class Engine:
     async def timeouts(self) -> list[dict[str, Any]]:
         """Every timeout the store recorded (workflow, execution and synchronization layers),
         as its event data: layer (``timeout_type``), policy and ``detection_lag_ms``."""
-        async with self._txn() as tx:
+        async with self._read() as tx:
             rows = await tx.fetch(
                 "SELECT data FROM tb_events WHERE kind IN ('token_timed_out', 'join_timed_out')"
             )
@@ -430,6 +430,15 @@ class Engine:
         async with self._lock, self._store.transaction() as tx:
             yield tx
         self._wake.set()
+
+    @asynccontextmanager
+    async def _read(self) -> AsyncIterator[Tx]:
+        """A read of committed state: not behind the engine's lock and waking nothing, so the
+        host's reads neither queue behind the loop's turns nor cause extra turns."""
+        if not self._open:
+            raise RuntimeError("the engine is not open: use 'async with engine:' first")
+        async with self._store.read() as tx:
+            yield tx
 
     async def _store_definition(self, tx: Tx, definition: Definition) -> str | None:
         """Store a definition once; an error message if the store holds another body for it.
