@@ -17,9 +17,10 @@ import time
 from pathlib import Path
 
 import pytest
+from bench._common import percentile
 
 from tests.host.conftest import launch, stop
-from tests.host.loadgen import Load, percentile, run_load, start_and_read
+from tests.host.loadgen import Load, run_load, start_and_read
 
 CLIENTS = int(os.environ.get("TB_LOAD_CLIENTS", "500"))
 SECONDS = float(os.environ.get("TB_LOAD_SECONDS", "15"))

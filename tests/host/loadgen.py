@@ -18,26 +18,19 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["Load", "Request", "percentile", "run_load"]
-
-#: A request to make: method, path, JSON body (or None).
-Request = tuple[str, str, Any]
+__all__ = ["Load", "run_load", "start_and_read"]
 
 
 @dataclass
 class Load:
-    """What the clients saw: per-request seconds, errors (as text), answers by status."""
+    """What the clients saw: per-request seconds, errors (as text), answers by status, and the
+    seconds the whole load took."""
 
     latencies: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     statuses: dict[int, int] = field(default_factory=dict)
     requests: int = 0
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The ``q``-th percentile (nearest rank) of ``values``."""
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+    elapsed: float = 0.0
 
 
 class _Conn:
@@ -121,8 +114,10 @@ async def run_load(
     finished (within ``timeout``), so the run ends at most ``timeout`` after ``seconds``.
     """
     load = Load()
-    until = time.monotonic() + seconds
+    began = time.monotonic()
+    until = began + seconds
     await asyncio.gather(*(_client(url, until, script, load, timeout) for _ in range(clients)))
+    load.elapsed = time.monotonic() - began
     return load
 
 
