@@ -33,8 +33,8 @@ REQUEST_TIMEOUT_S = 30.0
 # SQLite's page caches and Python's allocator arenas filling up: some 42 → 54 MiB here), after
 # which a host that frees what each request used stays level. Measured on this suite's host:
 # without a leak the middle-to-last growth was 0.2 to 1.1% (the tail of the warm-up reaching into
-# the middle third); with a deliberate leak of 1 KiB per start it was 3.5% (some 2,700 starts per
-# third). 2.5% sits between the two: a leak of about a kilobyte per request fails, the noise does
+# the middle third); with a deliberate leak of 1 KiB per start it was 3.5% (some 1,300 starts per
+# third). 2.5% sits between the two: a leak of a kilobyte per run started fails, the noise does
 # not. The median ignores the odd sample taken during a garbage collection.
 RSS_GROWTH = 0.025
 SAMPLE_S = 0.1
