@@ -1,32 +1,44 @@
-"""The host under load: run starts through the API, API latency with 500 clients, UI paging.
+"""The host under load: run starts through the API on SQLite and PostgreSQL, API latency with
+500 clients, UI paging.
 
-Run: ``python bench/host.py`` (about a minute; ``--quick`` for a smaller run). Prints a table and
-writes ``bench/results/host.json``. A real ``python -m timebound serve`` process on SQLite serves
-every measured request over loopback.
+Run: ``python bench/host.py`` (a few minutes; ``--quick`` for a smaller run). Prints a table and
+writes ``bench/results/host.json``. A real ``python -m timebound serve`` process serves every
+measured request over loopback; the clients are one asyncio process of raw HTTP/1.1 keep-alive
+connections (tests/host/loadgen.py, the load test's own generator), so the client costs the
+shared cores as little as possible. PostgreSQL rows are left out (and said so) when the server at
+``TB_BENCH_PG`` (default ``postgresql://postgres@127.0.0.1:5432/test``) is not reachable.
 
-Rows:
+Rows, for each store (``.sqlite``, ``.postgres``):
 - ``api_starts_per_s``: runs started through ``POST /v1/workflows/{id}/runs`` by 50 concurrent
   clients. Baseline: ``Engine.start`` called in-process, 50 at a time, on the same kind of store:
   the ratio is what HTTP, JSON and the host's checks cost per start.
-- ``api_latency.p50/p99``: 500 concurrent clients each starting a run and reading it back.
-  Baseline: the same clients calling ``/healthz`` (the server's own floor at that concurrency).
-- ``ui_runs_page_ms``: ``GET /ui/`` over a store of 10,000 runs (one page of 50 rendered).
-  Baseline: ``GET /v1/runs``, the same page query answered as JSON.
+- ``api_latency.p50/p99``: 500 concurrent clients each starting a run and reading it back
+  (``GET /v1/runs/{id}``), in a loop. Baseline: the same clients calling ``/healthz`` (the
+  server's own floor at that concurrency). ``api_load_errors`` counts resets, timeouts and any
+  answer but 201/200.
+- ``ui_runs_page_ms`` (SQLite): ``GET /ui/`` over a store of 10,000 runs (one page of 50
+  rendered). Baseline: ``GET /v1/runs``, the same page query answered as JSON.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from _common import MS, Row, percentile, print_table, write_results
@@ -39,9 +51,15 @@ DEFINITION = {
     "nodes": [{"id": "a", "action_id": "noop", "timeout_ms": 10_000}],
 }
 ACTIONS = "def noop(ctx):\n    return None\n"
+CLIENTS = 500
+# A request slower than this is an error row (a timeout), never a latency sample.
+TIMEOUT_S = 60.0
+
+sys.path.insert(0, str(ROOT))  # the load test's generator, shared rather than copied
+from tests.host.loadgen import run_load, start_and_read  # noqa: E402
 
 
-def _launch(tmp: Path) -> tuple[subprocess.Popen[str], str]:
+def _launch(tmp: Path, db: str) -> tuple[subprocess.Popen[str], str]:
     (tmp / "flows").mkdir(exist_ok=True)
     (tmp / "flows" / "bench.json").write_text(json.dumps(DEFINITION))
     (tmp / "bench_actions.py").write_text(ACTIONS)
@@ -54,7 +72,7 @@ def _launch(tmp: Path) -> tuple[subprocess.Popen[str], str]:
             "--port",
             "0",
             "--db",
-            f"sqlite:///{tmp}/host.db",
+            db,
             "--actions",
             "bench_actions",
             "--workflows",
@@ -79,29 +97,6 @@ def _launch(tmp: Path) -> tuple[subprocess.Popen[str], str]:
     raise RuntimeError("the host did not become ready")
 
 
-async def _clients(url: str, n: int, calls: Any) -> tuple[list[float], int]:
-    """``n`` concurrent clients each running ``calls(client)``; per-request seconds, errors."""
-    latencies: list[float] = []
-    errors = 0
-    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60) as client:
-
-        async def one() -> None:
-            nonlocal errors
-            for method, path, body in calls():
-                t = time.perf_counter()
-                try:
-                    r = await client.request(method, path, json=body)
-                except httpx.TransportError:  # a reset or refused connection is an error row
-                    errors += 1
-                    continue
-                latencies.append(time.perf_counter() - t)
-                errors += r.status_code >= 400
-
-        await asyncio.gather(*(one() for _ in range(n)))
-    return latencies, errors
-
-
 async def _engine_starts(db: str, n: int, width: int) -> float:
     """Starts per second in-process; every run is then waited for, so the store is left with
     finished runs only (a host opened on it has nothing to resume)."""
@@ -122,50 +117,35 @@ async def _engine_starts(db: str, n: int, width: int) -> float:
 
 def main() -> None:
     quick = "--quick" in sys.argv
-    starts, load_clients = (500, 100) if quick else (2_000, 500)
+    starts = 500 if quick else 2_000
+    seconds = 5.0 if quick else 15.0
     ui_runs = 2_000 if quick else 10_000
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         base_rate = asyncio.run(_engine_starts(f"sqlite:///{tmp}/engine.db", starts, 50))
         asyncio.run(_engine_starts(f"sqlite:///{tmp}/host.db", ui_runs, 500))  # the UI's runs
-        proc, url = _launch(tmp)
-        try:
-            t = time.perf_counter()
-            _, errors = asyncio.run(
-                _clients(
-                    url,
-                    50,
-                    lambda: (
-                        [("POST", "/v1/workflows/bench/runs", {"input": None})] * (starts // 50)
-                    ),
-                )
-            )
-            rate = starts / (time.perf_counter() - t)
-            rows.append(Row("api_starts_per_s", rate, "/s", "engine.start in-process", base_rate))
-            rows.append(Row("api_starts_errors", errors, "", target="== 0", passed=errors == 0))
+        rows += _measure(tmp, f"sqlite:///{tmp}/host.db", "sqlite", base_rate, seconds, ui=True)
+    pg = os.environ.get("TB_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
+    if _pg_reachable(pg):
+        with _pg_schema(pg) as engine_db, _pg_schema(pg) as host_db:
+            base_rate = asyncio.run(_engine_starts(engine_db, starts, 50))
+            with tempfile.TemporaryDirectory() as tmp_name:
+                rows += _measure(Path(tmp_name), host_db, "postgres", base_rate, seconds)
+    else:
+        print(f"PostgreSQL at {pg} is not reachable: its rows are left out")
+    print_table(rows, "host")
+    write_results("host", rows)
 
-            def start_and_read() -> list[tuple[str, str, Any]]:
-                return [
-                    ("POST", "/v1/workflows/bench/runs", {"input": None}),
-                    ("GET", "/v1/runs?definition=bench", None),
-                ]
 
-            lat, errors = asyncio.run(_clients(url, load_clients, start_and_read))
-            floor, _ = asyncio.run(
-                _clients(url, load_clients, lambda: [("GET", "/healthz", None)] * 2)
-            )
-            for p in (50, 99):
-                rows.append(
-                    Row(
-                        f"api_latency.p{p}",
-                        percentile(lat, p) * MS,
-                        "ms",
-                        "/healthz at the same concurrency",
-                        percentile(floor, p) * MS,
-                    )
-                )
-            rows.append(Row("api_load_errors", errors, "", target="== 0", passed=errors == 0))
+def _measure(
+    tmp: Path, db: str, name: str, base_rate: float, seconds: float, *, ui: bool = False
+) -> list[Row]:
+    """Starts/s through the API, then latency under 500 clients, on a host serving ``db``."""
+    rows: list[Row] = []
+    proc, url = _launch(tmp, db)
+    try:
+        if ui:  # first, while the host is idle
             with httpx.Client(base_url=url) as client:
 
                 def page(path: str) -> float:
@@ -175,11 +155,95 @@ def main() -> None:
                 rows.append(
                     Row("ui_runs_page_ms", page("/ui/"), "ms", "GET /v1/runs", page("/v1/runs"))
                 )
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
-    print_table(rows, "host")
-    write_results("host", rows)
+        load = asyncio.run(run_load(url, 50, seconds, _start_only, timeout=TIMEOUT_S))
+        rate = load.statuses.get(201, 0) / load.elapsed
+        rows.append(
+            Row(f"api_starts_per_s.{name}", rate, "/s", "engine.start in-process", base_rate)
+        )
+        errors = len(load.errors) + sum(n for s, n in load.statuses.items() if s != 201)
+        rows.append(Row(f"api_starts_errors.{name}", errors, "", target="== 0", passed=errors == 0))
+        _drain(url)
+        script = functools.partial(start_and_read, definition="bench")
+        load = asyncio.run(run_load(url, CLIENTS, seconds, script, timeout=TIMEOUT_S))
+        _drain(url)
+        floor = asyncio.run(run_load(url, CLIENTS, seconds, _healthz, timeout=TIMEOUT_S))
+        for p in (50, 99):
+            rows.append(
+                Row(
+                    f"api_latency.p{p}.{name}",
+                    percentile(load.latencies, p) * MS,
+                    "ms",
+                    f"/healthz at the same concurrency ({CLIENTS} clients)",
+                    percentile(floor.latencies, p) * MS,
+                )
+            )
+        rows.append(
+            Row(
+                f"api_load_requests_per_s.{name}",
+                load.requests / load.elapsed,
+                "/s",
+                "/healthz at the same concurrency",
+                floor.requests / floor.elapsed,
+            )
+        )
+        errors = len(load.errors) + sum(n for s, n in load.statuses.items() if s not in (200, 201))
+        rows.append(Row(f"api_load_errors.{name}", errors, "", target="== 0", passed=errors == 0))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+    return rows
+
+
+def _drain(url: str) -> None:
+    """Wait until every run started so far has ended, so one phase's backlog does not load the
+    next."""
+    with httpx.Client(base_url=url, timeout=30) as client:
+        for _ in range(1200):
+            if not client.get("/v1/runs", params={"status": "running"}).json()["runs"]:
+                return
+            time.sleep(0.1)
+    raise RuntimeError("the host did not finish its runs within 120 s")
+
+
+async def _start_only(call: Any) -> None:
+    status, body = await call("POST", "/v1/workflows/bench/runs", {"input": None})
+    if status != 201:
+        raise ValueError(f"start answered {status}: {body}")
+
+
+async def _healthz(call: Any) -> None:
+    status, body = await call("GET", "/healthz")
+    if status != 200:
+        raise ValueError(f"/healthz answered {status}: {body}")
+
+
+def _pg_reachable(dsn: str) -> bool:
+    parts = urlsplit(dsn)
+    try:
+        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 5432), 1.0):
+            return True
+    except OSError:
+        return False
+
+
+@contextmanager
+def _pg_schema(dsn: str) -> Iterator[str]:
+    """A store URL in a fresh schema, dropped afterwards."""
+    import asyncpg
+
+    schema = f"tbbench_{uuid.uuid4().hex[:12]}"
+    try:
+        yield f"{dsn}?schema={schema}"
+    finally:
+
+        async def drop() -> None:
+            conn = await asyncpg.connect(dsn)
+            try:
+                await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            finally:
+                await conn.close()
+
+        asyncio.run(drop())
 
 
 def _timed(client: httpx.Client, path: str) -> float:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,76 @@ async def test_second_sqlite_writer_gets_store_busy(tmp_path: Path) -> None:
     again = open_store(f"sqlite:///{tmp_path}/s.db")
     await again.open()  # the lock was released with the first store
     await again.close()
+
+
+async def test_reads_see_commits_and_refuse_writes(store_url: str) -> None:
+    """A read snapshot sees what was committed before it and cannot write."""
+    store = open_store(store_url)
+    await store.open()
+    try:
+        async with store.transaction() as tx:
+            await tx.append_event("s", "kept", 1, n=1)
+        async with store.read() as tx:
+            events = await tx.events("s")
+        with pytest.raises(Exception, match=r"(?i)read-?only"):
+            async with store.read() as tx:
+                await tx.execute("DELETE FROM tb_events")
+        async with store.read() as tx:
+            assert await tx.events("s") == events
+    finally:
+        await store.close()
+    assert events == [{"kind": "kept", "at_epoch_ms": 1, "n": 1}]
+
+
+async def test_a_read_does_not_wait_for_an_open_write(store_url: str) -> None:
+    """While a write transaction is open and uncommitted, a read answers at once from the last
+    commit (the WAL reader, a pooled PostgreSQL connection): API reads never queue behind the
+    engine's writes."""
+    store = open_store(store_url)
+    await store.open()
+    try:
+        async with store.transaction() as tx:
+            await tx.append_event("s", "before", 1)
+        async with store.transaction() as tx:
+            await tx.execute(
+                "INSERT INTO tb_events (stream, kind, at_ms, data) VALUES (?, ?, ?, ?)",
+                "s",
+                "uncommitted",
+                2,
+                "{}",
+            )
+            async with asyncio.timeout(10):  # a read that waited for this commit would hang
+                async with store.read() as reader:
+                    seen = [e["kind"] for e in await reader.events("s")]
+    finally:
+        await store.close()
+    assert seen == ["before"]
+
+
+async def test_run_pages_and_timeout_metrics_use_indexes(tmp_path: Path) -> None:
+    """The runs page (newest first, by status) and the metrics' timeout events are read through
+    migration 3's indexes, not by scanning and sorting every row."""
+    store = open_store(f"sqlite:///{tmp_path}/s.db")
+    await store.open()
+    try:
+        async with store.read() as tx:
+            plans = {
+                name: " ".join(
+                    r["detail"] for r in await tx.fetch(f"EXPLAIN QUERY PLAN {sql}", *args)
+                )
+                for name, sql, args in (
+                    ("page", "SELECT id FROM tb_wf_runs ORDER BY started_at DESC, id DESC", ()),
+                    (
+                        "status",
+                        "SELECT id FROM tb_wf_runs WHERE status = ? "
+                        "ORDER BY started_at DESC, id DESC",
+                        ("running",),
+                    ),
+                    ("timeouts", "SELECT data FROM tb_events WHERE kind IN (?, ?)", ("a", "b")),
+                )
+            }
+    finally:
+        await store.close()
+    assert "tb_wf_runs_started" in plans["page"] and "TEMP B-TREE" not in plans["page"], plans
+    assert "tb_wf_runs_status" in plans["status"] and "TEMP B-TREE" not in plans["status"], plans
+    assert "tb_events_kind" in plans["timeouts"], plans

@@ -632,3 +632,23 @@ async def test_one_stored_version_never_names_two_bodies(virtual_clock, make_eng
     async with make_engine(HANDLERS, changed) as engine:
         with pytest.raises(wf.DefinitionError, match="already stored with a different body"):
             await engine.start("wf")
+
+
+async def test_snapshot_reads_run_tokens_and_events_together(virtual_clock, make_engine) -> None:
+    """snapshot() answers what get_run, tokens and events answer, and KeyError for no run."""
+    d = definition([{"id": "A"}, {"id": "B"}], [{"id": "t", "from": "A", "to": "B"}])
+    async with make_engine(HANDLERS, d) as engine:
+        run_id = await engine.start("wf", {"A": 1, "B": 0})
+        await engine.wait(run_id)
+        run, tokens, events = await engine.snapshot(run_id)
+        separate = (
+            await engine.get_run(run_id),
+            await engine.tokens(run_id),
+            await engine.events(run_id),
+        )
+        with pytest.raises(KeyError, match="no-such-run"):
+            await engine.snapshot("no-such-run")
+    assert (run, tokens, events) == separate
+    assert run["status"] == "completed"
+    assert [t["node_id"] for t in tokens] == ["A", "B"]
+    assert events[0]["kind"] == "run_started" and events[-1]["kind"] == "run_completed", events

@@ -137,6 +137,15 @@ class Store:
         """``async with store.transaction() as tx``: commit on success, roll back on error."""
         raise NotImplementedError
 
+    def read(self) -> Any:
+        """``async with store.read() as tx``: a read-only snapshot of what is committed.
+
+        Reads never wait for writers (SQLite: a WAL reader connection; PostgreSQL: a pooled
+        connection of its own), so an API answering reads does not queue behind an engine's
+        writes. Writing through it is an error.
+        """
+        raise NotImplementedError
+
     async def listen(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` when another process commits a ``wake_others`` transaction."""
 

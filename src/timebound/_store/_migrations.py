@@ -151,6 +151,18 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "CREATE INDEX tb_deferred_history_op ON tb_deferred_history (op_id, seq)",
         ),
     ),
+    (
+        3,
+        (
+            # Paging runs newest first (the API, the UI): the (started_at, id) cursor walks an
+            # index instead of sorting every run; a status filter (running among many ended
+            # runs) and the metrics' counts by status walk the second.
+            "CREATE INDEX tb_wf_runs_started ON tb_wf_runs (started_at, id)",
+            "CREATE INDEX tb_wf_runs_status ON tb_wf_runs (status, started_at, id)",
+            # The metrics read every timeout event at each scrape: a few among many events.
+            "CREATE INDEX tb_events_kind ON tb_events (kind)",
+        ),
+    ),
 )
 
 

@@ -48,6 +48,14 @@ class _PgTx(Tx):
         return [dict(r) for r in await self._conn.fetch(_numbered(sql), *args)]
 
 
+async def _keep_session(conn: Any) -> None:
+    """Return a connection to the pool as it is. asyncpg's default reset sends ``RESET ALL``,
+    ``UNLISTEN *``… each time, one more round trip per transaction; our pooled connections
+    change no session state (the search path is a startup setting, the migration's lock is
+    transaction-scoped, LISTEN has its own connection), and asyncpg still ends any transaction
+    left open before calling this."""
+
+
 class PostgresStore(Store):
     dialect = "postgres"
     shared = True
@@ -77,7 +85,11 @@ class PostgresStore(Store):
 
         try:
             self._pool = await asyncpg.create_pool(
-                self._dsn, min_size=1, max_size=8, server_settings={"search_path": self.schema}
+                self._dsn,
+                min_size=1,
+                max_size=8,
+                server_settings={"search_path": self.schema},
+                reset=_keep_session,
             )
         except (OSError, asyncpg.PostgresError) as exc:
             raise StoreError(f"cannot open PostgreSQL store {self.url!r}: {exc}") from exc
@@ -127,3 +139,16 @@ class PostgresStore(Store):
                 await tx.flush_events()
                 if tx.wake_others:  # delivered at commit, never for a rolled-back change
                     await conn.execute(f'NOTIFY "{self._channel}"')
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[Tx]:
+        if self._pool is None:
+            raise StoreError("the store is not open")
+        # One snapshot for every statement of the read (REPEATABLE READ), and the server refuses
+        # a write through it.
+        with _clock.real_io():
+            async with (
+                self._pool.acquire() as conn,
+                conn.transaction(isolation="repeatable_read", readonly=True),
+            ):
+                yield _PgTx(conn)

@@ -3,6 +3,8 @@
 SQLite calls are made on the event loop's thread: a WAL commit costs tens of microseconds with
 ``synchronous=NORMAL`` and one fsync with ``FULL`` (the default, for kill -9 and power-loss
 durability), and no ``await`` happens inside a transaction, so transactions never interleave.
+Reads (:meth:`SqliteStore.read`) use a second, query-only connection: in WAL mode a reader sees
+the last commit and never takes the write lock, so serving reads costs no ``BEGIN IMMEDIATE``.
 
 One process writes a database: the first store to open it takes an exclusive ``flock`` on a
 ``<db>.lock`` file next to it (released by the kernel when the process dies, even by kill -9), and
@@ -54,6 +56,7 @@ class SqliteStore(Store):
         self.url = url or f"sqlite:///{path}"
         self._synchronous = synchronous.upper()
         self._conn: sqlite3.Connection | None = None
+        self._reader: sqlite3.Connection | None = None
         self._lock_fd: int | None = None
 
     async def open(self) -> None:
@@ -71,6 +74,11 @@ class SqliteStore(Store):
             raise StoreError(f"cannot open SQLite store {self.path!r}: {exc}") from exc
         self._conn = conn
         self._migrate(conn)
+        if self.path != ":memory:":  # another connection to ":memory:" is another database
+            reader = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            reader.execute("PRAGMA query_only=ON")
+            reader.execute("PRAGMA busy_timeout=5000")
+            self._reader = reader
 
     def _take_writer_lock(self) -> None:
         fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -105,6 +113,9 @@ class SqliteStore(Store):
             raise
 
     async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -124,3 +135,17 @@ class SqliteStore(Store):
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+
+    @asynccontextmanager
+    async def read(self) -> AsyncIterator[Tx]:
+        conn = self._reader or self._conn
+        if conn is None:
+            raise StoreError("the store is not open")
+        if conn is self._conn:  # ":memory:": the writer's connection, between its transactions
+            yield _SqliteTx(conn)
+            return
+        conn.execute("BEGIN")  # deferred: the snapshot is taken at the first read
+        try:
+            yield _SqliteTx(conn)
+        finally:
+            conn.execute("COMMIT")

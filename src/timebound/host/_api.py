@@ -150,11 +150,13 @@ async def list_runs(request: Request) -> Response:
 
 
 async def run_detail(host: Host, run_id: str) -> dict[str, Any]:
-    run = await _get_run(host, run_id)
-    events = await host.engine.events(run_id)
+    try:
+        run, tokens, events = await host.engine.snapshot(run_id)
+    except KeyError:
+        raise Problem(404, f"no run {run_id!r}") from None
     return {
         "run": run,
-        "tokens": await host.engine.tokens(run_id),
+        "tokens": tokens,
         "timeouts": timeouts(events),
         "bound_fired": bound_fired(events),
         "timeline": timeline(run, events, math.floor(time.time() * 1000)),
