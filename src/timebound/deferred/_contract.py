@@ -53,8 +53,8 @@ class SchemaError(ValueError):
 @cache
 def _schema(name: str) -> dict[str, Any]:
     text = resources.files(__package__).joinpath(f"schemas/{name}.json").read_text("utf-8")
-    schema: dict[str, Any] = json.loads(text)
-    return _end_anchors(schema)
+    schema: dict[str, Any] = _end_anchors(json.loads(text))
+    return schema
 
 
 def _end_anchors(node: Any) -> Any:
@@ -64,7 +64,8 @@ def _end_anchors(node: Any) -> Any:
     # id could end in a newline). "\Z" is Python's end of string.
     if isinstance(node, dict):
         return {
-            k: v[:-1] + r"\Z" if k == "pattern" and v.endswith("$") and not v.endswith("\\$")
+            k: v[:-1] + r"\Z"
+            if k == "pattern" and v.endswith("$") and not v.endswith("\\$")
             else _end_anchors(v)
             for k, v in node.items()
         }
