@@ -109,6 +109,9 @@ class Poller:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._polls: set[asyncio.Task[Any]] = set()
+        # Answers waiting to be written, and the task writing them (see _record).
+        self._answers: list[tuple[str, object, asyncio.Future[Outcome]]] = []
+        self._writer: asyncio.Task[None] | None = None
         #: How many polls started (for tests and metrics).
         self.polls_started = 0
 
@@ -126,7 +129,7 @@ class Poller:
     async def stop(self) -> None:
         """Stop the loop and every poll in flight (their rows stay due: nothing is lost)."""
         task, self._task = self._task, None
-        tasks = [t for t in (task, *self._polls) if t is not None]
+        tasks = [t for t in (task, *self._polls, self._writer) if t is not None]
         for t in tasks:
             t.cancel()
         for t in tasks:
@@ -210,11 +213,48 @@ class Poller:
                 return await self._failed(op, "poll-timeout")
             except Exception:  # a broken connector backs off like a failing one, never spins
                 return await self._failed(op, "poll-error")
-            return await self.registry.polled(op.id, doc)
+            return await self._record(op.id, doc)
         finally:
             self._inflight[op.module] -= 1
             self._polling.discard(op.id)
             self._wake.set()
+
+    async def _record(self, op_id: str, doc: object) -> Outcome:
+        # Answers that arrive in the same loop turn are written by one task in one transaction
+        # (Registry.polled_many): at 10,000 pending, a commit per poll was most of a poll's cost
+        # once validation got cheap. The row's next poll is written before this poll leaves
+        # ``_polling``, so the loop cannot start a second poll of it meanwhile.
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self._answers.append((op_id, doc, future))
+        if self._writer is None:
+            self._writer = asyncio.get_running_loop().create_task(self._write_answers())
+        return await future
+
+    async def _write_answers(self) -> None:
+        batch: list[tuple[str, object, asyncio.Future[Outcome]]] = []
+        try:
+            while self._answers:
+                batch, self._answers = self._answers, []
+                try:
+                    outcomes = await self.registry.polled_many([(i, d) for i, d, _ in batch])
+                except Exception:
+                    # The round was rolled back: write each answer alone, so one that cannot
+                    # be written fails its own poll only.
+                    for op_id, doc, future in batch:
+                        try:
+                            _settle(future, await self.registry.polled(op_id, doc))
+                        except Exception as exc:
+                            if not future.done():
+                                future.set_exception(exc)
+                else:
+                    for (_, _, future), outcome in zip(batch, outcomes, strict=True):
+                        _settle(future, outcome)
+                batch = []
+        finally:
+            self._writer = None
+            for _, _, future in (*batch, *self._answers):
+                future.cancel()  # stopped mid-write: the polls are cancelled with it
+            self._answers = []
 
     async def _failed(self, op: Operation, code: str) -> Outcome:
         # The same stretching cadence as a successful poll: a failing connector is not asked
@@ -263,3 +303,8 @@ class Poller:
         fresh = await self.registry.get(op_id)
         assert fresh is not None
         return fresh.describe()
+
+
+def _settle(future: asyncio.Future[Outcome], outcome: Outcome) -> None:
+    if not future.done():  # its poll may have been cancelled meanwhile
+        future.set_result(outcome)

@@ -638,33 +638,48 @@ class Registry:
 
     async def polled(self, op_id: str, status_doc: object) -> Outcome:
         """Apply the status a poll returned and count the attempt (the poller's path)."""
+        return (await self.polled_many([(op_id, status_doc)]))[0]
+
+    async def polled_many(self, answers: list[tuple[str, object]]) -> list[Outcome]:
+        """:meth:`polled` for a round of answers, in one transaction: one commit (and, with
+        ``synchronous=FULL``, one fsync) per round instead of one per poll.
+
+        Rows are locked in id order, so two hosts writing overlapping rounds on PostgreSQL
+        cannot deadlock. If the transaction fails, nothing of the round is written.
+        """
         at = now_ms()
+        order = sorted(range(len(answers)), key=lambda i: answers[i][0])
+        outcomes: list[Outcome] = [Outcome(False, None)] * len(answers)
         async with self._store.transaction() as tx:
-            row = await self._row(tx, op_id, lock=True)
-            if row is None:
-                return Outcome(False, "not-found")
-            attempts = row["attempts"] + 1
-            row = {**row, "attempts": attempts}
-            outcome, status = await self._apply(tx, row, status_doc, at)
-            if status in TERMINAL or not outcome.applied:
-                # An applied live status stored the attempt with it; the rest store it here.
-                await tx.execute(
-                    "UPDATE tb_deferred_ops SET attempts = ? WHERE id = ?", attempts, op_id
-                )
-            if status not in TERMINAL:
-                if self._out_of_attempts(attempts):
-                    await self._expire(
-                        tx, row, at, "poll-budget-exhausted", "no poll attempts left"
-                    )
-                    outcome = Outcome(outcome.applied, "poll-budget-exhausted")
-                elif not outcome.applied:
-                    # A rejected answer is not progress: poll again after the clamped interval.
-                    await tx.execute(
-                        "UPDATE tb_deferred_ops SET next_poll_ms = ? WHERE id = ?",
-                        at + self._poll_delay_ms(row["retry_after_s"], attempts),
-                        op_id,
-                    )
+            for i in order:
+                op_id, doc = answers[i]
+                outcomes[i] = await self._polled(tx, op_id, doc, at)
         self._changed()
+        return outcomes
+
+    async def _polled(self, tx: Tx, op_id: str, status_doc: object, at: int) -> Outcome:
+        row = await self._row(tx, op_id, lock=True)
+        if row is None:
+            return Outcome(False, "not-found")
+        attempts = row["attempts"] + 1
+        row = {**row, "attempts": attempts}
+        outcome, status = await self._apply(tx, row, status_doc, at)
+        if status in TERMINAL or not outcome.applied:
+            # An applied live status stored the attempt with it; the rest store it here.
+            await tx.execute(
+                "UPDATE tb_deferred_ops SET attempts = ? WHERE id = ?", attempts, op_id
+            )
+        if status not in TERMINAL:
+            if self._out_of_attempts(attempts):
+                await self._expire(tx, row, at, "poll-budget-exhausted", "no poll attempts left")
+                outcome = Outcome(outcome.applied, "poll-budget-exhausted")
+            elif not outcome.applied:
+                # A rejected answer is not progress: poll again after the clamped interval.
+                await tx.execute(
+                    "UPDATE tb_deferred_ops SET next_poll_ms = ? WHERE id = ?",
+                    at + self._poll_delay_ms(row["retry_after_s"], attempts),
+                    op_id,
+                )
         return outcome
 
     async def mark_cancel_requested(self, op_id: str) -> Operation | None:
