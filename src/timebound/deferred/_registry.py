@@ -592,9 +592,14 @@ class Registry:
         if not modules:
             return []
         marks = ", ".join("?" for _ in modules)
+        # Without statistics SQLite's planner prefers the (status, expires_ms) index here, which
+        # reads and sorts every live row on every round (2.8 ms at 10,000 pending, the loop's
+        # largest cost); walking the next-poll index stops after ``limit`` rows (0.3-0.5 ms).
+        # PostgreSQL plans from its own statistics.
+        hint = " INDEXED BY tb_deferred_ops_poll" if self._store.dialect == "sqlite" else ""
         async with self._store.transaction() as tx:
             rows = await tx.fetch(
-                f"SELECT {_COLUMNS} FROM tb_deferred_ops WHERE next_poll_ms <= ? "
+                f"SELECT {_COLUMNS} FROM tb_deferred_ops{hint} WHERE next_poll_ms <= ? "
                 f"AND module IN ({marks}) AND status IN ('pending', 'running') "
                 "ORDER BY next_poll_ms, id LIMIT ?",
                 now_ms(),
