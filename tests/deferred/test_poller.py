@@ -126,6 +126,37 @@ async def test_the_rate_cap_is_never_exceeded(tmp_path: Path, virtual_clock: Vir
         assert sum(1 for s in starts[i:] if s - t < 1.0) <= 10
 
 
+class Stalling(Scripted):
+    """Blocks the event loop for 0.5 s of virtual time right after its first call (a host
+    descheduled by a busy machine): the polls admitted with it are called half a second late."""
+
+    async def status(self, op: Operation) -> object:
+        answer = await super().status(op)
+        if len(self.starts) == 1:
+            self.clock.advance(0.5)  # synchronous: nothing else runs meanwhile
+        return answer
+
+
+async def test_a_stalled_loop_does_not_bunch_calls_over_the_cap(
+    tmp_path: Path, virtual_clock: VirtualClock
+) -> None:
+    """The cap counts connector calls, not admissions: polls admitted together and called late
+    do not share a second with the next round's calls beyond the cap."""
+    conn = Stalling(virtual_clock, ["completed"])
+    policy = HostPolicy(jitter=False, poll_rate_cap=10, per_module_inflight=50)
+    async with Registry(_url(tmp_path), policy=policy) as reg:
+        for i in range(40):
+            await reg.register(operation_doc(_id(i), retry_after=1), module="m")
+        async with Poller(reg, {"m": conn}):
+            await asyncio.sleep(30)
+        done = await reg.operations(status="completed", limit=1000)
+    starts = sorted(conn.starts)
+    assert len(done) == 40 and len(starts) == 40
+    assert starts[1] - starts[0] >= 0.5  # the stall happened between calls of one round
+    for i, t in enumerate(starts):
+        assert sum(1 for s in starts[i:] if s - t < 1.0) <= 10
+
+
 async def test_the_module_limit_is_never_exceeded(
     tmp_path: Path, virtual_clock: VirtualClock
 ) -> None:

@@ -59,25 +59,46 @@ class _RateWindow:
 
     Written by hand: the limiters in :mod:`timebound.policies` bound concurrency, not a rate
     over a sliding window, and this one must be exact so a test can assert it is never exceeded.
+    A poll is admitted with :meth:`reserve` when its task is created and logged with :meth:`take`
+    at the instant its connector is called, one loop turn or more later: logging the admission
+    instant instead let a stalled loop bunch more than ``cap`` calls into one second. Admission
+    counts the reservations, so every take finds room: at any time, the starts of the last
+    second plus the reservations are at most ``cap``.
     """
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
         self._starts: collections.deque[float] = collections.deque()
+        self._reserved = 0
 
     def wait_s(self) -> float:
+        """0 when a start may be admitted now, else how long until one may (at most)."""
         now = _clock.now()
         starts = self._starts
         while starts and now - starts[0] >= 1.0:
             starts.popleft()
-        return 0.0 if len(starts) < self.cap else starts[0] + 1.0 - now
+        over = len(starts) + self._reserved - self.cap
+        if over < 0:
+            return 0.0
+        # Room opens when the (over+1)-th oldest start leaves; reservations not yet taken are
+        # taken within a loop turn or two, and leave a second after that.
+        return starts[over] + 1.0 - now if over < len(starts) else 1.0
 
     def room(self) -> int:
-        """How many starts the window allows now."""
-        return self.cap - len(self._starts) if self.wait_s() == 0 else 0
+        """How many starts the window admits now."""
+        return self.cap - len(self._starts) - self._reserved if self.wait_s() == 0 else 0
+
+    def reserve(self) -> None:
+        self._reserved += 1
 
     def take(self) -> None:
+        """A reserved start happens now."""
+        self._reserved -= 1
         self._starts.append(_clock.now())
+
+    def release(self) -> None:
+        """A reserved start that will not happen."""
+        self._reserved -= 1
 
 
 class Poller:
@@ -192,7 +213,7 @@ class Poller:
 
     def _start(self, op: Operation) -> None:
         assert op.module is not None
-        self._window.take()
+        self._window.reserve()
         self.polls_started += 1
         self._inflight[op.module] += 1
         self._polling.add(op.id)
@@ -202,10 +223,13 @@ class Poller:
 
     async def _poll(self, op: Operation) -> Outcome:
         assert op.module is not None
+        taken = False
         try:
             connector = self.connectors[op.module]
             try:
                 with fail_after(self.poll_timeout_s):
+                    self._window.take()  # the start the cap counts: the connector's call
+                    taken = True
                     doc = await connector.status(op)
             except TransientPollError as exc:  # the connector maps its transport's failures
                 return await self._failed(op, exc.code)
@@ -215,6 +239,8 @@ class Poller:
                 return await self._failed(op, "poll-error")
             return await self._record(op.id, doc)
         finally:
+            if not taken:
+                self._window.release()
             self._inflight[op.module] -= 1
             self._polling.discard(op.id)
             self._wake.set()
@@ -279,7 +305,7 @@ class Poller:
             wait = self._window.wait_s()
             self._wake.clear()
             await self._sleep(wait if wait > 0 else None)
-        self._window.take()
+        self._window.reserve()
         self.polls_started += 1
         self._inflight[op.module] += 1
         self._polling.add(op.id)
