@@ -135,11 +135,13 @@ class Poller:
         self._writer: asyncio.Task[None] | None = None
         #: How many polls started (for tests and metrics).
         self.polls_started = 0
+        # The epoch-ms instant the loop sleeps until (inf: until woken; None: not asleep).
+        self._asleep_until: float | None = None
 
     # Lifecycle ---------------------------------------------------------------------------
 
     async def __aenter__(self) -> Poller:
-        self.registry.on_change = self._wake.set
+        self.registry.on_change = self._changed
         await self.registry.expire_due(startup=True)
         self._task = asyncio.get_running_loop().create_task(self.run())
         return self
@@ -168,7 +170,18 @@ class Poller:
                 delay = 1.0
             self._wake.clear()
             if delay is None or delay > 0:
-                await self._sleep(delay)
+                self._asleep_until = math.inf if delay is None else now_ms() + delay * 1000
+                try:
+                    await self._sleep(delay)
+                finally:
+                    self._asleep_until = None
+
+    def _changed(self, at_ms: int | None) -> None:
+        # The registry's callback: wake the loop unless it already sleeps until before ``at_ms``
+        # (its round then finds the change through next_instant).
+        until = self._asleep_until
+        if until is None or at_ms is None or at_ms < until:
+            self._wake.set()
 
     async def _sleep(self, delay: float | None) -> None:
         # Not asyncio.wait_for: on Python 3.11 it can swallow a cancellation that arrives as

@@ -191,8 +191,9 @@ class Registry:
         self._owns_store = isinstance(store, str)
         self.policy = policy if policy is not None else HostPolicy()
         self._resumers: dict[str, Resumer] = {}
-        #: Called (without arguments) when a change may make new work for a poller.
-        self.on_change: Callable[[], None] | None = None
+        #: Called when a change may make new work for a poller, with the earliest epoch-ms
+        #: instant that work can be due at (``None``: it may be due now).
+        self.on_change: Callable[[int | None], None] | None = None
 
     @property
     def store(self) -> Store:
@@ -212,9 +213,9 @@ class Registry:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _changed(self) -> None:
+    def _changed(self, at_ms: int | None = None) -> None:
         if self.on_change is not None:
-            self.on_change()
+            self.on_change(at_ms)
 
     # Reads -------------------------------------------------------------------------------
 
@@ -399,7 +400,10 @@ class Registry:
             )
             row = await self._row(tx, op_id)
         assert row is not None
-        self._changed()
+        # A new operation makes no work before its first poll or its expiry: a poller asleep
+        # until earlier need not run a round for it (one per accept at 10,000 pending).
+        expires = row["expires_ms"]
+        self._changed(expires if next_poll is None else min(next_poll, expires))
         return _row_op(row)
 
     def _poll_delay_ms(self, retry_after: int, polls: int) -> int:
