@@ -157,6 +157,29 @@ async def test_a_stalled_loop_does_not_bunch_calls_over_the_cap(
         assert sum(1 for s in starts[i:] if s - t < 1.0) <= 10
 
 
+async def test_polls_due_a_millisecond_apart_share_rounds_and_are_never_early(
+    tmp_path: Path, virtual_clock: VirtualClock
+) -> None:
+    """Rounds are at least 5 ms apart: polls due 1 ms apart start at most 5 ms late, in fewer
+    rounds than polls, and never before their instant."""
+    conn = Scripted(virtual_clock, ["completed"])
+    policy = HostPolicy(jitter=False, per_module_inflight=50)
+    due: dict[str, float] = {}
+    async with Registry(_url(tmp_path), policy=policy) as reg:
+        async with Poller(reg, {"m": conn}) as poller:
+            for i in range(40):
+                await reg.register(operation_doc(_id(i), retry_after=2), module="m")
+                op = await reg.get(_id(i))
+                assert op is not None and op.next_poll_ms is not None
+                due[op.id] = op.next_poll_ms / 1000 - virtual_clock.wall() + virtual_clock.now()
+                await asyncio.sleep(0.001)
+            await asyncio.sleep(10)
+    late = [conn.polls[op_id][0] - at for op_id, at in due.items()]
+    assert poller.polls_started == 40
+    assert all(-0.0005 <= x <= 0.0065 for x in late), late
+    assert len(set(conn.starts)) < 40  # several polls shared a round
+
+
 async def test_the_module_limit_is_never_exceeded(
     tmp_path: Path, virtual_clock: VirtualClock
 ) -> None:

@@ -29,6 +29,9 @@ __all__ = ["Connector", "Poller", "TransientPollError"]
 
 _log = logging.getLogger("timebound.deferred")
 
+#: The shortest time between two rounds of the loop (see Poller.run).
+_ROUND_GAP_S = 0.005
+
 
 class TransientPollError(Exception):
     """A poll that failed for a reason that may pass (overload, a 5xx, a refused connection).
@@ -162,7 +165,15 @@ class Poller:
 
     async def run(self) -> None:
         """The loop (``__aenter__`` runs it in a task)."""
+        last = -math.inf
         while True:
+            # Rounds at least _ROUND_GAP_S apart: at thousands of polls a second, a round per
+            # finished poll cost as much CPU as the polls; a poll may start up to the gap late,
+            # never early.
+            gap = last + _ROUND_GAP_S - _clock.now()
+            if gap > 0:
+                await asyncio.sleep(gap)
+            last = _clock.now()
             try:
                 delay = await self.step()
             except Exception as exc:  # a failed round (a lost connection): log, pause, retry
