@@ -126,6 +126,60 @@ async def test_the_rate_cap_is_never_exceeded(tmp_path: Path, virtual_clock: Vir
         assert sum(1 for s in starts[i:] if s - t < 1.0) <= 10
 
 
+class Stalling(Scripted):
+    """Blocks the event loop for 0.5 s of virtual time right after its first call (a host
+    descheduled by a busy machine): the polls admitted with it are called half a second late."""
+
+    async def status(self, op: Operation) -> object:
+        answer = await super().status(op)
+        if len(self.starts) == 1:
+            self.clock.advance(0.5)  # synchronous: nothing else runs meanwhile
+        return answer
+
+
+async def test_a_stalled_loop_does_not_bunch_calls_over_the_cap(
+    tmp_path: Path, virtual_clock: VirtualClock
+) -> None:
+    """The cap counts connector calls, not admissions: polls admitted together and called late
+    do not share a second with the next round's calls beyond the cap."""
+    conn = Stalling(virtual_clock, ["completed"])
+    policy = HostPolicy(jitter=False, poll_rate_cap=10, per_module_inflight=50)
+    async with Registry(_url(tmp_path), policy=policy) as reg:
+        for i in range(40):
+            await reg.register(operation_doc(_id(i), retry_after=1), module="m")
+        async with Poller(reg, {"m": conn}):
+            await asyncio.sleep(30)
+        done = await reg.operations(status="completed", limit=1000)
+    starts = sorted(conn.starts)
+    assert len(done) == 40 and len(starts) == 40
+    assert starts[1] - starts[0] >= 0.5  # the stall happened between calls of one round
+    for i, t in enumerate(starts):
+        assert sum(1 for s in starts[i:] if s - t < 1.0) <= 10
+
+
+async def test_polls_due_a_millisecond_apart_share_rounds_and_are_never_early(
+    tmp_path: Path, virtual_clock: VirtualClock
+) -> None:
+    """Rounds are at least 5 ms apart: polls due 1 ms apart start at most 5 ms late, in fewer
+    rounds than polls, and never before their instant."""
+    conn = Scripted(virtual_clock, ["completed"])
+    policy = HostPolicy(jitter=False, per_module_inflight=50)
+    due: dict[str, float] = {}
+    async with Registry(_url(tmp_path), policy=policy) as reg:
+        async with Poller(reg, {"m": conn}) as poller:
+            for i in range(40):
+                await reg.register(operation_doc(_id(i), retry_after=2), module="m")
+                op = await reg.get(_id(i))
+                assert op is not None and op.next_poll_ms is not None
+                due[op.id] = op.next_poll_ms / 1000 - virtual_clock.wall() + virtual_clock.now()
+                await asyncio.sleep(0.001)
+            await asyncio.sleep(10)
+    late = [conn.polls[op_id][0] - at for op_id, at in due.items()]
+    assert poller.polls_started == 40
+    assert all(-0.0005 <= x <= 0.0065 for x in late), late
+    assert len(set(conn.starts)) < 40  # several polls shared a round
+
+
 async def test_the_module_limit_is_never_exceeded(
     tmp_path: Path, virtual_clock: VirtualClock
 ) -> None:

@@ -302,3 +302,36 @@ async def test_invalid_hint_is_recorded(store_url: str, clock: Any) -> None:
     async with Registry(store_url, policy=policy) as reg:
         op = await reg.register(operation_doc(retry_after=1), module="m")
         assert op.retry_after_s == 2
+
+
+async def test_a_round_of_poll_answers_is_applied_as_each_alone(store_url: str, clock: Any) -> None:
+    """polled_many (one transaction for a round) gives each answer the outcome polled gives it,
+    in the caller's order, and counts one attempt per answer."""
+    ids = [f"deferred:report.render:op{i}" for i in range(5)]
+    async with Registry(store_url, policy=NO_JITTER) as reg:
+        for op_id in ids:
+            await reg.register(operation_doc(op_id), module="m")
+        answers: list[tuple[str, object]] = [
+            (ids[3], status_doc(ids[3], status="completed", result={"pages": 1})),
+            (ids[0], status_doc(ids[0])),
+            (ids[1], {"schema": "nonsense"}),
+            ("deferred:report.render:never", status_doc("deferred:report.render:never")),
+            (ids[2], status_doc(ids[4])),
+        ]
+        outcomes = await reg.polled_many(answers)
+        assert outcomes == [
+            Outcome(True, None),
+            Outcome(True, None),
+            Outcome(False, "schema"),
+            Outcome(False, "not-found"),
+            Outcome(False, "identity-mismatch"),
+        ]
+        ops = {op_id: await reg.get(op_id) for op_id in ids}
+    statuses = {k: (v.status, v.attempts) for k, v in ops.items() if v is not None}
+    assert statuses == {
+        ids[0]: ("pending", 1),
+        ids[1]: ("pending", 1),
+        ids[2]: ("pending", 1),
+        ids[3]: ("completed", 1),
+        ids[4]: ("pending", 0),
+    }

@@ -29,6 +29,9 @@ __all__ = ["Connector", "Poller", "TransientPollError"]
 
 _log = logging.getLogger("timebound.deferred")
 
+#: The shortest time between two rounds of the loop (see Poller.run).
+_ROUND_GAP_S = 0.005
+
 
 class TransientPollError(Exception):
     """A poll that failed for a reason that may pass (overload, a 5xx, a refused connection).
@@ -59,25 +62,46 @@ class _RateWindow:
 
     Written by hand: the limiters in :mod:`timebound.policies` bound concurrency, not a rate
     over a sliding window, and this one must be exact so a test can assert it is never exceeded.
+    A poll is admitted with :meth:`reserve` when its task is created and logged with :meth:`take`
+    at the instant its connector is called, one loop turn or more later: logging the admission
+    instant instead let a stalled loop bunch more than ``cap`` calls into one second. Admission
+    counts the reservations, so every take finds room: at any time, the starts of the last
+    second plus the reservations are at most ``cap``.
     """
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
         self._starts: collections.deque[float] = collections.deque()
+        self._reserved = 0
 
     def wait_s(self) -> float:
+        """0 when a start may be admitted now, else how long until one may (at most)."""
         now = _clock.now()
         starts = self._starts
         while starts and now - starts[0] >= 1.0:
             starts.popleft()
-        return 0.0 if len(starts) < self.cap else starts[0] + 1.0 - now
+        over = len(starts) + self._reserved - self.cap
+        if over < 0:
+            return 0.0
+        # Room opens when the (over+1)-th oldest start leaves; reservations not yet taken are
+        # taken within a loop turn or two, and leave a second after that.
+        return starts[over] + 1.0 - now if over < len(starts) else 1.0
 
     def room(self) -> int:
-        """How many starts the window allows now."""
-        return self.cap - len(self._starts) if self.wait_s() == 0 else 0
+        """How many starts the window admits now."""
+        return self.cap - len(self._starts) - self._reserved if self.wait_s() == 0 else 0
+
+    def reserve(self) -> None:
+        self._reserved += 1
 
     def take(self) -> None:
+        """A reserved start happens now."""
+        self._reserved -= 1
         self._starts.append(_clock.now())
+
+    def release(self) -> None:
+        """A reserved start that will not happen."""
+        self._reserved -= 1
 
 
 class Poller:
@@ -109,13 +133,18 @@ class Poller:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._polls: set[asyncio.Task[Any]] = set()
+        # Answers waiting to be written, and the task writing them (see _record).
+        self._answers: list[tuple[str, object, asyncio.Future[Outcome]]] = []
+        self._writer: asyncio.Task[None] | None = None
         #: How many polls started (for tests and metrics).
         self.polls_started = 0
+        # The epoch-ms instant the loop sleeps until (inf: until woken; None: not asleep).
+        self._asleep_until: float | None = None
 
     # Lifecycle ---------------------------------------------------------------------------
 
     async def __aenter__(self) -> Poller:
-        self.registry.on_change = self._wake.set
+        self.registry.on_change = self._changed
         await self.registry.expire_due(startup=True)
         self._task = asyncio.get_running_loop().create_task(self.run())
         return self
@@ -126,7 +155,7 @@ class Poller:
     async def stop(self) -> None:
         """Stop the loop and every poll in flight (their rows stay due: nothing is lost)."""
         task, self._task = self._task, None
-        tasks = [t for t in (task, *self._polls) if t is not None]
+        tasks = [t for t in (task, *self._polls, self._writer) if t is not None]
         for t in tasks:
             t.cancel()
         for t in tasks:
@@ -136,7 +165,15 @@ class Poller:
 
     async def run(self) -> None:
         """The loop (``__aenter__`` runs it in a task)."""
+        last = -math.inf
         while True:
+            # Rounds at least _ROUND_GAP_S apart: at thousands of polls a second, a round per
+            # finished poll cost as much CPU as the polls; a poll may start up to the gap late,
+            # never early.
+            gap = last + _ROUND_GAP_S - _clock.now()
+            if gap > 0:
+                await asyncio.sleep(gap)
+            last = _clock.now()
             try:
                 delay = await self.step()
             except Exception as exc:  # a failed round (a lost connection): log, pause, retry
@@ -144,7 +181,18 @@ class Poller:
                 delay = 1.0
             self._wake.clear()
             if delay is None or delay > 0:
-                await self._sleep(delay)
+                self._asleep_until = math.inf if delay is None else now_ms() + delay * 1000
+                try:
+                    await self._sleep(delay)
+                finally:
+                    self._asleep_until = None
+
+    def _changed(self, at_ms: int | None) -> None:
+        # The registry's callback: wake the loop unless it already sleeps until before ``at_ms``
+        # (its round then finds the change through next_instant).
+        until = self._asleep_until
+        if until is None or at_ms is None or at_ms < until:
+            self._wake.set()
 
     async def _sleep(self, delay: float | None) -> None:
         # Not asyncio.wait_for: on Python 3.11 it can swallow a cancellation that arrives as
@@ -189,7 +237,7 @@ class Poller:
 
     def _start(self, op: Operation) -> None:
         assert op.module is not None
-        self._window.take()
+        self._window.reserve()
         self.polls_started += 1
         self._inflight[op.module] += 1
         self._polling.add(op.id)
@@ -199,10 +247,13 @@ class Poller:
 
     async def _poll(self, op: Operation) -> Outcome:
         assert op.module is not None
+        taken = False
         try:
             connector = self.connectors[op.module]
             try:
                 with fail_after(self.poll_timeout_s):
+                    self._window.take()  # the start the cap counts: the connector's call
+                    taken = True
                     doc = await connector.status(op)
             except TransientPollError as exc:  # the connector maps its transport's failures
                 return await self._failed(op, exc.code)
@@ -210,11 +261,50 @@ class Poller:
                 return await self._failed(op, "poll-timeout")
             except Exception:  # a broken connector backs off like a failing one, never spins
                 return await self._failed(op, "poll-error")
-            return await self.registry.polled(op.id, doc)
+            return await self._record(op.id, doc)
         finally:
+            if not taken:
+                self._window.release()
             self._inflight[op.module] -= 1
             self._polling.discard(op.id)
             self._wake.set()
+
+    async def _record(self, op_id: str, doc: object) -> Outcome:
+        # Answers that arrive in the same loop turn are written by one task in one transaction
+        # (Registry.polled_many): at 10,000 pending, a commit per poll was most of a poll's cost
+        # once validation got cheap. The row's next poll is written before this poll leaves
+        # ``_polling``, so the loop cannot start a second poll of it meanwhile.
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self._answers.append((op_id, doc, future))
+        if self._writer is None:
+            self._writer = asyncio.get_running_loop().create_task(self._write_answers())
+        return await future
+
+    async def _write_answers(self) -> None:
+        batch: list[tuple[str, object, asyncio.Future[Outcome]]] = []
+        try:
+            while self._answers:
+                batch, self._answers = self._answers, []
+                try:
+                    outcomes = await self.registry.polled_many([(i, d) for i, d, _ in batch])
+                except Exception:
+                    # The round was rolled back: write each answer alone, so one that cannot
+                    # be written fails its own poll only.
+                    for op_id, doc, future in batch:
+                        try:
+                            _settle(future, await self.registry.polled(op_id, doc))
+                        except Exception as exc:
+                            if not future.done():
+                                future.set_exception(exc)
+                else:
+                    for (_, _, future), outcome in zip(batch, outcomes, strict=True):
+                        _settle(future, outcome)
+                batch = []
+        finally:
+            self._writer = None
+            for _, _, future in (*batch, *self._answers):
+                future.cancel()  # stopped mid-write: the polls are cancelled with it
+            self._answers = []
 
     async def _failed(self, op: Operation, code: str) -> Outcome:
         # The same stretching cadence as a successful poll: a failing connector is not asked
@@ -239,7 +329,7 @@ class Poller:
             wait = self._window.wait_s()
             self._wake.clear()
             await self._sleep(wait if wait > 0 else None)
-        self._window.take()
+        self._window.reserve()
         self.polls_started += 1
         self._inflight[op.module] += 1
         self._polling.add(op.id)
@@ -263,3 +353,8 @@ class Poller:
         fresh = await self.registry.get(op_id)
         assert fresh is not None
         return fresh.describe()
+
+
+def _settle(future: asyncio.Future[Outcome], outcome: Outcome) -> None:
+    if not future.done():  # its poll may have been cancelled meanwhile
+        future.set_result(outcome)

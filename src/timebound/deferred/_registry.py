@@ -191,8 +191,9 @@ class Registry:
         self._owns_store = isinstance(store, str)
         self.policy = policy if policy is not None else HostPolicy()
         self._resumers: dict[str, Resumer] = {}
-        #: Called (without arguments) when a change may make new work for a poller.
-        self.on_change: Callable[[], None] | None = None
+        #: Called when a change may make new work for a poller, with the earliest epoch-ms
+        #: instant that work can be due at (``None``: it may be due now).
+        self.on_change: Callable[[int | None], None] | None = None
 
     @property
     def store(self) -> Store:
@@ -212,9 +213,9 @@ class Registry:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    def _changed(self) -> None:
+    def _changed(self, at_ms: int | None = None) -> None:
         if self.on_change is not None:
-            self.on_change()
+            self.on_change(at_ms)
 
     # Reads -------------------------------------------------------------------------------
 
@@ -399,7 +400,10 @@ class Registry:
             )
             row = await self._row(tx, op_id)
         assert row is not None
-        self._changed()
+        # A new operation makes no work before its first poll or its expiry: a poller asleep
+        # until earlier need not run a round for it (one per accept at 10,000 pending).
+        expires = row["expires_ms"]
+        self._changed(expires if next_poll is None else min(next_poll, expires))
         return _row_op(row)
 
     def _poll_delay_ms(self, retry_after: int, polls: int) -> int:
@@ -592,9 +596,14 @@ class Registry:
         if not modules:
             return []
         marks = ", ".join("?" for _ in modules)
+        # Without statistics SQLite's planner prefers the (status, expires_ms) index here, which
+        # reads and sorts every live row on every round (2.8 ms at 10,000 pending, the loop's
+        # largest cost); walking the next-poll index stops after ``limit`` rows (0.3-0.5 ms).
+        # PostgreSQL plans from its own statistics.
+        hint = " INDEXED BY tb_deferred_ops_poll" if self._store.dialect == "sqlite" else ""
         async with self._store.transaction() as tx:
             rows = await tx.fetch(
-                f"SELECT {_COLUMNS} FROM tb_deferred_ops WHERE next_poll_ms <= ? "
+                f"SELECT {_COLUMNS} FROM tb_deferred_ops{hint} WHERE next_poll_ms <= ? "
                 f"AND module IN ({marks}) AND status IN ('pending', 'running') "
                 "ORDER BY next_poll_ms, id LIMIT ?",
                 now_ms(),
@@ -638,33 +647,48 @@ class Registry:
 
     async def polled(self, op_id: str, status_doc: object) -> Outcome:
         """Apply the status a poll returned and count the attempt (the poller's path)."""
+        return (await self.polled_many([(op_id, status_doc)]))[0]
+
+    async def polled_many(self, answers: list[tuple[str, object]]) -> list[Outcome]:
+        """:meth:`polled` for a round of answers, in one transaction: one commit (and, with
+        ``synchronous=FULL``, one fsync) per round instead of one per poll.
+
+        Rows are locked in id order, so two hosts writing overlapping rounds on PostgreSQL
+        cannot deadlock. If the transaction fails, nothing of the round is written.
+        """
         at = now_ms()
+        order = sorted(range(len(answers)), key=lambda i: answers[i][0])
+        outcomes: list[Outcome] = [Outcome(False, None)] * len(answers)
         async with self._store.transaction() as tx:
-            row = await self._row(tx, op_id, lock=True)
-            if row is None:
-                return Outcome(False, "not-found")
-            attempts = row["attempts"] + 1
-            row = {**row, "attempts": attempts}
-            outcome, status = await self._apply(tx, row, status_doc, at)
-            if status in TERMINAL or not outcome.applied:
-                # An applied live status stored the attempt with it; the rest store it here.
-                await tx.execute(
-                    "UPDATE tb_deferred_ops SET attempts = ? WHERE id = ?", attempts, op_id
-                )
-            if status not in TERMINAL:
-                if self._out_of_attempts(attempts):
-                    await self._expire(
-                        tx, row, at, "poll-budget-exhausted", "no poll attempts left"
-                    )
-                    outcome = Outcome(outcome.applied, "poll-budget-exhausted")
-                elif not outcome.applied:
-                    # A rejected answer is not progress: poll again after the clamped interval.
-                    await tx.execute(
-                        "UPDATE tb_deferred_ops SET next_poll_ms = ? WHERE id = ?",
-                        at + self._poll_delay_ms(row["retry_after_s"], attempts),
-                        op_id,
-                    )
+            for i in order:
+                op_id, doc = answers[i]
+                outcomes[i] = await self._polled(tx, op_id, doc, at)
         self._changed()
+        return outcomes
+
+    async def _polled(self, tx: Tx, op_id: str, status_doc: object, at: int) -> Outcome:
+        row = await self._row(tx, op_id, lock=True)
+        if row is None:
+            return Outcome(False, "not-found")
+        attempts = row["attempts"] + 1
+        row = {**row, "attempts": attempts}
+        outcome, status = await self._apply(tx, row, status_doc, at)
+        if status in TERMINAL or not outcome.applied:
+            # An applied live status stored the attempt with it; the rest store it here.
+            await tx.execute(
+                "UPDATE tb_deferred_ops SET attempts = ? WHERE id = ?", attempts, op_id
+            )
+        if status not in TERMINAL:
+            if self._out_of_attempts(attempts):
+                await self._expire(tx, row, at, "poll-budget-exhausted", "no poll attempts left")
+                outcome = Outcome(outcome.applied, "poll-budget-exhausted")
+            elif not outcome.applied:
+                # A rejected answer is not progress: poll again after the clamped interval.
+                await tx.execute(
+                    "UPDATE tb_deferred_ops SET next_poll_ms = ? WHERE id = ?",
+                    at + self._poll_delay_ms(row["retry_after_s"], attempts),
+                    op_id,
+                )
         return outcome
 
     async def mark_cancel_requested(self, op_id: str) -> Operation | None:
