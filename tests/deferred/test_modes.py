@@ -428,3 +428,29 @@ async def test_a_refused_continuation_fails_the_node_and_never_resumes(
     assert done.status == "completed" and done.resume_error == code and done.resumed_ms is None
     assert result.status == "failed" and f"continuation refused ({code})" in (result.error or "")
     assert result.output is None
+
+
+@pytest.mark.asyncio_real
+@pytest.mark.parametrize(("timing", "expected"), [(None, "async"), ("sync", "sync")])
+async def test_a_deferred_action_that_may_answer_either_way(
+    store_url: str, timing: str | None, expected: str
+) -> None:
+    """execution_mode_support 'either': the handler sees the node's timing in ctx.timing, and
+    a plain answer is the node's output (an async-only action's would be a contract violation)."""
+
+    def quick(ctx: Any) -> Any:
+        return {"timing": ctx.timing}
+
+    node: dict[str, Any] = {"id": "A", "action_id": "a"}
+    if timing is not None:
+        node["timing"] = {"mode": timing}
+    engine = wf.Engine(db=store_url, actions={"quick": quick})
+    engine.register({
+        "id": "either", "initial_node": "A",
+        "actions": [{"id": "a", "kind": "deferred", "execution_mode_support": "either",
+                     "implementation": {"handler": "quick", "module": "m"}}],
+        "nodes": [node],
+    })  # fmt: skip
+    async with engine:
+        result = await engine.wait(await engine.start("either", {}), timeout=30)
+    assert result == wf.RunResult("completed", {"A": {"timing": expected}}, None)
