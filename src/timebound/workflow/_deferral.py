@@ -42,9 +42,13 @@ _FIELDS = {
 
 
 def plan_attempt(
-    definition: Definition, node: Node, action: Action
+    definition: Definition, node: Node, action: Action, deadline_ms: int | None
 ) -> tuple[Mapping[str, Any], str]:
-    """The implementation an attempt runs with (plus what deferral needs), and its timing."""
+    """The implementation an attempt runs with (plus what deferral needs), and its timing.
+
+    ``deadline_ms`` is the node's stored effective deadline: the continuation keeps it exactly
+    (a ``Deadline`` read back through the clocks may differ by a millisecond).
+    """
     timing = node_mode(action.execution_mode_support, node.timing_mode)
     if action.kind not in DEFERRABLE_KINDS:
         return action.implementation, "sync"
@@ -52,6 +56,7 @@ def plan_attempt(
         "response_mode": definition.deferred_response_mode,
         "execution_mode_support": action.execution_mode_support,
         "deferred_profile": action.deferred_profile or {},
+        "deadline_ms": deadline_ms,
     }
     return {**action.implementation, **extra}, timing
 
@@ -227,7 +232,7 @@ class Deferrals:
         else:
             module = implementation["module"]
         key = f"{ctx.run_id}:{ctx.token_id}:{ctx.attempt}"
-        deadline_ms = ctx.deadline.to_epoch_ms()
+        deadline_ms = implementation["deadline_ms"]
         continuation = {
             "schema": CONTINUATION_SCHEMA,
             "resume_kind": RESUME_KIND,

@@ -657,8 +657,9 @@ class Engine:
         if action.kind == "workflow_call":
             await self._start_child(tx, run, tok, definition, now)
             return None
-        implementation, timing = plan_attempt(definition, node, action)
         bounds = [b for b in (timeout_at, run["timeout_at"]) if b is not None]
+        deadline_ms = min(bounds) if bounds else None
+        implementation, timing = plan_attempt(definition, node, action, deadline_ms)
         branch = None
         if tok["branch_index"] is not None:
             branch = {
@@ -674,7 +675,7 @@ class Engine:
             token_id=tok["id"],
             node_id=node.id,
             attempt=tok["attempt"],
-            deadline=Deadline.from_epoch_ms(min(bounds) if bounds else None),
+            deadline=Deadline.from_epoch_ms(deadline_ms),
             timing=timing,
         )
         return (tok["id"], action.kind, implementation, ctx)
