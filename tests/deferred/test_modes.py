@@ -385,6 +385,8 @@ async def test_the_continuation_holds_what_resuming_checks(
         "idempotency_key": key,
     }
     assert cont_digest == digest(cont)
+    # On real time too, the lifetime ends by the node's stored deadline, never a ms after it.
+    assert tok["timeout_at"] - 1 <= done.expires_ms <= tok["timeout_at"]
     for text in reads:
         for private in (SECRET, key, "output_binding", "idempotency_key", "deadline_ms"):
             assert private not in text

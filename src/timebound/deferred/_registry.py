@@ -344,7 +344,7 @@ class Registry:
         request: Any = None,
         continuation: dict[str, Any] | None = None,
         action_max_ttl_s: float | None = None,
-        caller_deadline: Deadline | None = None,
+        caller_deadline: Deadline | int | None = None,
         preferred_retry_after_s: int | None = None,
     ) -> Operation:
         """Record an accepted ``deferred-operation.v1`` answer; return the stored operation.

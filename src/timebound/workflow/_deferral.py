@@ -252,7 +252,8 @@ class Deferrals:
                 module=module,
                 idempotency_key=key,
                 continuation=continuation,
-                caller_deadline=ctx.deadline,  # the node's and the run's deadlines (D7.7)
+                # The node's and the run's deadlines (D7.7), as stored: never a millisecond over.
+                caller_deadline=ctx.deadline if deadline_ms is None else deadline_ms,
                 action_max_ttl_s=profile.get("preferred_max_ttl_seconds"),
                 preferred_retry_after_s=profile.get("preferred_retry_after_seconds"),
             )
