@@ -145,7 +145,7 @@ class HostPolicy:
         *,
         fail_after_s: float | None = None,
         action_max_ttl_s: float | None = None,
-        caller_deadline: Deadline | None = None,
+        caller_deadline: Deadline | int | None = None,
     ) -> datetime:
         """``now + min(min_present(fail_after, action_ttl, caller_deadline - now), max_ttl)``."""
         if now.tzinfo is None:
