@@ -16,6 +16,7 @@ from ._policy import HostPolicy
 from ._poller import Connector, Poller, TransientPollError
 from ._registry import (
     CONTINUATION_SCHEMA,
+    ContinuationRefused,
     Gone,
     IdempotencyConflict,
     Operation,
@@ -28,6 +29,7 @@ from ._service import Overloaded, Service, UnknownKind
 __all__ = [
     "CONTINUATION_SCHEMA",
     "Connector",
+    "ContinuationRefused",
     "Gone",
     "HostPolicy",
     "HttpConnector",

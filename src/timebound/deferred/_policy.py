@@ -102,11 +102,13 @@ class HostPolicy:
         *,
         fail_after_s: float | None = None,
         action_max_ttl_s: float | None = None,
-        caller_deadline: Deadline | None = None,
+        caller_deadline: Deadline | int | None = None,
     ) -> float:
         """The effective lifetime in seconds: ``min(min_present(...), max_ttl_s)``.
 
-        A caller deadline already spent raises ``DeadlineExceeded(source="deferred")``.
+        ``caller_deadline`` is a :class:`Deadline` or a stored epoch-ms instant (exact: a
+        ``Deadline`` read back through the clocks may round up by a millisecond). A caller
+        deadline already spent raises ``DeadlineExceeded(source="deferred")``.
         """
         present: list[float] = []
         for name, value in (("fail_after_s", fail_after_s), ("action_max_ttl_s", action_max_ttl_s)):
@@ -118,14 +120,20 @@ class HostPolicy:
                 )
             present.append(float(value))
         if caller_deadline is not None:
-            until_ms = caller_deadline.to_epoch_ms()
+            until_ms = (
+                caller_deadline
+                if isinstance(caller_deadline, int)
+                else caller_deadline.to_epoch_ms()
+            )
             if until_ms is not None:
                 left = (until_ms - now_epoch_ms) / 1000
                 if left <= 0:
                     raise DeadlineExceeded(
                         "the caller's deadline passed before the deferred operation was created",
                         source="deferred",
-                        deadline=caller_deadline,
+                        deadline=Deadline.from_epoch_ms(caller_deadline)
+                        if isinstance(caller_deadline, int)
+                        else caller_deadline,
                     )
                 present.append(left)
         requested = min(present) if present else float(self.max_ttl_s)
@@ -137,7 +145,7 @@ class HostPolicy:
         *,
         fail_after_s: float | None = None,
         action_max_ttl_s: float | None = None,
-        caller_deadline: Deadline | None = None,
+        caller_deadline: Deadline | int | None = None,
     ) -> datetime:
         """``now + min(min_present(fail_after, action_ttl, caller_deadline - now), max_ttl)``."""
         if now.tzinfo is None:

@@ -174,12 +174,16 @@ class Poller:
             if gap > 0:
                 await asyncio.sleep(gap)
             last = _clock.now()
+            # Cleared before the round, never after it: a poll that ends while the round still
+            # runs (its own last query) sets it again, and the resume it calls for must not be
+            # lost. Cleared after, the loop slept forever with a completed operation unresumed
+            # (found by 200 kill -9 runs on PostgreSQL).
+            self._wake.clear()
             try:
                 delay = await self.step()
             except Exception as exc:  # a failed round (a lost connection): log, pause, retry
                 _log.warning("deferred poller round failed (%s); retrying", type(exc).__name__)
                 delay = 1.0
-            self._wake.clear()
             if delay is None or delay > 0:
                 self._asleep_until = math.inf if delay is None else now_ms() + delay * 1000
                 try:

@@ -33,6 +33,7 @@ from ._policy import HostPolicy
 
 __all__ = [
     "CONTINUATION_SCHEMA",
+    "ContinuationRefused",
     "Gone",
     "IdempotencyConflict",
     "Operation",
@@ -73,6 +74,18 @@ class IdempotencyConflict(ValueError):
     """The idempotency key was already used for a different request."""
 
     code = "idempotency-conflict"
+
+
+class ContinuationRefused(Exception):
+    """Raised by a resumer that will not resume a continuation it cannot trust or read.
+
+    ``code`` is recorded as the operation's ``resume_error`` (like ``continuation-tampered``):
+    the continuation is refused for good, never retried.
+    """
+
+    def __init__(self, code: str) -> None:
+        super().__init__(code)
+        self.code = code
 
 
 class Gone(LookupError):
@@ -146,6 +159,8 @@ class Resumption:
 
 
 Resumer = Callable[[Tx, Resumption], Awaitable[None]]
+#: Told, in the transaction that records it, that an operation's continuation was refused.
+RefusalHook = Callable[[Tx, Operation, str], Awaitable[None]]
 
 
 def _row_op(row: dict[str, Any]) -> Operation:
@@ -191,6 +206,7 @@ class Registry:
         self._owns_store = isinstance(store, str)
         self.policy = policy if policy is not None else HostPolicy()
         self._resumers: dict[str, Resumer] = {}
+        self._on_refused: RefusalHook | None = None
         #: Called when a change may make new work for a poller, with the earliest epoch-ms
         #: instant that work can be due at (``None``: it may be due now).
         self.on_change: Callable[[int | None], None] | None = None
@@ -329,15 +345,18 @@ class Registry:
         request: Any = None,
         continuation: dict[str, Any] | None = None,
         action_max_ttl_s: float | None = None,
-        caller_deadline: Deadline | None = None,
+        caller_deadline: Deadline | int | None = None,
+        preferred_retry_after_s: int | None = None,
     ) -> Operation:
         """Record an accepted ``deferred-operation.v1`` answer; return the stored operation.
 
         ``module`` names the connector the poller asks for status (``None``: this host serves
         the operation itself). The lifetime is the host policy's (D7.6): the connector's own
         ``expires_at`` is only a hint, clamped by ``action_max_ttl_s``, the caller's deadline
-        and ``max_ttl_s``. With ``idempotency_key``, the same key and request give the same
-        operation; the same key and another request raise :class:`IdempotencyConflict`.
+        and ``max_ttl_s``. ``preferred_retry_after_s`` (an action's profile) can only lengthen
+        the connector's first interval, which is clamped all the same. With
+        ``idempotency_key``, the same key and request give the same operation; the same key
+        and another request raise :class:`IdempotencyConflict`.
         """
         validate_operation(doc)
         cont_text = None if continuation is None else check_continuation(continuation)
@@ -350,6 +369,8 @@ class Registry:
             caller_deadline=caller_deadline,
         )
         retry_after, valid = self.policy.check_retry_after(doc["retry_after_seconds"])
+        if preferred_retry_after_s is not None:
+            retry_after = self.policy.retry_after(max(retry_after, preferred_retry_after_s))
         next_poll = None if module is None else at + self._poll_delay_ms(retry_after, 0)
         idem = None if idempotency_key is None else digest(["idempotency", idempotency_key])
         req = None if idempotency_key is None else digest(request)
@@ -715,6 +736,12 @@ class Registry:
             raise ValueError(f"a resumer for {resume_kind!r} is already registered")
         self._resumers[resume_kind] = resumer
 
+    def on_refused(self, hook: RefusalHook) -> None:
+        """Register what happens when a continuation is refused (tampered, unknown version, or
+        refused by its resumer): ``hook(tx, operation, code)`` runs in the transaction that
+        records the refusal. It is told the operation, never the untrusted continuation."""
+        self._on_refused = hook
+
     async def resume_due(self, limit: int = 100) -> int:
         """Resume every terminal operation whose continuation has not resumed yet."""
         async with self._store.transaction() as tx:
@@ -748,7 +775,11 @@ class Registry:
                 resumer = self._resumers.get(resumption.continuation["resume_kind"])
                 if resumer is None:
                     return 0  # its owner has not started yet: it resumes when it registers
-                await resumer(tx, resumption)
+                try:
+                    await resumer(tx, resumption)
+                except ContinuationRefused as exc:
+                    refusal = exc.code
+                    raise _Refused from None
                 await tx.execute(
                     "UPDATE tb_deferred_ops SET resumed_ms = ? WHERE id = ?", now_ms(), op_id
                 )
@@ -761,6 +792,10 @@ class Registry:
                 "UPDATE tb_deferred_ops SET resume_error = ? WHERE id = ?", refusal, op_id
             )
             await self._history(tx, op_id, now_ms(), "refused", None, refusal)
+            if self._on_refused is not None:
+                row = await self._row(tx, op_id, lock=True)
+                assert row is not None and refusal is not None
+                await self._on_refused(tx, _row_op(row), refusal)
         return 0
 
     def _resumption(self, row: dict[str, Any]) -> tuple[str | None, Resumption | None]:

@@ -20,7 +20,11 @@ from .._core._deadline import Deadline
 from .._core._errors import DeadlineExceeded
 from .._core._scopes import fail_at
 
-__all__ = ["ActionContext", "Outcome", "run_http", "run_python"]
+__all__ = ["ActionContext", "Outcome", "is_deferral", "run_http", "run_python"]
+
+#: The schema a connector's deferred answer names (P055 §3); its payload, not the HTTP status,
+#: makes an answer a deferral.
+DEFERRED_SCHEMA = "deferred-operation.v1"
 
 
 @dataclass(frozen=True)
@@ -35,13 +39,22 @@ class ActionContext:
     node_id: str
     attempt: int
     deadline: Deadline
+    #: ``async`` when the call may answer with a deferred-operation handle (the node's mode).
+    timing: str = "sync"
 
 
 @dataclass(frozen=True)
 class Outcome:
-    kind: Literal["ok", "error", "timeout", "deferred", "reject"]
+    #: ``accepted``: the connector answered with a deferred-operation handle (``value``), not
+    #: yet checked or registered; ``deferred``: registered, the token suspends on it.
+    kind: Literal["ok", "error", "timeout", "accepted", "deferred", "reject"]
     value: Any = None
     error: str | None = None
+
+
+def is_deferral(value: Any) -> bool:
+    """Whether an answer claims to be a deferred-operation handle (then it is checked as one)."""
+    return isinstance(value, dict) and value.get("schema") == DEFERRED_SCHEMA
 
 
 def freeze(value: Any) -> Any:
@@ -149,13 +162,22 @@ async def run_http(implementation: Mapping[str, Any], ctx: ActionContext, *, wha
     The JSON body is ``{"input", "state", "branch"}``; a JSON response body is the output (text
     otherwise). An answer carrying the remote expiry marker reaches us as the transport's
     ``DeadlineExceeded`` and is judged like any other (:func:`_timed_out`); every other 4xx/5xx
-    answer, a bare 498 included, is an action error.
+    answer, a bare 498 included, is an action error: a 429 or 503 is overload, never a
+    deferral. In ``async`` timing the request sends ``Prefer: respond-async``; a 2xx answer whose
+    JSON body is a ``deferred-operation.v1`` handle is ``accepted`` (the caller registers it).
     """
     import httpx
 
     from ..propagation.httpx import AsyncDeadlineTransport
 
     body = thaw({"input": ctx.input, "state": ctx.state, "branch": ctx.branch})
+    headers = dict(implementation.get("headers", {}))
+    if ctx.timing == "async":
+        prefer = next((k for k in headers if k.lower() == "prefer"), None)
+        if prefer is None:
+            headers["Prefer"] = "respond-async"
+        elif "respond-async" not in headers[prefer]:
+            headers[prefer] += ", respond-async"
     try:
         async with (
             fail_at(ctx.deadline, source="node", what=what),
@@ -166,7 +188,7 @@ async def run_http(implementation: Mapping[str, Any], ctx: ActionContext, *, wha
                 implementation["method"],
                 implementation["url"],
                 json=body,
-                headers=dict(implementation.get("headers", {})),
+                headers=headers,
             )
             await response.aread()
     except (DeadlineExceeded, httpx.HTTPError) as exc:
@@ -177,6 +199,7 @@ async def run_http(implementation: Mapping[str, Any], ctx: ActionContext, *, wha
     if response.status_code >= 400:
         return Outcome("error", error=f"{what}: HTTP {response.status_code}")
     try:
-        return Outcome("ok", response.json())
+        value = response.json()
     except ValueError:
         return Outcome("ok", response.text)
+    return Outcome("accepted" if is_deferral(value) else "ok", value)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .._core._errors import ConfigurationError
+from ._modes import check_modes, default_support
 
 __all__ = [
     "DefinitionConflict",
@@ -88,6 +89,10 @@ class Action:
     implementation: dict[str, Any]
     timeout_ms: int | None = None
     on_timeout: Literal["fail", "retry"] | None = None
+    #: ``sync-only`` | ``either`` | ``async-only`` (P055 §2, see ``_modes``).
+    execution_mode_support: str = "sync-only"
+    #: ``{preferred_retry_after_seconds, preferred_max_ttl_seconds}``: hints the host policy clamps.
+    deferred_profile: dict[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,7 @@ class Node:
     max_retries: int = DEFAULT_MAX_RETRIES
     inherit_deadline: bool = False
     retry: RetryBlock | None = None
+    timing_mode: Literal["sync", "async"] | None = None  # ``timing.mode``; None: the action's
 
 
 @dataclass(frozen=True)
@@ -291,6 +297,8 @@ def _build(data: dict[str, Any]) -> Definition:
             dict(a["implementation"]),
             execution.get("timeout_ms"),
             execution.get("on_timeout"),
+            a.get("execution_mode_support", default_support(a["kind"])),
+            a.get("deferred_profile"),
         )
     nodes: dict[str, Node] = {}
     for i, n in enumerate(data["nodes"]):
@@ -309,6 +317,7 @@ def _build(data: dict[str, Any]) -> Definition:
             on_timeout=n.get("on_timeout"),
             max_retries=n.get("max_retries", DEFAULT_MAX_RETRIES),
             inherit_deadline=n.get("inherit_deadline", False),
+            timing_mode=n.get("timing", {}).get("mode"),
             retry=None
             if r is None
             else RetryBlock(
@@ -319,6 +328,7 @@ def _build(data: dict[str, Any]) -> Definition:
             ),
         )
         nodes[node.id] = node
+    check_modes(data, DefinitionError)
     if data["initial_node"] not in nodes:
         raise DefinitionError(f"unknown node id {data['initial_node']!r}", path="initial_node")
     transitions: dict[str, Transition] = {}

@@ -29,7 +29,8 @@ from .._core._deadline import Deadline
 from .._core._errors import ConfigurationError
 from .._core._scopes import fail_after
 from .._store import Store, Tx, open_store, wake_delay
-from ._actions import ActionContext, Outcome, freeze, run_http, run_python
+from ._actions import ActionContext, Outcome, freeze, run_python
+from ._deferral import Deferrals, plan_attempt
 from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition
 from ._machine import Machine
 from ._rows import RUN_TERMINAL
@@ -59,8 +60,6 @@ class _Report(NamedTuple):
 _Plan = tuple[str, str, Mapping[str, Any], ActionContext]
 
 _log = logging.getLogger("timebound.workflow")
-#: How the deferred registry hands a workflow's continuations back to it.
-_RESUME_KIND = "timebound.workflow"
 
 
 class RunResult(NamedTuple):
@@ -172,37 +171,36 @@ class Engine:
         self._starts: list[_Start] = []
         self._stored: set[tuple[str, int]] = set()  # definitions this engine has written
         self._claiming = True  # False once a stop is coming (stop_claiming)
-        # Deferred operations (docs/deferred.md): made on first use, so an engine without them
-        # never imports timebound.deferred.
-        self._deferred_policy = deferred_policy
-        self._deferred_connectors = dict(deferred_connectors or {})
-        self._deferred_registry: Any = None
-        self._deferred_poller: Any = None
+        # Deferred operations (docs/deferred.md): the registry is made on first use, so an
+        # engine without them never imports timebound.deferred.
+        self._deferrals = Deferrals(
+            self._store,
+            self._machine,
+            policy=deferred_policy,
+            connectors=deferred_connectors or {},
+            now=self._now,
+            wake=self._wake.set,
+        )
 
     @property
     def deferred_registry(self) -> Any:
         """The :class:`timebound.deferred.Registry` of this engine's deferred operations, on its
         store; a completed operation resumes its token in the registry's transaction (once)."""
-        if self._deferred_registry is None:
-            from ..deferred import Registry
-
-            self._deferred_registry = Registry(self._store, policy=self._deferred_policy)
-            self._deferred_registry.on_resume(_RESUME_KIND, self._resume_deferred)
-        return self._deferred_registry
+        return self._deferrals.registry
 
     @property
     def deferred_poller(self) -> Any:
-        """The :class:`timebound.deferred.Poller` of this engine's ``deferred_connectors`` while
-        the engine is open (``None`` without connectors): operators poll and cancel through it."""
-        return self._deferred_poller
+        """The :class:`timebound.deferred.Poller` of this engine's connectors while the engine
+        is open (``None`` without any): operators poll and cancel through it. Besides
+        ``deferred_connectors`` it polls the deferrable ``http_request`` actions' origins."""
+        return self._deferrals.poller
 
     # Definitions ----------------------------------------------------------------------------
 
     def register(self, definition: dict[str, Any] | str | Path) -> Definition:
         """Add a definition (dict, JSON/YAML text or path); the same one again is a no-op."""
         parsed = self._checked(definition)
-        self._definitions[(parsed.id, parsed.version)] = parsed
-        self._latest[parsed.id] = max(self._latest.get(parsed.id, 0), parsed.version)
+        self._remember(parsed)
         return parsed
 
     async def publish(
@@ -223,9 +221,15 @@ class Engine:
             conflict = await self._store_definition(tx, parsed)
         if conflict is not None:
             raise DefinitionConflict(conflict, path="version")
+        self._remember(parsed)
+        return parsed, known is None
+
+    def _remember(self, parsed: Definition) -> None:
+        """Keep a registered or published definition (and poll its deferrable origins)."""
         self._definitions[(parsed.id, parsed.version)] = parsed
         self._latest[parsed.id] = max(self._latest.get(parsed.id, 0), parsed.version)
-        return parsed, known is None
+        if self._worker:
+            self._deferrals.add(parsed)
 
     async def stored_definitions(self, definition_id: str | None = None) -> list[Definition]:
         """The latest stored version of each definition (or of ``definition_id`` only), by id:
@@ -295,11 +299,7 @@ class Engine:
             async with self._txn() as tx:
                 await self._requeue(tx, "status IN ('dispatched', 'executing')")
         self._loop_task = asyncio.create_task(self._loop(), name="timebound-workflow-loop")
-        if self._deferred_connectors:
-            from ..deferred import Poller
-
-            self._deferred_poller = Poller(self.deferred_registry, self._deferred_connectors)
-            await self._deferred_poller.__aenter__()
+        await self._deferrals.open(self._definitions.values())
 
     def stop_claiming(self) -> None:
         """Claim no more tokens (a stop is coming): the loop still fires timers and stores the
@@ -318,9 +318,7 @@ class Engine:
                 async with asyncio.timeout(drain_s):
                     while self._attempts:
                         await asyncio.wait(list(self._attempts.values()))
-        if self._deferred_poller is not None:
-            await self._deferred_poller.stop()
-            self._deferred_poller = None
+        await self._deferrals.close()
         task, self._loop_task = self._loop_task, None
         pending = [t for t in (task, *self._attempts.values(), *self._background) if t is not None]
         for t in pending:
@@ -750,6 +748,8 @@ class Engine:
             await self._start_child(tx, run, tok, definition, now)
             return None
         bounds = [b for b in (timeout_at, run["timeout_at"]) if b is not None]
+        deadline_ms = min(bounds) if bounds else None
+        implementation, timing = plan_attempt(definition, node, action, deadline_ms)
         branch = None
         if tok["branch_index"] is not None:
             branch = {
@@ -765,12 +765,9 @@ class Engine:
             token_id=tok["id"],
             node_id=node.id,
             attempt=tok["attempt"],
-            deadline=Deadline.from_epoch_ms(min(bounds) if bounds else None),
+            deadline=Deadline.from_epoch_ms(deadline_ms),
+            timing=timing,
         )
-        implementation = action.implementation
-        if action.kind == "deferred":
-            mode = definition.deferred_response_mode
-            implementation = {**implementation, "response_mode": mode}
         return (tok["id"], action.kind, implementation, ctx)
 
     async def _attempt(
@@ -793,10 +790,9 @@ class Engine:
         what: str,
         attempt: int,
     ) -> Outcome:
-        if kind == "http_request":
-            return await run_http(implementation, ctx, what=what)
-        if kind == "deferred":
-            return await self._defer(implementation, ctx, what)
+        if kind in ("http_request", "deferred"):
+            handler = self._handlers.get(implementation.get("handler", ""))
+            return await self._deferrals.call(kind, implementation, ctx, what, handler)
         handler = self._handlers.get(implementation["handler"])
         if handler is None:
             return Outcome("error", error=f"no python handler named {implementation['handler']!r}")
@@ -807,60 +803,6 @@ class Engine:
             task.add_done_callback(self._background.discard)
 
         return await run_python(handler, ctx, what=what, on_late=late)
-
-    async def _defer(
-        self, implementation: Mapping[str, Any], ctx: ActionContext, what: str
-    ) -> Outcome:
-        """Run the bounded initial call, then register its operation and suspend the token."""
-        from ..deferred import CONTINUATION_SCHEMA, SchemaError, validate_operation
-
-        handler = self._handlers[implementation["handler"]]
-        first = await run_python(handler, ctx, what=what, on_late=lambda: None)
-        if first.kind != "ok":
-            return first
-        try:
-            validate_operation(first.value)
-        except SchemaError as exc:
-            return Outcome("error", error=f"contract-violation: {exc}")
-        if implementation["response_mode"] == "reject-as-failure":
-            return Outcome("reject", error="deferred-not-accepted")  # nothing is registered
-        continuation = {
-            "schema": CONTINUATION_SCHEMA,
-            "resume_kind": _RESUME_KIND,
-            "run": ctx.run_id,
-            "token": ctx.token_id,
-            "node": ctx.node_id,
-            "attempt": ctx.attempt,
-        }
-        try:
-            op = await self.deferred_registry.register(
-                first.value,
-                module=implementation["module"],
-                idempotency_key=f"{ctx.run_id}:{ctx.token_id}:{ctx.attempt}",
-                continuation=continuation,
-                caller_deadline=ctx.deadline,  # the node's and the run's deadlines (D7.7)
-            )
-        except SchemaError as exc:
-            return Outcome("error", error=f"contract-violation: {exc}")
-        return Outcome("deferred", value=op.id)
-
-    async def _resume_deferred(self, tx: Tx, resumption: Any) -> None:
-        cont = resumption.continuation
-        tok = await self._machine.token(tx, cont["token"])
-        if tok is None or tok["status"] != "executing" or tok["attempt"] != cont["attempt"]:
-            return  # the token moved on (its deadline, a cancel): nothing to resume
-        now = self._now()
-        run = await self._machine.run(tx, tok["run_id"], lock=self._store.lock_clause())
-        if run is None or await self._machine.check_run_deadline(tx, run, now):
-            return
-        op = resumption.operation
-        if op.status == "completed":
-            await self._machine.complete(tx, run, tok, resumption.result, now)
-        else:
-            code = (resumption.error or {}).get("code", op.status)
-            error = f"deferred-operation: {op.id} ended {op.status} ({code})"
-            await self._machine.action_error(tx, run, tok, error, now)
-        self._wake.set()
 
     async def _late(self, run_id: str, token_id: str, attempt: int) -> None:
         async with self._txn() as tx:
