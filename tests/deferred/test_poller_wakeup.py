@@ -35,10 +35,11 @@ class _LateRead(Registry):
         super().__init__(*args, **kw)
         self.applied = asyncio.Event()
 
-    async def polled(self, op_id: str, status_doc: object) -> Any:
-        outcome = await super().polled(op_id, status_doc)
+    async def polled_many(self, answers: list[tuple[str, object]]) -> Any:
+        # The poller applies a round's answers through this one write path (``polled`` too).
+        outcomes = await super().polled_many(answers)
         self.applied.set()
-        return outcome
+        return outcomes
 
     async def next_instant(self, after_ms: int) -> int | None:
         if self.poller is not None and self.poller._polling:
