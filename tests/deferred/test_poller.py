@@ -351,3 +351,33 @@ async def test_an_idle_round_never_wakes_before_the_next_poll(
     assert delay is not None
     virtual_clock.advance(delay)
     assert now_ms() >= base + 16_287
+
+
+async def test_a_waiting_poll_now_leaves_the_loops_wake_up_alone(
+    tmp_path: Path, virtual_clock: VirtualClock
+) -> None:
+    """An operator's poll waiting for a slot never clears the wake-up a change gave the loop.
+
+    It used to wait on the loop's own event and clear it, which could swallow the wake-up of a
+    poll that completed an operation meanwhile (the loop then slept with it unresumed). The loop
+    is not started here, so nothing else may clear the event.
+    """
+    conn = Scripted(virtual_clock)
+    policy = HostPolicy(jitter=False, poll_rate_cap=1, max_retry_after_s=600)
+    async with Registry(_url(tmp_path), policy=policy) as reg:
+        await reg.register(operation_doc(_id(1), retry_after=500), module="m")
+        await reg.register(operation_doc(_id(2), retry_after=500), module="m")
+        poller = Poller(reg, {"m": conn})
+        try:
+            await asyncio.sleep(5.5)
+            await poller.poll_now(_id(1))  # the cap of 1/s now holds until 6.5 s
+            waiting = asyncio.create_task(poller.poll_now(_id(2)))
+            await asyncio.sleep(0)
+            poller._wake.set()  # a change arrives while the operator's poll waits
+            await asyncio.sleep(0.1)
+            still_set = poller._wake.is_set()
+            await waiting
+        finally:
+            await poller.stop()
+    assert still_set
+    assert conn.polls[_id(2)] == [6.5]

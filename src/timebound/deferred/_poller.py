@@ -130,7 +130,11 @@ class Poller:
         self._window = _RateWindow(policy.poll_rate_cap)
         self._inflight: collections.Counter[str] = collections.Counter()
         self._polling: set[str] = set()
-        self._wake = asyncio.Event()
+        self._wake = asyncio.Event()  # the loop's alone: only the loop clears it
+        # Set when a poll ends (a slot frees): what an operator's "poll now" waits for. Its own
+        # event, because clearing the loop's while waiting could swallow a wake-up the loop needs
+        # (the lost-resume bug of clearing after a round, by another path).
+        self._slot_freed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._polls: set[asyncio.Task[Any]] = set()
         # Answers waiting to be written, and the task writing them (see _record).
@@ -198,12 +202,12 @@ class Poller:
         if until is None or at_ms is None or at_ms < until:
             self._wake.set()
 
-    async def _sleep(self, delay: float | None) -> None:
+    async def _sleep(self, delay: float | None, event: asyncio.Event | None = None) -> None:
         # Not asyncio.wait_for: on Python 3.11 it can swallow a cancellation that arrives as
         # the wait ends (cpython#86296), and stop() would then wait for the loop forever.
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(delay):
-                await self._wake.wait()
+                await (event or self._wake).wait()
 
     async def step(self) -> float | None:
         """One round: expire, resume, start due polls. Returns how long to wait at most."""
@@ -272,6 +276,7 @@ class Poller:
             self._inflight[op.module] -= 1
             self._polling.discard(op.id)
             self._wake.set()
+            self._slot_freed.set()
 
     async def _record(self, op_id: str, doc: object) -> Outcome:
         # Answers that arrive in the same loop turn are written by one task in one transaction
@@ -331,8 +336,8 @@ class Poller:
             or self._window.wait_s() > 0
         ):
             wait = self._window.wait_s()
-            self._wake.clear()
-            await self._sleep(wait if wait > 0 else None)
+            self._slot_freed.clear()
+            await self._sleep(wait if wait > 0 else None, self._slot_freed)
         self._window.reserve()
         self.polls_started += 1
         self._inflight[op.module] += 1
