@@ -950,7 +950,7 @@ def write_json(path: Path, rows: Iterable[Row]) -> None:
 # --- main ---------------------------------------------------------------------------------
 
 
-def _on_sigterm(signum: int, frame: Any) -> None:
+def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
@@ -995,7 +995,12 @@ def main(argv: list[str] | None = None) -> int:
     global VERBOSE
     VERBOSE = args.verbose
 
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    # SIGINT too, not left to asyncio.run: its runner turns Ctrl-C into a cancellation of the
+    # main task and raises KeyboardInterrupt only if that task ends cancelled; a closed loop that
+    # finished in the same turn returned its result instead, and the interrupt was lost (the
+    # harness went on to the next run). Raised here, it unwinds whatever runs.
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     t_start = time.monotonic()
     load_start = os.getloadavg()[0]
     modes = tuple(args.modes.split(",")) if args.modes else MODES

@@ -10,8 +10,7 @@ import os
 import sys
 from typing import Any
 
-from ..host import ConfigError, Host, load_config, serve
-from ..host._serve import publish
+from ..host import ConfigError, Host, load_config, publish, serve
 
 __all__ = ["register"]
 

@@ -12,6 +12,6 @@ from __future__ import annotations
 from ._app import create_app
 from ._config import Config, ConfigError, load_config
 from ._host import Host
-from ._serve import serve
+from ._serve import publish, serve
 
-__all__ = ["Config", "ConfigError", "Host", "create_app", "load_config", "serve"]
+__all__ = ["Config", "ConfigError", "Host", "create_app", "load_config", "publish", "serve"]
