@@ -71,7 +71,15 @@ class Guard:
             self._in_statement = False
 
     def interrupt(self) -> None:
-        """Cancel the statement if it is running; skip it if it has not started."""
+        """Cancel the statement if it is running; skip it if it has not started.
+
+        Once only. A driver handles a cancellation by ending the statement on the server
+        (psycopg sends a cancel request and waits for the statement to end, within a bound of
+        its own); a second cancellation during that makes psycopg close the connection, its
+        state unknown. So a caller cancelled again while it waits changes nothing.
+        """
+        if self._interrupted:
+            return
         self._interrupted = True
         if self._in_statement and self._task is not None:
             self._task.cancel()
@@ -111,7 +119,8 @@ async def run_guarded(
 
 async def _settle(task: asyncio.Future[Any], guard: Guard, grace: float) -> None:
     """Wait for a guarded call to end; interrupt its statement after ``grace`` seconds, or at
-    once on a further cancellation of the waiting caller."""
+    once on a further cancellation of the waiting caller (never twice: see
+    :meth:`Guard.interrupt`)."""
     loop = asyncio.get_running_loop()
     give_up = loop.time() + grace
     while not task.done():

@@ -57,6 +57,44 @@ async def test_plain_cancel_interrupts_the_statement_and_waits_for_the_cleanup()
     assert steps.log == ["begin", "statement", "statement interrupted", "end"]
 
 
+async def test_a_caller_cancelled_twice_interrupts_the_statement_once() -> None:
+    """The caller cancelled again while its interrupted statement winds down (a driver asking
+    the server to cancel it): the statement is not interrupted a second time, which makes
+    psycopg close the connection."""
+    log: list[str] = []
+    started = asyncio.Event()
+    winding_down = asyncio.Event()
+    finish = asyncio.Event()
+
+    async def statement() -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            log.append("interrupted")
+            winding_down.set()
+            try:
+                await finish.wait()  # the driver's own cancellation handling
+            except asyncio.CancelledError:
+                log.append("interrupted again")
+            raise
+
+    async def body(guard: Guard) -> None:
+        await guard.statement(statement)
+
+    task = asyncio.ensure_future(run_guarded(body, attempt(), grace=5))
+    await started.wait()
+    task.cancel()
+    await winding_down.wait()
+    task.cancel()
+    for _ in range(3):
+        await asyncio.sleep(0)
+    finish.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert log == ["interrupted"]
+
+
 async def test_cancel_during_the_bookkeeping_skips_the_statement() -> None:
     """A cancel that lands before the statement started: the statement is never run, the
     bookkeeping still finishes."""

@@ -444,3 +444,49 @@ async def test_async_cancel_while_the_connection_goes_back_does_not_lose_it(
         pool.putconn = real  # type: ignore[method-assign]
         async with aconnection(pool, timeout=5) as conn:
             assert await (await conn.execute("SELECT 1")).fetchone() == (1,)
+
+
+@pytest.mark.asyncio_real
+@pytest.mark.parametrize("autocommit", [True, False])
+async def test_async_second_cancel_while_psycopg_cancels_keeps_the_connection(
+    postgres_dsn: str, autocommit: bool
+) -> None:
+    """A caller cancelled twice (its ``task.cancel()``, then another while it waits for the
+    statement to be cancelled): the statement is interrupted once. psycopg handles one
+    interruption by cancelling the query on the server; a second one during that makes it
+    close the connection (its state unknown), which lost the connection of a storm test."""
+    async with (
+        await aconnect(postgres_dsn, autocommit=autocommit) as c,
+        await aconnect(postgres_dsn, autocommit=True) as watcher,
+    ):
+        pid = c.info.backend_pid
+
+        async def sleep() -> None:
+            with tb.inherit_deadline(tb.Deadline.after(30)):
+                await c.execute("SELECT pg_sleep(30)")
+
+        async def running() -> bool:
+            cur = await watcher.execute(
+                "SELECT state = 'active' AND query LIKE '%%pg_sleep(30)%%' "
+                "FROM pg_stat_activity WHERE pid = %s",
+                (pid,),
+            )
+            row = await cur.fetchone()
+            return bool(row and row[0])
+
+        task = asyncio.ensure_future(sleep())
+        while not await running():
+            await asyncio.sleep(0.005)
+        task.cancel()
+        for _ in range(5):  # psycopg is now asking the server to cancel the query
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not c.closed
+        if not autocommit:
+            await c.rollback()
+        one = await (await c.execute("SELECT 1")).fetchone()
+        status = c.info.transaction_status
+    assert one == (1,)
+    assert status in (psycopg.pq.TransactionStatus.IDLE, psycopg.pq.TransactionStatus.INTRANS)
