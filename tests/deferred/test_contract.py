@@ -162,3 +162,33 @@ def test_unknown_status_value() -> None:
     with pytest.raises(SchemaError) as info:
         validate_status(status_doc(status="done"))
     assert (info.value.path, info.value.rule) == ("$.status", "enum")
+
+
+@pytest.mark.parametrize(
+    ("result", "path", "says"),
+    [
+        ({"tags": {"a", "b"}}, "$.result.tags", "set"),
+        ({"rows": [1, (2, 3)]}, "$.result.rows[1]", "tuple"),
+        ({"score": float("nan")}, "$.result.score", "nan is not a JSON number"),
+        ({"score": float("inf")}, "$.result.score", "inf is not a JSON number"),
+        ({"by id": {7: "x"}}, "$.result['by id']", "key 7 is not a string"),
+        ({"blob": b"\x00"}, "$.result.blob", "bytes"),
+    ],
+)
+def test_a_value_json_cannot_carry_is_a_schema_error(result: Any, path: str, says: str) -> None:
+    """An in-process connector's document holding a set, a tuple, bytes, a NaN, a non-string
+    key: jsonschema passes them where any value is allowed, and the digest could not be made
+    afterwards. The check names the path."""
+    with pytest.raises(SchemaError) as info:
+        validate_status(status_doc(status="completed", result=result))
+    assert (info.value.path, info.value.rule) == (path, "json")
+    assert says in str(info.value)
+
+
+def test_a_document_that_contains_itself_is_a_schema_error() -> None:
+    """A cycle is no finite JSON document: refused, not a RecursionError."""
+    result: dict[str, Any] = {}
+    result["self"] = result
+    with pytest.raises(SchemaError) as info:
+        validate_operation(operation_doc(extra=result))
+    assert (info.value.path, info.value.rule) == ("$.extra.self", "json")

@@ -161,6 +161,17 @@ async def test_completed_without_result_is_a_schema_rejection(store_url: str, cl
         assert op is not None and op.status == "pending"
 
 
+async def test_a_result_json_cannot_carry_is_a_schema_rejection(store_url: str, clock: Any) -> None:
+    """An in-process connector answering a set in its result: applied False, code schema (it
+    escaped apply_status as a TypeError from the digest); the operation keeps waiting."""
+    async with Registry(store_url) as reg:
+        await reg.register(operation_doc(), module="m")
+        doc = status_doc(status="completed", result={"ids": {1, 2}})
+        assert await reg.apply_status(OP, doc) == Outcome(False, "schema")
+        op = await reg.get(OP)
+        assert op is not None and op.status == "pending"
+
+
 async def test_connector_expired_is_applied_as_failed(store_url: str, clock: Any) -> None:
     """Only the host writes expired: a connector's expired becomes failed/connector-expired."""
     async with Registry(store_url) as reg:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from datetime import UTC, datetime
 from functools import cache
 from importlib import resources
@@ -95,6 +97,12 @@ def _check(name: str, doc: object) -> None:
         raise SchemaError(
             name, "$", "type", f"a document is a JSON object, not {type(doc).__name__}"
         )
+    bad = _not_json(doc)
+    if bad is not None:
+        # jsonschema would pass a set or a NaN where the schema allows any value (a result),
+        # and the digest and the stored text could not be made from it afterwards.
+        path, what = bad
+        raise SchemaError(name, path, "json", what)
     if _quick(name)(doc) is True:
         return  # the quick check only says True when the full validation accepts (see there)
     errors = sorted(
@@ -103,6 +111,56 @@ def _check(name: str, doc: object) -> None:
     if errors:
         err = errors[0]
         raise SchemaError(name, err.json_path, str(err.validator), _short(err.message))
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _not_json(value: object) -> tuple[str, str] | None:
+    """``(JSON path, what is wrong)`` for the first value JSON cannot carry (a set, a tuple,
+    bytes, a NaN or an infinity, a non-string key, a cycle), or ``None`` when it is JSON."""
+    keys: list[object] = []
+    bad = _first_bad(value, keys, set())
+    if bad is None:
+        return None
+    path = "$"
+    for key in reversed(keys):
+        if isinstance(key, int):
+            path += f"[{key}]"
+        elif _NAME.match(str(key)):
+            path += f".{key}"
+        else:
+            path += f"[{str(key)!r}]"
+    return path, bad
+
+
+def _first_bad(value: object, keys: list[object], open_: set[int]) -> str | None:
+    # The keys leading to a failure are appended on the way out, innermost first.
+    if value is None or isinstance(value, (str, bool, int)):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{value!r} is not a JSON number"
+    if not isinstance(value, (dict, list)):
+        return f"{type(value).__name__} {_short(repr(value))} is not a JSON value"
+    if id(value) in open_:
+        return "the value contains itself"
+    open_.add(id(value))
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"key {_short(repr(key))} is not a string"
+            bad = _first_bad(item, keys, open_)
+            if bad is not None:
+                keys.append(key)
+                return bad
+    else:
+        for index, item in enumerate(value):
+            bad = _first_bad(item, keys, open_)
+            if bad is not None:
+                keys.append(index)
+                return bad
+    open_.discard(id(value))
+    return None
 
 
 def _short(message: str) -> str:
