@@ -10,6 +10,7 @@ import asyncio
 import contextvars
 import inspect
 import json
+import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -17,10 +18,10 @@ from typing import Any, Literal
 
 from .._core._classify import classify
 from .._core._deadline import Deadline
-from .._core._errors import DeadlineExceeded
+from .._core._errors import ConfigurationError, DeadlineExceeded
 from .._core._scopes import fail_at
 
-__all__ = ["ActionContext", "Outcome", "is_deferral", "run_http", "run_python"]
+__all__ = ["ActionContext", "Outcome", "handlers", "is_deferral", "run_http", "run_python"]
 
 #: The schema a connector's deferred answer names (P055 §3); its payload, not the HTTP status,
 #: makes an answer a deferral.
@@ -203,3 +204,28 @@ async def run_http(implementation: Mapping[str, Any], ctx: ActionContext, *, wha
     except ValueError:
         return Outcome("ok", response.text)
     return Outcome("accepted" if is_deferral(value) else "ok", value)
+
+
+def handlers(
+    actions: Mapping[str, Callable[..., Any]] | types.ModuleType | None,
+) -> dict[str, Any]:
+    """The python handlers an engine is given, by name: a mapping, or a module's public
+    callables (not its classes); ``ConfigurationError`` for anything else."""
+    if actions is None:
+        return {}
+    if isinstance(actions, types.ModuleType):
+        return {
+            name: obj
+            for name, obj in vars(actions).items()
+            if callable(obj) and not name.startswith("_") and not isinstance(obj, type)
+        }
+    if isinstance(actions, Mapping):
+        bad = [name for name, fn in actions.items() if not callable(fn)]
+        if bad:
+            raise ConfigurationError(f"actions[{bad[0]!r}] is not callable", option="actions")
+        return dict(actions)
+    raise ConfigurationError(
+        f"actions is a mapping of handler names to callables or a module, not "
+        f"{type(actions).__name__}",
+        option="actions",
+    )

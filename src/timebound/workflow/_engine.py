@@ -1,4 +1,5 @@
-"""The workflow engine: public API, the worker loop, durable timers and action attempts.
+"""The workflow engine: public API, the worker loop, durable timers and action attempts (its
+reads of runs, tokens and events are in :mod:`._reads`).
 
 One loop per engine. Each turn it fires the timers that are due (read from storage, so a restart
 re-arms them, D6.6), claims ready tokens and starts their attempts, then sleeps until the next
@@ -29,10 +30,11 @@ from .._core._deadline import Deadline
 from .._core._errors import ConfigurationError
 from .._core._scopes import fail_after
 from .._store import Store, Tx, open_store, wake_delay
-from ._actions import ActionContext, Outcome, freeze, run_python
+from ._actions import ActionContext, Outcome, freeze, handlers, run_python
 from ._deferral import Deferrals, plan_attempt
 from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition
 from ._machine import Machine
+from ._reads import RunReads
 from ._rows import RUN_TERMINAL
 
 __all__ = ["Engine", "RunResult", "store_definition"]
@@ -71,29 +73,6 @@ class RunResult(NamedTuple):
     error: str | None
 
 
-def _handlers(
-    actions: Mapping[str, Callable[..., Any]] | types.ModuleType | None,
-) -> dict[str, Any]:
-    if actions is None:
-        return {}
-    if isinstance(actions, types.ModuleType):
-        return {
-            name: obj
-            for name, obj in vars(actions).items()
-            if callable(obj) and not name.startswith("_") and not isinstance(obj, type)
-        }
-    if isinstance(actions, Mapping):
-        bad = [name for name, fn in actions.items() if not callable(fn)]
-        if bad:
-            raise ConfigurationError(f"actions[{bad[0]!r}] is not callable", option="actions")
-        return dict(actions)
-    raise ConfigurationError(
-        f"actions is a mapping of handler names to callables or a module, not "
-        f"{type(actions).__name__}",
-        option="actions",
-    )
-
-
 async def store_definition(tx: Tx, definition: Definition) -> str | None:
     """Store a definition's body under its (id, version) unless stored; an error message if the
     store holds another body there.
@@ -122,7 +101,7 @@ async def store_definition(tx: Tx, definition: Definition) -> str | None:
     return None
 
 
-class Engine:
+class Engine(RunReads):
     """A durable workflow engine on one store (``sqlite:///FILE`` or ``postgresql://…``)."""
 
     def __init__(
@@ -152,7 +131,7 @@ class Engine:
         # Without the worker loop the engine starts, reads and cancels runs; other processes
         # (``timebound worker``) dispatch them.
         self._worker = worker
-        self._handlers = _handlers(actions)
+        self._handlers = handlers(actions)
         self._concurrency = concurrency
         self._lease_ms = lease_ms
         self._sweep_ms = sweep_ms
@@ -425,78 +404,6 @@ class Engine:
                 event.clear()
         finally:
             self._finished.pop(run_id, None)
-
-    async def get_run(self, run_id: str) -> dict[str, Any]:
-        async with self._read() as tx:
-            return await _run_row(self._machine, tx, run_id)
-
-    async def tokens(self, run_id: str) -> list[dict[str, Any]]:
-        async with self._read() as tx:
-            return await _token_rows(tx, run_id)
-
-    async def events(self, run_id: str) -> list[dict[str, Any]]:
-        async with self._read() as tx:
-            return await tx.events(run_id)
-
-    async def snapshot(
-        self, run_id: str
-    ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
-        """The run, its tokens and its events, read from one snapshot (one transaction instead
-        of three, and never a token newer than its run); ``KeyError`` if there is no such run."""
-        async with self._read() as tx:
-            run = await _run_row(self._machine, tx, run_id)
-            return run, await _token_rows(tx, run_id), await tx.events(run_id)
-
-    async def list_runs(
-        self,
-        *,
-        status: str | None = None,
-        definition_id: str | None = None,
-        after: tuple[int, str] | None = None,
-        limit: int = 50,
-    ) -> list[dict[str, Any]]:
-        """Runs newest first (without input and state); ``after`` is the ``(started_at, id)`` of
-        the last run of the previous page, so pages stay stable while runs are added."""
-        where: list[str] = ["1 = 1"]
-        args: list[Any] = []
-        if status is not None:
-            where.append("status = ?")
-            args.append(status)
-        if definition_id is not None:
-            where.append("definition_id = ?")
-            args.append(definition_id)
-        if after is not None:
-            where.append("(started_at < ? OR (started_at = ? AND id < ?))")
-            args += [after[0], after[0], after[1]]
-        async with self._read() as tx:
-            return await tx.fetch(
-                "SELECT id, definition_id, definition_version, status, started_at, timeout_at, "
-                f"finished_at, error FROM tb_wf_runs WHERE {' AND '.join(where)} "
-                "ORDER BY started_at DESC, id DESC LIMIT ?",
-                *args,
-                limit,
-            )
-
-    async def counts(self) -> dict[str, dict[str, int]]:
-        """How many runs and tokens are in each state (for metrics)."""
-        async with self._read() as tx:
-            runs = await tx.fetch("SELECT status, COUNT(*) AS n FROM tb_wf_runs GROUP BY status")
-            tokens = await tx.fetch(
-                "SELECT status, COUNT(*) AS n FROM tb_wf_tokens GROUP BY status"
-            )
-        return {
-            "runs": {r["status"]: int(r["n"]) for r in runs},
-            "tokens": {r["status"]: int(r["n"]) for r in tokens},
-        }
-
-    async def timeouts(self) -> list[dict[str, Any]]:
-        """Every timeout the store recorded (workflow, execution and synchronization layers),
-        as its event data: layer (``timeout_type``), policy and ``detection_lag_ms``."""
-        async with self._read() as tx:
-            rows = await tx.fetch(
-                "SELECT data FROM tb_events WHERE kind IN ('token_timed_out', 'join_timed_out')"
-            )
-        return [json.loads(r["data"]) for r in rows]
 
     async def cancel(self, run_id: str) -> bool:
         """Cancel a running run, its live tokens and child runs; ``False`` if it had ended."""
@@ -859,36 +766,3 @@ class Engine:
             await self._machine.action_error(tx, run, tok, conflict, now)
             return
         await self._machine.start_child(tx, run, tok, node, child, now)
-
-
-async def _run_row(machine: Machine, tx: Tx, run_id: str) -> dict[str, Any]:
-    run = await machine.run(tx, run_id)
-    if run is None:
-        raise KeyError(f"no workflow run {run_id!r}")
-    for key in ("input", "state"):
-        run[key] = json.loads(run[key])
-    return run
-
-
-_TOKEN_FIELDS = (
-    "id",
-    "node_id",
-    "status",
-    "branch_index",
-    "retry_count",
-    "attempt",
-    "timeout_at",
-    "error",
-    "child_run_id",
-)
-
-
-async def _token_rows(tx: Tx, run_id: str) -> list[dict[str, Any]]:
-    rows = await tx.fetch("SELECT * FROM tb_wf_tokens WHERE run_id = ? ORDER BY seq", run_id)
-    out = []
-    for row in rows:
-        item = {k: row[k] for k in _TOKEN_FIELDS}
-        item["state_data"] = json.loads(row["state_data"])
-        item["output"] = None if row["output"] is None else json.loads(row["output"])
-        out.append(item)
-    return out

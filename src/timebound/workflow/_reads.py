@@ -1,0 +1,137 @@
+"""The engine's reads: runs, tokens, events and counts from committed state.
+
+Reads go through :meth:`Store.read` (a WAL reader on SQLite, a read-only snapshot on
+PostgreSQL), never behind the engine's lock and waking nothing, so the host's pages and event
+streams neither queue behind the worker loop's turns nor cause extra turns.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from .._store import Tx
+from ._machine import Machine
+
+__all__ = ["RunReads"]
+
+
+class RunReads:
+    """What :class:`~timebound.workflow.Engine` answers about runs (a part of it).
+
+    The engine provides ``_machine`` and ``_read()``, a read transaction of committed state.
+    """
+
+    _machine: Machine
+
+    def _read(self) -> AbstractAsyncContextManager[Tx]:
+        raise NotImplementedError
+
+    async def get_run(self, run_id: str) -> dict[str, Any]:
+        """The run's row, its input and state decoded; ``KeyError`` if there is no such run."""
+        async with self._read() as tx:
+            return await _run_row(self._machine, tx, run_id)
+
+    async def tokens(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's tokens in creation order, their state and output decoded."""
+        async with self._read() as tx:
+            return await _token_rows(tx, run_id)
+
+    async def events(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's events in order."""
+        async with self._read() as tx:
+            return await tx.events(run_id)
+
+    async def snapshot(
+        self, run_id: str
+    ) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+        """The run, its tokens and its events, read from one snapshot (one transaction instead
+        of three, and never a token newer than its run); ``KeyError`` if there is no such run."""
+        async with self._read() as tx:
+            run = await _run_row(self._machine, tx, run_id)
+            return run, await _token_rows(tx, run_id), await tx.events(run_id)
+
+    async def list_runs(
+        self,
+        *,
+        status: str | None = None,
+        definition_id: str | None = None,
+        after: tuple[int, str] | None = None,
+        limit: int = 50,
+    ) -> list[dict[str, Any]]:
+        """Runs newest first (without input and state); ``after`` is the ``(started_at, id)`` of
+        the last run of the previous page, so pages stay stable while runs are added."""
+        where: list[str] = ["1 = 1"]
+        args: list[Any] = []
+        if status is not None:
+            where.append("status = ?")
+            args.append(status)
+        if definition_id is not None:
+            where.append("definition_id = ?")
+            args.append(definition_id)
+        if after is not None:
+            where.append("(started_at < ? OR (started_at = ? AND id < ?))")
+            args += [after[0], after[0], after[1]]
+        async with self._read() as tx:
+            return await tx.fetch(
+                "SELECT id, definition_id, definition_version, status, started_at, timeout_at, "
+                f"finished_at, error FROM tb_wf_runs WHERE {' AND '.join(where)} "
+                "ORDER BY started_at DESC, id DESC LIMIT ?",
+                *args,
+                limit,
+            )
+
+    async def counts(self) -> dict[str, dict[str, int]]:
+        """How many runs and tokens are in each state (for metrics)."""
+        async with self._read() as tx:
+            runs = await tx.fetch("SELECT status, COUNT(*) AS n FROM tb_wf_runs GROUP BY status")
+            tokens = await tx.fetch(
+                "SELECT status, COUNT(*) AS n FROM tb_wf_tokens GROUP BY status"
+            )
+        return {
+            "runs": {r["status"]: int(r["n"]) for r in runs},
+            "tokens": {r["status"]: int(r["n"]) for r in tokens},
+        }
+
+    async def timeouts(self) -> list[dict[str, Any]]:
+        """Every timeout the store recorded (workflow, execution and synchronization layers),
+        as its event data: layer (``timeout_type``), policy and ``detection_lag_ms``."""
+        async with self._read() as tx:
+            rows = await tx.fetch(
+                "SELECT data FROM tb_events WHERE kind IN ('token_timed_out', 'join_timed_out')"
+            )
+        return [json.loads(r["data"]) for r in rows]
+
+
+async def _run_row(machine: Machine, tx: Tx, run_id: str) -> dict[str, Any]:
+    run = await machine.run(tx, run_id)
+    if run is None:
+        raise KeyError(f"no workflow run {run_id!r}")
+    for key in ("input", "state"):
+        run[key] = json.loads(run[key])
+    return run
+
+
+_TOKEN_FIELDS = (
+    "id",
+    "node_id",
+    "status",
+    "branch_index",
+    "retry_count",
+    "attempt",
+    "timeout_at",
+    "error",
+    "child_run_id",
+)
+
+
+async def _token_rows(tx: Tx, run_id: str) -> list[dict[str, Any]]:
+    rows = await tx.fetch("SELECT * FROM tb_wf_tokens WHERE run_id = ? ORDER BY seq", run_id)
+    out = []
+    for row in rows:
+        item = {k: row[k] for k in _TOKEN_FIELDS}
+        item["state_data"] = json.loads(row["state_data"])
+        item["output"] = None if row["output"] is None else json.loads(row["output"])
+        out.append(item)
+    return out
