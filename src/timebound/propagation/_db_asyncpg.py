@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Awaitable, Callable, Generator, Iterable
 from types import TracebackType
@@ -23,6 +24,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 __all__ = ["DeadlineConnection", "DeadlinePool", "connect", "create_pool"]
 
 _T = TypeVar("_T")
+_log = logging.getLogger("timebound.propagation")
 _QUERY: Final = options("asyncpg", "postgres query")
 _ACQUIRE: Final = options("asyncpg", "postgres connection", user=False)
 _Conn = asyncpg.Connection
@@ -164,9 +166,10 @@ class DeadlineConnection(asyncpg.Connection):  # type: ignore[misc]
         """End the transaction of ours, whatever state the failure left it in."""
         try:
             await _Conn.execute(self, "ROLLBACK", timeout=self._timebound_grace)
-        except Exception:
+        except Exception as exc:
             # Its state unknown, the connection must serve nobody: closing it makes the server
             # roll back, and a pool replaces it.
+            _log.warning("asyncpg: ROLLBACK after a cut failed (%r): closing the connection", exc)
             self.terminate()
 
     async def execute(self, query: str, *args: Any, timeout: float | None = None) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -31,6 +32,7 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+_log = logging.getLogger("timebound.propagation")
 _QUERY: Final = options("psycopg", "postgres query")
 # A statement in an aborted transaction fails on its own: bounded, not counted as narrowed.
 _QUERY_ABORTED: Final = options("psycopg", "postgres query", user=False)
@@ -296,9 +298,10 @@ def _rollback(conn: psycopg.Connection[Any], helper: psycopg.Cursor[Any]) -> Non
         return
     try:
         helper.execute("ROLLBACK")
-    except Exception:
+    except Exception as exc:
         # Its state unknown, the connection must serve nobody: closing it makes the server
         # roll back, and a pool replaces it.
+        _log.warning("psycopg: ROLLBACK after a cut failed (%r): closing the connection", exc)
         conn.close()
 
 
@@ -308,7 +311,8 @@ async def _arollback(conn: psycopg.AsyncConnection[Any], helper: psycopg.AsyncCu
         return
     try:
         await helper.execute("ROLLBACK")
-    except Exception:
+    except Exception as exc:
+        _log.warning("psycopg: ROLLBACK after a cut failed (%r): closing the connection", exc)
         await conn.close()
 
 
