@@ -206,6 +206,48 @@ async def test_an_http_deferral_suspends_and_resumes_once(
     assert len([e for e in events if e["kind"] == "token_completed"]) == 1
 
 
+@pytest.mark.parametrize(
+    ("module", "origin"),
+    [
+        ("http_request:http://127.0.0.1:8080", "http://127.0.0.1:8080"),
+        ("http_request:https://svc.example", "https://svc.example"),
+        ("http_request:http://127.0.0.1:8080/v1/operations", None),  # not an origin
+        ("http_request:file:///etc/passwd", None),
+        ("http_request:", None),
+        ("reports", None),
+        ("reports:http://127.0.0.1:8080", None),
+    ],
+)
+def test_only_a_stored_http_origin_makes_a_connector(module: str, origin: str | None) -> None:
+    """A connector is made from a stored module only when it is exactly what the engine
+    writes for an http_request origin."""
+    from timebound.workflow._deferral import _stored_origin
+
+    assert _stored_origin(module) == origin
+
+
+@pytest.mark.asyncio_real
+async def test_after_a_restart_the_origin_is_polled_without_its_definition(
+    served: tuple[Recording, str], store_url: str
+) -> None:
+    """A run suspended on an http_request deferral outlives its engine; a new engine on the
+    store that registers no definition calling that origin still polls the operation (its
+    connector is made from the stored module) and resumes the run once. Before, nothing
+    polled it and the node waited until the operation expired."""
+    s, url = served
+    first = _engine(store_url, _definition(f"{url}/v1/operations/report.render"))
+    async with first:
+        run_id = await first.start("report", {"pages": 2})
+        op = await _wait_for_operation(first)
+    s.release.set()
+    second = wf.Engine(db=store_url, deferred_policy=HostPolicy(jitter=False))
+    async with second:
+        result = await second.wait(run_id, timeout=30)
+        history = await second.deferred_registry.history(op.id)
+    assert result == wf.RunResult("completed", {"A": {"pages": 2, "secret": SECRET}}, None)
+    assert [h["code"] for h in history].count("resumed") == 1
+
+
 @pytest.mark.asyncio_real
 @pytest.mark.parametrize(("support", "timing"), [("sync-only", None), ("either", "sync")])
 async def test_a_deferral_of_a_sync_call_is_a_contract_violation(

@@ -612,6 +612,16 @@ class Registry:
         times = [r["t"] for r in (poll, exp) if r is not None and r["t"] is not None]
         return min(int(t) for t in times) if times else None
 
+    async def live_modules(self) -> list[str]:
+        """The modules of the operations still pending or running: the connectors a poller
+        needs, whoever registered them (a previous process, another host on the store)."""
+        async with self._store.transaction() as tx:
+            rows = await tx.fetch(
+                "SELECT DISTINCT module FROM tb_deferred_ops "
+                "WHERE status IN ('pending', 'running') AND module IS NOT NULL ORDER BY module"
+            )
+        return [r["module"] for r in rows]
+
     async def due_polls(self, modules: list[str], limit: int) -> list[Operation]:
         """Live operations of ``modules`` whose next poll is due (never before it, D7.6)."""
         if not modules:

@@ -68,6 +68,22 @@ def http_module(url: str) -> tuple[str, str]:
     return f"http_request:{origin}", origin
 
 
+def _stored_origin(module: str) -> str | None:
+    """The origin of a stored ``http_request:<origin>`` module (as :func:`http_module` made
+    it), or ``None`` for any other module."""
+    prefix, _, origin = module.partition(":")
+    if prefix != "http_request":
+        return None
+    parts = urlsplit(origin)
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.netloc
+        or origin != http_module(origin)[1]
+    ):
+        return None
+    return origin
+
+
 def _same_origin(origin: str, href: str) -> bool:
     parts = urlsplit(urljoin(origin + "/", href))
     return f"{parts.scheme}://{parts.netloc}" == origin
@@ -123,25 +139,35 @@ class Deferrals:
         for action in definition.actions.values():
             if action.kind != "http_request" or action.execution_mode_support == "sync-only":
                 continue
-            module, origin = http_module(action.implementation["url"])
-            if module in self._given or module in self._made:
-                continue
-            from ..deferred import HttpConnector
-
-            self._made[module] = HttpConnector(origin)
-            fresh = True
-            if self.poller is not None:
-                self.poller.connectors[module] = self._made[module]
+            fresh |= self._connect(*http_module(action.implementation["url"]))
         if fresh and self.poller is None:
             # Registered while the engine runs: start polling on the engine's loop.
             task = asyncio.get_running_loop().create_task(self._start_poller())
             self._starting.add(task)
             task.add_done_callback(self._starting.discard)
 
+    def _connect(self, module: str, origin: str) -> bool:
+        """Make the HttpConnector of an ``http_request`` origin; whether one was made."""
+        if module in self._given or module in self._made:
+            return False
+        from ..deferred import HttpConnector
+
+        self._made[module] = HttpConnector(origin)
+        if self.poller is not None:
+            self.poller.connectors[module] = self._made[module]
+        return True
+
     async def open(self, definitions: Iterable[Definition]) -> None:
         self._open = True
         for definition in definitions:
             self.add(definition)
+        # Operations that runs of earlier processes (or other workers on the store) suspended
+        # on: their origins are polled even when no definition registered here calls them, or
+        # their nodes would wait until the operations expire.
+        for module in await self.registry.live_modules():
+            origin = _stored_origin(module)
+            if origin is not None:
+                self._connect(module, origin)
         await self._start_poller()
 
     async def _start_poller(self) -> None:

@@ -150,8 +150,8 @@ class Engine(RunReads):
         self._starts: list[_Start] = []
         self._stored: set[tuple[str, int]] = set()  # definitions this engine has written
         self._claiming = True  # False once a stop is coming (stop_claiming)
-        # Deferred operations (docs/deferred.md): the registry is made on first use, so an
-        # engine without them never imports timebound.deferred.
+        # Deferred operations (docs/deferred.md): the registry is made on first use (a worker
+        # engine's open asks it which operations are still live).
         self._deferrals = Deferrals(
             self._store,
             self._machine,
