@@ -253,7 +253,8 @@ async def test_after_a_restart_the_origin_is_polled_without_its_definition(
 async def test_a_deferral_of_a_sync_call_is_a_contract_violation(
     served: tuple[Recording, str], store_url: str, support: str, timing: str | None
 ) -> None:
-    """A call made in sync mode sends no Prefer; a 202 handle fails the node, registers nothing."""
+    """A call made in sync mode sends no Prefer; a 202 handle fails the node and registers
+    nothing, and the service is asked to cancel the operation nobody will poll."""
     s, url = served
     definition = _definition(f"{url}/v1/operations/report.render", support=support, timing=timing)
     engine = _engine(store_url, definition)
@@ -263,7 +264,13 @@ async def test_a_deferral_of_a_sync_call_is_a_contract_violation(
         ops = await engine.deferred_registry.operations()
     assert result.status == "failed"
     assert "contract-violation" in (result.error or "") and "sync mode" in (result.error or "")
-    assert s.calls == [("/v1/operations/report.render", None)]
+    assert "asked it to cancel the operation" in (result.error or "")
+    (started,) = await s.registry.operations()
+    assert s.calls == [
+        ("/v1/operations/report.render", None),
+        (f"/v1/deferred-operations/{started.id}/cancel", None),
+    ]
+    assert started.status == "cancelled"
     assert ops == []
 
 

@@ -63,7 +63,12 @@ class HttpConnector:
 
     async def cancel(self, op: Operation) -> object:
         assert op.cancel_href is not None
-        return await self._call("POST", op.cancel_href)
+        return await self.cancel_at(op.cancel_href)
+
+    async def cancel_at(self, cancel_href: str) -> object:
+        """Ask for a cancellation at ``cancel_href`` (an operation that was never registered:
+        a handle answered to a call made in sync mode); the status document answered."""
+        return await self._call("POST", cancel_href)
 
     async def _call(self, method: str, href: str) -> object:
         import httpx

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
+from .._core._scopes import move_on_after
 from .._store import Store, Tx
 from ._actions import ActionContext, Outcome, is_deferral, run_http, run_python
 from ._definition import Action, Definition, Node
@@ -29,6 +30,8 @@ __all__ = ["RESUME_KIND", "Deferrals", "http_module", "plan_attempt"]
 
 #: How the deferred registry hands a workflow's continuations back to it.
 RESUME_KIND = "timebound.workflow"
+#: How long asking a service to cancel an operation nobody will poll may take (seconds).
+CANCEL_TIMEOUT_S = 5.0
 #: The version of the workflow's part of a continuation (beside the registry's own schema).
 WORKFLOW_CONTINUATION_V = 1
 _FIELDS = {
@@ -234,11 +237,13 @@ class Deferrals:
 
         if ctx.timing == "sync":
             support = implementation["execution_mode_support"]
-            return Outcome(
-                "error",
-                error="contract-violation: the connector deferred a call made in sync mode "
-                f"(execution_mode_support {support!r})",
+            error = (
+                "contract-violation: the connector deferred a call made in sync mode "
+                f"(execution_mode_support {support!r})"
             )
+            if kind == "http_request":
+                error += await self._cancel_unwanted(doc, implementation)
+            return Outcome("error", error=error)
         try:
             validate_operation(doc)
         except SchemaError as exc:
@@ -286,6 +291,35 @@ class Deferrals:
         except SchemaError as exc:
             return Outcome("error", error=f"contract-violation: {exc}")
         return Outcome("deferred", value=op.id)
+
+    async def _cancel_unwanted(self, doc: Any, implementation: Mapping[str, Any]) -> str:
+        """Ask the service to cancel an operation it started for a call made in sync mode:
+        nothing will poll it, so left alone it would run on unseen. What happened, to append
+        to the node's error."""
+        from ..deferred import HttpConnector, SchemaError, TransientPollError, validate_operation
+
+        try:
+            validate_operation(doc)
+        except SchemaError:
+            return ""  # not a handle: nothing to cancel
+        module, origin = http_module(implementation["url"])
+        href = doc.get("cancel_href")
+        if href is None or not _same_origin(origin, href):
+            return "; the operation is left running (no cancel_href on the request's origin)"
+        made = self._made.get(module)
+        connector = made if made is not None else HttpConnector(origin)
+        try:
+            # Cleanup after the node's call: a budget of its own, whatever the node has left.
+            async with move_on_after(CANCEL_TIMEOUT_S, shield=True) as scope:
+                await connector.cancel_at(href)
+            if scope.expired:
+                return f"; asking it to cancel got no answer within {CANCEL_TIMEOUT_S:g} s"
+        except TransientPollError as exc:
+            return f"; asking it to cancel failed ({exc.code})"
+        finally:
+            if made is None:
+                await connector.aclose()
+        return "; asked it to cancel the operation"
 
     # Resuming ---------------------------------------------------------------------------
 
