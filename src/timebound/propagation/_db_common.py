@@ -73,7 +73,7 @@ class Guard:
     def interrupt(self) -> None:
         """Cancel the statement if it is running; skip it if it has not started.
 
-        Once only. A driver handles a cancellation by ending the statement on the server
+        Once only (D4.9). A driver handles a cancellation by ending the statement on the server
         (psycopg sends a cancel request and waits for the statement to end, within a bound of
         its own); a second cancellation during that makes psycopg close the connection, its
         state unknown. So a caller cancelled again while it waits changes nothing.

@@ -166,7 +166,7 @@ class Deferrals:
             self.add(definition)
         # Operations that runs of earlier processes (or other workers on the store) suspended
         # on: their origins are polled even when no definition registered here calls them, or
-        # their nodes would wait until the operations expire.
+        # their nodes would wait until the operations expire (D7.9).
         for module in await self.registry.live_modules():
             origin = _stored_origin(module)
             if origin is not None:
@@ -294,8 +294,8 @@ class Deferrals:
 
     async def _cancel_unwanted(self, doc: Any, implementation: Mapping[str, Any]) -> str:
         """Ask the service to cancel an operation it started for a call made in sync mode:
-        nothing will poll it, so left alone it would run on unseen. What happened, to append
-        to the node's error."""
+        nothing will poll it, so left alone it would run on unseen (D7.9). What happened, to
+        append to the node's error."""
         from ..deferred import HttpConnector, SchemaError, TransientPollError, validate_operation
 
         try:
