@@ -67,10 +67,23 @@ async def _cancelled_after(rnd: random.Random, work: Awaitable[Any]) -> Any:
     return await task
 
 
+async def _cancelled_twice(rnd: random.Random, work: Awaitable[Any]) -> Any:
+    """Like :func:`_cancelled_after`, then cancelled again a moment later (a task group
+    cancelling a child its own timeout already cancelled): while the driver is still ending
+    the interrupted statement, a second interruption must change nothing."""
+    task = asyncio.ensure_future(work)
+    await asyncio.sleep(rnd.uniform(0, MAX_BUDGET))
+    task.cancel()
+    for _ in range(rnd.randrange(6)):
+        await asyncio.sleep(0)
+    task.cancel()
+    return await task
+
+
 async def _cut(rnd: random.Random, call: Callable[[], Awaitable[Any]]) -> Any:
     """One call under a randomly chosen cut: a cancelling scope, an inherited deadline (which
-    does not cancel), or a plain cancellation with time left."""
-    mode = rnd.randrange(3)
+    does not cancel), or a plain cancellation with time left, once or twice."""
+    mode = rnd.randrange(4)
     if mode == 0:
         async with tb.fail_after(rnd.uniform(0, MAX_BUDGET)):
             return await call()
@@ -82,7 +95,9 @@ async def _cut(rnd: random.Random, call: Callable[[], Awaitable[Any]]) -> Any:
         with tb.inherit_deadline(tb.Deadline.after(5)):
             return await call()
 
-    return await _cancelled_after(rnd, with_time_left())
+    if mode == 2:
+        return await _cancelled_after(rnd, with_time_left())
+    return await _cancelled_twice(rnd, with_time_left())
 
 
 @asynccontextmanager
