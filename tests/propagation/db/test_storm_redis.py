@@ -137,13 +137,14 @@ async def test_async_storm_deadlines_never_cancel_a_command_mid_flight(
 async def test_async_storm_with_plain_cancels_never_misroutes_a_reply(
     redis_url: str, named_keys: list[str]
 ) -> None:
-    """Inherited deadlines, cancelling scopes and plain cancellations with time left, at random
-    instants: every reply reaches its own caller, and the client is usable afterwards."""
+    """Inherited deadlines, cancelling scopes and plain cancellations with time left (once or
+    twice), at random instants: every reply reaches its own caller, and the client is usable
+    afterwards."""
     rnd = random.Random(5)
     client = afrom_url(redis_url, socket_timeout=None)
 
     async def cut(call: Callable[[], Awaitable[Any]]) -> Any:
-        mode = rnd.randrange(3)
+        mode = rnd.randrange(4)
         budget = rnd.uniform(0, MAX_BUDGET)
         if mode == 0:
             async with tb.fail_after(budget):
@@ -159,6 +160,10 @@ async def test_async_storm_with_plain_cancels_never_misroutes_a_reply(
         task = asyncio.ensure_future(with_time_left())
         await asyncio.sleep(budget)
         task.cancel()
+        if mode == 3:  # cancelled again while the first cancellation is being handled
+            for _ in range(rnd.randrange(6)):
+                await asyncio.sleep(0)
+            task.cancel()
         return await task
 
     try:
