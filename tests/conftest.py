@@ -62,12 +62,15 @@ def _no_process_state_left_behind() -> Iterator[None]:
     Each of these once leaked and broke later tests in random order: a virtual clock restored
     after its test ended (time froze for the rest of the run), a spent deadline left in the main
     thread's context by the signal tier, an alarm or SIGALRM handler left armed, a listener left
-    registered.
+    registered. A signal mask left changed would keep SIGALRM from the main thread.
     """
     alarm_handler = signal.getsignal(signal.SIGALRM)
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
     listeners = list(_events._listeners)
     yield
     problems = []
+    if signal.pthread_sigmask(signal.SIG_BLOCK, ()) != mask:
+        problems.append("the main thread's signal mask was changed")
     if (_clock.now, _clock.sleep, _clock.wall) != (time.monotonic, time.sleep, time.time):
         problems.append("the clock is not the real clock")
     if _scopes._frame.get() is not _scopes._ROOT:

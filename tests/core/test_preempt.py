@@ -102,6 +102,19 @@ def test_signal_refuses_foreign_handler() -> None:
         signal.signal(signal.SIGALRM, previous)
 
 
+def test_signal_refuses_when_sigalrm_is_blocked_in_the_main_thread() -> None:
+    """With SIGALRM blocked in the calling thread the signal would go to another thread, or to
+    none, and nothing might ever stop the call: the tier refuses, naming the mask."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    try:
+        with pytest.raises(RuntimeError, match="SIGALRM is blocked"):
+            tb.run_with_signal(_add, 1, 2, timeout=1)
+        assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    assert tb.run_with_signal(_add, 1, 2, timeout=1) == 3
+
+
 def test_signal_refuses_off_main_thread() -> None:
     """Called from a worker thread, the tier raises RuntimeError naming the alternatives."""
     errors: list[BaseException] = []

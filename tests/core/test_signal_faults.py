@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import signal
 import sys
+import time
 import types
 from collections.abc import Callable
 from typing import Any
@@ -116,33 +117,38 @@ def test_scopes_inside_the_call_leak_nothing_whenever_the_deadline_fires(
 
 
 def test_a_signal_in_the_bookkeeping_is_delivered_after_it(virtual_clock: VirtualClock) -> None:
-    """A signal landing inside scope bookkeeping is deferred, not dropped: it still interrupts."""
+    """A signal landing inside scope bookkeeping is deferred, not dropped: it still interrupts.
+
+    The deferral re-arms a real timer. It is not held back by blocking SIGALRM in the main
+    thread: the kernel then hands the signal to another thread (an earlier test's executor or
+    gRPC thread) and Python runs the handler in the main thread anyway; a test that did so
+    could leave the signal blocked. The first re-arm is made long instead, so the deferral is
+    recorded before the real signal lands in the loop below; a signal that never comes fails
+    the test rather than hanging the run.
+    """
     stopped_in: list[str] = []
     previous = signal.getsignal(signal.SIGALRM)
 
     def body() -> None:
         virtual_clock.advance(6)
+        _preempt._defer_delay = 0.1  # the first deferral's delay (run_with_signal reset it)
         # Deliver as if inside a scope's exit called from here: the handler must defer, not raise.
-        # The real signal it re-arms stays pending until unblocked, so nothing races the check.
         inside_exit = _FakeFrame(tb.CancelScope.__exit__.__code__, sys._getframe())
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
         try:
             _preempt._on_alarm(signal.SIGALRM, inside_exit)  # type: ignore[arg-type]
             stopped_in.append("deferred")
-        except BaseException:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
-            raise
-        try:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
-            while True:  # the re-armed real timer interrupts this loop
+            give_up = time.monotonic() + 30
+            while time.monotonic() < give_up:  # the re-armed real timer interrupts this loop
                 pass
         except tb.DeadlineExceeded:
             stopped_in.append("interrupted")
             raise
+        pytest.fail("the deferred signal was never delivered")
 
     with pytest.raises(tb.DeadlineExceeded):
         tb.run_with_signal(body, timeout=5)
     assert stopped_in == ["deferred", "interrupted"]
+    assert _preempt._defer_delay == _preempt._MIN_REARM  # a delivery starts over
     _assert_clean(previous)
 
 
@@ -172,23 +178,28 @@ def test_deferrals_back_off_so_the_handler_cannot_nest_in_itself(
 
     def recording_setitimer(which: int, seconds: float, interval: float = 0.0) -> Any:
         armed.append(seconds)
-        return real_setitimer(which, seconds, interval)
+        if arming[0]:
+            return real_setitimer(which, seconds, interval)
+        return (0.0, 0.0)
 
     monkeypatch.setattr(signal, "setitimer", recording_setitimer)
+    # The deferrals' timers are recorded, not armed: a real one firing during the loop would be
+    # delivered (blocking SIGALRM in the main thread does not hold it back while any other
+    # thread takes it) and end the loop early.
+    arming = [True]
 
     def body() -> None:
         virtual_clock.advance(6)
         inside_exit = _FakeFrame(tb.CancelScope.__exit__.__code__, sys._getframe())
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        arming[0] = False
         try:
             for _ in range(14):
                 _preempt._on_alarm(signal.SIGALRM, inside_exit)  # type: ignore[arg-type]
                 delays.append(armed[-1])
-            # Not protected: delivered now, and the next deferral starts from the minimum again.
-            _preempt._on_alarm(signal.SIGALRM, sys._getframe())
         finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
+            arming[0] = True
+        # Not protected: delivered now, and the next deferral starts from the minimum again.
+        _preempt._on_alarm(signal.SIGALRM, sys._getframe())
 
     with pytest.raises(tb.DeadlineExceeded):
         tb.run_with_signal(body, timeout=5)

@@ -228,7 +228,8 @@ def run_with_signal(
     ~0.1 ms; a long C call only when it returns. timebound's own scope bookkeeping is never
     interrupted: a signal that lands there is delivered a moment later.
 
-    Main thread only, and only when no one else owns ``SIGALRM``: otherwise ``RuntimeError``.
+    Main thread only, only when no one else owns ``SIGALRM`` and only while the main thread does
+    not block it: otherwise ``RuntimeError``.
     Nested calls are safe; the previous handler and any previous ``ITIMER_REAL`` are restored.
     """
     if threading.current_thread() is not threading.main_thread():
@@ -246,6 +247,14 @@ def run_with_signal(
     _expired_now(b)
     if b.error is None:
         return fn(*args, **kwargs)
+    if signal.SIGALRM in signal.pthread_sigmask(signal.SIG_BLOCK, ()):
+        # Blocked here, the signal goes to another thread that takes it, or to none: then
+        # nothing would ever stop fn.
+        raise RuntimeError(
+            "run_with_signal(): SIGALRM is blocked in the main thread (signal.pthread_sigmask), "
+            "so the deadline could not interrupt the call. Unblock it, or use run_in_thread() "
+            "or run_in_process() instead"
+        )
     # This frame is protected (a signal landing in it waits): only fn itself is interrupted.
     alarm = _Alarm(b, previous)
     try:
