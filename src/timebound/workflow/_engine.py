@@ -564,6 +564,10 @@ class Engine(RunReads):
                     inherited_deadline_at=start.deadline_at,
                 )
                 started.append((start.future, run_id))
+            # The reports' runs, read and locked at once, in id order (as the sort did one by one).
+            await self._machine.hold_runs(
+                tx, (r.run_id for r in outcomes), lock=self._store.lock_clause()
+            )
             for report in sorted(outcomes, key=lambda r: r.run_id):
                 await self._report(tx, report, now)
             plans = await self._dispatch(tx, now)
@@ -623,9 +627,15 @@ class Engine(RunReads):
             now,
             free,
         )
+        # Their runs, read and locked at once (in id order) rather than one by one in _begin.
+        await self._machine.hold_runs(
+            tx, (tok["run_id"] for tok in rows), lock=self._store.lock_clause()
+        )
         plans = []
         for tok in rows:
-            await self._machine.claim(tx, tok, self.worker_id, now + self._lease_ms, now)
+            # The claim is written by _begin, with the attempt's start (one UPDATE).
+            lease_until = now + self._lease_ms
+            await self._machine.claim(tx, tok, self.worker_id, lease_until, now, write=False)
             plan = await self._begin(tx, tok, now)
             if plan is not None:
                 plans.append(plan)
@@ -639,12 +649,18 @@ class Engine(RunReads):
             raise task.exception()  # type: ignore[misc]  # a bug: surface it in the loop's log
 
     async def _begin(self, tx: Tx, tok: dict[str, Any], now: int) -> _Plan | None:
-        """``dispatched`` → ``executing``; the attempt to run, or ``None`` if there is none."""
+        """``dispatched`` → ``executing``; the attempt to run, or ``None`` if there is none.
+
+        The token's claim is not written yet (``claim(write=False)``): begin_attempt writes it,
+        and every other way out writes it first, so the row goes through ``dispatched`` as it
+        always did before its run's or its own deadline ends it."""
         machine = self._machine
         run = await machine.run(tx, tok["run_id"], lock=self._store.lock_clause())
-        if run is None or await machine.check_run_deadline(tx, run, now):
-            return None
-        if tok["timeout_at"] is not None and now >= tok["timeout_at"]:
+        token_due = tok["timeout_at"] is not None and now >= tok["timeout_at"]
+        if run is None or token_due or not machine.run_live(run, now):
+            await machine.write_claim(tx, tok, now)
+            if run is None or await machine.check_run_deadline(tx, run, now):
+                return None
             await machine.token_timeout(tx, run, tok, now)
             return None
         definition = await machine.definition(tx, run)
