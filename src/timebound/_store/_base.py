@@ -53,6 +53,7 @@ class Tx:
     def __init__(self) -> None:
         self._events: list[tuple[str, str, int, str]] = []
         self._writes: list[tuple[Hashable, str, tuple[Any, ...]]] = []
+        self._written: set[Hashable] = set()  # the rows the deferred writes touch
         self.held: dict[Any, Any] = {}
 
     async def execute(self, sql: str, *args: Any) -> int:
@@ -87,11 +88,12 @@ class Tx:
         """Write later (before the next statement that may see it, and before the commit):
         ``sql`` changes only the row ``key`` names, and nobody reads its row count."""
         self._writes.append((key, sql, args))
+        self._written.add(key)
 
     async def fetch_row(self, key: Hashable, sql: str, *args: Any) -> dict[str, Any] | None:
         """Read the one row ``key`` names (``sql`` reads nothing else), sending first only the
         deferred writes if one of them touches that row."""
-        if any(k == key for k, _, _ in self._writes):
+        if key in self._written:
             await self.flush_writes()
         rows = await self._fetch(sql, *args)
         return rows[0] if rows else None
@@ -102,6 +104,7 @@ class Tx:
         if not self._writes:
             return
         writes, self._writes = self._writes, []
+        self._written.clear()
         groups: dict[str, list[tuple[Any, ...]]] = {}
         order: dict[str, int] = {}
         last: dict[Hashable, int] = {}  # a row's latest group: its writes must not go back
