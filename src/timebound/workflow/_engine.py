@@ -35,7 +35,7 @@ from ._deferral import Deferrals, plan_attempt
 from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition
 from ._machine import Machine
 from ._reads import RunReads
-from ._rows import RUN_TERMINAL
+from ._rows import RUN_TERMINAL, RunResult
 
 __all__ = ["Engine", "RunResult", "store_definition"]
 
@@ -62,15 +62,6 @@ class _Report(NamedTuple):
 _Plan = tuple[str, str, Mapping[str, Any], ActionContext]
 
 _log = logging.getLogger("timebound.workflow")
-
-
-class RunResult(NamedTuple):
-    """How a run ended: ``status`` (completed | failed | timed_out | cancelled), ``output`` (the
-    context's ``state`` when completed) and ``error``."""
-
-    status: str
-    output: Any
-    error: str | None
 
 
 async def store_definition(tx: Tx, definition: Definition) -> str | None:
@@ -564,10 +555,8 @@ class Engine(RunReads):
                     inherited_deadline_at=start.deadline_at,
                 )
                 started.append((start.future, run_id))
-            # The reports' runs, read and locked at once, in id order (as the sort did one by one).
-            await self._machine.hold_runs(
-                tx, (r.run_id for r in outcomes), lock=self._store.lock_clause()
-            )
+            lock = self._store.lock_clause()  # the reports' runs: read and locked at once, by id
+            await self._machine.hold_runs(tx, (r.run_id for r in outcomes), lock=lock)
             for report in sorted(outcomes, key=lambda r: r.run_id):
                 await self._report(tx, report, now)
             plans = await self._dispatch(tx, now)
@@ -627,15 +616,12 @@ class Engine(RunReads):
             now,
             free,
         )
-        # Their runs, read and locked at once (in id order) rather than one by one in _begin.
-        await self._machine.hold_runs(
-            tx, (tok["run_id"] for tok in rows), lock=self._store.lock_clause()
-        )
+        lock = self._store.lock_clause()  # their runs: read and locked at once, by id
+        await self._machine.hold_runs(tx, (t["run_id"] for t in rows), lock=lock)
         plans = []
         for tok in rows:
-            # The claim is written by _begin, with the attempt's start (one UPDATE).
-            lease_until = now + self._lease_ms
-            await self._machine.claim(tx, tok, self.worker_id, lease_until, now, write=False)
+            lease = now + self._lease_ms  # the claim is written by _begin with the attempt
+            await self._machine.claim(tx, tok, self.worker_id, lease, now, write=False)
             plan = await self._begin(tx, tok, now)
             if plan is not None:
                 plans.append(plan)
@@ -649,11 +635,8 @@ class Engine(RunReads):
             raise task.exception()  # type: ignore[misc]  # a bug: surface it in the loop's log
 
     async def _begin(self, tx: Tx, tok: dict[str, Any], now: int) -> _Plan | None:
-        """``dispatched`` → ``executing``; the attempt to run, or ``None`` if there is none.
-
-        The token's claim is not written yet (``claim(write=False)``): begin_attempt writes it,
-        and every other way out writes it first, so the row goes through ``dispatched`` as it
-        always did before its run's or its own deadline ends it."""
+        """``dispatched`` → ``executing``; the attempt to run, or ``None`` if there is none. The
+        claim, not yet written, goes with begin_attempt's UPDATE; any other way out writes it."""
         machine = self._machine
         run = await machine.run(tx, tok["run_id"], lock=self._store.lock_clause())
         token_due = tok["timeout_at"] is not None and now >= tok["timeout_at"]
