@@ -9,7 +9,7 @@ transaction as the change it records, and a lease is an owner and an expiry on a
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from .._core._deadline import Deadline
@@ -39,22 +39,102 @@ class Tx:
 
     An engine sets :attr:`wake_others` when the transaction makes work or news for other
     processes (a new token, a finished run); a shared store then wakes them at commit.
+
+    :attr:`exclusive` is true when no other writer can change a row until this transaction ends
+    (SQLite's ``BEGIN IMMEDIATE``); :attr:`held` is where an engine keeps the rows it holds in
+    this transaction (read under a row lock, or in an exclusive transaction), so it need not read
+    them again: it is the engine's job to keep them current with its own writes. Both die with
+    the transaction, so a rollback forgets them.
     """
 
     wake_others = False
+    exclusive = False
 
     def __init__(self) -> None:
         self._events: list[tuple[str, str, int, str]] = []
+        self._writes: list[tuple[Hashable, str, tuple[Any, ...]]] = []
+        self._written: set[Hashable] = set()  # the rows the deferred writes touch
+        self.held: dict[Any, Any] = {}
 
     async def execute(self, sql: str, *args: Any) -> int:
-        raise NotImplementedError
+        await self.flush_writes()
+        return await self._execute(sql, *args)
 
     async def fetch(self, sql: str, *args: Any) -> list[dict[str, Any]]:
-        raise NotImplementedError
+        await self.flush_writes()
+        return await self._fetch(sql, *args)
 
     async def fetchone(self, sql: str, *args: Any) -> dict[str, Any] | None:
         rows = await self.fetch(sql, *args)
         return rows[0] if rows else None
+
+    async def _execute(self, sql: str, *args: Any) -> int:
+        raise NotImplementedError
+
+    async def _fetch(self, sql: str, *args: Any) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    # Deferred writes -----------------------------------------------------------------------
+    #
+    # A turn of an engine writes the same few statements for each of many rows (one UPDATE per
+    # token, one INSERT per new token...). Sent one by one, each is a round trip to PostgreSQL;
+    # deferred, the writes of one statement go together as one ``executemany`` (pipelined by
+    # asyncpg, one call into SQLite). What keeps this exact: a deferred write names the one row
+    # it touches (``key``); every other statement sends the deferred writes first, in order;
+    # only a read of one row by its key (:meth:`fetch_row`) may pass writes of other rows; and
+    # writes are regrouped by statement only when no row's writes would change order.
+
+    def defer(self, key: Hashable, sql: str, *args: Any) -> None:
+        """Write later (before the next statement that may see it, and before the commit):
+        ``sql`` changes only the row ``key`` names, and nobody reads its row count."""
+        self._writes.append((key, sql, args))
+        self._written.add(key)
+
+    async def fetch_row(self, key: Hashable, sql: str, *args: Any) -> dict[str, Any] | None:
+        """Read the one row ``key`` names (``sql`` reads nothing else), sending first only the
+        deferred writes if one of them touches that row."""
+        if key in self._written:
+            await self.flush_writes()
+        rows = await self._fetch(sql, *args)
+        return rows[0] if rows else None
+
+    async def flush_writes(self) -> None:
+        """Send the deferred writes: grouped by statement when that keeps every row's writes
+        in their order, else in runs of one statement as they came."""
+        if not self._writes:
+            return
+        writes, self._writes = self._writes, []
+        self._written.clear()
+        groups: dict[str, list[tuple[Any, ...]]] = {}
+        order: dict[str, int] = {}
+        last: dict[Hashable, int] = {}  # a row's latest group: its writes must not go back
+        regroup = True
+        for key, sql, args in writes:
+            g = order.setdefault(sql, len(order))
+            if last.get(key, g) > g:
+                regroup = False
+                break
+            last[key] = g
+            groups.setdefault(sql, []).append(args)
+        if not regroup:
+            groups = {}
+            runs: list[tuple[str, list[tuple[Any, ...]]]] = []
+            for _, sql, args in writes:
+                if runs and runs[-1][0] == sql:
+                    runs[-1][1].append(args)
+                else:
+                    runs.append((sql, [args]))
+            for sql, rows in runs:
+                await self._write_rows(sql, rows)
+            return
+        for sql, rows in groups.items():
+            await self._write_rows(sql, rows)
+
+    async def _write_rows(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        if len(rows) == 1:
+            await self._execute(sql, *rows[0])
+        else:
+            await self._execute_many(sql, rows)
 
     # Durable timers -----------------------------------------------------------------------
 
@@ -98,16 +178,22 @@ class Tx:
         self._events.append((stream, kind, at_ms, json.dumps(data)))
 
     async def flush_events(self) -> None:
-        """Write the recorded events (backends call this just before committing)."""
+        """Write the deferred writes and the recorded events (backends call this just before
+        committing)."""
+        await self.flush_writes()
         if self._events:
             events, self._events = self._events, []
-            await self.execute_many(
+            await self._execute_many(
                 "INSERT INTO tb_events (stream, kind, at_ms, data) VALUES (?, ?, ?, ?)", events
             )
 
     async def execute_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        await self.flush_writes()
+        await self._execute_many(sql, rows)
+
+    async def _execute_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         for row in rows:
-            await self.execute(sql, *row)
+            await self._execute(sql, *row)
 
     async def events(self, stream: str) -> list[dict[str, Any]]:
         await self.flush_events()

@@ -36,15 +36,15 @@ class _PgTx(Tx):
         super().__init__()
         self._conn = conn
 
-    async def execute_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+    async def _execute_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         await self._conn.executemany(_numbered(sql), rows)
 
-    async def execute(self, sql: str, *args: Any) -> int:
+    async def _execute(self, sql: str, *args: Any) -> int:
         status: str = await self._conn.execute(_numbered(sql), *args)
         tail = status.rsplit(" ", 1)[-1]
         return int(tail) if tail.isdigit() else 0
 
-    async def fetch(self, sql: str, *args: Any) -> list[dict[str, Any]]:
+    async def _fetch(self, sql: str, *args: Any) -> list[dict[str, Any]]:
         return [dict(r) for r in await self._conn.fetch(_numbered(sql), *args)]
 
 

@@ -29,17 +29,18 @@ _SYNC_MODES = ("FULL", "NORMAL", "OFF", "EXTRA")
 
 
 class _SqliteTx(Tx):
-    def __init__(self, conn: sqlite3.Connection) -> None:
+    def __init__(self, conn: sqlite3.Connection, *, exclusive: bool = False) -> None:
         super().__init__()
         self._conn = conn
+        self.exclusive = exclusive
 
-    async def execute(self, sql: str, *args: Any) -> int:
+    async def _execute(self, sql: str, *args: Any) -> int:
         return self._conn.execute(sql, args).rowcount
 
-    async def execute_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+    async def _execute_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         self._conn.executemany(sql, rows)
 
-    async def fetch(self, sql: str, *args: Any) -> list[dict[str, Any]]:
+    async def _fetch(self, sql: str, *args: Any) -> list[dict[str, Any]]:
         cur = self._conn.execute(sql, args)
         names = [d[0] for d in cur.description or ()]
         return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
@@ -128,7 +129,7 @@ class SqliteStore(Store):
             raise StoreError("the store is not open")
         conn.execute("BEGIN IMMEDIATE")
         try:
-            tx = _SqliteTx(conn)
+            tx = _SqliteTx(conn, exclusive=True)  # BEGIN IMMEDIATE: the one writer
             yield tx
             await tx.flush_events()
         except BaseException:

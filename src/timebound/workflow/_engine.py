@@ -35,7 +35,7 @@ from ._deferral import Deferrals, plan_attempt
 from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition
 from ._machine import Machine
 from ._reads import RunReads
-from ._rows import RUN_TERMINAL
+from ._rows import RUN_TERMINAL, RunResult
 
 __all__ = ["Engine", "RunResult", "store_definition"]
 
@@ -62,15 +62,6 @@ class _Report(NamedTuple):
 _Plan = tuple[str, str, Mapping[str, Any], ActionContext]
 
 _log = logging.getLogger("timebound.workflow")
-
-
-class RunResult(NamedTuple):
-    """How a run ended: ``status`` (completed | failed | timed_out | cancelled), ``output`` (the
-    context's ``state`` when completed) and ``error``."""
-
-    status: str
-    output: Any
-    error: str | None
 
 
 async def store_definition(tx: Tx, definition: Definition) -> str | None:
@@ -564,6 +555,8 @@ class Engine(RunReads):
                     inherited_deadline_at=start.deadline_at,
                 )
                 started.append((start.future, run_id))
+            lock = self._store.lock_clause()  # the reports' runs: read and locked at once, by id
+            await self._machine.hold_runs(tx, (r.run_id for r in outcomes), lock=lock)
             for report in sorted(outcomes, key=lambda r: r.run_id):
                 await self._report(tx, report, now)
             plans = await self._dispatch(tx, now)
@@ -623,9 +616,12 @@ class Engine(RunReads):
             now,
             free,
         )
+        lock = self._store.lock_clause()  # their runs: read and locked at once, by id
+        await self._machine.hold_runs(tx, (t["run_id"] for t in rows), lock=lock)
         plans = []
         for tok in rows:
-            await self._machine.claim(tx, tok, self.worker_id, now + self._lease_ms, now)
+            lease = now + self._lease_ms  # the claim is written by _begin with the attempt
+            await self._machine.claim(tx, tok, self.worker_id, lease, now, write=False)
             plan = await self._begin(tx, tok, now)
             if plan is not None:
                 plans.append(plan)
@@ -639,12 +635,15 @@ class Engine(RunReads):
             raise task.exception()  # type: ignore[misc]  # a bug: surface it in the loop's log
 
     async def _begin(self, tx: Tx, tok: dict[str, Any], now: int) -> _Plan | None:
-        """``dispatched`` → ``executing``; the attempt to run, or ``None`` if there is none."""
+        """``dispatched`` → ``executing``; the attempt to run, or ``None`` if there is none. The
+        claim, not yet written, goes with begin_attempt's UPDATE; any other way out writes it."""
         machine = self._machine
         run = await machine.run(tx, tok["run_id"], lock=self._store.lock_clause())
-        if run is None or await machine.check_run_deadline(tx, run, now):
-            return None
-        if tok["timeout_at"] is not None and now >= tok["timeout_at"]:
+        token_due = tok["timeout_at"] is not None and now >= tok["timeout_at"]
+        if run is None or token_due or not machine.run_live(run, now):
+            await machine.write_claim(tx, tok, now)
+            if run is None or await machine.check_run_deadline(tx, run, now):
+                return None
             await machine.token_timeout(tx, run, tok, now)
             return None
         definition = await machine.definition(tx, run)

@@ -215,10 +215,9 @@ class Joins:
             except TypeError as exc:
                 await self._m.fail_run(tx, run, f"join '{join.id}': {exc}", now)
                 return
-            await tx.execute(
-                "UPDATE tb_wf_runs SET state = ? WHERE id = ?", encode(state), run["id"]
-            )
-            run["state"] = encode(state)
+            encoded = encode(state)
+            await tx.execute("UPDATE tb_wf_runs SET state = ? WHERE id = ?", encoded, run["id"])
+            self._m._run_changed(tx, run, state=encoded)
         await tx.append_event(
             run["id"],
             "join_decided",

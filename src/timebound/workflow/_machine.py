@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .._store import Tx
@@ -69,10 +69,51 @@ class Machine:
     # Loading --------------------------------------------------------------------------------
 
     async def run(self, tx: Tx, run_id: str, *, lock: str = "") -> dict[str, Any] | None:
-        return await tx.fetchone(f"SELECT * FROM tb_wf_runs WHERE id = ?{lock}", run_id)
+        """The run's row, read once per transaction when the transaction holds it.
+
+        A row read under its lock (``lock``, PostgreSQL's ``FOR UPDATE``) or in an exclusive
+        transaction (SQLite) cannot change behind us until the commit, so it is kept in
+        ``tx.held`` and answered from there: a turn reads and locks a run once, however many of
+        its tokens it handles. Every change of a run goes through :meth:`_run_changed`, which
+        keeps the held row current. An unlocked read on a shared store is never kept (another
+        worker may change the row), but a held row answers it: we hold its lock.
+        """
+        held = tx.held.get(("run", run_id))
+        if held is not None:
+            return held  # type: ignore[no-any-return]
+        row = await tx.fetch_row(
+            ("run", run_id), f"SELECT * FROM tb_wf_runs WHERE id = ?{lock}", run_id
+        )
+        if row is not None and (lock or tx.exclusive):
+            tx.held[("run", run_id)] = row
+        return row
+
+    async def hold_runs(self, tx: Tx, run_ids: Iterable[str], *, lock: str = "") -> None:
+        """Read (and lock, in id order) the runs not yet held, one statement per 500: what
+        :meth:`run` would read one by one for each token of a turn."""
+        if not (lock or tx.exclusive):
+            return
+        wanted = sorted({r for r in run_ids if ("run", r) not in tx.held})
+        for i in range(0, len(wanted), 500):
+            chunk = wanted[i : i + 500]
+            marks = ", ".join("?" * len(chunk))
+            for row in await tx.fetch(
+                f"SELECT * FROM tb_wf_runs WHERE id IN ({marks}) ORDER BY id{lock}", *chunk
+            ):
+                tx.held[("run", row["id"])] = row
+
+    @staticmethod
+    def _run_changed(tx: Tx, run: dict[str, Any], **fields: Any) -> None:
+        """Record in ``run`` (and in the held row, if it is another dict) what was just written."""
+        run.update(fields)
+        held = tx.held.get(("run", run["id"]))
+        if held is not None and held is not run:
+            held.update(fields)
 
     async def token(self, tx: Tx, token_id: str) -> dict[str, Any] | None:
-        return await tx.fetchone("SELECT * FROM tb_wf_tokens WHERE id = ?", token_id)
+        return await tx.fetch_row(
+            ("tok", token_id), "SELECT * FROM tb_wf_tokens WHERE id = ?", token_id
+        )
 
     async def definition(self, tx: Tx, run: dict[str, Any]) -> Definition:
         """The definition a run started with (runs keep their version), cached by the engine."""
@@ -153,6 +194,7 @@ class Machine:
             error,
             run_id,
         )
+        self._run_changed(tx, run, status=status, finished_at=now, error=error)
         await tx.clear_stream_timers(run_id)
         await tx.append_event(run_id, f"run_{status}", now, workflow_run_id=run_id, error=error)
         self._on_run_finished(run_id)
@@ -192,6 +234,12 @@ class Machine:
             await self._finish_run(tx, run, "failed", now, "Workflow exceeded timeout")
         else:
             await self._finish_run(tx, run, "timed_out", now, "Workflow exceeded timeout")
+
+    @staticmethod
+    def run_live(run: dict[str, Any], now: int) -> bool:
+        """Whether the run is running and its timeout not due: what makes
+        :meth:`check_run_deadline` answer ``False`` (and change nothing)."""
+        return run["status"] == "running" and (run["timeout_at"] is None or now < run["timeout_at"])
 
     async def check_run_deadline(self, tx: Tx, run: dict[str, Any], now: int) -> bool:
         """Apply the workflow timeout if it is due; ``True`` when the run is (now) over."""
@@ -233,7 +281,8 @@ class Machine:
         # A token stuck in pending/dispatched longer than its node timeout times out (fail).
         timeout_ms = definition.node_timeout_ms(definition.nodes[node_id])
         timeout_at = None if timeout_ms is None else now + timeout_ms
-        await tx.execute(
+        tx.defer(
+            ("tok", token_id),
             "INSERT INTO tb_wf_tokens (id, run_id, node_id, status, seq, branch_index, "
             "branch_total, branch_item, branch_output, fan_out_transition_id, group_key, "
             "outer_branch, lineage, timeout_at, not_before, state_data, created_at, updated_at) "
@@ -268,23 +317,49 @@ class Machine:
         return token_id
 
     async def _set_token(
-        self, tx: Tx, tok: dict[str, Any], status: str, now: int, **fields: Any
+        self,
+        tx: Tx,
+        tok: dict[str, Any],
+        status: str,
+        now: int,
+        *,
+        output: str | None = None,
+        **fields: Any,
     ) -> None:
-        """Move a token to ``status``; ``fields`` go into ``state_data`` and the event."""
+        """Move a token to ``status``; ``fields`` go into ``state_data`` and the event.
+        ``output`` (encoded) is stored with it, as :meth:`_write_output` would."""
         state_data = tok["state_data"]
         if fields:
             data = decode(state_data) or {}
             data.update(fields)
             state_data = encode(data)
-        await tx.execute(
-            "UPDATE tb_wf_tokens SET status = ?, state_data = ?, updated_at = ?, "
-            "lease_owner = CASE WHEN ? THEN NULL ELSE lease_owner END WHERE id = ?",
-            status,
-            state_data,
-            now,
-            status in TERMINAL,
-            tok["id"],
-        )
+        # Deferred (Tx.defer): the same UPDATE of many tokens in a turn goes as one batch.
+        if output is None:
+            tx.defer(
+                ("tok", tok["id"]),
+                "UPDATE tb_wf_tokens SET status = ?, state_data = ?, updated_at = ?, "
+                "lease_owner = CASE WHEN ? THEN NULL ELSE lease_owner END WHERE id = ?",
+                status,
+                state_data,
+                now,
+                status in TERMINAL,
+                tok["id"],
+            )
+        else:
+            tx.defer(
+                ("tok", tok["id"]),
+                "UPDATE tb_wf_tokens SET status = ?, state_data = ?, updated_at = ?, "
+                "lease_owner = CASE WHEN ? THEN NULL ELSE lease_owner END, output = ?, "
+                "branch_output = CASE WHEN ? THEN ? ELSE branch_output END WHERE id = ?",
+                status,
+                state_data,
+                now,
+                status in TERMINAL,
+                output,
+                tok["branch_index"] is not None,
+                output,
+                tok["id"],
+            )
         tok["status"], tok["state_data"] = status, state_data
         if tok["timeout_at"] is not None and (
             status in TERMINAL or status == "waiting_for_siblings"
@@ -330,18 +405,24 @@ class Machine:
         )
 
     async def claim(
-        self, tx: Tx, tok: dict[str, Any], owner: str, lease_until: int, now: int
+        self,
+        tx: Tx,
+        tok: dict[str, Any],
+        owner: str,
+        lease_until: int,
+        now: int,
+        *,
+        write: bool = True,
     ) -> None:
-        """Take a ready token under a lease (``dispatched``)."""
-        await tx.execute(
-            "UPDATE tb_wf_tokens SET status = 'dispatched', lease_owner = ?, lease_until = ?, "
-            "updated_at = ? WHERE id = ?",
-            owner,
-            lease_until,
-            now,
-            tok["id"],
-        )
+        """Take a ready token under a lease (``dispatched``).
+
+        ``write=False`` leaves the row's change to :meth:`begin_attempt`, which the caller
+        promises to call next in this transaction (one statement instead of two for the same
+        row, the same committed result), or else :meth:`write_claim`.
+        """
         tok.update(status="dispatched", lease_owner=owner, lease_until=lease_until)
+        if write:
+            await self.write_claim(tx, tok, now)
         await tx.append_event(
             tok["run_id"],
             "token_dispatched",
@@ -351,11 +432,28 @@ class Machine:
             worker=owner,
         )
 
+    async def write_claim(self, tx: Tx, tok: dict[str, Any], now: int) -> None:
+        """Store a claim made with ``claim(write=False)`` (its event is already recorded).
+
+        Only a token still ``pending`` is claimed: a token ended in this transaction after it
+        was selected (its run timed out or failed while a sibling was handled) stays ended."""
+        await tx.execute(
+            "UPDATE tb_wf_tokens SET status = 'dispatched', lease_owner = ?, lease_until = ?, "
+            "updated_at = ? WHERE id = ? AND status = 'pending'",
+            tok["lease_owner"],
+            tok["lease_until"],
+            now,
+            tok["id"],
+        )
+
     async def begin_attempt(
         self, tx: Tx, tok: dict[str, Any], definition: Definition, now: int
     ) -> int | None:
         """``dispatched`` → ``executing``: a fresh node timeout (kept when resuming after a
-        crash, so a restart never grants extra time). Returns the token's deadline."""
+        crash, so a restart never grants extra time). Returns the token's deadline.
+
+        The token's lease (its claim, ``tok["lease_owner"]`` and ``tok["lease_until"]``) is
+        written with it, so a claim made without its own write is stored here."""
         state_data = tok["state_data"]
         timeout_ms = definition.node_timeout_ms(definition.nodes[tok["node_id"]])
         timeout_at = tok["timeout_at"]
@@ -367,13 +465,16 @@ class Machine:
         if not resume:
             timeout_at = None if timeout_ms is None else now + timeout_ms
         attempt = tok["attempt"] + 1
-        await tx.execute(
+        tx.defer(
+            ("tok", tok["id"]),
             "UPDATE tb_wf_tokens SET status = 'executing', attempt = ?, timeout_at = ?, "
-            "state_data = ?, updated_at = ? WHERE id = ?",
+            "state_data = ?, updated_at = ?, lease_owner = ?, lease_until = ? WHERE id = ?",
             attempt,
             timeout_at,
             state_data,
             now,
+            tok["lease_owner"],
+            tok["lease_until"],
             tok["id"],
         )
         if timeout_at is not None:
@@ -508,23 +609,25 @@ class Machine:
         definition = await self.definition(tx, run)
         in_branch = tok["branch_index"] is not None
         encoded = encode(output)
-        await tx.execute(
-            "UPDATE tb_wf_tokens SET output = ?, branch_output = CASE WHEN ? THEN ? "
-            "ELSE branch_output END WHERE id = ?",
-            encoded,
-            in_branch,
-            encoded,
-            tok["id"],
-        )
+        outgoing = definition.outgoing(tok["node_id"])
+        # On a plain path (no fan-out, no join) nothing reads the token's output before it is
+        # completed, so the output goes with the status, one statement: same transaction, same
+        # committed row. A fan-out or a join reads branch outputs back: written first.
+        plain = all(t.synchronization is None and not t.fans_out for t in outgoing)
+        if not plain:
+            await self._write_output(tx, tok, encoded)
         if not in_branch:
             state = decode(run["state"])
             state[tok["node_id"]] = output
-            run["state"] = encode(state)
-            await tx.execute(
-                "UPDATE tb_wf_runs SET state = ? WHERE id = ?", run["state"], run["id"]
+            encoded_state = encode(state)
+            tx.defer(
+                ("run", run["id"]),
+                "UPDATE tb_wf_runs SET state = ? WHERE id = ?",
+                encoded_state,
+                run["id"],
             )
+            self._run_changed(tx, run, state=encoded_state)
         branch = self._branch_of(tok, output)
-        outgoing = definition.outgoing(tok["node_id"])
         joins: list[Transition] = []
         try:
             for transition in outgoing:
@@ -537,11 +640,13 @@ class Machine:
                         tx, run["id"], definition, transition.target, now, branch=branch
                     )
         except (KeyError, TypeError) as exc:
+            if plain:
+                await self._write_output(tx, tok, encoded)
             await self._set_token(tx, tok, "failed", now, error=str(exc))
             await self.fail_run(tx, run, f"node '{tok['node_id']}': {exc}", now)
             return
         if not joins:
-            await self._set_token(tx, tok, "completed", now)
+            await self._set_token(tx, tok, "completed", now, output=encoded if plain else None)
             if not outgoing:  # only a token that ends its path can end the run
                 await self._maybe_complete_run(tx, run["id"], now)
             return
@@ -561,6 +666,17 @@ class Machine:
             await self._set_token(tx, tok, "waiting_for_siblings", now, arrived_at=now)
             await self.joins.mark_arrival(tx, tok, "completed", now)
             await self.joins.evaluate_join(tx, run, definition, join, tok["group_key"], now, None)
+
+    @staticmethod
+    async def _write_output(tx: Tx, tok: dict[str, Any], encoded: str) -> None:
+        await tx.execute(
+            "UPDATE tb_wf_tokens SET output = ?, branch_output = CASE WHEN ? THEN ? "
+            "ELSE branch_output END WHERE id = ?",
+            encoded,
+            tok["branch_index"] is not None,
+            encoded,
+            tok["id"],
+        )
 
     @staticmethod
     def _branch_of(tok: dict[str, Any], output: Any) -> dict[str, Any] | None:

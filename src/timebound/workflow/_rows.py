@@ -1,9 +1,10 @@
-"""Token and run states, timer priorities and the JSON encoding of stored columns."""
+"""Token and run states, how a run ended, timer priorities and the JSON encoding of stored
+columns."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "LIVE_SQL",
@@ -11,6 +12,7 @@ __all__ = [
     "PRIORITY_TOKEN",
     "RUN_TERMINAL",
     "TERMINAL",
+    "RunResult",
     "decode",
     "encode",
 ]
@@ -18,6 +20,16 @@ __all__ = [
 TERMINAL = ("completed", "failed", "timed_out", "cancelled")
 RUN_TERMINAL = ("completed", "failed", "timed_out", "cancelled")
 LIVE_SQL = "('pending', 'dispatched', 'executing', 'waiting_for_siblings')"
+
+
+class RunResult(NamedTuple):
+    """How a run ended: ``status`` (completed | failed | timed_out | cancelled), ``output`` (the
+    context's ``state`` when completed) and ``error``."""
+
+    status: str
+    output: Any
+    error: str | None
+
 
 # Timer priorities at one instant: the workflow timeout is handled first (D6.4).
 PRIORITY_RUN, PRIORITY_TOKEN = 0, 1
