@@ -435,11 +435,15 @@ class Engine(RunReads):
             self._stored.add(key)  # forgotten if the transaction fails (see _loop)
         return conflict
 
-    async def _requeue(self, tx: Tx, where: str, *args: Any) -> None:
-        """Put in-flight tokens back to ``pending``, keeping their deadline (``resume``)."""
+    async def _requeue(self, tx: Tx, where: str, *args: Any, lock: str = "") -> None:
+        """Put in-flight tokens back to ``pending``, keeping their deadline (``resume``).
+
+        ``lock`` (PostgreSQL's ``FOR UPDATE SKIP LOCKED``) for tokens of other workers: a lease
+        renewed after the read would otherwise be overwritten, and the token run twice.
+        """
         now = self._now()
         for tok in await tx.fetch(
-            f"SELECT * FROM tb_wf_tokens WHERE child_run_id IS NULL AND {where}", *args
+            f"SELECT * FROM tb_wf_tokens WHERE child_run_id IS NULL AND {where}{lock}", *args
         ):
             data = json.loads(tok["state_data"])
             data["resume"] = tok["status"] == "executing"
@@ -608,7 +612,10 @@ class Engine(RunReads):
             return []
         if self._store.shared:
             await self._requeue(
-                tx, "status IN ('dispatched', 'executing') AND lease_until < ?", now
+                tx,
+                "status IN ('dispatched', 'executing') AND lease_until < ?",
+                now,
+                lock=self._store.skip_locked(),
             )
         rows = await tx.fetch(
             "SELECT * FROM tb_wf_tokens WHERE status = 'pending' AND not_before <= ? "

@@ -178,28 +178,38 @@ class Machine:
 
     async def _finish_run(
         self, tx: Tx, run: dict[str, Any], status: str, now: int, error: str | None = None
-    ) -> None:
-        """End a run: every live token becomes ``cancelled`` unless already ended by the caller."""
+    ) -> bool:
+        """End a run: every live token becomes ``cancelled`` unless already ended by the caller.
+
+        Only a run still ``running`` is ended, decided by the UPDATE itself: a run read without
+        its lock (an operator's cancel, a parent's cancel of its child) may have been ended by
+        another worker meanwhile, and its end stands (on PostgreSQL the UPDATE waits for that
+        worker's lock, then sees its commit). ``False`` when the run had ended already.
+        """
         run_id = run["id"]
+        changed = await tx.execute(
+            "UPDATE tb_wf_runs SET status = ?, finished_at = ?, error = ? "
+            "WHERE id = ? AND status = 'running'",
+            status,
+            now,
+            error,
+            run_id,
+        )
+        if not changed:
+            return False
+        self._run_changed(tx, run, status=status, finished_at=now, error=error)
         tx.wake_others = True  # waiters in other processes
         for tok in await tx.fetch(
             f"SELECT * FROM tb_wf_tokens WHERE run_id = ? AND status IN {LIVE_SQL} ORDER BY seq",
             run_id,
         ):
             await self._set_token(tx, tok, "cancelled", now, reason=f"run_{status}")
-        await tx.execute(
-            "UPDATE tb_wf_runs SET status = ?, finished_at = ?, error = ? WHERE id = ?",
-            status,
-            now,
-            error,
-            run_id,
-        )
-        self._run_changed(tx, run, status=status, finished_at=now, error=error)
         await tx.clear_stream_timers(run_id)
         await tx.append_event(run_id, f"run_{status}", now, workflow_run_id=run_id, error=error)
         self._on_run_finished(run_id)
         if run["parent_token_id"] is not None and status != "cancelled":
             await self._child_finished(tx, run, status, now, error)
+        return True
 
     async def _cancel_children(self, tx: Tx, token_id: str, now: int) -> None:
         """A parent token that ends or retries cancels its running child run (D6.7)."""
@@ -212,8 +222,7 @@ class Machine:
         run = await self.run(tx, run_id)
         if run is None or run["status"] != "running":
             return False
-        await self._finish_run(tx, run, "cancelled", now, "cancelled")
-        return True
+        return await self._finish_run(tx, run, "cancelled", now, "cancelled")
 
     async def fail_run(self, tx: Tx, run: dict[str, Any], error: str, now: int) -> None:
         await self._finish_run(tx, run, "failed", now, error)
