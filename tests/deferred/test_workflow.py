@@ -43,6 +43,19 @@ def _definition(timeout_ms: int = 60_000) -> dict[str, Any]:
     }  # fmt: skip
 
 
+async def _suspended(engine: wf.Engine, run_id: str) -> tuple[dict[str, Any], Any]:
+    """The run's token once it is suspended on its operation, and that operation (waited
+    for, not guessed: a loaded machine takes longer than any fixed pause)."""
+    for _ in range(3000):
+        (token,) = await engine.tokens(run_id)
+        ops = await engine.deferred_registry.operations()
+        if token["child_run_id"] is not None and ops:
+            (op,) = ops
+            return token, op
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"the node never suspended: {token!r}")
+
+
 def _engine(store_url: str, url: str, kind: str, body: Any) -> wf.Engine:
     async def start_render(ctx: Any) -> Any:
         async with httpx.AsyncClient(base_url=url) as client:
@@ -66,8 +79,7 @@ async def test_a_deferred_node_resumes_once_with_the_result(
     engine.register(_definition())
     async with engine:
         run_id = await engine.start("report", {})
-        await asyncio.sleep(0.5)
-        (token,) = await engine.tokens(run_id)
+        token, _ = await _suspended(engine, run_id)
         s.release.set()
         result = await engine.wait(run_id, timeout=30)
         ops = await engine.deferred_registry.operations()
@@ -99,8 +111,7 @@ async def test_the_node_deadline_bounds_the_lifetime(
     engine.register(_definition(timeout_ms=5_000))
     async with engine:
         run_id = await engine.start("report", {})
-        await asyncio.sleep(0.5)
-        (op,) = await engine.deferred_registry.operations()
+        _, op = await _suspended(engine, run_id)
         await engine.cancel(run_id)
     assert op.expires_ms - op.created_ms <= 5_000
 
