@@ -438,8 +438,8 @@ class Engine(RunReads):
     async def _requeue(self, tx: Tx, where: str, *args: Any, lock: str = "") -> None:
         """Put in-flight tokens back to ``pending``, keeping their deadline (``resume``).
 
-        ``lock`` (PostgreSQL's ``FOR UPDATE SKIP LOCKED``) for tokens of other workers: a lease
-        renewed after the read would otherwise be overwritten, and the token run twice.
+        ``lock`` (PostgreSQL's ``FOR UPDATE SKIP LOCKED``) for tokens of other workers (D6.13):
+        a lease renewed after the read would otherwise be overwritten, and the token run twice.
         """
         now = self._now()
         for tok in await tx.fetch(

@@ -181,10 +181,10 @@ class Machine:
     ) -> bool:
         """End a run: every live token becomes ``cancelled`` unless already ended by the caller.
 
-        Only a run still ``running`` is ended, decided by the UPDATE itself: a run read without
-        its lock (an operator's cancel, a parent's cancel of its child) may have been ended by
-        another worker meanwhile, and its end stands (on PostgreSQL the UPDATE waits for that
-        worker's lock, then sees its commit). ``False`` when the run had ended already.
+        Only a run still ``running`` is ended, decided by the UPDATE itself (D6.13): a run read
+        without its lock (an operator's cancel, a parent's cancel of its child) may have been
+        ended by another worker meanwhile, and its end stands (on PostgreSQL the UPDATE waits for
+        that worker's lock, then sees its commit). ``False`` when the run had ended already.
         """
         run_id = run["id"]
         changed = await tx.execute(
