@@ -88,6 +88,9 @@ async def test_a_lease_renewed_while_another_worker_requeues_it_stands(pg_url: s
     async with engine:
         run_id = await engine.start("one")
         await started.wait()
+        # Its own loop would take the expired lease back itself (any turn runs the requeue, and
+        # on PostgreSQL its own NOTIFY wakes it for one): only the "other worker" below may.
+        engine.stop_claiming()
         (token,) = await engine.tokens(run_id)
         store = engine._store
         async with store.transaction() as expire:  # the lease has run out...
