@@ -186,8 +186,10 @@ def test_expired_call_is_rejected_without_running_the_handler() -> None:
     )
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            # Connected first, and a budget a loaded machine still delivers within.
+            grpc.channel_ready_future(channel).result(timeout=10)
             with pytest.raises(grpc.RpcError) as info:
-                channel.unary_unary("/test.Svc/Echo")(b"", timeout=0.05)
+                channel.unary_unary("/test.Svc/Echo")(b"", timeout=0.5)
         assert finished.wait(5)
     finally:
         server.stop(None)

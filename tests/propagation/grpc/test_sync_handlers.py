@@ -172,10 +172,12 @@ def test_expired_stream_call_is_rejected_without_running_the_handler() -> None:
     items: list[bytes] = []
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            # Connected first, and a budget a loaded machine still delivers within.
+            grpc.channel_ready_future(channel).result(timeout=10)
             with pytest.raises(grpc.RpcError) as info:
-                for item in channel.unary_stream("/test.Svc/Stream")(b"", timeout=0.05):
+                for item in channel.unary_stream("/test.Svc/Stream")(b"", timeout=0.5):
                     items.append(item)
-        # The client's own 0.05 s deadline can end the call before the server thread reaches the
+        # The client's own deadline can end the call before the server thread reaches the
         # generator's finally; stopping the server then would abandon the generator unrecorded.
         assert finished.wait(10)
     finally:
