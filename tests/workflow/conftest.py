@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +27,31 @@ def _drop_schema(dsn: str, schema: str) -> None:
     asyncio.run(drop())
 
 
+@contextmanager
+def _pg_store(dsn: str) -> Iterator[str]:
+    """A PostgreSQL store URL in a schema of its own, dropped afterwards."""
+    schema = f"tbwf_{uuid.uuid4().hex[:12]}"
+    try:
+        yield f"{dsn}?schema={schema}"
+    finally:
+        _drop_schema(dsn, schema)
+
+
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh store URL on each backend (the same behaviour suite runs on both)."""
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path}/runs.db"
         return
-    dsn = request.getfixturevalue("postgres_dsn")
-    schema = f"tbwf_{uuid.uuid4().hex[:12]}"
-    try:
-        yield f"{dsn}?schema={schema}"
-    finally:
-        _drop_schema(dsn, schema)
+    with _pg_store(request.getfixturevalue("postgres_dsn")) as url:
+        yield url
+
+
+@pytest.fixture
+def pg_store_url(postgres_dsn: str) -> Iterator[str]:
+    """A fresh PostgreSQL store URL, for what only a shared store can show (races)."""
+    with _pg_store(postgres_dsn) as url:
+        yield url
 
 
 @pytest.fixture

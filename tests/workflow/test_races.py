@@ -4,14 +4,10 @@ read without its lock."""
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Iterator
 
 import pytest
 
 from timebound import workflow as wf
-
-from .conftest import _drop_schema
 
 pytestmark = [pytest.mark.postgres, pytest.mark.asyncio_real]
 
@@ -23,17 +19,8 @@ ONE_NODE = {
 }
 
 
-@pytest.fixture
-def pg_url(postgres_dsn: str) -> Iterator[str]:
-    schema = f"tbwf_{uuid.uuid4().hex[:12]}"
-    try:
-        yield f"{postgres_dsn}?schema={schema}"
-    finally:
-        _drop_schema(postgres_dsn, schema)
-
-
 async def test_a_cancel_that_read_the_run_before_another_worker_ended_it_changes_nothing(
-    pg_url: str,
+    pg_store_url: str,
 ) -> None:
     """An operator's cancel reads the run without its lock; another worker completes the run and
     commits before the cancel writes. The completion stands: the cancel ends nothing (it used
@@ -44,7 +31,7 @@ async def test_a_cancel_that_read_the_run_before_another_worker_ended_it_changes
         await release.wait()
         return 1
 
-    engine = wf.Engine(db=pg_url, actions={"hang": hang})
+    engine = wf.Engine(db=pg_store_url, actions={"hang": hang})
     engine.register(ONE_NODE)
     async with engine:
         run_id = await engine.start("one")
@@ -67,7 +54,7 @@ async def test_a_cancel_that_read_the_run_before_another_worker_ended_it_changes
     assert ended is False
 
 
-async def test_a_lease_renewed_while_another_worker_requeues_it_stands(pg_url: str) -> None:
+async def test_a_lease_renewed_while_another_worker_requeues_it_stands(pg_store_url: str) -> None:
     """A worker finds a token's lease expired while its owner is renewing it (the owner's turn
     holds the row). The requeue skips the row: the owner's renewal commits and the token stays
     its own. Without the lock the requeue waited for the renewal, then put the token back to
@@ -82,7 +69,11 @@ async def test_a_lease_renewed_while_another_worker_requeues_it_stands(pg_url: s
 
     # Long sweeps and leases: this engine's own loop stays out of the way.
     engine = wf.Engine(
-        db=pg_url, actions={"hang": hang}, sweep_ms=600_000, lease_ms=600_000, worker_id="owner"
+        db=pg_store_url,
+        actions={"hang": hang},
+        sweep_ms=600_000,
+        lease_ms=600_000,
+        worker_id="owner",
     )
     engine.register(ONE_NODE)
     async with engine:
