@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from ..workflow import Definition, DefinitionError, Engine
 from ._config import Config, ConfigError
+from ._metrics import Metrics
 
 __all__ = ["Host", "load_actions", "load_connectors", "load_definitions"]
 
@@ -139,6 +140,8 @@ class Host:
             ["route"],
             registry=self.registry,
         )
+        # /metrics (D8.12): the store's state, read once for all scrapes in flight.
+        self.metrics = Metrics(self)
 
     @classmethod
     def build(cls, config: Config, actions: Mapping[str, Callable[..., Any]] | None = None) -> Host:

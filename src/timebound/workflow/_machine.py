@@ -20,6 +20,7 @@ from .._store import Tx
 from ..policies import RetryAt, RetryPlan, RetryState
 from ._definition import Definition, Node, RetryBlock, Transition, parse_definition
 from ._joins import Joins
+from ._metrics import tally_timeout
 from ._rows import (
     LIVE_SQL,
     PRIORITY_RUN,
@@ -412,6 +413,7 @@ class Machine:
             deadline_at=deadline_at,
             detection_lag_ms=None if deadline_at is None else now - deadline_at,
         )
+        tally_timeout(tx, timeout_type, policy, None if deadline_at is None else now - deadline_at)
 
     async def claim(
         self,
