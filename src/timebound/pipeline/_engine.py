@@ -28,6 +28,7 @@ from .._core._scopes import checkpoint, current_deadline, fail_after
 from .._engine import DagPlan, Group, Node
 from . import _expr
 from ._artifact import Artifact
+from ._bounded import await_abandonable, run_in_worker
 from ._errors import PlanTimeout, TaskError, ValidationError
 from ._model import Registry, TaskSpec, evaluate
 from ._rowset import RowSet
@@ -140,6 +141,11 @@ class Engine:
             "sha256:" + hashlib.sha256("\n".join(sorted(self.capabilities)).encode()).hexdigest()
         )
         self._cache: dict[tuple[str, str], _Compiled] = {}
+        #: Tasks this engine's runs stopped waiting for while they still ran (D5.7, D5.8).
+        self.abandoned = 0
+
+    def _abandoned(self, name: str) -> None:
+        self.abandoned += 1
 
     # Preparing ------------------------------------------------------------------------------
 
@@ -352,7 +358,8 @@ class _Builder:
     def _action(self, node: dict[str, Any], key: str) -> tuple[Callable[[_Run], Any], bool]:
         op, p = node["op"], node["params"]
         if op == "task":
-            return _task_action(self.registry, self.registry.tasks[p["name"]], p["args"], key)
+            task = self.registry.tasks[p["name"]]
+            return _task_action(self.registry, task, p["args"], key, self.engine._abandoned)
         if op == "vm":
             kdef = self.registry.keys[p["key"]]
             expr = p["expr"]
@@ -560,7 +567,11 @@ def _budget(
 
 
 def _task_action(
-    registry: Registry, task: TaskSpec, args: Mapping[str, Any], key: str
+    registry: Registry,
+    task: TaskSpec,
+    args: Mapping[str, Any],
+    key: str,
+    on_abandon: Callable[[str], None],
 ) -> tuple[Callable[[_Run], Any], bool]:
     fn = task.fn
     reads = task.reads
@@ -591,35 +602,30 @@ def _task_action(
     def apply(run: _Run, out: Any, params: Mapping[str, Any]) -> None:
         _apply(registry, task, run.rowset, out, params, exact)
 
-    if task.is_async:
+    async def call(ctx: TaskContext, rows: pa.Table) -> Any:
+        if ctx.deadline.is_never:
+            out = fn(ctx, rows)  # nothing bounds it: nothing to stop waiting for
+            return await out if task.is_async else out
+        # D5.7, D5.8: the region (or any deadline) stops waiting at once, even for a task that
+        # cannot be cancelled; what such a task returns later is dropped.
+        if task.is_async:
+            return await await_abandonable(fn(ctx, rows), task.name, on_abandon)
+        return await run_in_worker(fn, (ctx, rows), task.name, on_abandon)
 
-        async def action(run: _Run) -> None:
-            rows, params = context(run)
-            if timeout is None:
-                ctx = TaskContext(params, current_deadline(), rows.num_rows)
-                out = await fn(ctx, rows)
-            else:
-                async with fail_after(timeout, source="node", what=f"task {task.name}"):
-                    ctx = TaskContext(params, current_deadline(), rows.num_rows)
-                    out = await fn(ctx, rows)
-            apply(run, out, params)
-
-        return action, True
-
-    def sync_action(run: _Run) -> None:
+    async def action(run: _Run) -> None:
         rows, params = context(run)
         if timeout is None:
-            ctx = TaskContext(params, current_deadline(), rows.num_rows)
-            out = fn(ctx, rows)
+            out = await call(TaskContext(params, current_deadline(), rows.num_rows), rows)
         else:
-            with fail_after(timeout, source="node", what=f"task {task.name}"):
-                ctx = TaskContext(params, current_deadline(), rows.num_rows)
-                out = fn(ctx, rows)
-        if type(out) is not dict and inspect.isawaitable(out):
+            async with fail_after(timeout, source="node", what=f"task {task.name}"):
+                out = await call(TaskContext(params, current_deadline(), rows.num_rows), rows)
+        if not task.is_async and type(out) is not dict and inspect.isawaitable(out):
+            if inspect.iscoroutine(out):
+                out.close()  # never awaited: closed here, not warned about later
             raise TaskError(f"task {task.name!r} is sync but returned an awaitable", task=task.name)
         apply(run, out, params)
 
-    return sync_action, False
+    return action, True
 
 
 def _apply(
