@@ -130,27 +130,32 @@ def test_a_blocked_sync_task_is_left_in_its_thread_and_the_fallback_runs() -> No
     assert engine.abandoned == 1 and _preempt.abandoned_threads() == abandoned_before + 1
 
 
-def test_a_sync_task_in_time_runs_in_its_thread_and_writes() -> None:
-    """A sync task under a deadline that finishes in time commits its write, and the task sees
-    its deadline inside the thread."""
+def test_a_sync_task_runs_in_a_thread_only_when_a_deadline_bounds_it() -> None:
+    """Under a request deadline a sync task runs in a worker thread, sees its deadline there and
+    commits its write in time; with no deadline anywhere it runs on the loop's thread."""
     reg = pl.Registry()
     reg.key("id", pa.int64())
     reg.key("boost", pa.float64(), nullable=True)
-    seen: list[float] = []
+    seen: list[tuple[bool, float]] = []
 
     @reg.task(reads=["id"], writes=["boost"])
     def quick(ctx: pl.TaskContext, rows: pa.Table) -> dict[str, Any]:
-        seen.append(tb.current_deadline().remaining())
+        on_main = threading.current_thread() is threading.main_thread()
+        seen.append((on_main, tb.current_deadline().remaining()))
         ctx.check()
         return {"boost": pa.array([1.5] * rows.num_rows)}
 
     engine = pl.Engine(reg)
-    plan = pl.Plan("r", registry=reg).task("quick")
+    artifact = pl.compile(pl.Plan("r", registry=reg).task("quick"))
 
-    async def main() -> pl.Result:
+    async def bounded() -> pl.Result:
         async with tb.fail_after(60):
-            return await engine.run(pl.compile(plan), pa.table({"id": [1]}))
+            return await engine.run(artifact, pa.table({"id": [1]}))
 
-    result = asyncio.run(main())
-    assert result.rows.column("boost").to_pylist() == [1.5]
-    assert 0 < seen[0] <= 60 and engine.abandoned == 0
+    result = asyncio.run(bounded())
+    unbounded = engine.run_sync(artifact, pa.table({"id": [1]}))
+    assert result.rows.column("boost").to_pylist() == [1.5] == unbounded.rows["boost"].to_pylist()
+    (threaded, remaining), (inline, never) = seen
+    assert not threaded and 0 < remaining <= 60
+    assert inline and never == float("inf")
+    assert engine.abandoned == 0
