@@ -171,6 +171,7 @@ async def test_the_migration_backfills_the_timeouts_stored_before_it(store_url: 
     try:  # back to the schema before tallies, holding the 500 events
         async with store.transaction() as tx:
             await tx.execute("DROP TABLE tb_tallies")
+            await tx.execute("DROP INDEX tb_wf_runs_finished")
             await tx.execute("DELETE FROM tb_schema WHERE version = 4")
     finally:
         await store.close()

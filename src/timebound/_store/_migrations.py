@@ -203,6 +203,8 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
                 n {bigint} NOT NULL,
                 PRIMARY KEY (name, a, b)
             )""",
+            # Retention (D8.13) deletes the runs that ended longest ago first, a batch at a time.
+            "CREATE INDEX tb_wf_runs_finished ON tb_wf_runs (finished_at)",
             "INSERT INTO tb_tallies (name, a, b, n) SELECT 'wf_timeouts', layer, policy, COUNT(*) "
             f"FROM (SELECT {_LAYER} AS layer, COALESCE({{j_policy}}, 'None') AS policy "
             f"{_TIMEOUT_EVENTS}) t GROUP BY layer, policy",

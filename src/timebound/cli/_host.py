@@ -37,6 +37,12 @@ def register(sub: Any) -> None:
         "(default 10)",
     )
     p.add_argument(
+        "--retain",
+        metavar="DURATION",
+        help="delete the runs that ended longer ago than this, with their events (default 7d; "
+        "never keeps them)",
+    )
+    p.add_argument(
         "--no-worker",
         action="store_true",
         help="serve the API and UI only; `timebound worker` processes run the work (PostgreSQL)",
@@ -55,6 +61,7 @@ def _serve(args: argparse.Namespace) -> int:
         "port": args.port,
         "token_file": args.token_file,
         "drain_s": args.drain_timeout,
+        "retain": args.retain,
         "worker": False if args.no_worker else None,
     }
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hmac
 import importlib
+import math
 import secrets
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -156,6 +157,7 @@ class Host:
             actions={**handlers, **(actions or {})},
             worker=config.worker,
             deferred_connectors=connectors,
+            retain=None if math.isinf(config.retain) else config.retain,  # D8.13
         )
         return cls(config, engine, load_definitions(engine, config.workflows), connectors)
 
