@@ -19,7 +19,7 @@ TIERS: list[set[str]] = [
     {"_core"},
     {"telemetry", "testing", "_json"},
     {"policies"},
-    {"_engine", "_store", "propagation"},
+    {"_engine", "_store", "propagation", "lowlevel"},
     {"dsl", "pipeline", "deferred"},
     {"workflow"},
     {"host"},
