@@ -159,3 +159,37 @@ def test_a_sync_task_runs_in_a_thread_only_when_a_deadline_bounds_it() -> None:
     assert not threaded and 0 < remaining <= 60
     assert inline and never == float("inf")
     assert engine.abandoned == 0
+
+
+def test_on_trio_a_blocked_sync_task_is_left_in_its_thread_too() -> None:
+    """trio: the region stops waiting for a blocked sync task (trio's thread runner abandons it
+    on cancellation), the fallback runs, the thread is counted."""
+    import trio
+
+    reg = pl.Registry()
+    reg.key("id", pa.int64())
+    reg.key("boost", pa.float64(), nullable=True)
+    release, finished = threading.Event(), threading.Event()
+
+    @reg.task(reads=["id"], writes=["boost"])
+    def blocked(ctx: pl.TaskContext, rows: pa.Table) -> dict[str, Any]:
+        release.wait(10)
+        finished.set()
+        return {"boost": pa.array([9.0] * rows.num_rows)}
+
+    engine = pl.Engine(reg)
+    out: list[pl.Result] = []
+
+    async def main() -> None:
+        async with tb.fail_after(60):
+            out.append(await engine.run(_region(reg, "blocked"), pa.table({"id": [1, 2]})))
+
+    with pytest.warns(_preempt.AbandonedThreadWarning, match="task blocked"):
+        trio.run(main)
+    still_blocked = not finished.is_set()
+    release.set()
+    assert finished.wait(30)
+    assert still_blocked
+    assert out[0].trace.wrappers["timeout_wrapper"]["chosen_branch"] == "fail"
+    assert out[0].rows.column("boost").to_pylist() == [None, None]
+    assert engine.abandoned == 1
