@@ -1,8 +1,10 @@
 """Timer lateness under hostile load: canary runs' node timeouts while a real host is busy.
 
-Run: ``python bench/host_load.py`` (about two minutes; ``--quick`` for a smaller run). Prints a
+Run: ``python bench/host_load.py`` (a few minutes; ``--quick`` for a smaller run). Prints a
 table and writes ``bench/results/host_load.json``. A real ``python -m timebound serve`` process
-on SQLite serves everything over loopback; the clients run in this process.
+serves everything over loopback, on SQLite, then on PostgreSQL (``TB_BENCH_PG``, default
+``postgresql://postgres@127.0.0.1:5432/test``; its rows are left out, and said so, when it is not
+reachable); the clients run in this process.
 
 A canary is a run whose one node sleeps 5 s under a 300 ms node timeout; one starts every 100 ms
 through the API during each phase. Its lateness is the ``detection_lag_ms`` its
@@ -36,6 +38,8 @@ from typing import Any
 
 import httpx
 from _common import Row, percentile, print_table, write_results
+
+from host import _pg_reachable, _pg_schema
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = "--quick" in sys.argv
@@ -232,51 +236,65 @@ async def _with_bomb(client: httpx.AsyncClient, stop: asyncio.Event) -> Any:
     return [asyncio.create_task(_bomb(client, stop, statuses))], statuses
 
 
-def main() -> None:
-    load_start = os.getloadavg()[0]
-    rows: list[Row] = [Row("host_load.load_average_1m_start", load_start, "processes")]
+def _store_rows(db: str, store: str, phases: tuple[str, ...]) -> list[Row]:
+    """Plant the history in ``db``, serve it, run ``phases``; the rows named ``store``."""
+    loads = {
+        "idle": None,
+        "scrapers": _with_scrapers,
+        "large_puts": _with_puts,
+        "fanout_bomb": _with_bomb,
+    }
     results: dict[str, tuple[list[float], int, Any]] = {}
+    asyncio.run(_plant_history(db, HISTORY))
     with tempfile.TemporaryDirectory() as tmp_name:
-        tmp = Path(tmp_name)
-        db = f"sqlite:///{tmp}/host.db"
-        asyncio.run(_plant_history(db, HISTORY))
-        proc, url = _launch(tmp, db)
+        proc, url = _launch(Path(tmp_name), db)
         try:
-            for name, load in (
-                ("idle", None),
-                ("scrapers", _with_scrapers),
-                ("large_puts", _with_puts),
-                ("fanout_bomb", _with_bomb),
-            ):
-                results[name] = asyncio.run(_phase(url, name, load))
+            for name in phases:
+                results[name] = asyncio.run(_phase(url, f"{store} {name}", loads[name]))
         finally:
             proc.send_signal(signal.SIGKILL)  # the bomb's tokens need not be drained
             proc.wait(timeout=30)
+    rows: list[Row] = []
     idle = results["idle"][0]
     for name, (lags, missing, detail) in results.items():
+        prefix = f"host_load.{store}.{name}"
         for p in (50, 99):
             value = percentile(lags, p) if lags else float("inf")
-            row = Row(f"host_load.{name}.lateness_p{p}", value, "ms")
+            row = Row(f"{prefix}.lateness_p{p}", value, "ms")
             if name != "idle":
                 row.baseline, row.baseline_value = "same host idle", percentile(idle, p)
             if p == 99:
                 row.target, row.passed = f"<= {TARGET_MS:g} ms", value <= TARGET_MS
             rows.append(row)
         rows.append(
-            Row(f"host_load.{name}.canaries_not_timed_out", missing, "", target="== 0",
+            Row(f"{prefix}.canaries_not_timed_out", missing, "", target="== 0",
                 passed=missing == 0)
         )  # fmt: skip
         if name == "scrapers":
-            rows.append(Row("host_load.scrapers.scrapes", len(detail), ""))
+            rows.append(Row(f"{prefix}.scrapes", len(detail), ""))
             rows.append(
-                Row(f"host_load.scrapers.scrape_p50_with_{HISTORY // 1000}k_events",
+                Row(f"{prefix}.scrape_p50_with_{HISTORY // 1000}k_events",
                     percentile(detail, 50) * 1000, "ms")
             )  # fmt: skip
         elif detail is not None:
             for status, n in sorted(detail.items()):
-                rows.append(Row(f"host_load.{name}.answers_{status}", n, ""))
+                rows.append(Row(f"{prefix}.answers_{status}", n, ""))
+    return rows
+
+
+def main() -> None:
+    rows: list[Row] = [Row("host_load.load_average_1m_start", os.getloadavg()[0], "processes")]
+    all_phases = ("idle", "scrapers", "large_puts", "fanout_bomb")
+    with tempfile.TemporaryDirectory() as tmp_name:
+        rows += _store_rows(f"sqlite:///{tmp_name}/host.db", "sqlite", all_phases)
+    pg = os.environ.get("TB_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
+    if _pg_reachable(pg):
+        with _pg_schema(pg) as db:
+            rows += _store_rows(db, "postgres", all_phases)
+    else:
+        print(f"PostgreSQL at {pg} is not reachable: its rows are left out")
     rows.append(Row("host_load.load_average_1m_end", os.getloadavg()[0], "processes"))
-    print_table(rows, f"host under load (SQLite; history {HISTORY:,} events; bomb {BOMB}x{BOMB})")
+    print_table(rows, f"host under load (history {HISTORY:,} events; bomb {BOMB}x{BOMB})")
     write_results("host_load", rows)
 
 
