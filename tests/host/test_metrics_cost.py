@@ -189,7 +189,7 @@ def _samples(text: str, name: str) -> dict[str, float]:
     }
 
 
-async def _scrape_s(client: httpx.AsyncClient, times: int = 7) -> float:
+async def _scrape_s(client: httpx.AsyncClient, times: int = 15) -> float:
     best = float("inf")
     for _ in range(times):
         started = time.perf_counter()
@@ -202,7 +202,7 @@ async def _scrape_s(client: httpx.AsyncClient, times: int = 7) -> float:
 @pytest.mark.asyncio_real
 async def test_a_scrape_costs_the_same_with_100k_stored_timeouts(tmp_path: Path) -> None:
     """Scraping a store holding 100,000 timeout events costs about what an empty one does (the
-    old scrape decoded every event on the loop: ~50x), and reads no event at all."""
+    old scrape decoded every event on the loop: ~480x), and reads no event at all."""
     db = f"sqlite:///{tmp_path}/host.db"
     engine = wf.Engine(db=db)
     app = create_app(Host(Config(db=db), engine, {}))
@@ -223,7 +223,7 @@ async def test_a_scrape_costs_the_same_with_100k_stored_timeouts(tmp_path: Path)
         text = (await client.get("/metrics")).text
         async with engine._store.transaction() as tx:
             await tx.execute("ALTER TABLE tb_events_away RENAME TO tb_events")
-    assert full < 4 * empty, (full, empty)
+    assert full < 10 * empty, (full, empty)  # 6c6ab5d's scrape: about 480x
     assert _samples(text, "timebound_workflow_timeouts_total") == {
         '{layer="node",policy="fail"}': 3.0
     }
