@@ -26,8 +26,9 @@ _DIALECT = {
     },
 }
 
-# Migration 4's backfill: the timeout events already stored, as workflow/_metrics.py tallies
-# them from then on (layer by timeout_type; lag buckets by their upper bound in ms).
+# The tallies' backfill (in the migration that creates tb_tallies): the timeout events already
+# stored, as workflow/_metrics.py tallies them from then on (layer by timeout_type; lag buckets
+# by their upper bound in ms).
 _LAYER = (
     "CASE {j_type} WHEN 'workflow' THEN 'workflow' WHEN 'execution' THEN 'node' "
     "WHEN 'synchronization' THEN 'synchronization' ELSE 'other' END"

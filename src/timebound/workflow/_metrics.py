@@ -2,7 +2,8 @@
 
 Every timeout (workflow, node or synchronization layer) bumps, in the transaction that records
 it, a count by (layer, policy applied) and its detection lag's histogram bucket and sum (D8.12).
-Store migration 4 backfilled the timeouts stored before with the same layers and buckets.
+The store migration that created the tallies backfilled the timeouts stored before, with the
+same layers and buckets.
 """
 
 from __future__ import annotations
