@@ -51,6 +51,7 @@ from .._core import _clock
 from .._core._classify import bound_origin
 from .._core._deadline import Deadline
 from .._core._errors import DeadlineExceeded
+from .._core._request import RequestState, _request
 from .._core._scopes import (
     current_bound_error,
     current_bound_source,
@@ -60,7 +61,7 @@ from .._core._scopes import (
 from ..telemetry._events import counters, emit, enabled
 from . import _config
 from ._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER, format_absolute_us
-from ._state import ClampedTimeout, RequestState, _request, clamp_timeout
+from ._state import ClampedTimeout, clamp_timeout
 
 __all__ = [
     "COMPONENT",

@@ -29,10 +29,10 @@ from typing import Any, Final, NamedTuple
 from .._core._classify import bound_origin
 from .._core._deadline import Deadline
 from .._core._errors import DeadlineExceeded
+from .._core._request import RequestState, _request
 from .._core._scopes import _spawn_detached, inherit_deadline
 from ..telemetry._events import counters, emit, enabled
 from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin
-from ._state import RequestState, _request
 
 try:
     import grpc

@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import Any
 
 from .._core._errors import DeadlineExceeded
+from .._core._request import RequestState, _request, current_request
 from .._core._scopes import inherit_deadline
 from ..telemetry import correlation
 from ._admission import Admission, Outcome, Ticket
@@ -53,7 +54,6 @@ from ._server import (
     now,
     record_started_late,
 )
-from ._state import RequestState, _request, current_request
 
 __all__ = ["AdmissionMiddleware", "DeadlineMiddleware"]
 
