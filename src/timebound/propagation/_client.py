@@ -70,6 +70,7 @@ __all__ = [
     "ClientOptions",
     "CounterReport",
     "Report",
+    "absolute_wire_value",
     "begin",
 ]
 
@@ -303,6 +304,13 @@ class Attempt:
         )
 
 
+def absolute_wire_value(end: float) -> str:
+    """The absolute deadline to send for an attempt ending at ``end`` (the scheduling clock):
+    that instant on the system clock, in whole microseconds, rounded up (D9.3, D4.12). It
+    counts the transit that a relative timeout cannot."""
+    return format_absolute_us(_clock.wall() + (end - _clock.now()))
+
+
 def begin(
     static: float | None,
     options: ClientOptions,
@@ -332,8 +340,7 @@ def begin(
     if seconds is not None and options.propagate_header and _config.is_enabled():
         header_value = str(clamped.ms)
         if options.absolute_header and end is not None:
-            # The end on the system clock: counts the transit the relative header cannot.
-            absolute_value = format_absolute_us(_clock.wall() + (end - _clock.now()))
+            absolute_value = absolute_wire_value(end)
     if clamped.lowered:
         source = current_bound_source() or "scope"
         options.report.lowered(clamped.ms)
