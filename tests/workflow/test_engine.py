@@ -588,6 +588,27 @@ async def test_a_late_async_result_after_a_decided_join_is_discarded(
     assert [e["token_id"] for e in events if e["kind"] == "late_result_discarded"] == [b[1]["id"]]
 
 
+async def test_an_async_handler_cut_by_its_deadline_is_no_late_result(
+    virtual_clock, make_engine
+) -> None:
+    """An async handler cancelled at its node's deadline produced nothing: no
+    late_result_discarded event, and the counter stays 0 (D6.10)."""
+
+    async def slow(ctx: wf.ActionContext) -> Any:
+        await asyncio.sleep(10)
+        return "never"
+
+    d = definition([{"id": "A", "timeout_ms": 100, "action_id": "s"}])
+    d["actions"].append({"id": "s", "kind": "python", "implementation": {"handler": "s"}})
+    async with make_engine({**HANDLERS, "s": slow}, d) as engine:
+        run_id, result, _ = await run(engine)
+        await asyncio.sleep(10)
+        events = await engine.events(run_id)
+    assert result.status == "failed"
+    assert "late_result_discarded" not in [e["kind"] for e in events]
+    assert engine.late_results_discarded == 0
+
+
 async def test_concurrent_starts_each_get_their_own_run(virtual_clock, make_engine) -> None:
     """Starts issued together (one commit for all) give distinct runs that all complete."""
     async with make_engine(HANDLERS, definition([{"id": "A"}])) as engine:
