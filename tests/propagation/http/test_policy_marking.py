@@ -157,3 +157,43 @@ async def test_policy_stopped_by_a_local_scope_does_not_mark(
 
     result = await call_asgi(DeadlineMiddleware(app), {H: "30000"})
     assert (result.status, result.body) == (200, b"recovered")
+
+
+def _flask_app(downstream_url: str) -> Any:
+    """Flask behind the WSGI middleware: a sync policy over requests with DeadlineAdapter."""
+    import requests
+    from flask import Flask
+
+    from timebound.propagation.requests import DeadlineAdapter
+    from timebound.propagation.wsgi import DeadlineMiddleware as WsgiDeadline
+
+    session = requests.Session()
+    session.mount("http://", DeadlineAdapter(timeout=5.0))
+
+    @tb.resilient(retry=3, delay=60.0)
+    def call() -> str:
+        response = session.get(f"{downstream_url}/unavailable")
+        if response.status_code == 503:
+            raise UnavailableError(response.text)
+        return response.text
+
+    app = Flask(__name__)
+
+    @app.get("/")
+    def index() -> str:
+        try:
+            return call()
+        except tb.DeadlineExceeded:
+            return "recovered"
+
+    app.wsgi_app = WsgiDeadline(app.wsgi_app)  # type: ignore[method-assign]
+    return app
+
+
+def test_sync_policy_under_wsgi_marks_the_request(unavailable: str) -> None:
+    """werkzeug + Flask: the sync driver's early stop marks the request too (498, counted)."""
+    with ServerThread(_flask_app(unavailable), kind="wsgi") as srv:
+        r = httpx.get(f"{srv.url}/", headers={H: BUDGET_MS}, timeout=30)
+    assert (r.status_code, r.text) == (498, "Deadline expired")
+    assert r.headers["X-YaTaxi-Deadline-Expired"] == "1"
+    assert counters.get("cancelled-by-deadline", component="http-server") == 1
