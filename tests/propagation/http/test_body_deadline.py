@@ -15,6 +15,7 @@ import pytest
 
 from timebound.propagation.asgi import DeadlineMiddleware
 from timebound.telemetry import counters
+from timebound.testing import VirtualClock
 
 from .conftest import ServerThread
 
@@ -69,3 +70,109 @@ def test_body_finished_in_time_reaches_user_code() -> None:
         )
     assert (r.status_code, r.text) == (200, "stored")
     assert ran == [b"first part, last part"]
+
+
+def _flask_app(ran: list[bytes]) -> Any:
+    from flask import Flask, request
+
+    from timebound.propagation.wsgi import DeadlineMiddleware as WsgiDeadline
+
+    app = Flask(__name__)
+
+    @app.post("/upload")
+    def upload() -> str:
+        body = request.get_data()
+        ran.append(body)  # must never run: the body was read after the deadline
+        return "stored"
+
+    app.wsgi_app = WsgiDeadline(app.wsgi_app)  # type: ignore[method-assign]
+    return app
+
+
+@pytest.mark.parametrize(
+    ("pause", "budget"), [(0.5, "100"), (0.0, "20000")], ids=["late", "in-time"]
+)
+def test_wsgi_body_finished_after_the_deadline_never_reaches_user_code(
+    pause: float, budget: str
+) -> None:
+    """werkzeug + Flask: a body that ends after the deadline stops the handler at its read (498);
+    one that ends in time is handled."""
+    ran: list[bytes] = []
+    with ServerThread(_flask_app(ran), kind="wsgi") as srv:
+        r = httpx.post(
+            f"{srv.url}/upload", content=_slow_upload(pause), headers={H: budget}, timeout=30
+        )
+    if pause:
+        assert (r.status_code, r.text) == (498, "Deadline expired")
+        assert ran == []
+        assert counters.get("cancelled-by-deadline", component="http-server") == 1
+    else:
+        assert (r.status_code, r.text, ran) == (200, "stored", [b"first part, last part"])
+
+
+def test_wsgi_body_read_in_time_is_not_refused_later(virtual_clock: VirtualClock) -> None:
+    """A body read to its end before the deadline: reading again after it passed raises nothing."""
+    import io
+
+    from timebound.propagation.wsgi import DeadlineMiddleware as WsgiDeadline
+
+    reads: list[bytes] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        stream = environ["wsgi.input"]
+        reads.append(stream.read())
+        virtual_clock.advance(1.0)  # the deadline passes while the handler works
+        reads.append(stream.read())
+        start_response("200 OK", [])
+        return [b"ok"]
+
+    environ = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/",
+        "CONTENT_LENGTH": "4",
+        "HTTP_X_YATAXI_CLIENT_TIMEOUTMS": "100",
+        "wsgi.input": io.BytesIO(b"data"),
+    }
+    list(WsgiDeadline(app)(environ, lambda status, headers, exc_info=None: None))
+    assert reads == [b"data", b""]
+
+
+class _ReadOnly:
+    """A PEP 3333 input with read() only (as gunicorn's), whose last bytes arrive 1 s late."""
+
+    def __init__(self, clock: VirtualClock, data: bytes) -> None:
+        self.clock, self.data = clock, data
+
+    def read(self, size: int = -1) -> bytes:
+        chunk, self.data = (self.data, b"") if size < 0 else (self.data[:size], self.data[size:])
+        if not self.data:
+            self.clock.advance(1.0)
+        return chunk
+
+
+def test_wsgi_readinto_over_a_read_only_input(virtual_clock: VirtualClock) -> None:
+    """readinto() works over an input without one, and its last read after the deadline raises
+    (a 498 answer, the app stopped at its read)."""
+    from timebound.propagation.wsgi import DeadlineMiddleware as WsgiDeadline
+
+    got: list[bytes] = []
+
+    def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        buffer = bytearray(3)
+        n = environ["wsgi.input"].readinto(buffer)
+        got.append(bytes(buffer[:n]))
+        environ["wsgi.input"].readinto(buffer)  # the last 3 bytes: after the deadline
+        got.append(b"never")
+        start_response("200 OK", [])
+        return [b"ok"]
+
+    environ = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": "/",
+        "CONTENT_LENGTH": "6",
+        "HTTP_X_YATAXI_CLIENT_TIMEOUTMS": "100",
+        "wsgi.input": _ReadOnly(virtual_clock, b"abcdef"),
+    }
+    statuses: list[str] = []
+    body = b"".join(WsgiDeadline(app)(environ, lambda s, h, e=None: statuses.append(s)))
+    assert (statuses, body, got) == (["498 Deadline Expired"], b"Deadline expired", [b"abc"])
