@@ -7,9 +7,8 @@ interceptors send the call's absolute deadline as ``x-request-deadline`` metadat
   metadata (the earlier wins, unless the two disagree by more than the clock skew, D9.3) and make
   it the handler's inherited deadline (``timebound.inherit_deadline(..., source="inherited")``)
   together with a :class:`~timebound.propagation.RequestState`. A call whose deadline is already
-  spent is answered
-  ``DEADLINE_EXCEEDED`` / ``Deadline propagation: Not enough time to handle this call`` without
-  running the handler (userver's wording, verbatim).
+  spent is answered ``DEADLINE_EXCEEDED`` / ``Deadline propagation: Not enough time to handle
+  this call`` without running the handler (userver's wording, verbatim).
 * **Client interceptors** lower the call's ``timeout`` to the remaining time
   (``min(timeout, remaining)``), fail locally with :class:`~timebound.DeadlineExceeded` when
   nothing is left (nothing is sent), and turn a ``DEADLINE_EXCEEDED`` that our deadline caused into
@@ -293,10 +292,9 @@ class _ServerBase:
             budget = time_left(budget, absolute, self._skew, component=SERVER_COMPONENT)
             if received is None:
                 received = budget
-        left = received
         dest = self._destination(method)
         call = _CallBound(received, budget)
-        if left is not None:
+        if received is not None:
             counters.inc(SERVER_PROPAGATED, grpc_destination=dest)
             if enabled():
                 emit(
