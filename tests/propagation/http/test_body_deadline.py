@@ -1,11 +1,13 @@
 """A deadline that passes while the request body is uploading: user code never runs (D4.11).
 
-Real parts: a Starlette app behind ``DeadlineMiddleware`` under uvicorn, and a client that
-uploads its body in two chunks with a pause longer than the request's deadline between them.
+Real parts: a Starlette app behind ``DeadlineMiddleware`` under uvicorn (and Flask under
+werkzeug), and a client that uploads its body in two chunks, the second one only once the
+server has seen the request and its deadline has passed.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,10 +24,25 @@ from .conftest import ServerThread
 H = "X-YaTaxi-Client-TimeoutMs"
 
 
-def _slow_upload(pause: float) -> Iterator[bytes]:
+def _slow_upload(pause: float, arrived: threading.Event | None = None) -> Iterator[bytes]:
+    """Two chunks; the second ``pause`` seconds after the server saw the request (``arrived``),
+    so the request's 100 ms have surely passed on the server however busy the machine is."""
     yield b"first part, "
-    time.sleep(pause)  # the client is slow: the request's 100 ms pass while it uploads
+    if arrived is not None:
+        assert arrived.wait(30), "the server never saw the request"
+    time.sleep(pause)
     yield b"last part"
+
+
+def _arrival(app: Any, arrived: threading.Event) -> Any:
+    """``app`` behind an outermost ASGI layer that says when the request reached the server."""
+
+    async def outer(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            arrived.set()  # no await until the middleware reads the clock (D4.2)
+        await app(scope, receive, send)
+
+    return outer
 
 
 def _app(ran: list[bytes], *, add: bool) -> Any:
@@ -51,9 +68,13 @@ def test_body_finished_after_the_deadline_never_reaches_user_code(add: bool) -> 
     """uvicorn + Starlette: the body ends after the deadline; 498, and the handler stops at
     ``await request.body()``."""
     ran: list[bytes] = []
-    with ServerThread(_app(ran, add=add)) as srv:
+    arrived = threading.Event()
+    with ServerThread(_arrival(_app(ran, add=add), arrived)) as srv:
         r = httpx.post(
-            f"{srv.url}/upload", content=_slow_upload(0.5), headers={H: "100"}, timeout=30
+            f"{srv.url}/upload",
+            content=_slow_upload(0.3, arrived),
+            headers={H: "100"},
+            timeout=30,
         )
     assert (r.status_code, r.text) == (498, "Deadline expired")
     assert r.headers["X-YaTaxi-Deadline-Expired"] == "1"
@@ -89,8 +110,18 @@ def _flask_app(ran: list[bytes]) -> Any:
     return app
 
 
+def _wsgi_arrival(app: Any, arrived: threading.Event) -> Any:
+    """``app`` behind an outermost WSGI layer that says when the request reached the server."""
+
+    def outer(environ: dict[str, Any], start_response: Any) -> Any:
+        arrived.set()
+        return app(environ, start_response)
+
+    return outer
+
+
 @pytest.mark.parametrize(
-    ("pause", "budget"), [(0.5, "100"), (0.0, "20000")], ids=["late", "in-time"]
+    ("pause", "budget"), [(0.3, "100"), (0.0, "20000")], ids=["late", "in-time"]
 )
 def test_wsgi_body_finished_after_the_deadline_never_reaches_user_code(
     pause: float, budget: str
@@ -98,9 +129,13 @@ def test_wsgi_body_finished_after_the_deadline_never_reaches_user_code(
     """werkzeug + Flask: a body that ends after the deadline stops the handler at its read (498);
     one that ends in time is handled."""
     ran: list[bytes] = []
-    with ServerThread(_flask_app(ran), kind="wsgi") as srv:
+    arrived = threading.Event()
+    with ServerThread(_wsgi_arrival(_flask_app(ran), arrived), kind="wsgi") as srv:
         r = httpx.post(
-            f"{srv.url}/upload", content=_slow_upload(pause), headers={H: budget}, timeout=30
+            f"{srv.url}/upload",
+            content=_slow_upload(pause, arrived),
+            headers={H: budget},
+            timeout=30,
         )
     if pause:
         assert (r.status_code, r.text) == (498, "Deadline expired")
