@@ -118,3 +118,20 @@ def test_the_host_keeps_a_week_by_default() -> None:
     assert load_config({"retain": "never"}).retain == float("inf")
     with pytest.raises(tb.ConfigurationError, match="retain"):
         wf.Engine(db="sqlite:///unused.db", retain=float("inf"))
+
+
+def test_serve_takes_retain_on_the_command_line(tmp_path: Any) -> None:
+    """`timebound serve --retain` is checked like the other options: a bad one exits 2 naming it."""
+    import subprocess
+    import sys
+
+    def check(value: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "timebound", "serve", "--db", f"sqlite:///{tmp_path}/h.db",
+             "--retain", value, "--check"],
+            capture_output=True, text=True, timeout=60, cwd=tmp_path,
+        )  # fmt: skip
+
+    bad, good = check("5s"), check("30d")
+    assert bad.returncode == 2 and "retain (command line)" in bad.stderr
+    assert good.returncode == 0, good.stderr
