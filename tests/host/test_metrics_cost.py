@@ -279,3 +279,28 @@ async def test_concurrent_scrapes_share_one_read_and_a_late_one_reads_again(
     assert engine.reads == 1 and scrapes[0].cancelled()
     assert all(b'timebound_workflow_runs{state="completed"} 1.0' in b for b in bodies)
     assert b'timebound_workflow_runs{state="completed"} 2.0' in await metrics.scrape()
+
+
+@pytest.mark.asyncio_real
+async def test_a_rolled_back_timeout_is_never_counted(store_url: str) -> None:
+    """A tally is written with its transaction: one that rolls back counts nothing, one that
+    commits counts once, and two commits add up."""
+    from timebound._store._tally import read_tallies
+
+    store = open_store(store_url)
+    await store.open()
+    try:
+        with pytest.raises(RuntimeError):
+            async with store.transaction() as tx:
+                tally_timeout(tx, "execution", "fail", 7)
+                raise RuntimeError("the turn failed")
+        for _ in range(2):
+            async with store.transaction() as tx:
+                tally_timeout(tx, "execution", "fail", 7)
+        tallies = await read_tallies(store, "wf_timeouts", "wf_timeout_lag")
+    finally:
+        await store.close()
+    assert tallies == {
+        "wf_timeouts": {("node", "fail"): 2},
+        "wf_timeout_lag": {("node", "10"): 2},
+    }
