@@ -59,6 +59,6 @@ async def test_the_served_document_is_the_validated_one(tmp_path: Path) -> None:
     """/openapi.json answers the same document the validator checked."""
     app: Any = create_app(Host.build(load_config({"db": f"sqlite:///{tmp_path}/h.db"})))
     transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://host") as client:
+    async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
         served = (await client.get("/openapi.json")).json()
     assert served == openapi()
