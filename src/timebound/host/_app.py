@@ -207,7 +207,9 @@ class _Guard:
 
 def _allowed_methods(routes: list[BaseRoute], scope: Scope) -> str:
     """Every method some route serves at this path (several routes may share one)."""
-    probe = {"type": "http", "path": scope["path"], "root_path": scope.get("root_path", "")}
+    # The app's own root: inside a Mount, root_path has grown by the mount's prefix.
+    root = scope.get("app_root_path", scope.get("root_path", ""))
+    probe = {"type": "http", "path": scope["path"], "root_path": root}
     methods: set[str] = set()
     for route in routes:
         match, _ = route.matches({**probe, "method": "\x00"})
