@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Match, Mount, Route
 
+from .._core import _clock
 from ..propagation.asgi import DeadlineMiddleware
 from ..telemetry.prometheus import CountersCollector
 from ._api import api_routes
@@ -140,7 +140,7 @@ class _Guard:
         private = path.startswith("/v1/") or (
             path.startswith("/ui") and not path.startswith("/ui/static/")
         )
-        started = time.perf_counter()
+        started = _clock.now()
         status = 500
 
         async def sending(message: Message) -> None:
@@ -160,7 +160,7 @@ class _Guard:
         finally:
             route = _route_label(scope)
             self.host.requests.labels(route, str(status)).inc()
-            self.host.latency.labels(route).observe(time.perf_counter() - started)
+            self.host.latency.labels(route).observe(_clock.now() - started)
 
     def _refuse(self, request: Request, path: str) -> Response | None:
         host = self.host
