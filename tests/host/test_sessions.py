@@ -79,3 +79,15 @@ async def test_the_throttle_lets_attempts_through_again_as_time_passes(
         assert (await _sign_in(browser, TOKEN)).status_code == 429
         await asyncio.sleep(1)
         assert (await _sign_in(browser, TOKEN)).status_code == 303
+
+
+async def test_successful_sign_ins_use_up_no_attempts(
+    tmp_path: Path, virtual_clock: VirtualClock
+) -> None:
+    """Signing in with the right token again and again is never throttled: only failures count."""
+    async with _client(tmp_path) as browser:
+        for _ in range(3 * LOGIN_ATTEMPTS):
+            assert (await _sign_in(browser)).status_code == 303
+        for _ in range(LOGIN_ATTEMPTS):
+            assert (await _sign_in(browser, "wrong-guess")).status_code == 401
+        assert (await _sign_in(browser)).status_code == 429

@@ -9,7 +9,7 @@ set cookies for this host (another port of the same machine, a sibling subdomain
 tossing") still cannot make a token that matches a cookie it chose.
 
 Sign-in attempts are rate-limited per client address (a token bucket each, at most
-``_MAX_ADDRESSES`` addresses remembered).
+``_MAX_ADDRESSES`` addresses remembered); a successful one gives its attempt back.
 """
 
 from __future__ import annotations
@@ -64,6 +64,12 @@ class LoginThrottle:
         if wait > 0:
             bucket.refund()  # a refused attempt costs nothing more
         return wait
+
+    def succeeded(self, address: str) -> None:
+        """A sign-in with the right token gives its attempt back: only failures use them up."""
+        bucket = self._buckets.get(address)
+        if bucket is not None:
+            bucket.refund()
 
 
 class Sessions:

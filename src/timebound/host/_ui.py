@@ -258,6 +258,7 @@ async def login(request: Request) -> Response:
     presented = fields.get("token", "")
     if not presented.strip() or not host.token_ok(presented):
         return _render(request, "login.html", {"error": "That token is not valid."}, 401)
+    host.sessions.throttle.succeeded(address)
     response = RedirectResponse("/ui/", status_code=303)
     _set_session(request, response, host.sessions.open(), math.floor(MAX_AGE_S))
     return response
