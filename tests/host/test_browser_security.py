@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from .browser import ARGS, CHROMIUM, browser, page, require_chromium
+from .browser import ARGS, CHROMIUM, browser, page
 from .conftest import Server
 
 __all__ = ["browser", "page"]  # fixtures, used by name
@@ -145,21 +145,18 @@ def test_sign_out_ends_the_session(secured: Server, page: Any) -> None:
     page.wait_for_url("**/ui/login")
 
 
-def test_dns_rebinding_in_the_browser_reads_nothing(host: Server) -> None:
+def test_dns_rebinding_in_the_browser_reads_nothing(host: Server, browser: Any) -> None:
     """A browser that resolves an attacker's name to 127.0.0.1 (as DNS rebinding makes it) gets
     a 421 for the host's pages and API under that name, and their data never reaches the page."""
-    require_chromium()
-    from playwright.sync_api import sync_playwright
-
     port = host.url.rsplit(":", 1)[1]
     rules = "--host-resolver-rules=MAP rebind.test 127.0.0.1"
-    with sync_playwright() as p:
-        rebinding = p.chromium.launch(executable_path=CHROMIUM, args=[*ARGS, rules])
-        try:
-            page = rebinding.new_page()
-            for path in ("/ui/", "/v1/runs"):
-                reply = page.goto(f"http://rebind.test:{port}{path}")
-                assert reply is not None and reply.status == 421
-                assert json.loads(reply.text())["title"] == "Misdirected Request"
-        finally:
-            rebinding.close()
+    # A second Chromium from the same Playwright (one per process), with the resolver rule.
+    rebinding = browser.browser_type.launch(executable_path=CHROMIUM, args=[*ARGS, rules])
+    try:
+        page = rebinding.new_page()
+        for path in ("/ui/", "/v1/runs"):
+            reply = page.goto(f"http://rebind.test:{port}{path}")
+            assert reply is not None and reply.status == 421
+            assert json.loads(reply.text())["title"] == "Misdirected Request"
+    finally:
+        rebinding.close()
