@@ -20,8 +20,8 @@ STRONG = "a-strong-token-0123456789"
     [
         ("   ", "the token is blank"),
         ("\t", "the token is blank"),
-        ("x", "the token is 1 characters long"),
-        ("fifteen-chars-x", "the token is 15 characters long"),
+        ("x", "the token has 1 of the 16 characters it needs"),
+        ("fifteen-chars-x", "the token has 15 of the 16 characters it needs"),
         ("sixteen chars with spaces", "the token contains whitespace"),
         ("sixteen-chars-\u00e9\u00e9\u00e9", "the token has characters other than printable ASCII"),
     ],

@@ -151,7 +151,10 @@ def _check_token(token: str, where: str) -> str:
     if not all(" " < c < "\x7f" for c in token):
         raise ConfigError(f"{where}: the token has characters other than printable ASCII; {advice}")
     if len(token) < MIN_TOKEN_CHARS:
-        raise ConfigError(f"{where}: the token is {len(token)} characters long; {advice}")
+        raise ConfigError(
+            f"{where}: the token has {len(token)} of the {MIN_TOKEN_CHARS} characters it needs; "
+            f"{advice}"
+        )
     return token
 
 
