@@ -41,6 +41,8 @@ def test_schemathesis_finds_nothing(tmp_path: Path) -> None:
                 *("--max-examples", str(EXAMPLES), "--seed", "20"),
                 *("--workers", "1", "--request-timeout", "30", "--no-color"),
             ],
+            # Its cache and reports go to the test's directory, never into the repository.
+            cwd=tmp_path,
             capture_output=True,
             text=True,
             timeout=170,
