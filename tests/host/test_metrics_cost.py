@@ -210,7 +210,7 @@ async def test_a_scrape_costs_the_same_with_100k_stored_timeouts(tmp_path: Path)
     db = f"sqlite:///{tmp_path}/host.db"
     engine = wf.Engine(db=db)
     app = create_app(Host(Config(db=db), engine, {}))
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://host")
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://localhost")
     async with engine, client:
         empty = await _scrape_s(client)
         async with engine._store.transaction() as tx:
