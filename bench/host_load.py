@@ -6,10 +6,11 @@ serves everything over loopback, on SQLite, then on PostgreSQL (``TB_BENCH_PG``,
 ``postgresql://postgres@127.0.0.1:5432/test``; its rows are left out, and said so, when it is not
 reachable); the clients run in this process.
 
-A canary is a run whose one node sleeps 5 s under a 300 ms node timeout; one starts every 100 ms
-through the API during each phase. Its lateness is the ``detection_lag_ms`` its
-``token_timed_out`` event records: from the node's deadline to the instant the engine stored the
-timeout, i.e. how late the host's event loop fired the timer. Phases, each against the same host:
+A canary is a run whose node sleeps 5 s under a 300 ms node timeout, after a first node that
+waits its turn: a phase's canaries are all started before its load, and arm their timers one
+every 100 ms while the load runs (so a host too busy to answer a start is still measured). Its
+lateness is the ``detection_lag_ms`` its ``token_timed_out`` event records: from the node's
+deadline to the instant the engine stored the timeout, i.e. how late the host fired the timer. Phases, each against the same host:
 
 - ``idle``: canaries only (the baseline of every other row);
 - ``scrapers``: 4 clients scraping ``/metrics`` back to back over a store holding a large
@@ -52,6 +53,9 @@ TARGET_MS = 100.0
 ACTIONS = """
 import asyncio
 
+async def wait(ctx):
+    await asyncio.sleep(ctx.input["delay"])
+
 async def canary(ctx):
     await asyncio.sleep(5)
 
@@ -60,9 +64,16 @@ def noop(ctx):
 """
 CANARY = {
     "id": "canary",
-    "initial_node": "a",
-    "actions": [{"id": "sleep", "kind": "python", "implementation": {"handler": "canary"}}],
-    "nodes": [{"id": "a", "action_id": "sleep", "timeout_ms": 300}],
+    "initial_node": "wait",
+    "actions": [
+        {"id": "wait", "kind": "python", "implementation": {"handler": "wait"}},
+        {"id": "sleep", "kind": "python", "implementation": {"handler": "canary"}},
+    ],
+    "nodes": [
+        {"id": "wait", "action_id": "wait"},
+        {"id": "a", "action_id": "sleep", "timeout_ms": 300},
+    ],
+    "transitions": [{"id": "go", "from": "wait", "to": "a"}],
 }
 BOMB_DEFINITION = {
     "id": "bomb",
@@ -140,16 +151,17 @@ def _launch(tmp: Path, db: str) -> tuple[subprocess.Popen[str], str]:
     raise RuntimeError("the host did not become ready")
 
 
-async def _canaries(client: httpx.AsyncClient, stop: asyncio.Event) -> list[str]:
+async def _canaries(client: httpx.AsyncClient) -> list[str]:
+    """Start the phase's canaries before its load: each waits its turn (one every 100 ms over
+    the phase), then arms its 300 ms node timeout, so the timers fall while the load runs even if
+    the loaded host could not answer a start then."""
+    count = int(PHASE_S / CANARY_EVERY_S)
     ids: list[str] = []
-    while not stop.is_set():
-        response = await client.post("/v1/workflows/canary/runs", json={"input": {}})
-        if response.status_code == 201:
-            ids.append(response.json()["run_id"])
-        try:
-            await asyncio.wait_for(stop.wait(), CANARY_EVERY_S)
-        except TimeoutError:
-            pass
+    for k in range(count):
+        delay = 0.3 + k * CANARY_EVERY_S
+        response = await client.post("/v1/workflows/canary/runs", json={"input": {"delay": delay}})
+        response.raise_for_status()
+        ids.append(response.json()["run_id"])
     return ids
 
 
@@ -205,17 +217,14 @@ async def _bomb(client: httpx.AsyncClient, stop: asyncio.Event, statuses: dict[i
 async def _phase(url: str, name: str, load: Any) -> tuple[list[float], int, Any]:
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
         stop = asyncio.Event()
-        canaries = asyncio.create_task(_canaries(client, stop))
+        ids = await _canaries(client)
         extra = await load(client, stop) if load is not None else None
-        await asyncio.sleep(PHASE_S)
+        await asyncio.sleep(PHASE_S + 0.3)
         stop.set()
-        ids = await canaries
+        detail = None
         if extra is not None:
             tasks, detail = extra
             await asyncio.gather(*tasks, return_exceptions=True)
-        else:
-            detail = None
-        await asyncio.sleep(0.5)  # the last canaries' timeouts
         lags, missing = await _lateness(client, ids)
     print(f"{name}: {len(lags)} canaries, p99 {percentile(lags, 99):.1f} ms", flush=True)
     return lags, missing, detail
