@@ -84,10 +84,34 @@ async def test_pruning_goes_in_bounded_batches_and_keeps_the_boundary(
         await engine.wait(last)
         cut = (await engine.get_run(last))["finished_at"]
         store = engine._store
-        assert [await prune_ended_runs(store, cut, batch=2) for _ in range(5)] == [2, 2, 2, 0, 0]
+        runs = [(await prune_ended_runs(store, cut, batch=2)).runs for _ in range(5)]
+        assert runs == [2, 2, 2, 0, 0]
         assert all(f < cut for f in finished)
         assert await _exists(engine, last)
-        assert await prune_ended_runs(store, cut + 1, batch=2) == 1
+        assert (await prune_ended_runs(store, cut + 1, batch=2)).runs == 1
+
+
+async def test_a_run_with_a_huge_history_goes_in_bounded_transactions(
+    virtual_clock: Any, make_engine: Any
+) -> None:
+    """A fan-out run's events and tokens are deleted at most ``max_rows`` per transaction,
+    events first, and its row only once nothing of it is left."""
+    fan = definition(
+        [{"id": "A"}, {"id": "B"}],
+        [{"id": "f", "from": "A", "to": "B", "foreach": "input.items"}],
+    )
+    async with make_engine(HANDLERS, fan) as engine:
+        run_id = await engine.start("wf", {"items": [0] * 12})
+        await engine.wait(run_id)
+        events, tokens = len(await engine.events(run_id)), len(await engine.tokens(run_id))
+        cut = (await engine.get_run(run_id))["finished_at"] + 1
+        steps = []
+        while not steps or steps[-1].runs == 0:
+            steps.append(await prune_ended_runs(engine._store, cut, max_rows=10))
+            assert await _exists(engine, run_id) == (steps[-1].runs == 0)
+    assert events + tokens > 30
+    assert all(s.rows == 10 for s in steps[:-1]) and steps[-1].rows <= 10 + 1
+    assert sum(s.rows for s in steps) == events + tokens + 1  # and the run's own row
 
 
 async def test_prune_now_needs_a_retention_period(virtual_clock: Any, make_engine: Any) -> None:

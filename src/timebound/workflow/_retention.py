@@ -2,9 +2,10 @@
 
 Runs are pruned in small batches, each in a transaction of its own: a run that ended (completed,
 failed, timed out or cancelled) more than the retention period ago loses its events, tokens, join
-rows and its own row together. A live run is never touched, nor a finished sub-workflow whose
-parent run is still live. Tallies (D8.12) are kept: counters never go down. Each batch is bounded
-(``batch`` runs), batches are separated by a turn of the event loop, and a round stops after
+rows and its own row, in that order (a run with a huge history over several transactions). A
+live run is never touched, nor a finished sub-workflow whose parent run is still live. Tallies
+(D8.12) are kept: counters never go down. Each batch is bounded (``batch`` runs, ``max_rows``
+deleted rows), batches are separated by a turn of the event loop, and a round stops after
 ``max_batches``: pruning a large backlog never holds the loop or the store for long.
 """
 
@@ -14,24 +15,36 @@ import asyncio
 import logging
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError
 from .._store import Store
 from ._rows import RUN_TERMINAL
 
-__all__ = ["Retention", "prune_ended_runs"]
+__all__ = ["Pruned", "Retention", "prune_ended_runs"]
 
 _log = logging.getLogger("timebound.workflow")
 
 _TERMINAL_SQL = ", ".join(f"'{s}'" for s in RUN_TERMINAL)
 
 
-async def prune_ended_runs(store: Store, before_ms: int, batch: int = 100) -> int:
-    """Delete up to ``batch`` runs that ended before ``before_ms`` (epoch ms), with their events,
-    tokens and joins, in one transaction; how many runs were deleted."""
+class Pruned(NamedTuple):
+    """What one batch deleted: whole runs, and rows of any kind (events, tokens, joins, runs)."""
+
+    runs: int
+    rows: int
+
+
+async def prune_ended_runs(
+    store: Store, before_ms: int, batch: int = 100, max_rows: int = 5_000
+) -> Pruned:
+    """One transaction: take up to ``batch`` runs that ended before ``before_ms`` (epoch ms) and
+    delete their events and tokens, at most ``max_rows`` of them, then, if that was all of them,
+    their joins and the runs themselves. A run with a huge history (a big fan-out) thus goes over
+    several transactions, its events first and its row last, none of them long."""
     async with store.transaction() as tx:
-        rows = await tx.fetch(
+        found = await tx.fetch(
             "SELECT r.id FROM tb_wf_runs r "
             f"WHERE r.finished_at < ? AND r.status IN ({_TERMINAL_SQL}) "
             # A finished child whose parent run is still live: its parent may read it.
@@ -41,15 +54,23 @@ async def prune_ended_runs(store: Store, before_ms: int, batch: int = 100) -> in
             before_ms,
             batch,
         )
-        ids = [r["id"] for r in rows]
+        ids = [r["id"] for r in found]
         if not ids:
-            return 0
+            return Pruned(0, 0)
         marks = ", ".join("?" * len(ids))
-        await tx.execute(f"DELETE FROM tb_events WHERE stream IN ({marks})", *ids)
-        await tx.execute(f"DELETE FROM tb_wf_joins WHERE run_id IN ({marks})", *ids)
-        await tx.execute(f"DELETE FROM tb_wf_tokens WHERE run_id IN ({marks})", *ids)
-        await tx.execute(f"DELETE FROM tb_wf_runs WHERE id IN ({marks})", *ids)
-    return len(ids)
+        budget = max_rows
+        for table, key, owner in (("tb_events", "seq", "stream"), ("tb_wf_tokens", "id", "run_id")):
+            budget -= await tx.execute(
+                f"DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} "
+                f"WHERE {owner} IN ({marks}) LIMIT ?)",
+                *ids,
+                budget,
+            )
+            if budget <= 0:  # more may be left: the next batch goes on from here
+                return Pruned(0, max_rows)
+        rows = await tx.execute(f"DELETE FROM tb_wf_joins WHERE run_id IN ({marks})", *ids)
+        rows += await tx.execute(f"DELETE FROM tb_wf_runs WHERE id IN ({marks})", *ids)
+    return Pruned(len(ids), max_rows - budget + rows)
 
 
 class Retention:
@@ -63,6 +84,7 @@ class Retention:
         *,
         every_s: float = 60.0,
         batch: int = 100,
+        max_rows: int = 5_000,
         max_batches: int = 50,
     ) -> None:
         seconds = to_seconds(retain, option="retain", allow_zero=False)
@@ -70,17 +92,18 @@ class Retention:
             raise ConfigurationError("retain must be finite; None keeps every run", option="retain")
         self.retain_ms, self.every_s = math.ceil(seconds * 1000), every_s
         self._store, self._now_ms = store, now_ms
-        self._batch, self._max_batches = batch, max_batches
+        self._batch, self._max_rows, self._max_batches = batch, max_rows, max_batches
         self.pruned = 0  # runs this engine deleted
 
     async def round(self) -> int:
-        """One round: batches until none is full or ``max_batches`` ran; runs deleted."""
+        """One round: batches until one finds nothing more to do or ``max_batches`` ran; how
+        many runs were deleted."""
         before = self._now_ms() - self.retain_ms
         total = 0
         for _ in range(self._max_batches):
-            n = await prune_ended_runs(self._store, before, self._batch)
-            total += n
-            if n < self._batch:
+            pruned = await prune_ended_runs(self._store, before, self._batch, self._max_rows)
+            total += pruned.runs
+            if pruned.runs < self._batch and pruned.rows < self._max_rows:
                 break
             await asyncio.sleep(0)  # other work (timers first) between batches
         self.pruned += total
