@@ -139,6 +139,7 @@ class PostgresStore(Store):
                 await tx.flush_events()
                 if tx.wake_others:  # delivered at commit, never for a rolled-back change
                     await conn.execute(f'NOTIFY "{self._channel}"')
+        tx.committed()  # after the commit returned; never for a rolled-back change (D10.3)
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[Tx]:

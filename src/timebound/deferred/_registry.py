@@ -19,6 +19,8 @@ from typing import Any, NamedTuple
 from .._core import _clock
 from .._core._deadline import Deadline
 from .._store import Store, Tx, open_store
+from ..telemetry._durable import deferred_event
+from ..telemetry._events import enabled
 from ._contract import (
     STATUS_SCHEMA,
     TERMINAL,
@@ -443,6 +445,8 @@ class Registry:
             doc_digest,
             code,
         )
+        if enabled():  # heard by telemetry listeners once the commit succeeded (D10.3)
+            tx.announce(deferred_event(op_id, at, status, code))
 
     # The state machine -------------------------------------------------------------------
 
