@@ -1,0 +1,104 @@
+"""Where the engines start timebound's own spans: a hook that costs one ``None`` check when off.
+
+The engines never import OpenTelemetry. At the few places where a unit of work starts and the
+engine's code runs *inside* it (an HTTP request, a workflow run being started, a node attempt, a
+deferred operation's poll) they call these functions; with no span exporter installed each is a
+single check of :data:`_tracer`. :class:`~timebound.telemetry.otel.OpenTelemetryExporter` with a
+``tracer_provider`` installs an implementation on :meth:`install` (D10.4). The spans that can be
+built from events alone (a policy call and its attempts, a run's end, a deferred operation's
+statuses) are built by the exporter's listener, not here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
+
+__all__ = ["Tracer", "attempt_span", "caller_traceparent", "open_run", "poll_span", "server_span"]
+
+
+class Tracer(Protocol):
+    """What an exporter implements to make spans at the engines' hook points."""
+
+    def current_traceparent(self) -> str | None: ...
+
+    def open_run(
+        self, run_id: str, parent: str | None, attributes: Mapping[str, Any]
+    ) -> str | None: ...
+
+    def attempt(
+        self, parent: str | None, attributes: Mapping[str, Any]
+    ) -> contextlib.AbstractContextManager[Callable[[str, str | None], None]]: ...
+
+    def poll(self, op_id: str) -> contextlib.AbstractContextManager[None]: ...
+
+    def server(
+        self, scope: Mapping[str, Any]
+    ) -> contextlib.AbstractContextManager[Callable[[Any], Any]]: ...
+
+
+#: The installed span maker, or None (the default: nothing is traced unless asked, D10.4).
+_tracer: Tracer | None = None
+
+
+def install(tracer: Tracer | None) -> Tracer | None:
+    """Install ``tracer`` (None: none); returns the one it replaces."""
+    global _tracer
+    previous, _tracer = _tracer, tracer
+    return previous
+
+
+def caller_traceparent() -> str | None:
+    """The W3C ``traceparent`` of the caller's current span, or None (no tracer, no span)."""
+    tracer = _tracer
+    return None if tracer is None else tracer.current_traceparent()
+
+
+def open_run(run_id: str, parent: str | None, **attributes: Any) -> str | None:
+    """Open the span of a workflow run being started (ended when its end is committed);
+    its ``traceparent``, which the run's row stores so any worker continues the trace (D10.5)."""
+    tracer = _tracer
+    return None if tracer is None else tracer.open_run(run_id, parent, attributes)
+
+
+def _ignore(_outcome: str, _error: str | None) -> None:
+    return None
+
+
+@contextlib.contextmanager
+def _nothing() -> Iterator[Callable[[str, str | None], None]]:
+    yield _ignore
+
+
+def attempt_span(
+    parent: str | None, **attributes: Any
+) -> contextlib.AbstractContextManager[Callable[[str, str | None], None]]:
+    """The current span while a workflow node's attempt runs, child of its run's span
+    (``parent``, the stored ``traceparent``); yields ``ended(outcome, error)`` to record how."""
+    tracer = _tracer
+    return _nothing() if tracer is None else tracer.attempt(parent, attributes)
+
+
+def poll_span(op_id: str) -> contextlib.AbstractContextManager[None]:
+    """The current span while a deferred operation is polled, child of the operation's span."""
+    tracer = _tracer
+    return contextlib.nullcontext() if tracer is None else tracer.poll(op_id)
+
+
+def _same(send: Any) -> Any:
+    return send
+
+
+@contextlib.contextmanager
+def _no_server() -> Iterator[Callable[[Any], Any]]:
+    yield _same
+
+
+def server_span(
+    scope: Mapping[str, Any],
+) -> contextlib.AbstractContextManager[Callable[[Any], Any]]:
+    """The server span of an incoming ASGI request (continuing the caller's W3C trace context);
+    yields a function that wraps the ASGI ``send`` to record the response status."""
+    tracer = _tracer
+    return _no_server() if tracer is None else tracer.server(scope)
