@@ -88,7 +88,9 @@ class SpanMaker:
     def current_traceparent(self) -> str | None:
         return traceparent_of(trace.get_current_span())
 
-    def open_run(self, run_id: str, parent: str | None, attributes: Mapping[str, Any]) -> str | None:
+    def open_run(
+        self, run_id: str, parent: str | None, attributes: Mapping[str, Any]
+    ) -> str | None:
         attrs = {"timebound.workflow.run_id": run_id}
         attrs.update({f"timebound.workflow.{k}": v for k, v in attributes.items()})
         span = self._tracer.start_span(
@@ -102,7 +104,9 @@ class SpanMaker:
         self, parent: str | None, attributes: Mapping[str, Any]
     ) -> Iterator[Callable[[str, str | None], None]]:
         attrs = {f"timebound.workflow.{k}": v for k, v in attributes.items()}
-        span = self._tracer.start_span("workflow.node", context=context_of(parent), attributes=attrs)
+        span = self._tracer.start_span(
+            "workflow.node", context=context_of(parent), attributes=attrs
+        )
 
         def ended(outcome: str, error: str | None) -> None:
             span.set_attribute("timebound.outcome", outcome)

@@ -12,7 +12,7 @@ statuses) are built by the exporter's listener, not here.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 __all__ = ["Tracer", "attempt_span", "caller_traceparent", "open_run", "poll_span", "server_span"]
@@ -66,9 +66,16 @@ def _ignore(_outcome: str, _error: str | None) -> None:
     return None
 
 
-@contextlib.contextmanager
-def _nothing() -> Iterator[Callable[[str, str | None], None]]:
-    yield _ignore
+def _same(send: Any) -> Any:
+    return send
+
+
+# With no tracer the hooks hand out these reusable do-nothing context managers: no allocation.
+_NO_ATTEMPT: contextlib.AbstractContextManager[Callable[[str, str | None], None]] = (
+    contextlib.nullcontext(_ignore)
+)
+_NO_POLL: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+_NO_SERVER: contextlib.AbstractContextManager[Callable[[Any], Any]] = contextlib.nullcontext(_same)
 
 
 def attempt_span(
@@ -77,22 +84,13 @@ def attempt_span(
     """The current span while a workflow node's attempt runs, child of its run's span
     (``parent``, the stored ``traceparent``); yields ``ended(outcome, error)`` to record how."""
     tracer = _tracer
-    return _nothing() if tracer is None else tracer.attempt(parent, attributes)
+    return _NO_ATTEMPT if tracer is None else tracer.attempt(parent, attributes)
 
 
 def poll_span(op_id: str) -> contextlib.AbstractContextManager[None]:
     """The current span while a deferred operation is polled, child of the operation's span."""
     tracer = _tracer
-    return contextlib.nullcontext() if tracer is None else tracer.poll(op_id)
-
-
-def _same(send: Any) -> Any:
-    return send
-
-
-@contextlib.contextmanager
-def _no_server() -> Iterator[Callable[[Any], Any]]:
-    yield _same
+    return _NO_POLL if tracer is None else tracer.poll(op_id)
 
 
 def server_span(
@@ -101,4 +99,4 @@ def server_span(
     """The server span of an incoming ASGI request (continuing the caller's W3C trace context);
     yields a function that wraps the ASGI ``send`` to record the response status."""
     tracer = _tracer
-    return _no_server() if tracer is None else tracer.server(scope)
+    return _NO_SERVER if tracer is None else tracer.server(scope)

@@ -72,8 +72,8 @@ class OpenTelemetryExporter:
 
     ``meter_provider`` defaults to the global one. ``span_events=False`` stops the policy span
     events, ``span_tags=False`` the userver span tags. ``tracer_provider`` (or ``spans=True``,
-    the global tracer provider) turns on timebound's own spans. :meth:`install` registers it as a global
-    telemetry listener; :meth:`close` removes it. It is also usable directly as a policy
+    the global tracer provider) turns on timebound's own spans. :meth:`install` registers it as
+    a global telemetry listener; :meth:`close` removes it. It is also usable directly as a policy
     ``observer``.
     """
 
