@@ -130,3 +130,36 @@ async def test_deferred_history_reaches_the_listeners(
     mine = [e for e in events if e.kind == "deferred"]
     assert [e.name for e in mine] == ["deferred.pending", "deferred.completed"]
     assert {e.correlation["operation"] for e in mine} == {op.id}
+
+
+async def test_events_inside_a_node_attempt_name_its_run_token_and_node(
+    virtual_clock: Any, make_engine: Any, events: list[Event]
+) -> None:
+    """What a node's action emits (its policies' events) carries the run, token and node ids."""
+
+    async def probing(ctx: wf.ActionContext) -> Any:
+        emit("probe")
+        return {}
+
+    async with make_engine({"act": probing}, _definition()) as engine:
+        run_id = await engine.start("wf", {})
+        await engine.wait(run_id)
+        (token,) = await engine.tokens(run_id)
+    (probe,) = [e for e in events if e.name == "probe"]
+    assert probe.correlation["run"] == run_id
+    assert probe.correlation["token"] == token["id"] and probe.correlation["node"] == "A"
+
+
+def test_a_policy_observer_gets_the_same_record(virtual_clock: Any) -> None:
+    """An observer= receives events with both instants and the bound, as listeners do."""
+    seen: list[Event] = []
+
+    def late() -> str:
+        virtual_clock.advance(5)
+        return "late"
+
+    tb.policies.Policy("Observed", timeout=1, on_error="skip").execute_sync(
+        late, observer=seen.append
+    )
+    (end,) = [e for e in seen if e.name == "attempt.end"]
+    assert end.bound is not None and end.bound.source == "attempt" and end.epoch_ms is not None

@@ -30,6 +30,7 @@ from .._core._deadline import Deadline
 from .._core._errors import ConfigurationError
 from .._core._scopes import fail_after
 from .._store import Store, Tx, open_store, wake_delay
+from ..telemetry import correlation
 from ..telemetry._tracing import attempt_span, caller_traceparent
 from ._actions import ActionContext, Outcome, freeze, handlers, run_python
 from ._deferral import Deferrals, plan_attempt
@@ -702,7 +703,14 @@ class Engine(RunReads):
             node_id=ctx.node_id,
             attempt=ctx.attempt,
         )
-        with span as ended:
+        # Events emitted inside (the action's policies, a deferred registration) name the run,
+        # the token and the node they belong to (D10.1).
+        with (
+            correlation("run", ctx.run_id),
+            correlation("token", token_id),
+            correlation("node", ctx.node_id),
+            span as ended,
+        ):
             try:
                 outcome = await self._run_action(kind, implementation, ctx, what, ctx.attempt)
             except Exception as exc:  # a failing action runner fails the node, never strands it
