@@ -106,6 +106,46 @@ def test_a_timed_out_attempt_names_its_bound(
     assert attempt.attributes["timebound.bound.timeout_ms"] == 1000
 
 
+async def test_a_constellation_run_is_a_span_over_its_module_calls(
+    virtual_clock: VirtualClock, spans: InMemorySpanExporter
+) -> None:
+    """A program run is a constellation.run span, each module call a constellation.call child
+    (a call made under options has its policy.call span inside)."""
+    from tests.dsl._modules import build
+
+    program = build("in x: Int\na = Inc(x)\nb = Inc(x) with retry: 1\nout a\nout b")
+    assert await program.run({"x": 1}) == {"a": 2, "b": 2}
+    done = spans.get_finished_spans()
+    (run,) = [s for s in done if s.name == "constellation.run"]
+    calls = [s for s in done if s.name == "constellation.call"]
+    assert len(calls) == 2 and all(_child_of(c, run) for c in calls)
+    assert {c.attributes["timebound.module"] for c in calls} == {"Inc"}
+    (policy_call,) = [s for s in done if s.name == "policy.call"]
+    assert any(_child_of(policy_call, c) for c in calls)
+    assert run.attributes["timebound.run_id"]
+
+
+def test_a_pipeline_run_is_a_span_over_its_regions_and_tasks(
+    spans: InMemorySpanExporter,
+) -> None:
+    """A pipeline run is a pipeline.run span; its top-level tasks and regions are its children,
+    a region's tasks the region's."""
+    from tests.pipeline import sample
+    from timebound import pipeline as pl
+
+    reg = sample.make_registry(fetch_features=1.0)
+    VirtualClock().run(pl.Engine(reg).run(pl.compile(sample.make_plan(reg)), sample.rows(4)))
+    done = spans.get_finished_spans()
+    (run,) = [s for s in done if s.name == "pipeline.run"]
+    tasks = {
+        s.attributes["timebound.node_id"]: s for s in done if "timebound.node_id" in s.attributes
+    }
+    region = tasks["timeout_wrapper"]
+    assert _child_of(region, run)
+    assert _child_of(tasks["timeout_wrapper/fail/fill_defaults"], region)
+    assert run.attributes["timebound.plan_digest"]
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -15,6 +15,7 @@ timebound's own are under ``timebound.*``.
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
@@ -157,6 +158,25 @@ class SpanMaker:
                 return traced_send
 
             yield wrap
+
+    @contextlib.contextmanager
+    def run(self, name: str, attributes: Mapping[str, Any]) -> Iterator[Callable[[Any], None]]:
+        attrs = {f"timebound.{k}": v for k, v in attributes.items()}
+        with self._tracer.start_as_current_span(name, attributes=attrs) as span:
+
+            def export(pipeline_trace: Any) -> None:
+                # Inside the run's span: the trace's top-level spans become its children. A
+                # trace that cannot be exported never hides the run's own outcome.
+                try:
+                    pipeline_trace.export_otel(self._tracer)
+                except Exception:
+                    logging.getLogger("timebound.telemetry").exception("pipeline trace export")
+
+            try:
+                yield export
+            except BaseException as exc:
+                span.set_attribute("error.type", type(exc).__name__)
+                raise
 
     # Events ---------------------------------------------------------------------------------
 

@@ -15,7 +15,16 @@ import contextlib
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-__all__ = ["Tracer", "attempt_span", "caller_traceparent", "open_run", "poll_span", "server_span"]
+__all__ = [
+    "Tracer",
+    "active",
+    "attempt_span",
+    "caller_traceparent",
+    "open_run",
+    "poll_span",
+    "run_span",
+    "server_span",
+]
 
 
 class Tracer(Protocol):
@@ -37,6 +46,10 @@ class Tracer(Protocol):
         self, scope: Mapping[str, Any]
     ) -> contextlib.AbstractContextManager[Callable[[Any], Any]]: ...
 
+    def run(
+        self, name: str, attributes: Mapping[str, Any]
+    ) -> contextlib.AbstractContextManager[Callable[[Any], None]]: ...
+
 
 #: The installed span maker, or None (the default: nothing is traced unless asked, D10.4).
 _tracer: Tracer | None = None
@@ -47,6 +60,11 @@ def install(tracer: Tracer | None) -> Tracer | None:
     global _tracer
     previous, _tracer = _tracer, tracer
     return previous
+
+
+def active() -> bool:
+    """Whether spans are being made (an engine may then record what it otherwise skips)."""
+    return _tracer is not None
 
 
 def caller_traceparent() -> str | None:
@@ -78,6 +96,15 @@ _NO_POLL: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
 _NO_SERVER: contextlib.AbstractContextManager[Callable[[Any], Any]] = contextlib.nullcontext(_same)
 
 
+def _no_export(_trace: Any) -> None:
+    return None
+
+
+_NO_RUN: contextlib.AbstractContextManager[Callable[[Any], None]] = contextlib.nullcontext(
+    _no_export
+)
+
+
 def attempt_span(
     parent: str | None, **attributes: Any
 ) -> contextlib.AbstractContextManager[Callable[[str, str | None], None]]:
@@ -100,3 +127,13 @@ def server_span(
     yields a function that wraps the ASGI ``send`` to record the response status."""
     tracer = _tracer
     return _NO_SERVER if tracer is None else tracer.server(scope)
+
+
+def run_span(
+    name: str, **attributes: Any
+) -> contextlib.AbstractContextManager[Callable[[Any], None]]:
+    """The current span around an in-memory engine's run (a Constellation program, a pipeline
+    plan); an exception leaving it marks it failed. Yields ``export(trace)``, which adds the
+    spans of a pipeline ``Trace`` (its regions and tasks) as its children."""
+    tracer = _tracer
+    return _NO_RUN if tracer is None else tracer.run(name, attributes)
