@@ -25,6 +25,7 @@ from timebound import workflow as wf
 from timebound.deferred import HostPolicy, HttpConnector
 from timebound.policies import Policy
 from timebound.propagation.asgi import DeadlineMiddleware
+from timebound.propagation.httpx import AsyncDeadlineTransport
 from timebound.telemetry import _tracing
 from timebound.telemetry.otel import OpenTelemetryExporter
 from timebound.testing import VirtualClock
@@ -194,10 +195,12 @@ async def test_one_trace_from_a_request_through_a_node_to_its_deferred_operation
     tmp_path: Path, deferred_service: str, spans: InMemorySpanExporter
 ) -> None:
     """A request served by uvicorn starts a run; its node defers to another process's operation:
-    the request, the run, the node attempt, the operation and its polls are one trace."""
+    the request, the run, the node attempt, its outgoing call (with the budget it propagated),
+    the operation and its polls are one trace."""
 
     async def start_render(ctx: Any) -> Any:
-        async with httpx.AsyncClient(base_url=deferred_service) as client:
+        transport = AsyncDeadlineTransport(timeout=30)
+        async with httpx.AsyncClient(base_url=deferred_service, transport=transport) as client:
             r = await client.post("/v1/operations/report.render", json={"pages": 3})
             return r.json()
 
@@ -236,7 +239,7 @@ async def test_one_trace_from_a_request_through_a_node_to_its_deferred_operation
     by_name: dict[str, list[ReadableSpan]] = {}
     for s in done:
         by_name.setdefault(s.name, []).append(s)
-    (request,) = by_name["POST"]
+    (request,) = [s for s in by_name["POST"] if s.kind is SpanKind.SERVER]
     (run,) = by_name["workflow.run"]
     (node,) = by_name["workflow.node"]
     (operation,) = by_name["deferred.operation"]
@@ -247,6 +250,9 @@ async def test_one_trace_from_a_request_through_a_node_to_its_deferred_operation
     assert _child_of(run, request) and run.attributes["timebound.workflow.run_id"] == run_id
     assert _child_of(node, run) and node.attributes["timebound.workflow.node_id"] == "A"
     assert node.attributes["timebound.outcome"] == "deferred"
+    (call,) = [s for s in by_name["POST"] if s.kind is SpanKind.CLIENT]
+    assert _child_of(call, node) and call.attributes["http.response.status_code"] == 202
+    assert 0 < call.attributes["timebound.deadline.propagated_ms"] <= 60_000
     assert _child_of(operation, node)
     assert operation.attributes["timebound.deferred.status"] == "completed"
     assert polls and all(_child_of(p, operation) for p in polls)

@@ -16,17 +16,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any
+from urllib.parse import urlsplit
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from .._core._scopes import current_deadline
 from .._version import __version__
 from ._events import Event
 from ._policy_metrics import span_attributes
@@ -174,6 +177,41 @@ class SpanMaker:
 
             try:
                 yield export
+            except BaseException as exc:
+                span.set_attribute("error.type", type(exc).__name__)
+                raise
+
+    @contextlib.contextmanager
+    def client(
+        self, method: str, url: str, headers: Any
+    ) -> Iterator[Callable[[int | None, str | None], None]]:
+        parts = urlsplit(url)
+        attrs: dict[str, Any] = {
+            "http.request.method": method,
+            "url.full": url,
+            "server.address": parts.hostname or "",
+        }
+        if parts.port is not None:
+            attrs["server.port"] = parts.port
+        remaining = current_deadline().remaining()
+        if math.isfinite(remaining):
+            attrs["timebound.deadline.remaining_ms"] = max(0, round(remaining * 1000))
+        with self._tracer.start_as_current_span(
+            method, kind=SpanKind.CLIENT, attributes=attrs
+        ) as span:
+            _W3C.inject(headers)
+
+            def answered(status: int | None, propagated_ms: str | None) -> None:
+                if propagated_ms is not None and propagated_ms.isdigit():
+                    span.set_attribute("timebound.deadline.propagated_ms", int(propagated_ms))
+                if status is not None:
+                    span.set_attribute("http.response.status_code", status)
+                    if status >= 400:
+                        span.set_status(Status(StatusCode.ERROR))
+                        span.set_attribute("error.type", str(status))
+
+            try:
+                yield answered
             except BaseException as exc:
                 span.set_attribute("error.type", type(exc).__name__)
                 raise

@@ -20,6 +20,7 @@ __all__ = [
     "active",
     "attempt_span",
     "caller_traceparent",
+    "client_span",
     "open_run",
     "poll_span",
     "run_span",
@@ -49,6 +50,10 @@ class Tracer(Protocol):
     def run(
         self, name: str, attributes: Mapping[str, Any]
     ) -> contextlib.AbstractContextManager[Callable[[Any], None]]: ...
+
+    def client(
+        self, method: str, url: str, headers: Any
+    ) -> contextlib.AbstractContextManager[Callable[[int | None, str | None], None]]: ...
 
 
 #: The installed span maker, or None (the default: nothing is traced unless asked, D10.4).
@@ -91,6 +96,9 @@ def _same(send: Any) -> Any:
 # With no tracer the hooks hand out these reusable do-nothing context managers: no allocation.
 _NO_ATTEMPT: contextlib.AbstractContextManager[Callable[[str, str | None], None]] = (
     contextlib.nullcontext(_ignore)
+)
+_NO_CLIENT: contextlib.AbstractContextManager[Callable[[int | None, str | None], None]] = (
+    contextlib.nullcontext(_ignore)  # type: ignore[arg-type]
 )
 _NO_POLL: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
 _NO_SERVER: contextlib.AbstractContextManager[Callable[[Any], Any]] = contextlib.nullcontext(_same)
@@ -137,3 +145,13 @@ def run_span(
     spans of a pipeline ``Trace`` (its regions and tasks) as its children."""
     tracer = _tracer
     return _NO_RUN if tracer is None else tracer.run(name, attributes)
+
+
+def client_span(
+    method: str, url: str, headers: Any
+) -> contextlib.AbstractContextManager[Callable[[int | None, str | None], None]]:
+    """The client span of an outgoing HTTP request; injects its W3C ``traceparent`` into
+    ``headers`` (a mutable mapping) so the server continues the trace. Yields
+    ``answered(status, propagated_timeout_ms)`` to record the answer and the budget sent."""
+    tracer = _tracer
+    return _NO_CLIENT if tracer is None else tracer.client(method, url, headers)
