@@ -169,6 +169,9 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             # The W3C trace context of a run's span, so a worker in another process continues
             # the run's trace (D10.5); NULL when spans were not exported at its start.
             "ALTER TABLE tb_wf_runs ADD COLUMN traceparent TEXT",
+            # The trace context of the span that registered a deferred operation, so a poller in
+            # another process polls it inside that trace (D10.6).
+            "ALTER TABLE tb_deferred_ops ADD COLUMN traceparent TEXT",
         ),
     ),
 )

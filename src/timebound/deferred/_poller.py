@@ -263,7 +263,7 @@ class Poller:
                 with fail_after(self.poll_timeout_s):
                     self._window.take()  # the start the cap counts: the connector's call
                     taken = True
-                    with poll_span(op.id):  # D10.4
+                    with poll_span(op.id, op.traceparent):  # D10.6
                         doc = await connector.status(op)
             except TransientPollError as exc:  # the connector maps its transport's failures
                 return await self._failed(op, exc.code)

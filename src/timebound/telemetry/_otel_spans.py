@@ -122,10 +122,13 @@ class SpanMaker:
             yield ended
 
     @contextlib.contextmanager
-    def poll(self, op_id: str) -> Iterator[None]:
+    def poll(self, op_id: str, parent: str | None) -> Iterator[None]:
         with self._lock:
             op = self._ops.get(op_id)
-        context = None if op is None else trace.set_span_in_context(op)
+        if op is not None:
+            context = trace.set_span_in_context(op)
+        else:  # registered elsewhere: under its stored context, else a trace of its own
+            context = context_of(parent) or otel_context.Context()
         with self._tracer.start_as_current_span(
             "deferred.poll", context=context, attributes={"timebound.deferred.operation_id": op_id}
         ):

@@ -41,7 +41,7 @@ class Tracer(Protocol):
         self, parent: str | None, attributes: Mapping[str, Any]
     ) -> contextlib.AbstractContextManager[Callable[[str, str | None], None]]: ...
 
-    def poll(self, op_id: str) -> contextlib.AbstractContextManager[None]: ...
+    def poll(self, op_id: str, parent: str | None) -> contextlib.AbstractContextManager[None]: ...
 
     def server(
         self, scope: Mapping[str, Any]
@@ -122,10 +122,11 @@ def attempt_span(
     return _NO_ATTEMPT if tracer is None else tracer.attempt(parent, attributes)
 
 
-def poll_span(op_id: str) -> contextlib.AbstractContextManager[None]:
-    """The current span while a deferred operation is polled, child of the operation's span."""
+def poll_span(op_id: str, parent: str | None) -> contextlib.AbstractContextManager[None]:
+    """The current span while a deferred operation is polled: child of the operation's span
+    when this process holds it, else of ``parent`` (the stored context of its registration)."""
     tracer = _tracer
-    return _NO_POLL if tracer is None else tracer.poll(op_id)
+    return _NO_POLL if tracer is None else tracer.poll(op_id, parent)
 
 
 def server_span(
