@@ -108,3 +108,22 @@ async def test_a_poller_elsewhere_polls_inside_the_registering_trace(
     (registering,) = [s for s in done if s.name == "registering"]
     (poll,) = [s for s in done if s.name == "deferred.poll"]
     assert _parent(poll) == _ids(registering)
+
+
+async def test_a_child_runs_span_is_under_its_parent_run(
+    virtual_clock: Any, make_engine: Any, memory: tuple[InMemorySpanExporter, TracerProvider]
+) -> None:
+    """A workflow_call node starts a child run whose workflow.run span is a child of the
+    parent run's span (from the parent row's stored trace context)."""
+    from .test_engine import HANDLERS
+    from .test_subworkflows import child, parent
+
+    spans, provider = memory
+    with OpenTelemetryExporter(tracer_provider=provider):
+        async with make_engine(HANDLERS, child(), parent({})) as engine:
+            run_id = await engine.start("wf", {"X": 0})
+            result = await engine.wait(run_id)
+    assert result.status == "completed"
+    runs = {s.attributes["timebound.workflow.definition_id"]: s
+            for s in spans.get_finished_spans() if s.name == "workflow.run"}  # fmt: skip
+    assert _parent(runs["child"]) == _ids(runs["wf"])

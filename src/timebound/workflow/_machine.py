@@ -739,6 +739,7 @@ class Machine:
             timeout_ms=timeout_ms,
             parent_token_id=tok["id"],
             inherited_deadline_at=inherited,
+            traceparent=run.get("traceparent"),  # the child's span under its parent run's
         )
         # The child's own timer enforces the node's bound; the parent token waits on it.
         await tx.execute(
