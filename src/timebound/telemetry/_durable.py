@@ -14,7 +14,7 @@ from typing import Any
 from .._core import _clock
 from .._core._deadline import Deadline
 from .._core._errors import DeadlineExceeded
-from ._events import Event, current_correlation, emit_event
+from ._events import Event, emit_event
 
 __all__ = ["deferred_event", "emit_committed", "workflow_event"]
 
@@ -38,7 +38,10 @@ def _at(epoch_ms: int) -> float:
 
 def workflow_event(stream: str, kind: str, at_ms: int, data: Mapping[str, Any]) -> Event:
     """The telemetry event of one ``tb_events`` row (``stream`` is the run's id)."""
-    ids = {**current_correlation(), "run": stream}
+    # The row's ids only, never the committing task's: the engine's loop commits for every run,
+    # in whatever context it was opened, and a listener must see the same ids a reader of the
+    # stored event would (D10.3).
+    ids = {"run": stream}
     for key, kind_of_id in _IDS:
         value = data.get(key)
         if isinstance(value, str):
@@ -68,7 +71,7 @@ def _what(source: str, data: Mapping[str, Any]) -> str | None:
 def deferred_event(op_id: str, at_ms: int, status: str, code: str | None) -> Event:
     """The telemetry event of one deferred-history row: ``deferred.<status>`` (an operation
     that expired carries the ``deferred`` bound)."""
-    ids = {**current_correlation(), "operation": op_id}
+    ids = {"operation": op_id}
     bound = None
     if status == "expired":
         bound = DeadlineExceeded(source="deferred", what=f"deferred operation {op_id!r}")

@@ -83,8 +83,8 @@ def describe(event: Event) -> str | None:
 
 class Timeline:
     """A listener that prints each event it describes as ``  +  12.3 ms  text``, the offset on
-    the monotonic clock from :meth:`restart` (or, until then, from the first line). :meth:`say` prints a line of the
-    caller's own at the current instant. ``accept`` filters the events shown."""
+    the monotonic clock from :meth:`restart` (or, until then, from the first line). :meth:`say`
+    prints a line of the caller's own at the current instant. ``accept`` filters the events."""
 
     def __init__(self, out: TextIO | None = None, accept: Any = None) -> None:
         self.out = sys.stdout if out is None else out
