@@ -49,6 +49,16 @@ def _definition(timeout_ms: int | None = None) -> dict[str, Any]:
     }
 
 
+async def _heard(events: list[Event], name: str) -> None:
+    """Wait until a listener heard ``name``: the engine emits right after its commit returns, and
+    on PostgreSQL wait() (reading on another connection) may return a moment before that."""
+    for _ in range(1000):
+        if any(e.name == name for e in events):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{name} never emitted: {[e.name for e in events]}")
+
+
 def test_a_policy_event_carries_both_instants_and_its_bound(events: list[Event]) -> None:
     """An emitted event has the monotonic and the epoch instant; a DeadlineExceeded is its bound."""
     error = tb.DeadlineExceeded(source="attempt", timeout=0.25)
@@ -67,6 +77,7 @@ async def test_a_workflow_run_emits_its_events_with_run_token_and_node(
         with correlation("request", "req-1"):
             run_id = await engine.start("wf", {})
         await engine.wait(run_id)
+        await _heard(events, "workflow.run_completed")
         stored = await engine.events(run_id)
     mine = [e for e in events if e.kind == "workflow"]
     assert [e.name for e in mine] == [f"workflow.{e['kind']}" for e in stored]
@@ -84,6 +95,7 @@ async def test_a_node_timeout_event_carries_the_node_bound(
     async with make_engine({"act": slow}, _definition(timeout_ms=2000)) as engine:
         run_id = await engine.start("wf", {})
         result = await engine.wait(run_id)
+        await _heard(events, "workflow.run_failed")
     assert result.status == "failed"
     timed_outs = [e for e in events if e.name == "workflow.token_timed_out"]
     assert len(timed_outs) == 1, [e.name for e in events]
