@@ -14,6 +14,7 @@ from tests.deferred.conftest import operation_doc, status_doc
 from timebound import workflow as wf
 from timebound._store import open_store
 from timebound.deferred import HostPolicy, Registry
+from timebound.policies import Policy
 from timebound.telemetry import Event, add_listener, correlation, emit
 
 
@@ -170,8 +171,6 @@ def test_a_policy_observer_gets_the_same_record(virtual_clock: Any) -> None:
         virtual_clock.advance(5)
         return "late"
 
-    tb.policies.Policy("Observed", timeout=1, on_error="skip").execute_sync(
-        late, observer=seen.append
-    )
+    Policy("Observed", timeout=1, on_error="skip").execute_sync(late, observer=seen.append)
     (end,) = [e for e in seen if e.name == "attempt.end"]
     assert end.bound is not None and end.bound.source == "attempt" and end.epoch_ms is not None

@@ -19,7 +19,7 @@ import logging
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextvars import ContextVar
 from typing import Any
 from urllib.parse import urlsplit
@@ -219,6 +219,51 @@ class SpanMaker:
                 span.set_attribute("error.type", type(exc).__name__)
                 raise
 
+    def wsgi(
+        self,
+        environ: Mapping[str, Any],
+        start_response: Any,
+        serve: Callable[[Any], Iterable[bytes]],
+    ) -> Iterable[bytes]:
+        carrier = {
+            name: environ[key]
+            for name, key in (
+                ("traceparent", "HTTP_TRACEPARENT"),
+                ("tracestate", "HTTP_TRACESTATE"),
+            )
+            if isinstance(environ.get(key), str)
+        }
+        method = str(environ.get("REQUEST_METHOD", "GET"))
+        attrs = {
+            "http.request.method": method,
+            "url.path": f"{environ.get('SCRIPT_NAME', '')}{environ.get('PATH_INFO', '')}",
+            "url.scheme": str(environ.get("wsgi.url_scheme", "http")),
+        }
+        span = self._tracer.start_span(
+            method, context=_W3C.extract(carrier), kind=SpanKind.SERVER, attributes=attrs
+        )
+
+        def traced_start_response(status: str, headers: Any, exc_info: Any = None) -> Any:
+            code = status.split(" ", 1)[0]
+            if code.isdigit():
+                span.set_attribute("http.response.status_code", int(code))
+                if int(code) >= 500:
+                    span.set_status(Status(StatusCode.ERROR))
+                    span.set_attribute("error.type", code)
+            if exc_info is None:
+                return start_response(status, headers)
+            return start_response(status, headers, exc_info)
+
+        try:
+            with trace.use_span(span, end_on_exit=False):
+                result = serve(traced_start_response)
+        except BaseException as exc:
+            span.set_attribute("error.type", type(exc).__name__)
+            span.set_status(Status(StatusCode.ERROR))
+            span.end()
+            raise
+        return _EndOnClose(result, span)
+
     # Events ---------------------------------------------------------------------------------
 
     def on_event(self, event: Event) -> None:
@@ -332,6 +377,25 @@ class SpanMaker:
         for span in spans:
             span.set_attribute("timebound.abandoned", True)
             span.end()
+
+
+class _EndOnClose:
+    """A WSGI response that ends its request's span when the server closes it (PEP 3333)."""
+
+    def __init__(self, result: Iterable[bytes], span: Span) -> None:
+        self._result = result
+        self._span = span
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._result)
+
+    def close(self) -> None:
+        try:
+            close = getattr(self._result, "close", None)
+            if close is not None:
+                close()
+        finally:
+            self._span.end()
 
 
 def _event_attributes(event: Event) -> Any:

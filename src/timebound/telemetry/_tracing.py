@@ -12,7 +12,7 @@ statuses) are built by the exporter's listener, not here.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "poll_span",
     "run_span",
     "server_span",
+    "wsgi_span",
 ]
 
 
@@ -54,6 +55,13 @@ class Tracer(Protocol):
     def client(
         self, method: str, url: str, headers: Any
     ) -> contextlib.AbstractContextManager[Callable[[int | None, str | None], None]]: ...
+
+    def wsgi(
+        self,
+        environ: Mapping[str, Any],
+        start_response: Any,
+        serve: Callable[[Any], Iterable[bytes]],
+    ) -> Iterable[bytes]: ...
 
 
 #: The installed span maker, or None (the default: nothing is traced unless asked, D10.4).
@@ -156,3 +164,12 @@ def client_span(
     ``answered(status, propagated_timeout_ms)`` to record the answer and the budget sent."""
     tracer = _tracer
     return _NO_CLIENT if tracer is None else tracer.client(method, url, headers)
+
+
+def wsgi_span(
+    environ: Mapping[str, Any], start_response: Any, serve: Callable[[Any], Iterable[bytes]]
+) -> Iterable[bytes]:
+    """``serve(start_response)`` inside the server span of a WSGI request (continuing the
+    caller's W3C trace context); the span ends when the server closes the response."""
+    tracer = _tracer
+    return serve(start_response) if tracer is None else tracer.wsgi(environ, start_response, serve)

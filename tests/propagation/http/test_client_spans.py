@@ -3,6 +3,7 @@ propagated, and sends its W3C traceparent so the server continues the trace (D10
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import aiohttp
@@ -15,6 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 import timebound as tb
+from timebound.policies import Policy
 from timebound.propagation.aiohttp import DeadlineMiddleware
 from timebound.propagation.httpx import AsyncDeadlineTransport, DeadlineTransport
 from timebound.propagation.requests import DeadlineAdapter
@@ -85,3 +87,33 @@ async def test_aiohttp(svc: tuple[Downstream, str], spans: InMemorySpanExporter)
             async with session.get(f"{url}/ok") as r:
                 assert await r.text() == "ok"
     _checked(spans, app, url)
+
+
+def test_a_wsgi_server_continues_the_callers_trace(spans: InMemorySpanExporter) -> None:
+    """A WSGI app behind the middleware (werkzeug) gets a server span, child of the requests
+    client span that called it, with its status; the app's own work is inside it."""
+    from timebound.propagation.wsgi import DeadlineMiddleware as WsgiMiddleware
+
+    from .conftest import ServerThread
+
+    def app(environ: dict[str, object], start_response: object) -> list[bytes]:
+        Policy("Inside").execute_sync(lambda: None)
+        start_response("201 Created", [("Content-Type", "text/plain")])  # type: ignore[operator]
+        return [b"made"]
+
+    with ServerThread(WsgiMiddleware(app), kind="wsgi") as server, requests.Session() as session:
+        session.mount("http://", DeadlineAdapter())
+        with tb.fail_after(60):
+            assert session.post(f"{server.url}/things").status_code == 201
+        for _ in range(500):  # the server ends its span when it closes the response
+            if any(s.kind is SpanKind.SERVER for s in spans.get_finished_spans()):
+                break
+            threading.Event().wait(0.01)
+    done = spans.get_finished_spans()
+    (client,) = [s for s in done if s.kind is SpanKind.CLIENT]
+    (served,) = [s for s in done if s.kind is SpanKind.SERVER]
+    (inside,) = [s for s in done if s.name == "policy.call"]
+    assert served.name == "POST" and served.attributes["url.path"] == "/things"
+    assert served.attributes["http.response.status_code"] == 201
+    assert served.parent is not None and served.parent.span_id == client.context.span_id
+    assert inside.parent is not None and inside.parent.span_id == served.context.span_id
