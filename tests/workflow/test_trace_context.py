@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tests.deferred.conftest import operation_doc
+from tests.deferred.conftest import operation_doc, status_doc
 from timebound import workflow as wf
 from timebound.deferred import HostPolicy, Poller, Registry
 from timebound.telemetry.otel import OpenTelemetryExporter
@@ -80,8 +80,6 @@ async def test_a_worker_elsewhere_runs_the_node_inside_the_runs_trace(
 
 class _Connector:
     async def status(self, op: Any) -> object:
-        from tests.deferred.conftest import status_doc
-
         return status_doc(op.id, status="completed")
 
     async def cancel(self, op: Any) -> object:
@@ -102,12 +100,17 @@ async def test_a_poller_elsewhere_polls_inside_the_registering_trace(
                 op = await registry.register(operation_doc(), module="svc")
         assert op.traceparent is not None
         with OpenTelemetryExporter(tracer_provider=provider):  # "another process"
+            await registry.apply_status(op.id, status_doc(op.id, status="running"))
             poller = Poller(registry, {"svc": _Connector()})
             await poller.poll_now(op.id)
     done = spans.get_finished_spans()
     (registering,) = [s for s in done if s.name == "registering"]
     (poll,) = [s for s in done if s.name == "deferred.poll"]
     assert _parent(poll) == _ids(registering)
+    # Only the registering process made the operation's span (ended there as abandoned): the
+    # other one's status changes open none of their own.
+    (operation,) = [s for s in done if s.name == "deferred.operation"]
+    assert operation.attributes["timebound.abandoned"] is True
 
 
 async def test_a_child_runs_span_is_under_its_parent_run(

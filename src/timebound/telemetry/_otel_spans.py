@@ -44,6 +44,8 @@ _RUN_ENDS = frozenset(
     {"workflow.run_completed", "workflow.run_failed", "workflow.run_cancelled",
      "workflow.run_timed_out"}
 )  # fmt: skip
+# The history codes of an operation's registration (its first row).
+_REGISTERED = (None, "invalid-hint")
 _OP_ENDS = frozenset(
     {"deferred.completed", "deferred.failed", "deferred.timed-out", "deferred.cancelled",
      "deferred.expired", "deferred.unknown"}
@@ -108,8 +110,10 @@ class SpanMaker:
         self, parent: str | None, attributes: Mapping[str, Any]
     ) -> Iterator[Callable[[str, str | None], None]]:
         attrs = {f"timebound.workflow.{k}": v for k, v in attributes.items()}
+        # Under the run's stored context; a run started untraced makes a trace of its own, never
+        # a child of whatever span the engine's loop was started under.
         span = self._tracer.start_span(
-            "workflow.node", context=context_of(parent), attributes=attrs
+            "workflow.node", context=context_of(parent) or otel_context.Context(), attributes=attrs
         )
 
         def ended(outcome: str, error: str | None) -> None:
@@ -341,8 +345,8 @@ class SpanMaker:
             if span is not None and ends:
                 del self._ops[op_id]
         if span is None:
-            if ends:
-                return
+            if event.name != "deferred.pending" or event.attrs.get("code") not in _REGISTERED:
+                return  # registered elsewhere (or before the exporter listened): no span here
             # Opened by its first committed event, in the task that registered it: a node
             # attempt's span (current here) is its parent.
             span = self._tracer.start_span(
