@@ -195,6 +195,17 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (
         4,
         (
+            # The W3C trace context of a run's span, so a worker in another process continues
+            # the run's trace (D10.5); NULL when spans were not exported at its start.
+            "ALTER TABLE tb_wf_runs ADD COLUMN traceparent TEXT",
+            # The trace context of the span that registered a deferred operation, so a poller in
+            # another process polls it inside that trace (D10.6).
+            "ALTER TABLE tb_deferred_ops ADD COLUMN traceparent TEXT",
+        ),
+    ),
+    (
+        5,
+        (
             # Tallies (D8.12, _store/_tally.py): running totals bumped by the transaction whose
             # change they count, so a scrape reads this small table instead of the history.
             """CREATE TABLE tb_tallies (
