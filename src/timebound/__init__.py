@@ -13,6 +13,7 @@ from ._version import __version__ as __version__
 # `timebound.fial_after` stays a type error).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ._core._body import TooLarge as TooLarge
     from ._core._deadline import Deadline as Deadline
     from ._core._durations import Duration as Duration
     from ._core._durations import to_seconds as to_seconds
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     from ._core._errors import DeadlineExceeded as DeadlineExceeded
     from ._core._errors import RetryExhausted as RetryExhausted
     from ._core._errors import TimeboundError as TimeboundError
+    from ._core._json import JSONError as JSONError
+    from ._core._json import TooDeep as TooDeep
     from ._core._preempt import AbandonedThreadWarning as AbandonedThreadWarning
     from ._core._preempt import abandoned_threads as abandoned_threads
     from ._core._preempt import run_in_process as run_in_process
@@ -46,8 +49,11 @@ __all__ = [
     "Deadline",
     "DeadlineExceeded",
     "Duration",
+    "JSONError",
     "RetryExhausted",
     "TimeboundError",
+    "TooDeep",
+    "TooLarge",
     "abandoned_threads",
     "acheckpoint",
     "checkpoint",
@@ -79,6 +85,9 @@ _LOCATIONS: dict[str, str] = {
     "Duration": "._core._durations",
     "RetryExhausted": "._core._errors",
     "TimeboundError": "._core._errors",
+    "JSONError": "._core._json",
+    "TooDeep": "._core._json",
+    "TooLarge": "._core._body",
     "abandoned_threads": "._core._preempt",
     "acheckpoint": "._core._scopes",
     "checkpoint": "._core._scopes",

@@ -28,7 +28,6 @@ def _problem(r: object, status: int) -> dict[str, object]:
         (b"\xff\xfe{}", "the body is not UTF-8"),
         (b'{"input": NaN}', "malformed JSON: NaN is not JSON"),
         (b"{}{}", "malformed JSON: Extra data at line 1 column 3"),
-        (b"[" * 100_000 + b"]" * 100_000, "malformed JSON"),
     ],
 )
 def test_malformed_json_is_a_400_problem(host: Server, body: bytes, detail: str) -> None:

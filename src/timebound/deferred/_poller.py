@@ -25,7 +25,7 @@ from .._store import wake_delay
 from ._contract import TERMINAL
 from ._registry import Operation, Outcome, Registry, now_ms
 
-__all__ = ["Connector", "Poller", "TransientPollError"]
+__all__ = ["Connector", "PollRefused", "Poller", "TransientPollError"]
 
 _log = logging.getLogger("timebound.deferred")
 
@@ -38,6 +38,16 @@ class TransientPollError(Exception):
 
     ``code`` is the stable code recorded in the history (``poll-timeout``, ``poll-5xx``, ...).
     """
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class PollRefused(Exception):
+    """An answer the host will not take from a connector, whatever a later poll says: an href
+    to another origin (``foreign-href``, D7.13), an answer past the byte cap (``too-large``,
+    D6.21). The operation fails with ``code``."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -265,6 +275,8 @@ class Poller:
                     doc = await connector.status(op)
             except TransientPollError as exc:  # the connector maps its transport's failures
                 return await self._failed(op, exc.code)
+            except PollRefused as exc:
+                return await self.registry.refuse(op.id, exc.code, str(exc))
             except DeadlineExceeded:  # the poll's own bound above
                 return await self._failed(op, "poll-timeout")
             except Exception:  # a broken connector backs off like a failing one, never spins
@@ -356,9 +368,13 @@ class Poller:
         if op.status in TERMINAL or op.cancel_href is None or op.module not in self.connectors:
             return op.describe()
         await self.registry.mark_cancel_requested(op_id)
-        with fail_after(self.poll_timeout_s):
-            doc = await self.connectors[op.module].cancel(op)
-        await self.registry.apply_status(op_id, doc)
+        try:
+            with fail_after(self.poll_timeout_s):
+                doc = await self.connectors[op.module].cancel(op)
+        except PollRefused as exc:
+            await self.registry.refuse(op_id, exc.code, str(exc))
+        else:
+            await self.registry.apply_status(op_id, doc)
         fresh = await self.registry.get(op_id)
         assert fresh is not None
         return fresh.describe()

@@ -15,6 +15,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from .._core._body import TooLarge, declared_too_large, read_capped
+from .._core._json import MAX_DEPTH, JSONError, TooDeep
+from .._core._json import check as check_json
+from .._core._json import loads as loads_json
 from .._core._scopes import remaining
 from ..workflow import DefinitionConflict, DefinitionError
 from ..workflow._rows import RUN_TERMINAL
@@ -34,34 +38,25 @@ def _host(request: Request) -> Host:
     return host
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-async def read_json(request: Request, limit: int) -> Any:
+async def read_json(request: Request, limit: int, *, max_depth: int = MAX_DEPTH) -> Any:
     """The request's JSON body: 415 if not JSON, 413 past ``limit`` bytes (counted while reading,
-    so a lying Content-Length does not help), 400 naming where the JSON broke."""
+    so a lying Content-Length does not help), 400 naming where the JSON broke, 422 ``too-deep``
+    past ``max_depth`` levels (D8.10)."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media != "application/json":
         raise Problem(415, f"the body must be application/json, not {media or 'missing'!r}")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise Problem(413, f"the body is larger than the limit of {limit} bytes")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise Problem(413, f"the body is larger than the limit of {limit} bytes")
     try:
-        return json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
-    except UnicodeDecodeError:
-        raise Problem(400, "the body is not UTF-8") from None
-    except json.JSONDecodeError as exc:
-        raise Problem(
-            400, f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from None
-    except (ValueError, RecursionError) as exc:
-        raise Problem(400, f"malformed JSON: {exc}") from None
+        declared_too_large(request.headers.get("content-length"), limit, "the body")
+        body = await read_capped(request.stream(), limit, what="the body")
+    except TooLarge as exc:
+        raise Problem(413, str(exc), code=exc.code) from None
+    try:
+        return loads_json(body, max_depth=max_depth, what="the body")
+    except TooDeep as exc:
+        raise Problem(422, str(exc), code=exc.code, path=exc.path) from None
+    except JSONError as exc:
+        detail = str(exc) if exc.reason is None else f"malformed JSON: {exc.reason}"
+        raise Problem(400, detail, code=exc.code) from None
 
 
 def _only(data: Any, allowed: set[str], where: str = "body") -> dict[str, Any]:
@@ -124,7 +119,15 @@ async def _get_run(host: Host, run_id: str) -> dict[str, Any]:
 async def start_run(request: Request) -> Response:
     host = _host(request)
     definition_id = request.path_params["definition_id"]
-    body = _only(await read_json(request, host.config.max_body_bytes), {"input", "deadline_ms"})
+    # The envelope is one level: the input may nest as deep as any run's input (D6.20).
+    body = _only(
+        await read_json(request, host.config.max_body_bytes, max_depth=MAX_DEPTH + 1),
+        {"input", "deadline_ms"},
+    )
+    try:
+        check_json(body.get("input"), what="input", root="$.input")
+    except JSONError as exc:
+        raise Problem(422, str(exc), code=exc.code, path=exc.path) from None
     deadline_ms = body.get("deadline_ms")
     if deadline_ms is not None and (
         not isinstance(deadline_ms, int) or isinstance(deadline_ms, bool) or deadline_ms < 1
@@ -243,7 +246,7 @@ async def put_definition(request: Request) -> Response:
     except DefinitionConflict as exc:
         raise Problem(409, str(exc), path=exc.path) from None
     except DefinitionError as exc:
-        raise Problem(422, f"invalid definition: {exc}", path=exc.path) from None
+        raise Problem(422, f"invalid definition: {exc}", path=exc.path, code=exc.code) from None
     # Stored: every host and worker on the store sees it, and it outlives a restart.
     (latest,) = await host.engine.stored_definitions(definition_id)
     host.definitions[definition_id] = latest

@@ -36,6 +36,17 @@ class Problem(Exception):
         self.status, self.detail, self.extra = status, detail, extra
 
 
+#: The longest text a problem document carries in one field (D8.11): what a request sent (a
+#: 10,001-item array quoted by a validation error) is never echoed whole.
+MAX_ECHO_CHARS = 1_000
+
+
+def _capped(text: str) -> str:
+    if len(text) <= MAX_ECHO_CHARS:
+        return text
+    return f"{text[: MAX_ECHO_CHARS - 30]}... ({len(text)} characters)"
+
+
 def problem_response(
     status: int, detail: str, instance: str | None = None, **extra: Any
 ) -> Response:
@@ -43,11 +54,11 @@ def problem_response(
         "type": "about:blank",
         "title": _TITLES.get(status, "Error"),
         "status": status,
-        "detail": detail,
+        "detail": _capped(detail),
     }
     if instance is not None:
-        body["instance"] = instance
-    body.update(extra)
+        body["instance"] = _capped(instance)
+    body.update({k: _capped(v) if isinstance(v, str) else v for k, v in extra.items()})
     headers = {"WWW-Authenticate": 'Bearer realm="timebound"'} if status == 401 else None
     return Response(
         json.dumps(body),

@@ -16,7 +16,15 @@ three timeout layers as durable timers::
 from __future__ import annotations
 
 from ._actions import ActionContext
-from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition, schema
+from ._definition import (
+    Definition,
+    DefinitionConflict,
+    DefinitionError,
+    DefinitionTooDeep,
+    DefinitionTooLarge,
+    parse_definition,
+    schema,
+)
 from ._engine import Engine, RunResult
 
 __all__ = [
@@ -24,6 +32,8 @@ __all__ = [
     "Definition",
     "DefinitionConflict",
     "DefinitionError",
+    "DefinitionTooDeep",
+    "DefinitionTooLarge",
     "Engine",
     "RunResult",
     "parse_definition",

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .._core._errors import ConfigurationError
+from .._core._json import JSONError, TooDeep
+from .._core._json import check as check_json
 from ._modes import check_modes, default_support
 
 __all__ = [
@@ -24,6 +26,8 @@ __all__ = [
     "Action",
     "Definition",
     "DefinitionError",
+    "DefinitionTooDeep",
+    "DefinitionTooLarge",
     "Merge",
     "Node",
     "RetryBlock",
@@ -38,9 +42,16 @@ DEFAULT_WORKFLOW_TIMEOUT_MS = 3_600_000
 DEFAULT_MAX_RETRIES = 3
 SYNC_TIMEOUT_CAP_MS = 1_800_000
 
-# Hostile-input limits: text larger than this is refused before parsing, and JSON nested deeper
-# than Python's recursion limit is reported as a definition error, not a RecursionError.
+# Hostile-input limits (D6.23): text larger than this is refused before parsing; a definition
+# with more nodes, actions or transitions than these is refused before the schema check (whose
+# cost grows with them), and one nested deeper than MAX_DEPTH (D6.20) before anything walks it.
 MAX_TEXT_BYTES = 4 * 1024 * 1024
+MAX_NODES = 1_000
+MAX_ACTIONS = 1_000
+MAX_TRANSITIONS = 2_000
+# A message quoting the offending value is cut to this many characters (a 10,001-item array
+# would otherwise be echoed whole).
+_MESSAGE_CHARS = 300
 
 
 class DefinitionError(ConfigurationError):
@@ -54,6 +65,18 @@ class DefinitionError(ConfigurationError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_definition_error, (str(self), self.path, type(self)))
+
+
+class DefinitionTooLarge(DefinitionError):
+    """A definition has more nodes, actions or transitions than the limits allow (D6.23)."""
+
+    code = "definition-too-large"
+
+
+class DefinitionTooDeep(DefinitionError):
+    """A definition nests objects and arrays deeper than :data:`MAX_DEPTH` (D6.20)."""
+
+    code = "too-deep"
 
 
 class DefinitionConflict(DefinitionError):
@@ -236,7 +259,7 @@ def _load_text(text: str, origin: str) -> Any:
     except DefinitionError:
         raise
     except RecursionError:
-        raise DefinitionError(f"{origin} is nested too deeply")
+        raise DefinitionTooDeep(f"{origin} is nested too deeply")
     except ValueError as exc:  # json.JSONDecodeError
         raise DefinitionError(f"{origin} is not valid JSON: {exc}")
     except Exception as exc:  # yaml.YAMLError and its subclasses
@@ -268,21 +291,50 @@ def load_source(source: dict[str, Any] | str | Path) -> Any:
 def parse_definition(source: dict[str, Any] | str | Path) -> Definition:
     """Validate a definition and build its typed form; raise :class:`DefinitionError`."""
     data = load_source(source)
+    check_size(data)
     try:
         errors = sorted(_validator().iter_errors(data), key=lambda e: list(e.absolute_path))
-    except RecursionError:
-        raise DefinitionError("the definition is nested too deeply")
+    except RecursionError:  # pragma: no cover - check_size refused anything this deep
+        raise DefinitionTooDeep("the definition is nested too deeply")
     if errors:
         err = errors[0]
         # A failed "if/then" or "oneOf" reports on the whole object; the deepest context names
         # the field that broke the rule.
         while err.context:
             err = min(err.context, key=lambda e: -len(e.absolute_path))
-        message = err.message
+        message = _short(err.message)
         if err.validator == "additionalProperties":
             message = f"unknown field ({err.message})"
         raise DefinitionError(message, path=_format_path(err.absolute_path))
     return _build(data)
+
+
+def _short(message: str) -> str:
+    # jsonschema quotes the whole offending value; a hostile definition may make that huge.
+    return message if len(message) <= _MESSAGE_CHARS else message[: _MESSAGE_CHARS - 3] + "..."
+
+
+def check_size(data: Any) -> None:
+    """Refuse a definition past the limits of D6.23 (counts) and D6.20 (nesting), before any
+    check whose cost grows with it: :class:`DefinitionTooLarge`, :class:`DefinitionTooDeep`."""
+    try:
+        check_json(data, what="the definition", root="$")
+    except TooDeep as exc:
+        raise DefinitionTooDeep(str(exc), path=exc.path.removeprefix("$").lstrip(".")) from None
+    except JSONError as exc:
+        raise DefinitionError(str(exc), path=exc.path.removeprefix("$").lstrip(".")) from None
+    if not isinstance(data, dict):
+        return  # the schema says what it should be
+    for key, limit in (
+        ("nodes", MAX_NODES),
+        ("actions", MAX_ACTIONS),
+        ("transitions", MAX_TRANSITIONS),
+    ):
+        items = data.get(key)
+        if isinstance(items, list) and len(items) > limit:
+            raise DefinitionTooLarge(
+                f"{len(items)} {key}: a definition has at most {limit}", path=key
+            )
 
 
 def _build(data: dict[str, Any]) -> Definition:

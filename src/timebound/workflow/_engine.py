@@ -28,11 +28,14 @@ from typing import Any, NamedTuple
 from .._core import _clock
 from .._core._deadline import Deadline
 from .._core._errors import ConfigurationError
+from .._core._json import MAX_DEPTH, TooDeep
+from .._core._json import check as check_json
 from .._core._scopes import fail_after
 from .._store import Store, Tx, open_store, wake_delay
 from ._actions import ActionContext, Outcome, freeze, handlers, run_python
 from ._deferral import Deferrals, plan_attempt
 from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition
+from ._faults import RunFault, attribute, quarantine, quarantine_raw, store_fault
 from ._machine import Machine
 from ._reads import RunReads
 from ._rows import RUN_TERMINAL, RunResult
@@ -183,7 +186,11 @@ class Engine(RunReads):
         :class:`DefinitionConflict` if this (id, version) already names another body, here or
         in the store: a run keeps its version's body, so a new body needs a higher version.
         """
-        parsed = definition if isinstance(definition, Definition) else self._checked(definition)
+        if not isinstance(definition, Definition):
+            # Off the loop (D6.23): checking a large definition takes long enough to make
+            # other runs' timers late.
+            definition = await asyncio.to_thread(self._checked, definition)
+        parsed = definition
         async with self._txn() as tx:
             known = await tx.fetchone(
                 "SELECT version FROM tb_wf_definitions WHERE id = ? LIMIT 1", parsed.id
@@ -341,8 +348,11 @@ class Engine(RunReads):
             raise DefinitionError(f"no definition {definition_id!r} is registered", path="id")
         try:
             input = json.loads(json.dumps(input, allow_nan=False))
-        except (TypeError, ValueError, RecursionError) as exc:
+        except RecursionError:
+            raise TooDeep(f"a run's input is nested deeper than {MAX_DEPTH} levels") from None
+        except (TypeError, ValueError) as exc:
             raise ConfigurationError(f"a run's input must be JSON: {exc}", option="input")
+        check_json(input, what="a run's input", root="$.input")  # TooDeep past D6.20's limit
         if not self._open:
             raise RuntimeError("the engine is not open: use 'async with engine:' first")
         if (definition.id, definition.version) not in self._stored:
@@ -498,6 +508,14 @@ class Engine(RunReads):
                 self._outcomes[:0] = outcomes
                 self._starts[:0] = starts
                 raise
+            except RunFault as fault:
+                # One run's work raised (D6.22): the turn was rolled back; that run alone fails
+                # and the rest runs again at once.
+                self._outcomes[:0] = outcomes
+                self._starts[:0] = [s for s in starts if s is not fault.start]
+                self._stored.clear()
+                await self._isolate(fault)
+                continue
             except Exception:
                 # A failed turn is rolled back (on PostgreSQL, a deadlock between two workers'
                 # batches, or the server restarting and dropping every connection): keep its
@@ -545,24 +563,33 @@ class Engine(RunReads):
         started: list[tuple[asyncio.Future[str], str]] = []
         async with self._txn() as tx:
             for timer in await tx.due_timers(now, limit=1000):
-                await self._fire(tx, timer, now)
+                try:
+                    await self._fire(tx, timer, now)
+                except Exception as exc:
+                    raise attribute(exc, timer["stream"]) from exc
                 await tx.execute(
                     "DELETE FROM tb_timers WHERE key = ? AND due_ms <= ?", timer["key"], now
                 )
             for start in starts:
-                run_id = await self._machine.start_run(
-                    tx,
-                    start.definition,
-                    start.input,
-                    now,
-                    timeout_ms=start.definition.timeout_ms,
-                    inherited_deadline_at=start.deadline_at,
-                )
+                try:
+                    run_id = await self._machine.start_run(
+                        tx,
+                        start.definition,
+                        start.input,
+                        now,
+                        timeout_ms=start.definition.timeout_ms,
+                        inherited_deadline_at=start.deadline_at,
+                    )
+                except Exception as exc:
+                    raise attribute(exc, None, start) from exc
                 started.append((start.future, run_id))
             lock = self._store.lock_clause()  # the reports' runs: read and locked at once, by id
             await self._machine.hold_runs(tx, (r.run_id for r in outcomes), lock=lock)
             for report in sorted(outcomes, key=lambda r: r.run_id):
-                await self._report(tx, report, now)
+                try:
+                    await self._report(tx, report, now)
+                except Exception as exc:
+                    raise attribute(exc, report.run_id) from exc
             plans = await self._dispatch(tx, now)
             next_ms = await tx.next_timer_ms()
             row = await tx.fetchone(
@@ -576,6 +603,22 @@ class Engine(RunReads):
         if row is not None and row["t"] is not None and free:
             next_ms = row["t"] if next_ms is None else min(next_ms, row["t"])
         return plans, next_ms
+
+    async def _isolate(self, fault: RunFault) -> None:
+        """Fail the run (or refuse the start) a turn raised for, in a transaction of its own."""
+        if fault.run_id is None:
+            if fault.start is not None and not fault.start.future.done():
+                fault.start.future.set_exception(fault.cause)
+            return
+        try:
+            async with self._txn() as tx:
+                await quarantine(tx, self._machine, fault, self._now(), self._store.lock_clause())
+        except Exception as exc:
+            if store_fault(exc):
+                return  # the store is failing: the next turn meets it and pauses
+            async with self._txn() as tx:  # the machine raised on this run again
+                await quarantine_raw(tx, fault, self._now())
+        self._run_finished(fault.run_id)
 
     async def _renew_leases(self) -> None:
         """Extend the leases of this worker's in-flight tokens, so no other worker takes them."""
@@ -628,8 +671,11 @@ class Engine(RunReads):
         plans = []
         for tok in rows:
             lease = now + self._lease_ms  # the claim is written by _begin with the attempt
-            await self._machine.claim(tx, tok, self.worker_id, lease, now, write=False)
-            plan = await self._begin(tx, tok, now)
+            try:
+                await self._machine.claim(tx, tok, self.worker_id, lease, now, write=False)
+                plan = await self._begin(tx, tok, now)
+            except Exception as exc:
+                raise attribute(exc, tok["run_id"]) from exc
             if plan is not None:
                 plans.append(plan)
         return plans

@@ -20,6 +20,7 @@ from .._store import Tx
 from ..policies import RetryAt, RetryPlan, RetryState
 from ._definition import Definition, Node, RetryBlock, Transition, parse_definition
 from ._joins import Joins
+from ._limits import RunLimitExceeded
 from ._rows import (
     LIVE_SQL,
     PRIORITY_RUN,
@@ -648,7 +649,7 @@ class Machine:
                     await self._new_token(
                         tx, run["id"], definition, transition.target, now, branch=branch
                     )
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, RunLimitExceeded) as exc:
             if plain:
                 await self._write_output(tx, tok, encoded)
             await self._set_token(tx, tok, "failed", now, error=str(exc))
