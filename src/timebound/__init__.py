@@ -21,8 +21,6 @@ if TYPE_CHECKING:
     from ._core._errors import DeadlineExceeded as DeadlineExceeded
     from ._core._errors import RetryExhausted as RetryExhausted
     from ._core._errors import TimeboundError as TimeboundError
-    from ._core._json import JSONError as JSONError
-    from ._core._json import TooDeep as TooDeep
     from ._core._preempt import AbandonedThreadWarning as AbandonedThreadWarning
     from ._core._preempt import abandoned_threads as abandoned_threads
     from ._core._preempt import run_in_process as run_in_process
@@ -40,6 +38,8 @@ if TYPE_CHECKING:
     from ._core._scopes import no_deadline as no_deadline
     from ._core._scopes import remaining as remaining
     from ._core._scopes import spawn_background as spawn_background
+    from ._json import JSONError as JSONError
+    from ._json import TooDeep as TooDeep
     from .policies import resilient as resilient
 
 __all__ = [
@@ -85,8 +85,8 @@ _LOCATIONS: dict[str, str] = {
     "Duration": "._core._durations",
     "RetryExhausted": "._core._errors",
     "TimeboundError": "._core._errors",
-    "JSONError": "._core._json",
-    "TooDeep": "._core._json",
+    "JSONError": "._json",
+    "TooDeep": "._json",
     "TooLarge": "._core._body",
     "abandoned_threads": "._core._preempt",
     "acheckpoint": "._core._scopes",

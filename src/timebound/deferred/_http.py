@@ -27,8 +27,8 @@ from .._core._body import (
     read_capped,
 )
 from .._core._errors import ConfigurationError
-from .._core._json import JSONError
-from .._core._json import loads as loads_json
+from .._json import JSONError
+from .._json import loads as loads_json
 from ._contract import TERMINAL
 from ._poller import PollRefused, TransientPollError
 from ._registry import Gone, IdempotencyConflict, Operation, Registry

@@ -14,8 +14,8 @@ import json
 import math
 from typing import Any
 
-from .._core._json import JSONError, TooDeep
-from .._core._json import loads as loads_json
+from .._json import JSONError, TooDeep
+from .._json import loads as loads_json
 from ..pipeline._trace import critical_path
 from ._timeline import lay_out
 

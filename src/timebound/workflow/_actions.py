@@ -20,10 +20,10 @@ from .._core._body import DEFAULT_MAX_BYTES, TooLarge, read_capped
 from .._core._classify import classify
 from .._core._deadline import Deadline
 from .._core._errors import ConfigurationError, DeadlineExceeded
-from .._core._json import JSONError, TooDeep
-from .._core._json import check as check_json
-from .._core._json import loads as loads_json
 from .._core._scopes import fail_at
+from .._json import JSONError, TooDeep
+from .._json import check as check_json
+from .._json import loads as loads_json
 
 __all__ = ["ActionContext", "Outcome", "handlers", "is_deferral", "run_http", "run_python"]
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .._core._errors import ConfigurationError
-from .._core._json import JSONError, TooDeep
-from .._core._json import check as check_json
+from .._json import JSONError, SchemaValidator, TooDeep, json_path
+from .._json import check as check_json
 from ._modes import check_modes, default_support
 
 __all__ = [
@@ -49,9 +49,6 @@ MAX_TEXT_BYTES = 4 * 1024 * 1024
 MAX_NODES = 1_000
 MAX_ACTIONS = 1_000
 MAX_TRANSITIONS = 2_000
-# A message quoting the offending value is cut to this many characters (a 10,001-item array
-# would otherwise be echoed whole).
-_MESSAGE_CHARS = 300
 
 
 class DefinitionError(ConfigurationError):
@@ -228,17 +225,8 @@ def schema() -> dict[str, Any]:
 
 
 @cache
-def _validator() -> Any:
-    import jsonschema
-
-    return jsonschema.Draft202012Validator(schema())
-
-
-def _format_path(parts: Any) -> str:
-    out = ""
-    for part in parts:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "<definition>"
+def _validator() -> SchemaValidator:
+    return SchemaValidator(schema())
 
 
 def _load_text(text: str, origin: str) -> Any:
@@ -293,36 +281,27 @@ def parse_definition(source: dict[str, Any] | str | Path) -> Definition:
     data = load_source(source)
     check_size(data)
     try:
-        errors = sorted(_validator().iter_errors(data), key=lambda e: list(e.absolute_path))
+        problem = _validator().first_problem(data)
     except RecursionError:  # pragma: no cover - check_size refused anything this deep
         raise DefinitionTooDeep("the definition is nested too deeply")
-    if errors:
-        err = errors[0]
-        # A failed "if/then" or "oneOf" reports on the whole object; the deepest context names
-        # the field that broke the rule.
-        while err.context:
-            err = min(err.context, key=lambda e: -len(e.absolute_path))
-        message = _short(err.message)
-        if err.validator == "additionalProperties":
-            message = f"unknown field ({err.message})"
-        raise DefinitionError(message, path=_format_path(err.absolute_path))
+    if problem is not None:
+        message = problem.message
+        if problem.rule == "additionalProperties":
+            message = f"unknown field ({problem.message})"
+        path = json_path(problem.parts, root="") if problem.parts else "<definition>"
+        raise DefinitionError(message, path=path)
     return _build(data)
-
-
-def _short(message: str) -> str:
-    # jsonschema quotes the whole offending value; a hostile definition may make that huge.
-    return message if len(message) <= _MESSAGE_CHARS else message[: _MESSAGE_CHARS - 3] + "..."
 
 
 def check_size(data: Any) -> None:
     """Refuse a definition past the limits of D6.23 (counts) and D6.20 (nesting), before any
     check whose cost grows with it: :class:`DefinitionTooLarge`, :class:`DefinitionTooDeep`."""
     try:
-        check_json(data, what="the definition", root="$")
+        check_json(data, what="the definition", root="")
     except TooDeep as exc:
-        raise DefinitionTooDeep(str(exc), path=exc.path.removeprefix("$").lstrip(".")) from None
+        raise DefinitionTooDeep(str(exc), path=exc.path) from None
     except JSONError as exc:
-        raise DefinitionError(str(exc), path=exc.path.removeprefix("$").lstrip(".")) from None
+        raise DefinitionError(str(exc), path=exc.path) from None
     if not isinstance(data, dict):
         return  # the schema says what it should be
     for key, limit in (

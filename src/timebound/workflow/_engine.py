@@ -28,9 +28,9 @@ from typing import Any, NamedTuple
 from .._core import _clock
 from .._core._deadline import Deadline
 from .._core._errors import ConfigurationError
-from .._core._json import MAX_DEPTH, TooDeep
-from .._core._json import check as check_json
 from .._core._scopes import fail_after
+from .._json import MAX_DEPTH, TooDeep
+from .._json import check as check_json
 from .._store import Store, Tx, open_store, wake_delay
 from ._actions import ActionContext, Outcome, freeze, handlers, run_python
 from ._deferral import Deferrals, plan_attempt

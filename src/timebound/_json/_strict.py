@@ -14,21 +14,20 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any
 
-from ._errors import TimeboundError
+from .._core._errors import TimeboundError
+from ._schema import json_path
 
-__all__ = ["MAX_DEPTH", "JSONError", "TooDeep", "check", "json_path", "loads"]
+__all__ = ["MAX_DEPTH", "JSONError", "TooDeep", "check", "loads"]
 
 #: The deepest nesting of objects and arrays accepted (D6.20): a value at depth 64 is inside 64
 #: containers. Python's recursion budget (1,000 frames) is far above it, so parsers, encoders
 #: and the engines' own walkers stay well clear of ``RecursionError``.
 MAX_DEPTH = 64
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-# A path shown in an error is cut to this many characters (a 64-deep path is ~200).
-_PATH_CHARS = 400
+
+_Link = tuple[Any, Any, Any] | None
 
 
 class JSONError(TimeboundError, ValueError):
@@ -67,32 +66,34 @@ def _rebuild_deep(message: str, path: str, limit: int) -> TooDeep:
     return TooDeep(message, path=path, limit=limit)
 
 
-def json_path(keys: list[Any], root: str = "$") -> str:
-    """``$.a[0]['b c']``: the JSON path of ``keys`` (outermost first) under ``root``."""
-    path = root
-    for key in keys:
-        if isinstance(key, int):
-            path += f"[{key}]"
-        elif _NAME.match(key):
-            path += f".{key}"
-        else:
-            path += f"[{_short(repr(key), 60)}]"
-        if len(path) > _PATH_CHARS:
-            return path[: _PATH_CHARS - 3] + "..."
-    return path
-
-
 def _short(text: str, limit: int = 100) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _keys(link: tuple[Any, Any] | None) -> list[Any]:
+def _keys(link: _Link) -> list[Any]:
     keys = []
     while link is not None:
-        key, link = link
+        key, link, _ = link
         keys.append(key)
     keys.reverse()
     return keys
+
+
+def _cycle(item: Any, link: _Link) -> list[Any] | None:
+    """The keys to the first place where the value at the end of ``link`` contains itself."""
+    values, keys = [item], []
+    while link is not None:
+        key, link, parent = link
+        values.append(parent)
+        keys.append(key)
+    values.reverse()
+    keys.reverse()
+    seen: set[int] = set()
+    for depth, value in enumerate(values):
+        if id(value) in seen:
+            return keys[:depth]
+        seen.add(id(value))
+    return None
 
 
 def check(
@@ -104,8 +105,9 @@ def check(
     Iterative: a value nested 100,000 deep is refused at level ``max_depth + 1`` after visiting
     no more than it took to get there. A cycle is refused as too deep (it nests without end).
     """
-    # (value, depth, link): link is (key, parent's link), so the path costs nothing until needed.
-    stack: list[tuple[Any, int, tuple[Any, Any] | None]] = [(value, 0, None)]
+    # (value, depth, link): link is (key, parent's link, parent), so the path costs nothing
+    # until needed.
+    stack: list[tuple[Any, int, _Link]] = [(value, 0, None)]
     while stack:
         item, depth, link = stack.pop()
         if item is None or isinstance(item, (str, bool, int)):
@@ -113,7 +115,7 @@ def check(
         if isinstance(item, float):
             if not math.isfinite(item):
                 raise JSONError(
-                    f"{what}: {item!r} is not a JSON number", path=json_path(_keys(link), root)
+                    f"{what}: {item!r} is not a JSON number", path=json_path(_keys(link), root=root)
                 )
             continue
         # Children pushed last first: the first bad place in document order is found first.
@@ -124,12 +126,17 @@ def check(
         else:
             raise JSONError(
                 f"{what}: {type(item).__name__} {_short(repr(item))} is not a JSON value",
-                path=json_path(_keys(link), root),
+                path=json_path(_keys(link), root=root),
             )
         if depth >= max_depth:
+            cycle = _cycle(item, link)
+            if cycle is not None:
+                raise JSONError(
+                    f"{what}: the value contains itself", path=json_path(cycle, root=root)
+                )
             raise TooDeep(
                 f"{what} is nested deeper than the limit of {max_depth} levels",
-                path=json_path(_keys(link), root),
+                path=json_path(_keys(link), root=root),
                 limit=max_depth,
             )
         if isinstance(item, dict):
@@ -137,9 +144,9 @@ def check(
                 if not isinstance(key, str):
                     raise JSONError(
                         f"{what}: key {_short(repr(key))} is not a string",
-                        path=json_path(_keys(link), root),
+                        path=json_path(_keys(link), root=root),
                     )
-        stack.extend((child, depth + 1, (key, link)) for key, child in children)
+        stack.extend((child, depth + 1, (key, link, item)) for key, child in children)
     return value
 
 
