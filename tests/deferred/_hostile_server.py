@@ -47,6 +47,7 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
 def main() -> None:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
+    sock.listen(128)  # before the port is told: a client connecting at once is queued
     print(sock.getsockname()[1], flush=True)
     config = uvicorn.Config(app, log_level="error", lifespan="off")
     uvicorn.Server(config).run(sockets=[sock])
