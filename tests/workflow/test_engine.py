@@ -620,7 +620,7 @@ async def test_deeply_nested_input_is_a_clear_error(virtual_clock, make_engine) 
     for _ in range(100_000):
         deep = [deep]
     async with make_engine(HANDLERS, definition([{"id": "A"}])) as engine:
-        with pytest.raises(tb.TooDeep, match="nested deeper than 64 levels") as err:
+        with pytest.raises(tb.TooDeep, match="nested deeper than the limit of 64 levels") as err:
             await engine.start("wf", deep)
     assert err.value.code == "too-deep"
 

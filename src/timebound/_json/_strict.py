@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from .._core._errors import TimeboundError
@@ -97,13 +98,20 @@ def _cycle(item: Any, link: _Link) -> list[Any] | None:
 
 
 def check(
-    value: Any, *, max_depth: int = MAX_DEPTH, what: str = "the value", root: str = "$"
+    value: Any,
+    *,
+    max_depth: int = MAX_DEPTH,
+    what: str = "the value",
+    root: str = "$",
+    arrays: tuple[type, ...] = (list,),
 ) -> Any:
     """``value`` itself once it is JSON nested at most ``max_depth`` deep; :class:`TooDeep` or
     :class:`JSONError` naming the first place that is not (paths under ``root``).
 
-    Iterative: a value nested 100,000 deep is refused at level ``max_depth + 1`` after visiting
-    no more than it took to get there. A cycle is refused as too deep (it nests without end).
+    ``arrays`` are the Python types taken as JSON arrays (a caller that will encode the value
+    itself may allow tuples). Iterative: a value nested 100,000 deep is refused at level
+    ``max_depth + 1`` after visiting no more than it took to get there. A cycle is refused as
+    containing itself.
     """
     # (value, depth, link): link is (key, parent's link, parent), so the path costs nothing
     # until needed.
@@ -121,8 +129,9 @@ def check(
         # Children pushed last first: the first bad place in document order is found first.
         if isinstance(item, dict):
             children: Any = reversed(item.items())
-        elif isinstance(item, list):
-            children = zip(range(len(item) - 1, -1, -1), reversed(item), strict=True)
+        elif isinstance(item, arrays):
+            seq: Any = item
+            children = zip(range(len(seq) - 1, -1, -1), reversed(seq), strict=True)
         else:
             raise JSONError(
                 f"{what}: {type(item).__name__} {_short(repr(item))} is not a JSON value",
@@ -150,6 +159,39 @@ def check(
     return value
 
 
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{},:]')
+
+
+def _deep_keys(text: str, max_depth: int) -> list[Any]:
+    """The keys to the first container of ``text`` nested past ``max_depth`` (a scan that
+    needs no recursion, for text the parser refused as too deep)."""
+    # Each open container: [current key or index, whether a string now would be a key].
+    stack: list[list[Any]] = []
+    last = ""
+    for match in _TOKEN.finditer(text):
+        token = match.group()
+        if token in "[{":
+            if len(stack) >= max_depth:
+                return [entry[0] for entry in stack]
+            stack.append([0, True] if token == "{" else [0, False])
+        elif token in "]}":
+            if stack:
+                stack.pop()
+        elif token == ",":
+            if stack:
+                if stack[-1][1] is None or isinstance(stack[-1][0], str):
+                    stack[-1][1] = True  # in an object: a key comes next
+                else:
+                    stack[-1][0] += 1
+        elif token == ":":
+            if stack:
+                stack[-1][0] = json.loads(last)
+                stack[-1][1] = None
+        else:
+            last = token
+    return []
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
@@ -172,9 +214,11 @@ def loads(
         reason = f"{exc.msg} at line {exc.lineno} column {exc.colno}"
         raise JSONError(f"{what} is not JSON: {reason}", reason=reason) from None
     except RecursionError:
-        # Deeper than the parser's own budget: far past ours.
+        # Deeper than the parser's own budget, far past ours: find where it passed ours.
         raise TooDeep(
-            f"{what} is nested deeper than the limit of {max_depth} levels", limit=max_depth
+            f"{what} is nested deeper than the limit of {max_depth} levels",
+            path=json_path(_deep_keys(text, max_depth), root="$"),
+            limit=max_depth,
         ) from None
     except ValueError as exc:
         raise JSONError(f"{what} is not JSON: {exc}", reason=str(exc)) from None

@@ -125,13 +125,11 @@ _SEAL = object()
 def _json_value(value: Any, what: str) -> Outcome:
     """The attempt's output if it is JSON within the limits (D6.20), else an error naming why."""
     try:
-        plain = json.loads(json.dumps(value, allow_nan=False))
-        return Outcome("ok", check_json(plain, what=f"the output of {what}"))
-    except JSONError as exc:
+        check_json(value, what=f"the output of {what}", arrays=(list, tuple))
+        return Outcome("ok", json.loads(json.dumps(value, allow_nan=False)))
+    except TooDeep as exc:
         return Outcome("error", error=f"{exc.code}: {exc} (at {exc.path})")
-    except RecursionError:
-        return Outcome("error", error=f"too-deep: the output of {what} is nested too deeply")
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError) as exc:  # JSONError included
         return Outcome("error", error=f"{what} returned a value that is not JSON: {exc}")
 
 

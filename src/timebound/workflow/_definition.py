@@ -19,6 +19,7 @@ from typing import Any, Literal
 from .._core._errors import ConfigurationError
 from .._json import JSONError, SchemaValidator, TooDeep, json_path
 from .._json import check as check_json
+from .._json import loads as loads_json
 from ._modes import check_modes, default_support
 
 __all__ = [
@@ -235,7 +236,7 @@ def _load_text(text: str, origin: str) -> Any:
     stripped = text.lstrip()
     try:
         if stripped.startswith(("{", "[")):
-            return json.loads(text)
+            return loads_json(text, what=origin)
         import yaml
 
         # Aliases let a few lines of YAML stand for an exponentially large document (the
@@ -246,8 +247,12 @@ def _load_text(text: str, origin: str) -> Any:
         return yaml.safe_load(text)
     except DefinitionError:
         raise
+    except TooDeep as exc:
+        raise DefinitionTooDeep(str(exc), path=exc.path.removeprefix("$").lstrip("."))
     except RecursionError:
         raise DefinitionTooDeep(f"{origin} is nested too deeply")
+    except JSONError as exc:
+        raise DefinitionError(f"{origin} is not valid JSON: {exc.reason or exc}")
     except ValueError as exc:  # json.JSONDecodeError
         raise DefinitionError(f"{origin} is not valid JSON: {exc}")
     except Exception as exc:  # yaml.YAMLError and its subclasses

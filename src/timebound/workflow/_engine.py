@@ -29,7 +29,7 @@ from .._core import _clock
 from .._core._deadline import Deadline
 from .._core._errors import ConfigurationError
 from .._core._scopes import fail_after
-from .._json import MAX_DEPTH, TooDeep
+from .._json import TooDeep
 from .._json import check as check_json
 from .._store import Store, Tx, open_store, wake_delay
 from ._actions import ActionContext, Outcome, freeze, handlers, run_python
@@ -346,13 +346,13 @@ class Engine(RunReads):
         definition = None if version is None else self._definitions.get((definition_id, version))
         if definition is None:
             raise DefinitionError(f"no definition {definition_id!r} is registered", path="id")
-        try:
+        try:  # TooDeep past D6.20's limit, before anything walks it recursively
+            check_json(input, what="a run's input", root="$.input", arrays=(list, tuple))
             input = json.loads(json.dumps(input, allow_nan=False))
-        except RecursionError:
-            raise TooDeep(f"a run's input is nested deeper than {MAX_DEPTH} levels") from None
+        except TooDeep:
+            raise
         except (TypeError, ValueError) as exc:
             raise ConfigurationError(f"a run's input must be JSON: {exc}", option="input")
-        check_json(input, what="a run's input", root="$.input")  # TooDeep past D6.20's limit
         if not self._open:
             raise RuntimeError("the engine is not open: use 'async with engine:' first")
         if (definition.id, definition.version) not in self._stored:
