@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -42,6 +46,20 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         return
     await send({"type": "http.response.start", "status": 404, "headers": []})
     await send({"type": "http.response.body", "body": b"{}"})
+
+
+@contextmanager
+def hostile_server() -> Iterator[str]:
+    """Run this server in a process of its own; its base URL (killed afterwards)."""
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__))], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        yield f"http://127.0.0.1:{int(proc.stdout.readline())}"
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def main() -> None:

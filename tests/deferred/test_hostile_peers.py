@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import resource
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,41 +18,26 @@ import timebound as tb
 from timebound.deferred import HostPolicy, HttpConnector, Poller, Registry
 from timebound.deferred._poller import PollRefused
 
+from ._hostile_server import hostile_server
 from .conftest import operation_doc
 
 pytestmark = pytest.mark.asyncio_real
 
-SERVER = Path(__file__).with_name("_hostile_server.py")
 MiB = 1024 * 1024
-
-
-def _start_server() -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen([sys.executable, str(SERVER)], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    port = int(proc.stdout.readline())
-    return proc, f"http://127.0.0.1:{port}"
 
 
 @pytest.fixture
 def peer() -> Iterator[str]:
-    """The hostile server's base URL (its process is killed afterwards)."""
-    proc, url = _start_server()
-    try:
+    """The hostile server's base URL."""
+    with hostile_server() as url:
         yield url
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 @pytest.fixture
 def bystander() -> Iterator[str]:
     """A second server on another origin, to see whether anything reached it."""
-    proc, url = _start_server()
-    try:
+    with hostile_server() as url:
         yield url
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def _peak_rss_mib() -> float:
