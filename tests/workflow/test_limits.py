@@ -106,6 +106,42 @@ async def test_a_run_that_breaks_the_turn_fails_alone(virtual_clock, make_engine
     assert (poisoned_result.error or "").startswith("engine-error: ")
 
 
+async def test_a_run_the_machine_cannot_end_is_ended_by_plain_writes(
+    virtual_clock, make_engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If ending the poisoned run through the state machine raises too, the run is ended by
+    plain writes (failed, its tokens cancelled) and the other run still completes."""
+    from timebound.workflow._machine import Machine
+
+    d = definition([{"id": "A"}])
+    async with make_engine(HANDLERS, d) as engine:
+        poisoned = await engine.start("wf", {"A": 30})
+        await asyncio.sleep(1)
+    real = Machine.fail_run
+
+    async def fail_run(self: Machine, tx: Any, run: Any, error: str, now: int) -> None:
+        if run["id"] == poisoned:
+            raise RuntimeError("the machine breaks on this run too")
+        await real(self, tx, run, error, now)
+
+    monkeypatch.setattr(Machine, "fail_run", fail_run)
+    async with make_engine(HANDLERS, d) as engine:
+        async with engine._store.transaction() as tx:
+            await tx.execute(
+                "UPDATE tb_wf_tokens SET branch_index = 0, branch_total = 1, branch_item = '[' "
+                "WHERE run_id = ?",
+                poisoned,
+            )
+        other = await engine.start("wf", {"A": 1})
+        other_result = await engine.wait(other, timeout=120)
+        poisoned_result = await engine.wait(poisoned, timeout=120)
+        _, tokens, _ = await engine.snapshot(poisoned)
+    assert other_result.status == "completed"
+    assert poisoned_result.status == "failed"
+    assert (poisoned_result.error or "").startswith("engine-error: JSONDecodeError")
+    assert {t["status"] for t in tokens} == {"cancelled"}
+
+
 def _foreach_definition(width: int) -> dict[str, Any]:
     return definition(
         [{"id": "A"}, {"id": "B"}],

@@ -35,7 +35,7 @@ from .._store import Store, Tx, open_store, wake_delay
 from ._actions import ActionContext, Outcome, freeze, handlers, run_python
 from ._deferral import Deferrals, plan_attempt
 from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition
-from ._faults import RunFault, attribute, quarantine, quarantine_raw, store_fault
+from ._faults import RunFault, attribute, isolate
 from ._machine import Machine
 from ._reads import RunReads
 from ._rows import RUN_TERMINAL, RunResult
@@ -514,7 +514,7 @@ class Engine(RunReads):
                 self._outcomes[:0] = outcomes
                 self._starts[:0] = [s for s in starts if s is not fault.start]
                 self._stored.clear()
-                await self._isolate(fault)
+                await isolate(self, fault)
                 continue
             except Exception:
                 # A failed turn is rolled back (on PostgreSQL, a deadlock between two workers'
@@ -603,22 +603,6 @@ class Engine(RunReads):
         if row is not None and row["t"] is not None and free:
             next_ms = row["t"] if next_ms is None else min(next_ms, row["t"])
         return plans, next_ms
-
-    async def _isolate(self, fault: RunFault) -> None:
-        """Fail the run (or refuse the start) a turn raised for, in a transaction of its own."""
-        if fault.run_id is None:
-            if fault.start is not None and not fault.start.future.done():
-                fault.start.future.set_exception(fault.cause)
-            return
-        try:
-            async with self._txn() as tx:
-                await quarantine(tx, self._machine, fault, self._now(), self._store.lock_clause())
-        except Exception as exc:
-            if store_fault(exc):
-                return  # the store is failing: the next turn meets it and pauses
-            async with self._txn() as tx:  # the machine raised on this run again
-                await quarantine_raw(tx, fault, self._now())
-        self._run_finished(fault.run_id)
 
     async def _renew_leases(self) -> None:
         """Extend the leases of this worker's in-flight tokens, so no other worker takes them."""

@@ -21,7 +21,7 @@ from typing import Any
 from .._store import StoreError, Tx
 from ._rows import LIVE_SQL
 
-__all__ = ["ENGINE_ERROR", "RunFault", "attribute", "quarantine", "store_fault"]
+__all__ = ["ENGINE_ERROR", "RunFault", "attribute", "isolate", "store_fault"]
 
 #: The stable code a run failed by the engine's isolation carries (first in its error text).
 ENGINE_ERROR = "engine-error"
@@ -95,3 +95,22 @@ async def quarantine_raw(tx: Tx, fault: RunFault, now: int) -> None:
         fault.run_id, "run_failed", now, workflow_run_id=fault.run_id, error=error
     )
     tx.wake_others = True
+
+
+async def isolate(engine: Any, fault: RunFault) -> None:
+    """Fail the run (or refuse the start) ``engine``'s turn raised for, in a transaction of its
+    own (the engine's ``_txn``, ``_machine``, ``_now``, ``_store`` and ``_run_finished``)."""
+    if fault.run_id is None:
+        if fault.start is not None and not fault.start.future.done():
+            fault.start.future.set_exception(fault.cause)
+        return
+    lock = engine._store.lock_clause()
+    try:
+        async with engine._txn() as tx:
+            await quarantine(tx, engine._machine, fault, engine._now(), lock)
+    except Exception as exc:
+        if store_fault(exc):
+            return  # the store is failing: the next turn meets it and pauses
+        async with engine._txn() as tx:  # the machine raised on this run again
+            await quarantine_raw(tx, fault, engine._now())
+    engine._run_finished(fault.run_id)
