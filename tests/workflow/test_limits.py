@@ -252,3 +252,37 @@ async def test_publish_checks_a_definition_off_the_event_loop(
     async with make_engine(HANDLERS) as engine:
         await engine.publish(_big_definition(1_000))
     assert seen and seen[0] is not threading.main_thread()
+
+
+async def test_turns_sliced_to_one_outcome_each_still_run_everything_right(
+    virtual_clock, make_engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With every turn cut after its first outcome (D6.24), a fan-out and its join complete with
+    every branch merged in order: the outcomes left over are stored by the next turns."""
+    from timebound.workflow import _engine
+
+    monkeypatch.setattr(_engine, "_TURN_SLICE_S", 0.0)
+    d = definition(
+        [{"id": "A"}, {"id": "B"}, {"id": "C"}],
+        [
+            {"id": "fan", "from": "A", "to": "B", "spawn_count": 20},
+            {
+                "id": "join",
+                "from": "B",
+                "to": "C",
+                "synchronization": {
+                    "strategy": "all",
+                    "sibling_group": "fan",
+                    "merge": {
+                        "source": "_branch.output",
+                        "target": "state.results",
+                        "strategy": "append",
+                    },
+                },
+            },
+        ],
+    )
+    async with make_engine(HANDLERS, d) as engine:
+        result = await engine.wait(await engine.start("wf", {}), timeout=60)
+    assert result.status == "completed"
+    assert [r["branch"] for r in result.output["results"]] == list(range(20))

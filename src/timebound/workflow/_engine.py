@@ -65,6 +65,8 @@ class _Report(NamedTuple):
 _Plan = tuple[str, str, Mapping[str, Any], ActionContext]
 
 _log = logging.getLogger("timebound.workflow")
+#: How long one turn may spend storing outcomes before it commits (D6.24).
+_TURN_SLICE_S = 0.05
 
 
 async def store_definition(tx: Tx, definition: Definition) -> str | None:
@@ -561,6 +563,7 @@ class Engine(RunReads):
         """
         now = self._now()
         started: list[tuple[asyncio.Future[str], str]] = []
+        later: list[_Report] = []
         async with self._txn() as tx:
             for timer in await tx.due_timers(now, limit=1000):
                 try:
@@ -585,7 +588,14 @@ class Engine(RunReads):
                 started.append((start.future, run_id))
             lock = self._store.lock_clause()  # the reports' runs: read and locked at once, by id
             await self._machine.hold_runs(tx, (r.run_id for r in outcomes), lock=lock)
-            for report in sorted(outcomes, key=lambda r: r.run_id):
+            # D6.24: a turn stores outcomes for at most _TURN_SLICE_S; the rest go to the next
+            # turn, which fires the timers due by then first (one outcome may fan out 10,000).
+            ordered = sorted(outcomes, key=lambda r: r.run_id)
+            slice_end = _clock.now() + _TURN_SLICE_S
+            for i, report in enumerate(ordered):
+                if i and _clock.now() >= slice_end:
+                    later = ordered[i:]
+                    break
                 try:
                     await self._report(tx, report, now)
                 except Exception as exc:
@@ -595,6 +605,7 @@ class Engine(RunReads):
             row = await tx.fetchone(
                 "SELECT MIN(not_before) AS t FROM tb_wf_tokens WHERE status = 'pending'"
             )
+        self._outcomes[:0] = later  # committed: what is left is stored by the next turn
         for future, run_id in started:  # committed: the runs exist
             if not future.done():
                 future.set_result(run_id)
