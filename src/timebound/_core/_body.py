@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from ._errors import TimeboundError
+from ._errors import InvalidInput
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -26,7 +26,7 @@ __all__ = [
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 
 
-class TooLarge(TimeboundError, ValueError):
+class TooLarge(InvalidInput):
     """A body passed its byte limit (``limit``); code ``too-large``."""
 
     code = "too-large"

@@ -17,7 +17,7 @@ import math
 import re
 from typing import Any
 
-from .._core._errors import TimeboundError
+from .._core._errors import InvalidInput
 from ._schema import json_path
 
 __all__ = ["MAX_DEPTH", "JSONError", "TooDeep", "check", "loads"]
@@ -31,7 +31,7 @@ MAX_DEPTH = 64
 _Link = tuple[Any, Any, Any] | None
 
 
-class JSONError(TimeboundError, ValueError):
+class JSONError(InvalidInput):
     """A value is not JSON timebound accepts; ``path`` names where (``$`` is the whole value)."""
 
     code = "not-json"
@@ -41,6 +41,10 @@ class JSONError(TimeboundError, ValueError):
         self.path = path
         #: Where and how JSON text broke (``Expecting value at line 1 column 11``), if it did.
         self.reason = reason
+
+    @property
+    def field(self) -> str | None:
+        return self.path
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (type(self), str(self), self.path))
@@ -104,14 +108,15 @@ def check(
     what: str = "the value",
     root: str = "$",
     arrays: tuple[type, ...] = (list,),
+    objects: tuple[type, ...] = (dict,),
 ) -> Any:
     """``value`` itself once it is JSON nested at most ``max_depth`` deep; :class:`TooDeep` or
     :class:`JSONError` naming the first place that is not (paths under ``root``).
 
-    ``arrays`` are the Python types taken as JSON arrays (a caller that will encode the value
-    itself may allow tuples). Iterative: a value nested 100,000 deep is refused at level
-    ``max_depth + 1`` after visiting no more than it took to get there. A cycle is refused as
-    containing itself.
+    ``arrays`` and ``objects`` are the Python types taken as JSON arrays and objects (a caller
+    that encodes the value itself may allow tuples, or read-only mappings). Iterative: a value
+    nested 100,000 deep is refused at level ``max_depth + 1`` after visiting no more than it
+    took to get there. A cycle is refused as containing itself.
     """
     # (value, depth, link): link is (key, parent's link, parent), so the path costs nothing
     # until needed.
@@ -127,11 +132,12 @@ def check(
                 )
             continue
         # Children pushed last first: the first bad place in document order is found first.
-        if isinstance(item, dict):
-            children: Any = reversed(item.items())
+        container: Any = item
+        is_object = isinstance(item, objects)
+        if is_object:
+            children: Any = reversed(list(container.items()))
         elif isinstance(item, arrays):
-            seq: Any = item
-            children = zip(range(len(seq) - 1, -1, -1), reversed(seq), strict=True)
+            children = zip(range(len(container) - 1, -1, -1), reversed(container), strict=True)
         else:
             raise JSONError(
                 f"{what}: {type(item).__name__} {_short(repr(item))} is not a JSON value",
@@ -148,8 +154,8 @@ def check(
                 path=json_path(_keys(link), root=root),
                 limit=max_depth,
             )
-        if isinstance(item, dict):
-            for key in item:
+        if is_object:
+            for key in container:
                 if not isinstance(key, str):
                     raise JSONError(
                         f"{what}: key {_short(repr(key))} is not a string",

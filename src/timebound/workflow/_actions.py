@@ -125,12 +125,21 @@ _SEAL = object()
 def _json_value(value: Any, what: str) -> Outcome:
     """The attempt's output if it is JSON within the limits (D6.20), else an error naming why."""
     try:
-        check_json(value, what=f"the output of {what}", arrays=(list, tuple))
-        return Outcome("ok", json.loads(json.dumps(value, allow_nan=False)))
+        check_json(
+            value, what=f"the output of {what}", arrays=(list, tuple), objects=(dict, Mapping)
+        )
+        return Outcome("ok", json.loads(json.dumps(value, allow_nan=False, default=_thawed)))
     except TooDeep as exc:
         return Outcome("error", error=f"{exc.code}: {exc} (at {exc.path})")
     except (TypeError, ValueError) as exc:  # JSONError included
         return Outcome("error", error=f"{what} returned a value that is not JSON: {exc}")
+
+
+def _thawed(obj: Any) -> Any:
+    """A part of ``ctx.state`` returned as it is (a :func:`freeze` view) is JSON: thawed."""
+    if isinstance(obj, MappingProxyType):
+        return dict(obj)
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
 
 
 def _describe(exc: BaseException) -> str:
