@@ -286,3 +286,24 @@ async def test_turns_sliced_to_one_outcome_each_still_run_everything_right(
         result = await engine.wait(await engine.start("wf", {}), timeout=60)
     assert result.status == "completed"
     assert [r["branch"] for r in result.output["results"]] == list(range(20))
+
+
+def test_freeze_and_thaw_never_recurse_without_bound() -> None:
+    """freeze and thaw take a value nested 100,000 deep (objects and arrays) and give it back
+    whole, in order (they raised RecursionError at ~500 levels, inside the engine's turn)."""
+    from timebound.workflow._actions import freeze, thaw
+
+    deep: Any = {"z": 1, "a": []}
+    inner = deep["a"]
+    for _ in range(100_000):
+        node = {"z": 1, "a": []}
+        inner.append(node)
+        inner = node["a"]
+    frozen = freeze(deep)
+    assert list(frozen) == ["z", "a"]
+    back = thaw(frozen)
+    for _ in range(100_001):  # walk both down to the bottom, level by level
+        assert list(back) == ["z", "a"] and back["z"] == 1
+        back = back["a"][0] if back["a"] else None
+        frozen = frozen["a"][0] if frozen["a"] else None
+    assert back is None and frozen is None

@@ -65,11 +65,32 @@ def is_deferral(value: Any) -> bool:
 def freeze(value: Any) -> Any:
     """A read-only view of a JSON value (the handler's ``state`` snapshot).
 
-    Iterative (D6.20): the engine calls it on stored values in its shared turn, where a
-    ``RecursionError`` would have failed every run's work, not one run's.
+    Bounded (D6.20): the engine calls it on stored values in its shared turn, where a
+    ``RecursionError`` would have failed every run's work, not one run's. Values within the
+    nesting limit (all that the engine accepts) are frozen recursively, which is fastest; past
+    :data:`_RECURSE` levels the rest is frozen without recursion.
     """
-    if not isinstance(value, (dict, list)):
-        return value
+    return _freeze(value, 0)
+
+
+#: How deep freeze recurses before it goes on iteratively (two frames a level, far below the
+#: interpreter's 1,000).
+_RECURSE = 100
+
+
+def _freeze(value: Any, depth: int) -> Any:
+    if isinstance(value, dict):
+        if depth >= _RECURSE:
+            return _freeze_iteratively(value)
+        return MappingProxyType({k: _freeze(v, depth + 1) for k, v in value.items()})
+    if isinstance(value, list):
+        if depth >= _RECURSE:
+            return _freeze_iteratively(value)
+        return tuple([_freeze(v, depth + 1) for v in value])
+    return value
+
+
+def _freeze_iteratively(value: Any) -> Any:
     out: list[Any] = [None]
     # Entries: (value, container, slot), or (_SEAL, items, (container, slot)) to make the tuple of
     # an array once its children are in (pushed first, so it runs after every descendant).
@@ -80,18 +101,19 @@ def freeze(value: Any) -> Any:
             parent, at = slot
             parent[at] = tuple(into)
         elif isinstance(item, dict):
-            mapping: dict[str, Any] = {}
-            into[slot] = MappingProxyType(mapping)  # a live view: filled below
-            for key, child in item.items():
-                mapping[key] = child  # the key's place in order; a container is replaced later
+            mapping = dict(item)  # the keys in order; a container is replaced below
+            into[slot] = MappingProxyType(mapping)  # a live view
+            for key, child in mapping.items():
                 if isinstance(child, (dict, list)):
                     stack.append((child, mapping, key))
         elif isinstance(item, list):
             items = list(item)
             stack.append((_SEAL, items, (into, slot)))
-            for index, child in enumerate(item):
+            for index, child in enumerate(items):
                 if isinstance(child, (dict, list)):
                     stack.append((child, items, index))
+        else:
+            into[slot] = item
     return out[0]
 
 
