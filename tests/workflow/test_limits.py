@@ -307,3 +307,34 @@ def test_freeze_and_thaw_never_recurse_without_bound() -> None:
         back = back["a"][0] if back["a"] else None
         frozen = frozen["a"][0] if frozen["a"] else None
     assert back is None and frozen is None
+
+
+def test_the_nodes_on_a_loop_are_known() -> None:
+    """A definition knows which nodes a run can reach again from themselves."""
+    d = definition(
+        [{"id": n} for n in "ABCDE"],
+        [
+            {"id": "ab", "from": "A", "to": "B"},
+            {"id": "bc", "from": "B", "to": "C"},
+            {"id": "cb", "from": "C", "to": "B"},
+            {"id": "cd", "from": "C", "to": "D"},
+            {"id": "ee", "from": "E", "to": "E"},
+        ],
+    )
+    assert wf.parse_definition(d).cyclic == {"B", "C", "E"}
+    assert wf.parse_definition(_big_definition(3)).cyclic == frozenset()
+
+
+async def test_a_loop_is_bounded_by_the_token_limit(
+    virtual_clock, make_engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node that leads back to itself grows the run one token at a time: past the token limit
+    the run fails (too-many-tokens) instead of looping until its timeout."""
+    monkeypatch.setattr(_limits, "MAX_TOKENS_PER_RUN", 10)
+    d = definition([{"id": "A"}], [{"id": "again", "from": "A", "to": "A"}])
+    async with make_engine(HANDLERS, d) as engine:
+        run_id = await engine.start("wf", {})
+        result = await engine.wait(run_id, timeout=60)
+        tokens = len((await engine.snapshot(run_id))[1])
+    assert result.status == "failed" and "too-many-tokens" in (result.error or "")
+    assert tokens == 10

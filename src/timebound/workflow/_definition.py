@@ -8,6 +8,7 @@ size. Either pass raises :class:`DefinitionError` naming the path of the offendi
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -179,6 +180,52 @@ class Definition:
         """``surface-to-caller`` (default): a deferred answer suspends the node; or
         ``reject-as-failure``: the run fails with ``deferred-not-accepted``."""
         return str(self.raw.get("deferred_response_mode", "surface-to-caller"))
+
+    @functools.cached_property
+    def cyclic(self) -> frozenset[str]:
+        """The nodes a run can reach again from themselves (a loop): a token made for one of
+        them is counted against the run's limits (D6.24). Strongly connected components of
+        more than one node, or with an edge to itself (Kosaraju's, without recursion)."""
+        succ: dict[str, list[str]] = {n: [] for n in self.nodes}
+        pred: dict[str, list[str]] = {n: [] for n in self.nodes}
+        looped = set()
+        for t in self.transitions.values():
+            succ[t.source].append(t.target)
+            pred[t.target].append(t.source)
+            if t.source == t.target:
+                looped.add(t.source)
+        order: list[str] = []
+        seen: set[str] = set()
+        for start in self.nodes:
+            if start in seen:
+                continue
+            seen.add(start)
+            stack = [(start, iter(succ[start]))]
+            while stack:
+                node, it = stack[-1]
+                nxt = next((m for m in it if m not in seen), None)
+                if nxt is None:
+                    order.append(node)
+                    stack.pop()
+                else:
+                    seen.add(nxt)
+                    stack.append((nxt, iter(succ[nxt])))
+        placed: set[str] = set()
+        for start in reversed(order):
+            if start in placed:
+                continue
+            component, todo = [], [start]
+            placed.add(start)
+            while todo:
+                node = todo.pop()
+                component.append(node)
+                for m in pred[node]:
+                    if m not in placed:
+                        placed.add(m)
+                        todo.append(m)
+            if len(component) > 1:
+                looped.update(component)
+        return frozenset(looped)
 
     def outgoing(self, node_id: str) -> list[Transition]:
         return [t for t in self.transitions.values() if t.source == node_id]

@@ -20,7 +20,7 @@ from .._store import Tx
 from ..policies._retry import RetryAt, RetryPlan, RetryState
 from ._definition import Definition, Node, RetryBlock, Transition, parse_definition
 from ._joins import Joins
-from ._limits import RunLimitExceeded
+from ._limits import RunLimitExceeded, check_growth
 from ._rows import (
     LIVE_SQL,
     PRIORITY_RUN,
@@ -646,6 +646,8 @@ class Machine:
                 elif transition.fans_out:
                     await self.joins.fan_out(tx, run, definition, transition, tok, branch, now)
                 else:
+                    if transition.target in definition.cyclic:  # a loop grows the run (D6.24)
+                        await check_growth(tx, run["id"], 1)
                     await self._new_token(
                         tx, run["id"], definition, transition.target, now, branch=branch
                     )
