@@ -18,6 +18,7 @@ from __future__ import annotations
 from ._actions import ActionContext
 from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition, schema
 from ._engine import Engine, RunResult
+from ._starts import StartConflict, StartInterrupted, started_run_id
 
 __all__ = [
     "ActionContext",
@@ -26,6 +27,9 @@ __all__ = [
     "DefinitionError",
     "Engine",
     "RunResult",
+    "StartConflict",
+    "StartInterrupted",
     "parse_definition",
     "schema",
+    "started_run_id",
 ]

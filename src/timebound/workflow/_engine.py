@@ -22,6 +22,7 @@ import types
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -36,6 +37,13 @@ from ._definition import Definition, DefinitionConflict, DefinitionError, parse_
 from ._machine import Machine
 from ._reads import RunReads
 from ._rows import RUN_TERMINAL, RunResult
+from ._starts import (
+    StartConflict,
+    StartInterrupted,
+    check_run_id,
+    request_digest,
+    start_deadline,
+)
 
 __all__ = ["Engine", "RunResult", "store_definition"]
 
@@ -47,6 +55,9 @@ class _Start(NamedTuple):
     input: Any
     future: asyncio.Future[str]
     deadline_at: int | None
+    run_id: str
+    idempotency_key: str | None = None
+    digest: str | None = None
 
 
 class _Report(NamedTuple):
@@ -329,12 +340,32 @@ class Engine(RunReads):
         input: Any = None,
         *,
         version: int | None = None,
+        deadline: Deadline | float | timedelta | str | None = None,
+        inherit_deadline: bool = False,
+        idempotency_key: str | None = None,
+        run_id: str | None = None,
         deadline_ms: int | None = None,
     ) -> str:
-        """Start a run of a registered definition (its latest version unless ``version``);
-        ``deadline_ms`` bounds the run further, as a parent's deadline would (D1.5)."""
-        if deadline_ms is not None and deadline_ms < 1:
-            raise ConfigurationError("deadline_ms must be >= 1", option="deadline_ms")
+        """Start a run of a registered definition (its latest version unless ``version``).
+
+        ``deadline`` bounds the run further, as a parent's deadline would (D1.5): a
+        :class:`~timebound.Deadline`, or a duration from now (``"250ms"``, seconds, a
+        ``timedelta``); ``inherit_deadline=True`` takes the caller's current deadline too
+        (D6.11). The run's deadline is the earliest of these and the definition's timeout, and
+        the run records which one it was (D6.17). ``deadline_ms`` is the deprecated spelling.
+
+        ``idempotency_key`` (or a client-chosen ``run_id``) makes the start idempotent
+        (D6.18): the same key with the same definition, version and input returns the run it
+        started, once and for all; with anything else it raises :class:`StartConflict`.
+
+        Cancelled (a deadline) before its run reached a transaction, ``start`` raises with
+        nothing stored; cancelled while its run was being committed, it waits for that one
+        commit and raises :class:`StartInterrupted` (a ``CancelledError`` that a scope turns
+        into its ``DeadlineExceeded``, chained) carrying the stored run's id (D6.18).
+        """
+        deadline_at = start_deadline(self._now(), deadline, inherit_deadline, deadline_ms)
+        key = check_run_id(idempotency_key, "idempotency_key")
+        chosen = check_run_id(run_id, "run_id")
         version = version or self._latest.get(definition_id)
         definition = None if version is None else self._definitions.get((definition_id, version))
         if definition is None:
@@ -345,28 +376,75 @@ class Engine(RunReads):
             raise ConfigurationError(f"a run's input must be JSON: {exc}", option="input")
         if not self._open:
             raise RuntimeError("the engine is not open: use 'async with engine:' first")
+        digest = None
+        if key is not None or chosen is not None:
+            digest = request_digest(definition.id, definition.version, input)
+            async with self._read() as tx:  # a repeat: answered without a write
+                found = await self._machine.keyed_run(tx, key, chosen, digest)
+            if found is not None:
+                return found
         if (definition.id, definition.version) not in self._stored:
             async with self._txn() as tx:
                 conflict = await self._store_definition(tx, definition)
             if conflict is not None:
                 raise DefinitionConflict(conflict, path="version")
-        deadline_at = None if deadline_ms is None else self._now() + deadline_ms
+        start = _Start(
+            definition,
+            input,
+            asyncio.get_running_loop().create_future(),
+            deadline_at,
+            chosen or uuid.uuid4().hex,
+            key,
+            digest,
+        )
         if not self._worker:  # no loop to batch with: one transaction; its commit wakes workers
-            async with self._txn() as tx:
-                run_id: str = await self._machine.start_run(
-                    tx,
-                    definition,
-                    input,
-                    self._now(),
-                    timeout_ms=definition.timeout_ms,
-                    inherited_deadline_at=deadline_at,
-                )
-            return run_id
-        # Started by the loop's next transaction: concurrent starts share one commit.
-        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._starts.append(_Start(definition, input, future, deadline_at))
-        self._wake.set()
-        return await future
+            task: asyncio.Future[str] = asyncio.ensure_future(self._start_alone(start))
+        else:
+            # Started by the loop's next transaction: concurrent starts share one commit.
+            self._starts.append(start)
+            self._wake.set()
+            task = start.future
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError as cancelled:
+            if any(s is start for s in self._starts):
+                self._starts.remove(start)  # not taken by a transaction: nothing is stored
+                raise
+            # Its transaction is under way (D6.18): learn how it ended (one commit), then
+            # propagate the cancellation, with the stored run's id if it was stored.
+            stored = None
+            while not task.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait([task])
+            if not task.cancelled() and task.exception() is None:
+                stored = task.result()
+            if stored is None:
+                raise
+            raise StartInterrupted(stored) from cancelled
+
+    async def _start_alone(self, start: _Start) -> str:
+        """A start in a transaction of its own (an engine without a worker loop). A keyed start
+        that lost a race for its key to another process is answered by a second look."""
+        for again in (True, False):
+            try:
+                async with self._txn() as tx:
+                    run_id = await self._machine.start_keyed(
+                        tx,
+                        start.definition,
+                        start.input,
+                        self._now(),
+                        deadline_at=start.deadline_at,
+                        run_id=start.run_id,
+                        idempotency_key=start.idempotency_key,
+                        digest=start.digest,
+                    )
+                return run_id
+            except StartConflict:
+                raise
+            except Exception:
+                if start.digest is None or not again:
+                    raise
+        raise AssertionError("unreachable")
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
         """Wait until the run ends; ``timeout`` seconds bound the wait (``DeadlineExceeded``)."""
@@ -550,14 +628,21 @@ class Engine(RunReads):
                     "DELETE FROM tb_timers WHERE key = ? AND due_ms <= ?", timer["key"], now
                 )
             for start in starts:
-                run_id = await self._machine.start_run(
-                    tx,
-                    start.definition,
-                    start.input,
-                    now,
-                    timeout_ms=start.definition.timeout_ms,
-                    inherited_deadline_at=start.deadline_at,
-                )
+                try:
+                    run_id = await self._machine.start_keyed(
+                        tx,
+                        start.definition,
+                        start.input,
+                        now,
+                        deadline_at=start.deadline_at,
+                        run_id=start.run_id,
+                        idempotency_key=start.idempotency_key,
+                        digest=start.digest,
+                    )
+                except StartConflict as exc:  # found in this transaction: nothing written
+                    if not start.future.done():
+                        start.future.set_exception(exc)
+                    continue
                 started.append((start.future, run_id))
             lock = self._store.lock_clause()  # the reports' runs: read and locked at once, by id
             await self._machine.hold_runs(tx, (r.run_id for r in outcomes), lock=lock)
