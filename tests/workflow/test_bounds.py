@@ -16,7 +16,7 @@ import timebound as tb
 from timebound import workflow as wf
 from timebound.testing import VirtualClock
 
-from .test_engine import HANDLERS, by_kind, definition
+from .test_engine import HANDLERS, by_kind, definition, fan, join
 from .test_subworkflows import child, parent
 
 FOREVER = {"A": 3600, "X": 3600}
@@ -116,6 +116,35 @@ async def test_an_inherited_parent_deadline_is_reported_by_the_parent(
     assert (child_row["status"], child_row["error_code"]) == ("cancelled", "parent_ended")
     assert by_kind(child_events, "token_timed_out") == []
     assert _fired(events) == ("workflow", "definition", 1000)
+
+
+async def test_proceed_with_available_records_the_siblings_it_timed_out(
+    virtual_clock, make_engine
+) -> None:
+    """A join that proceeds on its timeout records token_timed_out (synchronization layer, set
+    by the join) for the sibling it stopped waiting for, as 'fail' does, then its own event."""
+    d = definition(
+        [{"id": "A"}, {"id": "B"}, {"id": "C"}],
+        [fan(foreach="input.items"), join(timeout_ms=1500, on_timeout="proceed_with_available")],
+    )
+    del d["transitions"][0]["spawn_count"]
+    async with make_engine(HANDLERS, d) as engine:
+        run_id = await engine.start("wf", {"items": [10, 1, 2]})
+        result = await engine.wait(run_id)
+        events = await engine.events(run_id)
+        tokens = await engine.tokens(run_id)
+    assert result.status == "completed"
+    (event,) = by_kind(events, "token_timed_out")
+    slow = next(t for t in tokens if t["branch_index"] == 0)
+    assert event["token_id"] == slow["id"] and slow["status"] == "cancelled"
+    assert (event["timeout_type"], event["bound_set_by"]) == ("synchronization", "join")
+    assert (event["timeout_duration_ms"], event["policy_applied"]) == (
+        1500,
+        "proceed_with_available",
+    )
+    assert event["at_epoch_ms"] == event["deadline_at"]
+    kinds = [e["kind"] for e in events]
+    assert kinds.index("token_timed_out") < kinds.index("join_timed_out")
 
 
 # The property: random combinations on virtual time --------------------------------------------
