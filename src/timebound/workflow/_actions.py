@@ -10,6 +10,7 @@ import asyncio
 import contextvars
 import inspect
 import json
+import math
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -51,6 +52,9 @@ class Outcome:
     kind: Literal["ok", "error", "timeout", "accepted", "deferred", "reject"]
     value: Any = None
     error: str | None = None
+    #: A ``timeout`` that a called service reported: our whole remaining budget, sent with the
+    #: request, is spent (D4.5); its length in ms. The node times out with that bound (D6.17).
+    propagated_ms: int | None = None
 
 
 def is_deferral(value: Any) -> bool:
@@ -196,6 +200,12 @@ async def run_http(implementation: Mapping[str, Any], ctx: ActionContext, *, wha
         # An attempt timeout is both: the classification, not the except clause, decides.
         if _timed_out(exc, ctx.deadline):
             return Outcome("timeout", error=str(exc))
+        if isinstance(exc, DeadlineExceeded) and exc.source == "propagated":
+            # The request carried the node's whole remaining budget and the service says it
+            # is spent (an expired answer, D4.5): the chain is out of time, so the node times
+            # out with that bound, never retried (D6.17), even if our clock still shows time.
+            sent = None if exc.timeout is None else math.ceil(round(exc.timeout * 1000, 6))
+            return Outcome("timeout", error=str(exc), propagated_ms=sent)
         return Outcome("error", error=_describe(exc))
     if response.status_code >= 400:
         return Outcome("error", error=f"{what}: HTTP {response.status_code}")

@@ -824,7 +824,12 @@ class Engine(RunReads):
         if outcome.kind == "timeout" or deadline_reached:
             if outcome.kind == "ok":
                 await machine.late_result(tx, run["id"], token_id, attempt, now)
-            await machine.token_timeout(tx, run, tok, now)
+            if outcome.propagated_ms is not None and not deadline_reached:
+                await machine.token_timeout(
+                    tx, run, tok, now, duration=outcome.propagated_ms, set_by="propagated"
+                )
+            else:
+                await machine.token_timeout(tx, run, tok, now)
         elif outcome.kind == "reject":
             await machine.fail_run(tx, run, outcome.error or "deferred-not-accepted", now)
         elif outcome.kind == "deferred":

@@ -708,7 +708,12 @@ class Machine:
         deadline_at = tok["timeout_at"]
         policy = definition.node_on_timeout(node)
         if tok["status"] in ("pending", "dispatched"):
-            policy = "fail"  # stuck before executing: the seed's edge case
+            policy = "fail"  # stuck before executing (D6.1)
+        if set_by == "propagated":
+            # A called service spent the whole budget we sent (D4.5): the chain is out of
+            # time, nothing is retried, and the bound ended when we learned it (D6.17).
+            policy, deadline_at = "fail", now
+            cause = cause or f"a called service spent the {duration}ms budget sent with it"
         if policy == "retry" and tok["retry_count"] < node.max_retries:
             await self._timed_out_event(
                 tx, tok, "execution", duration, "retry", deadline_at, now, set_by=set_by
