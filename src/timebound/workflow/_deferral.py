@@ -183,6 +183,12 @@ class Deferrals:
         await poller.__aenter__()
         self.poller = poller
 
+    async def resume_stored(self) -> None:
+        """Resume the operations whose end was stored but not yet resumed (a restart between
+        the poller's two transactions, or a resumer that failed), before the engine re-arms
+        its timers: an end stored in time is never overtaken by a node timer (D7.10)."""
+        await self.registry.resume_due(limit=10_000)
+
     async def close(self) -> None:
         self._open = False
         for task in list(self._starting):
@@ -348,7 +354,12 @@ class Deferrals:
             raise ContinuationRefused("continuation-mismatch")
         now = self._now()
         run = await machine.run(tx, tok["run_id"], lock=self._store.lock_clause())
-        if run is None or await machine.check_run_deadline(tx, run, now):
+        # The operation's end was stored at op.updated_ms (D7.10): stored before the run's
+        # deadline, it counts, even if a restart delays its resumption past that deadline.
+        if run is None or run["status"] != "running":
+            return
+        in_time = run["timeout_at"] is None or min(now, op.updated_ms) < run["timeout_at"]
+        if not in_time and await machine.check_run_deadline(tx, run, now):
             return
         if op.status == "completed":
             await machine.complete(tx, run, tok, resumption.result, now)

@@ -279,6 +279,8 @@ class Engine(RunReads):
             # One writer process: whatever a previous process left in flight died with it.
             async with self._txn() as tx:
                 await self._requeue(tx, "status IN ('dispatched', 'executing')")
+        # Stored ends of deferred operations resume before any timer fires (D7.10).
+        await self._deferrals.resume_stored()
         self._loop_task = asyncio.create_task(self._loop(), name="timebound-workflow-loop")
         await self._deferrals.open(self._definitions.values())
 
