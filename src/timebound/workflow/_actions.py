@@ -43,6 +43,10 @@ class ActionContext:
     deadline: Deadline
     #: ``async`` when the call may answer with a deferred-operation handle (the node's mode).
     timing: str = "sync"
+    #: The same for every run of this call, also re-run after a crash; a new one only for a
+    #: deliberate retry (D7.11). ``http_request`` sends it as ``Idempotency-Key``; a
+    #: ``deferred`` handler passes it to the service it calls.
+    idempotency_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -177,6 +181,8 @@ async def run_http(implementation: Mapping[str, Any], ctx: ActionContext, *, wha
 
     body = thaw({"input": ctx.input, "state": ctx.state, "branch": ctx.branch})
     headers = dict(implementation.get("headers", {}))
+    if ctx.idempotency_key is not None and not any(k.lower() == "idempotency-key" for k in headers):
+        headers["Idempotency-Key"] = ctx.idempotency_key  # a crash re-run is recognised (D7.11)
     if ctx.timing == "async":
         prefer = next((k for k in headers if k.lower() == "prefer"), None)
         if prefer is None:

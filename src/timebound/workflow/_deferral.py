@@ -23,7 +23,7 @@ from .._core._scopes import move_on_after
 from .._store import Store, Tx
 from ._actions import ActionContext, Outcome, is_deferral, run_http, run_python
 from ._definition import Action, Definition, Node
-from ._machine import Machine
+from ._machine import Machine, call_key
 from ._modes import DEFERRABLE_KINDS, node_mode
 
 __all__ = ["RESUME_KIND", "Deferrals", "http_module", "plan_attempt"]
@@ -268,7 +268,8 @@ class Deferrals:
                     )
         else:
             module = implementation["module"]
-        key = f"{ctx.run_id}:{ctx.token_id}:{ctx.attempt}"
+        # Stable across a crash re-run (D7.11): the re-sent call's answer finds this key.
+        key = ctx.idempotency_key or f"{ctx.run_id}:{ctx.token_id}:{ctx.node_id}"
         deadline_ms = implementation["deadline_ms"]
         continuation = {
             "schema": CONTINUATION_SCHEMA,
@@ -340,10 +341,14 @@ class Deferrals:
             raise ContinuationRefused("continuation-mismatch")
         machine = self._machine
         tok = await machine.token(tx, cont["token"])
-        if tok is None or tok["status"] != "executing" or tok["attempt"] != cont["attempt"]:
+        if tok is None or tok["status"] != "executing":
             return  # the token moved on (its deadline, a cancel): nothing to resume
+        expected = call_key(tok)
+        if cont["idempotency_key"] != expected and cont["idempotency_key"].startswith(
+            f"{tok['run_id']}:{tok['id']}:{tok['node_id']}"
+        ):
+            return  # an earlier call of a token retried since: nothing to resume
         op = resumption.operation
-        expected = f"{tok['run_id']}:{tok['id']}:{tok['attempt']}"
         if (
             cont["run"] != tok["run_id"]
             or cont["node"] != tok["node_id"]

@@ -34,7 +34,7 @@ from .._store import Store, Tx, open_store, wake_delay
 from ._actions import ActionContext, Outcome, freeze, handlers, run_python
 from ._deferral import Deferrals, plan_attempt
 from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition
-from ._machine import Machine
+from ._machine import Machine, call_key
 from ._reads import RunReads
 from ._rows import RUN_TERMINAL, RunResult
 from ._starts import (
@@ -58,6 +58,27 @@ class _Start(NamedTuple):
     run_id: str
     idempotency_key: str | None = None
     digest: str | None = None
+    #: Resolved like ``future`` but never cancelled with its caller: how an interrupted start
+    #: learns whether its run was stored (D6.18).
+    settled: asyncio.Future[str] | None = None
+
+    def settle(self, run_id: str | None = None, error: BaseException | None = None) -> None:
+        for f in (self.future, self.settled):
+            if f is not None and not f.done():
+                if error is not None:
+                    f.set_exception(error)
+                else:
+                    f.set_result(run_id)  # type: ignore[arg-type]
+
+
+def _copy(task: asyncio.Future[str], start: _Start) -> None:
+    """Settle a start from the task that ran it alone."""
+    if task.cancelled():
+        start.settle(error=RuntimeError("the start was cancelled"))
+    elif task.exception() is not None:
+        start.settle(error=task.exception())
+    else:
+        start.settle(task.result())
 
 
 class _Report(NamedTuple):
@@ -310,8 +331,7 @@ class Engine(RunReads):
         self._attempts.clear()
         starts, self._starts = self._starts, []
         for start in starts:
-            if not start.future.done():
-                start.future.set_exception(RuntimeError("the engine closed before the run started"))
+            start.settle(error=RuntimeError("the engine closed before the run started"))
         outcomes, self._outcomes = self._outcomes, []
         try:
             if self._worker:
@@ -390,39 +410,42 @@ class Engine(RunReads):
                 conflict = await self._store_definition(tx, definition)
             if conflict is not None:
                 raise DefinitionConflict(conflict, path="version")
+        loop = asyncio.get_running_loop()
         start = _Start(
             definition,
             input,
-            asyncio.get_running_loop().create_future(),
+            loop.create_future(),
             deadline_at,
             chosen or uuid.uuid4().hex,
             key,
             digest,
+            loop.create_future(),
         )
+        assert start.settled is not None
         if not self._worker:  # no loop to batch with: one transaction; its commit wakes workers
             task: asyncio.Future[str] = asyncio.ensure_future(self._start_alone(start))
+            task.add_done_callback(lambda t: _copy(t, start))
+            awaited: asyncio.Future[str] = asyncio.shield(task)
         else:
             # Started by the loop's next transaction: concurrent starts share one commit.
             self._starts.append(start)
             self._wake.set()
-            task = start.future
+            awaited = start.future  # awaited directly: no extra loop turn before we return
         try:
-            return await asyncio.shield(task)
+            return await awaited
         except asyncio.CancelledError as cancelled:
             if any(s is start for s in self._starts):
                 self._starts.remove(start)  # not taken by a transaction: nothing is stored
                 raise
             # Its transaction is under way (D6.18): learn how it ended (one commit), then
             # propagate the cancellation, with the stored run's id if it was stored.
-            stored = None
-            while not task.done():
+            settled = start.settled
+            while not settled.done():
                 with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.wait([task])
-            if not task.cancelled() and task.exception() is None:
-                stored = task.result()
-            if stored is None:
+                    await asyncio.wait([settled])
+            if settled.cancelled() or settled.exception() is not None:
                 raise
-            raise StartInterrupted(stored) from cancelled
+            raise StartInterrupted(settled.result()) from cancelled
 
     async def _start_alone(self, start: _Start) -> str:
         """A start in a transaction of its own (an engine without a worker loop). A keyed start
@@ -622,7 +645,7 @@ class Engine(RunReads):
         instant (D6.4).
         """
         now = self._now()
-        started: list[tuple[asyncio.Future[str], str]] = []
+        started: list[tuple[_Start, str]] = []
         async with self._txn() as tx:
             for timer in await tx.due_timers(now, limit=1000):
                 await self._fire(tx, timer, now)
@@ -642,10 +665,9 @@ class Engine(RunReads):
                         digest=start.digest,
                     )
                 except StartConflict as exc:  # found in this transaction: nothing written
-                    if not start.future.done():
-                        start.future.set_exception(exc)
+                    start.settle(error=exc)
                     continue
-                started.append((start.future, run_id))
+                started.append((start, run_id))
             lock = self._store.lock_clause()  # the reports' runs: read and locked at once, by id
             await self._machine.hold_runs(tx, (r.run_id for r in outcomes), lock=lock)
             for report in sorted(outcomes, key=lambda r: r.run_id):
@@ -655,9 +677,8 @@ class Engine(RunReads):
             row = await tx.fetchone(
                 "SELECT MIN(not_before) AS t FROM tb_wf_tokens WHERE status = 'pending'"
             )
-        for future, run_id in started:  # committed: the runs exist
-            if not future.done():
-                future.set_result(run_id)
+        for start, run_id in started:  # committed: the runs exist
+            start.settle(run_id)
         # Ready tokens wake the loop only while it may claim them (not while a stop drains).
         free = len(self._attempts) < self._concurrency and self._claiming
         if row is not None and row["t"] is not None and free:
@@ -767,6 +788,7 @@ class Engine(RunReads):
             attempt=tok["attempt"],
             deadline=Deadline.from_epoch_ms(deadline_ms),
             timing=timing,
+            idempotency_key=call_key(tok),
         )
         return (tok["id"], action.kind, implementation, ctx)
 

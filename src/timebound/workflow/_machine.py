@@ -32,6 +32,7 @@ from ._starts import StartConflict
 
 __all__ = [
     "NODE_TIMEOUT",
+    "call_key",
     "WORKFLOW_TIMEOUT",
     "WORKFLOW_TIMEOUT_ERROR",
     "Machine",
@@ -44,6 +45,16 @@ __all__ = [
 WORKFLOW_TIMEOUT = "workflow_timeout"
 NODE_TIMEOUT = "node_timeout"
 WORKFLOW_TIMEOUT_ERROR = "Workflow exceeded timeout"
+
+
+def call_key(tok: dict[str, Any]) -> str:
+    """The idempotency key of a token's current call (D7.11): run, token and node, the same
+    when a crash re-runs the call; a deliberate retry (an action error's retry block, an
+    ``on_timeout: retry``) is a new call and gets ``:<n>``, its number among them."""
+    reruns = (decode(tok["state_data"]) or {}).get("reruns", 0) if tok["state_data"] else 0
+    retries = tok["attempt"] - 1 - reruns
+    key = f"{tok['run_id']}:{tok['id']}:{tok['node_id']}"
+    return key if retries <= 0 else f"{key}:{retries}"
 
 
 def run_bound(
@@ -642,6 +653,8 @@ class Machine:
         if '"resume"' in state_data:  # set only by a re-dispatch after a crash
             data = decode(state_data)
             resume = data.pop("resume", False)
+            if resume:  # counted, so a re-run keeps its call's idempotency key (D7.11)
+                data["reruns"] = data.get("reruns", 0) + 1
             state_data = encode(data)
         if not resume:
             timeout_at = None if timeout_ms is None else now + timeout_ms
@@ -672,7 +685,9 @@ class Machine:
             attempt=attempt,
             timeout_at=timeout_at,
         )
-        tok.update(status="executing", attempt=attempt, timeout_at=timeout_at)
+        tok.update(
+            status="executing", attempt=attempt, timeout_at=timeout_at, state_data=state_data
+        )
         return timeout_at  # type: ignore[no-any-return]
 
     async def late_result(self, tx: Tx, run_id: str, token_id: str, attempt: int, now: int) -> None:
