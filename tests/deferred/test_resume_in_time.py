@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 from typing import Any
 
 import pytest
@@ -99,3 +100,30 @@ async def test_an_end_stored_in_time_survives_a_restart_past_the_deadline(
         events = await second.events(run_id)
     assert result == wf.RunResult("completed", {"A": {"pages": 4}}, None)
     assert not [e for e in events if e["kind"] == "token_timed_out"]
+
+
+async def test_a_deferred_handler_gets_the_calls_stable_key(store_url: str, clock: Any) -> None:
+    """A deferred handler's ctx.idempotency_key is run, token and node (D7.11), the key its
+    operation is registered under and the continuation holds."""
+    seen: list[str | None] = []
+
+    async def keyed(ctx: Any) -> Any:
+        seen.append(ctx.idempotency_key)
+        return await start(ctx)
+
+    engine = wf.Engine(
+        db=store_url,
+        actions={"start": keyed},
+        deferred_policy=HostPolicy(jitter=False),
+        deferred_connectors={"svc": Completes()},
+    )
+    engine.register(DEFINITION)
+    async with engine:
+        run_id = await engine.start("report", {})
+        await engine.wait(run_id, timeout=60)
+        (tok,) = await engine.tokens(run_id)
+        (op,) = await engine.deferred_registry.operations()
+        async with engine.deferred_registry.store.transaction() as tx:
+            row = await tx.fetchone("SELECT continuation FROM tb_deferred_ops WHERE id = ?", op.id)
+    assert seen == [f"{run_id}:{tok['id']}:A"]
+    assert json.loads(row["continuation"])["idempotency_key"] == seen[0]
