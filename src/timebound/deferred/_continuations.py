@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .._core._errors import TimeboundError
 from .._store import Store, Tx
 from ._contract import TERMINAL, digest
 
@@ -30,7 +31,7 @@ __all__ = [
 _log = logging.getLogger("timebound.deferred")
 
 
-class ContinuationRefused(Exception):
+class ContinuationRefused(TimeboundError):
     """Raised by a resumer that will not resume a continuation it cannot trust or read.
 
     ``code`` is recorded as the operation's ``resume_error`` (like ``continuation-tampered``):

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 from .._core import _clock
 from .._core._deadline import Deadline
+from .._core._errors import TimeboundError
 from .._store import Store, Tx, open_store
 from ._continuations import (
     ContinuationRefused,
@@ -77,13 +78,13 @@ class Outcome(NamedTuple):
     code: str | None
 
 
-class IdempotencyConflict(ValueError):
+class IdempotencyConflict(TimeboundError, ValueError):
     """The idempotency key was already used for a different request."""
 
     code = "idempotency-conflict"
 
 
-class Gone(LookupError):
+class Gone(TimeboundError, LookupError):
     """The operation was issued but its retention ended (HTTP 410)."""
 
     code = "gone"

@@ -15,10 +15,13 @@ three timeout layers as durable timers::
 
 from __future__ import annotations
 
+# The store's errors reach workflow users (StoreBusy: another process already writes a SQLite
+# store): catchable by name from here (D2.6).
+from .._store import StoreBusy, StoreError
 from ._actions import ActionContext
 from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition, schema
 from ._engine import Engine, RunResult
-from ._starts import StartConflict, StartInterrupted, started_run_id
+from ._starts import StartConflict, started_run_id
 
 __all__ = [
     "ActionContext",
@@ -28,7 +31,8 @@ __all__ = [
     "Engine",
     "RunResult",
     "StartConflict",
-    "StartInterrupted",
+    "StoreBusy",
+    "StoreError",
     "parse_definition",
     "schema",
     "started_run_id",

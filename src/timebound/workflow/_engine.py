@@ -382,8 +382,9 @@ class Engine(RunReads):
 
         Cancelled (a deadline) before its run reached a transaction, ``start`` raises with
         nothing stored; cancelled while its run was being committed, it waits for that one
-        commit and raises :class:`StartInterrupted` (a ``CancelledError`` that a scope turns
-        into its ``DeadlineExceeded``, chained) carrying the stored run's id (D6.18).
+        commit and raises a ``CancelledError`` carrying the stored run's id, which a scope turns
+        into its ``DeadlineExceeded`` (chained); ``workflow.started_run_id(error)`` reads it
+        (D6.18).
         """
         deadline_at = start_deadline(self._now(), deadline, inherit_deadline, deadline_ms)
         key = check_run_id(idempotency_key, "idempotency_key")
@@ -836,13 +837,18 @@ class Engine(RunReads):
         tok = await machine.token(tx, token_id)
         if tok is None:
             return
+        # A handler cut by its bound ("timeout") produced nothing: there is no result to
+        # discard, so nothing is counted or recorded as one (D6.10).
+        produced = outcome.kind != "timeout"
         if tok["status"] != "executing" or tok["attempt"] != attempt:
-            await machine.late_result(tx, tok["run_id"], token_id, attempt, now)
+            if produced:
+                await machine.late_result(tx, tok["run_id"], token_id, attempt, now)
             return
         run = await machine.run(tx, tok["run_id"], lock=self._store.lock_clause())
         assert run is not None
         if await machine.check_run_deadline(tx, run, now):
-            await machine.late_result(tx, run["id"], token_id, attempt, now)
+            if produced:
+                await machine.late_result(tx, run["id"], token_id, attempt, now)
             return
         deadline_reached = tok["timeout_at"] is not None and now >= tok["timeout_at"]
         if outcome.kind == "timeout" or deadline_reached:
