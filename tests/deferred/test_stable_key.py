@@ -23,7 +23,8 @@ pytestmark = pytest.mark.asyncio_real
 class KeyedService:
     """A timebound Service (it honours Idempotency-Key) recording each start's key."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, *, honour: bool = True) -> None:
+        self.honour = honour
         self.registry = Registry(f"sqlite:///{tmp_path}/service.db")
         self.service = Service(self.registry)
         self.release = threading.Event()
@@ -42,12 +43,19 @@ class KeyedService:
             headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
             if scope["path"] == "/v1/operations/report.render":
                 self.keys.append(headers.get("idempotency-key"))
+                if not self.honour:  # a service that ignores the key
+                    scope = {
+                        **scope,
+                        "headers": [
+                            (k, v) for k, v in scope["headers"] if k.lower() != b"idempotency-key"
+                        ],
+                    }
         await self.inner(scope, receive, send)
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[KeyedService, str]]:
-    s = KeyedService(tmp_path)
+@pytest.fixture(params=[True], ids=["honours"])
+def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[KeyedService, str]]:
+    s = KeyedService(tmp_path, honour=request.param)
     asyncio.run(s.registry.open())  # SQLite: the store is not bound to a loop
     with ServerThread(s) as srv:
         yield s, srv.url
@@ -101,6 +109,42 @@ async def test_a_rerun_after_the_202_finds_the_same_operation(
     assert len(s.keys) == 2 and s.keys[0] is not None and s.keys[0] == s.keys[1]
     assert s.keys[0] == f"{run_id}:{tok['id']}:A"
     assert len(started) == 1 and [op.id for op in ops] == [started[0].id]
+
+
+@pytest.mark.parametrize("served", [False], ids=["ignores"], indirect=True)
+async def test_a_second_operation_from_a_service_that_ignores_the_key_is_cancelled(
+    served: tuple[KeyedService, str], store_url: str
+) -> None:
+    """The first process registers the operation and stops before suspending its node; the
+    re-run's call starts a second operation at a service that ignores the key: the registry
+    keeps the first (its key), asks the service to cancel the second, and the node completes."""
+    s, url = served
+    first = _engine(store_url, url)
+    registered = asyncio.Event()
+    async with first:
+        real = first.deferred_registry.register
+
+        async def registers_then_stops(*args: Any, **kwargs: Any) -> Any:
+            await real(*args, **kwargs)
+            registered.set()
+            await asyncio.Event().wait()  # the process ends before the node suspends
+
+        first.deferred_registry.register = registers_then_stops
+        run_id = await first.start("report", {"pages": 2})
+        await asyncio.wait_for(registered.wait(), 30)
+    second = _engine(store_url, url)
+    async with second:
+        for _ in range(3000):  # the second operation is asked to cancel before any ends
+            if any(op.status == "cancelled" for op in await s.registry.operations()):
+                break
+            await asyncio.sleep(0.01)
+        s.release.set()
+        result = await second.wait(run_id, timeout=30)
+        ops = await second.deferred_registry.operations()
+    started = sorted(await s.registry.operations(), key=lambda op: op.created_ms)
+    assert result == wf.RunResult("completed", {"A": {"pages": 2}}, None)
+    assert len(started) == 2 and [op.id for op in ops] == [started[0].id]
+    assert started[1].status == "cancelled"
 
 
 async def test_a_deliberate_retry_is_a_new_call_with_a_new_key(tmp_path: Path) -> None:

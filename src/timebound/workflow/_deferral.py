@@ -15,6 +15,7 @@ needs and checks: run, token, node, output binding, deadline, idempotency key an
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import urljoin, urlsplit
@@ -27,6 +28,8 @@ from ._machine import Machine, call_key
 from ._modes import DEFERRABLE_KINDS, node_mode
 
 __all__ = ["RESUME_KIND", "Deferrals", "http_module", "plan_attempt"]
+
+_log = logging.getLogger("timebound.workflow")
 
 #: How the deferred registry hands a workflow's continuations back to it.
 RESUME_KIND = "timebound.workflow"
@@ -297,6 +300,17 @@ class Deferrals:
             )
         except SchemaError as exc:
             return Outcome("error", error=f"contract-violation: {exc}")
+        if op.id != doc["operation/id"] and kind == "http_request":
+            # The call ran before (a crash re-run) and its operation is registered under this
+            # key, but the service did not honour the key and started another one: nobody
+            # would poll that one, so it is asked to cancel (D7.9, D7.11).
+            note = await self._cancel_unwanted(doc, implementation)
+            _log.warning(
+                "%s started a second operation for one call (its Idempotency-Key was not "
+                "honoured)%s",
+                http_module(implementation["url"])[1],
+                note,
+            )
         return Outcome("deferred", value=op.id)
 
     async def _cancel_unwanted(self, doc: Any, implementation: Mapping[str, Any]) -> str:
