@@ -3,6 +3,7 @@ set: the definition, the node, the action, the caller of ``start`` and an inheri
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 import warnings
 from datetime import timedelta
@@ -262,3 +263,19 @@ def test_the_reported_bound_is_the_smallest_one_across_a_subworkflow(
         assert _fired(events) == ("execution", child_by, child_at)
     else:
         assert _fired(child_events) == ("execution", "node", child_node_ms)
+
+
+async def test_an_expired_caller_deadline_times_the_run_out_at_once(
+    virtual_clock, make_engine
+) -> None:
+    """A Deadline already passed when start is called: the run times out at once, reporting a
+    bound of 0 ms set by the caller (never a negative length)."""
+    async with make_engine(HANDLERS, definition([{"id": "A"}])) as engine:
+        deadline = tb.Deadline.after(0.1)
+        await asyncio.sleep(0.5)
+        run_id = await engine.start("wf", FOREVER, deadline=deadline)
+        result = await engine.wait(run_id)
+        row = await engine.get_run(run_id)
+    assert result.status == "timed_out"
+    assert row["timeout_bound"]["set_by"] == "caller"
+    assert row["timeout_bound"]["duration_ms"] == 0

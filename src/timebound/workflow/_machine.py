@@ -71,7 +71,7 @@ def run_bound(
     if inherited_at is not None and (own is None or inherited_at <= own):
         return {
             "set_by": inherited_set_by,
-            "duration_ms": inherited_at - now,
+            "duration_ms": max(0, inherited_at - now),  # already passed: none left
             "deadline_at": inherited_at,
         }
     if own is None:
