@@ -109,9 +109,11 @@ def _describe(event: dict[str, Any]) -> str | None:
     kind = event["kind"]
     node = event.get("node_id")
     if kind == "token_timed_out":
+        set_by = event.get("bound_set_by")  # D6.17; absent from events stored before it
+        by = f" set by the {set_by}" if set_by else ""
         return (
             f"token {node}: timed out ({event['timeout_type']} bound, "
-            f"{event['timeout_duration_ms']} ms, policy {event['policy_applied']})"
+            f"{event['timeout_duration_ms']} ms{by}, policy {event['policy_applied']})"
         )
     if kind == "join_timed_out":
         return (
