@@ -23,8 +23,9 @@ from urllib.parse import urljoin, urlsplit
 from .._core._scopes import move_on_after
 from .._store import Store, Tx
 from ._actions import ActionContext, Outcome, is_deferral, run_http, run_python
+from ._bounds import call_key
 from ._definition import Action, Definition, Node
-from ._machine import Machine, call_key
+from ._machine import Machine
 from ._modes import DEFERRABLE_KINDS, node_mode
 
 __all__ = ["RESUME_KIND", "Deferrals", "http_module", "plan_attempt"]

@@ -32,53 +32,25 @@ from .._core._errors import ConfigurationError
 from .._core._scopes import fail_after
 from .._store import Store, Tx, open_store, wake_delay
 from ._actions import ActionContext, Outcome, freeze, handlers, run_python
+from ._bounds import call_key
 from ._deferral import Deferrals, plan_attempt
 from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition
-from ._machine import Machine, call_key
+from ._machine import Machine
 from ._reads import RunReads
 from ._rows import RUN_TERMINAL, RunResult
 from ._starts import (
+    Start,
     StartConflict,
-    StartInterrupted,
+    await_start,
     check_run_id,
+    keyed_run,
     request_digest,
+    settle_from,
     start_deadline,
+    start_keyed,
 )
 
 __all__ = ["Engine", "RunResult", "store_definition"]
-
-
-class _Start(NamedTuple):
-    """A run to start, waiting for the loop's next transaction."""
-
-    definition: Definition
-    input: Any
-    future: asyncio.Future[str]
-    deadline_at: int | None
-    run_id: str
-    idempotency_key: str | None = None
-    digest: str | None = None
-    #: Resolved like ``future`` but never cancelled with its caller: how an interrupted start
-    #: learns whether its run was stored (D6.18).
-    settled: asyncio.Future[str] | None = None
-
-    def settle(self, run_id: str | None = None, error: BaseException | None = None) -> None:
-        for f in (self.future, self.settled):
-            if f is not None and not f.done():
-                if error is not None:
-                    f.set_exception(error)
-                else:
-                    f.set_result(run_id)  # type: ignore[arg-type]
-
-
-def _copy(task: asyncio.Future[str], start: _Start) -> None:
-    """Settle a start from the task that ran it alone."""
-    if task.cancelled():
-        start.settle(error=RuntimeError("the start was cancelled"))
-    elif task.exception() is not None:
-        start.settle(error=task.exception())
-    else:
-        start.settle(task.result())
 
 
 class _Report(NamedTuple):
@@ -170,7 +142,7 @@ class Engine(RunReads):
         self._background: set[asyncio.Task[None]] = set()
         self._finished: dict[str, asyncio.Event] = {}
         self._outcomes: list[_Report] = []
-        self._starts: list[_Start] = []
+        self._starts: list[Start] = []
         self._stored: set[tuple[str, int]] = set()  # definitions this engine has written
         self._claiming = True  # False once a stop is coming (stop_claiming)
         # Deferred operations (docs/deferred.md): the registry is made on first use (a worker
@@ -403,7 +375,7 @@ class Engine(RunReads):
         if key is not None or chosen is not None:
             digest = request_digest(definition.id, definition.version, input)
             async with self._read() as tx:  # a repeat: answered without a write
-                found = await self._machine.keyed_run(tx, key, chosen, digest)
+                found = await keyed_run(tx, key, chosen, digest)
             if found is not None:
                 return found
         if (definition.id, definition.version) not in self._stored:
@@ -412,7 +384,7 @@ class Engine(RunReads):
             if conflict is not None:
                 raise DefinitionConflict(conflict, path="version")
         loop = asyncio.get_running_loop()
-        start = _Start(
+        start = Start(
             definition,
             input,
             loop.create_future(),
@@ -425,36 +397,23 @@ class Engine(RunReads):
         assert start.settled is not None
         if not self._worker:  # no loop to batch with: one transaction; its commit wakes workers
             task: asyncio.Future[str] = asyncio.ensure_future(self._start_alone(start))
-            task.add_done_callback(lambda t: _copy(t, start))
+            task.add_done_callback(lambda t: settle_from(t, start))
             awaited: asyncio.Future[str] = asyncio.shield(task)
         else:
             # Started by the loop's next transaction: concurrent starts share one commit.
             self._starts.append(start)
             self._wake.set()
             awaited = start.future  # awaited directly: no extra loop turn before we return
-        try:
-            return await awaited
-        except asyncio.CancelledError as cancelled:
-            if any(s is start for s in self._starts):
-                self._starts.remove(start)  # not taken by a transaction: nothing is stored
-                raise
-            # Its transaction is under way (D6.18): learn how it ended (one commit), then
-            # propagate the cancellation, with the stored run's id if it was stored.
-            settled = start.settled
-            while not settled.done():
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.wait([settled])
-            if settled.cancelled() or settled.exception() is not None:
-                raise
-            raise StartInterrupted(settled.result()) from cancelled
+        return await await_start(start, awaited, lambda: self._starts)
 
-    async def _start_alone(self, start: _Start) -> str:
+    async def _start_alone(self, start: Start) -> str:
         """A start in a transaction of its own (an engine without a worker loop). A keyed start
         that lost a race for its key to another process is answered by a second look."""
         for again in (True, False):
             try:
                 async with self._txn() as tx:
-                    run_id = await self._machine.start_keyed(
+                    run_id = await start_keyed(
+                        self._machine,
                         tx,
                         start.definition,
                         start.input,
@@ -636,7 +595,7 @@ class Engine(RunReads):
                 pass
 
     async def _turn(
-        self, starts: list[_Start], outcomes: list[_Report]
+        self, starts: list[Start], outcomes: list[_Report]
     ) -> tuple[list[_Plan], int | None]:
         """One transaction, one commit (group commit): fire the due timers, start new runs, store
         the attempts' outcomes, claim and begin ready tokens; return the attempts to run and the
@@ -646,7 +605,7 @@ class Engine(RunReads):
         instant (D6.4).
         """
         now = self._now()
-        started: list[tuple[_Start, str]] = []
+        started: list[tuple[Start, str]] = []
         async with self._txn() as tx:
             for timer in await tx.due_timers(now, limit=1000):
                 await self._fire(tx, timer, now)
@@ -655,7 +614,8 @@ class Engine(RunReads):
                 )
             for start in starts:
                 try:
-                    run_id = await self._machine.start_keyed(
+                    run_id = await start_keyed(
+                        self._machine,
                         tx,
                         start.definition,
                         start.input,
@@ -891,4 +851,4 @@ class Engine(RunReads):
         if conflict is not None:
             await self._machine.action_error(tx, run, tok, conflict, now)
             return
-        await self._machine.start_child(tx, run, tok, node, child, now)
+        await self._machine.children.start_child(tx, run, tok, node, child, now)

@@ -18,7 +18,9 @@ from typing import Any
 
 from .._store import Tx
 from ..policies._retry import RetryAt, RetryPlan, RetryState
-from ._definition import Definition, Node, RetryBlock, Transition, parse_definition
+from ._bounds import NODE_TIMEOUT, WORKFLOW_TIMEOUT, WORKFLOW_TIMEOUT_ERROR, run_bound, stored_bound
+from ._children import Children
+from ._definition import Definition, RetryBlock, Transition, parse_definition
 from ._joins import Joins
 from ._rows import (
     LIVE_SQL,
@@ -28,69 +30,8 @@ from ._rows import (
     decode,
     encode,
 )
-from ._starts import StartConflict
 
-__all__ = [
-    "NODE_TIMEOUT",
-    "call_key",
-    "WORKFLOW_TIMEOUT",
-    "WORKFLOW_TIMEOUT_ERROR",
-    "Machine",
-    "retry_delay_ms",
-    "run_bound",
-    "stored_bound",
-]
-
-#: Stored codes of how a run ended (``tb_wf_runs.error_code``), read instead of its message.
-WORKFLOW_TIMEOUT = "workflow_timeout"
-NODE_TIMEOUT = "node_timeout"
-WORKFLOW_TIMEOUT_ERROR = "Workflow exceeded timeout"
-
-
-def call_key(tok: dict[str, Any]) -> str:
-    """The idempotency key of a token's current call (D7.11): run, token and node, the same
-    when a crash re-runs the call; a deliberate retry (an action error's retry block, an
-    ``on_timeout: retry``) is a new call and gets ``:<n>``, its number among them."""
-    reruns = (decode(tok["state_data"]) or {}).get("reruns", 0) if tok["state_data"] else 0
-    retries = tok["attempt"] - 1 - reruns
-    key = f"{tok['run_id']}:{tok['id']}:{tok['node_id']}"
-    return key if retries <= 0 else f"{key}:{retries}"
-
-
-def run_bound(
-    now: int,
-    timeout_ms: int | None,
-    timeout_set_by: str,
-    inherited_at: int | None,
-    inherited_set_by: str,
-) -> dict[str, Any] | None:
-    """The bound that sets a run's deadline (D6.17): its own timeout from ``now`` or the
-    inherited instant, whichever is earlier; at a tie the inherited one (the larger scope,
-    as D6.4). ``None`` when neither is present."""
-    own = None if timeout_ms is None else now + timeout_ms
-    if inherited_at is not None and (own is None or inherited_at <= own):
-        return {
-            "set_by": inherited_set_by,
-            "duration_ms": max(0, inherited_at - now),  # already passed: none left
-            "deadline_at": inherited_at,
-        }
-    if own is None:
-        return None
-    return {"set_by": timeout_set_by, "duration_ms": timeout_ms, "deadline_at": own}
-
-
-def stored_bound(run: dict[str, Any], definition: Definition) -> dict[str, Any]:
-    """The bound stored with a run (D6.17); for a run stored without one, its definition's."""
-    stored = run.get("timeout_bound")
-    if isinstance(stored, str):
-        stored = json.loads(stored)
-    if stored:
-        return stored  # type: ignore[no-any-return]
-    return {
-        "set_by": "definition",
-        "duration_ms": definition.timeout_ms,
-        "deadline_at": run.get("timeout_at"),
-    }
+__all__ = ["Machine", "retry_delay_ms"]
 
 
 def retry_delay_ms(block: RetryBlock, attempts_done: int, error: str, what: str) -> int | None:
@@ -126,6 +67,7 @@ class Machine:
         self.late_results = 0
         self._seq = 0
         self.joins = Joins(self)
+        self.children = Children(self)
 
     # Loading --------------------------------------------------------------------------------
 
@@ -250,64 +192,6 @@ class Machine:
         await self._new_token(tx, run_id, definition, definition.initial_node, now, branch=None)
         return run_id
 
-    async def keyed_run(
-        self, tx: Tx, key: str | None, run_id: str | None, digest: str
-    ) -> str | None:
-        """The run an earlier start with this idempotency key or run id stored, if any (D6.18);
-        :class:`StartConflict` if that start asked for something else."""
-        where, arg, path = (
-            ("idempotency_key = ?", key, "idempotency_key")
-            if key is not None
-            else ("id = ?", run_id, "run_id")
-        )
-        row = await tx.fetchone(f"SELECT id, request_digest FROM tb_wf_runs WHERE {where}", arg)
-        if row is None:
-            return None
-        if row["request_digest"] != digest:
-            raise StartConflict(
-                f"{path} {arg!r} already started run {row['id']} with another definition, "
-                "version or input",
-                run_id=row["id"],
-                path=path,
-            )
-        return row["id"]  # type: ignore[no-any-return]
-
-    async def start_keyed(
-        self,
-        tx: Tx,
-        definition: Definition,
-        input: Any,
-        now: int,
-        *,
-        deadline_at: int | None,
-        run_id: str,
-        idempotency_key: str | None,
-        digest: str | None,
-    ) -> str:
-        """A start asked of the engine: the run an earlier start with the same key or id
-        stored (D6.18), else a new one under the caller's deadline (D6.17)."""
-        if digest is not None:
-            found = (
-                await self.keyed_run(tx, idempotency_key, None, digest)
-                if (idempotency_key is not None)
-                else None
-            )
-            if found is None:
-                found = await self.keyed_run(tx, None, run_id, digest)
-            if found is not None:
-                return found
-        return await self.start_run(
-            tx,
-            definition,
-            input,
-            now,
-            timeout_ms=definition.timeout_ms,
-            inherited_deadline_at=deadline_at,
-            run_id=run_id,
-            idempotency_key=idempotency_key,
-            request_digest=digest,
-        )
-
     async def _finish_run(
         self,
         tx: Tx,
@@ -351,17 +235,8 @@ class Machine:
         )
         self._on_run_finished(run_id)
         if run["parent_token_id"] is not None and status != "cancelled":
-            await self._child_finished(tx, run, status, now, error)
+            await self.children.child_finished(tx, run, status, now, error)
         return True
-
-    async def _cancel_children(self, tx: Tx, token_id: str, now: int) -> None:
-        """A parent token that ends or retries cancels its running child run (D6.7)."""
-        for child in await tx.fetch(
-            "SELECT * FROM tb_wf_runs WHERE parent_token_id = ? AND status = 'running'", token_id
-        ):
-            await self._finish_run(
-                tx, child, "cancelled", now, "parent token ended", "parent_ended"
-            )
 
     async def cancel_run(self, tx: Tx, run_id: str, now: int) -> bool:
         run = await self.run(tx, run_id)
@@ -554,7 +429,7 @@ class Machine:
         if status in TERMINAL:
             self._cancel_attempt(tok["id"])
             if tok["child_run_id"] is not None:
-                await self._cancel_children(tx, tok["id"], now)
+                await self.children.cancel_children(tx, tok["id"], now)
         if status != "timed_out":  # token_timed_out carries the seed's richer shape
             await tx.append_event(
                 tok["run_id"],
@@ -734,7 +609,7 @@ class Machine:
                 tx, tok, "execution", duration, "retry", deadline_at, now, set_by=set_by
             )
             self._cancel_attempt(tok["id"])
-            await self._cancel_children(tx, tok["id"], now)
+            await self.children.cancel_children(tx, tok["id"], now)
             await tx.execute(
                 "UPDATE tb_wf_tokens SET status = 'pending', retry_count = retry_count + 1, "
                 "not_before = ?, timeout_at = ?, lease_owner = NULL, updated_at = ? WHERE id = ?",
@@ -911,74 +786,3 @@ class Machine:
             "outer_branch": tok["outer_branch"],
             "lineage": tok["lineage"],
         }
-
-    # Subworkflows ---------------------------------------------------------------------------
-
-    async def start_child(
-        self,
-        tx: Tx,
-        run: dict[str, Any],
-        tok: dict[str, Any],
-        node: Node,
-        child: Definition,
-        now: int,
-    ) -> str:
-        """Start a child run for a ``workflow_call`` token (D6.7: node > action > child)."""
-        definition = await self.definition(tx, run)
-        timeout_ms = definition.node_timeout_ms(node)
-        set_by = "node" if node.timeout_set else "action"
-        if timeout_ms is None:
-            timeout_ms, set_by = child.timeout_ms, "definition"
-        inherited = None
-        if node.inherit_deadline:
-            bounds = [b for b in (run["timeout_at"], run["inherited_deadline_at"]) if b is not None]
-            inherited = min(bounds) if bounds else None
-        child_id = await self.start_run(
-            tx,
-            child,
-            decode(run["input"])
-            if tok["branch_index"] is None
-            else {"input": decode(run["input"]), "item": decode(tok["branch_item"])},
-            now,
-            timeout_ms=timeout_ms,
-            timeout_set_by=set_by,
-            parent_token_id=tok["id"],
-            inherited_deadline_at=inherited,
-            inherited_set_by="parent",
-        )
-        # The child's own timer enforces the node's bound; the parent token waits on it.
-        await tx.execute(
-            "UPDATE tb_wf_tokens SET child_run_id = ?, timeout_at = NULL WHERE id = ?",
-            child_id,
-            tok["id"],
-        )
-        tok.update(child_run_id=child_id, timeout_at=None)
-        await tx.clear_timer(f"tok:{tok['id']}")
-        return child_id
-
-    async def _child_finished(
-        self, tx: Tx, child: dict[str, Any], status: str, now: int, error: str | None
-    ) -> None:
-        tok = await self.token(tx, child["parent_token_id"])
-        if tok is None or tok["status"] != "executing":
-            return
-        run = await self.run(tx, tok["run_id"])
-        if run is None or await self.check_run_deadline(tx, run, now):
-            return
-        if status == "completed":
-            await self.complete(tx, run, tok, decode(child["state"]), now)
-        elif child.get("error_code") == WORKFLOW_TIMEOUT:
-            # The child's own bound fired (D6.17): the node's, its action's, the child
-            # definition's or the parent's inherited deadline, as stored with the child.
-            bound = stored_bound(child, await self.definition(tx, child))
-            ms = bound["duration_ms"]
-            message = f"Subworkflow '{child['definition_id']}' timed out after {ms}ms"
-            await tx.execute("UPDATE tb_wf_tokens SET error = ? WHERE id = ?", message, tok["id"])
-            tok["timeout_at"] = child["timeout_at"]
-            await self.token_timeout(
-                tx, run, tok, now, duration=ms, cause=message, set_by=bound["set_by"]
-            )
-        else:
-            await self.action_error(
-                tx, run, tok, f"Subworkflow '{child['definition_id']}' {status}: {error}", now
-            )

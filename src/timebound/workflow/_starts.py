@@ -5,30 +5,103 @@ client-chosen id, and what a repeat of the same start must match (D6.18).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import math
 import re
 import warnings
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._core._deadline import Deadline
 from .._core._durations import to_seconds
 from .._core._errors import ConfigurationError, TimeboundError
 from .._core._scopes import current_deadline
+from .._store import Tx
+from ._definition import Definition
+
+if TYPE_CHECKING:
+    from ._machine import Machine
 
 __all__ = [
+    "Start",
+    "await_start",
     "StartConflict",
     "StartInterrupted",
     "check_run_id",
+    "keyed_run",
     "request_digest",
+    "settle_from",
+    "start_keyed",
     "start_deadline",
     "started_run_id",
 ]
 
 #: A client-chosen run id or idempotency key: printable ASCII without spaces, at most 200 chars.
 _KEY_RE = re.compile(r"[!-~]{1,200}")
+
+
+class Start(NamedTuple):
+    """A run to start, waiting for the loop's next transaction."""
+
+    definition: Definition
+    input: Any
+    future: asyncio.Future[str]
+    deadline_at: int | None
+    run_id: str
+    idempotency_key: str | None = None
+    digest: str | None = None
+    #: Resolved like ``future`` but never cancelled with its caller: how an interrupted start
+    #: learns whether its run was stored (D6.18).
+    settled: asyncio.Future[str] | None = None
+
+    def settle(self, run_id: str | None = None, error: BaseException | None = None) -> None:
+        for f in (self.future, self.settled):
+            if f is not None and not f.done():
+                if error is not None:
+                    f.set_exception(error)
+                else:
+                    f.set_result(run_id)  # type: ignore[arg-type]
+
+
+def settle_from(task: asyncio.Future[str], start: Start) -> None:
+    """Settle a start from the task that ran it alone."""
+    if task.cancelled():
+        start.settle(error=RuntimeError("the start was cancelled"))
+    elif task.exception() is not None:
+        start.settle(error=task.exception())
+    else:
+        start.settle(task.result())
+
+
+async def await_start(
+    start: Start, awaited: asyncio.Future[str], queue: Callable[[], list[Start]]
+) -> str:
+    """Wait for a start; if cancelled meanwhile, tell the caller what was stored (D6.18).
+
+    Still in ``queue()`` (the starts no transaction has taken yet, read at the cancellation:
+    the loop swaps the list for a fresh one when it takes them): withdrawn, nothing is stored,
+    and the cancellation propagates. Taken: the transaction is under way, so wait for it (one
+    commit) and propagate the cancellation as a :class:`StartInterrupted` carrying the stored
+    run's id, or unchanged if nothing was stored. A cancellation is never swallowed.
+    """
+    try:
+        return await awaited
+    except asyncio.CancelledError as cancelled:
+        waiting = queue()
+        if any(s is start for s in waiting):
+            waiting.remove(start)
+            raise
+        settled = start.settled
+        assert settled is not None
+        while not settled.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([settled])
+        if settled.cancelled() or settled.exception() is not None:
+            raise
+        raise StartInterrupted(settled.result()) from cancelled
 
 
 class StartConflict(TimeboundError, ValueError):
@@ -122,3 +195,59 @@ def start_deadline(
         if at is not None:
             bounds.append(at)
     return min(bounds) if bounds else None
+
+
+async def keyed_run(tx: Tx, key: str | None, run_id: str | None, digest: str) -> str | None:
+    """The run an earlier start with this idempotency key (else this run id) stored, if any
+    (D6.18); :class:`StartConflict` if that start asked for something else."""
+    where, arg, path = (
+        ("idempotency_key = ?", key, "idempotency_key")
+        if key is not None
+        else ("id = ?", run_id, "run_id")
+    )
+    row = await tx.fetchone(f"SELECT id, request_digest FROM tb_wf_runs WHERE {where}", arg)
+    if row is None:
+        return None
+    if row["request_digest"] != digest:
+        raise StartConflict(
+            f"{path} {arg!r} already started run {row['id']} with another definition, "
+            "version or input",
+            run_id=row["id"],
+            path=path,
+        )
+    return row["id"]  # type: ignore[no-any-return]
+
+
+async def start_keyed(
+    machine: Machine,
+    tx: Tx,
+    definition: Definition,
+    input: Any,
+    now: int,
+    *,
+    deadline_at: int | None,
+    run_id: str,
+    idempotency_key: str | None,
+    digest: str | None,
+) -> str:
+    """A start asked of the engine: the run an earlier start with the same key or id stored
+    (D6.18), else a new one under the caller's deadline (D6.17)."""
+    if digest is not None:
+        found = None
+        if idempotency_key is not None:
+            found = await keyed_run(tx, idempotency_key, None, digest)
+        if found is None:
+            found = await keyed_run(tx, None, run_id, digest)
+        if found is not None:
+            return found
+    return await machine.start_run(
+        tx,
+        definition,
+        input,
+        now,
+        timeout_ms=definition.timeout_ms,
+        inherited_deadline_at=deadline_at,
+        run_id=run_id,
+        idempotency_key=idempotency_key,
+        request_digest=digest,
+    )
