@@ -127,7 +127,8 @@ def openapi() -> dict[str, Any]:
                             "name": "Idempotency-Key",
                             "in": "header",
                             "required": False,
-                            "schema": {"type": "string", "minLength": 1, "maxLength": 200},
+                            # Printable ASCII without spaces (D6.18).
+                            "schema": {"type": "string", "pattern": "^[!-~]{1,200}$"},
                         },
                     ],
                     requestBody={
@@ -147,8 +148,7 @@ def openapi() -> dict[str, Any]:
                                         },
                                         "idempotency_key": {
                                             "type": "string",
-                                            "minLength": 1,
-                                            "maxLength": 200,
+                                            "pattern": "^[!-~]{1,200}$",
                                         },
                                     },
                                 }
