@@ -166,6 +166,17 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (
         4,
         (
+            # The W3C trace context of a run's span, so a worker in another process continues
+            # the run's trace (D10.5); NULL when spans were not exported at its start.
+            "ALTER TABLE tb_wf_runs ADD COLUMN traceparent TEXT",
+            # The trace context of the span that registered a deferred operation, so a poller in
+            # another process polls it inside that trace (D10.6).
+            "ALTER TABLE tb_deferred_ops ADD COLUMN traceparent TEXT",
+        ),
+    ),
+    (
+        5,
+        (
             # The run's own bound (D6.17): which of the definition's timeout, the caller's
             # deadline or the parent's inherited deadline set timeout_at, as JSON
             # {set_by, duration_ms, deadline_at}; and how the run ended as a stable code

@@ -47,6 +47,8 @@ class ActionContext:
     #: deliberate retry (D7.11). ``http_request`` sends it as ``Idempotency-Key``; a
     #: ``deferred`` handler passes it to the service it calls.
     idempotency_key: str | None = None
+    #: The W3C ``traceparent`` of the run's span when spans are exported, else None (D10.5).
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,7 @@ class Children:
             parent_token_id=tok["id"],
             inherited_deadline_at=inherited,
             inherited_set_by="parent",
+            traceparent=run.get("traceparent"),  # the child's span under its parent run's
         )
         # The child's own timer enforces the node's bound; the parent token waits on it.
         await tx.execute(

@@ -31,6 +31,8 @@ from .._core._deadline import Deadline
 from .._core._errors import ConfigurationError
 from .._core._scopes import fail_after
 from .._store import Store, Tx, open_store, wake_delay
+from ..telemetry import correlation
+from ..telemetry._tracing import attempt_span, caller_traceparent
 from ._actions import ActionContext, Outcome, freeze, handlers, run_python
 from ._bounds import call_key
 from ._deferral import Deferrals, plan_attempt
@@ -393,6 +395,7 @@ class Engine(RunReads):
             key,
             digest,
             loop.create_future(),
+            caller_traceparent(),  # the caller's span, parent of the run's (D10.5)
         )
         assert start.settled is not None
         if not self._worker:  # no loop to batch with: one transaction; its commit wakes workers
@@ -422,6 +425,7 @@ class Engine(RunReads):
                         run_id=start.run_id,
                         idempotency_key=start.idempotency_key,
                         digest=start.digest,
+                        traceparent=start.traceparent,
                     )
                 return run_id
             except StartConflict:
@@ -624,6 +628,7 @@ class Engine(RunReads):
                         run_id=start.run_id,
                         idempotency_key=start.idempotency_key,
                         digest=start.digest,
+                        traceparent=start.traceparent,
                     )
                 except StartConflict as exc:  # found in this transaction: nothing written
                     start.settle(error=exc)
@@ -750,6 +755,7 @@ class Engine(RunReads):
             deadline=Deadline.from_epoch_ms(deadline_ms),
             timing=timing,
             idempotency_key=call_key(tok),
+            traceparent=run.get("traceparent"),
         )
         return (tok["id"], action.kind, implementation, ctx)
 
@@ -758,10 +764,27 @@ class Engine(RunReads):
     ) -> None:
         """Run one attempt; its outcome is stored by the loop's next turn (group commit)."""
         what = f"workflow node '{ctx.node_id}'"
-        try:
-            outcome = await self._run_action(kind, implementation, ctx, what, ctx.attempt)
-        except Exception as exc:  # a failing action runner fails the node, never strands it
-            outcome = Outcome("error", error=f"{type(exc).__name__}: {exc}")
+        # The attempt's span (D10.4): current while the action runs, so what it calls is its child.
+        span = attempt_span(
+            ctx.traceparent,
+            run_id=ctx.run_id,
+            token_id=token_id,
+            node_id=ctx.node_id,
+            attempt=ctx.attempt,
+        )
+        # Events emitted inside (the action's policies, a deferred registration) name the run,
+        # the token and the node they belong to (D10.1).
+        with (
+            correlation("run", ctx.run_id),
+            correlation("token", token_id),
+            correlation("node", ctx.node_id),
+            span as ended,
+        ):
+            try:
+                outcome = await self._run_action(kind, implementation, ctx, what, ctx.attempt)
+            except Exception as exc:  # a failing action runner fails the node, never strands it
+                outcome = Outcome("error", error=f"{type(exc).__name__}: {exc}")
+            ended(outcome.kind, outcome.error)
         self._outcomes.append(_Report(ctx.run_id, token_id, ctx.attempt, outcome))
         self._wake.set()
 

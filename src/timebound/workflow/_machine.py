@@ -18,6 +18,7 @@ from typing import Any
 
 from .._store import Tx
 from ..policies._retry import RetryAt, RetryPlan, RetryState
+from ..telemetry._tracing import open_run
 from ._bounds import NODE_TIMEOUT, WORKFLOW_TIMEOUT, WORKFLOW_TIMEOUT_ERROR, run_bound, stored_bound
 from ._children import Children
 from ._definition import Definition, RetryBlock, Transition, parse_definition
@@ -148,6 +149,7 @@ class Machine:
         run_id: str | None = None,
         idempotency_key: str | None = None,
         request_digest: str | None = None,
+        traceparent: str | None = None,
     ) -> str:
         """Insert a running run and its first token; answers its id.
 
@@ -158,13 +160,17 @@ class Machine:
         inherited one, the larger scope (as D6.4).
         """
         run_id = run_id or uuid.uuid4().hex
+        # The run's span, child of the caller's (D10.5); its context is stored with the run.
+        traceparent = open_run(
+            run_id, traceparent, definition_id=definition.id, definition_version=definition.version
+        )
         bound = run_bound(now, timeout_ms, timeout_set_by, inherited_deadline_at, inherited_set_by)
         timeout_at = None if bound is None else bound["deadline_at"]
         await tx.execute(
             "INSERT INTO tb_wf_runs (id, definition_id, definition_version, status, input, state, "
             "started_at, timeout_at, parent_token_id, inherited_deadline_at, timeout_bound, "
-            "idempotency_key, request_digest) "
-            "VALUES (?, ?, ?, 'running', ?, '{}', ?, ?, ?, ?, ?, ?, ?)",
+            "idempotency_key, request_digest, traceparent) "
+            "VALUES (?, ?, ?, 'running', ?, '{}', ?, ?, ?, ?, ?, ?, ?, ?)",
             run_id,
             definition.id,
             definition.version,
@@ -176,6 +182,7 @@ class Machine:
             None if bound is None else encode(bound),
             idempotency_key,
             request_digest,
+            traceparent,
         )
         await tx.append_event(
             run_id,

@@ -56,6 +56,7 @@ class Start(NamedTuple):
     #: Resolved like ``future`` but never cancelled with its caller: how an interrupted start
     #: learns whether its run was stored (D6.18).
     settled: asyncio.Future[str] | None = None
+    traceparent: str | None = None  # the caller's span, parent of the run's (D10.5)
 
     def settle(self, run_id: str | None = None, error: BaseException | None = None) -> None:
         for f in (self.future, self.settled):
@@ -229,6 +230,7 @@ async def start_keyed(
     run_id: str,
     idempotency_key: str | None,
     digest: str | None,
+    traceparent: str | None = None,
 ) -> str:
     """A start asked of the engine: the run an earlier start with the same key or id stored
     (D6.18), else a new one under the caller's deadline (D6.17)."""
@@ -250,4 +252,5 @@ async def start_keyed(
         run_id=run_id,
         idempotency_key=idempotency_key,
         request_digest=digest,
+        traceparent=traceparent,
     )
