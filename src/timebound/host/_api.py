@@ -7,6 +7,7 @@ import base64
 import binascii
 import json
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 from starlette.requests import Request
@@ -14,8 +15,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .._core import _clock
+from .._core._errors import ConfigurationError
 from .._core._scopes import remaining
-from ..workflow import DefinitionConflict, DefinitionError
+from ..workflow import DefinitionConflict, DefinitionError, StartConflict
 from ..workflow._rows import RUN_TERMINAL
 from ._host import Host
 from ._problems import Problem
@@ -123,19 +125,42 @@ async def _get_run(host: Host, run_id: str) -> dict[str, Any]:
 async def start_run(request: Request) -> Response:
     host = _host(request)
     definition_id = request.path_params["definition_id"]
-    body = _only(await read_json(request, host.config.max_body_bytes), {"input", "deadline_ms"})
+    body = _only(
+        await read_json(request, host.config.max_body_bytes),
+        {"input", "deadline_ms", "idempotency_key", "run_id"},
+    )
     deadline_ms = body.get("deadline_ms")
     if deadline_ms is not None and (
         not isinstance(deadline_ms, int) or isinstance(deadline_ms, bool) or deadline_ms < 1
     ):
         raise Problem(422, "deadline_ms: expected a positive integer of milliseconds")
+    # Idempotent starts (D6.18): the Idempotency-Key header or the body's field (equal if both).
+    key = request.headers.get("idempotency-key")
+    if "idempotency_key" in body:
+        if not isinstance(body["idempotency_key"], str):
+            raise Problem(422, "idempotency_key: expected a string")
+        if key is not None and key != body["idempotency_key"]:
+            raise Problem(422, "idempotency_key: differs from the Idempotency-Key header")
+        key = body["idempotency_key"]
     # The latest version in the store: another host may have published one since our start.
     latest = await host.engine.stored_definitions(definition_id)
     if not latest:
         raise Problem(404, f"no definition {definition_id!r}")
-    run_id = await host.engine.start(
-        definition_id, body.get("input"), version=latest[0].version, deadline_ms=deadline_ms
-    )
+    deadline = None if deadline_ms is None else timedelta(milliseconds=deadline_ms)
+    try:
+        run_id = await host.engine.start(
+            definition_id,
+            body.get("input"),
+            version=latest[0].version,
+            deadline=deadline,
+            idempotency_key=key,
+            # A client-chosen run id (D8.15): a repeat with the same body returns that run.
+            run_id=body.get("run_id"),
+        )
+    except ConfigurationError as exc:
+        raise Problem(422, f"{exc.option}: {exc}") from None
+    except StartConflict as exc:
+        raise Problem(409, str(exc), code=exc.code, run_id=exc.run_id) from None
     return JSONResponse(
         {"run_id": run_id}, status_code=201, headers={"Location": f"/v1/runs/{run_id}"}
     )

@@ -53,9 +53,19 @@ def openapi() -> dict[str, Any]:
         "paths": {
             "/v1/workflows/{definition_id}/runs": {
                 "post": _op(
-                    "Start a run: body {input, deadline_ms?}; answers 201 {run_id}",
+                    "Start a run: body {input, deadline_ms?, idempotency_key?, run_id?} (or an "
+                    "Idempotency-Key header); answers 201 {run_id}, the same run for a repeat "
+                    "of the same key and body, 409 for another body under that key",
                     "201",
-                    parameters=[_path_param("definition_id")],
+                    parameters=[
+                        _path_param("definition_id"),
+                        {
+                            "name": "Idempotency-Key",
+                            "in": "header",
+                            "required": False,
+                            "schema": {"type": "string", "minLength": 1, "maxLength": 200},
+                        },
+                    ],
                     requestBody={
                         "required": True,
                         "content": {
@@ -66,6 +76,16 @@ def openapi() -> dict[str, Any]:
                                     "properties": {
                                         "input": {},
                                         "deadline_ms": {"type": "integer", "minimum": 1},
+                                        "idempotency_key": {
+                                            "type": "string",
+                                            "minLength": 1,
+                                            "maxLength": 200,
+                                        },
+                                        "run_id": {
+                                            "type": "string",
+                                            "minLength": 1,
+                                            "maxLength": 200,
+                                        },
                                     },
                                 }
                             }

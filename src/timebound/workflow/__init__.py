@@ -21,6 +21,7 @@ from .._store import StoreBusy, StoreError
 from ._actions import ActionContext
 from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition, schema
 from ._engine import Engine, RunResult
+from ._starts import StartConflict, StartInterrupted, started_run_id
 
 __all__ = [
     "ActionContext",
@@ -29,8 +30,11 @@ __all__ = [
     "DefinitionError",
     "Engine",
     "RunResult",
+    "StartConflict",
+    "StartInterrupted",
     "StoreBusy",
     "StoreError",
     "parse_definition",
     "schema",
+    "started_run_id",
 ]

@@ -23,7 +23,7 @@ from .._core._scopes import move_on_after
 from .._store import Store, Tx
 from ._actions import ActionContext, Outcome, is_deferral, run_http, run_python
 from ._definition import Action, Definition, Node
-from ._machine import Machine
+from ._machine import Machine, call_key
 from ._modes import DEFERRABLE_KINDS, node_mode
 
 __all__ = ["RESUME_KIND", "Deferrals", "http_module", "plan_attempt"]
@@ -183,6 +183,12 @@ class Deferrals:
         await poller.__aenter__()
         self.poller = poller
 
+    async def resume_stored(self) -> None:
+        """Resume the operations whose end was stored but not yet resumed (a restart between
+        the poller's two transactions, or a resumer that failed), before the engine re-arms
+        its timers: an end stored in time is never overtaken by a node timer (D7.10)."""
+        await self.registry.resume_due(limit=10_000)
+
     async def close(self) -> None:
         self._open = False
         for task in list(self._starting):
@@ -262,7 +268,8 @@ class Deferrals:
                     )
         else:
             module = implementation["module"]
-        key = f"{ctx.run_id}:{ctx.token_id}:{ctx.attempt}"
+        # Stable across a crash re-run (D7.11): the re-sent call's answer finds this key.
+        key = ctx.idempotency_key or f"{ctx.run_id}:{ctx.token_id}:{ctx.node_id}"
         deadline_ms = implementation["deadline_ms"]
         continuation = {
             "schema": CONTINUATION_SCHEMA,
@@ -334,10 +341,14 @@ class Deferrals:
             raise ContinuationRefused("continuation-mismatch")
         machine = self._machine
         tok = await machine.token(tx, cont["token"])
-        if tok is None or tok["status"] != "executing" or tok["attempt"] != cont["attempt"]:
+        if tok is None or tok["status"] != "executing":
             return  # the token moved on (its deadline, a cancel): nothing to resume
+        expected = call_key(tok)
+        if cont["idempotency_key"] != expected and cont["idempotency_key"].startswith(
+            f"{tok['run_id']}:{tok['id']}:{tok['node_id']}"
+        ):
+            return  # an earlier call of a token retried since: nothing to resume
         op = resumption.operation
-        expected = f"{tok['run_id']}:{tok['id']}:{tok['attempt']}"
         if (
             cont["run"] != tok["run_id"]
             or cont["node"] != tok["node_id"]
@@ -348,7 +359,12 @@ class Deferrals:
             raise ContinuationRefused("continuation-mismatch")
         now = self._now()
         run = await machine.run(tx, tok["run_id"], lock=self._store.lock_clause())
-        if run is None or await machine.check_run_deadline(tx, run, now):
+        # The operation's end was stored at op.updated_ms (D7.10): stored before the run's
+        # deadline, it counts, even if a restart delays its resumption past that deadline.
+        if run is None or run["status"] != "running":
+            return
+        in_time = run["timeout_at"] is None or min(now, op.updated_ms) < run["timeout_at"]
+        if not in_time and await machine.check_run_deadline(tx, run, now):
             return
         if op.status == "completed":
             await machine.complete(tx, run, tok, resumption.result, now)

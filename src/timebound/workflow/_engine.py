@@ -22,6 +22,7 @@ import types
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -33,9 +34,16 @@ from .._store import Store, Tx, open_store, wake_delay
 from ._actions import ActionContext, Outcome, freeze, handlers, run_python
 from ._deferral import Deferrals, plan_attempt
 from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition
-from ._machine import Machine
+from ._machine import Machine, call_key
 from ._reads import RunReads
 from ._rows import RUN_TERMINAL, RunResult
+from ._starts import (
+    StartConflict,
+    StartInterrupted,
+    check_run_id,
+    request_digest,
+    start_deadline,
+)
 
 __all__ = ["Engine", "RunResult", "store_definition"]
 
@@ -47,6 +55,30 @@ class _Start(NamedTuple):
     input: Any
     future: asyncio.Future[str]
     deadline_at: int | None
+    run_id: str
+    idempotency_key: str | None = None
+    digest: str | None = None
+    #: Resolved like ``future`` but never cancelled with its caller: how an interrupted start
+    #: learns whether its run was stored (D6.18).
+    settled: asyncio.Future[str] | None = None
+
+    def settle(self, run_id: str | None = None, error: BaseException | None = None) -> None:
+        for f in (self.future, self.settled):
+            if f is not None and not f.done():
+                if error is not None:
+                    f.set_exception(error)
+                else:
+                    f.set_result(run_id)  # type: ignore[arg-type]
+
+
+def _copy(task: asyncio.Future[str], start: _Start) -> None:
+    """Settle a start from the task that ran it alone."""
+    if task.cancelled():
+        start.settle(error=RuntimeError("the start was cancelled"))
+    elif task.exception() is not None:
+        start.settle(error=task.exception())
+    else:
+        start.settle(task.result())
 
 
 class _Report(NamedTuple):
@@ -268,6 +300,8 @@ class Engine(RunReads):
             # One writer process: whatever a previous process left in flight died with it.
             async with self._txn() as tx:
                 await self._requeue(tx, "status IN ('dispatched', 'executing')")
+        # Stored ends of deferred operations resume before any timer fires (D7.10).
+        await self._deferrals.resume_stored()
         self._loop_task = asyncio.create_task(self._loop(), name="timebound-workflow-loop")
         await self._deferrals.open(self._definitions.values())
 
@@ -297,8 +331,7 @@ class Engine(RunReads):
         self._attempts.clear()
         starts, self._starts = self._starts, []
         for start in starts:
-            if not start.future.done():
-                start.future.set_exception(RuntimeError("the engine closed before the run started"))
+            start.settle(error=RuntimeError("the engine closed before the run started"))
         outcomes, self._outcomes = self._outcomes, []
         try:
             if self._worker:
@@ -329,12 +362,32 @@ class Engine(RunReads):
         input: Any = None,
         *,
         version: int | None = None,
+        deadline: Deadline | float | timedelta | str | None = None,
+        inherit_deadline: bool = False,
+        idempotency_key: str | None = None,
+        run_id: str | None = None,
         deadline_ms: int | None = None,
     ) -> str:
-        """Start a run of a registered definition (its latest version unless ``version``);
-        ``deadline_ms`` bounds the run further, as a parent's deadline would (D1.5)."""
-        if deadline_ms is not None and deadline_ms < 1:
-            raise ConfigurationError("deadline_ms must be >= 1", option="deadline_ms")
+        """Start a run of a registered definition (its latest version unless ``version``).
+
+        ``deadline`` bounds the run further, as a parent's deadline would (D1.5): a
+        :class:`~timebound.Deadline`, or a duration from now (``"250ms"``, seconds, a
+        ``timedelta``); ``inherit_deadline=True`` takes the caller's current deadline too
+        (D6.11). The run's deadline is the earliest of these and the definition's timeout, and
+        the run records which one it was (D6.17). ``deadline_ms`` is the deprecated spelling.
+
+        ``idempotency_key`` (or a client-chosen ``run_id``) makes the start idempotent
+        (D6.18): the same key with the same definition, version and input returns the run it
+        started, once and for all; with anything else it raises :class:`StartConflict`.
+
+        Cancelled (a deadline) before its run reached a transaction, ``start`` raises with
+        nothing stored; cancelled while its run was being committed, it waits for that one
+        commit and raises :class:`StartInterrupted` (a ``CancelledError`` that a scope turns
+        into its ``DeadlineExceeded``, chained) carrying the stored run's id (D6.18).
+        """
+        deadline_at = start_deadline(self._now(), deadline, inherit_deadline, deadline_ms)
+        key = check_run_id(idempotency_key, "idempotency_key")
+        chosen = check_run_id(run_id, "run_id")
         version = version or self._latest.get(definition_id)
         definition = None if version is None else self._definitions.get((definition_id, version))
         if definition is None:
@@ -345,28 +398,78 @@ class Engine(RunReads):
             raise ConfigurationError(f"a run's input must be JSON: {exc}", option="input")
         if not self._open:
             raise RuntimeError("the engine is not open: use 'async with engine:' first")
+        digest = None
+        if key is not None or chosen is not None:
+            digest = request_digest(definition.id, definition.version, input)
+            async with self._read() as tx:  # a repeat: answered without a write
+                found = await self._machine.keyed_run(tx, key, chosen, digest)
+            if found is not None:
+                return found
         if (definition.id, definition.version) not in self._stored:
             async with self._txn() as tx:
                 conflict = await self._store_definition(tx, definition)
             if conflict is not None:
                 raise DefinitionConflict(conflict, path="version")
-        deadline_at = None if deadline_ms is None else self._now() + deadline_ms
+        loop = asyncio.get_running_loop()
+        start = _Start(
+            definition,
+            input,
+            loop.create_future(),
+            deadline_at,
+            chosen or uuid.uuid4().hex,
+            key,
+            digest,
+            loop.create_future(),
+        )
+        assert start.settled is not None
         if not self._worker:  # no loop to batch with: one transaction; its commit wakes workers
-            async with self._txn() as tx:
-                run_id: str = await self._machine.start_run(
-                    tx,
-                    definition,
-                    input,
-                    self._now(),
-                    timeout_ms=definition.timeout_ms,
-                    inherited_deadline_at=deadline_at,
-                )
-            return run_id
-        # Started by the loop's next transaction: concurrent starts share one commit.
-        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._starts.append(_Start(definition, input, future, deadline_at))
-        self._wake.set()
-        return await future
+            task: asyncio.Future[str] = asyncio.ensure_future(self._start_alone(start))
+            task.add_done_callback(lambda t: _copy(t, start))
+            awaited: asyncio.Future[str] = asyncio.shield(task)
+        else:
+            # Started by the loop's next transaction: concurrent starts share one commit.
+            self._starts.append(start)
+            self._wake.set()
+            awaited = start.future  # awaited directly: no extra loop turn before we return
+        try:
+            return await awaited
+        except asyncio.CancelledError as cancelled:
+            if any(s is start for s in self._starts):
+                self._starts.remove(start)  # not taken by a transaction: nothing is stored
+                raise
+            # Its transaction is under way (D6.18): learn how it ended (one commit), then
+            # propagate the cancellation, with the stored run's id if it was stored.
+            settled = start.settled
+            while not settled.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.wait([settled])
+            if settled.cancelled() or settled.exception() is not None:
+                raise
+            raise StartInterrupted(settled.result()) from cancelled
+
+    async def _start_alone(self, start: _Start) -> str:
+        """A start in a transaction of its own (an engine without a worker loop). A keyed start
+        that lost a race for its key to another process is answered by a second look."""
+        for again in (True, False):
+            try:
+                async with self._txn() as tx:
+                    run_id = await self._machine.start_keyed(
+                        tx,
+                        start.definition,
+                        start.input,
+                        self._now(),
+                        deadline_at=start.deadline_at,
+                        run_id=start.run_id,
+                        idempotency_key=start.idempotency_key,
+                        digest=start.digest,
+                    )
+                return run_id
+            except StartConflict:
+                raise
+            except Exception:
+                if start.digest is None or not again:
+                    raise
+        raise AssertionError("unreachable")
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
         """Wait until the run ends; ``timeout`` seconds bound the wait (``DeadlineExceeded``)."""
@@ -542,7 +645,7 @@ class Engine(RunReads):
         instant (D6.4).
         """
         now = self._now()
-        started: list[tuple[asyncio.Future[str], str]] = []
+        started: list[tuple[_Start, str]] = []
         async with self._txn() as tx:
             for timer in await tx.due_timers(now, limit=1000):
                 await self._fire(tx, timer, now)
@@ -550,15 +653,21 @@ class Engine(RunReads):
                     "DELETE FROM tb_timers WHERE key = ? AND due_ms <= ?", timer["key"], now
                 )
             for start in starts:
-                run_id = await self._machine.start_run(
-                    tx,
-                    start.definition,
-                    start.input,
-                    now,
-                    timeout_ms=start.definition.timeout_ms,
-                    inherited_deadline_at=start.deadline_at,
-                )
-                started.append((start.future, run_id))
+                try:
+                    run_id = await self._machine.start_keyed(
+                        tx,
+                        start.definition,
+                        start.input,
+                        now,
+                        deadline_at=start.deadline_at,
+                        run_id=start.run_id,
+                        idempotency_key=start.idempotency_key,
+                        digest=start.digest,
+                    )
+                except StartConflict as exc:  # found in this transaction: nothing written
+                    start.settle(error=exc)
+                    continue
+                started.append((start, run_id))
             lock = self._store.lock_clause()  # the reports' runs: read and locked at once, by id
             await self._machine.hold_runs(tx, (r.run_id for r in outcomes), lock=lock)
             for report in sorted(outcomes, key=lambda r: r.run_id):
@@ -568,9 +677,8 @@ class Engine(RunReads):
             row = await tx.fetchone(
                 "SELECT MIN(not_before) AS t FROM tb_wf_tokens WHERE status = 'pending'"
             )
-        for future, run_id in started:  # committed: the runs exist
-            if not future.done():
-                future.set_result(run_id)
+        for start, run_id in started:  # committed: the runs exist
+            start.settle(run_id)
         # Ready tokens wake the loop only while it may claim them (not while a stop drains).
         free = len(self._attempts) < self._concurrency and self._claiming
         if row is not None and row["t"] is not None and free:
@@ -680,6 +788,7 @@ class Engine(RunReads):
             attempt=tok["attempt"],
             deadline=Deadline.from_epoch_ms(deadline_ms),
             timing=timing,
+            idempotency_key=call_key(tok),
         )
         return (tok["id"], action.kind, implementation, ctx)
 
@@ -744,7 +853,12 @@ class Engine(RunReads):
         if outcome.kind == "timeout" or deadline_reached:
             if outcome.kind == "ok":
                 await machine.late_result(tx, run["id"], token_id, attempt, now)
-            await machine.token_timeout(tx, run, tok, now)
+            if outcome.propagated_ms is not None and not deadline_reached:
+                await machine.token_timeout(
+                    tx, run, tok, now, duration=outcome.propagated_ms, set_by="propagated"
+                )
+            else:
+                await machine.token_timeout(tx, run, tok, now)
         elif outcome.kind == "reject":
             await machine.fail_run(tx, run, outcome.error or "deferred-not-accepted", now)
         elif outcome.kind == "deferred":

@@ -28,8 +28,69 @@ from ._rows import (
     decode,
     encode,
 )
+from ._starts import StartConflict
 
-__all__ = ["Machine", "retry_delay_ms"]
+__all__ = [
+    "NODE_TIMEOUT",
+    "call_key",
+    "WORKFLOW_TIMEOUT",
+    "WORKFLOW_TIMEOUT_ERROR",
+    "Machine",
+    "retry_delay_ms",
+    "run_bound",
+    "stored_bound",
+]
+
+#: Stored codes of how a run ended (``tb_wf_runs.error_code``), read instead of its message.
+WORKFLOW_TIMEOUT = "workflow_timeout"
+NODE_TIMEOUT = "node_timeout"
+WORKFLOW_TIMEOUT_ERROR = "Workflow exceeded timeout"
+
+
+def call_key(tok: dict[str, Any]) -> str:
+    """The idempotency key of a token's current call (D7.11): run, token and node, the same
+    when a crash re-runs the call; a deliberate retry (an action error's retry block, an
+    ``on_timeout: retry``) is a new call and gets ``:<n>``, its number among them."""
+    reruns = (decode(tok["state_data"]) or {}).get("reruns", 0) if tok["state_data"] else 0
+    retries = tok["attempt"] - 1 - reruns
+    key = f"{tok['run_id']}:{tok['id']}:{tok['node_id']}"
+    return key if retries <= 0 else f"{key}:{retries}"
+
+
+def run_bound(
+    now: int,
+    timeout_ms: int | None,
+    timeout_set_by: str,
+    inherited_at: int | None,
+    inherited_set_by: str,
+) -> dict[str, Any] | None:
+    """The bound that sets a run's deadline (D6.17): its own timeout from ``now`` or the
+    inherited instant, whichever is earlier; at a tie the inherited one (the larger scope,
+    as D6.4). ``None`` when neither is present."""
+    own = None if timeout_ms is None else now + timeout_ms
+    if inherited_at is not None and (own is None or inherited_at <= own):
+        return {
+            "set_by": inherited_set_by,
+            "duration_ms": inherited_at - now,
+            "deadline_at": inherited_at,
+        }
+    if own is None:
+        return None
+    return {"set_by": timeout_set_by, "duration_ms": timeout_ms, "deadline_at": own}
+
+
+def stored_bound(run: dict[str, Any], definition: Definition) -> dict[str, Any]:
+    """The bound stored with a run (D6.17); for a run stored without one, its definition's."""
+    stored = run.get("timeout_bound")
+    if isinstance(stored, str):
+        stored = json.loads(stored)
+    if stored:
+        return stored  # type: ignore[no-any-return]
+    return {
+        "set_by": "definition",
+        "duration_ms": definition.timeout_ms,
+        "deadline_at": run.get("timeout_at"),
+    }
 
 
 def retry_delay_ms(block: RetryBlock, attempts_done: int, error: str, what: str) -> int | None:
@@ -138,21 +199,30 @@ class Machine:
         now: int,
         *,
         timeout_ms: int | None,
+        timeout_set_by: str = "definition",
         parent_token_id: str | None = None,
         inherited_deadline_at: int | None = None,
+        inherited_set_by: str = "caller",
+        run_id: str | None = None,
+        idempotency_key: str | None = None,
+        request_digest: str | None = None,
     ) -> str:
-        run_id = uuid.uuid4().hex
-        timeout_at = None if timeout_ms is None else now + timeout_ms
-        if inherited_deadline_at is not None:
-            timeout_at = (
-                inherited_deadline_at
-                if timeout_at is None
-                else min(timeout_at, inherited_deadline_at)
-            )
+        """Insert a running run and its first token; answers its id.
+
+        The run's deadline is the earliest of its own timeout (``timeout_ms`` from now, set by
+        ``timeout_set_by``: the definition, or a parent's node or action) and
+        ``inherited_deadline_at`` (set by ``inherited_set_by``: the caller of ``start`` or the
+        parent run). Which of them it is, is stored with the run (D6.17): a tie goes to the
+        inherited one, the larger scope (as D6.4).
+        """
+        run_id = run_id or uuid.uuid4().hex
+        bound = run_bound(now, timeout_ms, timeout_set_by, inherited_deadline_at, inherited_set_by)
+        timeout_at = None if bound is None else bound["deadline_at"]
         await tx.execute(
             "INSERT INTO tb_wf_runs (id, definition_id, definition_version, status, input, state, "
-            "started_at, timeout_at, parent_token_id, inherited_deadline_at) "
-            "VALUES (?, ?, ?, 'running', ?, '{}', ?, ?, ?, ?)",
+            "started_at, timeout_at, parent_token_id, inherited_deadline_at, timeout_bound, "
+            "idempotency_key, request_digest) "
+            "VALUES (?, ?, ?, 'running', ?, '{}', ?, ?, ?, ?, ?, ?, ?)",
             run_id,
             definition.id,
             definition.version,
@@ -161,6 +231,9 @@ class Machine:
             timeout_at,
             parent_token_id,
             inherited_deadline_at,
+            None if bound is None else encode(bound),
+            idempotency_key,
+            request_digest,
         )
         await tx.append_event(
             run_id,
@@ -170,14 +243,79 @@ class Machine:
             definition_id=definition.id,
             definition_version=definition.version,
             timeout_at=timeout_at,
+            timeout_bound=bound,
         )
         if timeout_at is not None:
             await tx.set_timer(f"run:{run_id}", "run", run_id, timeout_at, PRIORITY_RUN)
         await self._new_token(tx, run_id, definition, definition.initial_node, now, branch=None)
         return run_id
 
+    async def keyed_run(
+        self, tx: Tx, key: str | None, run_id: str | None, digest: str
+    ) -> str | None:
+        """The run an earlier start with this idempotency key or run id stored, if any (D6.18);
+        :class:`StartConflict` if that start asked for something else."""
+        where, arg, path = (
+            ("idempotency_key = ?", key, "idempotency_key")
+            if key is not None
+            else ("id = ?", run_id, "run_id")
+        )
+        row = await tx.fetchone(f"SELECT id, request_digest FROM tb_wf_runs WHERE {where}", arg)
+        if row is None:
+            return None
+        if row["request_digest"] != digest:
+            raise StartConflict(
+                f"{path} {arg!r} already started run {row['id']} with another definition, "
+                "version or input",
+                run_id=row["id"],
+                path=path,
+            )
+        return row["id"]  # type: ignore[no-any-return]
+
+    async def start_keyed(
+        self,
+        tx: Tx,
+        definition: Definition,
+        input: Any,
+        now: int,
+        *,
+        deadline_at: int | None,
+        run_id: str,
+        idempotency_key: str | None,
+        digest: str | None,
+    ) -> str:
+        """A start asked of the engine: the run an earlier start with the same key or id
+        stored (D6.18), else a new one under the caller's deadline (D6.17)."""
+        if digest is not None:
+            found = (
+                await self.keyed_run(tx, idempotency_key, None, digest)
+                if (idempotency_key is not None)
+                else None
+            )
+            if found is None:
+                found = await self.keyed_run(tx, None, run_id, digest)
+            if found is not None:
+                return found
+        return await self.start_run(
+            tx,
+            definition,
+            input,
+            now,
+            timeout_ms=definition.timeout_ms,
+            inherited_deadline_at=deadline_at,
+            run_id=run_id,
+            idempotency_key=idempotency_key,
+            request_digest=digest,
+        )
+
     async def _finish_run(
-        self, tx: Tx, run: dict[str, Any], status: str, now: int, error: str | None = None
+        self,
+        tx: Tx,
+        run: dict[str, Any],
+        status: str,
+        now: int,
+        error: str | None = None,
+        code: str | None = None,
     ) -> bool:
         """End a run: every live token becomes ``cancelled`` unless already ended by the caller.
 
@@ -185,19 +323,22 @@ class Machine:
         without its lock (an operator's cancel, a parent's cancel of its child) may have been
         ended by another worker meanwhile, and its end stands (on PostgreSQL the UPDATE waits for
         that worker's lock, then sees its commit). ``False`` when the run had ended already.
+
+        ``code`` is how it ended, stored for code to read (D6.17): never its message.
         """
         run_id = run["id"]
         changed = await tx.execute(
-            "UPDATE tb_wf_runs SET status = ?, finished_at = ?, error = ? "
+            "UPDATE tb_wf_runs SET status = ?, finished_at = ?, error = ?, error_code = ? "
             "WHERE id = ? AND status = 'running'",
             status,
             now,
             error,
+            code,
             run_id,
         )
         if not changed:
             return False
-        self._run_changed(tx, run, status=status, finished_at=now, error=error)
+        self._run_changed(tx, run, status=status, finished_at=now, error=error, error_code=code)
         tx.wake_others = True  # waiters in other processes
         for tok in await tx.fetch(
             f"SELECT * FROM tb_wf_tokens WHERE run_id = ? AND status IN {LIVE_SQL} ORDER BY seq",
@@ -205,7 +346,9 @@ class Machine:
         ):
             await self._set_token(tx, tok, "cancelled", now, reason=f"run_{status}")
         await tx.clear_stream_timers(run_id)
-        await tx.append_event(run_id, f"run_{status}", now, workflow_run_id=run_id, error=error)
+        await tx.append_event(
+            run_id, f"run_{status}", now, workflow_run_id=run_id, error=error, error_code=code
+        )
         self._on_run_finished(run_id)
         if run["parent_token_id"] is not None and status != "cancelled":
             await self._child_finished(tx, run, status, now, error)
@@ -216,33 +359,47 @@ class Machine:
         for child in await tx.fetch(
             "SELECT * FROM tb_wf_runs WHERE parent_token_id = ? AND status = 'running'", token_id
         ):
-            await self._finish_run(tx, child, "cancelled", now, "parent token ended")
+            await self._finish_run(
+                tx, child, "cancelled", now, "parent token ended", "parent_ended"
+            )
 
     async def cancel_run(self, tx: Tx, run_id: str, now: int) -> bool:
         run = await self.run(tx, run_id)
         if run is None or run["status"] != "running":
             return False
-        return await self._finish_run(tx, run, "cancelled", now, "cancelled")
+        return await self._finish_run(tx, run, "cancelled", now, "cancelled", "cancelled")
 
-    async def fail_run(self, tx: Tx, run: dict[str, Any], error: str, now: int) -> None:
-        await self._finish_run(tx, run, "failed", now, error)
+    async def fail_run(
+        self, tx: Tx, run: dict[str, Any], error: str, now: int, code: str = "failed"
+    ) -> None:
+        await self._finish_run(tx, run, "failed", now, error, code)
 
     async def workflow_timeout(self, tx: Tx, run: dict[str, Any], now: int) -> None:
-        """Every live token → ``timed_out`` (reason ``workflow_timeout``); then the run's policy."""
+        """Every live token → ``timed_out`` (reason ``workflow_timeout``); then the run's policy.
+
+        The bound reported is the one that set the run's deadline (D6.17): the definition's
+        timeout, the caller's deadline or the parent's, stored with the run when it started.
+        """
         definition = await self.definition(tx, run)
         policy = definition.on_timeout
+        bound = stored_bound(run, definition)
         for tok in await tx.fetch(
             f"SELECT * FROM tb_wf_tokens WHERE run_id = ? AND status IN {LIVE_SQL} ORDER BY seq",
             run["id"],
         ):
             await self._set_token(tx, tok, "timed_out", now, reason="workflow_timeout")
             await self._timed_out_event(
-                tx, tok, "workflow", definition.timeout_ms, policy, run["timeout_at"], now
+                tx,
+                tok,
+                "workflow",
+                bound["duration_ms"],
+                policy,
+                run["timeout_at"],
+                now,
+                set_by=bound["set_by"],
             )
-        if policy == "fail":
-            await self._finish_run(tx, run, "failed", now, "Workflow exceeded timeout")
-        else:
-            await self._finish_run(tx, run, "timed_out", now, "Workflow exceeded timeout")
+        status = "failed" if policy == "fail" else "timed_out"
+        await self._finish_run(tx, run, status, now, WORKFLOW_TIMEOUT_ERROR, WORKFLOW_TIMEOUT)
 
     @staticmethod
     def run_live(run: dict[str, Any], now: int) -> bool:
@@ -255,7 +412,27 @@ class Machine:
         if run["status"] != "running":
             return True
         if run["timeout_at"] is not None and now >= run["timeout_at"]:
+            if run["parent_token_id"] is not None and await self._parent_over(tx, run, now):
+                return True
             await self.workflow_timeout(tx, run, now)
+            return True
+        return False
+
+    async def _parent_over(self, tx: Tx, run: dict[str, Any], now: int) -> bool:
+        """A child run whose deadline is due: the parent's first, when due at the same instant
+        (an inherited deadline, D6.4, D6.17): the larger scope is the one reported, and its end
+        cancels the child. ``True`` if that ended the child."""
+        tok = await self.token(tx, run["parent_token_id"])
+        parent = None if tok is None else await self.run(tx, tok["run_id"])
+        if (
+            parent is None
+            or parent["status"] != "running"
+            or not await self.check_run_deadline(tx, parent, now)
+        ):
+            return False
+        row = await tx.fetchone("SELECT status FROM tb_wf_runs WHERE id = ?", run["id"])
+        if row is not None and row["status"] != "running":
+            self._run_changed(tx, run, status=row["status"])
             return True
         return False
 
@@ -398,7 +575,12 @@ class Machine:
         policy: str,
         deadline_at: int | None,
         now: int,
+        *,
+        set_by: str | None = None,
     ) -> None:
+        """Record the bound that fired: its layer, length, policy, deadline and (D6.17) where
+        it was set: ``definition``, ``caller``, ``parent``, ``node``, ``action``, ``join`` or
+        ``propagated``."""
         await tx.append_event(
             tok["run_id"],
             "token_timed_out",
@@ -408,6 +590,7 @@ class Machine:
             node_id=tok["node_id"],
             timeout_type=timeout_type,
             timeout_duration_ms=duration_ms,
+            bound_set_by=set_by,
             policy_applied=policy,
             deadline_at=deadline_at,
             detection_lag_ms=None if deadline_at is None else now - deadline_at,
@@ -470,6 +653,8 @@ class Machine:
         if '"resume"' in state_data:  # set only by a re-dispatch after a crash
             data = decode(state_data)
             resume = data.pop("resume", False)
+            if resume:  # counted, so a re-run keeps its call's idempotency key (D7.11)
+                data["reruns"] = data.get("reruns", 0) + 1
             state_data = encode(data)
         if not resume:
             timeout_at = None if timeout_ms is None else now + timeout_ms
@@ -500,7 +685,9 @@ class Machine:
             attempt=attempt,
             timeout_at=timeout_at,
         )
-        tok.update(status="executing", attempt=attempt, timeout_at=timeout_at)
+        tok.update(
+            status="executing", attempt=attempt, timeout_at=timeout_at, state_data=state_data
+        )
         return timeout_at  # type: ignore[no-any-return]
 
     async def late_result(self, tx: Tx, run_id: str, token_id: str, attempt: int, now: int) -> None:
@@ -519,21 +706,33 @@ class Machine:
         *,
         duration: int | None = None,
         cause: str | None = None,
+        set_by: str | None = None,
     ) -> None:
-        """The node's deadline was reached: its ``on_timeout`` policy (seed, D6.1).
+        """The node's deadline was reached: its ``on_timeout`` policy (D6.1).
 
-        ``duration`` and ``cause`` describe a bound enforced elsewhere (a child run's timeout).
+        ``duration``, ``cause`` and ``set_by`` describe a bound enforced elsewhere (a child
+        run's timeout, a deadline a called service reported spent); by default the bound is
+        the node's ``timeout_ms``, else its action's (D6.17).
         """
         definition = await self.definition(tx, run)
         node = definition.nodes[tok["node_id"]]
         if duration is None:
             duration = definition.node_timeout_ms(node)
+        if set_by is None:
+            set_by = "node" if node.timeout_set else "action"
         deadline_at = tok["timeout_at"]
         policy = definition.node_on_timeout(node)
         if tok["status"] in ("pending", "dispatched"):
-            policy = "fail"  # stuck before executing: the seed's edge case
+            policy = "fail"  # stuck before executing (D6.1)
+        if set_by == "propagated":
+            # A called service spent the whole budget we sent (D4.5): the chain is out of
+            # time, nothing is retried, and the bound ended when we learned it (D6.17).
+            policy, deadline_at = "fail", now
+            cause = cause or f"a called service spent the {duration}ms budget sent with it"
         if policy == "retry" and tok["retry_count"] < node.max_retries:
-            await self._timed_out_event(tx, tok, "execution", duration, "retry", deadline_at, now)
+            await self._timed_out_event(
+                tx, tok, "execution", duration, "retry", deadline_at, now, set_by=set_by
+            )
             self._cancel_attempt(tok["id"])
             await self._cancel_children(tx, tok["id"], now)
             await tx.execute(
@@ -558,9 +757,13 @@ class Machine:
             )
             return
         await self._set_token(tx, tok, "timed_out", now, reason="execution_timeout")
-        await self._timed_out_event(tx, tok, "execution", duration, "fail", deadline_at, now)
+        await self._timed_out_event(
+            tx, tok, "execution", duration, "fail", deadline_at, now, set_by=set_by
+        )
         error = f"timed out: {cause}" if cause else f"timed out after {duration}ms"
-        await self._token_ended_badly(tx, run, tok, f"node '{tok['node_id']}' {error}", now)
+        await self._token_ended_badly(
+            tx, run, tok, f"node '{tok['node_id']}' {error}", now, code=NODE_TIMEOUT
+        )
 
     async def action_error(
         self, tx: Tx, run: dict[str, Any], tok: dict[str, Any], error: str, now: int
@@ -599,14 +802,21 @@ class Machine:
         await self._token_ended_badly(tx, run, tok, f"node '{tok['node_id']}' failed: {error}", now)
 
     async def _token_ended_badly(
-        self, tx: Tx, run: dict[str, Any], tok: dict[str, Any], error: str, now: int
+        self,
+        tx: Tx,
+        run: dict[str, Any],
+        tok: dict[str, Any],
+        error: str,
+        now: int,
+        *,
+        code: str = "failed",
     ) -> None:
         """D6.8: the run fails, unless the token is a sibling its join can still do without."""
         definition = await self.definition(tx, run)
         group = tok["fan_out_transition_id"]
         join = None if group is None else definition.join_for_group(group)
         if join is None:
-            await self.fail_run(tx, run, error, now)
+            await self.fail_run(tx, run, error, now, code)
             return
         await self.joins.mark_arrival(tx, tok, "failed", now)
         await self.joins.evaluate_join(tx, run, definition, join, tok["group_key"], now, error)
@@ -716,8 +926,9 @@ class Machine:
         """Start a child run for a ``workflow_call`` token (D6.7: node > action > child)."""
         definition = await self.definition(tx, run)
         timeout_ms = definition.node_timeout_ms(node)
+        set_by = "node" if node.timeout_set else "action"
         if timeout_ms is None:
-            timeout_ms = child.timeout_ms
+            timeout_ms, set_by = child.timeout_ms, "definition"
         inherited = None
         if node.inherit_deadline:
             bounds = [b for b in (run["timeout_at"], run["inherited_deadline_at"]) if b is not None]
@@ -730,8 +941,10 @@ class Machine:
             else {"input": decode(run["input"]), "item": decode(tok["branch_item"])},
             now,
             timeout_ms=timeout_ms,
+            timeout_set_by=set_by,
             parent_token_id=tok["id"],
             inherited_deadline_at=inherited,
+            inherited_set_by="parent",
         )
         # The child's own timer enforces the node's bound; the parent token waits on it.
         await tx.execute(
@@ -754,12 +967,17 @@ class Machine:
             return
         if status == "completed":
             await self.complete(tx, run, tok, decode(child["state"]), now)
-        elif status == "timed_out" or error == "Workflow exceeded timeout":
-            ms = None if child["timeout_at"] is None else child["timeout_at"] - child["started_at"]
+        elif child.get("error_code") == WORKFLOW_TIMEOUT:
+            # The child's own bound fired (D6.17): the node's, its action's, the child
+            # definition's or the parent's inherited deadline, as stored with the child.
+            bound = stored_bound(child, await self.definition(tx, child))
+            ms = bound["duration_ms"]
             message = f"Subworkflow '{child['definition_id']}' timed out after {ms}ms"
             await tx.execute("UPDATE tb_wf_tokens SET error = ? WHERE id = ?", message, tok["id"])
             tok["timeout_at"] = child["timeout_at"]
-            await self.token_timeout(tx, run, tok, now, duration=ms, cause=message)
+            await self.token_timeout(
+                tx, run, tok, now, duration=ms, cause=message, set_by=bound["set_by"]
+            )
         else:
             await self.action_error(
                 tx, run, tok, f"Subworkflow '{child['definition_id']}' {status}: {error}", now
