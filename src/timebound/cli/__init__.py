@@ -46,6 +46,15 @@ _COMMANDS: tuple[_Command, ...] = (
     ),
     _Command("worker", "timebound.cli._workflow", "work on a workflow store's runs", "workflow"),
     _Command("serve", "timebound.cli._host", "serve workflows: HTTP API, operator UI", "host"),
+    _Command(
+        "runs", "timebound.cli._runs", "a host's runs: list, show, start, cancel, events", "host"
+    ),
+    _Command(
+        "ops",
+        "timebound.cli._ops",
+        "a host's deferred operations: list, show, poll, cancel",
+        "host",
+    ),
 )
 
 # Options whose value may start with "-" (a negative duration is a mistake worth a clear error,
