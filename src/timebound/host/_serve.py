@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import socket
 import sys
 from types import FrameType
@@ -65,11 +66,27 @@ async def _publish(config: Config, definitions: list[Definition]) -> None:
 
 
 def publish(config: Config, host: Host) -> None:
-    """Store ``host``'s definition files in ``config.db`` (ConfigError on a conflict)."""
+    """Store ``host``'s definition files in ``config.db`` (ConfigError on a conflict, or a
+    store that cannot be opened: D8.17, one line instead of a traceback)."""
+    check_sqlite_directory(config.db)
     try:
         asyncio.run(_publish(config, list(host.definitions.values())))
     except StoreError as exc:
         raise ConfigError(f"db: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"db: cannot open {_safe_db(config.db)}: {exc.strerror or exc}") from None
+
+
+def check_sqlite_directory(db: str) -> None:
+    """A SQLite store's directory must exist (the store makes the file, never directories)."""
+    scheme, sep, path = db.partition(":///")
+    if sep and scheme == "sqlite":
+        folder = os.path.dirname(path.split("?", 1)[0]) or "."
+        if not os.path.isdir(folder):
+            raise ConfigError(
+                f"db: the directory {folder!r} of {db!r} does not exist "
+                "(sqlite:///relative/path or sqlite:////absolute/path)"
+            )
 
 
 def serve(config: Config, host: Host | None = None, out: TextIO = sys.stdout) -> None:
@@ -78,7 +95,13 @@ def serve(config: Config, host: Host | None = None, out: TextIO = sys.stdout) ->
     to as long again, and close the engine (what is left is cancelled: its tokens go back to
     ``pending`` with their deadlines kept, so the next start resumes them)."""
     host = host or Host.build(config)
-    sock = listening_socket(config)
+    try:
+        sock = listening_socket(config)
+    except OSError as exc:
+        # D8.17: a busy port or an address not on this machine is one line, exit 2.
+        raise ConfigError(
+            f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}"
+        ) from None
     port = sock.getsockname()[1]
     shown = f"[{config.host}]" if sock.family == socket.AF_INET6 else config.host
     print(
