@@ -25,9 +25,10 @@ __all__ = ["listening_socket", "publish", "serve"]
 class _Server(uvicorn.Server):
     """uvicorn's server, telling the engine to claim no more work as soon as a stop is asked."""
 
-    def __init__(self, config: uvicorn.Config, host: Host) -> None:
+    def __init__(self, config: uvicorn.Config, host: Host, out: TextIO) -> None:
         super().__init__(config)
         self._host = host
+        self._out = out
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -39,15 +40,51 @@ class _Server(uvicorn.Server):
         # uvicorn re-raises the stop signal once shut down (the process then dies of it, and
         # SIGINT prints a KeyboardInterrupt traceback); a drained host exits 0 instead, as
         # `timebound serve` documents. The list is uvicorn's own, hence the guard.
+        done = getattr(self.lifespan, "shutdown_event", None)
+        if self.force_exit and isinstance(done, asyncio.Event) and not done.is_set():
+            # A second Ctrl-C before the app's shutdown began: uvicorn skips it, but the engine
+            # still closes (at once, its drain ended) so its tokens go back to pending now, not
+            # when their leases expire.
+            await self.lifespan.shutdown()
         captured = getattr(self, "_captured_signals", None)
         if isinstance(captured, list):
             captured.clear()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        # Runs in the signal handler: hand the engine's call to its loop.
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._host.engine.stop_claiming)
+        # Runs in the signal handler: hand the engine's calls to its loop.
+        loop = self._loop if self._loop is not None and not self._loop.is_closed() else None
+        again = self.should_exit
         super().handle_exit(sig, frame)
+        if loop is None:
+            return
+        if not again:
+            loop.call_soon_threadsafe(self._draining)
+        elif self.force_exit:
+            loop.call_soon_threadsafe(self._stop_now)
+
+    def _draining(self) -> None:
+        """D8.17: the first stop says what the drain waits for, and how to cut it short."""
+        engine = self._host.engine
+        engine.stop_claiming()
+        drain = self.config.timeout_graceful_shutdown
+        requests = len(self.server_state.connections)
+        actions = engine.attempts_in_flight
+        self._say(
+            f"stopping: waiting up to {drain}s for {requests} open connection(s), then up to "
+            f"{drain}s for {actions} running action(s); Ctrl-C again to stop now"
+        )
+
+    def _stop_now(self) -> None:
+        self._host.engine.end_drain()
+        self._say(
+            "stopping now: running actions are cancelled, their runs resume at the next start"
+        )
+
+    def _say(self, line: str) -> None:
+        try:
+            print(f"timebound serve: {line}", file=self._out, flush=True)
+        except (OSError, ValueError):  # the output is gone: stopping matters more
+            pass
 
 
 async def _publish(config: Config, definitions: list[Definition]) -> None:
@@ -123,6 +160,7 @@ def serve(config: Config, host: Host | None = None, out: TextIO = sys.stdout) ->
             server_header=False,
         ),
         host,
+        out,
     )
     server.run(sockets=[sock])
 
