@@ -63,6 +63,8 @@ _VALUE_OPTIONS = ("--timeout",)
 
 # 128 + SIGPIPE, what a shell reports for a program cut off by `| head`.
 _BROKEN_PIPE = 141
+# 128 + SIGINT.
+_INTERRUPTED = 130
 
 
 def _missing_extra(command: str, extra: str, missing: str) -> Callable[[argparse.Namespace], int]:
@@ -147,6 +149,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             # A closed pipe shows here (also after --help, which exits through SystemExit),
             # not at interpreter exit where it would print a traceback.
             sys.stdout.flush()
+    except KeyboardInterrupt:
+        # Ctrl-C: one line, the shell's exit code for SIGINT, never a traceback (D8.17). The
+        # command's own cleanup (an engine's close, a scope's exit) has run on the way out.
+        command = _chosen(words) or "timebound"
+        print(f"timebound {command}: interrupted", file=sys.stderr)
+        return _INTERRUPTED
     except BrokenPipeError:
         # The reader (`| head`) went away: stop quietly. Point stdout at devnull so the
         # interpreter's final flush does not fail again.
