@@ -226,11 +226,11 @@ def test_problem_documents_become_typed_errors(client: Client) -> None:
 def test_a_wrong_token_is_host_unauthorized(host_factory: Callable[..., Server]) -> None:
     """A secured host refuses a missing or wrong token with HostUnauthorized; the right one
     works."""
-    secured = host_factory(token="right-token")
+    secured = host_factory(token="right-token-of-16-chars")
     with Client(secured.url, token="wrong") as c, pytest.raises(HostUnauthorized) as caught:
         c.runs()
     assert caught.value.status == 401
-    with Client(secured.url, token="right-token") as c:
+    with Client(secured.url, token="right-token-of-16-chars") as c:
         assert c.runs()["runs"] == []
 
 
@@ -286,3 +286,15 @@ def test_deferred_operations(with_ops: Server) -> None:
         assert document["operation/id"] == OP_ID, document
         with pytest.raises(HostNotFound):
             c.cancel_operation("no-such-op")
+
+
+def test_a_null_run_id_and_two_different_keys_are_refused(host: Server) -> None:
+    """run_id null is a 422 naming run_id (it was taken as absent: schemathesis ST201); a body
+    key that differs from the header is a 409 with its code (a schema-valid body: ST202)."""
+    path = "/v1/workflows/quick/runs"
+    null = host.client.post(path, json={"input": None, "run_id": None})
+    assert null.status_code == 422 and null.json()["detail"].startswith("run_id:")
+    two = host.client.post(
+        path, json={"input": None, "idempotency_key": "a"}, headers={"Idempotency-Key": "b"}
+    )
+    assert two.status_code == 409 and two.json()["code"] == "idempotency-key-mismatch"

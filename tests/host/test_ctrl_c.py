@@ -3,6 +3,7 @@ still puts the running action's token back to pending; neither prints a tracebac
 
 from __future__ import annotations
 
+import re
 import signal
 import sqlite3
 import time
@@ -59,7 +60,10 @@ def test_one_ctrl_c_drains_and_says_so(tmp_path: Path) -> None:
     assert server.proc.wait(timeout=120) == 0
     server._reader.join()
     out = "".join(server.output)
-    assert (
-        "stopping: waiting up to 10s for 0 open connection(s), then up to 10s for 0 running" in out
-    )
+    # The test's own keep-alive connection may not be closed on the host's side yet: 0 or 1.
+    assert re.search(
+        r"stopping: waiting up to 10s for [01] open connection\(s\), then up to 10s for 0 "
+        r"running action\(s\); Ctrl-C again to stop now",
+        out,
+    ), out
     assert "Traceback" not in out
