@@ -298,3 +298,24 @@ def test_a_null_run_id_and_two_different_keys_are_refused(host: Server) -> None:
         path, json={"input": None, "idempotency_key": "a"}, headers={"Idempotency-Key": "b"}
     )
     assert two.status_code == 409 and two.json()["code"] == "idempotency-key-mismatch"
+
+
+def test_a_stream_the_host_ends_at_the_deadline_raises_only_once_it_has_passed() -> None:
+    """The host ends the stream at the deadline by its clock ('event: deadline'), which may be a
+    moment before ours: DeadlineExceeded is raised only once our deadline has passed, never
+    early (it was raised at once)."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = b"id: 1\nevent: run_started\ndata: {}\n\nevent: deadline\ndata: {}\n\n"
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+
+    left: list[float | None] = []
+    with Client("http://host.invalid", transport=httpx.MockTransport(answer)) as c:
+        with timebound.move_on_after(0.3):
+            try:
+                for _ in c.follow("r"):
+                    pass
+            except timebound.DeadlineExceeded:
+                left.append(timebound.remaining())
+                raise
+    assert left == [0.0]

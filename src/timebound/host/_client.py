@@ -12,13 +12,17 @@ the host (``X-YaTaxi-Client-TimeoutMs``) and bounds every call, event streams in
             detail = client.wait(run_id)
 
 Errors: a problem document from the host raises a :class:`HostError` subclass carrying its
-status and code; the deadline raises :class:`~timebound.DeadlineExceeded` (never retried).
+status and code; the deadline raises :class:`~timebound.DeadlineExceeded` (never retried, never
+before the deadline: when the host ends an event stream at it a moment early by our clock, the
+client waits that moment out).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from types import TracebackType
@@ -26,8 +30,7 @@ from typing import Any, Self, cast
 
 import httpx
 
-from .._core._errors import DeadlineExceeded
-from .._core._scopes import acheckpoint, checkpoint
+from .._core._scopes import acheckpoint, checkpoint, remaining
 from ..propagation.httpx import AsyncDeadlineTransport, DeadlineTransport
 from ._wire import (
     Call,
@@ -77,12 +80,14 @@ def _decode(response: httpx.Response) -> Any:
     return response.json()
 
 
-def _stream_ended(kind: str) -> None:
-    """The host ended the stream at the deadline we sent: raise ours (D8.3)."""
-    if kind == "deadline":
-        checkpoint()
-        # Our clock says a moment is left: the host's said none (the header is relative).
-        raise DeadlineExceeded("the host ended the event stream at the deadline", source="scope")
+def _left_after_cut(state: _Streamed) -> float | None:
+    """After a stream the host ended at our deadline (D8.3): the time our own clock still gives
+    (a moment, as the header was relative), to wait out before raising, never early (D1.3);
+    ``None`` when the stream ended otherwise or we have no deadline (then follow it again)."""
+    if state.kind_ended != "deadline":
+        return None
+    state.done, state.kind_ended = False, ""
+    return remaining()
 
 
 class _Streamed:
@@ -208,7 +213,9 @@ class Client:
                     yield from state.feed(line)
                     if state.done:
                         break
-            _stream_ended(state.kind_ended)
+            left = _left_after_cut(state)
+            if left is not None:
+                time.sleep(left)
             checkpoint()
 
     def wait(self, run_id: str) -> RunDetail:
@@ -333,7 +340,9 @@ class AsyncClient:
                         yield event
                     if state.done:
                         break
-            _stream_ended(state.kind_ended)
+            left = _left_after_cut(state)
+            if left is not None:
+                await asyncio.sleep(left)
             await acheckpoint()
 
     async def wait(self, run_id: str) -> RunDetail:
