@@ -81,10 +81,13 @@ def _fan(id_: str, on_timeout: str) -> dict[str, Any]:
 
 
 def _from_events(events: list[dict[str, Any]]) -> dict[str, Any]:
-    """What the old scrape computed from every stored timeout event."""
+    """What the old scrape computed from the stored timeout events."""
     tx = Tx()
     for e in events:
-        if e["kind"] in ("token_timed_out", "join_timed_out"):
+        # D6.17: a fan-in timeout is its join's event once, not again for each sibling.
+        if e["kind"] == "join_timed_out" or (
+            e["kind"] == "token_timed_out" and e["timeout_type"] != "synchronization"
+        ):
             tally_timeout(tx, e["timeout_type"], e["policy_applied"], e["detection_lag_ms"])
     return {k: n for k, n in tx._tallies.items() if n}  # a zero sum is never stored
 

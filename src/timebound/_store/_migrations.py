@@ -41,7 +41,12 @@ _BUCKET = (
     )
     + " ELSE 'inf' END"
 )
-_TIMEOUT_EVENTS = "FROM tb_events WHERE kind IN ('token_timed_out', 'join_timed_out')"
+# D6.17: a fan-in timeout counts once, as its join's event, not again for each sibling it timed
+# out (their token_timed_out events carry timeout_type synchronization).
+_TIMEOUT_EVENTS = (
+    "FROM tb_events WHERE kind = 'join_timed_out' OR (kind = 'token_timed_out' "
+    "AND COALESCE({j_type}, '') <> 'synchronization')"
+)
 
 #: (version, statements). Append only: a released migration is never edited.
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
@@ -205,6 +210,22 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     ),
     (
         5,
+        (
+            # The run's own bound (D6.17): which of the definition's timeout, the caller's
+            # deadline or the parent's inherited deadline set timeout_at, as JSON
+            # {set_by, duration_ms, deadline_at}; and how the run ended as a stable code
+            # (error_code), so nothing recognises a timeout by its message.
+            "ALTER TABLE tb_wf_runs ADD COLUMN timeout_bound TEXT",
+            "ALTER TABLE tb_wf_runs ADD COLUMN error_code TEXT",
+            # Idempotent starts (D6.18): one run per key; the digest of what was asked tells a
+            # repeat from a different request under the same key.
+            "ALTER TABLE tb_wf_runs ADD COLUMN idempotency_key TEXT",
+            "ALTER TABLE tb_wf_runs ADD COLUMN request_digest TEXT",
+            "CREATE UNIQUE INDEX tb_wf_runs_idem ON tb_wf_runs (idempotency_key)",
+        ),
+    ),
+    (
+        6,
         (
             # Tallies (D8.12, _store/_tally.py): running totals bumped by the transaction whose
             # change they count, so a scrape reads this small table instead of the history.

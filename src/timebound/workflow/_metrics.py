@@ -2,6 +2,8 @@
 
 Every timeout (workflow, node or synchronization layer) bumps, in the transaction that records
 it, a count by (layer, policy applied) and its detection lag's histogram bucket and sum (D8.12).
+A fan-in timeout counts once, as its join's event, not again for each sibling it timed out
+(D6.17).
 The store migration that created the tallies backfilled the timeouts stored before, with the
 same layers and buckets.
 """

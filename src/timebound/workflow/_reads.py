@@ -113,6 +113,9 @@ async def _run_row(machine: Machine, tx: Tx, run_id: str) -> dict[str, Any]:
         raise KeyError(f"no workflow run {run_id!r}")
     for key in ("input", "state"):
         run[key] = json.loads(run[key])
+    # The bound that sets the run's deadline (D6.17): {set_by, duration_ms, deadline_at}.
+    bound = run.get("timeout_bound")
+    run["timeout_bound"] = None if bound is None else json.loads(bound)
     return run
 
 
