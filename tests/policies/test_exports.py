@@ -86,6 +86,7 @@ def test_policy_signature_matches_the_contract() -> None:
         "throttle": None,
         "concurrency": None,
         "total_timeout": None,
+        "retry_budget": None,
     }
     execute = inspect.signature(policies.Policy.execute).parameters
     assert list(execute) == ["self", "fn", "args", "kwargs", "observer"]

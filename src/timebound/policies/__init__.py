@@ -9,6 +9,7 @@ every engine (the Constellation runtime builds one :class:`Policy` per call site
 See ``docs/policies.md``.
 """
 
+from ._budget import RetryBudget
 from ._cache import CacheBackend, InMemoryCache, cache_key
 from ._decorator import resilient
 from ._limits import Slots, TokenBucket
@@ -26,6 +27,7 @@ __all__ = [
     "Ok",
     "Policy",
     "Result",
+    "RetryBudget",
     "Slots",
     "TokenBucket",
     "cache_key",

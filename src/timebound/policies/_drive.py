@@ -29,7 +29,7 @@ from .._core._scopes import (
     inherit_deadline,
     remaining,
 )
-from ._retry import AttemptNow, RetryAt, RetryState, misuse
+from ._retry import AttemptNow, FallBack, RetryAt, RetryState, Stop, misuse
 
 if TYPE_CHECKING:
     from ._policy import Observer, Policy
@@ -83,6 +83,8 @@ async def retry_async(
                 _attempt_failed(policy, attempt, exc, tele, observer)
                 state, next_step = plan.failed(state, exc)
                 if type(next_step) is not RetryAt:
+                    if tele:
+                        _refused(policy, attempt, next_step, observer)
                     return False, next_step
                 with _between(policy, state):
                     if tele:
@@ -188,6 +190,8 @@ def retry_sync(
                 _attempt_failed(policy, attempt, exc, tele, observer)
                 state, next_step = plan.failed(state, exc)
                 if type(next_step) is not RetryAt:
+                    if tele:
+                        _refused(policy, attempt, next_step, observer)
                     return False, next_step
                 with _between(policy, state):
                     if tele:
@@ -285,6 +289,17 @@ def _attempt_failed(
             outcome="timeout" if isinstance(exc, DeadlineExceeded) else "error",
             error=exc,
         )
+
+
+def _refused(
+    policy: Policy[Any], attempt: int, ending: RetryAt | FallBack | Stop, observer: Observer | None
+) -> None:
+    """A retry was left but did not happen (D3.11, D3.12): the event names why."""
+    if isinstance(ending, RetryAt) or ending.reason is None:
+        return
+    policy.emit(
+        observer, "retry.refused", attempt=attempt, reason=ending.reason, error=ending.error
+    )
 
 
 def _attempt_scope(policy: Policy[Any], state: RetryState) -> CancelScope:

@@ -8,6 +8,7 @@ from typing import Any, Final, TypedDict, TypeVar
 
 from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError
+from ._budget import RetryBudget
 from ._cache import MEMORY, CacheBackend, InMemoryCache
 from ._limits import Slots, TokenBucket, parse_throttle
 
@@ -23,6 +24,7 @@ __all__ = [
     "check_finite",
     "check_positive",
     "check_retry_on",
+    "check_retry_budget",
     "check_throttle",
 ]
 
@@ -60,6 +62,7 @@ class PolicyOptions(TypedDict, total=False):
     throttle: str | tuple[int, Duration] | TokenBucket | None
     concurrency: int | Slots | None
     total_timeout: Duration | None
+    retry_budget: RetryBudget | None
 
 
 def check_positive(value: Duration | None, option: str) -> float | None:
@@ -146,3 +149,14 @@ def check_cache_backend(value: CacheBackend | str | None) -> CacheBackend | None
             option="cache_backend",
         )
     return value
+
+
+def check_retry_budget(value: Any) -> RetryBudget | None:
+    """A :class:`RetryBudget` (one object shared by the policies given it, D3.12) or ``None``."""
+    if value is None or isinstance(value, RetryBudget):
+        return value
+    raise ConfigurationError(
+        f"retry_budget must be a RetryBudget object, got {type(value).__name__} "
+        "(write retry_budget=RetryBudget(0.2) for retries up to 20 % of calls)",
+        option="retry_budget",
+    )

@@ -21,6 +21,7 @@ from .._core._durations import Duration
 from .._core._errors import ConfigurationError
 from ..telemetry import Event, current_correlation, emit
 from . import _call
+from ._budget import RetryBudget
 from ._cache import CacheBackend, InMemoryCache
 from ._flight import Flights
 from ._limits import Slots, TokenBucket
@@ -35,6 +36,7 @@ from ._options import (
     check_exception_types,
     check_finite,
     check_positive,
+    check_retry_budget,
     check_retry_on,
     check_throttle,
 )
@@ -75,7 +77,8 @@ class Policy(Generic[_Mode]):
     encoding. ``on_error``: ``propagate`` | ``skip`` | ``log`` | ``wrap``, returning ``zero``
     for skip/log. ``throttle``: ``"N/duration"`` token bucket; ``concurrency``: slots; each of
     this policy's own unless a :class:`TokenBucket` / :class:`Slots` object is passed to share.
-    ``total_timeout``: a budget over every attempt and delay.
+    ``total_timeout``: a budget over every attempt and delay. ``retry_budget``: a
+    :class:`RetryBudget` capping retries as a share of calls (D3.12).
     """
 
     __slots__ = (
@@ -155,6 +158,7 @@ class Policy(Generic[_Mode]):
         throttle: str | tuple[int, Duration] | TokenBucket | None = None,
         concurrency: int | Slots | None = None,
         total_timeout: Duration | None = None,
+        retry_budget: RetryBudget | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigurationError("a policy needs a non-empty name", option="name")
@@ -199,6 +203,7 @@ class Policy(Generic[_Mode]):
             retry_on=check_retry_on(retry_on),
             fallback=self._has_fallback,
             fallback_on=fb_on,
+            budget=check_retry_budget(retry_budget),
         )
 
         self.cache = check_positive(cache, "cache")
@@ -279,6 +284,10 @@ class Policy(Generic[_Mode]):
     @property
     def total_timeout(self) -> float | None:
         return self.plan.total_timeout
+
+    @property
+    def retry_budget(self) -> RetryBudget | None:
+        return self.plan.budget
 
     @property
     def fallback_on(self) -> tuple[type[BaseException], ...] | None:
