@@ -9,6 +9,7 @@ every engine (the Constellation runtime builds one :class:`Policy` per call site
 See ``docs/policies.md``.
 """
 
+from ._breaker import CircuitBreaker
 from ._budget import RetryBudget
 from ._cache import CacheBackend, InMemoryCache, cache_key
 from ._decorator import resilient
@@ -21,6 +22,7 @@ from ._zero import zero_value_for
 __all__ = [
     "MISSING",
     "CacheBackend",
+    "CircuitBreaker",
     "Err",
     "InMemoryCache",
     "Observer",

@@ -28,38 +28,41 @@ _SLICES: Final = 10
 
 
 class SlidingCounts:
-    """Two counts (``a``, ``b``) over the last ``window`` seconds, in ``_SLICES`` slices.
+    """``fields`` counts over the last ``window`` seconds, in ten slices.
 
     A slice older than the window is dropped whole, so a count may lag by one slice
-    (``window / 10``): the price of O(1) bookkeeping per event.
+    (``window / 10``): the price of O(1) bookkeeping per event. Not locked: its owner is.
     """
 
-    __slots__ = ("_a", "_b", "_head", "_width")
+    __slots__ = ("_head", "_slices", "_width")
 
-    def __init__(self, window: float) -> None:
+    def __init__(self, window: float, fields: int = 2) -> None:
         self._width = window / _SLICES
         self._head = 0  # index of the newest slice, on the absolute slice grid
-        self._a = [0.0] * _SLICES
-        self._b = [0.0] * _SLICES
+        self._slices = [[0.0] * fields for _ in range(_SLICES)]
 
-    def _advance(self) -> int:
+    def _current(self) -> list[float]:
         index = int(_clock.now() // self._width)
         head = self._head
         if index > head:
             for i in range(head + 1, min(index, head + _SLICES) + 1):
-                self._a[i % _SLICES] = 0.0
-                self._b[i % _SLICES] = 0.0
-            self._head = index
-        return self._head % _SLICES
+                row = self._slices[i % _SLICES]
+                for k in range(len(row)):
+                    row[k] = 0.0
+            self._head = head = index
+        return self._slices[head % _SLICES]
 
-    def add(self, a: float = 0.0, b: float = 0.0) -> None:
-        slot = self._advance()
-        self._a[slot] += a
-        self._b[slot] += b
+    def add(self, field: int, amount: float = 1.0) -> None:
+        self._current()[field] += amount
 
-    def totals(self) -> tuple[float, float]:
-        self._advance()
-        return sum(self._a), sum(self._b)
+    def totals(self) -> list[float]:
+        self._current()
+        return [sum(column) for column in zip(*self._slices, strict=True)]
+
+    def clear(self) -> None:
+        for row in self._slices:
+            for k in range(len(row)):
+                row[k] = 0.0
 
 
 class RetryBudget:
@@ -102,7 +105,7 @@ class RetryBudget:
     def deposit(self) -> None:
         """A call started: it earns ``ratio`` extra attempts."""
         with self._lock:
-            self._counts.add(a=1.0)
+            self._counts.add(0)
 
     def try_withdraw(self) -> bool:
         """Take one extra attempt (a retry or a hedge) if the budget has one; never waits."""
@@ -110,7 +113,7 @@ class RetryBudget:
             calls, extra = self._counts.totals()
             if extra + 1 > self.ratio * calls + self.min_per_second * self.window + 1e-9:
                 return False
-            self._counts.add(b=1.0)
+            self._counts.add(1)
             return True
 
     def balance(self) -> float:

@@ -119,9 +119,14 @@ async def _attempt_async(
 ) -> Any:
     """An attempt with admission (throttle and/or concurrency)."""
     slots = policy._slots
+    breaker = policy._breaker
     # D3.7: the scope is entered before admission, so waiting for a token or a slot counts
     # against the attempt timeout. D3.3: the scope's deadline is min(timeout, effective).
-    with _NULL_CONTEXT if policy._attempt_timeout is None else _attempt_scope(policy, state):
+    # D3.13: the breaker sees the attempt from outside its scope (its own timeout included).
+    with (
+        _NULL_CONTEXT if breaker is None else breaker.guard(policy.plan),
+        _NULL_CONTEXT if policy._attempt_timeout is None else _attempt_scope(policy, state),
+    ):
         await _admit_async(policy)
         try:
             value = fn(*args, **kwargs)
@@ -226,7 +231,11 @@ def _attempt_sync(
 ) -> Any:
     """An attempt with a scope and/or admission, run to its end (cooperative)."""
     slots = policy._slots
-    with _NULL_CONTEXT if policy._attempt_timeout is None else _attempt_scope(policy, state):
+    breaker = policy._breaker
+    with (
+        _NULL_CONTEXT if breaker is None else breaker.guard(policy.plan),
+        _NULL_CONTEXT if policy._attempt_timeout is None else _attempt_scope(policy, state),
+    ):
         if not policy._scoped:  # a scope alone needs no admission (and no call for it)
             _admit_sync(policy)
         try:

@@ -8,6 +8,7 @@ from typing import Any, Final, TypedDict, TypeVar
 
 from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError
+from ._breaker import CircuitBreaker
 from ._budget import RetryBudget
 from ._cache import MEMORY, CacheBackend, InMemoryCache
 from ._limits import Slots, TokenBucket, parse_throttle
@@ -18,6 +19,7 @@ __all__ = [
     "ON_ERROR_MODES",
     "PolicyOptions",
     "RetryOn",
+    "check_breaker",
     "check_cache_backend",
     "check_concurrency",
     "check_exception_types",
@@ -63,6 +65,7 @@ class PolicyOptions(TypedDict, total=False):
     concurrency: int | Slots | None
     total_timeout: Duration | None
     retry_budget: RetryBudget | None
+    breaker: CircuitBreaker | None
 
 
 def check_positive(value: Duration | None, option: str) -> float | None:
@@ -159,4 +162,15 @@ def check_retry_budget(value: Any) -> RetryBudget | None:
         f"retry_budget must be a RetryBudget object, got {type(value).__name__} "
         "(write retry_budget=RetryBudget(0.2) for retries up to 20 % of calls)",
         option="retry_budget",
+    )
+
+
+def check_breaker(value: Any) -> CircuitBreaker | None:
+    """A :class:`CircuitBreaker` (one object shared by the policies given it, D3.13) or ``None``."""
+    if value is None or isinstance(value, CircuitBreaker):
+        return value
+    raise ConfigurationError(
+        f"breaker must be a CircuitBreaker object, got {type(value).__name__} "
+        "(write breaker=CircuitBreaker(failure_ratio=0.5, min_calls=20))",
+        option="breaker",
     )

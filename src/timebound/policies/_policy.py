@@ -21,6 +21,7 @@ from .._core._durations import Duration
 from .._core._errors import ConfigurationError
 from ..telemetry import Event, current_correlation, emit
 from . import _call
+from ._breaker import CircuitBreaker
 from ._budget import RetryBudget
 from ._cache import CacheBackend, InMemoryCache
 from ._flight import Flights
@@ -31,6 +32,7 @@ from ._options import (
     ON_ERROR_MODES,
     PolicyOptions,
     RetryOn,
+    check_breaker,
     check_cache_backend,
     check_concurrency,
     check_exception_types,
@@ -78,11 +80,13 @@ class Policy(Generic[_Mode]):
     for skip/log. ``throttle``: ``"N/duration"`` token bucket; ``concurrency``: slots; each of
     this policy's own unless a :class:`TokenBucket` / :class:`Slots` object is passed to share.
     ``total_timeout``: a budget over every attempt and delay. ``retry_budget``: a
-    :class:`RetryBudget` capping retries as a share of calls (D3.12).
+    :class:`RetryBudget` capping retries as a share of calls (D3.12). ``breaker``: a
+    :class:`CircuitBreaker` failing attempts fast while the dependency fails (D3.13).
     """
 
     __slots__ = (
         "_attempt_timeout",
+        "_breaker",
         "_bucket",
         "_cache",
         "_fallback_callable",
@@ -159,6 +163,7 @@ class Policy(Generic[_Mode]):
         concurrency: int | Slots | None = None,
         total_timeout: Duration | None = None,
         retry_budget: RetryBudget | None = None,
+        breaker: CircuitBreaker | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigurationError("a policy needs a non-empty name", option="name")
@@ -251,13 +256,14 @@ class Policy(Generic[_Mode]):
             self._attempt_timeout = float("inf")
         else:
             self._attempt_timeout = None
+        self._breaker = check_breaker(breaker)
+        # Hooks around an attempt (admission, a breaker) take it off the inline paths below.
+        hooked = self._bucket is not None or self._slots is not None or self._breaker is not None
         # The happy path of a policy with nothing but retries and a fallback: no scope, no
         # admission, no cache.
-        self._plain = self._attempt_timeout is None and self._bucket is None and self._slots is None
+        self._plain = self._attempt_timeout is None and not hooked
         # An attempt with a scope but no admission: the async loop runs it inline.
-        self._scoped = (
-            self._attempt_timeout is not None and self._bucket is None and self._slots is None
-        )
+        self._scoped = self._attempt_timeout is not None and not hooked
 
     # Read-only views of the retry options (the plan holds them).
 
@@ -288,6 +294,10 @@ class Policy(Generic[_Mode]):
     @property
     def retry_budget(self) -> RetryBudget | None:
         return self.plan.budget
+
+    @property
+    def breaker(self) -> CircuitBreaker | None:
+        return self._breaker
 
     @property
     def fallback_on(self) -> tuple[type[BaseException], ...] | None:
