@@ -88,6 +88,7 @@ def test_policy_signature_matches_the_contract() -> None:
         "total_timeout": None,
         "retry_budget": None,
         "breaker": None,
+        "hedge": None,
     }
     execute = inspect.signature(policies.Policy.execute).parameters
     assert list(execute) == ["self", "fn", "args", "kwargs", "observer"]

@@ -13,6 +13,7 @@ from ._breaker import CircuitBreaker
 from ._budget import RetryBudget
 from ._cache import CacheBackend, InMemoryCache, cache_key
 from ._decorator import resilient
+from ._hedge import Hedge
 from ._limits import Slots, TokenBucket
 from ._options import MISSING
 from ._policy import Observer, Policy
@@ -24,6 +25,7 @@ __all__ = [
     "CacheBackend",
     "CircuitBreaker",
     "Err",
+    "Hedge",
     "InMemoryCache",
     "Observer",
     "Ok",

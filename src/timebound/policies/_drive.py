@@ -13,6 +13,7 @@ import math
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any, Final
 
@@ -29,6 +30,7 @@ from .._core._scopes import (
     inherit_deadline,
     remaining,
 )
+from ._hedge import hedged_async
 from ._retry import AttemptNow, FallBack, RetryAt, RetryState, Stop, misuse
 
 if TYPE_CHECKING:
@@ -77,8 +79,18 @@ async def retry_async(
                             value = await value
                         else:
                             _raise_if_late(name)
-                else:
+                elif policy._hedge is None:
                     value = await _attempt_async(policy, state, fn, args, kwargs)
+                else:
+                    # D3.14: the attempt races its hedges; each is a whole attempt of its own.
+                    value = await hedged_async(
+                        policy,
+                        state,
+                        partial(_attempt_async, policy, state, fn, args, kwargs),
+                        attempt,
+                        tele,
+                        observer,
+                    )
             except Exception as exc:
                 _attempt_failed(policy, attempt, exc, tele, observer)
                 state, next_step = plan.failed(state, exc)
@@ -173,6 +185,11 @@ def retry_sync(
     observer: Observer | None,
 ) -> tuple[bool, Any]:
     """(True, value), or (False, the plan's FallBack/Stop)."""
+    if policy._hedge is not None:
+        raise misuse(
+            f"{policy.name}: a hedged policy runs async calls only (await Policy.execute()); "
+            "a sync attempt cannot be cancelled when another one wins"
+        )
     plan = policy.plan
     state = plan.start()
     plain = policy._plain

@@ -11,6 +11,7 @@ from .._core._errors import ConfigurationError
 from ._breaker import CircuitBreaker
 from ._budget import RetryBudget
 from ._cache import MEMORY, CacheBackend, InMemoryCache
+from ._hedge import Hedge
 from ._limits import Slots, TokenBucket, parse_throttle
 
 __all__ = [
@@ -66,6 +67,7 @@ class PolicyOptions(TypedDict, total=False):
     total_timeout: Duration | None
     retry_budget: RetryBudget | None
     breaker: CircuitBreaker | None
+    hedge: Hedge | Duration | str | None
 
 
 def check_positive(value: Duration | None, option: str) -> float | None:

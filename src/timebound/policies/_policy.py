@@ -25,6 +25,7 @@ from ._breaker import CircuitBreaker
 from ._budget import RetryBudget
 from ._cache import CacheBackend, InMemoryCache
 from ._flight import Flights
+from ._hedge import Hedge, LatencyWindow, check_hedge
 from ._limits import Slots, TokenBucket
 from ._options import (
     BACKOFFS,
@@ -82,6 +83,8 @@ class Policy(Generic[_Mode]):
     ``total_timeout``: a budget over every attempt and delay. ``retry_budget``: a
     :class:`RetryBudget` capping retries as a share of calls (D3.12). ``breaker``: a
     :class:`CircuitBreaker` failing attempts fast while the dependency fails (D3.13).
+    ``hedge``: a delay (``"20ms"``, ``"p95"``) or a :class:`Hedge`: a slow attempt gets a
+    backup, the first success wins (D3.14; for idempotent calls only).
     """
 
     __slots__ = (
@@ -92,7 +95,9 @@ class Policy(Generic[_Mode]):
         "_fallback_callable",
         "_flights",
         "_has_fallback",
+        "_hedge",
         "_key_fn",
+        "_latencies",
         "_plain",
         "_scoped",
         "_slots",
@@ -164,6 +169,7 @@ class Policy(Generic[_Mode]):
         total_timeout: Duration | None = None,
         retry_budget: RetryBudget | None = None,
         breaker: CircuitBreaker | None = None,
+        hedge: Hedge | Duration | str | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigurationError("a policy needs a non-empty name", option="name")
@@ -257,8 +263,18 @@ class Policy(Generic[_Mode]):
         else:
             self._attempt_timeout = None
         self._breaker = check_breaker(breaker)
-        # Hooks around an attempt (admission, a breaker) take it off the inline paths below.
-        hooked = self._bucket is not None or self._slots is not None or self._breaker is not None
+        self._hedge = check_hedge(hedge)
+        # This policy's recent latencies (a learned hedging delay, D3.14): its own, always.
+        self._latencies: LatencyWindow | None = (
+            None if self._hedge is None else LatencyWindow(min_samples=self._hedge.min_samples)
+        )
+        # Hooks around an attempt (admission, a breaker, hedging) take it off the inline paths.
+        hooked = (
+            self._bucket is not None
+            or self._slots is not None
+            or self._breaker is not None
+            or self._hedge is not None
+        )
         # The happy path of a policy with nothing but retries and a fallback: no scope, no
         # admission, no cache.
         self._plain = self._attempt_timeout is None and not hooked
@@ -298,6 +314,10 @@ class Policy(Generic[_Mode]):
     @property
     def breaker(self) -> CircuitBreaker | None:
         return self._breaker
+
+    @property
+    def hedge(self) -> Hedge | None:
+        return self._hedge
 
     @property
     def fallback_on(self) -> tuple[type[BaseException], ...] | None:
