@@ -139,16 +139,20 @@ async def _attempt_async(
         _NULL_CONTEXT if breaker is None else breaker.guard(policy.plan),
         _NULL_CONTEXT if policy._attempt_timeout is None else _attempt_scope(policy, state),
     ):
+        start = 0.0 if policy._latencies is None else _clock.now()
         await _admit_async(policy)
         try:
             value = fn(*args, **kwargs)
             if type(value) is CoroutineType or inspect.isawaitable(value):
-                return await value
+                value = await value
+            elif policy._attempt_timeout is not None:
+                _raise_if_late(policy.name)
         finally:
             if slots is not None:
                 slots.release()
-        if policy._attempt_timeout is not None:
-            _raise_if_late(policy.name)
+        latencies = policy._latencies
+        if latencies is not None:
+            latencies.record(_clock.now() - start)  # D3.14, D3.15: a success's latency
         return value
 
 
@@ -253,6 +257,7 @@ def _attempt_sync(
         _NULL_CONTEXT if breaker is None else breaker.guard(policy.plan),
         _NULL_CONTEXT if policy._attempt_timeout is None else _attempt_scope(policy, state),
     ):
+        start = 0.0 if policy._latencies is None else _clock.now()
         if not policy._scoped:  # a scope alone needs no admission (and no call for it)
             _admit_sync(policy)
         try:
@@ -264,6 +269,9 @@ def _attempt_sync(
             # The attempt ran to its end; if a bound passed meanwhile the result is late
             # (D1.7). The enclosing bound wins a tie, as it does in asyncio.
             _raise_if_late(policy.name)
+        latencies = policy._latencies
+        if latencies is not None:
+            latencies.record(_clock.now() - start)  # D3.15: a success's latency
         return value
 
 
@@ -339,6 +347,10 @@ def _attempt_scope(policy: Policy[Any], state: RetryState) -> CancelScope:
     """
     t = policy._attempt_timeout
     assert t is not None
+    if policy._timeout_q is not None:
+        learned = policy.learned_timeout()  # D3.15
+        if learned is not None:
+            t = learned
     total_at = state.total_at
     if total_at is not None and _clock.now() + t >= total_at.when:
         return fail_at(total_at, source="total", what=policy.name)

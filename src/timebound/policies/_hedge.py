@@ -282,7 +282,7 @@ async def hedged_async(
     hedge.call_started()
     delay = hedge.delay_for(latencies)
     if delay is None:
-        return await _timed(latencies, attempt)
+        return await attempt()
     race: _Race = _AsyncioRace() if asyncio._get_running_loop() is not None else _TrioRace()
     async with race:
         # Nothing but a cancellation leaves the race's body: trio would wrap an error raised
@@ -306,7 +306,7 @@ async def _run(
     hedge = policy._hedge
     latencies = policy._latencies
     assert hedge is not None and latencies is not None
-    race.start(_timed(latencies, attempt), 0)
+    race.start(attempt(), 0)
     running = 1
     hedges = 0
     first_error: Exception | None = None
@@ -324,7 +324,7 @@ async def _run(
             running += 1
             if tele:
                 policy.emit(observer, "hedge.sent", attempt=number, hedge=hedges)
-            race.start(_hedged(hedge, _timed(latencies, attempt)), hedges)
+            race.start(_hedged(hedge, attempt()), hedges)
             continue
         index, ok, value = outcome
         running -= 1
@@ -347,13 +347,6 @@ def _left(state: RetryState) -> float:
     if total is not None:
         left = min(left, total.when - _clock.now())
     return left
-
-
-async def _timed(latencies: LatencyWindow, attempt: Attempt) -> Any:
-    start = _clock.now()
-    value = await attempt()
-    latencies.record(_clock.now() - start)
-    return value
 
 
 async def _hedged(hedge: Hedge, run: Awaitable[Any]) -> Any:

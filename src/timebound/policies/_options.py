@@ -50,7 +50,8 @@ class PolicyOptions(TypedDict, total=False):
     ``on_error`` picks the overload (what a call returns), and the two differ in ``zero``'s
     default. The defaults and the meaning of each are :class:`~timebound.policies.Policy`'s."""
 
-    timeout: Duration | None
+    timeout: Duration | str | None
+    timeout_floor: Duration | None
     retry: int
     retry_on: RetryOn | None
     delay: Duration | None

@@ -25,7 +25,7 @@ from ._breaker import CircuitBreaker
 from ._budget import RetryBudget
 from ._cache import CacheBackend, InMemoryCache
 from ._flight import Flights
-from ._hedge import Hedge, LatencyWindow, check_hedge
+from ._hedge import Hedge, LatencyWindow, check_hedge, parse_percentile
 from ._limits import Slots, TokenBucket
 from ._options import (
     BACKOFFS,
@@ -84,7 +84,8 @@ class Policy(Generic[_Mode]):
     :class:`RetryBudget` capping retries as a share of calls (D3.12). ``breaker``: a
     :class:`CircuitBreaker` failing attempts fast while the dependency fails (D3.13).
     ``hedge``: a delay (``"20ms"``, ``"p95"``) or a :class:`Hedge`: a slow attempt gets a
-    backup, the first success wins (D3.14; for idempotent calls only).
+    backup, the first success wins (D3.14; for idempotent calls only). ``timeout="p99"`` with
+    ``timeout_floor``: an attempt timeout learned from recent latencies (D3.15).
     """
 
     __slots__ = (
@@ -101,6 +102,8 @@ class Policy(Generic[_Mode]):
         "_plain",
         "_scoped",
         "_slots",
+        "_timeout_floor",
+        "_timeout_q",
         "_told_uncached",
         "_wrap",
         "_zero_is_immutable",
@@ -150,7 +153,7 @@ class Policy(Generic[_Mode]):
         self,
         name: str,
         *,
-        timeout: Duration | None = None,
+        timeout: Duration | str | None = None,
         retry: int = 0,
         retry_on: RetryOn | None = None,
         delay: Duration | None = None,
@@ -170,11 +173,23 @@ class Policy(Generic[_Mode]):
         retry_budget: RetryBudget | None = None,
         breaker: CircuitBreaker | None = None,
         hedge: Hedge | Duration | str | None = None,
+        timeout_floor: Duration | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigurationError("a policy needs a non-empty name", option="name")
         self.name = name
-        self.timeout = check_positive(timeout, "timeout")
+        # D3.15: timeout="p99" is learned from this policy's recent latencies.
+        self._timeout_q = parse_percentile(timeout, "timeout") if isinstance(timeout, str) else None
+        self.timeout = None if self._timeout_q is not None else check_positive(timeout, "timeout")
+        floor = check_finite(check_positive(timeout_floor, "timeout_floor"), "timeout_floor")
+        if (floor is None) != (self._timeout_q is None):
+            raise ConfigurationError(
+                "a learned timeout needs a floor: write timeout='p99', timeout_floor='50ms'"
+                if floor is None
+                else "timeout_floor applies to a learned timeout ('p99') only",
+                option="timeout_floor",
+            )
+        self._timeout_floor = floor
         if isinstance(retry, bool) or not isinstance(retry, int) or retry < 0:
             raise ConfigurationError(
                 f"retry must be an integer >= 0, got {retry!r}", option="retry"
@@ -256,8 +271,10 @@ class Policy(Generic[_Mode]):
 
         # An attempt needs a cancel scope when it has its own timeout, or when a total budget
         # must be able to stop it (the scope then catches the total bound and reports it).
-        if self.timeout is not None:
-            self._attempt_timeout: float | None = self.timeout
+        if self._timeout_q is not None:
+            self._attempt_timeout: float | None = float("inf")  # learned per attempt
+        elif self.timeout is not None:
+            self._attempt_timeout = self.timeout
         elif total is not None:
             self._attempt_timeout = float("inf")
         else:
@@ -265,15 +282,16 @@ class Policy(Generic[_Mode]):
         self._breaker = check_breaker(breaker)
         self._hedge = check_hedge(hedge)
         # This policy's recent latencies (a learned hedging delay, D3.14): its own, always.
-        self._latencies: LatencyWindow | None = (
-            None if self._hedge is None else LatencyWindow(min_samples=self._hedge.min_samples)
-        )
+        self._latencies: LatencyWindow | None = None
+        if self._hedge is not None or self._timeout_q is not None:
+            samples = 20 if self._hedge is None else self._hedge.min_samples
+            self._latencies = LatencyWindow(min_samples=samples)
         # Hooks around an attempt (admission, a breaker, hedging) take it off the inline paths.
         hooked = (
             self._bucket is not None
             or self._slots is not None
             or self._breaker is not None
-            or self._hedge is not None
+            or self._latencies is not None
         )
         # The happy path of a policy with nothing but retries and a fallback: no scope, no
         # admission, no cache.
@@ -318,6 +336,20 @@ class Policy(Generic[_Mode]):
     @property
     def hedge(self) -> Hedge | None:
         return self._hedge
+
+    def learned_timeout(self) -> float | None:
+        """The attempt timeout a ``timeout="p99"`` policy gives its next attempt: the
+        percentile of recent latencies, never below ``timeout_floor``; ``None`` while fewer
+        than 20 latencies are known (the attempt is bounded by the deadline only) or when the
+        timeout is not learned (D3.15)."""
+        q = self._timeout_q
+        if q is None or self._latencies is None:
+            return None
+        learned = self._latencies.percentile(q)
+        if learned is None:
+            return None
+        floor = self._timeout_floor
+        return learned if floor is None or learned >= floor else floor
 
     @property
     def fallback_on(self) -> tuple[type[BaseException], ...] | None:
