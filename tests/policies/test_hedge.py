@@ -126,6 +126,7 @@ async def test_concurrent_hedges_are_capped(virtual_clock: VirtualClock) -> None
     policy = Policy("Search", hedge=hedge)
     await asyncio.gather(*(policy.execute(replica) for _ in range(3)))
     assert hedge.sent == 1 and hedge.suppressed["concurrency"] == 2
+    assert hedge._in_flight == 0
 
 
 async def test_hedges_draw_on_the_retry_budget(virtual_clock: VirtualClock) -> None:
@@ -150,6 +151,7 @@ async def test_a_cut_by_the_callers_deadline_is_not_the_dependencys_failure(
         await policy.execute(replica)
     assert info.value.source == "scope" and _clock.now() == pytest.approx(0.1)
     assert sorted(replica.cancelled) == [0, 1] and breaker.state == "closed"
+    assert policy.hedge is not None and policy.hedge._in_flight == 0
 
 
 async def test_each_attempt_has_its_own_timeout_and_retry_follows(
@@ -272,3 +274,17 @@ def test_bad_hedge_knobs_name_the_field(kwargs: dict[str, object], option: str) 
     with pytest.raises(tb.ConfigurationError) as info:
         Hedge("20ms", **kwargs)  # type: ignore[arg-type]
     assert info.value.option == option
+
+
+async def test_a_race_cut_as_the_hedge_starts_leaves_nothing_in_flight(
+    virtual_clock: VirtualClock,
+) -> None:
+    """The caller's deadline at the very instant the hedge is sent: every place is returned."""
+    replica = _Replica([], rest=1.0)
+    hedge = Hedge("20ms", max_extra_load=1, max_concurrent=1)
+    policy = Policy("Search", hedge=hedge)
+    for _ in range(3):
+        with pytest.raises(tb.DeadlineExceeded), tb.fail_after(0.02):
+            await policy.execute(replica)
+        virtual_clock.advance(0.001)
+    assert hedge._in_flight == 0

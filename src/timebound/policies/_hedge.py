@@ -284,10 +284,19 @@ async def hedged_async(
     if delay is None:
         return await attempt()
     race: _Race = _AsyncioRace() if asyncio._get_running_loop() is not None else _TrioRace()
-    async with race:
-        # Nothing but a cancellation leaves the race's body: trio would wrap an error raised
-        # inside the nursery in an ExceptionGroup.
-        ok, value = await _run(policy, state, race, attempt, number, delay, tele, observer)
+    sent = [0]
+    try:
+        async with race:
+            # Nothing but a cancellation leaves the race's body: trio would wrap an error
+            # raised inside the nursery in an ExceptionGroup.
+            ok, value = await _run(
+                policy, state, race, attempt, number, delay, sent, tele, observer
+            )
+    finally:
+        # Every attempt of the race has ended (the race waits for the cancelled ones): the
+        # hedges it sent are no longer in flight, even those cancelled before they started.
+        for _ in range(sent[0]):
+            hedge.done()
     if not ok:
         raise value
     return value
@@ -300,19 +309,19 @@ async def _run(
     attempt: Attempt,
     number: int,
     delay: float,
+    sent: list[int],
     tele: bool,
     observer: Observer | None,
 ) -> tuple[bool, Any]:
     hedge = policy._hedge
     latencies = policy._latencies
     assert hedge is not None and latencies is not None
-    race.start(attempt(), 0)
+    race.start(attempt, 0)
     running = 1
-    hedges = 0
     first_error: Exception | None = None
     may_hedge = True
     while True:
-        outcome = await race.next(delay if may_hedge and hedges < hedge.max_hedges else None)
+        outcome = await race.next(delay if may_hedge and sent[0] < hedge.max_hedges else None)
         if outcome is None:  # the delay passed without an answer
             reason = hedge.try_send(latencies, policy.plan.budget, _left(state))
             if reason is not None:
@@ -320,11 +329,11 @@ async def _run(
                 if tele:
                     policy.emit(observer, "hedge.suppressed", attempt=number, reason=reason)
                 continue
-            hedges += 1
+            sent[0] += 1
             running += 1
             if tele:
-                policy.emit(observer, "hedge.sent", attempt=number, hedge=hedges)
-            race.start(_hedged(hedge, attempt()), hedges)
+                policy.emit(observer, "hedge.sent", attempt=number, hedge=sent[0])
+            race.start(attempt, sent[0])
             continue
         index, ok, value = outcome
         running -= 1
@@ -349,13 +358,6 @@ def _left(state: RetryState) -> float:
     return left
 
 
-async def _hedged(hedge: Hedge, run: Awaitable[Any]) -> Any:
-    try:
-        return await run
-    finally:
-        hedge.done()
-
-
 class _Race:
     """Attempts run as children; their outcomes arrive in order of completion."""
 
@@ -365,55 +367,52 @@ class _Race:
     async def __aexit__(self, *exc: object) -> None:
         raise NotImplementedError
 
-    def start(self, run: Awaitable[Any], index: int) -> None:
+    def start(self, attempt: Attempt, index: int) -> None:
         raise NotImplementedError
 
     async def next(self, timeout: float | None) -> tuple[int, bool, Any] | None:
         raise NotImplementedError
 
 
-async def _report(run: Awaitable[Any], index: int, put: Callable[[Any], None]) -> None:
+async def _outcome(attempt: Attempt, index: int) -> tuple[int, bool, Any]:
+    # The attempt's coroutine is made here, in the child: one cancelled before it ran is never
+    # made (no "never awaited" coroutine).
     try:
-        value = await run
+        return index, True, await attempt()
     except Exception as exc:
-        put((index, False, exc))
-        return
-    put((index, True, value))
+        return index, False, exc
 
 
 class _AsyncioRace(_Race):
     def __init__(self) -> None:
-        self._tasks: list[asyncio.Task[None]] = []
-        self._queue: asyncio.Queue[tuple[int, bool, Any]] = asyncio.Queue()
+        self._pending: set[asyncio.Task[tuple[int, bool, Any]]] = set()
+        self._ready: list[tuple[int, bool, Any]] = []
 
     async def __aenter__(self) -> _Race:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        pending = [t for t in self._tasks if not t.done()]
+        pending = self._pending
         for task in pending:
             task.cancel()
         if pending:
             # The losers end before the call returns: no attempt outlives its call.
             await asyncio.wait(pending)
 
-    def start(self, run: Awaitable[Any], index: int) -> None:
+    def start(self, attempt: Attempt, index: int) -> None:
         # The child copies this context: it sees every enclosing deadline (a scope cancels only
         # the task that entered it, so the race cancels its children itself, on exit).
-        self._tasks.append(asyncio.ensure_future(_report(run, index, self._queue.put_nowait)))
+        self._pending.add(asyncio.ensure_future(_outcome(attempt, index)))
 
     async def next(self, timeout: float | None) -> tuple[int, bool, Any] | None:
-        if timeout is None:
-            return await self._queue.get()
-        if not self._queue.empty():
-            return self._queue.get_nowait()
-        getter = asyncio.ensure_future(self._queue.get())
-        try:
-            done, _ = await asyncio.wait((getter,), timeout=timeout)
-        finally:
-            if not getter.done():
-                getter.cancel()
-        return getter.result() if done else None
+        if not self._ready:
+            done, self._pending = await asyncio.wait(
+                self._pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+            if not done:
+                return None
+            self._ready = sorted(task.result() for task in done)
+        return self._ready.pop(0)
 
 
 class _TrioRace(_Race):
@@ -432,8 +431,11 @@ class _TrioRace(_Race):
         self._nursery.cancel_scope.cancel()
         await self._nursery_manager.__aexit__(*exc)
 
-    def start(self, run: Awaitable[Any], index: int) -> None:
-        self._nursery.start_soon(_report, run, index, self._send.send_nowait)
+    def start(self, attempt: Attempt, index: int) -> None:
+        self._nursery.start_soon(self._report, attempt, index)
+
+    async def _report(self, attempt: Attempt, index: int) -> None:
+        self._send.send_nowait(await _outcome(attempt, index))
 
     async def next(self, timeout: float | None) -> tuple[int, bool, Any] | None:
         if timeout is None:
