@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from .browser import DOCS_IMG, browser, page, pixels, screenshots_wanted
-from .conftest import ROOT, Server
+from .conftest import ROOT, Server, csrf_of
 
 __all__ = ["browser", "page"]  # fixtures, used by name
 
@@ -134,9 +134,9 @@ def test_the_trace_form_and_the_critical_path_work_by_keyboard(
 def _session(server: Server) -> Iterator[tuple[httpx.Client, str]]:
     """A client holding the UI's CSRF cookie, and the token its forms repeat."""
     with httpx.Client(base_url=server.url, timeout=30) as client:
-        assert client.get("/ui/traces").status_code == 200
-        token = client.cookies.get("tb_csrf")
-        assert token
+        page = client.get("/ui/traces")
+        assert page.status_code == 200
+        token = csrf_of(page.text)
         yield client, token
 
 
@@ -391,3 +391,39 @@ def test_more_files_than_the_form_has_are_refused(host: Server) -> None:
         r = client.post("/ui/traces", data={"csrf": token}, files=files)
     assert r.status_code == 400
     assert r.json()["detail"] == "Too many files. Maximum number of files is 2."
+
+
+def test_a_span_starting_before_the_run_is_drawn_from_the_timelines_start() -> None:
+    """A skipped span with a negative start (traces recorded before skipped spans got sane starts)
+    is drawn from the timeline's start, not over the label column (left < 0)."""
+    from timebound.host._traces import trace_view
+
+    span = {"parent": None, "deps": [], "name": "t", "ready_ms": 0.0}
+    trace = {
+        "plan_digest": "d",
+        "late_discarded": 0,
+        "wrappers": {},
+        "spans": [
+            {
+                **span,
+                "node_id": "task:a",
+                "op": "task",
+                "start_ms": 0.0,
+                "end_ms": 5.0,
+                "outcome": "ok",
+            },
+            {
+                **span,
+                "node_id": "task:b",
+                "op": "task",
+                "start_ms": -589839.0,
+                "end_ms": 5.0,
+                "outcome": "skipped",
+                "deps": ["task:a"],
+            },
+        ],
+    }
+    bars = {b["label"]: b for b in trace_view(trace)["bars"]}
+    skipped = bars["task:b"]
+    assert skipped["left"] >= 0 and skipped["offset_ms"] >= 0
+    assert skipped["left"] + skipped["width"] <= 100.5

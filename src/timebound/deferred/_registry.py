@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 from .._core import _clock
 from .._core._deadline import Deadline
+from .._core._errors import TimeboundError
 from .._store import Store, Tx, open_store
 from ._contract import (
     STATUS_SCHEMA,
@@ -70,13 +71,13 @@ class Outcome(NamedTuple):
     code: str | None
 
 
-class IdempotencyConflict(ValueError):
+class IdempotencyConflict(TimeboundError, ValueError):
     """The idempotency key was already used for a different request."""
 
     code = "idempotency-conflict"
 
 
-class ContinuationRefused(Exception):
+class ContinuationRefused(TimeboundError):
     """Raised by a resumer that will not resume a continuation it cannot trust or read.
 
     ``code`` is recorded as the operation's ``resume_error`` (like ``continuation-tampered``):
@@ -88,7 +89,7 @@ class ContinuationRefused(Exception):
         self.code = code
 
 
-class Gone(LookupError):
+class Gone(TimeboundError, LookupError):
     """The operation was issued but its retention ended (HTTP 410)."""
 
     code = "gone"
@@ -368,7 +369,9 @@ class Registry:
             action_max_ttl_s=action_max_ttl_s,
             caller_deadline=caller_deadline,
         )
-        retry_after, valid = self.policy.check_retry_after(doc["retry_after_seconds"])
+        # The schema leaves the hint to the policy: anything but a positive integer is the
+        # minimum, recorded as invalid-hint (D7.8).
+        retry_after, valid = self.policy.check_retry_after(doc.get("retry_after_seconds"))
         if preferred_retry_after_s is not None:
             retry_after = self.policy.retry_after(max(retry_after, preferred_retry_after_s))
         next_poll = None if module is None else at + self._poll_delay_ms(retry_after, 0)
@@ -509,7 +512,7 @@ class Registry:
         result = doc.get("result") if new == "completed" else None
         terminal = new in TERMINAL
         hint = doc.get("retry_after_seconds", row["retry_after_s"])
-        retry_after = self.policy.retry_after(hint)
+        retry_after, valid = self.policy.check_retry_after(hint)
         next_poll = (
             None
             if terminal or row["module"] is None
@@ -533,7 +536,9 @@ class Registry:
             row["attempts"],
             op_id,
         )
-        await self._history(tx, op_id, at, new, doc_digest, code)
+        # A live operation's unusable hint is recorded (D7.8); an ended one is asked nothing more.
+        noted = code or (None if valid or terminal else "invalid-hint")
+        await self._history(tx, op_id, at, new, doc_digest, noted)
         return Outcome(True, code), new
 
     async def _expire(self, tx: Tx, row: dict[str, Any], at: int, code: str, message: str) -> None:
