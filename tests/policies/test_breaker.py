@@ -220,3 +220,30 @@ def test_breaker_must_be_an_object() -> None:
     with pytest.raises(tb.ConfigurationError, match="CircuitBreaker") as info:
         Policy("Stock", breaker=True)  # type: ignore[arg-type]
     assert info.value.option == "breaker"
+
+
+def test_trio_breaker_opens_and_fails_fast() -> None:
+    """Under trio the breaker counts failures and fails fast once open."""
+    trio = pytest.importorskip("trio")
+    calls = 0
+
+    async def down() -> None:
+        nonlocal calls
+        calls += 1
+        await trio.sleep(0.01)
+        raise ConnectionError("down")
+
+    async def main() -> list[str]:
+        policy = Policy("Stock", breaker=CircuitBreaker(min_calls=3, break_for="5s"))
+        seen = []
+        for _ in range(5):
+            try:
+                await policy.execute(down)
+            except Exception as exc:
+                seen.append(type(exc).__name__)
+        return seen
+
+    clock = VirtualClock()
+    with clock:
+        seen = trio.run(main, clock=clock.trio_clock())
+    assert seen == ["ConnectionError"] * 3 + ["CircuitOpen"] * 2 and calls == 3

@@ -288,3 +288,16 @@ async def test_a_race_cut_as_the_hedge_starts_leaves_nothing_in_flight(
             await policy.execute(replica)
         virtual_clock.advance(0.001)
     assert hedge._in_flight == 0
+
+
+def test_the_latency_window_keeps_the_last_samples() -> None:
+    """A full window forgets its oldest sample; percentiles are nearest-rank."""
+    from timebound.policies._hedge import LatencyWindow
+
+    window = LatencyWindow(size=4, min_samples=2)
+    assert window.percentile(0.5) is None
+    for x in (5.0, 1.0, 3.0, 2.0, 4.0):  # 5.0 falls out
+        window.record(x)
+    assert len(window) == 4
+    assert (window.percentile(0.5), window.percentile(0.99)) == (2.0, 4.0)
+    assert window.share_above(3.0) == 0.25

@@ -33,7 +33,7 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from .._core import _clock
 from .._core._durations import Duration, to_seconds
@@ -46,8 +46,6 @@ if TYPE_CHECKING:
     from ._retry import RetryState
 
 __all__ = ["Hedge", "LatencyWindow", "hedged_async", "parse_percentile"]
-
-_RESORT_EVERY: Final = 16
 
 
 def parse_percentile(value: str, option: str) -> float | None:
@@ -70,45 +68,48 @@ def parse_percentile(value: str, option: str) -> float | None:
 class LatencyWindow:
     """The latencies of a policy's last ``size`` successful attempts, and their percentiles.
 
-    Recording is O(1); a percentile reads a sorted copy that is refreshed every 16 records, so
-    it may lag by that many samples. ``None`` until ``min_samples`` were recorded.
+    A sorted copy is kept beside the arrival order (``bisect``: a record moves at most ``size``
+    floats in memory), so a percentile is read in O(1). ``None`` until ``min_samples`` were
+    recorded.
     """
 
-    __slots__ = ("_lock", "_since_sort", "_sorted", "_values", "min_samples")
+    __slots__ = ("_lock", "_size", "_sorted", "_values", "min_samples")
 
     def __init__(self, size: int = 1000, min_samples: int = 20) -> None:
-        self._values: deque[float] = deque(maxlen=size)
+        self._values: deque[float] = deque()
         self._sorted: list[float] = []
-        self._since_sort = 0
+        self._size = size
         self._lock = threading.Lock()
         self.min_samples = min_samples
 
     def record(self, seconds: float) -> None:
         with self._lock:
-            self._values.append(seconds)
-            self._since_sort += 1
+            values = self._values
+            ordered = self._sorted
+            if len(values) >= self._size:
+                del ordered[bisect.bisect_left(ordered, values.popleft())]
+            values.append(seconds)
+            bisect.insort(ordered, seconds)
 
     def __len__(self) -> int:
         return len(self._values)
 
     def percentile(self, q: float) -> float | None:
         with self._lock:
-            if len(self._values) < self.min_samples:
-                return None
-            if self._since_sort >= _RESORT_EVERY or len(self._sorted) < self.min_samples:
-                self._sorted = sorted(self._values)
-                self._since_sort = 0
             values = self._sorted
-        # Nearest rank: the smallest value with at least q of the samples at or below it.
-        return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
+            n = len(values)
+            if n < self.min_samples:
+                return None
+            # Nearest rank: the smallest value with at least q of the samples at or below it.
+            return values[min(n - 1, max(0, math.ceil(q * n) - 1))]
 
     def share_above(self, seconds: float) -> float:
         """The share of recorded latencies above ``seconds`` (for tests and metrics)."""
         with self._lock:
-            values = sorted(self._values)
-        if not values:
-            return 0.0
-        return 1.0 - bisect.bisect_right(values, seconds) / len(values)
+            values = self._sorted
+            if not values:
+                return 0.0
+            return 1.0 - bisect.bisect_right(values, seconds) / len(values)
 
 
 class Hedge:

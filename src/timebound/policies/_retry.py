@@ -201,7 +201,9 @@ class RetryPlan:
         Never retried: a misuse, an error ``retry_on`` rejects, a spent caller deadline or total
         (D2.5). After the last attempt: the error itself when ``retry`` is 0 (D3.1), else
         :class:`~timebound.RetryExhausted`. A delay the deadline cannot fit stops the loop
-        without waiting (D3.3), with a ``DeadlineExceeded`` chained to ``exc``.
+        without waiting (D3.3), with a ``DeadlineExceeded`` chained to ``exc``. A server's retry
+        hint sets the earliest retry, and one past the deadline ends the call (D3.11); a spent
+        retry budget ends it too (D3.12): both with ``exc`` and a ``reason``.
         """
         attempt = state.attempt + 1
         errors = (*state.errors, exc)
