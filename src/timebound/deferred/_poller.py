@@ -22,6 +22,7 @@ from .._core import _clock
 from .._core._errors import DeadlineExceeded, TimeboundError
 from .._core._scopes import fail_after
 from .._store import wake_delay
+from ..telemetry._tracing import poll_span
 from ._contract import TERMINAL
 from ._registry import Operation, Outcome, Registry, now_ms
 
@@ -265,7 +266,8 @@ class Poller:
                 with fail_after(self.poll_timeout_s):
                     self._window.take()  # the start the cap counts: the connector's call
                     taken = True
-                    doc = await connector.status(op)
+                    with poll_span(op.id, op.traceparent):  # D10.6
+                        doc = await connector.status(op)
             except TransientPollError as exc:  # the connector maps its transport's failures
                 return await self._failed(op, exc.code)
             except DeadlineExceeded:  # the poll's own bound above

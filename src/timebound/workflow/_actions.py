@@ -42,6 +42,8 @@ class ActionContext:
     deadline: Deadline
     #: ``async`` when the call may answer with a deferred-operation handle (the node's mode).
     timing: str = "sync"
+    #: The W3C ``traceparent`` of the run's span when spans are exported, else None (D10.5).
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)

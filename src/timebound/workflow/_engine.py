@@ -30,6 +30,8 @@ from .._core._deadline import Deadline
 from .._core._errors import ConfigurationError
 from .._core._scopes import fail_after
 from .._store import Store, Tx, open_store, wake_delay
+from ..telemetry import correlation
+from ..telemetry._tracing import attempt_span, caller_traceparent
 from ._actions import ActionContext, Outcome, freeze, handlers, run_python
 from ._deferral import Deferrals, plan_attempt
 from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition
@@ -47,6 +49,7 @@ class _Start(NamedTuple):
     input: Any
     future: asyncio.Future[str]
     deadline_at: int | None
+    traceparent: str | None = None  # the caller's span, parent of the run's (D10.5)
 
 
 class _Report(NamedTuple):
@@ -351,6 +354,7 @@ class Engine(RunReads):
             if conflict is not None:
                 raise DefinitionConflict(conflict, path="version")
         deadline_at = None if deadline_ms is None else self._now() + deadline_ms
+        caller = caller_traceparent()
         if not self._worker:  # no loop to batch with: one transaction; its commit wakes workers
             async with self._txn() as tx:
                 run_id: str = await self._machine.start_run(
@@ -360,11 +364,12 @@ class Engine(RunReads):
                     self._now(),
                     timeout_ms=definition.timeout_ms,
                     inherited_deadline_at=deadline_at,
+                    traceparent=caller,
                 )
             return run_id
         # Started by the loop's next transaction: concurrent starts share one commit.
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._starts.append(_Start(definition, input, future, deadline_at))
+        self._starts.append(_Start(definition, input, future, deadline_at, caller))
         self._wake.set()
         return await future
 
@@ -557,6 +562,7 @@ class Engine(RunReads):
                     now,
                     timeout_ms=start.definition.timeout_ms,
                     inherited_deadline_at=start.deadline_at,
+                    traceparent=start.traceparent,
                 )
                 started.append((start.future, run_id))
             lock = self._store.lock_clause()  # the reports' runs: read and locked at once, by id
@@ -680,6 +686,7 @@ class Engine(RunReads):
             attempt=tok["attempt"],
             deadline=Deadline.from_epoch_ms(deadline_ms),
             timing=timing,
+            traceparent=run.get("traceparent"),
         )
         return (tok["id"], action.kind, implementation, ctx)
 
@@ -688,10 +695,27 @@ class Engine(RunReads):
     ) -> None:
         """Run one attempt; its outcome is stored by the loop's next turn (group commit)."""
         what = f"workflow node '{ctx.node_id}'"
-        try:
-            outcome = await self._run_action(kind, implementation, ctx, what, ctx.attempt)
-        except Exception as exc:  # a failing action runner fails the node, never strands it
-            outcome = Outcome("error", error=f"{type(exc).__name__}: {exc}")
+        # The attempt's span (D10.4): current while the action runs, so what it calls is its child.
+        span = attempt_span(
+            ctx.traceparent,
+            run_id=ctx.run_id,
+            token_id=token_id,
+            node_id=ctx.node_id,
+            attempt=ctx.attempt,
+        )
+        # Events emitted inside (the action's policies, a deferred registration) name the run,
+        # the token and the node they belong to (D10.1).
+        with (
+            correlation("run", ctx.run_id),
+            correlation("token", token_id),
+            correlation("node", ctx.node_id),
+            span as ended,
+        ):
+            try:
+                outcome = await self._run_action(kind, implementation, ctx, what, ctx.attempt)
+            except Exception as exc:  # a failing action runner fails the node, never strands it
+                outcome = Outcome("error", error=f"{type(exc).__name__}: {exc}")
+            ended(outcome.kind, outcome.error)
         self._outcomes.append(_Report(ctx.run_id, token_id, ctx.attempt, outcome))
         self._wake.set()
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from .._store import Tx
 from ..policies._retry import RetryAt, RetryPlan, RetryState
+from ..telemetry._tracing import open_run
 from ._definition import Definition, Node, RetryBlock, Transition, parse_definition
 from ._joins import Joins
 from ._rows import (
@@ -140,8 +141,13 @@ class Machine:
         timeout_ms: int | None,
         parent_token_id: str | None = None,
         inherited_deadline_at: int | None = None,
+        traceparent: str | None = None,
     ) -> str:
         run_id = uuid.uuid4().hex
+        # The run's span, child of the caller's (D10.5); its context is stored with the run.
+        traceparent = open_run(
+            run_id, traceparent, definition_id=definition.id, definition_version=definition.version
+        )
         timeout_at = None if timeout_ms is None else now + timeout_ms
         if inherited_deadline_at is not None:
             timeout_at = (
@@ -151,8 +157,8 @@ class Machine:
             )
         await tx.execute(
             "INSERT INTO tb_wf_runs (id, definition_id, definition_version, status, input, state, "
-            "started_at, timeout_at, parent_token_id, inherited_deadline_at) "
-            "VALUES (?, ?, ?, 'running', ?, '{}', ?, ?, ?, ?)",
+            "started_at, timeout_at, parent_token_id, inherited_deadline_at, traceparent) "
+            "VALUES (?, ?, ?, 'running', ?, '{}', ?, ?, ?, ?, ?)",
             run_id,
             definition.id,
             definition.version,
@@ -161,6 +167,7 @@ class Machine:
             timeout_at,
             parent_token_id,
             inherited_deadline_at,
+            traceparent,
         )
         await tx.append_event(
             run_id,
@@ -732,6 +739,7 @@ class Machine:
             timeout_ms=timeout_ms,
             parent_token_id=tok["id"],
             inherited_deadline_at=inherited,
+            traceparent=run.get("traceparent"),  # the child's span under its parent run's
         )
         # The child's own timer enforces the node's bound; the parent token waits on it.
         await tx.execute(
