@@ -301,3 +301,26 @@ def test_the_latency_window_keeps_the_last_samples() -> None:
     assert len(window) == 4
     assert (window.percentile(0.5), window.percentile(0.99)) == (2.0, 4.0)
     assert window.share_above(3.0) == 0.25
+
+
+async def test_a_winning_hedge_stops_a_primary_inside_its_own_timeout(
+    virtual_clock: VirtualClock,
+) -> None:
+    """With an attempt timeout and a breaker, the primary is cancelled cleanly when a hedge wins:
+    no timeout is reported, nothing is counted against the dependency, and the caller's later
+    deadline still fires on the next call."""
+    replica = _Replica([1.0, 0.01, 5.0, 5.0])
+    breaker = CircuitBreaker(min_calls=1)
+    policy = Policy(
+        "Search", timeout="500ms", breaker=breaker, hedge=Hedge("20ms", max_extra_load=1)
+    )
+    recorder = Recorder()
+    assert await policy.execute(replica, observer=recorder) == 1
+    assert replica.cancelled == [0] and _clock.now() == pytest.approx(0.03)
+    assert [e.attrs["outcome"] for e in recorder.of("attempt.end")] == ["ok"]
+    assert breaker.state == "closed"
+    with pytest.raises(tb.DeadlineExceeded) as info, tb.fail_after(0.1):
+        await policy.execute(replica)
+    assert info.value.source == "scope"
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0

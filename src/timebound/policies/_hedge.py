@@ -284,7 +284,9 @@ async def hedged_async(
     delay = hedge.delay_for(latencies)
     if delay is None:
         return await attempt()
-    race: _Race = _AsyncioRace() if asyncio._get_running_loop() is not None else _TrioRace()
+    if asyncio._get_running_loop() is not None:
+        return await _InlineRace(policy, state, attempt, number, delay, tele, observer).run()
+    race: _Race = _TrioRace()
     sent = [0]
     try:
         async with race:
@@ -384,36 +386,165 @@ async def _outcome(attempt: Attempt, index: int) -> tuple[int, bool, Any]:
         return index, False, exc
 
 
-class _AsyncioRace(_Race):
-    def __init__(self) -> None:
-        self._pending: set[asyncio.Task[tuple[int, bool, Any]]] = set()
-        self._ready: list[tuple[int, bool, Any]] = []
+class _InlineRace:
+    """asyncio: the primary runs in the caller's own task (a call that needs no hedge costs a
+    timer, not a task); a hedge is a task started by that timer. A hedge that succeeds while
+    the primary still runs cancels the caller's task and the race takes the cancellation back
+    (``uncancel``, as ``asyncio.timeout`` does), so any other cancellation — the caller's
+    deadline — still goes through."""
 
-    async def __aenter__(self) -> _Race:
-        return self
+    __slots__ = (
+        "attempt",
+        "delay",
+        "hedge",
+        "hedges",
+        "latencies",
+        "number",
+        "observer",
+        "policy",
+        "primary_running",
+        "self_cancelled",
+        "sent",
+        "state",
+        "task",
+        "tele",
+        "timer",
+        "winner",
+    )
 
-    async def __aexit__(self, *exc: object) -> None:
-        pending = self._pending
+    def __init__(
+        self,
+        policy: Policy[Any],
+        state: RetryState,
+        attempt: Attempt,
+        number: int,
+        delay: float,
+        tele: bool,
+        observer: Observer | None,
+    ) -> None:
+        hedge = policy._hedge
+        latencies = policy._latencies
+        assert hedge is not None and latencies is not None
+        self.policy = policy
+        self.state = state
+        self.attempt = attempt
+        self.number = number
+        self.delay = delay
+        self.tele = tele
+        self.observer = observer
+        self.hedge = hedge
+        self.latencies = latencies
+        self.task = asyncio.current_task()
+        self.hedges: list[asyncio.Task[tuple[int, bool, Any]]] = []
+        self.winner: tuple[int, Any] | None = None
+        self.primary_running = True
+        self.self_cancelled = False
+        self.sent = 0
+        self.timer: asyncio.TimerHandle | None = None
+
+    async def run(self) -> Any:
+        loop = asyncio.get_running_loop()
+        # The timer's callback runs in a copy of this context: the hedge sees every deadline.
+        self.timer = loop.call_later(self.delay, self._fire)
+        try:
+            try:
+                value = await self.attempt()
+            except asyncio.CancelledError:
+                self.primary_running = False
+                if self.self_cancelled:
+                    self.self_cancelled = False
+                    assert self.task is not None
+                    if self.task.uncancel() == 0 and self.winner is not None:
+                        return self._won(self.winner)
+                raise
+            except Exception as exc:
+                self.primary_running = False
+                self._take_back()
+                if self.winner is not None:
+                    return self._won(self.winner)
+                return await self._after_primary_failed(exc)
+            self.primary_running = False
+            self._take_back()
+            return value
+        finally:
+            await self._end()
+
+    def _take_back(self) -> None:
+        # A hedge won and cancelled this task, but the primary ended without seeing it (its
+        # code swallowed the cancellation): the request is taken back.
+        if self.self_cancelled:
+            self.self_cancelled = False
+            assert self.task is not None
+            self.task.uncancel()
+
+    async def _after_primary_failed(self, exc: Exception) -> Any:
+        """The primary failed: the hedges in flight may still answer; else its error."""
+        pending = {t for t in self.hedges if not t.done()}
+        done = [t for t in self.hedges if t.done()]
+        while True:
+            for task in done:
+                if not task.cancelled():
+                    index, ok, value = task.result()
+                    if ok:
+                        return self._won((index, value))
+            if not pending:
+                raise exc
+            finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            done = sorted(finished, key=lambda t: self.hedges.index(t))
+
+    def _won(self, winner: tuple[int, Any]) -> Any:
+        index, value = winner
+        self.hedge._won()
+        if self.tele:
+            self.policy.emit(self.observer, "hedge.won", attempt=self.number, hedge=index)
+        return value
+
+    async def _end(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        pending = [t for t in self.hedges if not t.done()]
         for task in pending:
             task.cancel()
-        if pending:
-            # The losers end before the call returns: no attempt outlives its call.
-            await asyncio.wait(pending)
+        try:
+            if pending:
+                # The losers end before the call returns: no attempt outlives its call.
+                await asyncio.wait(pending)
+        finally:
+            for _ in range(self.sent):
+                self.hedge.done()
 
-    def start(self, attempt: Attempt, index: int) -> None:
-        # The child copies this context: it sees every enclosing deadline (a scope cancels only
-        # the task that entered it, so the race cancels its children itself, on exit).
-        self._pending.add(asyncio.ensure_future(_outcome(attempt, index)))
+    def _fire(self) -> None:
+        """The hedging delay passed with the primary still running: send a hedge, if allowed."""
+        self.timer = None
+        if not self.primary_running or self.winner is not None:
+            return
+        policy = self.policy
+        reason = self.hedge.try_send(self.latencies, policy.plan.budget, _left(self.state))
+        if reason is not None:
+            if self.tele:  # D3.14: one refusal ends this attempt's hedging
+                policy.emit(self.observer, "hedge.suppressed", attempt=self.number, reason=reason)
+            return
+        self.sent += 1
+        if self.tele:
+            policy.emit(self.observer, "hedge.sent", attempt=self.number, hedge=self.sent)
+        task = asyncio.get_running_loop().create_task(_outcome(self.attempt, self.sent))
+        task.add_done_callback(self._hedge_done)
+        self.hedges.append(task)
+        if self.sent < self.hedge.max_hedges:
+            self.timer = asyncio.get_running_loop().call_later(self.delay, self._fire)
 
-    async def next(self, timeout: float | None) -> tuple[int, bool, Any] | None:
-        if not self._ready:
-            done, self._pending = await asyncio.wait(
-                self._pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-            if not done:
-                return None
-            self._ready = sorted(task.result() for task in done)
-        return self._ready.pop(0)
+    def _hedge_done(self, task: asyncio.Task[tuple[int, bool, Any]]) -> None:
+        if task.cancelled() or self.winner is not None:
+            return
+        index, ok, value = task.result()
+        if not ok:
+            return
+        self.winner = (index, value)
+        if self.primary_running and self.task is not None:
+            # First success wins: stop the primary (this very task) where it waits.
+            self.self_cancelled = True
+            self.task.cancel()
 
 
 class _TrioRace(_Race):
