@@ -17,7 +17,9 @@ A hedge is sent only when everything allows it, checked in this order, each refu
 - ``budget``: extra load over ``max_extra_load`` * calls in the last ``window`` (Finagle's
   ``maxExtraLoad``), or the policy's ``retry_budget`` when it has one (D3.12).
 
-Each attempt, hedges included, has its own attempt timeout, admission (throttle token,
+Under asyncio the primary runs in the caller's task and a timer starts the hedges (see
+:class:`_InlineRace`); under trio every attempt runs in a nursery. Each attempt, hedges included,
+has its own attempt timeout, admission (throttle token,
 concurrency slot) and breaker guard (D3.13): a hedge cut by the caller's deadline or cancelled
 because another attempt won is not counted against the dependency. Hedging happens below the
 cache and the coalescing of calls in flight: a hedged call is one cached call. Hedging is opt-in:
