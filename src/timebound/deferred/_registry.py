@@ -686,6 +686,28 @@ class Registry:
             )
         return Outcome(True, code)
 
+    async def refuse(self, op_id: str, code: str, message: str) -> Outcome:
+        """A connector answered something the host refuses outright (an href to another origin,
+        D7.13; an answer past the byte cap, D6.21): the operation fails with ``code``, through
+        the same state machine as a connector's own ``failed``."""
+        at = now_ms()
+        async with self._store.transaction() as tx:
+            row = await self._row(tx, op_id, lock=True)
+            if row is None or row["status"] in TERMINAL:
+                return Outcome(False, None)
+            doc = {
+                "schema": STATUS_SCHEMA,
+                "schema/v": 1,
+                "operation/id": op_id,
+                "operation/kind": row["kind"],
+                "status": "failed",
+                "updated_at": format_time(at),
+                "error": _error(code, message[:500]),
+            }
+            outcome, _ = await self._apply(tx, row, doc, at)
+        self._changed()
+        return Outcome(outcome.applied, code)
+
     def _out_of_attempts(self, attempts: int) -> bool:
         cap = self.policy.max_attempts
         return cap is not None and attempts >= cap

@@ -21,6 +21,7 @@ from ..policies._retry import RetryAt, RetryPlan, RetryState
 from ..telemetry._tracing import open_run
 from ._definition import Definition, Node, RetryBlock, Transition, parse_definition
 from ._joins import Joins
+from ._limits import RunLimitExceeded, check_growth
 from ._rows import (
     LIVE_SQL,
     PRIORITY_RUN,
@@ -652,10 +653,12 @@ class Machine:
                 elif transition.fans_out:
                     await self.joins.fan_out(tx, run, definition, transition, tok, branch, now)
                 else:
+                    if transition.target in definition.cyclic:  # a loop grows the run (D6.24)
+                        await check_growth(tx, run["id"], 1)
                     await self._new_token(
                         tx, run["id"], definition, transition.target, now, branch=branch
                     )
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, RunLimitExceeded) as exc:
             if plain:
                 await self._write_output(tx, tok, encoded)
             await self._set_token(tx, tok, "failed", now, error=str(exc))
