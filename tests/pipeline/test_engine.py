@@ -4,6 +4,7 @@ and origins, the trace (virtual time, exact instants)."""
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any
 
 import anyio
@@ -313,9 +314,10 @@ def test_the_fail_branch_runs_under_normal_budgets() -> None:
     assert result.trace.span("task:call_models")["end_ms"] == pytest.approx(55.0)
 
 
-def test_a_late_cpu_bound_result_is_discarded_and_counted() -> None:
-    """A sync task that overruns the region cannot be interrupted: its result is dropped,
-    counted, and the fallback's values are committed instead."""
+def test_a_cpu_bound_task_that_overruns_the_region_is_not_waited_for() -> None:
+    """A sync task that overruns the region cannot be interrupted: it runs in a worker thread,
+    the region stops at its deadline (D5.7), its result is dropped and the fallback's values
+    are committed instead."""
     reg = sample.make_registry()
 
     @reg.task(reads=["id"], writes=["f_lsr"])
@@ -330,9 +332,13 @@ def test_a_late_cpu_bound_result_is_discarded_and_counted() -> None:
         budget={"base_ms": 10, "per_row_us": 0, "min_ms": 10, "max_ms": 10},
         on_timeout="fallback",
     )
-    result = run(pl.Engine(reg), pl.compile(plan), sample.rows(2))
+    with warnings.catch_warnings():
+        # The thread's virtual sleep may wake the region's timer before the thread returned:
+        # then it is abandoned (and warned about) for the instant it still runs.
+        warnings.simplefilter("ignore", tb.AbandonedThreadWarning)
+        result = run(pl.Engine(reg), pl.compile(plan), sample.rows(2))
     assert result.rows.column("f_lsr").to_pylist() == [None, None]
-    assert result.trace.late_discarded == 1
+    assert result.trace.span("timeout_wrapper/success/task:cpu")["outcome"] == "timed_out"
     assert result.trace.wrappers["timeout_wrapper"]["timed_out"] is True
 
 

@@ -10,6 +10,9 @@ blocks and must be *stopped* needs one of these tiers, each bounded by the effec
 * :func:`run_in_thread` — runs the function in a daemon thread and stops *waiting* at the
   deadline. The thread is **abandoned, not stopped**: it keeps running. Every abandonment is
   counted (:func:`abandoned_threads`, counter ``abandoned-threads``) and warned about.
+* :func:`arun_in_thread` — the same from a coroutine (asyncio or trio), for timebound's engines
+  (the pipeline's sync tasks, D5.7): the event loop keeps running while the thread does, and the
+  caller stops waiting when its deadline cancels it.
 * :func:`run_in_process` — runs a picklable function in a subprocess and kills it at the
   deadline (terminate, then kill). The only tier that stops anything for sure.
 
@@ -21,10 +24,12 @@ These tiers use real OS timers and waits; under virtual time only their arithmet
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import multiprocessing
 import pickle
 import signal
+import sys
 import threading
 import warnings
 from collections.abc import Callable
@@ -366,6 +371,92 @@ def run_in_thread(
         raise b.error
     result: _T = value
     return result
+
+
+async def arun_in_thread(
+    fn: Callable[..., _T],
+    /,
+    *args: Any,
+    what: str | None = None,
+    on_abandon: Callable[[], None] | None = None,
+    **kwargs: Any,
+) -> _T:
+    """Await ``fn(*args, **kwargs)`` run in a daemon thread, on asyncio or trio.
+
+    The event loop goes on firing timers meanwhile. The thread sees the caller's context
+    (``current_deadline()``, ``checkpoint()``). Whatever bounds the caller bounds the wait: when
+    its deadline (or anything else) cancels it, it stops waiting at once and the thread, if still
+    running, is abandoned like :func:`run_in_thread`'s (counted in :func:`abandoned_threads`,
+    warned about with :class:`AbandonedThreadWarning`, and ``on_abandon()`` is called); its
+    result, when it comes, is dropped.
+    """
+    name = f"timebound:{what or getattr(fn, '__name__', 'call')}"
+    ctx = contextvars.copy_context()
+    loop = asyncio._get_running_loop()
+    if loop is None:  # trio: its own thread runner abandons the thread on cancellation
+        trio = sys.modules["trio"]
+        state = {"finished": False}
+
+        def body() -> _T:
+            try:
+                return ctx.run(fn, *args, **kwargs)
+            finally:
+                state["finished"] = True
+
+        try:
+            with _clock.real_io():
+                result: _T = await trio.to_thread.run_sync(body, abandon_on_cancel=True)
+            return result
+        except trio.Cancelled:
+            if not state["finished"]:
+                _abandon(name, what, on_abandon)
+            raise
+    future: asyncio.Future[tuple[bool, Any]] = loop.create_future()
+
+    def settle(outcome: tuple[bool, Any]) -> None:
+        if not future.done():
+            future.set_result(outcome)
+
+    finished: list[bool] = []
+
+    def run() -> None:
+        try:
+            outcome: tuple[bool, Any] = (True, fn(*args, **kwargs))
+        except BaseException as exc:  # handed to the caller, not lost in the thread
+            outcome = (False, exc)
+        finished.append(True)
+        try:
+            loop.call_soon_threadsafe(settle, outcome)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+    thread = threading.Thread(target=ctx.run, args=(run,), name=name, daemon=True)
+    thread.start()
+    try:
+        # On virtual time the thread's work takes no virtual time: time does not leap to the
+        # next timer while the loop merely waits for it (as for a server's answer).
+        with _clock.real_io():
+            ok, value = await future
+    except asyncio.CancelledError:
+        if not finished:
+            _abandon(name, what, on_abandon)
+        raise
+    if not ok:
+        raise value
+    done: _T = value
+    return done
+
+
+def _abandon(name: str, what: str | None, on_abandon: Callable[[], None] | None) -> None:
+    _count_abandoned(name, what)
+    warnings.warn(
+        f"{name}: stopped waiting, abandoning a thread that is still running "
+        f"({abandoned_threads()} abandoned so far)",
+        AbandonedThreadWarning,
+        stacklevel=3,
+    )
+    if on_abandon is not None:
+        on_abandon()
 
 
 # Tier 3: a subprocess that is killed at the deadline --------------------------------------------

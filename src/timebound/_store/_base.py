@@ -16,6 +16,7 @@ from .._core._deadline import Deadline
 from .._core._errors import TimeboundError
 from ..telemetry import _durable
 from ..telemetry._events import Event, enabled
+from ._tally import flush_tallies
 
 __all__ = ["Store", "StoreBusy", "StoreError", "Tx", "wake_delay"]
 
@@ -62,6 +63,7 @@ class Tx:
         self._announced: list[Event] = []  # telemetry events, emitted after the commit (D10.3)
         self._writes: list[tuple[Hashable, str, tuple[Any, ...]]] = []
         self._written: set[Hashable] = set()  # the rows the deferred writes touch
+        self._tallies: dict[tuple[str, str, str], int] = {}
         self.held: dict[Any, Any] = {}
 
     async def execute(self, sql: str, *args: Any) -> int:
@@ -199,15 +201,24 @@ class Tx:
             events, self._announced = self._announced, []
             _durable.emit_committed(events)
 
+    def tally(self, name: str, a: str, b: str = "", n: int = 1) -> None:
+        """Add ``n`` to the stored tally ``(name, a, b)`` when this transaction commits (D8.12:
+        ``_store/_tally.py``)."""
+        key = (name, a, b)
+        self._tallies[key] = self._tallies.get(key, 0) + n
+
     async def flush_events(self) -> None:
-        """Write the deferred writes and the recorded events (backends call this just before
-        committing)."""
+        """Write the deferred writes, the recorded events and the tallies (backends call this
+        just before committing)."""
         await self.flush_writes()
         if self._events:
             events, self._events = self._events, []
             await self._execute_many(
                 "INSERT INTO tb_events (stream, kind, at_ms, data) VALUES (?, ?, ?, ?)", events
             )
+        if self._tallies:
+            tallies, self._tallies = self._tallies, {}
+            await flush_tallies(self, tallies)
 
     async def execute_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         await self.flush_writes()

@@ -10,9 +10,43 @@ from __future__ import annotations
 __all__ = ["MIGRATIONS", "render"]
 
 _DIALECT = {
-    "sqlite": {"serial": "INTEGER PRIMARY KEY AUTOINCREMENT", "bigint": "INTEGER"},
-    "postgres": {"serial": "BIGSERIAL PRIMARY KEY", "bigint": "BIGINT"},
+    "sqlite": {
+        "serial": "INTEGER PRIMARY KEY AUTOINCREMENT",
+        "bigint": "INTEGER",
+        "j_type": "json_extract(data, '$.timeout_type')",
+        "j_policy": "json_extract(data, '$.policy_applied')",
+        "j_lag": "json_extract(data, '$.detection_lag_ms')",
+    },
+    "postgres": {
+        "serial": "BIGSERIAL PRIMARY KEY",
+        "bigint": "BIGINT",
+        "j_type": "(data::json ->> 'timeout_type')",
+        "j_policy": "(data::json ->> 'policy_applied')",
+        "j_lag": "(data::json ->> 'detection_lag_ms')::bigint",
+    },
 }
+
+# The tallies' backfill (in the migration that creates tb_tallies): the timeout events already
+# stored, as workflow/_metrics.py tallies them from then on (layer by timeout_type; lag buckets
+# by their upper bound in ms).
+_LAYER = (
+    "CASE {j_type} WHEN 'workflow' THEN 'workflow' WHEN 'execution' THEN 'node' "
+    "WHEN 'synchronization' THEN 'synchronization' ELSE 'other' END"
+)
+_BUCKET = (
+    "CASE "
+    + " ".join(
+        f"WHEN lag <= {ms} THEN '{ms}'"
+        for ms in (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 60000)
+    )
+    + " ELSE 'inf' END"
+)
+# D6.17: a fan-in timeout counts once, as its join's event, not again for each sibling it timed
+# out (their token_timed_out events carry timeout_type synchronization).
+_TIMEOUT_EVENTS = (
+    "FROM tb_events WHERE kind = 'join_timed_out' OR (kind = 'token_timed_out' "
+    "AND COALESCE({j_type}, '') <> 'synchronization')"
+)
 
 #: (version, statements). Append only: a released migration is never edited.
 MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
@@ -188,6 +222,35 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "ALTER TABLE tb_wf_runs ADD COLUMN idempotency_key TEXT",
             "ALTER TABLE tb_wf_runs ADD COLUMN request_digest TEXT",
             "CREATE UNIQUE INDEX tb_wf_runs_idem ON tb_wf_runs (idempotency_key)",
+        ),
+    ),
+    (
+        6,
+        (
+            # Tallies (D8.12, _store/_tally.py): running totals bumped by the transaction whose
+            # change they count, so a scrape reads this small table instead of the history.
+            """CREATE TABLE tb_tallies (
+                name TEXT NOT NULL,
+                a TEXT NOT NULL,
+                b TEXT NOT NULL,
+                n {bigint} NOT NULL,
+                PRIMARY KEY (name, a, b)
+            )""",
+            # Retention (D8.13) deletes the runs that ended longest ago first, a batch at a time.
+            "CREATE INDEX tb_wf_runs_finished ON tb_wf_runs (finished_at)",
+            "INSERT INTO tb_tallies (name, a, b, n) SELECT 'wf_timeouts', layer, policy, COUNT(*) "
+            f"FROM (SELECT {_LAYER} AS layer, COALESCE({{j_policy}}, 'None') AS policy "
+            f"{_TIMEOUT_EVENTS}) t GROUP BY layer, policy",
+            "INSERT INTO tb_tallies (name, a, b, n) "
+            "SELECT 'wf_timeout_lag', layer, bucket, COUNT(*) "
+            f"FROM (SELECT {_LAYER.replace('{j_type}', 'tt')} AS layer, {_BUCKET} AS bucket "
+            f"FROM (SELECT {{j_type}} AS tt, {{j_lag}} AS lag {_TIMEOUT_EVENTS}) e "
+            "WHERE lag IS NOT NULL) t GROUP BY layer, bucket",
+            "INSERT INTO tb_tallies (name, a, b, n) "
+            "SELECT 'wf_timeout_lag_ms_sum', layer, '', SUM(lag) "
+            f"FROM (SELECT {_LAYER.replace('{j_type}', 'tt')} AS layer, lag "
+            f"FROM (SELECT {{j_type}} AS tt, {{j_lag}} AS lag {_TIMEOUT_EVENTS}) e "
+            "WHERE lag IS NOT NULL) t GROUP BY layer",
         ),
     ),
 )

@@ -57,6 +57,12 @@ def register(sub: Any) -> None:
         "(default 10)",
     )
     p.add_argument(
+        "--retain",
+        metavar="DURATION",
+        help="delete the runs that ended longer ago than this, with their events (default 7d; "
+        "never keeps them)",
+    )
+    p.add_argument(
         "--no-worker",
         action="store_true",
         help="serve the API and UI only; `timebound worker` processes run the work (PostgreSQL)",
@@ -77,6 +83,7 @@ def _serve(args: argparse.Namespace) -> int:
         "allowed_hosts": args.allowed_host,
         "forwarded_allow_ips": args.forwarded_allow_ips,
         "drain_s": args.drain_timeout,
+        "retain": args.retain,
         "worker": False if args.no_worker else None,
     }
     try:

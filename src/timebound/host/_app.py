@@ -8,9 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -19,7 +17,6 @@ from starlette.routing import BaseRoute, Match, Mount, Route
 
 from .._core import _clock
 from ..propagation.asgi import DeadlineMiddleware
-from ..telemetry.prometheus import CountersCollector
 from ._api import api_routes
 from ._deferred import deferred_routes
 from ._host import Host
@@ -43,83 +40,6 @@ _UI_OPEN = ("/ui/login", "/ui/static/")
 # The one API route a signed-in UI session may read without a Bearer header: EventSource cannot
 # send one (D8.7).
 _EVENTS = re.compile(r"/v1/runs/[^/]+/events")
-
-
-# Detection lag buckets, in seconds: a healthy engine notices a timeout within milliseconds; the
-# upper buckets show a store or worker that fell behind (or a restart that found it overdue).
-_LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 60.0)
-# The stored timeout_type of each layer; "execution" is the node layer (D6).
-_LAYERS = {"workflow": "workflow", "execution": "node", "synchronization": "synchronization"}
-
-
-class _Snapshot(Collector):
-    """What the store holds, read once per scrape: runs and tokens by state, every timeout by
-    layer with its detection lag, and deferred operations by state with their polls. Read from
-    the store, not counted in this process, so the numbers include other workers' work."""
-
-    def __init__(
-        self,
-        counts: dict[str, dict[str, int]],
-        timeouts: list[dict[str, Any]],
-        deferred: tuple[dict[tuple[str, str], int], dict[str, int]],
-    ) -> None:
-        self._counts, self._timeouts, self._deferred = counts, timeouts, deferred
-
-    def collect(self) -> Any:
-        for what in ("runs", "tokens"):
-            family = GaugeMetricFamily(
-                f"timebound_workflow_{what}", f"Workflow {what} by state", labels=["state"]
-            )
-            for state, n in sorted(self._counts[what].items()):
-                family.add_metric([state], n)
-            yield family
-        yield from self._timeout_families()
-        ops, polls = self._deferred
-        family = GaugeMetricFamily(
-            "timebound_deferred_operations",
-            "Deferred operations by state and module",
-            labels=["state", "module"],
-        )
-        for (state, module), n in sorted(ops.items()):
-            family.add_metric([state, module], n)
-        yield family
-        counter = CounterMetricFamily(
-            "timebound_deferred_polls",
-            "Polls made of deferred operations, by module",
-            labels=["module"],
-        )
-        for module, n in sorted(polls.items()):
-            counter.add_metric([module], n)
-        yield counter
-
-    def _timeout_families(self) -> Any:
-        counts: dict[tuple[str, str], int] = {}
-        lags: dict[str, list[float]] = {layer: [] for layer in _LAYERS.values()}
-        for t in self._timeouts:
-            layer = _LAYERS.get(t.get("timeout_type", ""), "other")
-            key = (layer, str(t.get("policy_applied")))
-            counts[key] = counts.get(key, 0) + 1
-            lag = t.get("detection_lag_ms")
-            if isinstance(lag, int):
-                lags.setdefault(layer, []).append(lag / 1000)
-        counter = CounterMetricFamily(
-            "timebound_workflow_timeouts",
-            "Timeouts by layer (workflow, node, synchronization) and the policy applied",
-            labels=["layer", "policy"],
-        )
-        for (layer, policy), n in sorted(counts.items()):
-            counter.add_metric([layer, policy], n)
-        yield counter
-        histogram = HistogramMetricFamily(
-            "timebound_workflow_timeout_detection_lag_seconds",
-            "From a timeout's deadline to the instant the engine acted on it, by layer",
-            labels=["layer"],
-        )
-        for layer, values in sorted(lags.items()):
-            buckets = [(repr(le), sum(v <= le for v in values)) for le in _LAG_BUCKETS]
-            buckets.append(("+Inf", len(values)))
-            histogram.add_metric([layer], buckets, sum_value=sum(values))
-        yield histogram
 
 
 class _Guard:
@@ -255,18 +175,7 @@ def create_app(host: Host) -> ASGIApp:
         return JSONResponse({"status": "ready"})
 
     async def metrics(request: Request) -> Response:
-        registry = CollectorRegistry()
-        engine = host.engine
-        registry.register(
-            _Snapshot(
-                await engine.counts(),
-                await engine.timeouts(),
-                await engine.deferred_registry.stats(),
-            )
-        )
-        registry.register(CountersCollector())
-        body = generate_latest(registry) + generate_latest(host.registry)
-        return Response(body, media_type=CONTENT_TYPE_LATEST)
+        return Response(await host.metrics.scrape(), media_type=CONTENT_TYPE_LATEST)
 
     async def openapi_json(request: Request) -> Response:
         return JSONResponse(openapi())

@@ -8,6 +8,7 @@ where it came from).
 from __future__ import annotations
 
 import ipaddress
+import math
 import re
 import tomllib
 from collections.abc import Mapping
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .._core._durations import to_seconds
 from .._core._errors import ConfigurationError
 
 __all__ = ["Config", "ConfigError", "load_config"]
@@ -49,6 +51,8 @@ class Config:
     max_body_bytes: int = 1_048_576
     # On SIGTERM: how long in-flight requests, then in-flight actions, may take to finish.
     drain_s: float = 10.0
+    # D8.13: runs that ended longer ago than this (seconds) are pruned; math.inf keeps them all.
+    retain: float = 7 * 86_400.0
     page_size: int = 50
     # False: serve the API and UI only; `timebound worker` processes on the shared store do the
     # work (a one-process SQLite store is refused, nothing else could run its runs).
@@ -137,6 +141,8 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         if not 0 <= seconds <= 3600:
             raise ConfigError(f"{where}: expected seconds in [0, 3600], got {value!r}")
         return seconds
+    if name == "retain":
+        return _retention(value, where)
     if not isinstance(value, str) or not value:
         raise ConfigError(f"{where}: expected a non-empty string")
     return value
@@ -161,6 +167,22 @@ def _check_token(token: str, where: str) -> str:
             f"{advice}"
         )
     return token
+
+
+def _retention(value: Any, where: str) -> float:
+    """A retention period: a duration (``30d``, ``12h``, seconds) or ``never``."""
+    if isinstance(value, str) and value.strip().lower() == "never":
+        return math.inf
+    try:
+        seconds = to_seconds(value, option="retain", allow_zero=False)
+    except ConfigurationError:
+        seconds = math.nan
+    if not 60 <= seconds < math.inf:
+        raise ConfigError(
+            f"{where}: expected a duration of at least 1min such as 7d or 12h, or never; "
+            f"got {value!r}"
+        )
+    return seconds
 
 
 def _read_token_file(path: str, source: str) -> str:

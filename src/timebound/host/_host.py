@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hmac
 import importlib
+import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from ..workflow import Definition, DefinitionError, Engine
 from ._config import Config, ConfigError
+from ._metrics import Metrics
 from ._sessions import Sessions
 
 __all__ = ["Host", "load_actions", "load_connectors", "load_definitions"]
@@ -139,6 +141,8 @@ class Host:
             ["route"],
             registry=self.registry,
         )
+        # /metrics (D8.12): the store's state, read once for all scrapes in flight.
+        self.metrics = Metrics(self)
 
     @classmethod
     def build(cls, config: Config, actions: Mapping[str, Callable[..., Any]] | None = None) -> Host:
@@ -153,6 +157,7 @@ class Host:
             actions={**handlers, **(actions or {})},
             worker=config.worker,
             deferred_connectors=connectors,
+            retain=None if math.isinf(config.retain) else config.retain,  # D8.13
         )
         return cls(config, engine, load_definitions(engine, config.workflows), connectors)
 

@@ -29,6 +29,7 @@ from .._engine import DagPlan, Group, Node
 from ..telemetry._tracing import run_span
 from . import _expr
 from ._artifact import Artifact
+from ._bounded import await_abandonable, run_in_worker
 from ._errors import PlanTimeout, TaskError, ValidationError
 from ._model import Registry, TaskSpec, evaluate
 from ._rowset import RowSet
@@ -100,6 +101,8 @@ class _Compiled:
     plan: DagPlan[_Run]
     checked: Checked
     meta: dict[str, dict[str, Any]]  # node id -> span metadata (op, name, parent, deps)
+    # The same plan for runs under a deadline (D5.7), built when first needed.
+    bounded: _Compiled | None = None
 
 
 class Engine:
@@ -141,6 +144,11 @@ class Engine:
             "sha256:" + hashlib.sha256("\n".join(sorted(self.capabilities)).encode()).hexdigest()
         )
         self._cache: dict[tuple[str, str], _Compiled] = {}
+        #: Tasks this engine's runs stopped waiting for while they still ran (D5.7, D5.8).
+        self.abandoned = 0
+
+    def _abandoned(self, name: str) -> None:
+        self.abandoned += 1
 
     # Preparing ------------------------------------------------------------------------------
 
@@ -148,20 +156,29 @@ class Engine:
         """Validate ``artifact`` against this engine (cached); raises ValidationError."""
         self._compiled(artifact)
 
-    def _compiled(self, artifact: Artifact) -> _Compiled:
+    def _compiled(self, artifact: Artifact, bounded: bool = False) -> _Compiled:
         if not isinstance(artifact, Artifact):
             raise TypeError(f"run() takes a pl.Artifact, got {type(artifact).__name__}")
         key = (artifact.digest, self.capabilities_digest)
         compiled = self._cache.pop(key, None)
         if compiled is None:
             checked = validate(artifact, self.registry, capabilities=self.capabilities)
-            builder = _Builder(self, artifact)
-            builder.chain(artifact.plan["nodes"], "", None, None)
-            compiled = _Compiled(DagPlan(builder.nodes, builder.groups), checked, builder.meta)
+            compiled = self._build(artifact, checked, False)
             if len(self._cache) >= self._cache_size:
                 del self._cache[next(iter(self._cache))]  # the least recently used
         self._cache[key] = compiled  # (re)inserted last: most recently used
-        return compiled
+        if not bounded:
+            return compiled
+        if compiled.bounded is None:
+            compiled.bounded = self._build(artifact, compiled.checked, True)
+        return compiled.bounded
+
+    def _build(self, artifact: Artifact, checked: Checked, bounded: bool) -> _Compiled:
+        """The executor plan; ``bounded``: for a run under a deadline, where every sync task
+        runs where the deadline can leave it behind (D5.7)."""
+        builder = _Builder(self, artifact, bounded)
+        builder.chain(artifact.plan["nodes"], "", None, None)
+        return _Compiled(DagPlan(builder.nodes, builder.groups), checked, builder.meta)
 
     # Running --------------------------------------------------------------------------------
 
@@ -174,7 +191,7 @@ class Engine:
         source_params: Mapping[str, Any] | None = None,
     ) -> Result:
         """Run the plan on ``rows``; every enclosing timebound deadline bounds the run."""
-        compiled = self._compiled(artifact)
+        compiled = self._compiled(artifact, bounded=not current_deadline().is_never)
         rowset = self._rowset(rows, compiled.checked)
         params = self._params(artifact, request_params, source_params)
         trace = Trace(artifact.digest, round(_clock.wall() * 1_000_000_000), compiled.meta)
@@ -288,8 +305,10 @@ def _locate(exc: Exception, meta: Mapping[str, Mapping[str, Any]]) -> None:
 class _Builder:
     """Turns artifact nodes into executor nodes and groups."""
 
-    def __init__(self, engine: Engine, artifact: Artifact) -> None:
+    def __init__(self, engine: Engine, artifact: Artifact, bounded: bool) -> None:
         self.engine = engine
+        # Whether a deadline bounds every node built here (the run's, or an enclosing region's).
+        self.bounded = bounded
         self.registry = engine.registry
         self.artifact = artifact
         self.plan_params = artifact.plan["params"]
@@ -332,7 +351,7 @@ class _Builder:
             if node["op"] == "timeout_wrapper":
                 self._wrapper(node, key, tuple(deps), group)
             else:
-                action, is_async = self._action(node, key)
+                action, is_async = self._action(node, key, self.bounded or group is not None)
                 self.nodes.append(Node(key, action, tuple(deps), 50, is_async, group))
             keys.append(key)
             effects.append((reads, writes))
@@ -354,10 +373,15 @@ class _Builder:
 
     # Ops --------------------------------------------------------------------------------
 
-    def _action(self, node: dict[str, Any], key: str) -> tuple[Callable[[_Run], Any], bool]:
+    def _action(
+        self, node: dict[str, Any], key: str, bounded: bool
+    ) -> tuple[Callable[[_Run], Any], bool]:
         op, p = node["op"], node["params"]
         if op == "task":
-            return _task_action(self.registry, self.registry.tasks[p["name"]], p["args"], key)
+            task = self.registry.tasks[p["name"]]
+            return _task_action(
+                self.registry, task, p["args"], key, bounded, self.engine._abandoned
+            )
         if op == "vm":
             kdef = self.registry.keys[p["key"]]
             expr = p["expr"]
@@ -424,7 +448,7 @@ class _Builder:
         fail_nodes = fragments[p["fail"]["fragment_digest"]]["nodes"]
         # The fail branch is a plan of its own, run by the fallback: outside the expired
         # region, under every enclosing bound (D5.2).
-        fail_builder = _Builder(self.engine, self.artifact)
+        fail_builder = _Builder(self.engine, self.artifact, self.bounded or parent is not None)
         fail_builder.meta = self.meta
         fail_builder.chain(fail_nodes, f"{key}/fail/", None, key)
         fail_plan: DagPlan[_Run] = DagPlan(fail_builder.nodes, fail_builder.groups)
@@ -565,7 +589,12 @@ def _budget(
 
 
 def _task_action(
-    registry: Registry, task: TaskSpec, args: Mapping[str, Any], key: str
+    registry: Registry,
+    task: TaskSpec,
+    args: Mapping[str, Any],
+    key: str,
+    bounded: bool,
+    on_abandon: Callable[[str], None],
 ) -> tuple[Callable[[_Run], Any], bool]:
     fn = task.fn
     reads = task.reads
@@ -596,35 +625,46 @@ def _task_action(
     def apply(run: _Run, out: Any, params: Mapping[str, Any]) -> None:
         _apply(registry, task, run.rowset, out, params, exact)
 
-    if task.is_async:
-
-        async def action(run: _Run) -> None:
+    if not task.is_async and timeout is None and not bounded:
+        # No deadline can bound it (none around the run, no region, no timeout of its own):
+        # nothing to stop waiting for, so it runs on the loop, the cheapest way.
+        def sync_action(run: _Run) -> None:
             rows, params = context(run)
-            if timeout is None:
-                ctx = TaskContext(params, current_deadline(), rows.num_rows)
-                out = await fn(ctx, rows)
-            else:
-                async with fail_after(timeout, source="node", what=f"task {task.name}"):
-                    ctx = TaskContext(params, current_deadline(), rows.num_rows)
-                    out = await fn(ctx, rows)
+            out = fn(TaskContext(params, current_deadline(), rows.num_rows), rows)
+            _refuse_awaitable(task, out)
             apply(run, out, params)
 
-        return action, True
+        return sync_action, False
 
-    def sync_action(run: _Run) -> None:
+    async def call(ctx: TaskContext, rows: pa.Table) -> Any:
+        if ctx.deadline.is_never:
+            out = fn(ctx, rows)  # nothing bounds it: nothing to stop waiting for
+            return await out if task.is_async else out
+        # D5.7, D5.8: the region (or any deadline) stops waiting at once, even for a task that
+        # cannot be cancelled; what such a task returns later is dropped.
+        if task.is_async:
+            return await await_abandonable(fn(ctx, rows), task.name, on_abandon)
+        return await run_in_worker(fn, (ctx, rows), task.name, on_abandon)
+
+    async def action(run: _Run) -> None:
         rows, params = context(run)
         if timeout is None:
-            ctx = TaskContext(params, current_deadline(), rows.num_rows)
-            out = fn(ctx, rows)
+            out = await call(TaskContext(params, current_deadline(), rows.num_rows), rows)
         else:
-            with fail_after(timeout, source="node", what=f"task {task.name}"):
-                ctx = TaskContext(params, current_deadline(), rows.num_rows)
-                out = fn(ctx, rows)
-        if type(out) is not dict and inspect.isawaitable(out):
-            raise TaskError(f"task {task.name!r} is sync but returned an awaitable", task=task.name)
+            async with fail_after(timeout, source="node", what=f"task {task.name}"):
+                out = await call(TaskContext(params, current_deadline(), rows.num_rows), rows)
+        if not task.is_async:
+            _refuse_awaitable(task, out)
         apply(run, out, params)
 
-    return sync_action, False
+    return action, True
+
+
+def _refuse_awaitable(task: TaskSpec, out: Any) -> None:
+    if type(out) is not dict and inspect.isawaitable(out):
+        if inspect.iscoroutine(out):
+            out.close()  # never awaited: closed here, not warned about later
+        raise TaskError(f"task {task.name!r} is sync but returned an awaitable", task=task.name)
 
 
 def _apply(

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 from .._core import _clock
 from .._core._deadline import Deadline
+from .._core._durations import Duration
 from .._core._errors import ConfigurationError
 from .._core._scopes import fail_after
 from .._json import TooDeep
@@ -41,6 +42,7 @@ from ._definition import Definition, DefinitionConflict, DefinitionError, parse_
 from ._faults import RunFault, attribute, isolate
 from ._machine import Machine
 from ._reads import RunReads
+from ._retention import Retention
 from ._rows import RUN_TERMINAL, RunResult
 from ._starts import (
     Start,
@@ -117,6 +119,7 @@ class Engine(RunReads):
         deferred_policy: Any = None,
         deferred_connectors: Mapping[str, Any] | None = None,
         worker: bool = True,
+        retain: Duration | None = None,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError("concurrency must be >= 1", option="concurrency")
@@ -129,6 +132,8 @@ class Engine(RunReads):
                 "worker=False needs a shared store (postgresql://…) that worker processes serve",
                 option="worker",
             )
+        # D8.13: runs that ended more than ``retain`` ago are pruned (None: kept for ever).
+        self._retention = None if retain is None else Retention(self._store, retain, self._now)
         # Without the worker loop the engine starts, reads and cancels runs; other processes
         # (``timebound worker``) dispatch them.
         self._worker = worker
@@ -277,6 +282,10 @@ class Engine(RunReads):
             return
         await self._store.open()
         self._open = True
+        if self._retention is not None:  # only ended runs: safe from any process (D8.13)
+            pruning = asyncio.create_task(self._retention.run(), name="timebound-retention")
+            self._background.add(pruning)
+            pruning.add_done_callback(self._background.discard)
         if not self._worker:
             return
         await self._store.listen(self._wake_all)
@@ -354,6 +363,13 @@ class Engine(RunReads):
             self._open = False
             self._claiming = True
             self._drain_ended = False
+
+    async def prune(self) -> int:
+        """Delete, now, the runs that ended more than ``retain`` ago (in bounded batches, D8.13;
+        the worker loop does it every minute); how many were deleted. Live runs are kept."""
+        if self._retention is None:
+            raise ConfigurationError("this engine has no retention period (retain=None)")
+        return await self._retention.round()
 
     @property
     def late_results_discarded(self) -> int:

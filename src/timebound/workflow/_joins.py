@@ -12,6 +12,7 @@ from .._store import Tx
 from ._definition import Definition, Transition
 from ._limits import check_growth
 from ._merge import get_path, merge_outputs, set_path
+from ._metrics import tally_timeout
 from ._rows import LIVE_SQL, PRIORITY_TOKEN, decode, encode
 
 if TYPE_CHECKING:
@@ -298,6 +299,7 @@ class Joins:
             detection_lag_ms=now - row["timeout_at"],
             sync_started_at=row["sync_started_at"],
         )
+        tally_timeout(tx, "synchronization", sync.on_timeout, now - row["timeout_at"])
         if sync.on_timeout == "proceed_with_available":
             if completed:
                 await self._decide(tx, run, definition, join, group_key, completed, now, "timeout")

@@ -24,6 +24,7 @@ from ._children import Children
 from ._definition import Definition, RetryBlock, Transition, parse_definition
 from ._joins import Joins
 from ._limits import RunLimitExceeded, check_growth
+from ._metrics import tally_timeout
 from ._rows import (
     LIVE_SQL,
     PRIORITY_RUN,
@@ -464,6 +465,7 @@ class Machine:
         """Record the bound that fired: its layer, length, policy, deadline and (D6.17) where
         it was set: ``definition``, ``caller``, ``parent``, ``node``, ``action``, ``join`` or
         ``propagated``."""
+        lag = None if deadline_at is None else now - deadline_at
         await tx.append_event(
             tok["run_id"],
             "token_timed_out",
@@ -476,8 +478,12 @@ class Machine:
             bound_set_by=set_by,
             policy_applied=policy,
             deadline_at=deadline_at,
-            detection_lag_ms=None if deadline_at is None else now - deadline_at,
+            detection_lag_ms=lag,
         )
+        if timeout_type != "synchronization":  # a fan-in counts once, as its join (D6.17)
+            tally_timeout(
+                tx, timeout_type, policy, None if deadline_at is None else now - deadline_at
+            )
 
     async def claim(
         self,

@@ -11,8 +11,10 @@ import json
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-from .._store import Tx
+from .._store import Store, Tx
+from .._store._tally import read_off_loop
 from ._machine import Machine
+from ._metrics import TimeoutTallies, read_timeout_tallies
 
 __all__ = ["RunReads"]
 
@@ -20,10 +22,12 @@ __all__ = ["RunReads"]
 class RunReads:
     """What :class:`~timebound.workflow.Engine` answers about runs (a part of it).
 
-    The engine provides ``_machine`` and ``_read()``, a read transaction of committed state.
+    The engine provides ``_machine``, ``_store`` and ``_read()``, a read transaction of
+    committed state.
     """
 
     _machine: Machine
+    _store: Store
 
     def _read(self) -> AbstractAsyncContextManager[Tx]:
         raise NotImplementedError
@@ -83,32 +87,24 @@ class RunReads:
             )
 
     async def counts(self) -> dict[str, dict[str, int]]:
-        """How many runs and tokens are in each state (for metrics)."""
-        async with self._read() as tx:
-            runs = await tx.fetch("SELECT status, COUNT(*) AS n FROM tb_wf_runs GROUP BY status")
-            tokens = await tx.fetch(
-                "SELECT status, COUNT(*) AS n FROM tb_wf_tokens GROUP BY status"
-            )
+        """How many runs and tokens are in each state (for metrics), counted off the event
+        loop (D8.12)."""
+        runs, tokens = await read_off_loop(
+            self._store,
+            (
+                "SELECT status, COUNT(*) AS n FROM tb_wf_runs GROUP BY status",
+                "SELECT status, COUNT(*) AS n FROM tb_wf_tokens GROUP BY status",
+            ),
+        )
         return {
             "runs": {r["status"]: int(r["n"]) for r in runs},
             "tokens": {r["status"]: int(r["n"]) for r in tokens},
         }
 
-    async def timeouts(self) -> list[dict[str, Any]]:
-        """Every timeout the store recorded (workflow, execution and synchronization layers),
-        as its event data: layer (``timeout_type``), policy and ``detection_lag_ms``. A fan-in
-        timeout is its join's event once, not again for each sibling it timed out (D6.17)."""
-        async with self._read() as tx:
-            rows = await tx.fetch(
-                "SELECT kind, data FROM tb_events "
-                "WHERE kind IN ('token_timed_out', 'join_timed_out')"
-            )
-        found = [(r["kind"], json.loads(r["data"])) for r in rows]
-        return [
-            data
-            for kind, data in found
-            if kind == "join_timed_out" or data.get("timeout_type") != "synchronization"
-        ]
+    async def timeout_tallies(self) -> TimeoutTallies:
+        """Every timeout the store recorded (workflow, node and synchronization layers): counts
+        by layer and policy, and detection lag by layer, from the store's tallies (D8.12)."""
+        return await read_timeout_tallies(self._store)
 
 
 async def _run_row(machine: Machine, tx: Tx, run_id: str) -> dict[str, Any]:
