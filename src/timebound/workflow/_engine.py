@@ -86,6 +86,8 @@ async def store_definition(tx: Tx, definition: Definition) -> str | None:
         definition.id,
         definition.version,
     )
+    if row is not None and json.loads(row["body"]) == definition.raw:
+        await store_node_needs(tx, definition)  # which workers can run its nodes (D6.15)
     if row is not None and json.loads(row["body"]) != definition.raw:
         return (
             f"definition {definition.id!r} version {definition.version} is already stored "
@@ -139,7 +141,7 @@ class Engine(RunReads):
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
-        self._inflight = InFlight(self._now)
+        self._inflight = InFlight(self._now, self._wake.set)
         self._attempts = self._inflight.tasks
         self._tx: Tx | None = None  # the transaction in progress (one at a time: _lock)
         self._reporting: set[str] = set()  # tokens whose own outcome this turn stores
@@ -453,7 +455,6 @@ class Engine(RunReads):
             return None
         conflict = await store_definition(tx, definition)
         if conflict is None:
-            await store_node_needs(tx, definition)
             self._stored.add(key)  # forgotten if the transaction fails (see _loop)
         return conflict
 
@@ -525,6 +526,9 @@ class Engine(RunReads):
                 if self._store.shared and self._now() >= renew_at:
                     await self._renew_leases()
                     renew_at = self._now() + self._lease_ms // 3
+                if self._inflight.suspects:  # another process stopped tokens we may run
+                    async with self._read() as tx:
+                        await self._inflight.check_suspects(tx, self._presence)
                 if self._store.shared and self._now() >= house_at:
                     async with self._txn() as tx:
                         await housekeeping(

@@ -32,6 +32,8 @@ __all__ = [
 ]
 
 _log = logging.getLogger("timebound.workflow")
+#: How often a worker looks for ready tokens no live worker can run.
+UNRUNNABLE_EVERY_MS = 2_000
 
 # The kinds whose implementation names a handler of the worker's process.
 _HANDLER_KINDS = ("python", "deferred", "http_request")
@@ -73,6 +75,7 @@ class Presence:
         self.dead_after_ms = max(2 * sweep_ms, 1_000)
         self.lock_key = random.SystemRandom().randrange(1, 2**31)
         self._flagged: set[str] = set()  # tokens reported as runnable by no live worker
+        self._unrunnable_at = 0  # the next look for them (every few seconds: a scan)
 
     def claim_filter(self) -> tuple[str, list[Any]]:
         """The claim's condition on a node's need (alias ``n``): only what this worker runs."""
@@ -158,6 +161,9 @@ class Presence:
     async def unrunnable(self, tx: Tx, now: int) -> list[dict[str, Any]]:
         """Ready tokens that no live worker can run (their handler is nobody's), each reported
         once by a ``token_unrunnable`` event; they stay pending, and still time out."""
+        if now < self._unrunnable_at:
+            return []
+        self._unrunnable_at = now + UNRUNNABLE_EVERY_MS
         live: set[str] = set()
         for row in await tx.fetch("SELECT actions FROM tb_wf_workers"):
             live.update(json.loads(row["actions"]))
@@ -204,9 +210,13 @@ class InFlight:
     stopped: here (``local``), by another process's NOTIFY (``notify``) or found by the sweep
     (``sweep``), with the time from the state's flip to the handler's end (D6.14)."""
 
-    def __init__(self, now: Callable[[], int]) -> None:
+    def __init__(self, now: Callable[[], int], wake: Callable[[], None]) -> None:
         self.tasks: dict[str, asyncio.Task[None]] = {}
-        self._now = now
+        self._now, self._wake = now, wake
+        #: Tokens another process says it stopped (token id → the instant it flipped them),
+        #: to check against the store before cancelling: the NOTIFY names the token, not the
+        #: attempt, and this worker may have claimed the token again since.
+        self.suspects: dict[str, int] = {}
         self._running: dict[str, tuple[int, int, str]] = {}  # attempt, began at, run id
         self._stopping: dict[str, tuple[int, str]] = {}  # flipped at, how
         #: Stopped attempts not yet recorded: run id, token id, time to stop (ms), how.
@@ -220,21 +230,31 @@ class InFlight:
         """Token id → attempt number of each attempt in flight."""
         return {t: r[0] for t, r in self._running.items() if t in self.tasks}
 
-    def stop(self, token_id: str, flipped_at: int, how: str, *, began_before: bool = False) -> None:
-        """Cancel the attempt of a token stopped at ``flipped_at`` (if it runs here; with
-        ``began_before``, only if it began before then: a later one is a new claim)."""
-        task, running = self.tasks.get(token_id), self._running.get(token_id)
-        if task is None or running is None or task is asyncio.current_task():
-            return
-        if began_before and running[1] >= flipped_at:
+    def stop(self, token_id: str, flipped_at: int, how: str) -> None:
+        """Cancel the attempt of a token stopped at ``flipped_at``, if it runs here."""
+        task = self.tasks.get(token_id)
+        if task is None or task is asyncio.current_task():
             return
         self._stopping.setdefault(token_id, (flipped_at, how))
         task.cancel()
 
     def on_stop(self, flipped_at: int, token_ids: list[str]) -> None:
-        """Another process stopped these tokens (its NOTIFY)."""
+        """Another process stopped these tokens (its NOTIFY): the loop checks those that run
+        here (:meth:`check_suspects`) at once."""
+        found = False
         for token_id in token_ids:
-            self.stop(token_id, flipped_at, "notify", began_before=True)
+            if token_id in self.tasks:
+                self.suspects.setdefault(token_id, flipped_at)
+                found = True
+        if found:
+            self._wake()
+
+    async def check_suspects(self, tx: Tx, presence: Presence) -> None:
+        """Cancel the suspects' attempts that are no longer this worker's in the store."""
+        suspects, self.suspects = self.suspects, {}
+        attempts = {t: a for t, a in self.attempts().items() if t in suspects}
+        for token_id in await presence.lost(tx, attempts):
+            self.stop(token_id, suspects[token_id], "notify")
 
     def done(self, token_id: str, task: asyncio.Task[None]) -> None:
         if self.tasks.get(token_id) is not task:
