@@ -72,7 +72,7 @@ FLOWS = [
     _flow(
         "ab", [_node("a", "step_a"), _node("b", "step_b")], [{"id": "t", "from": "a", "to": "b"}]
     ),
-    _flow("c_only", [_node("c", "step_c")], timeout_ms=3_000),
+    _flow("c_only", [_node("c", "step_c")], timeout_ms=10_000),
     _flow(
         "flaky",
         [_node("a", "flaky", timeout_ms=60_000, retry={"max_attempts": 2})],
@@ -263,17 +263,25 @@ def test_workers_claim_only_what_they_can_run(cluster: Cluster, tmp_path: Path) 
 
 
 def test_a_token_no_worker_can_run_stays_pending_visibly(cluster: Cluster, tmp_path: Path) -> None:
-    """A node whose handler no live worker has is never claimed: reported, then timed out."""
+    """A node whose handler no live worker has is never claimed: reported by an event, a
+    metric and a line of the run's page, then timed out at the run's deadline."""
     host = cluster.host()
     (tmp_path / "only_a.py").write_text("from tests.workflow._workers_actions import step_a\n")
     cluster.worker("--actions", str(tmp_path / "only_a.py"))
     run_id = _start(host, "c_only")
+    reported = cluster.wait_for(
+        lambda: [e for e in _events(host, run_id) if e["kind"] == "token_unrunnable"], timeout=9
+    )
+    assert reported[0]["handler"] == "step_c" and reported[0]["node_id"] == "c"
+    page = host.get(f"/ui/runs/{run_id}").text
+    metrics = host.get("/metrics").text
+    if host.get(f"/v1/runs/{run_id}").json()["run"]["status"] == "running":
+        assert "needs handler step_c, which no live worker has" in page, page
+        assert "timebound_workflow_tokens_unrunnable 1.0" in metrics
     detail = _ended(host, run_id)
     assert detail["run"]["status"] == "timed_out"
     kinds = [e["kind"] for e in _events(host, run_id)]
-    assert "token_unrunnable" in kinds and "token_dispatched" not in kinds, kinds
-    unrunnable = next(e for e in _events(host, run_id) if e["kind"] == "token_unrunnable")
-    assert unrunnable["handler"] == "step_c"
+    assert "token_dispatched" not in kinds, kinds
 
 
 @pytest.mark.parametrize("flow", ["slow", "slow_unbounded"])

@@ -57,8 +57,11 @@ class _Snapshot(Collector):
         counts: dict[str, dict[str, int]],
         timeouts: list[dict[str, Any]],
         deferred: tuple[dict[tuple[str, str], int], dict[str, int]],
+        stops: list[dict[str, Any]] | None = None,
+        unrunnable: int = 0,
     ) -> None:
         self._counts, self._timeouts, self._deferred = counts, timeouts, deferred
+        self._stops, self._unrunnable = stops or [], unrunnable
 
     def collect(self) -> Any:
         for what in ("runs", "tokens"):
@@ -69,6 +72,7 @@ class _Snapshot(Collector):
                 family.add_metric([state], n)
             yield family
         yield from self._timeout_families()
+        yield from self._worker_families()
         ops, polls = self._deferred
         family = GaugeMetricFamily(
             "timebound_deferred_operations",
@@ -115,6 +119,32 @@ class _Snapshot(Collector):
             buckets.append(("+Inf", len(values)))
             histogram.add_metric([layer], buckets, sum_value=sum(values))
         yield histogram
+
+    def _worker_families(self) -> Any:
+        """Multi-process work (D6.14, D6.15): how long a stopped attempt took to stop on the
+        worker that ran it, by how the worker learnt of the stop, and the ready tokens no live
+        worker can run."""
+        stops: dict[str, list[float]] = {}
+        for s in self._stops:
+            lag = s.get("stop_lag_ms")
+            if isinstance(lag, int):
+                stops.setdefault(str(s.get("via")), []).append(lag / 1000)
+        histogram = HistogramMetricFamily(
+            "timebound_workflow_stop_seconds",
+            "From the commit that stopped a token (cancel, timeout, join decision) to the end of "
+            "its handler on the worker running it, by how that worker learnt of it",
+            labels=["via"],
+        )
+        for via, values in sorted(stops.items()):
+            buckets = [(repr(le), sum(v <= le for v in values)) for le in _LAG_BUCKETS]
+            buckets.append(("+Inf", len(values)))
+            histogram.add_metric([via], buckets, sum_value=sum(values))
+        yield histogram
+        yield GaugeMetricFamily(
+            "timebound_workflow_tokens_unrunnable",
+            "Ready tokens whose handler no live worker has: they wait for one, or their deadline",
+            value=self._unrunnable,
+        )
 
 
 class _Guard:
@@ -206,6 +236,8 @@ def create_app(host: Host) -> ASGIApp:
                 await engine.counts(),
                 await engine.timeouts(),
                 await engine.deferred_registry.stats(),
+                await engine.stops(),
+                len(await engine.unrunnable()),
             )
         )
         registry.register(CountersCollector())

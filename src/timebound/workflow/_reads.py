@@ -8,11 +8,14 @@ streams neither queue behind the worker loop's turns nor cause extra turns.
 from __future__ import annotations
 
 import json
+import math
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-from .._store import Tx
+from .._core import _clock
+from .._store import Store, Tx
 from ._machine import Machine
+from ._workers import unrunnable_tokens
 
 __all__ = ["RunReads"]
 
@@ -20,10 +23,12 @@ __all__ = ["RunReads"]
 class RunReads:
     """What :class:`~timebound.workflow.Engine` answers about runs (a part of it).
 
-    The engine provides ``_machine`` and ``_read()``, a read transaction of committed state.
+    The engine provides ``_machine``, ``_store`` and ``_read()``, a read transaction of
+    committed state.
     """
 
     _machine: Machine
+    _store: Store
 
     def _read(self) -> AbstractAsyncContextManager[Tx]:
         raise NotImplementedError
@@ -102,6 +107,21 @@ class RunReads:
                 "SELECT data FROM tb_events WHERE kind IN ('token_timed_out', 'join_timed_out')"
             )
         return [json.loads(r["data"]) for r in rows]
+
+    async def stops(self) -> list[dict[str, Any]]:
+        """Every stopped attempt a worker recorded (``attempt_stopped``): how it learnt of the
+        stop (``via``) and the time from the stop's commit to the handler's end (D6.14)."""
+        async with self._read() as tx:
+            rows = await tx.fetch("SELECT data FROM tb_events WHERE kind = 'attempt_stopped'")
+        return [json.loads(r["data"]) for r in rows]
+
+    async def unrunnable(self) -> list[dict[str, Any]]:
+        """Ready tokens that no live worker can run (their handler is nobody's, D6.15): token
+        and run ids, node and handler. Always empty on a one-process store."""
+        if not self._store.shared:
+            return []
+        async with self._read() as tx:
+            return await unrunnable_tokens(tx, math.floor(_clock.wall() * 1000))
 
 
 async def _run_row(machine: Machine, tx: Tx, run_id: str) -> dict[str, Any]:

@@ -29,11 +29,14 @@ __all__ = [
     "housekeeping",
     "node_needs",
     "store_node_needs",
+    "unrunnable_tokens",
 ]
 
 _log = logging.getLogger("timebound.workflow")
 #: How often a worker looks for ready tokens no live worker can run.
 UNRUNNABLE_EVERY_MS = 2_000
+#: A worker that beat this recently counts as live for what it can run.
+LIVE_MS = 10_000
 
 # The kinds whose implementation names a handler of the worker's process.
 _HANDLER_KINDS = ("python", "deferred", "http_request")
@@ -164,23 +167,7 @@ class Presence:
         if now < self._unrunnable_at:
             return []
         self._unrunnable_at = now + UNRUNNABLE_EVERY_MS
-        live: set[str] = set()
-        for row in await tx.fetch("SELECT actions FROM tb_wf_workers"):
-            live.update(json.loads(row["actions"]))
-        filter_sql, args = "n.handler IS NOT NULL", []
-        if live:
-            marks = ", ".join("?" for _ in live)
-            filter_sql += f" AND n.handler NOT IN ({marks})"
-            args = sorted(live)
-        rows = await tx.fetch(
-            "SELECT t.id, t.run_id, t.node_id, n.handler FROM tb_wf_tokens t "
-            "JOIN tb_wf_runs r ON r.id = t.run_id JOIN tb_wf_node_needs n ON "
-            "n.definition_id = r.definition_id AND n.version = r.definition_version "
-            f"AND n.node_id = t.node_id WHERE t.status = 'pending' AND t.not_before <= ? "
-            f"AND {filter_sql} ORDER BY t.not_before, t.seq LIMIT 1000",
-            now,
-            *args,
-        )
+        rows = await unrunnable_tokens(tx, now)
         new = [r for r in rows if r["id"] not in self._flagged]
         for r in new:
             seen = await tx.fetchone(
@@ -198,11 +185,33 @@ class Presence:
                     token_id=r["id"],
                     node_id=r["node_id"],
                     handler=r["handler"],
-                    live_workers=len(live),
                 )
         if len(self._flagged) > 10_000:
             self._flagged.clear()
         return rows
+
+
+async def unrunnable_tokens(tx: Tx, now: int) -> list[dict[str, Any]]:
+    """Ready tokens whose handler no live worker (one that beat in the last
+    :data:`LIVE_MS`) has: token id, run id, node id, handler (at most 1000)."""
+    live: set[str] = set()
+    for row in await tx.fetch(
+        "SELECT actions FROM tb_wf_workers WHERE heartbeat_ms >= ?", now - LIVE_MS
+    ):
+        live.update(json.loads(row["actions"]))
+    filter_sql, args = "n.handler IS NOT NULL", []
+    if live:
+        filter_sql += f" AND n.handler NOT IN ({', '.join('?' for _ in live)})"
+        args = sorted(live)
+    return await tx.fetch(
+        "SELECT t.id, t.run_id, t.node_id, n.handler FROM tb_wf_tokens t "
+        "JOIN tb_wf_runs r ON r.id = t.run_id JOIN tb_wf_node_needs n ON "
+        "n.definition_id = r.definition_id AND n.version = r.definition_version "
+        f"AND n.node_id = t.node_id WHERE t.status = 'pending' AND t.not_before <= ? "
+        f"AND {filter_sql} ORDER BY t.not_before, t.seq LIMIT 1000",
+        now,
+        *args,
+    )
 
 
 class InFlight:
