@@ -1,4 +1,4 @@
-"""The share of upstream Constellation programs timebound accepts (issue 14's measurement), and
+"""The share of upstream Constellation programs timebound accepts, and
 upstream's example programs run with the results their comments describe.
 
 The programs are read from a local copy of the upstream repository (github.com/VledicFranco/
@@ -14,7 +14,7 @@ library and the application modules of ``tests/dsl/app_modules.py`` (a call of a
 left unchecked, as ``timebound check`` does without ``--modules``: documentation snippets call
 modules nobody wrote).
 
-Left out of the share, as issue 14 asks: fragments without an ``out`` (upstream's parser requires
+Left out of the share: fragments without an ``out`` (upstream's parser requires
 one) or with an ``out`` of an expression (upstream's ``out`` takes a name); the streaming RFC's
 snippets (RFC-025), whose options timebound does not implement; and the programs reviewed as
 rejected by upstream too (``dsl_corpus_rejects.py``), every one of which must still be rejected

@@ -59,7 +59,7 @@ SERVICES = HERE / "_services.py"
 CLIENT_DEADLINE = 0.250  # seconds; the load generator gives up here in every mode
 QUANTUM = 0.0005  # seconds of CPU per work quantum
 MODES = ("M0", "M1", "M2", "M3", "M4", "M5")
-#: Modes with admission control at C (issue 13): their targets are set at rho 2 and 3.
+#: Modes with admission control at C (D9.4): their targets are set at rho 2 and 3.
 ADMISSION_MODES = ("M4", "M5")
 LOADS = (0.5, 1.0, 2.0, 3.0)
 #: The bursty load's rates, as multiples of the mean, in the on and the off half-second.
@@ -723,7 +723,7 @@ def _mode_rows(prefix: str, results: list[RunResult], capacity: float, targets: 
         bname = "M0" if base else None
         key = f"{prefix}.{r.mode}.{rho_name(r.rho)}"
         is_target = targets and r.mode == "M2" and r.rho == 2.0
-        # Issue 13: with admission, PDW <= 5 % and goodput >= 0.8 x capacity at rho 2 and 3.
+        # With admission (D9.4), PDW <= 5 % and goodput >= 0.8 x capacity at rho 2 and 3.
         admitted = targets and r.mode in ADMISSION_MODES and r.rho in (2.0, 3.0)
         for name, value, bval in (
             ("pdw_c", r.pdw_c, base.pdw_c if base else None),

@@ -125,3 +125,22 @@ def test_pickled_deadline_exceeded_keeps_its_deadline(virtual_clock: VirtualCloc
     err = tb.DeadlineExceeded(source="node", timeout=3.0, deadline=tb.Deadline.after(3))
     back = pickle.loads(pickle.dumps(err))
     assert back.deadline == tb.Deadline(3.0)
+
+
+def test_wall_ms_rounds_down_so_an_expiry_never_holds_early(virtual_clock: VirtualClock) -> None:
+    """Now in epoch ms is floored: a deadline stored rounded up is reached, never passed early."""
+    virtual_clock.advance(0.2509)
+    assert _clock.wall_ms() == _WALL0_MS + 250
+    stored = tb.Deadline.after(0.0001).to_epoch_ms()
+    assert stored is not None and stored > _clock.wall_ms()
+
+
+@pytest.mark.parametrize(
+    ("bounds", "expected"),
+    [((), None), ((None, None), None), ((5, None, 3), 3), ((None, 7), 7), ((0, 9), 0)],
+)
+def test_earliest_takes_the_smallest_present_bound(
+    bounds: tuple[int | None, ...], expected: int | None
+) -> None:
+    """None means no bound; zero is a bound like any other."""
+    assert _clock.earliest(*bounds) == expected

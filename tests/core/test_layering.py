@@ -1,4 +1,4 @@
-"""The core stands alone: dependencies point down, one registry of detached tasks (issue 8 §2)."""
+"""The core stands alone: dependencies point down, one registry of detached tasks."""
 
 from __future__ import annotations
 

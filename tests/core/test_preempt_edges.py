@@ -152,7 +152,7 @@ def test_signal_nested_outer_deadline_fires_inside_inner_call() -> None:
     assert info.value.source == "scope"
     assert info.value.timeout == BUDGET
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
-    assert tb.current_deadline().is_never  # the spent deadline did not leak (issue 7 §2)
+    assert tb.current_deadline().is_never  # the spent deadline did not leak
 
 
 def test_signal_nested_call_accepts_its_own_handler() -> None:

@@ -1,4 +1,4 @@
-"""Scope semantics the peers' tests found (issue 7 §1), each on asyncio and on trio.
+"""Scope semantics the peers' tests pin (asyncio, trio, CPython), each on asyncio and on trio.
 
 D1.8: a scope entered after an enclosing bound has passed is bounded by it (its first await is
 interrupted) unless shielded, and then its own deadline bounds it. D1.9: negative relative

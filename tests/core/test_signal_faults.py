@@ -1,4 +1,4 @@
-"""The signal tier under a SIGALRM at every instant: no spent deadline ever leaks (issue 7 §2).
+"""The signal tier under a SIGALRM at every instant: no spent deadline ever leaks.
 
 A signal can land between any two bytecodes. These tests deliver the tier's handler at the k-th
 opcode after the deadline passed, for every k until the call completes without it, and check the

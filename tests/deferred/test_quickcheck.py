@@ -175,7 +175,7 @@ _OPERATION_BASES = [
 
 
 def _full_valid(name: str, doc: object) -> bool:
-    return not any(True for _ in _validator(name).iter_errors(doc))
+    return _validator(name).is_valid(doc)
 
 
 def _agrees(name: str, doc: dict[str, Any]) -> None:

@@ -11,7 +11,7 @@ import pytest
 import timebound
 from timebound import DeadlineExceeded
 from timebound._core import _clock
-from timebound.dsl import CallSite, ModuleRegistry, RunResult, compile
+from timebound.dsl import CallSite, ModuleRegistry, TracedRun, compile
 from timebound.testing import VirtualClock
 
 from ._modules import Log, build, make_registry
@@ -405,7 +405,7 @@ async def test_trace_records_each_call(virtual_clock: VirtualClock) -> None:
         "fallback: 0\nout b"
     )
     result = await program.run_traced({"x": 1})
-    assert isinstance(result, RunResult) and result.outputs == {"b": 0}
+    assert isinstance(result, TracedRun) and result.outputs == {"b": 0}
     inc, hang = result.trace
     assert (inc.module, inc.line, inc.column, inc.start, inc.end, inc.attempts, inc.outcome) == (
         "Inc",
@@ -483,3 +483,11 @@ def test_record_literal_as_a_map() -> None:
     assert program.run_sync({}) == {"a": 0, "b": 3}
     with pytest.raises(Exception, match="E011"):
         compile('c = Total({ x: "no" })\nout c', modules=registry)
+
+
+def test_the_old_name_of_a_traced_run_warns() -> None:
+    """dsl.RunResult still works for one release and names the new spelling."""
+    import timebound.dsl as dsl
+
+    with pytest.warns(DeprecationWarning, match="timebound.dsl.TracedRun"):
+        assert dsl.RunResult is TracedRun  # type: ignore[attr-defined]

@@ -17,9 +17,9 @@ SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "timebound"
 # tier (siblings share code by moving it down), never a higher tier.
 TIERS: list[set[str]] = [
     {"_core"},
-    {"telemetry", "testing"},
+    {"telemetry", "testing", "_json"},
     {"policies"},
-    {"_engine", "_store", "propagation"},
+    {"_engine", "_store", "propagation", "lowlevel"},
     {"dsl", "pipeline", "deferred"},
     {"workflow"},
     {"host"},

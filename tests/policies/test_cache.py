@@ -100,7 +100,7 @@ async def test_retried_success_is_cached(virtual_clock: VirtualClock) -> None:
 async def test_policies_with_the_same_name_do_not_share_a_cache(
     virtual_clock: VirtualClock,
 ) -> None:
-    """A name is a label: two policies named alike keep their own entries (issue 7 §4)."""
+    """A name is a label: two policies named alike keep their own entries (D3.7)."""
     fn = AsyncFlaky(0)
     a = Policy("SharedCache", cache="1min")
     b = Policy("SharedCache", cache="1min", retry=2)

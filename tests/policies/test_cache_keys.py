@@ -1,4 +1,4 @@
-"""Cache keys and cached values (issue 7 §3): no identity keys, no look-alike collisions, no
+"""Cache keys and cached values (D3.6): no identity keys, no look-alike collisions, no
 shared mutable results."""
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ def test_two_functions_with_one_qualname_keep_their_own_entries(
     virtual_clock: VirtualClock,
 ) -> None:
     """Two different functions named alike under resilient(cache=...) never see each other's
-    results (issue 7 §4)."""
+    results (D3.7)."""
 
     def make(result: str) -> Any:
         @tb.resilient(cache="1min")

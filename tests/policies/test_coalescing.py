@@ -1,4 +1,4 @@
-"""Identical concurrent calls under a cache are coalesced (issue 7 §4): one runs, others wait."""
+"""Identical concurrent calls under a cache are coalesced (D3.6): one runs, others wait."""
 
 from __future__ import annotations
 

@@ -115,3 +115,18 @@ def test_methods_work(virtual_clock: VirtualClock) -> None:
             return self.calls
 
     assert Client().get() == 2
+
+
+def test_the_options_are_written_once_and_agree_with_policy() -> None:
+    """resilient's and Policy's keywords are one TypedDict; Policy's implementation has them all."""
+    from timebound.policies._options import PolicyOptions
+
+    own = {"self", "name", "on_error", "zero"}
+    policy_keywords = set(inspect.signature(Policy.__init__).parameters) - own
+    assert policy_keywords == set(PolicyOptions.__optional_keys__)
+
+
+def test_a_misspelt_option_is_a_type_error_naming_it() -> None:
+    """An unknown keyword fails where resilient(...) is written, as a plain function's would."""
+    with pytest.raises(TypeError, match="unexpected keyword argument 'retyr'"):
+        tb.resilient(retyr=3)  # type: ignore[call-overload]

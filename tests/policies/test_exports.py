@@ -16,13 +16,6 @@ def test_contract_names_are_exported() -> None:
         "Err",
         "CacheBackend",
         "InMemoryCache",
-        "RetryPlan",
-        "RetryState",
-        "AttemptNow",
-        "RetryAt",
-        "FallBack",
-        "Stop",
-        "classify",
         "Slots",
         "TokenBucket",
         "zero_value_for",
@@ -33,6 +26,30 @@ def test_contract_names_are_exported() -> None:
         assert hasattr(policies, name), name
     assert timebound.resilient is policies.resilient
     assert "resilient" in timebound.__all__
+
+
+def test_engine_building_names_live_in_lowlevel() -> None:
+    """The retry decision core and the classification are timebound.lowlevel's."""
+    import timebound.lowlevel as lowlevel
+
+    for name in ["RetryPlan", "RetryState", "AttemptNow", "RetryAt", "FallBack", "Stop"]:
+        assert name in lowlevel.__all__ and name not in policies.__all__, name
+    for name in ["Decision", "classify", "bound_origin", "mark_enclosing", "Origin"]:
+        assert name in lowlevel.__all__ and name not in policies.__all__, name
+
+
+def test_the_old_spelling_warns_and_names_the_new_one() -> None:
+    """timebound.policies.RetryPlan still works for one release, with a DeprecationWarning."""
+    import pytest
+
+    import timebound.lowlevel as lowlevel
+
+    with pytest.warns(DeprecationWarning, match=r"timebound\.lowlevel\.RetryPlan"):
+        assert policies.RetryPlan is lowlevel.RetryPlan  # type: ignore[attr-defined]
+    with pytest.warns(DeprecationWarning, match=r"timebound\.lowlevel\.classify"):
+        assert policies.classify is lowlevel.classify  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError):
+        policies.no_such_name  # type: ignore[attr-defined]  # noqa: B018
 
 
 def test_nothing_leaks() -> None:

@@ -35,7 +35,7 @@ def test_sync_throttle_spaces_calls(virtual_clock: VirtualClock) -> None:
 
 
 async def test_throttle_is_not_shared_by_name(virtual_clock: VirtualClock) -> None:
-    """Two policies named alike each have their own bucket (issue 7 §4)."""
+    """Two policies named alike each have their own bucket (D3.7)."""
     fn = AsyncFlaky(0)
     a = Policy("ThrottleShared", throttle="1/1s")
     b = Policy("ThrottleShared", throttle="1/1s", retry=2)
@@ -118,7 +118,7 @@ async def test_concurrency_is_shared_through_one_slots_object(
 
 
 async def test_concurrency_is_not_shared_by_name(virtual_clock: VirtualClock) -> None:
-    """Two policies named "db" with concurrency=1 each have their own slot (issue 7 §4)."""
+    """Two policies named "db" with concurrency=1 each have their own slot (D3.7)."""
     starts: list[float] = []
 
     async def work() -> None:

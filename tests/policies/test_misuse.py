@@ -1,4 +1,4 @@
-"""Misuse of resilient gets a message that says what to write (issue 8 §1, §5)."""
+"""Misuse of resilient gets a message that says what to write."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A compiled Constellation program owns its caches and limiters (D3.6, D3.7, issue 7 §4)."""
+"""A compiled Constellation program owns its caches and limiters (D3.6, D3.7)."""
 
 from __future__ import annotations
 

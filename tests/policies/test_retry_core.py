@@ -8,15 +8,8 @@ import pickle
 import pytest
 
 import timebound as tb
-from timebound.policies import (
-    AttemptNow,
-    FallBack,
-    Policy,
-    RetryAt,
-    RetryPlan,
-    RetryState,
-    Stop,
-)
+from timebound.lowlevel import AttemptNow, FallBack, RetryAt, RetryPlan, RetryState, Stop
+from timebound.policies import Policy
 from timebound.testing import VirtualClock
 
 from ._helpers import AsyncFlaky, Flaky

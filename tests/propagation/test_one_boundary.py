@@ -1,5 +1,5 @@
 """Every client adapter obtains its attempts from ``_client.begin`` and repeats none of the cut
-logic (issue 8 §1: one client-attempt abstraction and one exception-mapping boundary)."""
+logic (one client-attempt abstraction and one exception-mapping boundary)."""
 
 from __future__ import annotations
 

@@ -352,3 +352,14 @@ def test_the_seed_sync_default_example_holds() -> None:
     )
     d = wf.parse_definition(data)
     assert d.sync_timeout_ms(d.transitions["j"], 10) == 1_800_000
+
+
+@pytest.mark.parametrize("where", ["id", "node"])
+def test_an_identifier_ending_in_a_newline_is_refused(where: str) -> None:
+    """A pattern's "$" ends the string (ECMA-262), so "research\\n" is not an identifier."""
+    data = _with(id="research\n") if where == "id" else _with()
+    if where == "node":
+        data["nodes"][1]["id"] = "B\n"
+    err = _error(data)
+    assert err.path == ("id" if where == "id" else "nodes[1].id")
+    assert "does not match" in str(err)

@@ -13,10 +13,11 @@ the virtual clock, so deadlines computed here can be handed to ``loop.call_at`` 
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable
 
-__all__ = ["now", "real_io", "sleep", "wall"]
+__all__ = ["earliest", "now", "real_io", "sleep", "wall", "wall_ms"]
 
 #: Current time in seconds on the monotonic scheduling clock. Rebound by virtual time.
 now: Callable[[], float] = time.monotonic
@@ -31,3 +32,15 @@ wall: Callable[[], float] = time.time
 #: clock. Virtual time (:mod:`timebound.testing`) rebinds it so that autojump never leaps while an
 #: answer is on its way: a slow server must not look like an idle loop.
 real_io: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
+
+
+def wall_ms() -> int:
+    """Now as whole epoch milliseconds, the form durable rows store (D6.12), rounded **down**:
+    an expiry compared against it (``deadline_ms <= wall_ms()``) never holds early (D1.3)."""
+    return math.floor(wall() * 1000)
+
+
+def earliest(*bounds: int | None) -> int | None:
+    """The earliest of the bounds that are present (``None`` is "no bound"), or ``None``."""
+    present = [b for b in bounds if b is not None]
+    return min(present) if present else None

@@ -1,4 +1,5 @@
-"""Durable storage shared by timebound's engines (workflows now, deferred operations later).
+"""Durable storage shared by timebound's engines: workflow runs, deferred operations, the host's
+stored definitions.
 
 ``open_store(url)`` picks the backend: ``sqlite:///path.db`` (embedded, WAL, one writer process;
 ``?synchronous=NORMAL`` trades power-loss durability for speed) or ``postgresql://…`` (many

@@ -12,12 +12,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 from datetime import UTC, datetime
 from functools import cache
 from importlib import resources
 from typing import Any
 
+from .._json import SchemaValidator, json_path
 from ._quickcheck import Quick, compile_quick
 
 __all__ = [
@@ -55,41 +55,19 @@ class SchemaError(ValueError):
 @cache
 def _schema(name: str) -> dict[str, Any]:
     text = resources.files(__package__).joinpath(f"schemas/{name}.json").read_text("utf-8")
-    schema: dict[str, Any] = _end_anchors(json.loads(text))
+    schema: dict[str, Any] = json.loads(text)
     return schema
 
 
-def _end_anchors(node: Any) -> Any:
-    # A schema's regexes follow ECMA-262, where "$" ends the string; jsonschema runs them with
-    # Python's re.search, where "$" also matches before a final newline. Without this,
-    # "...T18:00:00Z\n" passed as a timestamp and broke parse_time after the check (and an
-    # id could end in a newline). "\Z" is Python's end of string.
-    if isinstance(node, dict):
-        return {
-            k: v[:-1] + r"\Z"
-            if k == "pattern" and v.endswith("$") and not v.endswith("\\$")
-            else _end_anchors(v)
-            for k, v in node.items()
-        }
-    if isinstance(node, list):
-        return [_end_anchors(v) for v in node]
-    return node
-
-
 @cache
-def _validator(name: str) -> Any:
-    import jsonschema
-
-    schema = _schema(name)
-    cls = jsonschema.Draft202012Validator
-    cls.check_schema(schema)
-    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+def _validator(name: str) -> SchemaValidator:
+    return SchemaValidator(_schema(name))
 
 
 @cache
 def _quick(name: str) -> Quick:
     # Built once per schema from the same file and format checker as the full validation.
-    return compile_quick(_schema(name), _validator(name).format_checker)
+    return compile_quick(_validator(name).schema, _validator(name).format_checker)
 
 
 def _check(name: str, doc: object) -> None:
@@ -105,36 +83,22 @@ def _check(name: str, doc: object) -> None:
         raise SchemaError(name, path, "json", what)
     if _quick(name)(doc) is True:
         return  # the quick check only says True when the full validation accepts (see there)
-    errors = sorted(
-        _validator(name).iter_errors(doc), key=lambda e: (list(e.absolute_path), e.validator)
-    )
-    if errors:
-        err = errors[0]
-        raise SchemaError(name, err.json_path, str(err.validator), _short(err.message))
-
-
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+    problem = _validator(name).first_problem(doc)
+    if problem is not None:
+        raise SchemaError(name, problem.path, problem.rule, problem.message)
 
 
 def _not_json(value: object) -> tuple[str, str] | None:
     """``(JSON path, what is wrong)`` for the first value JSON cannot carry (a set, a tuple,
     bytes, a NaN or an infinity, a non-string key, a cycle), or ``None`` when it is JSON."""
-    keys: list[object] = []
+    keys: list[str | int] = []
     bad = _first_bad(value, keys, set())
     if bad is None:
         return None
-    path = "$"
-    for key in reversed(keys):
-        if isinstance(key, int):
-            path += f"[{key}]"
-        elif _NAME.match(str(key)):
-            path += f".{key}"
-        else:
-            path += f"[{str(key)!r}]"
-    return path, bad
+    return json_path(reversed(keys)), bad
 
 
-def _first_bad(value: object, keys: list[object], open_: set[int]) -> str | None:
+def _first_bad(value: object, keys: list[str | int], open_: set[int]) -> str | None:
     # The keys leading to a failure are appended on the way out, innermost first.
     if value is None or isinstance(value, (str, bool, int)):
         return None

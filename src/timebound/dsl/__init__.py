@@ -24,7 +24,7 @@ from ._runtime import (
     CallTrace,
     InputError,
     Program,
-    RunResult,
+    TracedRun,
     to_json_value,
 )
 from ._types import BOOLEAN, FLOAT, INT, STRING, ListType, MapType, OptionalType, RecordType, Type
@@ -52,7 +52,7 @@ __all__ = [
     "Program",
     "ProgramIR",
     "RecordType",
-    "RunResult",
+    "TracedRun",
     "Type",
     "compile",
     "format_diagnostic",
@@ -95,3 +95,17 @@ def compile(source: str, *, modules: ModuleRegistry | None = None) -> Program:
         diags.sort(key=lambda d: (d.line, d.column, d.severity != "error"))
         raise CompileError(diags, source)
     return program
+
+
+def __getattr__(name: str) -> object:
+    # Renamed so that one name does not mean two things (workflow.RunResult is a workflow's).
+    if name == "RunResult":
+        import warnings
+
+        warnings.warn(
+            "timebound.dsl.RunResult is now timebound.dsl.TracedRun",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return TracedRun
+    raise AttributeError(f"module 'timebound.dsl' has no attribute {name!r}")

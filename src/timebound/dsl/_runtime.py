@@ -31,7 +31,7 @@ from ._types import Type, validate_value
 if TYPE_CHECKING:
     from ._ir import CallNode, ProgramIR
 
-__all__ = ["Annotation", "CallSite", "CallTrace", "InputError", "Program", "RunResult"]
+__all__ = ["Annotation", "CallSite", "CallTrace", "InputError", "Program", "TracedRun"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +131,7 @@ class Annotation:
 
 
 @dataclass(frozen=True, slots=True)
-class RunResult:
+class TracedRun:
     """What :meth:`Program.run_traced` returns: the outputs and every call that ran."""
 
     outputs: dict[str, Any]
@@ -653,14 +653,14 @@ class Program:
         timeout: Duration | None = None,
         concurrency: int | None = None,
         sink: list[CallTrace] | None = None,
-    ) -> RunResult:
+    ) -> TracedRun:
         """Like :meth:`run`, also recording a :class:`CallTrace` per call that ran.
 
         ``sink``, when given, receives each call's trace as the call starts, so a caller still
         has the trace of a run that fails.
         """
         run = await self._execute(inputs, timeout, concurrency, True, sink=sink)
-        return RunResult(self._outputs(run.env), run.trace or [], _clock.now() - run.t0)
+        return TracedRun(self._outputs(run.env), run.trace or [], _clock.now() - run.t0)
 
     def run_sync(
         self,
@@ -681,9 +681,9 @@ class Program:
         *,
         timeout: Duration | None = None,
         concurrency: int | None = None,
-    ) -> RunResult:
+    ) -> TracedRun:
         """:meth:`run_traced` from synchronous code."""
-        result: RunResult = _run_in_new_loop(
+        result: TracedRun = _run_in_new_loop(
             self.run_traced(inputs, timeout=timeout, concurrency=concurrency)
         )
         return result

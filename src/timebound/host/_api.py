@@ -6,8 +6,6 @@ import asyncio
 import base64
 import binascii
 import json
-import math
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from .._core import _clock
 from .._core._scopes import remaining
 from ..workflow import DefinitionConflict, DefinitionError
 from ..workflow._rows import RUN_TERMINAL
@@ -159,7 +158,7 @@ async def run_detail(host: Host, run_id: str) -> dict[str, Any]:
         "tokens": tokens,
         "timeouts": timeouts(events),
         "bound_fired": bound_fired(events),
-        "timeline": timeline(run, events, math.floor(time.time() * 1000)),
+        "timeline": timeline(run, events, _clock.wall_ms()),
     }
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 from starlette.routing import Route
 
+from .._core import _clock
 from ..propagation.asgi import DeadlineMiddleware
 from ..telemetry.prometheus import CountersCollector
 from ._api import api_routes
@@ -160,7 +160,7 @@ class _Guard:
         request = Request(scope)
         path = scope["path"]
         refused = self._refuse(request, path)
-        started = time.perf_counter()
+        started = _clock.now()
         status = 500
 
         async def sending(message: Message) -> None:
@@ -177,7 +177,7 @@ class _Guard:
         finally:
             route = _route_label(scope)
             self.host.requests.labels(route, str(status)).inc()
-            self.host.latency.labels(route).observe(time.perf_counter() - started)
+            self.host.latency.labels(route).observe(_clock.now() - started)
 
     def _refuse(self, request: Request, path: str) -> Response | None:
         host = self.host

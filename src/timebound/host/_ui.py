@@ -10,9 +10,7 @@ read, so a missing or lying Content-Length does not get past the body limit.
 from __future__ import annotations
 
 import hmac
-import math
 import secrets
-import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -25,6 +23,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import Message
 
+from .._core import _clock
 from ._api import decode_cursor, list_page, run_detail
 from ._deferred import DEFERRED_STATUSES, cancel_now, deferred_detail, deferred_list, poll_now
 from ._host import Host
@@ -198,7 +197,7 @@ async def run_page(request: Request) -> Response:
             "bars": _bars(detail),
             "markers": markers,
             "span_ms": tl["end_ms"] - tl["start_ms"],
-            "now_ms": math.floor(time.time() * 1000),
+            "now_ms": _clock.wall_ms(),
             "unrunnable": unrunnable,
         },
     )

@@ -9,9 +9,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-import jsonschema
 import rfc8785
 
+from .._json import SchemaValidator
 from ._errors import ValidationError
 
 __all__ = ["CAPABILITY", "Artifact"]
@@ -33,23 +33,19 @@ def digest_of(doc: Any) -> str:
 
 
 @functools.cache
-def _validator() -> jsonschema.protocols.Validator:
+def _validator() -> SchemaValidator:
     text = importlib.resources.files(__package__).joinpath("plan.schema.json").read_text("utf-8")
-    schema = json.loads(text)
-    cls = jsonschema.validators.validator_for(schema)
-    cls.check_schema(schema)
-    return cls(schema)
+    return SchemaValidator(json.loads(text))
 
 
 def check_schema(doc: Any) -> None:
     """Fail-closed: raise ``ValidationError(rule="schema")`` naming the first offending field."""
     try:
-        error = jsonschema.exceptions.best_match(_validator().iter_errors(doc))
+        problem = _validator().first_problem(doc)
     except RecursionError:
         raise ValidationError("schema", "artifact is nested too deeply") from None
-    if error is not None:
-        where = "/".join(str(p) for p in error.absolute_path) or "(top level)"
-        raise ValidationError("schema", f"artifact field {where}: {error.message}")
+    if problem is not None:
+        raise ValidationError("schema", f"artifact field {problem.path}: {problem.message}")
 
 
 def _no_constant(name: str) -> Any:

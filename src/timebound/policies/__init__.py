@@ -9,39 +9,59 @@ every engine (the Constellation runtime builds one :class:`Policy` per call site
 See ``docs/policies.md``.
 """
 
-from .._core._classify import Origin, bound_origin, classify, mark_enclosing
 from ._cache import CacheBackend, InMemoryCache, cache_key
 from ._decorator import resilient
 from ._limits import Slots, TokenBucket
 from ._options import MISSING
 from ._policy import Observer, Policy
 from ._result import Err, Ok, Result
-from ._retry import AttemptNow, Decision, FallBack, RetryAt, RetryPlan, RetryState, Stop
 from ._zero import zero_value_for
 
 __all__ = [
     "MISSING",
-    "AttemptNow",
     "CacheBackend",
-    "Decision",
     "Err",
-    "FallBack",
     "InMemoryCache",
     "Observer",
     "Ok",
-    "Origin",
     "Policy",
     "Result",
-    "RetryAt",
-    "RetryPlan",
-    "RetryState",
     "Slots",
-    "Stop",
     "TokenBucket",
-    "bound_origin",
     "cache_key",
-    "classify",
-    "mark_enclosing",
     "resilient",
     "zero_value_for",
 ]
+
+# Engine-building names moved to timebound.lowlevel; the old spelling works for one release.
+_MOVED = frozenset(
+    {
+        "AttemptNow",
+        "Decision",
+        "FallBack",
+        "Origin",
+        "RetryAt",
+        "RetryPlan",
+        "RetryState",
+        "Stop",
+        "bound_origin",
+        "classify",
+        "mark_enclosing",
+    }
+)
+
+
+def __getattr__(name: str) -> object:
+    if name in _MOVED:
+        import warnings
+
+        from .._core import _classify
+        from . import _retry
+
+        warnings.warn(
+            f"timebound.policies.{name} moved to timebound.lowlevel.{name}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(_retry, name, None) or getattr(_classify, name)
+    raise AttributeError(f"module 'timebound.policies' has no attribute {name!r}")

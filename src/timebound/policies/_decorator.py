@@ -6,15 +6,12 @@ import functools
 import inspect
 import typing
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal, ParamSpec, Protocol, TypeVar, overload
+from typing import Any, Literal, ParamSpec, Protocol, TypeVar, Unpack, overload
 
-from .._core._durations import Duration
 from .._core._errors import ConfigurationError
 from . import _call
-from ._cache import CacheBackend
-from ._limits import Slots, TokenBucket
-from ._options import MISSING
-from ._policy import Policy, RetryOn
+from ._options import MISSING, PolicyOptions
+from ._policy import Policy
 from ._result import Err, Ok
 from ._zero import zero_value_for
 
@@ -44,23 +41,9 @@ def resilient(
     /,
     *,
     name: str | None = None,
-    timeout: Duration | None = None,
-    retry: int = 0,
-    retry_on: RetryOn | None = None,
-    delay: Duration | None = None,
-    backoff: str = "fixed",
-    max_delay: Duration = 30.0,
-    jitter: bool | Duration = False,
-    fallback: Any = MISSING,
-    fallback_on: type[Exception] | tuple[type[Exception], ...] | None = None,
-    cache: Duration | None = None,
-    cache_backend: CacheBackend | str | None = None,
-    cache_key: Callable[..., Any] | None = None,
     on_error: Literal["wrap"],
     zero: Any = MISSING,
-    throttle: str | tuple[int, Duration] | TokenBucket | None = None,
-    concurrency: int | Slots | None = None,
-    total_timeout: Duration | None = None,
+    **options: Unpack[PolicyOptions],
 ) -> _Wrapping: ...
 
 
@@ -70,23 +53,9 @@ def resilient(
     /,
     *,
     name: str | None = None,
-    timeout: Duration | None = None,
-    retry: int = 0,
-    retry_on: RetryOn | None = None,
-    delay: Duration | None = None,
-    backoff: str = "fixed",
-    max_delay: Duration = 30.0,
-    jitter: bool | Duration = False,
-    fallback: Any = MISSING,
-    fallback_on: type[Exception] | tuple[type[Exception], ...] | None = None,
-    cache: Duration | None = None,
-    cache_backend: CacheBackend | str | None = None,
-    cache_key: Callable[..., Any] | None = None,
     on_error: Literal["propagate", "skip", "log"] = "propagate",
     zero: Any = MISSING,
-    throttle: str | tuple[int, Duration] | TokenBucket | None = None,
-    concurrency: int | Slots | None = None,
-    total_timeout: Duration | None = None,
+    **options: Unpack[PolicyOptions],
 ) -> Callable[[_F], _F]: ...
 
 
@@ -96,23 +65,9 @@ def resilient(
     /,
     *,
     name: str | None = None,
-    timeout: Duration | None = None,
-    retry: int = 0,
-    retry_on: RetryOn | None = None,
-    delay: Duration | None = None,
-    backoff: str = "fixed",
-    max_delay: Duration = 30.0,
-    jitter: bool | Duration = False,
-    fallback: Any = MISSING,
-    fallback_on: type[Exception] | tuple[type[Exception], ...] | None = None,
-    cache: Duration | None = None,
-    cache_backend: CacheBackend | str | None = None,
-    cache_key: Callable[..., Any] | None = None,
     on_error: str = "propagate",
     zero: Any = MISSING,
-    throttle: str | tuple[int, Duration] | TokenBucket | None = None,
-    concurrency: int | Slots | None = None,
-    total_timeout: Duration | None = None,
+    **options: Unpack[PolicyOptions],
 ) -> Callable[[Callable[_P, Any]], Callable[_P, Any]]: ...
 
 
@@ -121,23 +76,9 @@ def resilient(
     /,
     *,
     name: str | None = None,
-    timeout: Duration | None = None,
-    retry: int = 0,
-    retry_on: RetryOn | None = None,
-    delay: Duration | None = None,
-    backoff: str = "fixed",
-    max_delay: Duration = 30.0,
-    jitter: bool | Duration = False,
-    fallback: Any = MISSING,
-    fallback_on: type[Exception] | tuple[type[Exception], ...] | None = None,
-    cache: Duration | None = None,
-    cache_backend: CacheBackend | str | None = None,
-    cache_key: Callable[..., Any] | None = None,
     on_error: str = "propagate",
     zero: Any = MISSING,
-    throttle: str | tuple[int, Duration] | TokenBucket | None = None,
-    concurrency: int | Slots | None = None,
-    total_timeout: Duration | None = None,
+    **options: Unpack[PolicyOptions],
 ) -> Any:
     """Run every call of the decorated function under one :class:`~timebound.policies.Policy`.
 
@@ -168,27 +109,13 @@ def resilient(
         raise ConfigurationError(
             f"resilient takes options only, as keywords: {hint}", option="resilient"
         )
-    options: dict[str, Any] = {
-        "timeout": timeout,
-        "retry": retry,
-        "retry_on": retry_on,
-        "delay": delay,
-        "backoff": backoff,
-        "max_delay": max_delay,
-        "jitter": jitter,
-        "fallback": fallback,
-        "fallback_on": fallback_on,
-        "cache": cache,
-        "cache_backend": cache_backend,
-        "cache_key": cache_key,
-        "on_error": on_error,
-        "throttle": throttle,
-        "concurrency": concurrency,
-        "total_timeout": total_timeout,
-    }
+    unknown = sorted(set(options) - PolicyOptions.__optional_keys__)
+    if unknown:
+        raise TypeError(f"resilient() got an unexpected keyword argument {unknown[0]!r}")
+    settings: dict[str, Any] = {**options, "on_error": on_error}
     # Validate now, so a bad option fails where resilient(...) is written even if it is never
     # applied; the real policy (named after the function) is built when it is.
-    Policy(name if name is not None else "resilient", **options)
+    Policy(name if name is not None else "resilient", **settings)
 
     def decorate(fn: Any) -> Any:
         _check_decoratable(fn)
@@ -199,7 +126,7 @@ def resilient(
         else:
             zero_value = zero
         policy: Policy[Any] = Policy(
-            name if name is not None else fn.__qualname__, zero=zero_value, **options
+            name if name is not None else fn.__qualname__, zero=zero_value, **settings
         )
         # The drivers themselves, not the Policy methods around them: one call frame less on
         # every call (bench/core.py's policy rows measure this path).

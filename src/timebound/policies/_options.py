@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, Final, TypeVar
+from typing import Any, Final, TypedDict, TypeVar
 
 from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError
@@ -15,6 +15,8 @@ __all__ = [
     "BACKOFFS",
     "MISSING",
     "ON_ERROR_MODES",
+    "PolicyOptions",
+    "RetryOn",
     "check_cache_backend",
     "check_concurrency",
     "check_exception_types",
@@ -32,6 +34,32 @@ BACKOFFS: Final = ("fixed", "linear", "exponential")
 ON_ERROR_MODES: Final = ("propagate", "skip", "log", "wrap")
 
 _OptFloat = TypeVar("_OptFloat", bound=float | None)
+
+#: ``retry_on``: exception types, or a predicate taking the error.
+RetryOn = type[Exception] | tuple[type[Exception], ...] | Callable[[Exception], bool]
+
+
+class PolicyOptions(TypedDict, total=False):
+    """The options a :class:`~timebound.policies.Policy` and ``resilient`` take as keywords,
+    written once (``**options: Unpack[PolicyOptions]``). ``on_error`` and ``zero`` are not here:
+    ``on_error`` picks the overload (what a call returns), and the two differ in ``zero``'s
+    default. The defaults and the meaning of each are :class:`~timebound.policies.Policy`'s."""
+
+    timeout: Duration | None
+    retry: int
+    retry_on: RetryOn | None
+    delay: Duration | None
+    backoff: str
+    max_delay: Duration
+    jitter: bool | Duration
+    fallback: Any
+    fallback_on: type[Exception] | tuple[type[Exception], ...] | None
+    cache: Duration | None
+    cache_backend: CacheBackend | str | None
+    cache_key: Callable[..., Any] | None
+    throttle: str | tuple[int, Duration] | TokenBucket | None
+    concurrency: int | Slots | None
+    total_timeout: Duration | None
 
 
 def check_positive(value: Duration | None, option: str) -> float | None:

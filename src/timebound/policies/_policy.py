@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final, Generic, Literal, TypeVar, overload
+from typing import Any, Final, Generic, Literal, TypeVar, Unpack, overload
 
 from .._core import _clock
 from .._core._durations import Duration
@@ -28,6 +28,8 @@ from ._options import (
     BACKOFFS,
     MISSING,
     ON_ERROR_MODES,
+    PolicyOptions,
+    RetryOn,
     check_cache_backend,
     check_concurrency,
     check_exception_types,
@@ -52,8 +54,6 @@ _T = TypeVar("_T")
 _Mode = TypeVar("_Mode", Literal["wrap"], Literal["plain"], Literal["dynamic"])
 _NO_KWARGS: Final[Mapping[str, Any]] = {}
 _IMMUTABLE_ZEROS: Final = (str, int, float, bool, bytes, complex, type(None), frozenset)
-#: ``retry_on``: exception types, or a predicate taking the error.
-RetryOn = type[Exception] | tuple[type[Exception], ...] | Callable[[Exception], bool]
 _PlainMode = Literal["propagate", "skip", "log"]
 
 
@@ -109,23 +109,9 @@ class Policy(Generic[_Mode]):
         self: Policy[Literal["wrap"]],
         name: str,
         *,
-        timeout: Duration | None = None,
-        retry: int = 0,
-        retry_on: RetryOn | None = None,
-        delay: Duration | None = None,
-        backoff: str = "fixed",
-        max_delay: Duration = 30.0,
-        jitter: bool | Duration = False,
-        fallback: Any = MISSING,
-        fallback_on: type[Exception] | tuple[type[Exception], ...] | None = None,
-        cache: Duration | None = None,
-        cache_backend: CacheBackend | str | None = None,
-        cache_key: Callable[..., Any] | None = None,
         on_error: Literal["wrap"],
         zero: Any = None,
-        throttle: str | tuple[int, Duration] | TokenBucket | None = None,
-        concurrency: int | Slots | None = None,
-        total_timeout: Duration | None = None,
+        **options: Unpack[PolicyOptions],
     ) -> None: ...
 
     @overload
@@ -133,23 +119,9 @@ class Policy(Generic[_Mode]):
         self: Policy[Literal["plain"]],
         name: str,
         *,
-        timeout: Duration | None = None,
-        retry: int = 0,
-        retry_on: RetryOn | None = None,
-        delay: Duration | None = None,
-        backoff: str = "fixed",
-        max_delay: Duration = 30.0,
-        jitter: bool | Duration = False,
-        fallback: Any = MISSING,
-        fallback_on: type[Exception] | tuple[type[Exception], ...] | None = None,
-        cache: Duration | None = None,
-        cache_backend: CacheBackend | str | None = None,
-        cache_key: Callable[..., Any] | None = None,
         on_error: _PlainMode = "propagate",
         zero: Any = None,
-        throttle: str | tuple[int, Duration] | TokenBucket | None = None,
-        concurrency: int | Slots | None = None,
-        total_timeout: Duration | None = None,
+        **options: Unpack[PolicyOptions],
     ) -> None: ...
 
     @overload
@@ -157,23 +129,9 @@ class Policy(Generic[_Mode]):
         self: Policy[Literal["dynamic"]],
         name: str,
         *,
-        timeout: Duration | None = None,
-        retry: int = 0,
-        retry_on: RetryOn | None = None,
-        delay: Duration | None = None,
-        backoff: str = "fixed",
-        max_delay: Duration = 30.0,
-        jitter: bool | Duration = False,
-        fallback: Any = MISSING,
-        fallback_on: type[Exception] | tuple[type[Exception], ...] | None = None,
-        cache: Duration | None = None,
-        cache_backend: CacheBackend | str | None = None,
-        cache_key: Callable[..., Any] | None = None,
         on_error: str = "propagate",
         zero: Any = None,
-        throttle: str | tuple[int, Duration] | TokenBucket | None = None,
-        concurrency: int | Slots | None = None,
-        total_timeout: Duration | None = None,
+        **options: Unpack[PolicyOptions],
     ) -> None: ...
 
     def __init__(

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .._core._errors import ConfigurationError
+from .._json import SchemaValidator, json_path
 from ._modes import check_modes, default_support
 
 __all__ = [
@@ -205,17 +206,8 @@ def schema() -> dict[str, Any]:
 
 
 @cache
-def _validator() -> Any:
-    import jsonschema
-
-    return jsonschema.Draft202012Validator(schema())
-
-
-def _format_path(parts: Any) -> str:
-    out = ""
-    for part in parts:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "<definition>"
+def _validator() -> SchemaValidator:
+    return SchemaValidator(schema())
 
 
 def _load_text(text: str, origin: str) -> Any:
@@ -269,19 +261,15 @@ def parse_definition(source: dict[str, Any] | str | Path) -> Definition:
     """Validate a definition and build its typed form; raise :class:`DefinitionError`."""
     data = load_source(source)
     try:
-        errors = sorted(_validator().iter_errors(data), key=lambda e: list(e.absolute_path))
+        problem = _validator().first_problem(data)
     except RecursionError:
         raise DefinitionError("the definition is nested too deeply")
-    if errors:
-        err = errors[0]
-        # A failed "if/then" or "oneOf" reports on the whole object; the deepest context names
-        # the field that broke the rule.
-        while err.context:
-            err = min(err.context, key=lambda e: -len(e.absolute_path))
-        message = err.message
-        if err.validator == "additionalProperties":
-            message = f"unknown field ({err.message})"
-        raise DefinitionError(message, path=_format_path(err.absolute_path))
+    if problem is not None:
+        message = problem.message
+        if problem.rule == "additionalProperties":
+            message = f"unknown field ({problem.message})"
+        path = json_path(problem.parts, root="") if problem.parts else "<definition>"
+        raise DefinitionError(message, path=path)
     return _build(data)
 
 

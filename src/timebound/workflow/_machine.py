@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .._store import Tx
-from ..policies import RetryAt, RetryPlan, RetryState
+from ..policies._retry import RetryAt, RetryPlan, RetryState
 from ._definition import Definition, Node, RetryBlock, Transition, parse_definition
 from ._joins import Joins
 from ._rows import (

@@ -326,7 +326,7 @@ def test_standing_bound_is_at_least_the_route_service_time() -> None:
     assert adm.standing(0.5625) and adm.wait_until(late, 0.5625) == 0.8125
 
 
-# -- learning the concurrency the server really has (issue 13) -------------------------------
+# -- learning the concurrency the server really has (D9.4) -----------------------------------
 
 
 def _serial_rounds(adm: Admission, rounds: int = 30, service: float = 0.04) -> None:

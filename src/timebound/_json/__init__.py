@@ -1,0 +1,10 @@
+"""JSON documents that someone else wrote: checking them against the JSON Schemas timebound ships.
+
+One implementation for every engine (workflow definitions, deferred-operation documents, pipeline
+plans), so that the draft, the format checks, the regular-expression dialect, which error is
+reported first and how its place is written never drift apart between them.
+"""
+
+from ._schema import SchemaProblem, SchemaValidator, json_path
+
+__all__ = ["SchemaProblem", "SchemaValidator", "json_path"]
