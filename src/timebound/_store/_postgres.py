@@ -89,6 +89,9 @@ class PostgresStore(Store):
         self._listener: Any = None
         self._listening: asyncio.Task[None] | None = None
         self._session_since: int | None = None
+        # The server pids of this store's pooled connections: their notifications are this
+        # process's own commits, news to nobody here.
+        self._own: set[int] = set()
         self._channel = f"tb_store_{self.schema}"
         self._stop_channel = f"tb_stop_{self.schema}"
 
@@ -110,6 +113,7 @@ class PostgresStore(Store):
                 max_size=8,
                 server_settings={"search_path": self.schema},
                 reset=_keep_session,
+                init=self._own_connection,
             )
         except (OSError, asyncpg.PostgresError) as exc:
             raise StoreError(f"cannot open PostgreSQL store {self.url!r}: {exc}") from exc
@@ -122,6 +126,12 @@ class PostgresStore(Store):
                 for statement in statements:
                     await conn.execute(statement)
                 await conn.execute("INSERT INTO tb_schema (version) VALUES ($1)", version)
+
+    async def _own_connection(self, conn: Any) -> None:
+        """Know a pooled connection's server pid while it is open (see ``_own``)."""
+        pid = conn.get_server_pid()
+        self._own.add(pid)
+        conn.add_termination_listener(lambda _c: self._own.discard(pid))
 
     async def listen(
         self,
@@ -150,10 +160,14 @@ class PostgresStore(Store):
     ) -> None:
         import asyncpg
 
-        def stop(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        def stop(_conn: Any, pid: int, _channel: str, payload: str) -> None:
             at, _, ids = payload.partition(" ")
-            if on_stop is not None and ids:
+            if on_stop is not None and ids and pid not in self._own:
                 on_stop(int(at), ids.split(","))
+
+        def wake(_conn: Any, pid: int, _channel: str, _payload: str) -> None:
+            if pid not in self._own:
+                callback()
 
         while True:
             lost = asyncio.Event()
@@ -161,7 +175,7 @@ class PostgresStore(Store):
                 with _clock.real_io():
                     conn = await asyncpg.connect(self._dsn)
                     conn.add_termination_listener(lambda _c, lost=lost: lost.set())
-                    await conn.add_listener(self._channel, lambda *_: callback())
+                    await conn.add_listener(self._channel, wake)
                     if on_stop is not None:
                         await conn.add_listener(self._stop_channel, stop)
                     if session_key is not None:

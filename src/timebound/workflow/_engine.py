@@ -145,6 +145,7 @@ class Engine(RunReads):
         self._attempts = self._inflight.tasks
         self._tx: Tx | None = None  # the transaction in progress (one at a time: _lock)
         self._reporting: set[str] = set()  # tokens whose own outcome this turn stores
+        self._poked = False  # another process committed news since the loop's turn began
         self._presence = Presence(self._store, self.worker_id, self._handlers, sweep_ms)
         self._background: set[asyncio.Task[None]] = set()
         self._finished: dict[str, asyncio.Event] = {}
@@ -496,6 +497,7 @@ class Engine(RunReads):
 
     def _wake_all(self) -> None:
         """Another process changed the store: re-read it (the loop, and every waiter)."""
+        self._poked = True
         self._wake.set()
         for event in self._finished.values():
             event.set()
@@ -520,6 +522,7 @@ class Engine(RunReads):
         renew_at = house_at = 0
         while True:
             self._wake.clear()
+            self._poked = False
             outcomes, self._outcomes = self._outcomes, []
             starts, self._starts = self._starts, []
             try:
@@ -562,8 +565,8 @@ class Engine(RunReads):
                 task = asyncio.create_task(self._attempt(*plan), name=f"workflow-token-{plan[0]}")
                 self._inflight.add(plan[0], task, plan[3].attempt, plan[3].run_id)
                 task.add_done_callback(functools.partial(self._attempt_done, plan[0]))
-            if self._outcomes or self._starts:
-                continue
+            if self._outcomes or self._starts or self._poked or self._inflight.suspects:
+                continue  # news that came during the turn: the turn may not have seen it
             delay = None
             if next_ms is not None:
                 delay = wake_delay(next_ms)

@@ -8,7 +8,6 @@ streams neither queue behind the worker loop's turns nor cause extra turns.
 from __future__ import annotations
 
 import json
-import math
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -121,7 +120,7 @@ class RunReads:
         if not self._store.shared:
             return []
         async with self._read() as tx:
-            return await unrunnable_tokens(tx, math.floor(_clock.wall() * 1000))
+            return await unrunnable_tokens(tx, _clock.wall_ms())
 
 
 async def _run_row(machine: Machine, tx: Tx, run_id: str) -> dict[str, Any]:
