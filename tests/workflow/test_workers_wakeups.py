@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from timebound import ConfigurationError
 from timebound import workflow as wf
 
 from .test_engine import definition
@@ -90,3 +91,16 @@ async def test_a_stop_notice_for_a_token_still_this_workers_is_ignored(pg_url: s
         await asyncio.wait_for(cancelled.wait(), 10)
         events = await host.events(run_id)
     assert [e["kind"] for e in events].count("token_cancelled") == 1
+
+
+@pytest.mark.parametrize("lease", ["0s", "3x", float("inf"), -1])
+def test_a_bad_lease_is_a_configuration_error(lease: Any) -> None:
+    """``Engine(lease=…)`` takes a positive, finite duration; anything else names the option."""
+    with pytest.raises(ConfigurationError) as caught:
+        wf.Engine(db="sqlite:///unused.db", lease=lease)
+    assert caught.value.option == "lease"
+
+
+def test_the_lease_is_a_duration() -> None:
+    """``Engine(lease="2min")`` is two minutes, in the engine's milliseconds."""
+    assert wf.Engine(db="sqlite:///unused.db", lease="2min")._lease_ms == 120_000

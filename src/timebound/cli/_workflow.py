@@ -19,8 +19,7 @@ import types
 from pathlib import Path
 from typing import Any, TextIO
 
-from .._core._durations import parse_duration
-from .._core._errors import ConfigurationError
+from .. import ConfigurationError, to_seconds
 from ..workflow import DefinitionError, Engine, parse_definition, schema
 
 __all__ = ["register"]
@@ -174,7 +173,7 @@ async def _run_and_show(engine: Engine, definition_id: str, run_input: Any, out:
 def _worker(args: argparse.Namespace) -> int:
     try:
         actions = _load_actions(args.actions)
-        lease = parse_duration(args.lease, option="--lease")
+        lease = to_seconds(args.lease, option="--lease")
         if lease <= 0 or args.concurrency < 1:
             raise _Usage("--lease must be > 0 and --concurrency >= 1")
     except (_Usage, ConfigurationError) as exc:

@@ -116,7 +116,10 @@ class Engine(RunReads):
         if concurrency < 1:
             raise ConfigurationError("concurrency must be >= 1", option="concurrency")
         if lease is not None:  # D6.16: the fallback for a worker that is slow, not dead
-            lease_ms = math.ceil(to_seconds(lease, option="lease") * 1000)
+            seconds = to_seconds(lease, option="lease", allow_zero=False)
+            if not math.isfinite(seconds):
+                raise ConfigurationError("lease must be a finite duration", option="lease")
+            lease_ms = math.ceil(seconds * 1000)
         if lease_ms < 1 or sweep_ms < 1:
             raise ConfigurationError("lease_ms and sweep_ms must be >= 1", option="lease_ms")
         self._store: Store = open_store(db)
