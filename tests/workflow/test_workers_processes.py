@@ -349,3 +349,6 @@ def test_a_run_started_on_one_host_is_watched_and_cancelled_on_another(cluster: 
     assert "token_executing" in seen or any("executing" in s for s in seen), seen
     assert _ended(a, run_id)["run"]["status"] == "cancelled"
     assert _ended(b, run_id)["run"]["status"] == "cancelled"
+    for client in (a, b):  # the operator UI of either host shows the same run, cancelled
+        page = client.get(f"/ui/runs/{run_id}").text
+        assert 'id="run-status">cancelled<' in page, page

@@ -37,7 +37,14 @@ from ._definition import Definition, DefinitionConflict, DefinitionError, parse_
 from ._machine import Machine
 from ._reads import RunReads
 from ._rows import RUN_TERMINAL, RunResult
-from ._workers import InFlight, Presence, backfill_needs, housekeeping, store_node_needs
+from ._workers import (
+    InFlight,
+    Presence,
+    backfill_needs,
+    housekeeping,
+    requeue,
+    store_node_needs,
+)
 
 __all__ = ["Engine", "RunResult", "store_definition"]
 
@@ -144,7 +151,7 @@ class Engine(RunReads):
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
-        self._inflight = InFlight(self._now, self._wake.set)
+        self._inflight = InFlight(self._now, self._wake.set, record=self._store.shared)
         self._attempts = self._inflight.tasks
         self._tx: Tx | None = None  # the transaction in progress (one at a time: _lock)
         self._reporting: set[str] = set()  # tokens whose own outcome this turn stores
@@ -462,41 +469,8 @@ class Engine(RunReads):
             self._stored.add(key)  # forgotten if the transaction fails (see _loop)
         return conflict
 
-    async def _requeue(
-        self, tx: Tx, where: str, *args: Any, lock: str = "", reason: str = "released"
-    ) -> None:
-        """Put in-flight tokens back to ``pending``, keeping their deadline (``resume``); a
-        re-run of an attempt cut short is not the action's failure: it spends no retry
-        (``reruns``, D6.16). ``reason``: released, lease_expired or worker_died.
-
-        ``lock`` (PostgreSQL's ``FOR UPDATE SKIP LOCKED``) for tokens of other workers (D6.13):
-        a lease renewed after the read would otherwise be overwritten, and the token run twice.
-        """
-        now = self._now()
-        for tok in await tx.fetch(
-            f"SELECT * FROM tb_wf_tokens WHERE child_run_id IS NULL AND {where}{lock}", *args
-        ):
-            data = json.loads(tok["state_data"])
-            data["resume"] = tok["status"] == "executing"
-            if data["resume"]:
-                data["reruns"] = data.get("reruns", 0) + 1
-            await tx.execute(
-                "UPDATE tb_wf_tokens SET status = 'pending', lease_owner = NULL, not_before = ?, "
-                "state_data = ?, updated_at = ? WHERE id = ?",
-                now,
-                json.dumps(data),
-                now,
-                tok["id"],
-            )
-            await tx.append_event(
-                tok["run_id"],
-                "token_redispatched",
-                now,
-                token_id=tok["id"],
-                node_id=tok["node_id"],
-                previous_owner=tok["lease_owner"],
-                reason=reason,
-            )
+    async def _requeue(self, tx: Tx, where: str, *args: Any, **kw: Any) -> None:
+        await requeue(tx, self._now(), where, *args, **kw)
 
     def _wake_all(self) -> None:
         """Another process changed the store: re-read it (the loop, and every waiter)."""

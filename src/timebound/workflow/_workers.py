@@ -28,6 +28,7 @@ __all__ = [
     "backfill_needs",
     "housekeeping",
     "node_needs",
+    "requeue",
     "store_node_needs",
     "unrunnable_tokens",
 ]
@@ -219,16 +220,17 @@ class InFlight:
     stopped: here (``local``), by another process's NOTIFY (``notify``) or found by the sweep
     (``sweep``), with the time from the state's flip to the handler's end (D6.14)."""
 
-    def __init__(self, now: Callable[[], int], wake: Callable[[], None]) -> None:
+    def __init__(self, now: Callable[[], int], wake: Callable[[], None], *, record: bool) -> None:
         self.tasks: dict[str, asyncio.Task[None]] = {}
-        self._now, self._wake = now, wake
+        self._now, self._wake, self._record = now, wake, record
         #: Tokens another process says it stopped (token id → the instant it flipped them),
         #: to check against the store before cancelling: the NOTIFY names the token, not the
         #: attempt, and this worker may have claimed the token again since.
         self.suspects: dict[str, int] = {}
         self._running: dict[str, tuple[int, int, str]] = {}  # attempt, began at, run id
         self._stopping: dict[str, tuple[int, str]] = {}  # flipped at, how
-        #: Stopped attempts not yet recorded: run id, token id, time to stop (ms), how.
+        #: Stopped attempts not yet recorded (``record``: a shared store's sweep records them):
+        #: run id, token id, time to stop (ms), how.
         self.stops: list[tuple[str, str, int, str]] = []
 
     def add(self, token_id: str, task: asyncio.Task[None], attempt: int, run_id: str) -> None:
@@ -271,7 +273,7 @@ class InFlight:
         del self.tasks[token_id]
         running = self._running.pop(token_id, None)
         stopped = self._stopping.pop(token_id, None)
-        if stopped is not None and running is not None and task.cancelled():
+        if self._record and stopped is not None and running is not None and task.cancelled():
             self.stops.append((running[2], token_id, self._now() - stopped[0], stopped[1]))
 
     def clear(self) -> None:
@@ -303,6 +305,42 @@ async def housekeeping(
     for run_id, token_id, lag, how in stops:
         await tx.append_event(
             run_id, "attempt_stopped", now, token_id=token_id, via=how, stop_lag_ms=lag
+        )
+
+
+async def requeue(
+    tx: Tx, now: int, where: str, *args: Any, lock: str = "", reason: str = "released"
+) -> None:
+    """Put in-flight tokens back to ``pending``, keeping their deadline (``resume``); a re-run
+    of an attempt cut short is not the action's failure: it spends no retry (``reruns``,
+    D6.16). ``reason``: released, lease_expired or worker_died.
+
+    ``lock`` (PostgreSQL's ``FOR UPDATE SKIP LOCKED``) for tokens of other workers (D6.13): a
+    lease renewed after the read would otherwise be overwritten, and the token run twice.
+    """
+    for tok in await tx.fetch(
+        f"SELECT * FROM tb_wf_tokens WHERE child_run_id IS NULL AND {where}{lock}", *args
+    ):
+        data = json.loads(tok["state_data"])
+        data["resume"] = tok["status"] == "executing"
+        if data["resume"]:
+            data["reruns"] = data.get("reruns", 0) + 1
+        await tx.execute(
+            "UPDATE tb_wf_tokens SET status = 'pending', lease_owner = NULL, not_before = ?, "
+            "state_data = ?, updated_at = ? WHERE id = ?",
+            now,
+            json.dumps(data),
+            now,
+            tok["id"],
+        )
+        await tx.append_event(
+            tok["run_id"],
+            "token_redispatched",
+            now,
+            token_id=tok["id"],
+            node_id=tok["node_id"],
+            previous_owner=tok["lease_owner"],
+            reason=reason,
         )
 
 
