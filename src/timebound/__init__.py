@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ._core._durations import to_seconds as to_seconds
     from ._core._errors import ConfigurationError as ConfigurationError
     from ._core._errors import DeadlineExceeded as DeadlineExceeded
+    from ._core._errors import InvalidInput as InvalidInput
     from ._core._errors import RetryExhausted as RetryExhausted
     from ._core._errors import TimeboundError as TimeboundError
     from ._core._preempt import AbandonedThreadWarning as AbandonedThreadWarning
@@ -46,6 +47,7 @@ __all__ = [
     "Deadline",
     "DeadlineExceeded",
     "Duration",
+    "InvalidInput",
     "RetryExhausted",
     "TimeboundError",
     "abandoned_threads",
@@ -77,6 +79,7 @@ _LOCATIONS: dict[str, str] = {
     "Deadline": "._core._deadline",
     "DeadlineExceeded": "._core._errors",
     "Duration": "._core._durations",
+    "InvalidInput": "._core._errors",
     "RetryExhausted": "._core._errors",
     "TimeboundError": "._core._errors",
     "abandoned_threads": "._core._preempt",

@@ -481,6 +481,18 @@ def test_run_bad_timeout_is_a_clear_usage_error(
     assert "positive duration such as 2s" in err
 
 
+@pytest.mark.parametrize("value", ["9" * 400 + "s", "9" * 5000 + "ms"])
+def test_run_huge_timeout_is_one_usage_line(
+    workdir: pathlib.Path, capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    """--timeout too large for a float exits 2 with one line saying so, not a traceback."""
+    file, mod = _setup(workdir, GREET)
+    assert main(["run", file, "--modules", mod, *_argv(mod)[2:], "--timeout", value]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("timebound run: invalid --timeout ")
+    assert "too large to represent" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("spelling", ["{name}.py", "./{name}.py", "{dir}/{name}.py"])
 def test_modules_given_as_a_file(
     workdir: pathlib.Path, capsys: pytest.CaptureFixture[str], spelling: str

@@ -174,6 +174,26 @@ def test_duration_rejects_a_non_ascii_unit() -> None:
         parse_duration("5\uff53")
 
 
+@pytest.mark.parametrize(
+    ("text", "digits"), [("9" * 400 + "s", 400), ("9" * 5000 + "ms", 5000), ("9" * 310 + "d", 310)]
+)
+def test_huge_duration_is_a_configuration_error(text: str, digits: int) -> None:
+    """A duration too large for a float is a ConfigurationError naming the option and the value
+    (shortened), not an OverflowError or int()'s digit-limit ValueError."""
+    with pytest.raises(tb.ConfigurationError, match="too large to represent") as info:
+        tb.fail_after(text)
+    assert info.value.option == "seconds"
+    message = str(info.value)
+    assert f"{digits} digits" in message and f"({len(text)} characters)" in message
+    assert len(message) < 300
+
+
+def test_largest_representable_duration_still_parses() -> None:
+    """Leading zeros do not count, and a huge value that fits a float is still a duration."""
+    assert parse_duration("0" * 400 + "5s") == 5.0
+    assert parse_duration("1" + "0" * 300 + "ms") == 1e297
+
+
 def test_fast_deadline_exceeded_equals_the_constructed_one() -> None:
     """The scopes' fast error has the message, fields and pickling of the normal constructor."""
     from timebound._core._errors import new_deadline_exceeded

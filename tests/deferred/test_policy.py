@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -61,6 +61,31 @@ def test_a_spent_caller_deadline_creates_nothing(virtual_clock: VirtualClock) ->
     with pytest.raises(tb.DeadlineExceeded) as info:
         HostPolicy().expires_at(now, caller_deadline=deadline)
     assert info.value.source == "deferred"
+
+
+def test_the_caller_deadline_may_be_an_aware_datetime() -> None:
+    """An aware datetime caller deadline bounds the lifetime as a Deadline does."""
+    got = HostPolicy().expires_at(
+        NOW, fail_after_s=600, caller_deadline=NOW + timedelta(seconds=40)
+    )
+    assert got == NOW + timedelta(seconds=40)
+    other_zone = (NOW + timedelta(seconds=90)).astimezone(timezone(timedelta(hours=3)))
+    assert HostPolicy().expires_at(NOW, caller_deadline=other_zone) == NOW + timedelta(seconds=90)
+
+
+def test_a_passed_datetime_caller_deadline_creates_nothing() -> None:
+    """A datetime caller deadline already passed raises DeadlineExceeded with source deferred."""
+    with pytest.raises(tb.DeadlineExceeded) as info:
+        HostPolicy().expires_at(NOW, caller_deadline=NOW - timedelta(seconds=1))
+    assert info.value.source == "deferred"
+
+
+@pytest.mark.parametrize("bad", [datetime(2026, 5, 5, 18, 1), "2026-05-05T18:01:00Z", 1.5, True])
+def test_an_unusable_caller_deadline_says_what_to_pass(bad: object) -> None:
+    """A naive datetime, a string or a float is a ConfigurationError naming caller_deadline."""
+    with pytest.raises(tb.ConfigurationError) as info:
+        HostPolicy().expires_at(NOW, caller_deadline=bad)  # type: ignore[arg-type]
+    assert info.value.option == "caller_deadline"
 
 
 def test_jitter_is_additive_and_bounded() -> None:

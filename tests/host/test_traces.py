@@ -391,3 +391,39 @@ def test_more_files_than_the_form_has_are_refused(host: Server) -> None:
         r = client.post("/ui/traces", data={"csrf": token}, files=files)
     assert r.status_code == 400
     assert r.json()["detail"] == "Too many files. Maximum number of files is 2."
+
+
+def test_a_span_starting_before_the_run_is_drawn_from_the_timelines_start() -> None:
+    """A skipped span with a negative start (traces recorded before skipped spans got sane starts)
+    is drawn from the timeline's start, not over the label column (left < 0)."""
+    from timebound.host._traces import trace_view
+
+    span = {"parent": None, "deps": [], "name": "t", "ready_ms": 0.0}
+    trace = {
+        "plan_digest": "d",
+        "late_discarded": 0,
+        "wrappers": {},
+        "spans": [
+            {
+                **span,
+                "node_id": "task:a",
+                "op": "task",
+                "start_ms": 0.0,
+                "end_ms": 5.0,
+                "outcome": "ok",
+            },
+            {
+                **span,
+                "node_id": "task:b",
+                "op": "task",
+                "start_ms": -589839.0,
+                "end_ms": 5.0,
+                "outcome": "skipped",
+                "deps": ["task:a"],
+            },
+        ],
+    }
+    bars = {b["label"]: b for b in trace_view(trace)["bars"]}
+    skipped = bars["task:b"]
+    assert skipped["left"] >= 0 and skipped["offset_ms"] >= 0
+    assert skipped["left"] + skipped["width"] <= 100.5

@@ -700,3 +700,26 @@ def test_trace_start_reads_the_clock_module() -> None:
     clock = VirtualClock(wall_start=1_767_225_600.0)
     result = clock.run(pl.Engine(reg).run(pl.compile(sample.make_plan(reg)), sample.rows(4)))
     assert result.trace.started_epoch_ns == 1_767_225_600_000_000_000
+
+
+def test_a_task_skipped_after_its_region_timed_out_has_a_sane_span() -> None:
+    """A task that never ran because its region had already timed out is a zero-length span at
+    the moment it was skipped, not one starting ~10 minutes before the run (the monotonic
+    clock's zero) that the trace viewer drew over its label column."""
+    reg = sample.make_registry(call_models=1.0)
+    plan = pl.Plan("skip", registry=reg)
+    plan.timeout_wrapper(
+        # call_models (1 s) is cut at 5 ms; fetch_features after it never starts.
+        if_success=lambda c: c.task("call_models").task("fetch_features", stage="esr"),
+        if_fail=lambda c: c.fill_defaults(["f_esr", "score_model"]),
+        budget={"base_ms": 5, "per_row_us": 0, "min_ms": 5, "max_ms": 5},
+        on_timeout="fallback",
+    )
+    clock = VirtualClock(start=589.839)  # a monotonic clock far from zero, as on a real host
+    result = clock.run(pl.Engine(reg).run(pl.compile(plan), sample.rows(3)))
+    spans = {s["node_id"]: s for s in result.trace.spans}
+    skipped = spans["timeout_wrapper/success/task:fetch_features"]
+    assert skipped["outcome"] in {"skipped", "timed_out"}
+    assert 0 <= skipped["ready_ms"] <= skipped["start_ms"] == skipped["end_ms"]
+    assert skipped["start_ms"] == pytest.approx(5.0)
+    assert all(s["start_ms"] >= 0 for s in result.trace.spans)

@@ -90,3 +90,15 @@ def test_policy_signature_matches_the_contract() -> None:
     execute = inspect.signature(policies.Policy.execute).parameters
     assert list(execute) == ["self", "fn", "args", "kwargs", "observer"]
     assert execute["observer"].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_removed_register_cache_backend_says_where_it_went() -> None:
+    """The old import fails with an ImportError naming ModuleRegistry.register_cache_backend (the
+    process-wide registry it fed is gone, so nothing can be forwarded to)."""
+    import pytest
+
+    with pytest.raises(ImportError, match=r"ModuleRegistry\.register_cache_backend\(name, backend"):
+        from timebound.policies import register_cache_backend  # noqa: F401
+    with pytest.raises(ImportError, match=r"ModuleRegistry\.register_cache_backend"):
+        from timebound.policies import get_cache_backend  # noqa: F401
+    assert not hasattr(policies, "no_such_name")

@@ -588,6 +588,49 @@ async def test_a_late_async_result_after_a_decided_join_is_discarded(
     assert [e["token_id"] for e in events if e["kind"] == "late_result_discarded"] == [b[1]["id"]]
 
 
+async def test_an_async_handler_cut_by_its_deadline_is_no_late_result(
+    virtual_clock, make_engine
+) -> None:
+    """An async handler cancelled at its node's deadline produced nothing: no
+    late_result_discarded event, and the counter stays 0 (D6.10)."""
+
+    async def slow(ctx: wf.ActionContext) -> Any:
+        await asyncio.sleep(10)
+        return "never"
+
+    d = definition([{"id": "A", "timeout_ms": 100, "action_id": "s"}])
+    d["actions"].append({"id": "s", "kind": "python", "implementation": {"handler": "s"}})
+    async with make_engine({**HANDLERS, "s": slow}, d) as engine:
+        run_id, result, _ = await run(engine)
+        await asyncio.sleep(10)
+        events = await engine.events(run_id)
+    assert result.status == "failed"
+    assert "late_result_discarded" not in [e["kind"] for e in events]
+    assert engine.late_results_discarded == 0
+
+
+async def test_a_handler_may_return_part_of_its_state(virtual_clock, make_engine) -> None:
+    """A handler returning a piece of ctx.state (a read-only view) as it is completes the node
+    with that value, not an error "not JSON"."""
+
+    async def produce(ctx: wf.ActionContext) -> Any:
+        return {"user": {"name": "Ada", "tags": ["x", "y"]}}
+
+    async def pass_on(ctx: wf.ActionContext) -> Any:
+        return ctx.state["A"]["user"]
+
+    d = definition([{"id": "A", "action_id": "p"}, {"id": "B", "action_id": "q"}])
+    d["transitions"] = [{"id": "t", "from": "A", "to": "B"}]
+    d["actions"] += [
+        {"id": "p", "kind": "python", "implementation": {"handler": "p"}},
+        {"id": "q", "kind": "python", "implementation": {"handler": "q"}},
+    ]
+    async with make_engine({**HANDLERS, "p": produce, "q": pass_on}, d) as engine:
+        _, result, _ = await run(engine)
+    assert result.status == "completed", result
+    assert result.output["B"] == {"name": "Ada", "tags": ["x", "y"]}
+
+
 async def test_concurrent_starts_each_get_their_own_run(virtual_clock, make_engine) -> None:
     """Starts issued together (one commit for all) give distinct runs that all complete."""
     async with make_engine(HANDLERS, definition([{"id": "A"}])) as engine:

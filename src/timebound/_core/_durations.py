@@ -18,6 +18,8 @@ _UNITS_MS = {"ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
 # ASCII digits only: ``\d`` would take Arabic-Indic or full-width digits (int() reads them),
 # which the grammar and the header codec reject; one duration must mean the same everywhere.
 _DURATION_RE = re.compile(r"([0-9]+)(ms|s|min|h|d)")
+# No float reaches 10**309 seconds: a longer number is too large, whatever its unit.
+_MAX_DIGITS = 310
 
 
 def parse_duration(text: str, *, option: str = "duration") -> float:
@@ -27,18 +29,38 @@ def parse_duration(text: str, *, option: str = "duration") -> float:
     """
     m = _DURATION_RE.fullmatch(text)
     if m is None and not text.isascii():
+        foreign = ", ".join(sorted({repr(c) for c in text if not c.isascii()}))
         raise ConfigurationError(
-            f"invalid {option} {text!r}: only ASCII digits 0-9 and the units ms, s, min, h, d "
-            f"are allowed (found {', '.join(sorted({repr(c) for c in text if not c.isascii()}))})",
+            f"invalid {option} {_shown(text)}: only ASCII digits 0-9 and the units ms, s, min, "
+            f"h, d are allowed (found {foreign})",
             option=option,
         )
     if m is None:
         raise ConfigurationError(
-            f"invalid {option} {text!r}: expected an integer followed by ms, s, min, h or d "
+            f"invalid {option} {_shown(text)}: expected an integer followed by ms, s, min, h or d "
             f"(e.g. '250ms', '5s'), with no space or fraction",
             option=option,
         )
-    return int(m.group(1)) * _UNITS_MS[m.group(2)] / 1000
+    digits = m.group(1).lstrip("0")
+    # More digits than a float can hold is no duration: int() refuses over 4300 digits and the
+    # division overflows long before; either way the caller gets the error, not a crash.
+    if len(digits) <= _MAX_DIGITS:
+        try:
+            return int(digits or "0") * _UNITS_MS[m.group(2)] / 1000
+        except OverflowError:
+            pass
+    raise ConfigurationError(
+        f"invalid {option} {_shown(text)}: too large to represent (a number of "
+        f"{len(digits)} digits); use math.inf for no bound",
+        option=option,
+    )
+
+
+def _shown(text: str) -> str:
+    """``text`` for an error message: a value thousands of characters long is cut."""
+    if len(text) <= 40:
+        return repr(text)
+    return f"{text[:20]!r}…{text[-6:]!r} ({len(text)} characters)"
 
 
 def to_seconds(

@@ -9,6 +9,7 @@ from typing import Any, Literal
 __all__ = [
     "ConfigurationError",
     "DeadlineExceeded",
+    "InvalidInput",
     "RetryExhausted",
     "Source",
     "TimeboundError",
@@ -60,7 +61,24 @@ class TimeboundError(Exception):
     code = "timebound-error"
 
 
-class ConfigurationError(TimeboundError, ValueError):
+class InvalidInput(TimeboundError, ValueError):
+    """Your input is invalid (D2.6): an option, a workflow definition, a pipeline plan, a
+    Constellation program, a deferred-operation document, the host's configuration.
+
+    ``except timebound.InvalidInput`` catches every one of them. Each subclass keeps its own
+    stable ``code`` and its own attribute naming the field at fault (``option``, ``path``,
+    ``node_id``, ``diagnostics``); :attr:`field` gives that path in one spelling.
+    """
+
+    code = "invalid-input"
+
+    @property
+    def field(self) -> str | None:
+        """The path of the field at fault (``timeout``, ``nodes[2].timeout_ms``), when known."""
+        return None
+
+
+class ConfigurationError(InvalidInput):
     """An option was invalid when a scope or policy was built. ``option`` names it."""
 
     code = "configuration-error"
@@ -69,12 +87,24 @@ class ConfigurationError(TimeboundError, ValueError):
         super().__init__(message)
         self.option = option
 
+    @property
+    def field(self) -> str | None:
+        return self.option
+
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_configuration_error, (str(self), self.option), _extra_state(self))
+        return (
+            _rebuild_configuration_error,
+            (str(self), self.option, type(self)),
+            _extra_state(self),
+        )
 
 
-def _rebuild_configuration_error(message: str, option: str | None) -> ConfigurationError:
-    return ConfigurationError(message, option=option)
+def _rebuild_configuration_error(
+    message: str, option: str | None, cls: type[ConfigurationError] = ConfigurationError
+) -> ConfigurationError:
+    # A subclass whose __init__ takes the same arguments (the host's ConfigError) pickles as
+    # itself; one with its own signature defines its own __reduce__.
+    return cls(message, option=option)
 
 
 def _format_seconds(seconds: float) -> str:

@@ -194,7 +194,9 @@ class _Execution(Generic[_C]):
             if self.sink is not None:
                 self._emit("start", i, now)
 
-    def _end(self, i: int, outcome: str) -> None:
+    def _end(self, i: int, outcome: str, ran: bool = True) -> None:
+        """Settle node ``i``'s span; ``ran=False`` for one settled without running (skipped, or
+        its region already out of time): it starts where it ends, not at the clock's zero."""
         plan = self.plan
         spans = self.spans
         if spans is not None:
@@ -206,6 +208,8 @@ class _Execution(Generic[_C]):
             else:
                 span = None
             if span is not None:
+                if not ran and (i < plan._n_user or span.start < span.ready):
+                    span.start = now  # a user node never started; a group never entered
                 span.end = now
                 span.outcome = outcome
             if self.sink is not None:
@@ -273,7 +277,7 @@ class _Execution(Generic[_C]):
                 # An enclosing region ran out: this group is never entered (its members are
                 # skipped through the poison) or settles as skipped -- no hooks, no fallback.
                 if kind == _EXIT:
-                    self._end(i, "skipped")
+                    self._end(i, "skipped", ran=False)
                 self._complete(i, poison=kind == _ENTER)
                 return False
             if kind == _ENTER:
@@ -281,7 +285,7 @@ class _Execution(Generic[_C]):
             return self._exit_group(ctx, i, None)
         why = self._blocked(i) if self.poisoned or plan._chain[i] else None
         if why is not None:
-            self._end(i, why)
+            self._end(i, why, ran=False)
             self._complete(i, poison=why == "skipped" and i in (self.poisoned or ()))
             return False
         self._start(i)
@@ -468,7 +472,7 @@ class _Execution(Generic[_C]):
                 if not plain:
                     why = self._blocked(i)
                     if why is not None:
-                        self._end(i, why)
+                        self._end(i, why, ran=False)
                         poison = why == "skipped" and i in (self.poisoned or ())
                         self._complete(i, poison=poison and plan._kind[i] != _EXIT)
                         continue

@@ -13,6 +13,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from .._core._deadline import Deadline
+from .._core._errors import TimeboundError
 
 __all__ = ["Store", "StoreBusy", "StoreError", "Tx", "wake_delay"]
 
@@ -26,12 +27,16 @@ def wake_delay(epoch_ms: int) -> float:
     return max(0.0, Deadline.from_epoch_ms(epoch_ms).remaining() + _WAKE_MARGIN_S)
 
 
-class StoreError(RuntimeError):
+class StoreError(TimeboundError, RuntimeError):
     """The store cannot be opened or used as asked."""
+
+    code = "store-error"
 
 
 class StoreBusy(StoreError):
     """Another process already writes this store (SQLite allows one writer process)."""
+
+    code = "store-busy"
 
 
 class Tx:

@@ -17,6 +17,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from .._core._errors import InvalidInput
 from .._json import SchemaValidator, json_path
 from ._quickcheck import Quick, compile_quick
 
@@ -38,14 +39,21 @@ STATUS_SCHEMA = "deferred-operation-status.v1"
 TERMINAL = frozenset({"completed", "failed", "timed-out", "cancelled", "expired", "unknown"})
 
 
-class SchemaError(ValueError):
-    """A document breaks its schema. ``path`` is the JSON path, ``rule`` the rule it broke."""
+class SchemaError(InvalidInput):
+    """A document breaks its schema (an :class:`~timebound.InvalidInput`, D2.6). ``path`` is
+    the JSON path, ``rule`` the rule it broke."""
+
+    code = "deferred-schema-error"
 
     def __init__(self, schema: str, path: str, rule: str, message: str) -> None:
         super().__init__(f"{schema}: {path}: {message} (rule: {rule})")
         self.schema = schema
         self.path = path
         self.rule = rule
+
+    @property
+    def field(self) -> str | None:
+        return self.path
 
     def __reduce__(self) -> tuple[Any, ...]:
         message = str(self).split(": ", 2)[2].rsplit(" (rule: ", 1)[0]

@@ -102,12 +102,13 @@ class HostPolicy:
         *,
         fail_after_s: float | None = None,
         action_max_ttl_s: float | None = None,
-        caller_deadline: Deadline | int | None = None,
+        caller_deadline: Deadline | datetime | int | None = None,
     ) -> float:
         """The effective lifetime in seconds: ``min(min_present(...), max_ttl_s)``.
 
-        ``caller_deadline`` is a :class:`Deadline` or a stored epoch-ms instant (exact: a
-        ``Deadline`` read back through the clocks may round up by a millisecond). A caller
+        ``caller_deadline`` is a :class:`Deadline`, an aware ``datetime`` (rounded up to the
+        millisecond, never earlier, D1.3) or a stored epoch-ms instant (exact: a ``Deadline``
+        read back through the clocks may round up by a millisecond). A caller
         deadline already spent raises ``DeadlineExceeded(source="deferred")``.
         """
         present: list[float] = []
@@ -120,20 +121,16 @@ class HostPolicy:
                 )
             present.append(float(value))
         if caller_deadline is not None:
-            until_ms = (
-                caller_deadline
-                if isinstance(caller_deadline, int)
-                else caller_deadline.to_epoch_ms()
-            )
+            until_ms = _caller_epoch_ms(caller_deadline)
             if until_ms is not None:
                 left = (until_ms - now_epoch_ms) / 1000
                 if left <= 0:
                     raise DeadlineExceeded(
                         "the caller's deadline passed before the deferred operation was created",
                         source="deferred",
-                        deadline=Deadline.from_epoch_ms(caller_deadline)
-                        if isinstance(caller_deadline, int)
-                        else caller_deadline,
+                        deadline=caller_deadline
+                        if isinstance(caller_deadline, Deadline)
+                        else Deadline.from_epoch_ms(until_ms),
                     )
                 present.append(left)
         requested = min(present) if present else float(self.max_ttl_s)
@@ -145,7 +142,7 @@ class HostPolicy:
         *,
         fail_after_s: float | None = None,
         action_max_ttl_s: float | None = None,
-        caller_deadline: Deadline | int | None = None,
+        caller_deadline: Deadline | datetime | int | None = None,
     ) -> datetime:
         """``now + min(min_present(fail_after, action_ttl, caller_deadline - now), max_ttl)``."""
         if now.tzinfo is None:
@@ -171,3 +168,26 @@ class HostPolicy:
             "jitter": self.jitter,
             "retain_s": self.retain_s,
         }
+
+
+def _caller_epoch_ms(caller_deadline: object) -> int | None:
+    """A caller deadline as whole epoch ms (``None``: never), or a ConfigurationError saying
+    what to pass."""
+    if isinstance(caller_deadline, Deadline):
+        return caller_deadline.to_epoch_ms()
+    if isinstance(caller_deadline, datetime):
+        if caller_deadline.tzinfo is None or caller_deadline.utcoffset() is None:
+            raise ConfigurationError(
+                "HostPolicy caller_deadline=datetime must be aware (e.g. tzinfo=UTC): a naive "
+                "datetime names no instant",
+                option="caller_deadline",
+            )
+        # Rounded up, as Deadline.to_epoch_ms rounds: the operation never ends before it (D1.3).
+        return math.ceil(round(caller_deadline.timestamp() * 1000, 3))
+    if isinstance(caller_deadline, int) and not isinstance(caller_deadline, bool):
+        return caller_deadline
+    raise ConfigurationError(
+        "HostPolicy caller_deadline takes a timebound.Deadline, an aware datetime or epoch "
+        f"milliseconds (int), not {type(caller_deadline).__name__}",
+        option="caller_deadline",
+    )

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from .._core import _clock
-from .._core._errors import DeadlineExceeded
+from .._core._errors import DeadlineExceeded, TimeboundError
 from .._core._scopes import fail_after
 from .._store import wake_delay
 from ._contract import TERMINAL
@@ -33,7 +33,7 @@ _log = logging.getLogger("timebound.deferred")
 _ROUND_GAP_S = 0.005
 
 
-class TransientPollError(Exception):
+class TransientPollError(TimeboundError):
     """A poll that failed for a reason that may pass (overload, a 5xx, a refused connection).
 
     ``code`` is the stable code recorded in the history (``poll-timeout``, ``poll-5xx``, ...).
@@ -42,6 +42,9 @@ class TransientPollError(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.code, str(self)))
 
 
 class Connector(Protocol):

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 from .._core import _clock
 from .._core._deadline import Deadline
+from .._core._errors import TimeboundError
 from .._store import Store, Tx, open_store
 from ._contract import (
     STATUS_SCHEMA,
@@ -70,13 +71,13 @@ class Outcome(NamedTuple):
     code: str | None
 
 
-class IdempotencyConflict(ValueError):
+class IdempotencyConflict(TimeboundError, ValueError):
     """The idempotency key was already used for a different request."""
 
     code = "idempotency-conflict"
 
 
-class ContinuationRefused(Exception):
+class ContinuationRefused(TimeboundError):
     """Raised by a resumer that will not resume a continuation it cannot trust or read.
 
     ``code`` is recorded as the operation's ``resume_error`` (like ``continuation-tampered``):
@@ -88,7 +89,7 @@ class ContinuationRefused(Exception):
         self.code = code
 
 
-class Gone(LookupError):
+class Gone(TimeboundError, LookupError):
     """The operation was issued but its retention ended (HTTP 410)."""
 
     code = "gone"

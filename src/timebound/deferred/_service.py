@@ -17,7 +17,7 @@ from typing import Any
 
 from .._core._classify import classify
 from .._core._deadline import Deadline
-from .._core._errors import DeadlineExceeded
+from .._core._errors import DeadlineExceeded, TimeboundError
 from .._core._scopes import fail_at
 from ._contract import OPERATION_SCHEMA, format_time
 from ._registry import Registry, now_ms
@@ -30,16 +30,23 @@ Work = Callable[[Any], Awaitable[Any]]
 _SOURCE = "deferred"
 
 
-class UnknownKind(LookupError):
+class UnknownKind(TimeboundError, LookupError):
     """No operation of this kind is offered."""
 
+    code = "unknown-kind"
 
-class Overloaded(Exception):
+
+class Overloaded(TimeboundError):
     """The service takes no more work now (answered 503 with ``Retry-After``, never 202)."""
+
+    code = "overloaded"
 
     def __init__(self, message: str, retry_after_s: int) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self), self.retry_after_s))
 
 
 @dataclass(frozen=True)

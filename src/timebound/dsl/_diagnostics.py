@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .._core._classify import bound_origin
-from .._core._errors import DeadlineExceeded, TimeboundError, _format_seconds
+from .._core._errors import DeadlineExceeded, InvalidInput, _format_seconds
 
 __all__ = ["CODES", "CompileError", "Diagnostic", "format_diagnostic", "format_failure"]
 
@@ -105,10 +105,19 @@ def format_failure(exc: BaseException, source: str, filename: str = "<source>") 
     return "\n".join(lines)
 
 
-class CompileError(TimeboundError, ValueError):
-    """A program did not compile. ``diagnostics`` lists every error (and warning) found."""
+class CompileError(InvalidInput):
+    """A program did not compile (an :class:`~timebound.InvalidInput`, D2.6). ``diagnostics``
+    lists every error (and warning) found."""
 
     code = "constellation-compile-error"
+
+    @property
+    def field(self) -> str | None:
+        """Where the first error is, ``line:column`` in the program's text."""
+        for d in self.diagnostics:
+            if d.severity == "error":
+                return f"{d.line}:{d.column}"
+        return None
 
     def __init__(self, diagnostics: list[Diagnostic], source: str = "") -> None:
         self.diagnostics = diagnostics

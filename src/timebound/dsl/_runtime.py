@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Final
 from .._core import _clock
 from .._core._classify import classify
 from .._core._durations import Duration, to_seconds
-from .._core._errors import ConfigurationError, DeadlineExceeded, TimeboundError
+from .._core._errors import ConfigurationError, DeadlineExceeded, InvalidInput
 from .._core._scopes import current_bound_error, fail_after
 from .._engine import DagPlan
 from ..telemetry import correlation
@@ -139,10 +139,15 @@ class TracedRun:
     duration: float
 
 
-class InputError(TimeboundError, ValueError):
-    """A run's inputs do not match the program's declarations; ``input`` names the input."""
+class InputError(InvalidInput):
+    """A run's inputs do not match the program's declarations; ``input`` names the input (an
+    :class:`~timebound.InvalidInput`, D2.6)."""
 
     code = "constellation-input-error"
+
+    @property
+    def field(self) -> str | None:
+        return self.input
 
     def __init__(self, message: str, *, input: str | None = None) -> None:
         super().__init__(message)

@@ -14,13 +14,18 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .._core._errors import ConfigurationError
+
 __all__ = ["Config", "ConfigError", "load_config"]
 
 _ENV_PREFIX = "TIMEBOUND_"
 
 
-class ConfigError(ValueError):
-    """A configuration value is wrong: the message names the option and its source."""
+class ConfigError(ConfigurationError):
+    """A configuration value is wrong: the message names the option and its source (a
+    :class:`~timebound.ConfigurationError`, so an :class:`~timebound.InvalidInput`, D2.6)."""
+
+    code = "host-config-error"
 
 
 @dataclass(frozen=True)

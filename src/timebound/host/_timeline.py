@@ -95,18 +95,23 @@ def lay_out(
 ) -> list[dict[str, Any]]:
     """Bars (each with ``start_ms`` and ``end_ms``; ``None`` while still running, drawn up to the
     timeline's end) placed as percentages of the timeline: ``left`` and ``width`` (at least
-    ``min_width``, so an instant stays visible), with ``offset_ms`` and ``duration_ms``."""
+    ``min_width``, so an instant stays visible), with ``offset_ms`` and ``duration_ms``. A bar
+    is drawn from the timeline's start at the earliest: one that claims to begin before it (a
+    skipped pipeline span in a trace recorded before spans got sane starts) would otherwise be
+    drawn over the label column."""
     span = max(end_ms - start_ms, 1)
     placed = []
     for bar in bars:
         end = bar["end_ms"] if bar["end_ms"] is not None else end_ms
+        begin = max(bar["start_ms"], start_ms)
+        end = max(end, begin)
         placed.append(
             {
                 **bar,
-                "left": at_percent(bar["start_ms"], start_ms, end_ms),
-                "width": round(max((end - bar["start_ms"]) / span * 100, min_width), 2),
-                "offset_ms": bar["start_ms"] - start_ms,
-                "duration_ms": end - bar["start_ms"],
+                "left": at_percent(begin, start_ms, end_ms),
+                "width": round(max((end - begin) / span * 100, min_width), 2),
+                "offset_ms": begin - start_ms,
+                "duration_ms": end - begin,
             }
         )
     return placed

@@ -14,6 +14,7 @@ import json
 import math
 from typing import Any
 
+from .._core._errors import InvalidInput
 from ..pipeline._trace import critical_path
 from ._timeline import lay_out
 
@@ -33,8 +34,11 @@ _BAR = {
 _NUMBER_OR_NULL = ("success_elapsed_ms", "fail_elapsed_ms")
 
 
-class TraceError(ValueError):
-    """The file is not a trace; the message names the field and what was wrong with it."""
+class TraceError(InvalidInput):
+    """The file is not a trace; the message names the field and what was wrong with it (an
+    :class:`~timebound.InvalidInput`, D2.6)."""
+
+    code = "trace-invalid"
 
 
 def _show(value: Any) -> str:

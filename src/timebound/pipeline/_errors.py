@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._core._errors import DeadlineExceeded, TimeboundError
+from .._core._errors import DeadlineExceeded, InvalidInput, TimeboundError
 
 __all__ = ["PlanTimeout", "TaskError", "ValidationError"]
 
@@ -26,14 +26,19 @@ RULES = frozenset(
 )
 
 
-class ValidationError(TimeboundError, ValueError):
-    """A plan, artifact or run input broke a validation rule (fail-closed).
+class ValidationError(InvalidInput):
+    """A plan, artifact or run input broke a validation rule (fail-closed; an
+    :class:`~timebound.InvalidInput`, D2.6).
 
     ``rule`` names the rule, ``node_id`` the node (``None`` for the whole plan), ``source_span``
     the authoring call (``{"file": ..., "line": ...}``) when known, ``details`` what differs.
     """
 
     code = "pipeline-validation"
+
+    @property
+    def field(self) -> str | None:
+        return self.node_id
 
     def __init__(
         self,

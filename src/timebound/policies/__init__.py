@@ -51,6 +51,25 @@ _MOVED = frozenset(
 )
 
 
+# Removed names and where their job went. A module-level process-wide registry of named cache
+# backends cannot be forwarded to: the new home is a method of the registry a program is
+# compiled against, so the old import fails with a message saying what to write instead.
+_REMOVED = {
+    "register_cache_backend": (
+        "timebound.policies.register_cache_backend() was removed: named cache backends are no "
+        "longer shared through the process. Register one on the module registry your programs "
+        "compile against, ModuleRegistry.register_cache_backend(name, backend) "
+        "(from timebound.dsl import ModuleRegistry), or in Python pass the backend object "
+        "itself: resilient(cache=..., cache_backend=backend)"
+    ),
+    "get_cache_backend": (
+        "timebound.policies.get_cache_backend() was removed: named cache backends are no longer "
+        "shared through the process; keep the backend object you registered with "
+        "ModuleRegistry.register_cache_backend(name, backend) and pass it where it is needed"
+    ),
+}
+
+
 def __getattr__(name: str) -> object:
     if name in _MOVED:
         import warnings
@@ -64,4 +83,9 @@ def __getattr__(name: str) -> object:
             stacklevel=2,
         )
         return getattr(_retry, name, None) or getattr(_classify, name)
+    message = _REMOVED.get(name)
+    if message is not None:
+        # ImportError, not AttributeError: ``from timebound.policies import <name>`` replaces
+        # an AttributeError by a bare "cannot import name", losing the message.
+        raise ImportError(message, name=name, path=__file__)
     raise AttributeError(f"module 'timebound.policies' has no attribute {name!r}")

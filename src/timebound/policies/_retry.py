@@ -27,6 +27,7 @@ from .._core._classify import classify, mark_enclosing
 from .._core._deadline import Deadline
 from .._core._durations import format_duration
 from .._core._errors import DeadlineExceeded, RetryExhausted
+from .._core._request import mark_spent
 from .._core._scopes import current_bound_error, current_bound_source, current_deadline, remaining
 
 __all__ = ["AttemptNow", "Decision", "FallBack", "RetryAt", "RetryPlan", "RetryState", "Stop"]
@@ -164,7 +165,9 @@ class RetryPlan:
     def begin(self, state: RetryState) -> AttemptNow | FallBack | Stop:
         """D3.3: the next attempt may start unless the effective deadline or the total passed."""
         spent = current_bound_error(self.what)
-        if spent is None:
+        if spent is not None:
+            mark_spent()  # D4.10: a spent request deadline marks the request, as clients do
+        else:
             total_at = state.total_at
             if total_at is not None and _clock.now() >= total_at.when:
                 spent = self._total_error(total_at.when)
@@ -306,6 +309,7 @@ class RetryPlan:
         """D3.3: the effective deadline cannot fit the next delay/attempt; stop without sleeping."""
         spent = current_bound_error(self.what)
         if spent is not None:
+            mark_spent()  # D4.10
             return spent
         now = _clock.now()
         enclosing = current_deadline()
@@ -318,7 +322,10 @@ class RetryPlan:
         err = self._stopped(
             next_attempt, wait, current_bound_source() or "scope", remaining(), enclosing, None
         )
-        # The enclosing bound has not passed yet, so the classification needs to be told.
+        # The enclosing bound has not passed yet, so the classification needs to be told; and
+        # when that bound is the request's own deadline, the server must answer "Deadline
+        # expired" although it has not passed either (D4.10, as a client failing fast does).
+        mark_spent(enclosing)
         return mark_enclosing(err)
 
     def _stopped(

@@ -51,6 +51,7 @@ from .._core import _clock
 from .._core._classify import bound_origin
 from .._core._deadline import Deadline
 from .._core._errors import DeadlineExceeded
+from .._core._request import RequestState, _request
 from .._core._scopes import (
     current_bound_error,
     current_bound_source,
@@ -60,7 +61,7 @@ from .._core._scopes import (
 from ..telemetry._events import counters, emit, enabled
 from . import _config
 from ._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER, format_absolute_us
-from ._state import ClampedTimeout, RequestState, _request, clamp_timeout
+from ._state import ClampedTimeout, clamp_timeout
 
 __all__ = [
     "COMPONENT",
@@ -69,6 +70,7 @@ __all__ = [
     "ClientOptions",
     "CounterReport",
     "Report",
+    "absolute_wire_value",
     "begin",
 ]
 
@@ -302,6 +304,13 @@ class Attempt:
         )
 
 
+def absolute_wire_value(end: float) -> str:
+    """The absolute deadline to send for an attempt ending at ``end`` (the scheduling clock):
+    that instant on the system clock, in whole microseconds, rounded up (D9.3, D4.12). It
+    counts the transit that a relative timeout cannot."""
+    return format_absolute_us(_clock.wall() + (end - _clock.now()))
+
+
 def begin(
     static: float | None,
     options: ClientOptions,
@@ -331,8 +340,7 @@ def begin(
     if seconds is not None and options.propagate_header and _config.is_enabled():
         header_value = str(clamped.ms)
         if options.absolute_header and end is not None:
-            # The end on the system clock: counts the transit the relative header cannot.
-            absolute_value = format_absolute_us(_clock.wall() + (end - _clock.now()))
+            absolute_value = absolute_wire_value(end)
     if clamped.lowered:
         source = current_bound_source() or "scope"
         options.report.lowered(clamped.ms)

@@ -18,8 +18,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, ParamSpec, TypeVar, overload
 
 from .._core._errors import ConfigurationError
+from .._core._request import _request
 from .._core._scopes import _clean_context, spawn_background
-from ._state import _request
 
 __all__ = ["detached"]
 

@@ -1,12 +1,14 @@
-"""Implementation of :mod:`timebound.propagation.grpc` (DECISIONS D4.6, D4.7).
+"""Implementation of :mod:`timebound.propagation.grpc` (DECISIONS D4.6, D4.7, D4.12).
 
-gRPC carries the deadline itself (the ``grpc-timeout`` header), so nothing is added to the wire:
+gRPC carries the relative deadline itself (the ``grpc-timeout`` header); beside it the client
+interceptors send the call's absolute deadline as ``x-request-deadline`` metadata (D4.12):
 
-* **Server interceptors** read ``context.time_remaining()`` and make it the handler's inherited
-  deadline (``timebound.inherit_deadline(..., source="inherited")``) together with a
-  :class:`~timebound.propagation.RequestState`. A call whose deadline is already spent is answered
-  ``DEADLINE_EXCEEDED`` / ``Deadline propagation: Not enough time to handle this call`` without
-  running the handler (userver's wording, verbatim).
+* **Server interceptors** read ``context.time_remaining()`` and the ``x-request-deadline``
+  metadata (the earlier wins, unless the two disagree by more than the clock skew, D9.3) and make
+  it the handler's inherited deadline (``timebound.inherit_deadline(..., source="inherited")``)
+  together with a :class:`~timebound.propagation.RequestState`. A call whose deadline is already
+  spent is answered ``DEADLINE_EXCEEDED`` / ``Deadline propagation: Not enough time to handle
+  this call`` without running the handler (userver's wording, verbatim).
 * **Client interceptors** lower the call's ``timeout`` to the remaining time
   (``min(timeout, remaining)``), fail locally with :class:`~timebound.DeadlineExceeded` when
   nothing is left (nothing is sent), and turn a ``DEADLINE_EXCEEDED`` that our deadline caused into
@@ -29,10 +31,13 @@ from typing import Any, Final, NamedTuple
 from .._core._classify import bound_origin
 from .._core._deadline import Deadline
 from .._core._errors import DeadlineExceeded
+from .._core._request import RequestState, _request
 from .._core._scopes import _spawn_detached, inherit_deadline
 from ..telemetry._events import counters, emit, enabled
-from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin
-from ._state import RequestState, _request
+from ._absolute import DEFAULT_SKEW, check_clock_skew, time_left
+from ._client import Attempt, AttemptTimeoutBase, ClientOptions, absolute_wire_value, begin
+from ._codec import parse_absolute_us
+from ._config import is_enabled
 
 try:
     import grpc
@@ -43,6 +48,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 __all__ = [
+    "ABSOLUTE_METADATA",
     "AioPropagatedDeadlineExceeded",
     "EXPIRED_DETAILS",
     "PropagatedDeadlineExceeded",
@@ -55,6 +61,8 @@ __all__ = [
 
 #: The status details of a call rejected because its deadline was spent (userver, verbatim).
 EXPIRED_DETAILS: Final = "Deadline propagation: Not enough time to handle this call"
+#: The metadata key of the absolute deadline, whole microseconds of the Unix epoch (D4.12).
+ABSOLUTE_METADATA: Final = "x-request-deadline"
 
 #: A ``grpc-timeout`` of this much or more means "no deadline" (D4.6, grpc#26236).
 _NO_DEADLINE_AT: Final = 365 * 24 * 3600.0
@@ -227,14 +235,14 @@ class _CallBound:
 
     __slots__ = ("_bound", "budget", "state")
 
-    def __init__(self, received: float | None) -> None:
-        if received is None:
+    def __init__(self, received: float | None, budget: float | None) -> None:
+        if received is None or budget is None:
             self.state = RequestState()
             self._bound = None
             self.budget: float | None = None
             return
-        self.budget = _handler_budget(received)
-        deadline = Deadline.after(self.budget)
+        self.budget = budget
+        deadline = Deadline.after(budget)
         self.state = RequestState(
             deadline_received_ms=max(0, math.ceil(received * 1000)), deadline=deadline
         )
@@ -253,16 +261,40 @@ class _CallBound:
 
 
 class _ServerBase:
-    def __init__(self, *, enabled: bool, destination: Destination | None) -> None:
+    def __init__(
+        self,
+        *,
+        enabled: bool,
+        destination: Destination | None,
+        absolute_metadata: str | None = ABSOLUTE_METADATA,
+        clock_skew: float = DEFAULT_SKEW,
+    ) -> None:
         self._enabled = enabled
         self._destination = destination or _default_destination
+        self._absolute = absolute_metadata.lower() if absolute_metadata else None
+        self._skew = check_clock_skew(clock_skew)
+
+    def _received_absolute(self, context: Any) -> float | None:
+        """The absolute deadline in the call's metadata (epoch seconds), or ``None`` (D4.12)."""
+        key = self._absolute
+        if key is None:
+            return None
+        values = [v for k, v in context.invocation_metadata() or () if k == key]
+        return parse_absolute_us(",".join(values), header=key) if values else None
 
     def _start(self, method: str, context: Any) -> tuple[_CallBound, bool]:
         """Open the call's bound; the flag says the deadline is already spent."""
-        left = _received_deadline(context.time_remaining())
+        received = _received_deadline(context.time_remaining())
+        budget = None if received is None else _handler_budget(received)
+        absolute = self._received_absolute(context)
+        if absolute is not None:
+            # D4.12: the absolute deadline counts under the same clock-skew rule as over HTTP.
+            budget = time_left(budget, absolute, self._skew, component=SERVER_COMPONENT)
+            if received is None:
+                received = budget
         dest = self._destination(method)
-        call = _CallBound(left)
-        if left is not None:
+        call = _CallBound(received, budget)
+        if received is not None:
             counters.inc(SERVER_PROPAGATED, grpc_destination=dest)
             if enabled():
                 emit(
@@ -478,7 +510,11 @@ class _AioServerInterceptor(_ServerBase, grpc.aio.ServerInterceptor):  # type: i
 
 
 def server_interceptor(
-    *, enabled: bool = True, destination: Destination | None = None
+    *,
+    enabled: bool = True,
+    destination: Destination | None = None,
+    absolute_metadata: str | None = ABSOLUTE_METADATA,
+    clock_skew: float = DEFAULT_SKEW,
 ) -> grpc.ServerInterceptor:
     """A ``grpc.ServerInterceptor`` that makes the client's deadline the handler's deadline.
 
@@ -486,20 +522,37 @@ def server_interceptor(
     the bound is set in the thread-pool thread around the handler (and, for response streams,
     around every step of the response iterator). ``enabled=False`` passes calls through
     untouched; ``destination`` maps the full method name (``/pkg.Service/Method``) to the
-    metrics label (default ``pkg.Service/Method``).
+    metrics label (default ``pkg.Service/Method``). ``absolute_metadata`` (``None`` to ignore
+    it) and ``clock_skew`` (seconds, default 1): the absolute deadline in the call's metadata
+    counts beside ``grpc-timeout`` when the two agree within the skew, as over HTTP (D4.12,
+    D9.3); a call whose deadline has passed is refused without running the handler.
     """
-    return _SyncServerInterceptor(enabled=enabled, destination=destination)
+    return _SyncServerInterceptor(
+        enabled=enabled,
+        destination=destination,
+        absolute_metadata=absolute_metadata,
+        clock_skew=clock_skew,
+    )
 
 
 def aio_server_interceptor(
-    *, enabled: bool = True, destination: Destination | None = None
+    *,
+    enabled: bool = True,
+    destination: Destination | None = None,
+    absolute_metadata: str | None = ABSOLUTE_METADATA,
+    clock_skew: float = DEFAULT_SKEW,
 ) -> grpc.aio.ServerInterceptor:
     """The ``grpc.aio`` twin of :func:`server_interceptor`: the bound is set in the call's task.
 
     Covers coroutine handlers of every kind and async-generator response streams; a plain
     (sync) handler under ``grpc.aio`` is passed through untouched.
     """
-    return _AioServerInterceptor(enabled=enabled, destination=destination)
+    return _AioServerInterceptor(
+        enabled=enabled,
+        destination=destination,
+        absolute_metadata=absolute_metadata,
+        clock_skew=clock_skew,
+    )
 
 
 # Client side ---------------------------------------------------------------------------------
@@ -582,23 +635,38 @@ class _ClientBase:
         return _Clamp(begin(timeout, options, AttemptTimeoutBase), dest)
 
     @staticmethod
-    def _with_timeout(details: Any, timeout: float | None) -> Any:
+    def _with(details: Any, timeout: float | None, metadata: tuple[tuple[str, Any], ...]) -> Any:
+        """``details`` with this timeout and metadata."""
         raise NotImplementedError
 
     def _details(self, details: Any) -> tuple[Any, _Clamp | None]:
-        """The call's details with the clamped timeout, and the clamp (``None`` when off)."""
+        """The call's details with the clamped timeout and the absolute deadline beside
+        ``grpc-timeout`` (D4.12), and the clamp (``None`` when off)."""
         if not self._enabled:
             return details, None
         clamp = self._clamp(details.method, details.timeout)
-        if not clamp.lowered:
-            return details, clamp
-        return self._with_timeout(details, clamp.timeout), clamp
+        end = clamp.attempt.end
+        if end is None or not is_enabled():
+            # No deadline and no timeout: grpc sends none, and neither do we.
+            if not clamp.lowered:
+                return details, clamp
+            return self._with(details, clamp.timeout, _metadata(details.metadata)), clamp
+        metadata = (
+            *(m for m in _metadata(details.metadata) if m[0] != ABSOLUTE_METADATA),
+            (ABSOLUTE_METADATA, absolute_wire_value(end)),
+        )
+        return self._with(details, clamp.timeout, metadata), clamp
 
     @staticmethod
     def _spent(clamp: _Clamp) -> None:
         """Our deadline cut a call short: count it and mark the request it belongs to (when
         the bound that cut it is the request's own deadline)."""
         clamp.attempt.spent()
+
+
+def _metadata(metadata: Any) -> tuple[tuple[str, Any], ...]:
+    """A call's metadata (``None``, a sequence of pairs or ``grpc.aio.Metadata``) as pairs."""
+    return tuple((key, value) for key, value in metadata or ())
 
 
 def _is_deadline_code(outcome: Any) -> bool:
@@ -690,11 +758,11 @@ class _SyncClientInterceptor(
     """See :func:`client_interceptor`."""
 
     @staticmethod
-    def _with_timeout(details: Any, timeout: float | None) -> Any:
+    def _with(details: Any, timeout: float | None, metadata: tuple[tuple[str, Any], ...]) -> Any:
         return _ClientCallDetails(
             details.method,
             timeout,
-            details.metadata,
+            metadata,
             details.credentials,
             getattr(details, "wait_for_ready", None),
             getattr(details, "compression", None),
@@ -737,9 +805,9 @@ class _SyncClientInterceptor(
 
 class _AioClientBase(_ClientBase):
     @staticmethod
-    def _with_timeout(details: Any, timeout: float | None) -> Any:
-        # grpc.aio's ClientCallDetails is a namedtuple.
-        return details._replace(timeout=timeout)
+    def _with(details: Any, timeout: float | None, metadata: tuple[tuple[str, Any], ...]) -> Any:
+        # grpc.aio's ClientCallDetails is a namedtuple, and its metadata a Metadata object.
+        return details._replace(timeout=timeout, metadata=grpc.aio.Metadata.from_tuple(metadata))
 
     async def _unary(
         self, continuation: Callable[[Any, Any], Awaitable[Any]], details: Any, request: Any

@@ -19,10 +19,10 @@ from .._core._deadline import Deadline
 from .._core._errors import ConfigurationError, DeadlineExceeded
 from ..telemetry._events import counters, emit, enabled
 from . import _config
+from ._absolute import DEFAULT_SKEW, check_clock_skew, time_left
 from ._codec import (
     ABSOLUTE_HEADER,
     EXPIRED_BODY,
-    MAX_TIMEOUT_SECONDS,
     HeaderNames,
     ReceivedTimeout,
     read_absolute,
@@ -44,8 +44,6 @@ __all__ = [
 ]
 
 COMPONENT = "http-server"
-#: Default tolerance (seconds) between the absolute and the relative deadline (D9.3).
-DEFAULT_SKEW = 1.0
 
 logger = logging.getLogger("timebound.propagation")
 
@@ -85,15 +83,7 @@ class ServerConfig:
         ):
             if not value or not isinstance(value, str):
                 raise ConfigurationError(f"{option} must be a header name", option=option)
-        if (
-            isinstance(clock_skew, bool)
-            or not isinstance(clock_skew, int | float)
-            or not 0 <= clock_skew < math.inf
-        ):
-            raise ConfigurationError(
-                f"clock_skew must be a finite number of seconds >= 0, not {clock_skew!r}",
-                option="clock_skew",
-            )
+        skew = check_clock_skew(clock_skew)
         names = HeaderNames(
             timeout=timeout_header,
             expired=expired_header,
@@ -105,7 +95,7 @@ class ServerConfig:
             names=names,
             expired_status=expired_status,
             enabled=bool(enabled),
-            skew=float(clock_skew),
+            skew=skew,
         )
 
     def active(self) -> bool:
@@ -135,29 +125,21 @@ def arrive(
 ) -> Arrival | None:
     """Read the deadline headers of a request first seen at ``start`` (D4.2); ``None`` if none.
 
-    The absolute ``X-Request-Deadline`` counts beside the relative headers (D9.3): the effective
-    deadline is the minimum, but an absolute one further than ``skew`` seconds from the relative
-    one says the clocks disagree, and is ignored and counted (``absolute-deadline-ignored``).
-    Alone, it is taken as it is.
+    The absolute ``X-Request-Deadline`` counts beside the relative headers under the clock-skew
+    rule of :func:`~timebound.propagation._absolute.time_left` (D9.3).
     """
     headers = list(headers)
     received = read_timeout(headers, names)
-    absolute = read_absolute(headers, names)
-    if absolute is not None:
-        # Our wall clock read once: the absolute deadline as time left from ``start``.
-        # The disagreement is measured before clamping: a deadline 3 s in our past is 3 s off.
-        raw = absolute - _clock.wall()
-        left = max(0.0, raw)
-        if left >= MAX_TIMEOUT_SECONDS:
-            pass  # 10 years or more is no deadline, as for the relative headers (D4.1)
-        elif received is None:
-            received = ReceivedTimeout(left)
-        elif abs(raw - received.seconds) > skew:
-            counters.inc("absolute-deadline-ignored", component=COMPONENT)
-        elif left < received.seconds:
-            received = ReceivedTimeout(left)
-    if received is None:
+    left = time_left(
+        None if received is None else received.seconds,
+        read_absolute(headers, names),
+        skew,
+        component=COMPONENT,
+    )
+    if left is None:
         return None
+    if received is None or left != received.seconds:
+        received = ReceivedTimeout(left)
     ms = received.ms
     counters.inc("deadline-received", component=COMPONENT)
     if enabled():

@@ -32,6 +32,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from .._core._errors import DeadlineExceeded
+from .._core._request import RequestState, _request
 from .._core._scopes import inherit_deadline, move_on_at
 from ..telemetry import correlation
 from ._admission import Admission, Outcome, Ticket
@@ -55,7 +57,6 @@ from ._server import (
     now,
     record_started_late,
 )
-from ._state import RequestState, _request
 
 __all__ = ["AdmissionMiddleware", "DeadlineMiddleware"]
 
@@ -159,6 +160,7 @@ class DeadlineMiddleware:
 
     async def _handle(self, arrival: Arrival, scope: Scope, receive: Receive, send: Send) -> None:
         response = _HeldResponse(send, arrival, self, scope)
+        receive = _body_receiver(receive, arrival)
         token = _request.set(arrival.state)
         try:
             with inherit_deadline(arrival.deadline):
@@ -178,6 +180,35 @@ class DeadlineMiddleware:
         finally:
             _request.reset(token)
         await response.finish()
+
+
+def _body_receiver(receive: Receive, arrival: Arrival) -> Receive:
+    """The app's ``receive``: the last body message arriving after the deadline raises.
+
+    D4.4 (amended): a request whose deadline passed by the time it was read *to the end* never
+    reaches user code; the code after ``await request.body()`` would only run with no time
+    left. The error escapes the app and the middleware answers "Deadline expired" (D4.11).
+    Earlier chunks and ``http.disconnect`` pass through: only the end of the body is the
+    moment the request has been read.
+    """
+
+    async def body_receive() -> Message:
+        message = await receive()
+        if (
+            message.get("type") == "http.request"
+            and not message.get("more_body", False)
+            and arrival.deadline.expired
+        ):
+            arrival.state.cut_by(arrival.deadline)
+            raise DeadlineExceeded(
+                source="inherited",
+                timeout=arrival.seconds,
+                deadline=arrival.deadline,
+                what="request body",
+            )
+        return message
+
+    return body_receive
 
 
 class _HeldResponse:

@@ -1,9 +1,11 @@
-"""Deadline propagation for grpcio, sync and ``grpc.aio`` (DECISIONS D4.6, D4.7).
+"""Deadline propagation for grpcio, sync and ``grpc.aio`` (DECISIONS D4.6, D4.7, D4.12).
 
-Server interceptors make the client's deadline the handler's inherited deadline and reject a
-call whose deadline is already spent (``DEADLINE_EXCEEDED``, ``Deadline propagation: Not enough
-time to handle this call``). Client interceptors lower every call's timeout to the time left,
-fail locally when none is, and surface a ``DEADLINE_EXCEEDED`` that our own deadline caused as
+Server interceptors make the client's deadline (``grpc-timeout``, and the absolute
+``x-request-deadline`` metadata under the clock-skew rule) the handler's inherited deadline and
+reject a call whose deadline is already spent (``DEADLINE_EXCEEDED``, ``Deadline propagation:
+Not enough time to handle this call``). Client interceptors lower every call's timeout to the
+time left, send the call's absolute deadline beside it, fail locally when none is left, and
+surface a ``DEADLINE_EXCEEDED`` that our own deadline caused as
 :class:`PropagatedDeadlineExceeded` (a ``DeadlineExceeded`` *and* a ``grpc.RpcError``).
 See ``docs/propagation-grpc.md``. Needs ``pip install 'timebound[grpc]'``.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 from ._grpc_admission import OVERLOADED_DETAILS, admission_interceptor, aio_admission_interceptor
 from ._grpc_interceptors import (
+    ABSOLUTE_METADATA,
     EXPIRED_DETAILS,
     AioPropagatedDeadlineExceeded,
     PropagatedDeadlineExceeded,
@@ -23,6 +26,7 @@ from ._grpc_interceptors import (
 )
 
 __all__ = [
+    "ABSOLUTE_METADATA",
     "AioPropagatedDeadlineExceeded",
     "EXPIRED_DETAILS",
     "OVERLOADED_DETAILS",

@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import Any
 
 from .._core._errors import DeadlineExceeded
+from .._core._request import RequestState, _request, current_request
 from .._core._scopes import inherit_deadline
 from ..telemetry import correlation
 from ._admission import Admission, Outcome, Ticket
@@ -53,7 +54,6 @@ from ._server import (
     now,
     record_started_late,
 )
-from ._state import RequestState, _request, current_request
 
 __all__ = ["AdmissionMiddleware", "DeadlineMiddleware"]
 
@@ -170,6 +170,9 @@ class DeadlineMiddleware:
         _request.set(state)
         # Entered in ``ctx`` and never exited: the context is discarded with the request.
         inherit_deadline(arrival.deadline).__enter__()
+        stream = environ.get("wsgi.input")
+        if stream is not None:
+            environ["wsgi.input"] = _BodyInput(stream, arrival, environ.get("CONTENT_LENGTH"))
 
         captured: list[Any] = []
         written: list[bytes] = []
@@ -249,6 +252,89 @@ def _quiet_flask(app: WSGIApp, status: int) -> None:
         raise err
 
     register(DeadlineExceeded, deadline_exceeded)
+
+
+class _BodyInput:
+    """``wsgi.input``, whose read that reaches the end of the body after the deadline raises.
+
+    D4.4/D4.11: a request is read when its whole body has arrived; one whose deadline passed by
+    then never reaches the code after the read. The end is the declared ``Content-Length``
+    consumed, or an empty read (a chunked body). Everything else is the server's stream.
+    """
+
+    __slots__ = ("_arrival", "_ended", "_left", "_stream")
+
+    def __init__(self, stream: Any, arrival: Arrival, length: object) -> None:
+        self._stream = stream
+        self._arrival = arrival
+        self._ended = False  # the end was reached in time: later reads are the app's business
+        try:
+            self._left: int | None = int(str(length)) if length not in (None, "") else None
+        except ValueError:
+            self._left = None
+
+    def _read(self, data: bytes, size: int | None, *, to_end: bool = False) -> bytes:
+        """``data`` just read (``size`` asked for); ``to_end``: the read took all there was."""
+        self._check(len(data), size, to_end)
+        return data
+
+    def _check(self, got: int, size: int | None, to_end: bool) -> None:
+        if self._ended:
+            return
+        if self._left is not None:
+            self._left -= got
+        self._ended = (
+            to_end or (not got and size != 0) or (self._left is not None and self._left <= 0)
+        )
+        if self._ended and self._arrival.deadline.expired:
+            self._arrival.state.cut_by(self._arrival.deadline)
+            raise DeadlineExceeded(
+                source="inherited",
+                timeout=self._arrival.seconds,
+                deadline=self._arrival.deadline,
+                what="request body",
+            )
+
+    def read(self, size: int | None = -1) -> bytes:
+        if size is None or size < 0:
+            return self._read(self._stream.read(), size, to_end=True)
+        return self._read(self._stream.read(size), size)
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:
+        readinto = getattr(self._stream, "readinto", None)
+        if readinto is None:  # PEP 3333 promises read() only (gunicorn's body has no readinto)
+            data = self._stream.read(len(buffer))
+            buffer[: len(data)] = data
+            got = len(data)
+        else:
+            got = int(readinto(buffer) or 0)
+        self._check(got, len(buffer), False)
+        return got
+
+    def readline(self, size: int | None = -1) -> bytes:
+        data = self._stream.readline() if size is None or size < 0 else self._stream.readline(size)
+        return self._read(data, size)
+
+    def readlines(self, hint: int = -1) -> list[bytes]:
+        lines = []
+        total = 0
+        while hint is None or hint <= 0 or total < hint:
+            line = self.readline()
+            if not line:
+                break
+            lines.append(line)
+            total += len(line)
+        return lines
+
+    def __iter__(self) -> Iterator[bytes]:
+        while True:
+            line = self.readline()
+            if not line:
+                return
+            yield line
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def _close(result: Iterable[bytes] | None) -> None:

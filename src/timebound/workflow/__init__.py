@@ -15,6 +15,9 @@ three timeout layers as durable timers::
 
 from __future__ import annotations
 
+# The store's errors reach workflow users (StoreBusy: another process already writes a SQLite
+# store): catchable by name from here (D2.6).
+from .._store import StoreBusy, StoreError
 from ._actions import ActionContext
 from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition, schema
 from ._engine import Engine, RunResult
@@ -26,6 +29,8 @@ __all__ = [
     "DefinitionError",
     "Engine",
     "RunResult",
+    "StoreBusy",
+    "StoreError",
     "parse_definition",
     "schema",
 ]

@@ -78,9 +78,16 @@ def thaw(value: Any) -> Any:
 
 def _json_value(value: Any, what: str) -> Outcome:
     try:
-        return Outcome("ok", json.loads(json.dumps(value, allow_nan=False)))
+        return Outcome("ok", json.loads(json.dumps(value, allow_nan=False, default=_thawed)))
     except (TypeError, ValueError) as exc:
         return Outcome("error", error=f"{what} returned a value that is not JSON: {exc}")
+
+
+def _thawed(obj: Any) -> Any:
+    """A part of ``ctx.state`` returned as it is (a :func:`freeze` view) is JSON: thawed."""
+    if isinstance(obj, MappingProxyType):
+        return dict(obj)
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
 
 
 def _describe(exc: BaseException) -> str:

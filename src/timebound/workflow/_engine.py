@@ -763,13 +763,18 @@ class Engine(RunReads):
         tok = await machine.token(tx, token_id)
         if tok is None:
             return
+        # A handler cut by its bound ("timeout") produced nothing: there is no result to
+        # discard, so nothing is counted or recorded as one (D6.10).
+        produced = outcome.kind != "timeout"
         if tok["status"] != "executing" or tok["attempt"] != attempt:
-            await machine.late_result(tx, tok["run_id"], token_id, attempt, now)
+            if produced:
+                await machine.late_result(tx, tok["run_id"], token_id, attempt, now)
             return
         run = await machine.run(tx, tok["run_id"], lock=self._store.lock_clause())
         assert run is not None
         if await machine.check_run_deadline(tx, run, now):
-            await machine.late_result(tx, run["id"], token_id, attempt, now)
+            if produced:
+                await machine.late_result(tx, run["id"], token_id, attempt, now)
             return
         deadline_reached = tok["timeout_at"] is not None and now >= tok["timeout_at"]
         if outcome.kind == "timeout" or deadline_reached:

@@ -225,8 +225,8 @@ class Downstream:
 
     ``/ok`` 200 ``ok``; ``/slow`` waits until the client goes away (or 10 s) then 200;
     ``/held`` waits until the test sets ``held`` (or the client goes away) then 200;
-    ``/expired`` 498 with ``X-YaTaxi-Deadline-Expired: 1``; ``/stream`` sends one chunk, then
-    stalls like ``/slow`` before the rest.
+    ``/expired`` 498 with ``X-YaTaxi-Deadline-Expired: 1``; ``/unavailable`` 503 at once;
+    ``/stream`` sends one chunk, then stalls like ``/slow`` before the rest.
     """
 
     seen: list[Seen] = field(default_factory=list)
@@ -249,6 +249,9 @@ class Downstream:
                 }
             )
             await send({"type": "http.response.body", "body": b"Deadline expired"})
+            return
+        if path == "/unavailable":
+            await _plain(send, 503, b"unavailable")
             return
         if path == "/slow":
             await self._stall(receive, self.release)

@@ -12,8 +12,8 @@ import pytest
 from multidict import CIMultiDict
 
 import timebound as tb
+from timebound._core._request import _request
 from timebound.propagation import RequestState
-from timebound.propagation._state import _request
 from timebound.propagation.aiohttp import AttemptTimeout, DeadlineMiddleware
 from timebound.testing import VirtualClock
 

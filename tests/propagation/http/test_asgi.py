@@ -110,11 +110,13 @@ def test_invalid_expired_status_is_a_configuration_error() -> None:
 
 
 async def test_body_read_time_counts(virtual_clock: VirtualClock) -> None:
-    """The deadline starts when the scope arrives: a slow body alone can spend it (D4.2)."""
+    """The deadline starts when the scope arrives: a slow body alone can spend it (D4.2), and the
+    code after reading it never runs (D4.11)."""
     app = App()
     result = await call_asgi(DeadlineMiddleware(app), {H: "300"}, body_delay=0.5)
-    assert app.finished
-    assert result.status == 498
+    assert not app.finished
+    assert (result.status, result.body) == (498, b"Deadline expired")
+    assert counters.get("cancelled-by-deadline", component="http-server") == 1
 
 
 async def test_late_handler_response_is_replaced(

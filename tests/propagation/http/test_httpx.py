@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 import timebound as tb
+from timebound._core._request import _request
 from timebound.propagation import RequestState, set_enabled
-from timebound.propagation._state import _request
 from timebound.propagation.httpx import AsyncDeadlineTransport, AttemptTimeout, DeadlineTransport
 from timebound.telemetry import Event, counters
 from timebound.testing import VirtualClock

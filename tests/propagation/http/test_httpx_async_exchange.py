@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 import timebound as tb
+from timebound._core._request import _request
 from timebound.propagation import RequestState
-from timebound.propagation._state import _request
 from timebound.propagation.httpx import AsyncDeadlineTransport
 from timebound.telemetry import counters
 from timebound.testing import VirtualClock

@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 import timebound as tb
+from timebound._core._request import _request
 from timebound.propagation import RequestState, clamp_timeout
-from timebound.propagation._state import _request
 from timebound.propagation.asgi import DeadlineMiddleware
 from timebound.propagation.httpx import AsyncDeadlineTransport, AttemptTimeout
 from timebound.testing import VirtualClock

@@ -9,8 +9,8 @@ import requests
 import urllib3
 
 import timebound as tb
+from timebound._core._request import _request
 from timebound.propagation import RequestState
-from timebound.propagation._state import _request
 from timebound.propagation.requests import AttemptTimeout, DeadlineAdapter
 from timebound.telemetry import counters
 from timebound.testing import VirtualClock
