@@ -104,3 +104,29 @@ def test_a_bad_lease_is_a_configuration_error(lease: Any) -> None:
 def test_the_lease_is_a_duration() -> None:
     """``Engine(lease="2min")`` is two minutes, in the engine's milliseconds."""
     assert wf.Engine(db="sqlite:///unused.db", lease="2min")._lease_ms == 120_000
+
+
+async def test_a_worker_late_renewing_its_lease_does_not_rerun_its_own_step(pg_url: str) -> None:
+    """A worker whose lease renewal is late (its loop stalled) does not take back and re-run a
+    step it is still running: only another worker may, as the lease says."""
+    starts: list[int] = []
+
+    async def slow(ctx: wf.ActionContext) -> Any:
+        starts.append(ctx.attempt)
+        await asyncio.sleep(1.0)
+        return "done"
+
+    d = definition([{"id": "A"}])
+    engine = wf.Engine(db=pg_url, actions={"sleep": slow, "boom": slow}, lease_ms=200, sweep_ms=50)
+    engine.register(d)
+
+    async def stalled() -> None:  # the renewal never comes in time
+        return None
+
+    engine._renew_leases = stalled  # type: ignore[method-assign]
+    async with engine:
+        run_id = await engine.start("wf")
+        result = await engine.wait(run_id, timeout=30)
+        events = await engine.events(run_id)
+    assert result.status == "completed" and starts == [1]
+    assert "token_redispatched" not in [e["kind"] for e in events]

@@ -641,10 +641,15 @@ class Engine(RunReads):
         if free <= 0 or not self._claiming:
             return []
         if self._store.shared:
+            # Not this worker's own attempts in flight: it is late renewing them, not gone (a
+            # stalled loop re-ran its own step beside the running one). Others take them.
+            mine = sorted(self._attempts)
+            own = f" AND NOT (lease_owner = ? AND id IN ({', '.join('?' for _ in mine)}))"
             await self._requeue(
                 tx,
-                "status IN ('dispatched', 'executing') AND lease_until < ?",
+                "status IN ('dispatched', 'executing') AND lease_until < ?" + (own if mine else ""),
                 now,
+                *([self.worker_id, *mine] if mine else []),
                 lock=self._store.skip_locked(),
                 reason="lease_expired",
             )
