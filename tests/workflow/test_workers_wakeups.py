@@ -128,5 +128,7 @@ async def test_a_worker_late_renewing_its_lease_does_not_rerun_its_own_step(pg_u
         run_id = await engine.start("wf")
         result = await engine.wait(run_id, timeout=30)
         events = await engine.events(run_id)
-    assert result.status == "completed" and starts == [1]
+    assert result.status == "completed" and starts == [1], [
+        (e["kind"], e.get("reason"), e["at_epoch_ms"]) for e in events
+    ]
     assert "token_redispatched" not in [e["kind"] for e in events]

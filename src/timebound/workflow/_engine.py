@@ -641,9 +641,9 @@ class Engine(RunReads):
         if free <= 0 or not self._claiming:
             return []
         if self._store.shared:
-            # Not this worker's own attempts in flight: it is late renewing them, not gone (a
-            # stalled loop re-ran its own step beside the running one). Others take them.
-            mine = sorted(self._attempts)
+            # Not this worker's own attempts in flight or just ended: it is late renewing them,
+            # not gone (a stalled loop re-ran its own step beside the running one). Others may.
+            mine = sorted({*self._attempts, *(r.token_id for r in self._outcomes)})
             own = f" AND NOT (lease_owner = ? AND id IN ({', '.join('?' for _ in mine)}))"
             await self._requeue(
                 tx,
