@@ -191,6 +191,16 @@ def test_runs_survive_worker_kills_and_a_server_restart(
         and json.loads(e["data"])["worker"].split(":")[-2] == str(veteran)
         for e in store["events"]
     ), "the worker alive at the restart stopped working"
+    # Only killed workers were taken for dead (D6.16): a live one whose connection the restart
+    # dropped took its session lock again and kept its steps.
+    wrongly = [
+        data
+        for e in store["events"]
+        if e["kind"] == "token_redispatched"
+        and (data := json.loads(e["data"])).get("reason") == "worker_died"
+        and int(data["previous_owner"].split(":")[-2]) not in killed
+    ]
+    assert not wrongly, wrongly
 
 
 def _check(
