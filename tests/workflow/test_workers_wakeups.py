@@ -132,3 +132,35 @@ async def test_a_worker_late_renewing_its_lease_does_not_rerun_its_own_step(pg_u
         (e["kind"], e.get("reason"), e["at_epoch_ms"]) for e in events
     ]
     assert "token_redispatched" not in [e["kind"] for e in events]
+
+
+async def test_a_worker_that_claims_what_it_made_wakes_nobody(pg_url: str) -> None:
+    """A chain of steps one worker runs from start to end wakes the other workers once, when
+    the run ends, not at every step (each wake-up cost every worker an empty turn)."""
+
+    async def ok(ctx: wf.ActionContext) -> Any:
+        return ctx.node_id
+
+    d = definition(
+        [{"id": f"S{i}"} for i in range(5)],
+        [{"id": f"t{i}", "from": f"S{i}", "to": f"S{i + 1}"} for i in range(4)],
+    )
+    one = wf.Engine(db=pg_url, actions={"sleep": ok, "boom": ok})
+    other = wf.Engine(db=pg_url, actions={"sleep": ok, "boom": ok})
+    one.register(d)
+    other.register(d)
+    wakes: list[int] = []
+    wake_all = other._wake_all
+
+    def counted() -> None:
+        wakes.append(1)
+        wake_all()
+
+    other._wake_all = counted  # type: ignore[method-assign]  # the listener calls this
+    async with one, other:
+        other.stop_claiming()  # so that one runs every step
+        run_id = await one.start("wf")
+        result = await one.wait(run_id, timeout=30)
+        await other.wait(run_id, timeout=30)  # the run's end reached the other worker
+    assert result.status == "completed"
+    assert len(wakes) <= 2, wakes  # the run's end (and at most one reconnect)

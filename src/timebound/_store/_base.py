@@ -62,6 +62,8 @@ class Tx:
         #: The instant (epoch ms) the engine flipped them, sent along to measure the time to
         #: stop the work.
         self.stopped_at = 0
+        #: The kinds of the events recorded in this transaction (flushed or not).
+        self.kinds: set[str] = set()
         self._events: list[tuple[str, str, int, str]] = []
         self._writes: list[tuple[Hashable, str, tuple[Any, ...]]] = []
         self._written: set[Hashable] = set()  # the rows the deferred writes touch
@@ -187,6 +189,7 @@ class Tx:
     async def append_event(self, stream: str, kind: str, at_ms: int, **data: Any) -> None:
         """Record an event; written with the transaction's other events at commit, in order."""
         self._events.append((stream, kind, at_ms, json.dumps(data)))
+        self.kinds.add(kind)
 
     async def flush_events(self) -> None:
         """Write the deferred writes and the recorded events (backends call this just before

@@ -71,6 +71,7 @@ class _Report(NamedTuple):
 _Plan = tuple[str, str, Mapping[str, Any], ActionContext]
 
 _log = logging.getLogger("timebound.workflow")
+_RUN_ENDS = frozenset(f"run_{status}" for status in RUN_TERMINAL)
 
 
 async def store_definition(tx: Tx, definition: Definition) -> str | None:
@@ -598,6 +599,10 @@ class Engine(RunReads):
             row = await tx.fetchone(
                 "SELECT MIN(not_before) AS t FROM tb_wf_tokens WHERE status = 'pending'"
             )
+            if row is not None and row["t"] is None and not tx.kinds & _RUN_ENDS:
+                # No token is left for others to claim (this turn claimed what it made) and no
+                # run ended: waking every worker would only cost each an empty turn (D6.14a).
+                tx.wake_others = False
         for future, run_id in started:  # committed: the runs exist
             if not future.done():
                 future.set_result(run_id)
