@@ -183,7 +183,7 @@ class PostgresStore(Store):
                             "SELECT pg_advisory_lock($1, $2)", _SESSION_LOCK_CLASS, session_key
                         )
                         self._session_since = int(_clock.wall() * 1000)
-            except (OSError, asyncpg.PostgresError) as exc:
+            except Exception as exc:  # whatever the server or the network did: again soon
                 if not connected.done():
                     connected.set_exception(StoreError(f"cannot listen on {self.url!r}: {exc}"))
                     return
