@@ -58,11 +58,11 @@ def test_kind_segment_must_equal_kind() -> None:
     assert (err.path, err.rule) == ("$['operation/id']", "kind-segment")
 
 
-@pytest.mark.parametrize("value", [0, 3601, 1.5, "5", True])
-def test_retry_after_is_an_integer_in_range(value: object) -> None:
-    """retry_after_seconds is an integer from 1 to 3600."""
-    err = _op_error(retry_after_seconds=value)
-    assert err.path == "$.retry_after_seconds"
+@pytest.mark.parametrize("value", [0, 3601, 1.5, "5", True, None])
+def test_retry_after_is_left_to_the_policy(value: object) -> None:
+    """retry_after_seconds is a hint the host policy judges (D7.8), not the schema: any value
+    passes validation (tests/deferred/test_invalid_hint.py shows what the registry does)."""
+    validate_operation(operation_doc(**{"retry_after_seconds": value}))
 
 
 def test_expires_at_after_created_at() -> None:

@@ -263,7 +263,7 @@ def test_common_operation_documents_take_the_quick_path() -> None:
 )
 def test_integers_follow_jsonschema_or_stay_undecided(value: object, expected: object) -> None:
     """A float with an integral value is jsonschema's call; a bool is never an integer."""
-    doc = status_doc(retry_after_seconds=value)
+    doc = status_doc(attempt_no=value)
     assert _quick(STATUS_SCHEMA)(doc) is expected
     with_float = _full_valid(STATUS_SCHEMA, doc)
     assert with_float is (value in (1, 1.0) and value is not True)

@@ -69,6 +69,11 @@ FANOUT = {
 }
 
 
+def csrf_of(page: str) -> str:
+    """The CSRF token a UI page's forms carry (bound to the session cookie it was sent with)."""
+    return page.split('name="csrf" value="')[1].split('"')[0]
+
+
 class Server:
     """A running host: its base URL, its output so far, and a client."""
 

@@ -45,15 +45,17 @@ def test_loopback_addresses_need_no_token(address: str) -> None:
 
 def test_token_from_file_allows_any_address(tmp_path: Path) -> None:
     """A token file makes 0.0.0.0 acceptable; the token is not in the config's repr."""
-    (tmp_path / "t").write_text("tok-123\n")
+    (tmp_path / "t").write_text("tok-123-0123456789abcdef\n")
     config = load_config({"host": "0.0.0.0", "token_file": str(tmp_path / "t")}, {}, None)
-    assert config.token == "tok-123"
-    assert "tok-123" not in repr(config)
+    assert config.token == "tok-123-0123456789abcdef"
+    assert "tok-123-0123456789abcdef" not in repr(config)
 
 
 def test_token_from_environment(tmp_path: Path) -> None:
     """TIMEBOUND_TOKEN configures the token."""
-    assert load_config({}, {"TIMEBOUND_TOKEN": "abc"}, None).token == "abc"
+    assert load_config({}, {"TIMEBOUND_TOKEN": "abc-0123456789abcdef"}, None).token == (
+        "abc-0123456789abcdef"
+    )
 
 
 @pytest.mark.parametrize(

@@ -117,7 +117,7 @@ def test_deferred_routes_need_the_token(tmp_path: Path) -> None:
     """With a token, the operator routes refuse anonymous calls."""
     import httpx
 
-    server = launch(tmp_path, token="tok-deferred")
+    server = launch(tmp_path, token="tok-deferred-0123456789")
     try:
         with httpx.Client(base_url=server.url) as anonymous:
             assert anonymous.get("/v1/deferred-operations").status_code == 401

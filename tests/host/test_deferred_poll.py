@@ -14,6 +14,7 @@ from timebound.deferred import HostPolicy, Operation, Registry
 from timebound.host import Config, Host, create_app
 from timebound.testing import VirtualClock
 
+from .conftest import csrf_of
 from .test_deferred_ops import OP_ID, _doc
 
 OTHER = "deferred:report.render:op2"
@@ -56,7 +57,7 @@ async def _host(tmp_path: Path, connector: Connector) -> tuple[wf.Engine, httpx.
     policy = HostPolicy(poll_rate_cap=1, jitter=False)
     engine = wf.Engine(db=db, deferred_connectors={"reports": connector}, deferred_policy=policy)
     app = create_app(Host(Config(db=db), engine, {}))
-    client = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://host")
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://localhost")
     return engine, client
 
 
@@ -81,7 +82,7 @@ async def test_cancel_asks_the_connector(tmp_path: Path, virtual_clock: VirtualC
     engine, client = await _host(tmp_path, connector)
     async with engine, client:
         page = await client.get(f"/ui/deferred/{OP_ID}")
-        csrf = client.cookies["tb_csrf"]
+        csrf = csrf_of(page.text)
         r = await client.post(f"/ui/deferred/{OP_ID}/cancel", data={"csrf": csrf})
         assert r.status_code == 303
         detail = (await client.get(f"/v1/deferred-operations/{OP_ID}")).json()

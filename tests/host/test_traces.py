@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from .browser import DOCS_IMG, browser, page, pixels, screenshots_wanted
-from .conftest import ROOT, Server
+from .conftest import ROOT, Server, csrf_of
 
 __all__ = ["browser", "page"]  # fixtures, used by name
 
@@ -134,9 +134,9 @@ def test_the_trace_form_and_the_critical_path_work_by_keyboard(
 def _session(server: Server) -> Iterator[tuple[httpx.Client, str]]:
     """A client holding the UI's CSRF cookie, and the token its forms repeat."""
     with httpx.Client(base_url=server.url, timeout=30) as client:
-        assert client.get("/ui/traces").status_code == 200
-        token = client.cookies.get("tb_csrf")
-        assert token
+        page = client.get("/ui/traces")
+        assert page.status_code == 200
+        token = csrf_of(page.text)
         yield client, token
 
 

@@ -29,7 +29,25 @@ def register(sub: Any) -> None:
     p.add_argument("--workflows", metavar="DIR", help="directory of *.json/*.yaml definitions")
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", help="port (default 8080; 0 picks a free one)")
-    p.add_argument("--token-file", metavar="FILE", help="file holding the API/UI token")
+    p.add_argument(
+        "--token-file",
+        metavar="FILE",
+        help="file holding the API/UI token (at least 16 characters, no whitespace)",
+    )
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="NAME",
+        help="a host name the Host header may carry besides loopback names and IP addresses "
+        "(repeat for more)",
+    )
+    p.add_argument(
+        "--forwarded-allow-ips",
+        nargs="+",
+        metavar="ADDRESS",
+        help="addresses or networks of reverse proxies whose X-Forwarded-For and "
+        "X-Forwarded-Proto headers are believed",
+    )
     p.add_argument(
         "--drain-timeout",
         metavar="SECONDS",
@@ -54,6 +72,8 @@ def _serve(args: argparse.Namespace) -> int:
         "host": args.host,
         "port": args.port,
         "token_file": args.token_file,
+        "allowed_hosts": args.allowed_host,
+        "forwarded_allow_ips": args.forwarded_allow_ips,
         "drain_s": args.drain_timeout,
         "worker": False if args.no_worker else None,
     }

@@ -369,7 +369,9 @@ class Registry:
             action_max_ttl_s=action_max_ttl_s,
             caller_deadline=caller_deadline,
         )
-        retry_after, valid = self.policy.check_retry_after(doc["retry_after_seconds"])
+        # The schema leaves the hint to the policy: anything but a positive integer is the
+        # minimum, recorded as invalid-hint (D7.8).
+        retry_after, valid = self.policy.check_retry_after(doc.get("retry_after_seconds"))
         if preferred_retry_after_s is not None:
             retry_after = self.policy.retry_after(max(retry_after, preferred_retry_after_s))
         next_poll = None if module is None else at + self._poll_delay_ms(retry_after, 0)
@@ -510,7 +512,7 @@ class Registry:
         result = doc.get("result") if new == "completed" else None
         terminal = new in TERMINAL
         hint = doc.get("retry_after_seconds", row["retry_after_s"])
-        retry_after = self.policy.retry_after(hint)
+        retry_after, valid = self.policy.check_retry_after(hint)
         next_poll = (
             None
             if terminal or row["module"] is None
@@ -534,7 +536,9 @@ class Registry:
             row["attempts"],
             op_id,
         )
-        await self._history(tx, op_id, at, new, doc_digest, code)
+        # A live operation's unusable hint is recorded (D7.8); an ended one is asked nothing more.
+        noted = code or (None if valid or terminal else "invalid-hint")
+        await self._history(tx, op_id, at, new, doc_digest, noted)
         return Outcome(True, code), new
 
     async def _expire(self, tx: Tx, row: dict[str, Any], at: int, code: str, message: str) -> None:

@@ -24,6 +24,8 @@ from ._timeline import bound_fired, timeline, timeouts
 __all__ = ["api_routes", "decode_cursor", "encode_cursor", "read_json"]
 
 _RUN_STATUSES = ("running", *RUN_TERMINAL)
+# The largest deadline a start takes: ten years, the bound of the definitions' own timeouts.
+MAX_DEADLINE_MS = 315_360_000_000
 # How often an SSE stream looks for new events: a display cadence, never part of a run's timing.
 _SSE_POLL_S = 0.2
 
@@ -125,10 +127,18 @@ async def start_run(request: Request) -> Response:
     definition_id = request.path_params["definition_id"]
     body = _only(await read_json(request, host.config.max_body_bytes), {"input", "deadline_ms"})
     deadline_ms = body.get("deadline_ms")
+    # JSON has one number type: 250.0 is the integer 250 (as the OpenAPI document's JSON Schema
+    # says), 250.5 is not; past ten years is a mistake, not a deadline (D8.8).
+    if isinstance(deadline_ms, float) and deadline_ms.is_integer():
+        deadline_ms = int(deadline_ms)
     if deadline_ms is not None and (
-        not isinstance(deadline_ms, int) or isinstance(deadline_ms, bool) or deadline_ms < 1
+        not isinstance(deadline_ms, int)
+        or isinstance(deadline_ms, bool)
+        or not 1 <= deadline_ms <= MAX_DEADLINE_MS
     ):
-        raise Problem(422, "deadline_ms: expected a positive integer of milliseconds")
+        raise Problem(
+            422, f"deadline_ms: expected an integer of milliseconds in [1, {MAX_DEADLINE_MS}]"
+        )
     # The latest version in the store: another host may have published one since our start.
     latest = await host.engine.stored_definitions(definition_id)
     if not latest:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,7 +15,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Match, Mount, Route
 
 from .._core import _clock
 from ..propagation.asgi import DeadlineMiddleware
@@ -24,7 +25,8 @@ from ._deferred import deferred_routes
 from ._host import Host
 from ._openapi import openapi
 from ._problems import Problem, problem_response
-from ._ui import SESSION_COOKIE, ui_routes
+from ._security import SAFE_METHODS, cross_site, host_allowed
+from ._ui import session_id, ui_routes
 
 __all__ = ["create_app"]
 
@@ -38,6 +40,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # Pages that must answer without a session: the login form and its stylesheet.
 _UI_OPEN = ("/ui/login", "/ui/static/")
+# The one API route a signed-in UI session may read without a Bearer header: EventSource cannot
+# send one (D8.7).
+_EVENTS = re.compile(r"/v1/runs/[^/]+/events")
 
 
 # Detection lag buckets, in seconds: a healthy engine notices a timeout within milliseconds; the
@@ -148,7 +153,9 @@ class _Snapshot(Collector):
 
 
 class _Guard:
-    """Auth (D8.1) and request metrics, as pure ASGI so streaming answers stay streaming."""
+    """The host's checks before any route (Host allow-list, same-origin for what changes state,
+    auth: D8.1, D8.4, D8.5, D8.7), ``Cache-Control: no-store`` on what carries run data (D8.8),
+    and request metrics; pure ASGI so streaming answers stay streaming."""
 
     def __init__(self, app: ASGIApp, host: Host) -> None:
         self.app, self.host = app, host
@@ -160,6 +167,9 @@ class _Guard:
         request = Request(scope)
         path = scope["path"]
         refused = self._refuse(request, path)
+        private = path.startswith("/v1/") or (
+            path.startswith("/ui") and not path.startswith("/ui/static/")
+        )
         started = _clock.now()
         status = 500
 
@@ -167,6 +177,9 @@ class _Guard:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                headers = message.setdefault("headers", [])
+                if private and not any(k.lower() == b"cache-control" for k, _ in headers):
+                    headers.append((b"cache-control", b"no-store"))
             await send(message)
 
         try:
@@ -181,19 +194,62 @@ class _Guard:
 
     def _refuse(self, request: Request, path: str) -> Response | None:
         host = self.host
+        if not host_allowed(request.headers.get("host"), host.config.allowed_hosts):
+            return problem_response(
+                421,
+                f"this host does not answer to the name {request.headers.get('host', '')!r}: "
+                "allowed are loopback names, IP addresses and the names given with "
+                "--allowed-host (D8.5)",
+            )
+        if request.method not in SAFE_METHODS:
+            why = cross_site(request)
+            if why is not None:
+                return problem_response(403, why)
+            media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            if path.startswith("/v1/") and media not in ("", "application/json"):
+                # A form (or text/plain) post from a page of another site is a "simple"
+                # request a browser sends without asking first: the API takes JSON only.
+                return problem_response(
+                    415, f"the body must be application/json, not {media!r}", path
+                )
         if host.config.token is None:
             return None
         if path.startswith("/v1/"):
             scheme, _, presented = request.headers.get("authorization", "").partition(" ")
-            if scheme.lower() != "bearer" or not host.token_ok(presented.strip() or None):
-                return problem_response(401, "this route needs 'Authorization: Bearer <token>'")
-        elif (
+            if scheme.lower() == "bearer" and host.token_ok(presented.strip() or None):
+                return None
+            if (
+                request.method in ("GET", "HEAD")
+                and _EVENTS.fullmatch(path)
+                and cross_site(request) is None
+                and host.sessions.valid(session_id(request))
+            ):
+                return None
+            return problem_response(401, "this route needs 'Authorization: Bearer <token>'")
+        if (
             path.startswith("/ui")
             and not path.startswith(_UI_OPEN)
-            and request.cookies.get(SESSION_COOKIE) not in host.sessions
+            and not host.sessions.valid(session_id(request))
         ):
             return RedirectResponse("/ui/login", status_code=303)
         return None
+
+
+def _allowed_methods(routes: list[BaseRoute], scope: Scope) -> str:
+    """Every method some route serves at this path (several routes may share one)."""
+    # The app's own root: inside a Mount, root_path has grown by the mount's prefix.
+    root = scope.get("app_root_path", scope.get("root_path", ""))
+    probe = {"type": "http", "path": scope["path"], "root_path": root}
+    methods: set[str] = set()
+    for route in routes:
+        match, _ = route.matches({**probe, "method": "\x00"})
+        if match == Match.NONE:
+            continue
+        if isinstance(route, Mount):
+            methods |= {"GET", "HEAD"}  # the static files
+        elif isinstance(route, Route) and route.methods:
+            methods |= route.methods
+    return ", ".join(sorted(methods))
 
 
 def _route_label(scope: Scope) -> str:
@@ -249,13 +305,23 @@ def create_app(host: Host) -> ASGIApp:
 
     async def on_problem(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, Problem)
-        return problem_response(exc.status, exc.detail, request.url.path, **exc.extra)
+        return problem_response(
+            exc.status, exc.detail, request.url.path, headers=exc.headers, **exc.extra
+        )
 
     async def on_http(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:
+            # D8.8: every 405 says what is allowed (RFC 9110 §15.5.6), for all routes that share
+            # the path, not only the one Starlette tried.
+            headers["Allow"] = _allowed_methods(app.routes, request.scope)
         detail = {404: "no such route", 405: f"method {request.method} is not allowed here"}
         return problem_response(
-            exc.status_code, detail.get(exc.status_code, str(exc.detail)), request.url.path
+            exc.status_code,
+            detail.get(exc.status_code, str(exc.detail)),
+            request.url.path,
+            headers=headers,
         )
 
     async def on_error(request: Request, exc: Exception) -> Response:

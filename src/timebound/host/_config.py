@@ -8,6 +8,7 @@ where it came from).
 from __future__ import annotations
 
 import ipaddress
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -19,6 +20,10 @@ from .._core._errors import ConfigurationError
 __all__ = ["Config", "ConfigError", "load_config"]
 
 _ENV_PREFIX = "TIMEBOUND_"
+# D8.6: the shortest token the host accepts, counted without whitespace (which it refuses).
+MIN_TOKEN_CHARS = 16
+# A host name as the Host header carries it (letters, digits, hyphens, dots; no port).
+_HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*\.?")
 
 
 class ConfigError(ConfigurationError):
@@ -48,6 +53,10 @@ class Config:
     # False: serve the API and UI only; `timebound worker` processes on the shared store do the
     # work (a one-process SQLite store is refused, nothing else could run its runs).
     worker: bool = True
+    # D8.5: names the Host header may carry besides loopback names and IP addresses.
+    allowed_hosts: tuple[str, ...] = ()
+    # D8.9: proxies (addresses or networks) whose X-Forwarded-For/-Proto the host believes.
+    forwarded_allow_ips: tuple[str, ...] = ()
 
     @property
     def loopback(self) -> bool:
@@ -67,13 +76,43 @@ _BOOL = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no":
 _INT = {"port": (0, 65535), "max_body_bytes": (1, 1 << 30), "page_size": (1, 1000)}
 
 
+def _words(value: Any) -> Any:
+    """A list as it comes: a list (TOML, command line) or a comma/space separated string."""
+    if isinstance(value, str):
+        return [v for v in value.replace(",", " ").split() if v]
+    return value
+
+
 def _coerce(name: str, value: Any, source: str) -> Any:
     where = f"{name} ({source})"
     if name in ("actions", "connectors"):
-        if isinstance(value, str):
-            value = [v for v in value.replace(",", " ").split() if v]
+        value = _words(value)
         if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{where}: expected a list of module names")
+        return tuple(value)
+    if name == "allowed_hosts":
+        value = _words(value)
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: expected a list of host names")
+        names = tuple(v.lower().rstrip(".") for v in value)
+        for v in names:
+            if not _HOST_NAME.fullmatch(v):
+                raise ConfigError(
+                    f"{where}: {v!r} is not a host name (no scheme, port or path; IP addresses "
+                    "are always allowed)"
+                )
+        return names
+    if name == "forwarded_allow_ips":
+        value = _words(value)
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{where}: expected a list of proxy addresses or networks")
+        for v in value:
+            try:
+                ipaddress.ip_network(v, strict=False)
+            except ValueError:
+                raise ConfigError(
+                    f"{where}: {v!r} is not an IP address or network (such as 10.0.0.0/8)"
+                ) from None
         return tuple(value)
     if name in _INT:
         low, high = _INT[name]
@@ -103,14 +142,33 @@ def _coerce(name: str, value: Any, source: str) -> Any:
     return value
 
 
+def _check_token(token: str, where: str) -> str:
+    """D8.6: a token an attacker cannot guess by trying: at least ``MIN_TOKEN_CHARS`` printable
+    ASCII characters (what a Bearer header carries), none of them whitespace."""
+    advice = (
+        f"use at least {MIN_TOKEN_CHARS} random characters, such as the output of "
+        "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`"
+    )
+    if not token.strip():
+        raise ConfigError(f"{where}: the token is blank; {advice}")
+    if any(c.isspace() for c in token):
+        raise ConfigError(f"{where}: the token contains whitespace; {advice}")
+    if not all(" " < c < "\x7f" for c in token):
+        raise ConfigError(f"{where}: the token has characters other than printable ASCII; {advice}")
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ConfigError(
+            f"{where}: the token has {len(token)} of the {MIN_TOKEN_CHARS} characters it needs; "
+            f"{advice}"
+        )
+    return token
+
+
 def _read_token_file(path: str, source: str) -> str:
     try:
         token = Path(path).read_text(encoding="utf-8").strip()
     except OSError as exc:
         raise ConfigError(f"token_file ({source}): cannot read {path!r}: {exc.strerror}") from None
-    if not token:
-        raise ConfigError(f"token_file ({source}): {path!r} is empty")
-    return token
+    return _check_token(token, f"token_file ({source}): {path!r}")
 
 
 def load_config(
@@ -155,6 +213,8 @@ def load_config(
         for name, value in layer.items():
             if name == "token_file":
                 values["token"] = _read_token_file(_coerce(name, value, source), source)
+            elif name == "token":
+                values["token"] = _check_token(_coerce(name, value, source), f"token ({source})")
             else:
                 values[name] = _coerce(name, value, source)
     config = Config(**values)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hmac
 import importlib
-import secrets
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from ..workflow import Definition, DefinitionError, Engine
 from ._config import Config, ConfigError
+from ._sessions import Sessions
 
 __all__ = ["Host", "load_actions", "load_connectors", "load_definitions"]
 
@@ -124,8 +124,8 @@ class Host:
         self.definitions = definitions
         # Connectors this host made from its configuration (closed when it stops).
         self.connectors = dict(connectors or {})
-        # UI sessions (random ids, kept in memory: a restart logs operators out).
-        self.sessions: set[str] = set()
+        # UI sessions and their CSRF key (in memory: a restart signs operators out, D8.7).
+        self.sessions = Sessions()
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "timebound_host_requests",
@@ -182,8 +182,3 @@ class Host:
         if presented is None:
             return False
         return hmac.compare_digest(presented.encode(), self.config.token.encode())
-
-    def new_session(self) -> str:
-        session = secrets.token_urlsafe(32)
-        self.sessions.add(session)
-        return session

@@ -6,36 +6,91 @@ from __future__ import annotations
 from typing import Any
 
 from .._version import __version__
+from ._api import _RUN_STATUSES, MAX_DEADLINE_MS
+from ._deferred import DEFERRED_STATUSES
 
 __all__ = ["openapi"]
 
 _DESCRIBED = {"200": "OK", "201": "Created", "410": "Gone: the operation's record has expired"}
 _PROBLEM = {"$ref": "#/components/responses/Problem"}
+# 403: a state-changing request from another site's page (D8.4); 421: a Host name this host does
+# not answer to (D8.5).
 _ERRORS = {
-    "400": _PROBLEM,
-    "401": _PROBLEM,
-    "404": _PROBLEM,
-    "409": _PROBLEM,
-    "413": _PROBLEM,
-    "415": _PROBLEM,
-    "422": _PROBLEM,
+    code: _PROBLEM for code in ("400", "401", "403", "404", "409", "413", "415", "421", "422")
+}
+# What a start answers, and the calls its run_id leads to (for clients and stateful testers).
+_STARTED = {
+    "description": "Created",
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["run_id"],
+                "properties": {"run_id": {"type": "string"}},
+            }
+        }
+    },
+    "links": {
+        name: {"operationId": name, "parameters": {"run_id": "$response.body#/run_id"}}
+        for name in ("getRun", "getRunEvents", "cancelRun")
+    },
 }
 
 
-def _op(summary: str, ok: str, *also: str, **more: Any) -> dict[str, Any]:
+def _op(operation_id: str, summary: str, ok: str, *also: str, **more: Any) -> dict[str, Any]:
     """An operation answering ``ok`` (and the codes in ``also``) or a problem document."""
     answers: dict[str, Any] = {code: {"description": _DESCRIBED[code]} for code in (ok, *also)}
-    return {"summary": summary, "responses": {**answers, **_ERRORS}, **more}
+    if operation_id == "startRun":
+        answers["201"] = _STARTED
+    return {
+        "operationId": operation_id,
+        "summary": summary,
+        "responses": {**answers, **_ERRORS},
+        **more,
+    }
+
+
+def _surface(operation: dict[str, Any]) -> dict[str, Any]:
+    """An operation of the deferred status surface: its own errors are ``application/json``
+    documents of the problem shape (docs/deferred.md), the host's are problem documents."""
+    for code, answer in operation["responses"].items():
+        if answer is _PROBLEM:
+            operation["responses"][code] = {"$ref": "#/components/responses/SurfaceProblem"}
+    return operation
 
 
 def _path_param(name: str) -> dict[str, Any]:
     return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
 
 
+def _status_param(statuses: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """The ``status`` filter: one of ``statuses``, or empty for any (as the UI's form sends)."""
+    return {
+        "name": "status",
+        "in": "query",
+        "schema": {"type": "string", "enum": ["", *statuses]},
+    }
+
+
 def openapi() -> dict[str, Any]:
-    json_body = {
+    ident = {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[A-Za-z0-9_.:-]+$"}
+    definition_body = {
         "required": True,
-        "content": {"application/json": {"schema": {"type": "object"}}},
+        "content": {
+            "application/json": {
+                "schema": {
+                    # The full definition schema is `timebound workflow schema`; the body's id
+                    # must be the path's (D8.8: the document says what the API refuses).
+                    "type": "object",
+                    "required": ["id", "initial_node", "nodes"],
+                    "properties": {
+                        "id": ident,
+                        "initial_node": ident,
+                        "nodes": {"type": "array", "minItems": 1},
+                    },
+                }
+            }
+        },
     }
     return {
         "openapi": "3.1.0",
@@ -46,13 +101,22 @@ def openapi() -> dict[str, Any]:
                 "Problem": {
                     "description": "An RFC 9457 problem document",
                     "content": {"application/problem+json": {"schema": {"type": "object"}}},
-                }
+                },
+                "SurfaceProblem": {
+                    "description": "A problem document (application/json from the deferred "
+                    "status surface, application/problem+json from the host)",
+                    "content": {
+                        "application/problem+json": {"schema": {"type": "object"}},
+                        "application/json": {"schema": {"type": "object"}},
+                    },
+                },
             },
         },
         "security": [{"bearer": []}],
         "paths": {
             "/v1/workflows/{definition_id}/runs": {
                 "post": _op(
+                    "startRun",
                     "Start a run: body {input, deadline_ms?}; answers 201 {run_id}",
                     "201",
                     parameters=[_path_param("definition_id")],
@@ -65,7 +129,12 @@ def openapi() -> dict[str, Any]:
                                     "additionalProperties": False,
                                     "properties": {
                                         "input": {},
-                                        "deadline_ms": {"type": "integer", "minimum": 1},
+                                        # null (or absent): no deadline of the caller's.
+                                        "deadline_ms": {
+                                            "type": ["integer", "null"],
+                                            "minimum": 1,
+                                            "maximum": MAX_DEADLINE_MS,
+                                        },
                                     },
                                 }
                             }
@@ -75,16 +144,21 @@ def openapi() -> dict[str, Any]:
             },
             "/v1/runs": {
                 "get": _op(
+                    "listRuns",
                     "Runs, newest first, a page at a time (next_cursor)",
                     "200",
                     parameters=[
-                        {"name": n, "in": "query", "schema": {"type": "string"}}
-                        for n in ("status", "definition", "cursor")
+                        _status_param(_RUN_STATUSES),
+                        *(
+                            {"name": n, "in": "query", "schema": {"type": "string"}}
+                            for n in ("definition", "cursor")
+                        ),
                     ],
                 )
             },
             "/v1/runs/{run_id}": {
                 "get": _op(
+                    "getRun",
                     "A run, its tokens, its timeouts, the bound that fired and its timeline",
                     "200",
                     parameters=[_path_param("run_id")],
@@ -92,6 +166,7 @@ def openapi() -> dict[str, Any]:
             },
             "/v1/runs/{run_id}/events": {
                 "get": _op(
+                    "getRunEvents",
                     "A run's events as JSON, or as Server-Sent Events with "
                     "Accept: text/event-stream (resumable with Last-Event-ID)",
                     "200",
@@ -100,50 +175,61 @@ def openapi() -> dict[str, Any]:
             },
             "/v1/runs/{run_id}/cancel": {
                 "post": _op(
+                    "cancelRun",
                     "Cancel a running run (409 if it has ended)",
                     "200",
                     parameters=[_path_param("run_id")],
                 )
             },
-            "/v1/definitions": {"get": _op("The registered definitions", "200")},
+            "/v1/definitions": {"get": _op("listDefinitions", "The registered definitions", "200")},
             "/v1/definitions/{definition_id}": {
                 "put": _op(
+                    "putDefinition",
                     "Store a definition version for every host and worker on the store "
                     "(201 new id, 200 new or same version; 422 names the invalid field's path, "
                     "409 when this version is stored with another body)",
                     "201",
                     "200",
                     parameters=[_path_param("definition_id")],
-                    requestBody=json_body,
+                    requestBody=definition_body,
                 )
             },
             "/v1/deferred-operations": {
                 "get": _op(
+                    "listDeferredOperations",
                     "Deferred operations, newest first, a page at a time (next_cursor)",
                     "200",
                     parameters=[
-                        {"name": n, "in": "query", "schema": {"type": "string"}}
-                        for n in ("status", "module", "cursor")
+                        _status_param(DEFERRED_STATUSES),
+                        *(
+                            {"name": n, "in": "query", "schema": {"type": "string"}}
+                            for n in ("module", "cursor")
+                        ),
                     ],
                 )
             },
             "/v1/deferred-operations/{op_id}": {
                 "get": _op(
+                    "getDeferredOperation",
                     "A deferred operation (states, instants, digests) and its status history",
                     "200",
                     parameters=[_path_param("op_id")],
                 )
             },
             "/v1/deferred-operations/{op_id}/status": {
-                "get": _op(
-                    "The operation's deferred-operation-status.v1 document (410 once gone)",
-                    "200",
-                    "410",
-                    parameters=[_path_param("op_id")],
+                "get": _surface(
+                    _op(
+                        "getDeferredStatus",
+                        "The operation's deferred-operation-status.v1 document (410 once gone)",
+                        "200",
+                        "410",
+                        parameters=[_path_param("op_id")],
+                    )
                 )
             },
             "/v1/deferred-operations/{op_id}/poll": {
                 "post": _op(
+                    "pollDeferredOperation",
                     "Poll the operation now through the host's connector, within the poller's "
                     "rate cap (409 if it has ended or no connector serves its module)",
                     "200",
@@ -151,14 +237,19 @@ def openapi() -> dict[str, Any]:
                 )
             },
             "/v1/deferred-operations/{op_id}/cancel": {
-                "post": _op(
-                    "Cancel the operation (asks its connector; 409 if not cancelable)",
-                    "200",
-                    parameters=[_path_param("op_id")],
+                "post": _surface(
+                    _op(
+                        "cancelDeferredOperation",
+                        "Cancel the operation (asks its connector; 409 if not cancelable)",
+                        "200",
+                        parameters=[_path_param("op_id")],
+                    )
                 )
             },
-            "/metrics": {"get": _op("Prometheus metrics", "200", security=[])},
-            "/healthz": {"get": _op("The process answers", "200", security=[])},
-            "/readyz": {"get": _op("The store is reachable (503 if not)", "200", security=[])},
+            "/metrics": {"get": _op("metrics", "Prometheus metrics", "200", security=[])},
+            "/healthz": {"get": _op("healthz", "The process answers", "200", security=[])},
+            "/readyz": {
+                "get": _op("readyz", "The store is reachable (503 if not)", "200", security=[])
+            },
         },
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from starlette.responses import Response
@@ -20,7 +21,9 @@ _TITLES = {
     410: "Gone",
     413: "Content Too Large",
     415: "Unsupported Media Type",
+    421: "Misdirected Request",
     422: "Unprocessable Content",
+    429: "Too Many Requests",
     500: "Internal Server Error",
     502: "Bad Gateway",
     503: "Service Unavailable",
@@ -29,15 +32,24 @@ _TITLES = {
 
 
 class Problem(Exception):
-    """An error answered as ``application/problem+json``; ``detail`` names what was wrong."""
+    """An error answered as ``application/problem+json``; ``detail`` names what was wrong,
+    ``headers`` go with the answer (``Retry-After``, ``Allow``), ``extra`` into its body."""
 
-    def __init__(self, status: int, detail: str, **extra: Any) -> None:
+    def __init__(
+        self, status: int, detail: str, *, headers: Mapping[str, str] | None = None, **extra: Any
+    ) -> None:
         super().__init__(detail)
         self.status, self.detail, self.extra = status, detail, extra
+        self.headers = dict(headers or {})
 
 
 def problem_response(
-    status: int, detail: str, instance: str | None = None, **extra: Any
+    status: int,
+    detail: str,
+    instance: str | None = None,
+    *,
+    headers: Mapping[str, str] | None = None,
+    **extra: Any,
 ) -> Response:
     body: dict[str, Any] = {
         "type": "about:blank",
@@ -48,10 +60,12 @@ def problem_response(
     if instance is not None:
         body["instance"] = instance
     body.update(extra)
-    headers = {"WWW-Authenticate": 'Bearer realm="timebound"'} if status == 401 else None
+    sent = dict(headers or {})
+    if status == 401:
+        sent["WWW-Authenticate"] = 'Bearer realm="timebound"'
     return Response(
         json.dumps(body),
         status_code=status,
         media_type="application/problem+json",
-        headers=headers,
+        headers=sent,
     )

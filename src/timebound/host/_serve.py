@@ -98,6 +98,10 @@ def serve(config: Config, host: Host | None = None, out: TextIO = sys.stdout) ->
             timeout_graceful_shutdown=math.ceil(config.drain_s),
             # Our own problem documents answer errors; uvicorn's server header says nothing useful.
             server_header=False,
+            # D8.9: X-Forwarded-For/-Proto are believed from the configured proxies only (uvicorn
+            # would otherwise believe any process on 127.0.0.1).
+            proxy_headers=bool(config.forwarded_allow_ips),
+            forwarded_allow_ips=list(config.forwarded_allow_ips),
         ),
         host,
     )

@@ -1,16 +1,16 @@
 """The operator UI under ``/ui/``: server-rendered pages, one small script of our own for the
 live event list (EventSource on the API's SSE stream), no build step.
 
-Forms are protected against cross-site requests by a double-submit token: a random value in a
-``SameSite=Strict`` cookie that each form repeats in a hidden field; a POST whose field does not
-match its cookie is refused (compared in constant time). A form's body is counted while it is
-read, so a missing or lying Content-Length does not get past the body limit.
+Forms are protected against cross-site requests by a CSRF token bound to the browser's session
+cookie (D8.4, ``_sessions``): each form repeats it in a hidden field, and a POST whose field is
+not the token of the cookie it came with is refused (compared in constant time). The middleware
+has already refused a POST from another origin (``_security``). A form's body is counted while
+it is read, so a missing or lying Content-Length does not get past the body limit.
 """
 
 from __future__ import annotations
 
-import hmac
-import secrets
+import math
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -28,13 +28,13 @@ from ._api import decode_cursor, list_page, run_detail
 from ._deferred import DEFERRED_STATUSES, cancel_now, deferred_detail, deferred_list, poll_now
 from ._host import Host
 from ._problems import Problem
+from ._security import session_cookie_name
+from ._sessions import MAX_AGE_S, Sessions, retry_after
 from ._timeline import at_percent, lay_out
 from ._traces import TraceError, read_trace, trace_view
 
-__all__ = ["SESSION_COOKIE", "ui_routes"]
+__all__ = ["session_id", "ui_routes"]
 
-SESSION_COOKIE = "tb_session"
-CSRF_COOKIE = "tb_csrf"
 _HERE = Path(__file__).parent
 _templates = Jinja2Templates(directory=str(_HERE / "templates"))
 # How many earlier pages of the runs list a "Previous page" link can walk back through: their
@@ -47,6 +47,8 @@ _SECURITY_HEADERS = {
     "frame-ancestors 'none'; form-action 'self'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "same-origin",
+    # D8.8: pages show run data and carry the session's CSRF token: no cache keeps them.
+    "Cache-Control": "no-store",
 }
 
 
@@ -55,18 +57,44 @@ def _host(request: Request) -> Host:
     return host
 
 
+def session_id(request: Request) -> str | None:
+    """The session id the request's cookie carries, if it is one this host could have made."""
+    value = request.cookies.get(session_cookie_name(request))
+    return value if Sessions.well_formed(value) else None
+
+
+def _set_session(request: Request, response: Response, value: str, max_age: int | None) -> None:
+    """The session cookie: HttpOnly, SameSite=Strict, for the whole host; ``__Host-`` and Secure
+    over https (D8.9)."""
+    secure = request.url.scheme == "https"
+    response.set_cookie(
+        session_cookie_name(request),
+        value,
+        max_age=max_age,
+        httponly=True,
+        samesite="strict",
+        path="/",
+        secure=secure,
+    )
+
+
 def _render(
     request: Request, template: str, context: dict[str, Any], status: int = 200
 ) -> Response:
-    csrf = request.cookies.get(CSRF_COOKIE) or secrets.token_urlsafe(32)
+    host = _host(request)
+    current = session_id(request)
+    # A browser without a session id gets one here: its forms' CSRF token is bound to it.
+    binding = current or host.sessions.new_id()
+    signed_in = host.config.token is not None and host.sessions.valid(current)
     response = _templates.TemplateResponse(
         request,
         template,
-        {"csrf": csrf, **context},
+        {"csrf": host.sessions.csrf(binding), "signed_in": signed_in, **context},
         status_code=status,
         headers=_SECURITY_HEADERS,
     )
-    response.set_cookie(CSRF_COOKIE, csrf, httponly=True, samesite="strict", path="/ui")
+    if current is None:
+        _set_session(request, response, binding, None)
     return response
 
 
@@ -93,13 +121,8 @@ async def _checked_form(request: Request) -> FormData:
 
     # The counted body, parsed by Starlette from a request that replays it.
     form = await Request(request.scope, replay).form(max_files=2, max_fields=20)
-    presented = form.get("csrf")
-    cookie = request.cookies.get(CSRF_COOKIE, "")
-    if (
-        not cookie
-        or not isinstance(presented, str)
-        or not hmac.compare_digest(presented.encode(), cookie.encode())
-    ):
+    if not _host(request).sessions.csrf_ok(session_id(request), form.get("csrf")):
+        await form.close()
         raise Problem(403, "the form's CSRF token is missing or does not match; reload the page")
     return form
 
@@ -223,16 +246,35 @@ async def login_page(request: Request) -> Response:
 
 
 async def login(request: Request) -> Response:
+    """Sign in: rate-limited per client address (429 with Retry-After), CSRF-checked, and a new
+    session id on success (D8.7)."""
     host = _host(request)
-    fields = await _form(request)
     if host.config.token is None:
         return RedirectResponse("/ui/", status_code=303)
-    if not host.token_ok(fields.get("token")):
+    address = request.client.host if request.client else "unknown"
+    wait = host.sessions.throttle.wait_s(address)
+    if wait > 0:
+        raise Problem(
+            429,
+            f"too many sign-in attempts from {address}; try again in {retry_after(wait)} s",
+            headers={"Retry-After": retry_after(wait)},
+        )
+    fields = await _form(request)
+    presented = fields.get("token", "")
+    if not presented.strip() or not host.token_ok(presented):
         return _render(request, "login.html", {"error": "That token is not valid."}, 401)
+    host.sessions.throttle.succeeded(address)
     response = RedirectResponse("/ui/", status_code=303)
-    response.set_cookie(
-        SESSION_COOKIE, host.new_session(), httponly=True, samesite="strict", path="/"
-    )
+    _set_session(request, response, host.sessions.open(), math.floor(MAX_AGE_S))
+    return response
+
+
+async def logout(request: Request) -> Response:
+    """Sign out: the session ends on the host (its id is worth nothing after), the cookie goes."""
+    await _form(request)
+    _host(request).sessions.close(session_id(request))
+    response = RedirectResponse("/ui/login", status_code=303)
+    _set_session(request, response, "", 0)
     return response
 
 
@@ -313,5 +355,6 @@ def ui_routes() -> list[Route | Mount]:
         Route("/ui/traces", trace_upload, methods=["POST"]),
         Route("/ui/login", login_page, methods=["GET"]),
         Route("/ui/login", login, methods=["POST"]),
+        Route("/ui/logout", logout, methods=["POST"]),
         Mount("/ui/static", StaticFiles(directory=str(_HERE / "static")), name="static"),
     ]
