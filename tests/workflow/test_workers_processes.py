@@ -229,6 +229,8 @@ def test_a_cancel_on_the_host_stops_the_handler_on_a_worker(cluster: Cluster, fl
         lambda: [e for e in _events(host, run_id) if e["kind"] == "attempt_stopped"]
     )
     assert stops[0]["via"] in ("notify", "sweep") and stops[0]["stop_lag_ms"] >= 0
+    metrics = host.get("/metrics").text
+    assert f'timebound_workflow_stop_seconds_count{{via="{stops[0]["via"]}"}} 1.0' in metrics
 
 
 def test_a_join_decided_on_one_worker_stops_siblings_on_another(cluster: Cluster) -> None:
