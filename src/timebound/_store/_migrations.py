@@ -166,6 +166,17 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (
         4,
         (
+            # The W3C trace context of a run's span, so a worker in another process continues
+            # the run's trace (D10.5); NULL when spans were not exported at its start.
+            "ALTER TABLE tb_wf_runs ADD COLUMN traceparent TEXT",
+            # The trace context of the span that registered a deferred operation, so a poller in
+            # another process polls it inside that trace (D10.6).
+            "ALTER TABLE tb_deferred_ops ADD COLUMN traceparent TEXT",
+        ),
+    ),
+    (
+        5,
+        (
             # Worker processes on a shared store (D6.15, D6.16): what each can run, its
             # heartbeat, and the key of the session-level advisory lock its listening connection
             # holds while the process lives (survivors probe it to tell a dead worker).

@@ -239,18 +239,24 @@ class PostgresStore(Store):
         if self._pool is None:
             raise StoreError("the store is not open")
         with _clock.real_io():
-            async with self._pool.acquire() as conn, conn.transaction():
-                tx = _PgTx(conn)
-                yield tx
-                await tx.flush_events()
-                # Delivered at commit, never for a rolled-back change; the stops first, so a
-                # worker cancels a stopped attempt before its loop turns on the wake-up.
-                for chunk in _chunks(tx.stopped):
-                    await conn.execute(
-                        "SELECT pg_notify($1, $2)", self._stop_channel, f"{tx.stopped_at} {chunk}"
-                    )
-                if tx.wake_others:
-                    await conn.execute(f'NOTIFY "{self._channel}"')
+            async with self._pool.acquire() as conn:
+                async with conn.transaction():
+                    tx = _PgTx(conn)
+                    yield tx
+                    await tx.flush_events()
+                    # Delivered at commit, never for a rolled-back change; the stops first, so a
+                    # worker cancels a stopped attempt before its loop turns on the wake-up.
+                    for chunk in _chunks(tx.stopped):
+                        await conn.execute(
+                            "SELECT pg_notify($1, $2)",
+                            self._stop_channel,
+                            f"{tx.stopped_at} {chunk}",
+                        )
+                    if tx.wake_others:
+                        await conn.execute(f'NOTIFY "{self._channel}"')
+                # At once after the commit returned, before the connection goes back to the
+                # pool (an await a cancellation could interrupt); never after a rollback (D10.3).
+                tx.committed()
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[Tx]:

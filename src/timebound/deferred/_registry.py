@@ -20,6 +20,9 @@ from .._core import _clock
 from .._core._deadline import Deadline
 from .._core._errors import TimeboundError
 from .._store import Store, Tx, open_store
+from ..telemetry._durable import deferred_event
+from ..telemetry._events import enabled
+from ..telemetry._tracing import caller_traceparent
 from ._contract import (
     STATUS_SCHEMA,
     TERMINAL,
@@ -54,7 +57,8 @@ _COLUMNS = (
     "id, kind, module, status, created_ms, updated_ms, expires_ms, connector_updated_ms, "
     "next_poll_ms, retry_after_s, attempts, status_href, cancel_href, cancel_reason, "
     "cancel_requested_ms, correlation_id, continuation_digest, resumed_ms, resume_error, "
-    "last_error_code, result_digest, late_result_digest, status_digest, retain_until_ms"
+    "last_error_code, result_digest, late_result_digest, status_digest, retain_until_ms, "
+    "traceparent"
 )
 
 
@@ -123,6 +127,8 @@ class Operation:
     status_digest: str | None
     retain_until_ms: int | None
     connector_updated_ms: int | None
+    #: The W3C trace context of the span that registered it, when spans are exported (D10.6).
+    traceparent: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -399,8 +405,8 @@ class Registry:
                 "INSERT INTO tb_deferred_ops (id, kind, module, status, created_ms, updated_ms, "
                 "expires_ms, next_poll_ms, retry_after_s, status_href, cancel_href, "
                 "cancel_reason, correlation_id, idem_digest, request_digest, continuation, "
-                "continuation_digest, status_digest) "
-                "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "continuation_digest, status_digest, traceparent) "
+                "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 op_id,
                 doc["operation/kind"],
                 module,
@@ -418,6 +424,7 @@ class Registry:
                 cont_text,
                 None if continuation is None else digest(continuation),
                 None,
+                caller_traceparent(),
             )
             await self._history(
                 tx, op_id, at, "pending", digest(doc), None if valid else "invalid-hint"
@@ -446,6 +453,8 @@ class Registry:
             doc_digest,
             code,
         )
+        if enabled():  # heard by telemetry listeners once the commit succeeded (D10.3)
+            tx.announce(deferred_event(op_id, at, status, code))
 
     # The state machine -------------------------------------------------------------------
 
@@ -676,6 +685,28 @@ class Registry:
                 op_id,
             )
         return Outcome(True, code)
+
+    async def refuse(self, op_id: str, code: str, message: str) -> Outcome:
+        """A connector answered something the host refuses outright (an href to another origin,
+        D7.13; an answer past the byte cap, D6.21): the operation fails with ``code``, through
+        the same state machine as a connector's own ``failed``."""
+        at = now_ms()
+        async with self._store.transaction() as tx:
+            row = await self._row(tx, op_id, lock=True)
+            if row is None or row["status"] in TERMINAL:
+                return Outcome(False, None)
+            doc = {
+                "schema": STATUS_SCHEMA,
+                "schema/v": 1,
+                "operation/id": op_id,
+                "operation/kind": row["kind"],
+                "status": "failed",
+                "updated_at": format_time(at),
+                "error": _error(code, message[:500]),
+            }
+            outcome, _ = await self._apply(tx, row, doc, at)
+        self._changed()
+        return Outcome(outcome.applied, code)
 
     def _out_of_attempts(self, attempts: int) -> bool:
         cap = self.policy.max_attempts

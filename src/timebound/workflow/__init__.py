@@ -19,7 +19,15 @@ from __future__ import annotations
 # store): catchable by name from here (D2.6).
 from .._store import StoreBusy, StoreError
 from ._actions import ActionContext
-from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition, schema
+from ._definition import (
+    Definition,
+    DefinitionConflict,
+    DefinitionError,
+    DefinitionTooDeep,
+    DefinitionTooLarge,
+    parse_definition,
+    schema,
+)
 from ._engine import Engine, RunResult
 
 __all__ = [
@@ -27,6 +35,8 @@ __all__ = [
     "Definition",
     "DefinitionConflict",
     "DefinitionError",
+    "DefinitionTooDeep",
+    "DefinitionTooLarge",
     "Engine",
     "RunResult",
     "StoreBusy",

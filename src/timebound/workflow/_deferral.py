@@ -17,10 +17,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urlsplit
 
 from .._core._scopes import move_on_after
 from .._store import Store, Tx
+from ..deferred._http import origin_of, same_origin
 from ._actions import ActionContext, Outcome, is_deferral, run_http, run_python
 from ._definition import Action, Definition, Node
 from ._machine import Machine
@@ -66,8 +67,7 @@ def plan_attempt(
 
 def http_module(url: str) -> tuple[str, str]:
     """The connector module of an ``http_request`` URL's deferrals, and its origin."""
-    parts = urlsplit(url)
-    origin = f"{parts.scheme}://{parts.netloc}"
+    origin = origin_of(url)
     return f"http_request:{origin}", origin
 
 
@@ -85,11 +85,6 @@ def _stored_origin(module: str) -> str | None:
     ):
         return None
     return origin
-
-
-def _same_origin(origin: str, href: str) -> bool:
-    parts = urlsplit(urljoin(origin + "/", href))
-    return f"{parts.scheme}://{parts.netloc}" == origin
 
 
 def _binding(node_id: str, in_branch: bool) -> str:
@@ -256,7 +251,7 @@ class Deferrals:
                 href = doc.get(name)
                 if name == "status_href" and href is None:
                     return Outcome("error", error="contract-violation: no status_href to poll")
-                if href is not None and not _same_origin(origin, href):
+                if href is not None and not same_origin(origin, href):
                     return Outcome(
                         "error", error=f"contract-violation: {name} points to another origin"
                     )
@@ -304,7 +299,7 @@ class Deferrals:
             return ""  # not a handle: nothing to cancel
         module, origin = http_module(implementation["url"])
         href = doc.get("cancel_href")
-        if href is None or not _same_origin(origin, href):
+        if href is None or not same_origin(origin, href):
             return "; the operation is left running (no cancel_href on the request's origin)"
         made = self._made.get(module)
         connector = made if made is not None else HttpConnector(origin)

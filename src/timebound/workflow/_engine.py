@@ -30,10 +30,15 @@ from .._core._deadline import Deadline
 from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError
 from .._core._scopes import fail_after
+from .._json import TooDeep
+from .._json import check as check_json
 from .._store import Store, Tx, open_store, wake_delay
+from ..telemetry import correlation
+from ..telemetry._tracing import attempt_span, caller_traceparent
 from ._actions import ActionContext, Outcome, freeze, handlers, run_python
 from ._deferral import Deferrals, plan_attempt
 from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition
+from ._faults import RunFault, attribute, isolate
 from ._machine import Machine
 from ._reads import RunReads
 from ._rows import RUN_TERMINAL, RunResult
@@ -56,6 +61,7 @@ class _Start(NamedTuple):
     input: Any
     future: asyncio.Future[str]
     deadline_at: int | None
+    traceparent: str | None = None  # the caller's span, parent of the run's (D10.5)
 
 
 class _Report(NamedTuple):
@@ -72,6 +78,8 @@ _Plan = tuple[str, str, Mapping[str, Any], ActionContext]
 
 _log = logging.getLogger("timebound.workflow")
 _RUN_ENDS = frozenset(f"run_{status}" for status in RUN_TERMINAL)
+#: How long one turn may spend storing outcomes before it commits (D6.24).
+_TURN_SLICE_S = 0.05
 
 
 async def store_definition(tx: Tx, definition: Definition) -> str | None:
@@ -206,7 +214,11 @@ class Engine(RunReads):
         :class:`DefinitionConflict` if this (id, version) already names another body, here or
         in the store: a run keeps its version's body, so a new body needs a higher version.
         """
-        parsed = definition if isinstance(definition, Definition) else self._checked(definition)
+        if not isinstance(definition, Definition):
+            # Off the loop (D6.23): checking a large definition takes long enough to make
+            # other runs' timers late.
+            definition = await asyncio.to_thread(self._checked, definition)
+        parsed = definition
         async with self._txn() as tx:
             known = await tx.fetchone(
                 "SELECT version FROM tb_wf_definitions WHERE id = ? LIMIT 1", parsed.id
@@ -370,9 +382,12 @@ class Engine(RunReads):
         definition = None if version is None else self._definitions.get((definition_id, version))
         if definition is None:
             raise DefinitionError(f"no definition {definition_id!r} is registered", path="id")
-        try:
+        try:  # TooDeep past D6.20's limit, before anything walks it recursively
+            check_json(input, what="a run's input", root="$.input", arrays=(list, tuple))
             input = json.loads(json.dumps(input, allow_nan=False))
-        except (TypeError, ValueError, RecursionError) as exc:
+        except TooDeep:
+            raise
+        except (TypeError, ValueError) as exc:
             raise ConfigurationError(f"a run's input must be JSON: {exc}", option="input")
         if not self._open:
             raise RuntimeError("the engine is not open: use 'async with engine:' first")
@@ -382,6 +397,7 @@ class Engine(RunReads):
             if conflict is not None:
                 raise DefinitionConflict(conflict, path="version")
         deadline_at = None if deadline_ms is None else self._now() + deadline_ms
+        caller = caller_traceparent()
         if not self._worker:  # no loop to batch with: one transaction; its commit wakes workers
             async with self._txn() as tx:
                 run_id: str = await self._machine.start_run(
@@ -391,11 +407,12 @@ class Engine(RunReads):
                     self._now(),
                     timeout_ms=definition.timeout_ms,
                     inherited_deadline_at=deadline_at,
+                    traceparent=caller,
                 )
             return run_id
         # Started by the loop's next transaction: concurrent starts share one commit.
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._starts.append(_Start(definition, input, future, deadline_at))
+        self._starts.append(_Start(definition, input, future, deadline_at, caller))
         self._wake.set()
         return await future
 
@@ -449,6 +466,7 @@ class Engine(RunReads):
                 yield tx
             finally:
                 self._tx = None
+                self._reporting = set()
         self._wake.set()
 
     @asynccontextmanager
@@ -527,6 +545,14 @@ class Engine(RunReads):
                 self._outcomes[:0] = outcomes
                 self._starts[:0] = starts
                 raise
+            except RunFault as fault:
+                # One run's work raised (D6.22): the turn was rolled back; that run alone fails
+                # and the rest runs again at once.
+                self._outcomes[:0] = outcomes
+                self._starts[:0] = [s for s in starts if s is not fault.start]
+                self._stored.clear()
+                await isolate(self, fault)
+                continue
             except Exception:
                 # A failed turn is rolled back (on PostgreSQL, a deadlock between two workers'
                 # batches, or the server restarting and dropping every connection): keep its
@@ -572,28 +598,45 @@ class Engine(RunReads):
         """
         now = self._now()
         started: list[tuple[asyncio.Future[str], str]] = []
+        later: list[_Report] = []
         async with self._txn() as tx:
             for timer in await tx.due_timers(now, limit=1000):
-                await self._fire(tx, timer, now)
+                try:
+                    await self._fire(tx, timer, now)
+                except Exception as exc:
+                    raise attribute(exc, timer["stream"]) from exc
                 await tx.execute(
                     "DELETE FROM tb_timers WHERE key = ? AND due_ms <= ?", timer["key"], now
                 )
             for start in starts:
-                run_id = await self._machine.start_run(
-                    tx,
-                    start.definition,
-                    start.input,
-                    now,
-                    timeout_ms=start.definition.timeout_ms,
-                    inherited_deadline_at=start.deadline_at,
-                )
+                try:
+                    run_id = await self._machine.start_run(
+                        tx,
+                        start.definition,
+                        start.input,
+                        now,
+                        timeout_ms=start.definition.timeout_ms,
+                        inherited_deadline_at=start.deadline_at,
+                        traceparent=start.traceparent,
+                    )
+                except Exception as exc:
+                    raise attribute(exc, None, start) from exc
                 started.append((start.future, run_id))
             lock = self._store.lock_clause()  # the reports' runs: read and locked at once, by id
             await self._machine.hold_runs(tx, (r.run_id for r in outcomes), lock=lock)
             self._reporting = {r.token_id for r in outcomes}  # their attempts ran here
-            for report in sorted(outcomes, key=lambda r: r.run_id):
-                await self._report(tx, report, now)
-            self._reporting = set()
+            # D6.24: a turn stores outcomes for at most _TURN_SLICE_S; the rest go to the next
+            # turn, which fires the timers due by then first (one outcome may fan out 10,000).
+            ordered = sorted(outcomes, key=lambda r: r.run_id)
+            slice_end = _clock.now() + _TURN_SLICE_S
+            for i, report in enumerate(ordered):
+                if i and _clock.now() >= slice_end:
+                    later = ordered[i:]
+                    break
+                try:
+                    await self._report(tx, report, now)
+                except Exception as exc:
+                    raise attribute(exc, report.run_id) from exc
             plans = await self._dispatch(tx, now)
             next_ms = await tx.next_timer_ms()
             row = await tx.fetchone(
@@ -603,6 +646,7 @@ class Engine(RunReads):
                 # No token is left for others to claim (this turn claimed what it made) and no
                 # run ended: waking every worker would only cost each an empty turn (D6.14a).
                 tx.wake_others = False
+        self._outcomes[:0] = later  # committed: what is left is stored by the next turn
         for future, run_id in started:  # committed: the runs exist
             if not future.done():
                 future.set_result(run_id)
@@ -648,7 +692,9 @@ class Engine(RunReads):
         if self._store.shared:
             # Not this worker's own attempts in flight or just ended: it is late renewing them,
             # not gone (a stalled loop re-ran its own step beside the running one). Others may.
-            mine = sorted({*self._attempts, *(r.token_id for r in self._outcomes)})
+            mine = sorted(
+                {*self._attempts, *self._reporting, *(r.token_id for r in self._outcomes)}
+            )
             own = f" AND NOT (lease_owner = ? AND id IN ({', '.join('?' for _ in mine)}))"
             await self._requeue(
                 tx,
@@ -675,8 +721,11 @@ class Engine(RunReads):
         plans = []
         for tok in rows:
             lease = now + self._lease_ms  # the claim is written by _begin with the attempt
-            await self._machine.claim(tx, tok, self.worker_id, lease, now, write=False)
-            plan = await self._begin(tx, tok, now)
+            try:
+                await self._machine.claim(tx, tok, self.worker_id, lease, now, write=False)
+                plan = await self._begin(tx, tok, now)
+            except Exception as exc:
+                raise attribute(exc, tok["run_id"]) from exc
             if plan is not None:
                 plans.append(plan)
         return plans
@@ -726,6 +775,7 @@ class Engine(RunReads):
             attempt=tok["attempt"],
             deadline=Deadline.from_epoch_ms(deadline_ms),
             timing=timing,
+            traceparent=run.get("traceparent"),
         )
         return (tok["id"], action.kind, implementation, ctx)
 
@@ -734,10 +784,27 @@ class Engine(RunReads):
     ) -> None:
         """Run one attempt; its outcome is stored by the loop's next turn (group commit)."""
         what = f"workflow node '{ctx.node_id}'"
-        try:
-            outcome = await self._run_action(kind, implementation, ctx, what, ctx.attempt)
-        except Exception as exc:  # a failing action runner fails the node, never strands it
-            outcome = Outcome("error", error=f"{type(exc).__name__}: {exc}")
+        # The attempt's span (D10.4): current while the action runs, so what it calls is its child.
+        span = attempt_span(
+            ctx.traceparent,
+            run_id=ctx.run_id,
+            token_id=token_id,
+            node_id=ctx.node_id,
+            attempt=ctx.attempt,
+        )
+        # Events emitted inside (the action's policies, a deferred registration) name the run,
+        # the token and the node they belong to (D10.1).
+        with (
+            correlation("run", ctx.run_id),
+            correlation("token", token_id),
+            correlation("node", ctx.node_id),
+            span as ended,
+        ):
+            try:
+                outcome = await self._run_action(kind, implementation, ctx, what, ctx.attempt)
+            except Exception as exc:  # a failing action runner fails the node, never strands it
+                outcome = Outcome("error", error=f"{type(exc).__name__}: {exc}")
+            ended(outcome.kind, outcome.error)
         self._outcomes.append(_Report(ctx.run_id, token_id, ctx.attempt, outcome))
         self._wake.set()
 

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._store import Tx
 from ._definition import Definition, Transition
+from ._limits import check_growth
 from ._merge import get_path, merge_outputs, set_path
 from ._rows import LIVE_SQL, PRIORITY_TOKEN, decode, encode
 
@@ -58,6 +59,7 @@ class Joins:
         else:
             assert transition.spawn_count is not None
             items = [None] * transition.spawn_count
+        await check_growth(tx, run["id"], len(items))  # D6.24: fails the run, spawns nothing
         group_key = tok["id"]
         join = definition.join_for_group(transition.id)
         if join is not None:

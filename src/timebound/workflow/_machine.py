@@ -18,8 +18,10 @@ from typing import Any
 
 from .._store import Tx
 from ..policies._retry import RetryAt, RetryPlan, RetryState
+from ..telemetry._tracing import open_run
 from ._definition import Definition, Node, RetryBlock, Transition, parse_definition
 from ._joins import Joins
+from ._limits import RunLimitExceeded, check_growth
 from ._rows import (
     LIVE_SQL,
     PRIORITY_RUN,
@@ -140,8 +142,13 @@ class Machine:
         timeout_ms: int | None,
         parent_token_id: str | None = None,
         inherited_deadline_at: int | None = None,
+        traceparent: str | None = None,
     ) -> str:
         run_id = uuid.uuid4().hex
+        # The run's span, child of the caller's (D10.5); its context is stored with the run.
+        traceparent = open_run(
+            run_id, traceparent, definition_id=definition.id, definition_version=definition.version
+        )
         timeout_at = None if timeout_ms is None else now + timeout_ms
         if inherited_deadline_at is not None:
             timeout_at = (
@@ -151,8 +158,8 @@ class Machine:
             )
         await tx.execute(
             "INSERT INTO tb_wf_runs (id, definition_id, definition_version, status, input, state, "
-            "started_at, timeout_at, parent_token_id, inherited_deadline_at) "
-            "VALUES (?, ?, ?, 'running', ?, '{}', ?, ?, ?, ?)",
+            "started_at, timeout_at, parent_token_id, inherited_deadline_at, traceparent) "
+            "VALUES (?, ?, ?, 'running', ?, '{}', ?, ?, ?, ?, ?)",
             run_id,
             definition.id,
             definition.version,
@@ -161,6 +168,7 @@ class Machine:
             timeout_at,
             parent_token_id,
             inherited_deadline_at,
+            traceparent,
         )
         await tx.append_event(
             run_id,
@@ -648,10 +656,12 @@ class Machine:
                 elif transition.fans_out:
                     await self.joins.fan_out(tx, run, definition, transition, tok, branch, now)
                 else:
+                    if transition.target in definition.cyclic:  # a loop grows the run (D6.24)
+                        await check_growth(tx, run["id"], 1)
                     await self._new_token(
                         tx, run["id"], definition, transition.target, now, branch=branch
                     )
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, RunLimitExceeded) as exc:
             if plain:
                 await self._write_output(tx, tok, encoded)
             await self._set_token(tx, tok, "failed", now, error=str(exc))
@@ -735,6 +745,7 @@ class Machine:
             timeout_ms=timeout_ms,
             parent_token_id=tok["id"],
             inherited_deadline_at=inherited,
+            traceparent=run.get("traceparent"),  # the child's span under its parent run's
         )
         # The child's own timer enforces the node's bound; the parent token waits on it.
         await tx.execute(
