@@ -40,7 +40,9 @@ def test_unknown_field_is_named(host: Server) -> None:
     """An unknown field in a start request is a 422 naming the field and the allowed ones."""
     r = host.client.post("/v1/workflows/quick/runs", json={"input": {}, "priority": 9})
     detail = _problem(r, 422)["detail"]
-    assert detail == "body: unknown field(s) ['priority']; allowed: ['deadline_ms', 'input']"
+    assert detail == (
+        "body: unknown field(s) ['priority']; allowed: ['deadline_ms', 'idempotency_key', 'input']"
+    )
 
 
 def test_body_that_is_not_an_object_is_refused(host: Server) -> None:

@@ -177,6 +177,22 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (
         5,
         (
+            # The run's own bound (D6.17): which of the definition's timeout, the caller's
+            # deadline or the parent's inherited deadline set timeout_at, as JSON
+            # {set_by, duration_ms, deadline_at}; and how the run ended as a stable code
+            # (error_code), so nothing recognises a timeout by its message.
+            "ALTER TABLE tb_wf_runs ADD COLUMN timeout_bound TEXT",
+            "ALTER TABLE tb_wf_runs ADD COLUMN error_code TEXT",
+            # Idempotent starts (D6.18): one run per key; the digest of what was asked tells a
+            # repeat from a different request under the same key.
+            "ALTER TABLE tb_wf_runs ADD COLUMN idempotency_key TEXT",
+            "ALTER TABLE tb_wf_runs ADD COLUMN request_digest TEXT",
+            "CREATE UNIQUE INDEX tb_wf_runs_idem ON tb_wf_runs (idempotency_key)",
+        ),
+    ),
+    (
+        6,
+        (
             # Worker processes on a shared store (D6.15, D6.16): what each can run, its
             # heartbeat, and the key of the session-level advisory lock its listening connection
             # holds while the process lives (survivors probe it to tell a dead worker).

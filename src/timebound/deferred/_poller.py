@@ -318,7 +318,10 @@ class Poller:
                     # be written fails its own poll only.
                     for op_id, doc, future in batch:
                         try:
-                            _settle(future, await self.registry.polled(op_id, doc))
+                            # Stored without resuming: a resumer that failed the round
+                            # must not keep the answer out; resume_due retries it (D7.10).
+                            outcome = await self.registry.polled(op_id, doc, resume=False)
+                            _settle(future, outcome)
                         except Exception as exc:
                             if not future.done():
                                 future.set_exception(exc)

@@ -7,6 +7,7 @@ import base64
 import binascii
 import json
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 from starlette.requests import Request
@@ -15,11 +16,12 @@ from starlette.routing import Route
 
 from .._core import _clock
 from .._core._body import TooLarge, declared_too_large, read_capped
+from .._core._errors import ConfigurationError
 from .._core._scopes import remaining
 from .._json import MAX_DEPTH, JSONError, TooDeep
 from .._json import check as check_json
 from .._json import loads as loads_json
-from ..workflow import DefinitionConflict, DefinitionError
+from ..workflow import DefinitionConflict, DefinitionError, StartConflict
 from ..workflow._rows import RUN_TERMINAL
 from ._host import Host
 from ._problems import Problem
@@ -129,7 +131,7 @@ async def start_run(request: Request) -> Response:
     # The envelope is one level: the input may nest as deep as any run's input (D6.20).
     body = _only(
         await read_json(request, host.config.max_body_bytes, max_depth=MAX_DEPTH + 1),
-        {"input", "deadline_ms"},
+        {"input", "deadline_ms", "idempotency_key"},
     )
     try:
         check_json(body.get("input"), what="input", root="$.input")
@@ -148,13 +150,31 @@ async def start_run(request: Request) -> Response:
         raise Problem(
             422, f"deadline_ms: expected an integer of milliseconds in [1, {MAX_DEADLINE_MS}]"
         )
+    # Idempotent starts (D6.18): the Idempotency-Key header or the body's field (equal if both).
+    key = request.headers.get("idempotency-key")
+    if "idempotency_key" in body:
+        if not isinstance(body["idempotency_key"], str):
+            raise Problem(422, "idempotency_key: expected a string")
+        if key is not None and key != body["idempotency_key"]:
+            raise Problem(422, "idempotency_key: differs from the Idempotency-Key header")
+        key = body["idempotency_key"]
     # The latest version in the store: another host may have published one since our start.
     latest = await host.engine.stored_definitions(definition_id)
     if not latest:
         raise Problem(404, f"no definition {definition_id!r}")
-    run_id = await host.engine.start(
-        definition_id, body.get("input"), version=latest[0].version, deadline_ms=deadline_ms
-    )
+    deadline = None if deadline_ms is None else timedelta(milliseconds=deadline_ms)
+    try:
+        run_id = await host.engine.start(
+            definition_id,
+            body.get("input"),
+            version=latest[0].version,
+            deadline=deadline,
+            idempotency_key=key,
+        )
+    except ConfigurationError as exc:
+        raise Problem(422, f"{exc.option}: {exc}") from None
+    except StartConflict as exc:
+        raise Problem(409, str(exc), code=exc.code, run_id=exc.run_id) from None
     return JSONResponse(
         {"run_id": run_id}, status_code=201, headers={"Location": f"/v1/runs/{run_id}"}
     )

@@ -29,6 +29,7 @@ from ._definition import (
     schema,
 )
 from ._engine import Engine, RunResult
+from ._starts import StartConflict, started_run_id
 
 __all__ = [
     "ActionContext",
@@ -39,8 +40,10 @@ __all__ = [
     "DefinitionTooLarge",
     "Engine",
     "RunResult",
+    "StartConflict",
     "StoreBusy",
     "StoreError",
     "parse_definition",
     "schema",
+    "started_run_id",
 ]

@@ -10,6 +10,7 @@ import asyncio
 import contextvars
 import inspect
 import json
+import math
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -46,6 +47,10 @@ class ActionContext:
     deadline: Deadline
     #: ``async`` when the call may answer with a deferred-operation handle (the node's mode).
     timing: str = "sync"
+    #: The same for every run of this call, also re-run after a crash; a new one only for a
+    #: deliberate retry (D7.11). ``http_request`` sends it as ``Idempotency-Key``; a
+    #: ``deferred`` handler passes it to the service it calls.
+    idempotency_key: str | None = None
     #: The W3C ``traceparent`` of the run's span when spans are exported, else None (D10.5).
     traceparent: str | None = None
 
@@ -57,6 +62,9 @@ class Outcome:
     kind: Literal["ok", "error", "timeout", "accepted", "deferred", "reject"]
     value: Any = None
     error: str | None = None
+    #: A ``timeout`` that a called service reported: our whole remaining budget, sent with the
+    #: request, is spent (D4.5); its length in ms. The node times out with that bound (D6.17).
+    propagated_ms: int | None = None
 
 
 def is_deferral(value: Any) -> bool:
@@ -256,6 +264,8 @@ async def run_http(implementation: Mapping[str, Any], ctx: ActionContext, *, wha
 
     body = thaw({"input": ctx.input, "state": ctx.state, "branch": ctx.branch})
     headers = dict(implementation.get("headers", {}))
+    if ctx.idempotency_key is not None and not any(k.lower() == "idempotency-key" for k in headers):
+        headers["Idempotency-Key"] = ctx.idempotency_key  # a crash re-run is recognised (D7.11)
     if ctx.timing == "async":
         prefer = next((k for k in headers if k.lower() == "prefer"), None)
         if prefer is None:
@@ -285,6 +295,12 @@ async def run_http(implementation: Mapping[str, Any], ctx: ActionContext, *, wha
         # An attempt timeout is both: the classification, not the except clause, decides.
         if _timed_out(exc, ctx.deadline):
             return Outcome("timeout", error=str(exc))
+        if isinstance(exc, DeadlineExceeded) and exc.source == "propagated":
+            # The request carried the node's whole remaining budget and the service says it
+            # is spent (an expired answer, D4.5): the chain is out of time, so the node times
+            # out with that bound, never retried (D6.17), even if our clock still shows time.
+            sent = None if exc.timeout is None else math.ceil(round(exc.timeout * 1000, 6))
+            return Outcome("timeout", error=str(exc), propagated_ms=sent)
         return Outcome("error", error=_describe(exc))
     if response.status_code >= 400:
         return Outcome("error", error=f"{what}: HTTP {response.status_code}")

@@ -474,6 +474,8 @@ def _build(data: dict[str, Any]) -> Definition:
                 None if m is None else Merge(m["source"], m["target"], m["strategy"]),
             ),
         )
+    _check_foreach_paths(raw_transitions)
+    _check_join_groups(raw_transitions, transitions)
     seen_groups: dict[str, int] = {}
     for i, t in enumerate(raw_transitions):
         s = t.get("synchronization")
@@ -506,3 +508,61 @@ def _build(data: dict[str, Any]) -> Definition:
                 path=f"nodes[{i}].on_timeout" if "on_timeout" in n else f"nodes[{i}]",
             )
     return definition
+
+
+def _check_foreach_paths(raw_transitions: list[dict[str, Any]]) -> None:
+    """A ``foreach`` path reads the run's context, whose roots are ``input`` and ``state``
+    (D6.19): any other root can never resolve, so it is refused here, not at run time."""
+    for i, t in enumerate(raw_transitions):
+        path = t.get("foreach")
+        if path is None:
+            continue
+        root = path.split(".", 1)[0]
+        if root != "input" and not path.startswith("state."):
+            raise DefinitionError(
+                f"foreach path {path!r} cannot resolve: it is read from the run's context, "
+                f"so it starts with 'input' or 'state.' (e.g. 'input.{path}')",
+                path=f"transitions[{i}].foreach",
+            )
+
+
+def _check_join_groups(
+    raw_transitions: list[dict[str, Any]], transitions: dict[str, Transition]
+) -> None:
+    """A join waits for the siblings of its ``sibling_group`` (D6.19): its ``from`` node must be
+    one that fan-out's branches reach (through plain transitions, or past a nested fan-out's
+    own join). Otherwise every token that arrives belongs to another group and fails the run,
+    so the definition is refused here, not at run time."""
+    outgoing: dict[str, list[Transition]] = {}
+    for t in transitions.values():
+        outgoing.setdefault(t.source, []).append(t)
+    joins = {
+        t.synchronization.sibling_group: t
+        for t in transitions.values()
+        if t.synchronization is not None
+    }
+    for i, raw in enumerate(raw_transitions):
+        sync = raw.get("synchronization")
+        if sync is None:
+            continue
+        fan = transitions[sync["sibling_group"]]
+        reached, todo = {fan.target}, [fan.target]
+        while todo:
+            for t in outgoing.get(todo.pop(), []):
+                if t.synchronization is not None:
+                    continue  # a join leaves the branch
+                nxt = t.target
+                if t.fans_out:
+                    nested = joins.get(t.id)  # its branches come back to this group there
+                    if nested is None:
+                        continue
+                    nxt = nested.target
+                if nxt not in reached:
+                    reached.add(nxt)
+                    todo.append(nxt)
+        if raw["from"] not in reached:
+            raise DefinitionError(
+                f"join {raw['id']!r} waits for the siblings of fan-out {fan.id!r}, but its "
+                f"node {raw['from']!r} is not reached by that fan-out's branches",
+                path=f"transitions[{i}].synchronization.sibling_group",
+            )

@@ -22,6 +22,7 @@ import types
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -36,12 +37,24 @@ from .._store import Store, Tx, open_store, wake_delay
 from ..telemetry import correlation
 from ..telemetry._tracing import attempt_span, caller_traceparent
 from ._actions import ActionContext, Outcome, freeze, handlers, run_python
+from ._bounds import call_key
 from ._deferral import Deferrals, plan_attempt
 from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition
 from ._faults import RunFault, attribute, isolate
 from ._machine import Machine
 from ._reads import RunReads
 from ._rows import RUN_TERMINAL, RunResult
+from ._starts import (
+    Start,
+    StartConflict,
+    await_start,
+    check_run_id,
+    keyed_run,
+    request_digest,
+    settle_from,
+    start_deadline,
+    start_keyed,
+)
 from ._workers import (
     InFlight,
     Presence,
@@ -52,16 +65,6 @@ from ._workers import (
 )
 
 __all__ = ["Engine", "RunResult", "store_definition"]
-
-
-class _Start(NamedTuple):
-    """A run to start, waiting for the loop's next transaction."""
-
-    definition: Definition
-    input: Any
-    future: asyncio.Future[str]
-    deadline_at: int | None
-    traceparent: str | None = None  # the caller's span, parent of the run's (D10.5)
 
 
 class _Report(NamedTuple):
@@ -169,7 +172,7 @@ class Engine(RunReads):
         self._background: set[asyncio.Task[None]] = set()
         self._finished: dict[str, asyncio.Event] = {}
         self._outcomes: list[_Report] = []
-        self._starts: list[_Start] = []
+        self._starts: list[Start] = []
         self._stored: set[tuple[str, int]] = set()  # definitions this engine has written
         self._claiming = True  # False once a stop is coming (stop_claiming)
         # Deferred operations (docs/deferred.md): the registry is made on first use (a worker
@@ -309,6 +312,8 @@ class Engine(RunReads):
             # One writer process: whatever a previous process left in flight died with it.
             async with self._txn() as tx:
                 await self._requeue(tx, "status IN ('dispatched', 'executing')")
+        # Stored ends of deferred operations resume before any timer fires (D7.10).
+        await self._deferrals.resume_stored()
         self._loop_task = asyncio.create_task(self._loop(), name="timebound-workflow-loop")
         await self._deferrals.open(self._definitions.values())
 
@@ -338,8 +343,7 @@ class Engine(RunReads):
         self._inflight.clear()
         starts, self._starts = self._starts, []
         for start in starts:
-            if not start.future.done():
-                start.future.set_exception(RuntimeError("the engine closed before the run started"))
+            start.settle(error=RuntimeError("the engine closed before the run started"))
         outcomes, self._outcomes = self._outcomes, []
         try:
             if self._worker:
@@ -372,12 +376,33 @@ class Engine(RunReads):
         input: Any = None,
         *,
         version: int | None = None,
+        deadline: Deadline | float | timedelta | str | None = None,
+        inherit_deadline: bool = False,
+        idempotency_key: str | None = None,
+        run_id: str | None = None,
         deadline_ms: int | None = None,
     ) -> str:
-        """Start a run of a registered definition (its latest version unless ``version``);
-        ``deadline_ms`` bounds the run further, as a parent's deadline would (D1.5)."""
-        if deadline_ms is not None and deadline_ms < 1:
-            raise ConfigurationError("deadline_ms must be >= 1", option="deadline_ms")
+        """Start a run of a registered definition (its latest version unless ``version``).
+
+        ``deadline`` bounds the run further, as a parent's deadline would (D1.5): a
+        :class:`~timebound.Deadline`, or a duration from now (``"250ms"``, seconds, a
+        ``timedelta``); ``inherit_deadline=True`` takes the caller's current deadline too
+        (D6.11). The run's deadline is the earliest of these and the definition's timeout, and
+        the run records which one it was (D6.17). ``deadline_ms`` is the deprecated spelling.
+
+        ``idempotency_key`` (or a client-chosen ``run_id``) makes the start idempotent
+        (D6.18): the same key with the same definition, version and input returns the run it
+        started, once and for all; with anything else it raises :class:`StartConflict`.
+
+        Cancelled (a deadline) before its run reached a transaction, ``start`` raises with
+        nothing stored; cancelled while its run was being committed, it waits for that one
+        commit and raises a ``CancelledError`` carrying the stored run's id, which a scope turns
+        into its ``DeadlineExceeded`` (chained); ``workflow.started_run_id(error)`` reads it
+        (D6.18).
+        """
+        deadline_at = start_deadline(self._now(), deadline, inherit_deadline, deadline_ms)
+        key = check_run_id(idempotency_key, "idempotency_key")
+        chosen = check_run_id(run_id, "run_id")
         version = version or self._latest.get(definition_id)
         definition = None if version is None else self._definitions.get((definition_id, version))
         if definition is None:
@@ -391,30 +416,67 @@ class Engine(RunReads):
             raise ConfigurationError(f"a run's input must be JSON: {exc}", option="input")
         if not self._open:
             raise RuntimeError("the engine is not open: use 'async with engine:' first")
+        digest = None
+        if key is not None or chosen is not None:
+            digest = request_digest(definition.id, definition.version, input)
+            async with self._read() as tx:  # a repeat: answered without a write
+                found = await keyed_run(tx, key, chosen, digest)
+            if found is not None:
+                return found
         if (definition.id, definition.version) not in self._stored:
             async with self._txn() as tx:
                 conflict = await self._store_definition(tx, definition)
             if conflict is not None:
                 raise DefinitionConflict(conflict, path="version")
-        deadline_at = None if deadline_ms is None else self._now() + deadline_ms
-        caller = caller_traceparent()
+        loop = asyncio.get_running_loop()
+        start = Start(
+            definition,
+            input,
+            loop.create_future(),
+            deadline_at,
+            chosen or uuid.uuid4().hex,
+            key,
+            digest,
+            loop.create_future(),
+            caller_traceparent(),  # the caller's span, parent of the run's (D10.5)
+        )
+        assert start.settled is not None
         if not self._worker:  # no loop to batch with: one transaction; its commit wakes workers
-            async with self._txn() as tx:
-                run_id: str = await self._machine.start_run(
-                    tx,
-                    definition,
-                    input,
-                    self._now(),
-                    timeout_ms=definition.timeout_ms,
-                    inherited_deadline_at=deadline_at,
-                    traceparent=caller,
-                )
-            return run_id
-        # Started by the loop's next transaction: concurrent starts share one commit.
-        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._starts.append(_Start(definition, input, future, deadline_at, caller))
-        self._wake.set()
-        return await future
+            task: asyncio.Future[str] = asyncio.ensure_future(self._start_alone(start))
+            task.add_done_callback(lambda t: settle_from(t, start))
+            awaited: asyncio.Future[str] = asyncio.shield(task)
+        else:
+            # Started by the loop's next transaction: concurrent starts share one commit.
+            self._starts.append(start)
+            self._wake.set()
+            awaited = start.future  # awaited directly: no extra loop turn before we return
+        return await await_start(start, awaited, lambda: self._starts)
+
+    async def _start_alone(self, start: Start) -> str:
+        """A start in a transaction of its own (an engine without a worker loop). A keyed start
+        that lost a race for its key to another process is answered by a second look."""
+        for again in (True, False):
+            try:
+                async with self._txn() as tx:
+                    run_id = await start_keyed(
+                        self._machine,
+                        tx,
+                        start.definition,
+                        start.input,
+                        self._now(),
+                        deadline_at=start.deadline_at,
+                        run_id=start.run_id,
+                        idempotency_key=start.idempotency_key,
+                        digest=start.digest,
+                        traceparent=start.traceparent,
+                    )
+                return run_id
+            except StartConflict:
+                raise
+            except Exception:
+                if start.digest is None or not again:
+                    raise
+        raise AssertionError("unreachable")
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
         """Wait until the run ends; ``timeout`` seconds bound the wait (``DeadlineExceeded``)."""
@@ -587,7 +649,7 @@ class Engine(RunReads):
                 pass
 
     async def _turn(
-        self, starts: list[_Start], outcomes: list[_Report]
+        self, starts: list[Start], outcomes: list[_Report]
     ) -> tuple[list[_Plan], int | None]:
         """One transaction, one commit (group commit): fire the due timers, start new runs, store
         the attempts' outcomes, claim and begin ready tokens; return the attempts to run and the
@@ -597,7 +659,7 @@ class Engine(RunReads):
         instant (D6.4).
         """
         now = self._now()
-        started: list[tuple[asyncio.Future[str], str]] = []
+        started: list[tuple[Start, str]] = []
         later: list[_Report] = []
         async with self._txn() as tx:
             for timer in await tx.due_timers(now, limit=1000):
@@ -610,18 +672,24 @@ class Engine(RunReads):
                 )
             for start in starts:
                 try:
-                    run_id = await self._machine.start_run(
+                    run_id = await start_keyed(
+                        self._machine,
                         tx,
                         start.definition,
                         start.input,
                         now,
-                        timeout_ms=start.definition.timeout_ms,
-                        inherited_deadline_at=start.deadline_at,
+                        deadline_at=start.deadline_at,
+                        run_id=start.run_id,
+                        idempotency_key=start.idempotency_key,
+                        digest=start.digest,
                         traceparent=start.traceparent,
                     )
+                except StartConflict as exc:  # found in this transaction: nothing written
+                    start.settle(error=exc)
+                    continue
                 except Exception as exc:
                     raise attribute(exc, None, start) from exc
-                started.append((start.future, run_id))
+                started.append((start, run_id))
             lock = self._store.lock_clause()  # the reports' runs: read and locked at once, by id
             await self._machine.hold_runs(tx, (r.run_id for r in outcomes), lock=lock)
             self._reporting = {r.token_id for r in outcomes}  # their attempts ran here
@@ -647,9 +715,8 @@ class Engine(RunReads):
                 # run ended: waking every worker would only cost each an empty turn (D6.14a).
                 tx.wake_others = False
         self._outcomes[:0] = later  # committed: what is left is stored by the next turn
-        for future, run_id in started:  # committed: the runs exist
-            if not future.done():
-                future.set_result(run_id)
+        for start, run_id in started:  # committed: the runs exist
+            start.settle(run_id)
         # Ready tokens wake the loop only while it may claim them (not while a stop drains).
         free = len(self._attempts) < self._concurrency and self._claiming
         if row is not None and row["t"] is not None and free:
@@ -775,6 +842,7 @@ class Engine(RunReads):
             attempt=tok["attempt"],
             deadline=Deadline.from_epoch_ms(deadline_ms),
             timing=timing,
+            idempotency_key=call_key(tok),
             traceparent=run.get("traceparent"),
         )
         return (tok["id"], action.kind, implementation, ctx)
@@ -857,7 +925,12 @@ class Engine(RunReads):
         if outcome.kind == "timeout" or deadline_reached:
             if outcome.kind == "ok":
                 await machine.late_result(tx, run["id"], token_id, attempt, now)
-            await machine.token_timeout(tx, run, tok, now)
+            if outcome.propagated_ms is not None and not deadline_reached:
+                await machine.token_timeout(
+                    tx, run, tok, now, duration=outcome.propagated_ms, set_by="propagated"
+                )
+            else:
+                await machine.token_timeout(tx, run, tok, now)
         elif outcome.kind == "reject":
             await machine.fail_run(tx, run, outcome.error or "deferred-not-accepted", now)
         elif outcome.kind == "deferred":
@@ -889,4 +962,4 @@ class Engine(RunReads):
         if conflict is not None:
             await self._machine.action_error(tx, run, tok, conflict, now)
             return
-        await self._machine.start_child(tx, run, tok, node, child, now)
+        await self._machine.children.start_child(tx, run, tok, node, child, now)

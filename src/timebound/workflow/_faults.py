@@ -101,8 +101,8 @@ async def isolate(engine: Any, fault: RunFault) -> None:
     """Fail the run (or refuse the start) ``engine``'s turn raised for, in a transaction of its
     own (the engine's ``_txn``, ``_machine``, ``_now``, ``_store`` and ``_run_finished``)."""
     if fault.run_id is None:
-        if fault.start is not None and not fault.start.future.done():
-            fault.start.future.set_exception(fault.cause)
+        if fault.start is not None:
+            fault.start.settle(error=fault.cause)
         return
     lock = engine._store.lock_clause()
     try:

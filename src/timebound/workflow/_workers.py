@@ -311,9 +311,10 @@ async def housekeeping(
 async def requeue(
     tx: Tx, now: int, where: str, *args: Any, lock: str = "", reason: str = "released"
 ) -> None:
-    """Put in-flight tokens back to ``pending``, keeping their deadline (``resume``); a re-run
-    of an attempt cut short is not the action's failure: it spends no retry (``reruns``,
-    D6.16). ``reason``: released, lease_expired or worker_died.
+    """Put in-flight tokens back to ``pending``, keeping their deadline (``resume``); the
+    attempt that resumes counts in the token's ``reruns`` (Machine.begin_attempt), so a re-run of
+    an attempt cut short spends no retry (D6.16). ``reason``: released, lease_expired or
+    worker_died.
 
     ``lock`` (PostgreSQL's ``FOR UPDATE SKIP LOCKED``) for tokens of other workers (D6.13): a
     lease renewed after the read would otherwise be overwritten, and the token run twice.
@@ -322,9 +323,7 @@ async def requeue(
         f"SELECT * FROM tb_wf_tokens WHERE child_run_id IS NULL AND {where}{lock}", *args
     ):
         data = json.loads(tok["state_data"])
-        data["resume"] = tok["status"] == "executing"
-        if data["resume"]:
-            data["reruns"] = data.get("reruns", 0) + 1
+        data["resume"] = tok["status"] == "executing"  # counted in ``reruns`` when it begins
         await tx.execute(
             "UPDATE tb_wf_tokens SET status = 'pending', lease_owner = NULL, not_before = ?, "
             "state_data = ?, updated_at = ? WHERE id = ?",
