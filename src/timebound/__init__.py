@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from ._core._deadline import Deadline as Deadline
     from ._core._durations import Duration as Duration
     from ._core._durations import to_seconds as to_seconds
+    from ._core._errors import CircuitOpen as CircuitOpen
     from ._core._errors import ConfigurationError as ConfigurationError
     from ._core._errors import DeadlineExceeded as DeadlineExceeded
     from ._core._errors import InvalidInput as InvalidInput
@@ -46,6 +47,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AbandonedThreadWarning",
     "CancelScope",
+    "CircuitOpen",
     "ConfigurationError",
     "Deadline",
     "DeadlineExceeded",
@@ -81,6 +83,7 @@ __all__ = [
 _LOCATIONS: dict[str, str] = {
     "AbandonedThreadWarning": "._core._preempt",
     "CancelScope": "._core._scopes",
+    "CircuitOpen": "._core._errors",
     "ConfigurationError": "._core._errors",
     "Deadline": "._core._deadline",
     "DeadlineExceeded": "._core._errors",

@@ -1,7 +1,7 @@
 """Hostile peers in a real server process on loopback: a 2 GiB answer, no answer, a foreign href.
 
 The host reads a connector's answer with a byte cap (D6.21) and follows only hrefs on the
-connector's own origin (D7.13); either refusal fails the operation, never the process (D7.14).
+connector's own origin (D7.12); either refusal fails the operation, never the process (D7.13).
 """
 
 from __future__ import annotations

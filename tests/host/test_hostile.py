@@ -41,7 +41,8 @@ def test_unknown_field_is_named(host: Server) -> None:
     r = host.client.post("/v1/workflows/quick/runs", json={"input": {}, "priority": 9})
     detail = _problem(r, 422)["detail"]
     assert detail == (
-        "body: unknown field(s) ['priority']; allowed: ['deadline_ms', 'idempotency_key', 'input']"
+        "body: unknown field(s) ['priority']; allowed: "
+        "['deadline_ms', 'idempotency_key', 'input', 'run_id']"
     )
 
 

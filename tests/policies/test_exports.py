@@ -86,6 +86,10 @@ def test_policy_signature_matches_the_contract() -> None:
         "throttle": None,
         "concurrency": None,
         "total_timeout": None,
+        "retry_budget": None,
+        "breaker": None,
+        "hedge": None,
+        "timeout_floor": None,
     }
     execute = inspect.signature(policies.Policy.execute).parameters
     assert list(execute) == ["self", "fn", "args", "kwargs", "observer"]

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 __all__ = [
+    "CircuitOpen",
     "ConfigurationError",
     "DeadlineExceeded",
     "InvalidInput",
@@ -225,3 +226,32 @@ def _rebuild_retry_exhausted(
     errors: list[BaseException], what: str | None, message: str
 ) -> RetryExhausted:
     return RetryExhausted(errors, what=what, message=message)
+
+
+class CircuitOpen(TimeboundError):
+    """A circuit breaker is open: the call failed fast, without reaching the dependency (D3.13).
+
+    ``retry_after`` is the seconds until the breaker lets a probe through (``None`` while its
+    probes are in flight), so a retry loop waits for it or, when that is past the deadline,
+    stops (D3.11). ``what`` names the policy.
+    """
+
+    code = "circuit-open"
+
+    def __init__(
+        self, message: str, *, what: str | None = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message)
+        self.what = what
+        self.retry_after = retry_after
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild_circuit_open,
+            (str(self), self.what, self.retry_after),
+            _extra_state(self),
+        )
+
+
+def _rebuild_circuit_open(message: str, what: str | None, retry_after: float | None) -> CircuitOpen:
+    return CircuitOpen(message, what=what, retry_after=retry_after)

@@ -46,6 +46,15 @@ _COMMANDS: tuple[_Command, ...] = (
     ),
     _Command("worker", "timebound.cli._workflow", "work on a workflow store's runs", "workflow"),
     _Command("serve", "timebound.cli._host", "serve workflows: HTTP API, operator UI", "host"),
+    _Command(
+        "runs", "timebound.cli._runs", "a host's runs: list, show, start, cancel, events", "host"
+    ),
+    _Command(
+        "ops",
+        "timebound.cli._ops",
+        "a host's deferred operations: list, show, poll, cancel",
+        "host",
+    ),
 )
 
 # Options whose value may start with "-" (a negative duration is a mistake worth a clear error,
@@ -54,6 +63,8 @@ _VALUE_OPTIONS = ("--timeout",)
 
 # 128 + SIGPIPE, what a shell reports for a program cut off by `| head`.
 _BROKEN_PIPE = 141
+# 128 + SIGINT.
+_INTERRUPTED = 130
 
 
 def _missing_extra(command: str, extra: str, missing: str) -> Callable[[argparse.Namespace], int]:
@@ -138,6 +149,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             # A closed pipe shows here (also after --help, which exits through SystemExit),
             # not at interpreter exit where it would print a traceback.
             sys.stdout.flush()
+    except KeyboardInterrupt:
+        # Ctrl-C: one line, the shell's exit code for SIGINT, never a traceback (D8.17). The
+        # command's own cleanup (an engine's close, a scope's exit) has run on the way out.
+        command = _chosen(words) or "timebound"
+        print(f"timebound {command}: interrupted", file=sys.stderr)
+        return _INTERRUPTED
     except BrokenPipeError:
         # The reader (`| head`) went away: stop quietly. Point stdout at devnull so the
         # interpreter's final flush does not fail again.

@@ -116,6 +116,28 @@ def _showcase_script() -> Path | None:
     return None
 
 
+# What the showcase imports beyond the standard library, and the extras that install it all: a
+# pipeline (pyarrow), a workflow with a deferred operation, services on uvicorn, calls over httpx.
+_SHOWCASE_EXTRAS = "host,pipeline,deferred,httpx"
+_SHOWCASE_PACKAGES = frozenset(
+    {
+        "pyarrow",
+        "httpx",
+        "uvicorn",
+        "starlette",
+        "jsonschema",
+        "yaml",
+        "prometheus_client",
+        "rfc3339_validator",
+        "rfc8785",
+        "jinja2",
+        "multipart",
+        "python_multipart",
+        "anyio",
+    }
+)
+
+
 def _run_showcase(keep: bool, port: int | None) -> int:
     script = _showcase_script()
     if script is None:
@@ -126,7 +148,20 @@ def _run_showcase(keep: bool, port: int | None) -> int:
             file=sys.stderr,
         )
         return 2
-    main = runpy.run_path(str(script))["main"]
+    try:
+        main = runpy.run_path(str(script))["main"]
+    except ImportError as exc:
+        cause = exc.__cause__
+        missing = exc.name or (cause.name if isinstance(cause, ImportError) else None) or ""
+        if missing.split(".")[0] in _SHOWCASE_PACKAGES:
+            # D8.17: which extras, not a traceback from the example's imports.
+            print(
+                f"timebound demo --showcase: needs the {_SHOWCASE_EXTRAS} extras ({missing} is "
+                f"not installed); install them with: pip install 'timebound[{_SHOWCASE_EXTRAS}]'",
+                file=sys.stderr,
+            )
+            return 2
+        raise
     argv = ["--keep"] if keep else []
     if port is not None:
         argv += ["--port", str(port)]

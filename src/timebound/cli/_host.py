@@ -1,6 +1,7 @@
 """``timebound serve``: the host (API, operator UI, metrics) over a workflow store.
 
-Exit codes: 0 stopped cleanly (or ``--check`` passed); 2 bad configuration or definitions.
+Exit codes: 0 stopped cleanly (or ``--check`` passed); 2 bad configuration or definitions, or
+a start-up error (a busy port, a store that cannot be opened), always one line (D8.17).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import sys
 from typing import Any
 
 from ..host import ConfigError, Host, load_config, publish, serve
+from ..workflow import StoreError
 
 __all__ = ["register"]
 
@@ -80,6 +82,10 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         config = load_config(options, os.environ, args.config)
         host = Host.build(config)
+    except StoreError as exc:
+        # An unsupported or malformed store URL (D8.17): one line, exit 2.
+        print(f"timebound serve: db: {exc}", file=sys.stderr)
+        return 2
     except ConfigError as exc:
         print(f"timebound serve: {exc}", file=sys.stderr)
         return 2
@@ -89,8 +95,8 @@ def _serve(args: argparse.Namespace) -> int:
         return 0
     try:
         publish(config, host)
+        serve(config, host)
     except ConfigError as exc:
         print(f"timebound serve: {exc}", file=sys.stderr)
         return 2
-    serve(config, host)
     return 0

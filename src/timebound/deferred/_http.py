@@ -49,7 +49,7 @@ def origin_of(url: str) -> str:
 
 
 def same_origin(origin: str, href: str) -> bool:
-    """Whether ``href`` (absolute, or relative to ``origin``) stays on ``origin`` (D7.13).
+    """Whether ``href`` (absolute, or relative to ``origin``) stays on ``origin`` (D7.12).
 
     The one check of where a connector's hrefs may lead: the host follows them with the poll's
     headers, so an href to another origin would make it a proxy to anywhere (blind SSRF).
@@ -64,7 +64,7 @@ class HttpConnector:
     Give the client a :class:`timebound.propagation.httpx.AsyncDeadlineTransport` (the default
     client does) so the poller's deadline bounds and travels with each call; relative
     ``status_href``/``cancel_href`` are resolved against ``base_url``. An href on another origin
-    than ``base_url``'s is never followed (``foreign-href``, D7.13), and an answer is read with a
+    than ``base_url``'s is never followed (``foreign-href``, D7.12), and an answer is read with a
     cap of ``max_bytes`` (``too-large``, D6.21): either fails the operation.
     """
 

@@ -50,7 +50,7 @@ class TransientPollError(TimeboundError):
 
 class PollRefused(Exception):
     """An answer the host will not take from a connector, whatever a later poll says: an href
-    to another origin (``foreign-href``, D7.13), an answer past the byte cap (``too-large``,
+    to another origin (``foreign-href``, D7.12), an answer past the byte cap (``too-large``,
     D6.21). The operation fails with ``code``."""
 
     def __init__(self, code: str, message: str) -> None:

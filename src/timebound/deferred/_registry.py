@@ -668,7 +668,7 @@ class Registry(Continuations):
 
     async def refuse(self, op_id: str, code: str, message: str) -> Outcome:
         """A connector answered something the host refuses outright (an href to another origin,
-        D7.13; an answer past the byte cap, D6.21): the operation fails with ``code``, through
+        D7.12; an answer past the byte cap, D6.21): the operation fails with ``code``, through
         the same state machine as a connector's own ``failed``."""
         at = now_ms()
         async with self._store.transaction() as tx:

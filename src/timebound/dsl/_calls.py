@@ -200,6 +200,15 @@ class CallLowering(ExpressionForms):
                     f"Fallback type mismatch: module returns {ret} but fallback is {fallback.type}",
                     fo.value_pos,
                 )
+        if "hedge" in opts and spec is not None and not spec.is_async:
+            # D3.16: a sync module runs to its end; a hedge could neither start beside it nor
+            # cancel it.
+            self.error(
+                "E013",
+                f"Option 'hedge' needs an async module: '{spec.name}' is a sync function, and a "
+                "sync call cannot be raced or cancelled",
+                opts["hedge"].value_pos,
+            )
         retry = opts["retry"].value if "retry" in opts else 0
         if "delay" in opts and retry == 0:
             self.warn("W001", "'delay' without 'retry' has no effect", opts["delay"].pos)

@@ -12,6 +12,7 @@ Calls themselves (module resolution, option checks, lowering to policies and DAG
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import operator
 from collections.abc import Callable
@@ -639,9 +640,6 @@ class _Compiler(CallLowering):
             props = {k: self.expr(x, lifted=False).fn(run) for k, x, _ in a.props}
             if a.name == "example":
                 assert t is not None
-                if name in examples:
-                    self.error("E020", f"Input '{name}' has more than one '@example'", a.pos)
-                    continue
                 if not is_assignable(values[0].type, t):
                     self.error(
                         "E011",
@@ -649,19 +647,23 @@ class _Compiler(CallLowering):
                         _start(a.args[0]),
                     )
                     continue
-                examples[name] = values[0].fn(run)
+                # D3.16a: repeated @example: every one is kept in the annotations; the first is the
+                # input's example value.
+                examples.setdefault(name, values[0].fn(run))
             out.append(Annotation(a.name, tuple(v.fn(run) for v in values), props))
         return tuple(out)
 
 
-def _constant(e: A.Expr) -> bool:
-    if isinstance(e, A.Lit):
-        return True
-    if isinstance(e, A.ListLit):
-        return all(_constant(x) for x in e.items)
-    if isinstance(e, A.RecordLit):
-        return all(_constant(x) for _, x, _ in e.fields)
-    return False
+def _constant(e: Any) -> bool:
+    """Whether an annotation's expression is known without running the program: it reads no
+    name and calls no module (``@example(60 * 1000)``, ``@example([1, 2] + [3])`` are)."""
+    if isinstance(e, A.Name | A.Call | A.Lambda):
+        return False
+    if dataclasses.is_dataclass(e) and not isinstance(e, type):
+        return all(_constant(getattr(e, f.name)) for f in dataclasses.fields(e))
+    if isinstance(e, list | tuple):
+        return all(_constant(x) for x in e)
+    return True
 
 
 def compile_program(

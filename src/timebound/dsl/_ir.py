@@ -30,7 +30,8 @@ Placement = Literal["node", "thunk", "inline"]
 class CallOptions:
     """A call's ``with`` options as checked values; ``declared`` names the ones written.
 
-    Durations are seconds; ``throttle`` is ``(count, per seconds, text as written)``;
+    Durations are seconds; ``throttle`` is ``(count, per seconds, text as written)``; ``hedge``
+    is seconds or a percentile's text (``"p95"``);
     ``fallback`` says whether one is declared (its expression is compiled with the call).
     """
 
@@ -43,6 +44,7 @@ class CallOptions:
     cache_backend: str | None = None
     throttle: tuple[int, float, str] | None = None
     concurrency: int | None = None
+    hedge: float | str | None = None
     on_error: str = "propagate"
     lazy: bool = False
     priority: int = 50

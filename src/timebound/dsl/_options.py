@@ -36,7 +36,8 @@ class OptionSpec:
     ``kind`` says what its value is: ``duration`` (seconds), ``count`` (a whole number),
     ``choice`` (one of ``choices``), ``flag`` (true/false; bare ``lazy`` means true),
     ``priority`` (a level name or an integer), ``string`` (a plain string literal), ``rate``
-    (``COUNT/DURATION``) or ``expression`` (``fallback``). ``expects`` ends the E013 message for a
+    (``COUNT/DURATION``), ``hedge`` (a duration or a percentile ``pNN``) or ``expression``
+    (``fallback``). ``expects`` ends the E013 message for a
     value of the wrong form; ``positive`` makes zero and negative values E016; ``policy`` turns
     the parsed value into the Policy keyword of the same name (None: not a Policy option).
     """
@@ -71,6 +72,14 @@ OPTIONS: Final[dict[str, OptionSpec]] = {
             policy=lambda value: value[2],
         ),
         OptionSpec("concurrency", "count", _COUNT, positive=True),
+        # A timebound extension (D3.16): a fixed hedging delay, or a percentile (`p95`) of the
+        # call site's recent latencies; Policy reads either (seconds, or the text "p95").
+        OptionSpec(
+            "hedge",
+            "hedge",
+            "a duration literal such as 20ms or a percentile p1 to p99 such as p95",
+            positive=True,
+        ),
         OptionSpec("on_error", "choice", "one of " + ", ".join(ON_ERROR_MODES), ON_ERROR_MODES),
         OptionSpec("lazy", "flag", "true or false", policy=None),
         OptionSpec(

@@ -5,6 +5,7 @@ why the parser is written by hand); declarations are built on this in ``_parser.
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any, Final
 
 from . import _ast as A
@@ -15,6 +16,9 @@ from ._options import DURATION_UNITS_MS, OPTIONS, PRIORITIES, OptionSpec
 from ._parse_base import TokenParser
 
 __all__ = ["ExpressionParser"]
+
+# `hedge: p95`: a whole percentile, p0 (refused as E016) to p99.
+_PERCENTILE: Final = re.compile(r"p[0-9]{1,2}")
 
 
 class ExpressionParser(TokenParser):
@@ -524,6 +528,15 @@ class ExpressionParser(TokenParser):
             self.advance()
             n, unit = vt.value
             return n * DURATION_UNITS_MS[unit] / 1000, vt.text, n == 0
+        if kind == "hedge":
+            if vt.kind == "duration":
+                self.advance()
+                n, unit = vt.value
+                return n * DURATION_UNITS_MS[unit] / 1000, vt.text, n == 0
+            if vt.kind == "ident" and _PERCENTILE.fullmatch(vt.text):
+                self.advance()
+                return vt.text, vt.text, int(vt.text[1:]) == 0
+            return None
         if kind == "count" and vt.kind == "int":
             self.advance()
             return vt.value, vt.text, vt.value == 0

@@ -2,7 +2,8 @@
 
 A module's Constellation signature comes from the function's annotations, mapped once when it
 is registered: ``int``->Int, ``str``->String, ``float``->Float, ``bool``->Boolean, ``list[T]``,
-``dict[str, T]``, ``Optional[T]``/``T | None``, unions, dataclasses and TypedDicts -> records.
+``Sequence[T]``->Seq<T> (``Candidates<T>``; a list at run time), ``dict[str, T]``,
+``Optional[T]``/``T | None``, unions, dataclasses and TypedDicts -> records.
 Records are dicts at run time; a parameter annotated with a dataclass (also inside ``list``,
 ``dict`` and ``Optional``) receives instances built from the dicts, and dataclasses in a result
 are turned back into dicts.
@@ -15,7 +16,7 @@ import inspect
 import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, overload
 
@@ -29,6 +30,7 @@ from ._types import (
     MapType,
     OptionalType,
     RecordType,
+    SeqType,
     Type,
     union_of,
 )
@@ -70,6 +72,10 @@ def _map_annotation(ann: Any, seen: tuple[Any, ...]) -> Type:
     args = typing.get_args(ann)
     if origin is list and len(args) == 1:
         return ListType(_map_annotation(args[0], seen))
+    if origin is Sequence and len(args) == 1:
+        # D3.16a: collections.abc.Sequence[T] and typing.Sequence[T]: what a Seq<T> / Candidates<T>
+        # value is to the function (a list at run time).
+        return SeqType(_map_annotation(args[0], seen))
     if origin is dict and len(args) == 2:
         if args[0] is not str:
             raise _MappingError(f"dict keys must be str, got {_name(args[0])}")
@@ -107,7 +113,7 @@ def _to_python(ann: Any) -> Callable[[Any], Any] | None:
         return _to_dataclass(ann)
     origin = typing.get_origin(ann)
     args = typing.get_args(ann)
-    if origin is list and args:
+    if origin in (list, Sequence) and args:
         item = _to_python(args[0])
         return None if item is None else lambda v: [item(x) for x in v]
     if origin is dict and len(args) == 2:

@@ -131,7 +131,7 @@ async def start_run(request: Request) -> Response:
     # The envelope is one level: the input may nest as deep as any run's input (D6.20).
     body = _only(
         await read_json(request, host.config.max_body_bytes, max_depth=MAX_DEPTH + 1),
-        {"input", "deadline_ms", "idempotency_key"},
+        {"input", "deadline_ms", "idempotency_key", "run_id"},
     )
     try:
         check_json(body.get("input"), what="input", root="$.input")
@@ -156,8 +156,16 @@ async def start_run(request: Request) -> Response:
         if not isinstance(body["idempotency_key"], str):
             raise Problem(422, "idempotency_key: expected a string")
         if key is not None and key != body["idempotency_key"]:
-            raise Problem(422, "idempotency_key: differs from the Idempotency-Key header")
+            # The request names two keys: a conflict within it, not a malformed body (its
+            # schema cannot see the header), hence 409.
+            raise Problem(
+                409,
+                "idempotency_key: differs from the Idempotency-Key header",
+                code="idempotency-key-mismatch",
+            )
         key = body["idempotency_key"]
+    if "run_id" in body and not isinstance(body["run_id"], str):
+        raise Problem(422, "run_id: expected a string")
     # The latest version in the store: another host may have published one since our start.
     latest = await host.engine.stored_definitions(definition_id)
     if not latest:
@@ -170,6 +178,8 @@ async def start_run(request: Request) -> Response:
             version=latest[0].version,
             deadline=deadline,
             idempotency_key=key,
+            # A client-chosen run id (D8.15): a repeat with the same body returns that run.
+            run_id=body.get("run_id"),
         )
     except ConfigurationError as exc:
         raise Problem(422, f"{exc.option}: {exc}") from None

@@ -11,6 +11,9 @@ from ._deferred import DEFERRED_STATUSES
 
 __all__ = ["openapi"]
 
+# An idempotency key or client-chosen run id (D6.18, D8.15): 1 to 200 printable ASCII characters
+# without spaces.
+_KEY_SCHEMA: dict[str, Any] = {"type": "string", "pattern": "^[!-~]{1,200}$"}
 _DESCRIBED = {"200": "OK", "201": "Created", "410": "Gone: the operation's record has expired"}
 _PROBLEM = {"$ref": "#/components/responses/Problem"}
 # 403: a state-changing request from another site's page (D8.4); 421: a Host name this host does
@@ -117,9 +120,9 @@ def openapi() -> dict[str, Any]:
             "/v1/workflows/{definition_id}/runs": {
                 "post": _op(
                     "startRun",
-                    "Start a run: body {input, deadline_ms?, idempotency_key?} (or an "
+                    "Start a run: body {input, deadline_ms?, idempotency_key?, run_id?} (or an "
                     "Idempotency-Key header); answers 201 {run_id}, the same run for a repeat "
-                    "of the same key and body, 409 for another body under that key",
+                    "of the same key (or run_id) and body, 409 for another body under it",
                     "201",
                     parameters=[
                         _path_param("definition_id"),
@@ -127,8 +130,7 @@ def openapi() -> dict[str, Any]:
                             "name": "Idempotency-Key",
                             "in": "header",
                             "required": False,
-                            # Printable ASCII without spaces (D6.18).
-                            "schema": {"type": "string", "pattern": "^[!-~]{1,200}$"},
+                            "schema": _KEY_SCHEMA,
                         },
                     ],
                     requestBody={
@@ -146,10 +148,8 @@ def openapi() -> dict[str, Any]:
                                             "minimum": 1,
                                             "maximum": MAX_DEADLINE_MS,
                                         },
-                                        "idempotency_key": {
-                                            "type": "string",
-                                            "pattern": "^[!-~]{1,200}$",
-                                        },
+                                        "idempotency_key": _KEY_SCHEMA,
+                                        "run_id": _KEY_SCHEMA,
                                     },
                                 }
                             }

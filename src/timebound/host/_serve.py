@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import socket
 import sys
 from types import FrameType
@@ -24,9 +25,10 @@ __all__ = ["listening_socket", "publish", "serve"]
 class _Server(uvicorn.Server):
     """uvicorn's server, telling the engine to claim no more work as soon as a stop is asked."""
 
-    def __init__(self, config: uvicorn.Config, host: Host) -> None:
+    def __init__(self, config: uvicorn.Config, host: Host, out: TextIO) -> None:
         super().__init__(config)
         self._host = host
+        self._out = out
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -38,15 +40,51 @@ class _Server(uvicorn.Server):
         # uvicorn re-raises the stop signal once shut down (the process then dies of it, and
         # SIGINT prints a KeyboardInterrupt traceback); a drained host exits 0 instead, as
         # `timebound serve` documents. The list is uvicorn's own, hence the guard.
+        done = getattr(self.lifespan, "shutdown_event", None)
+        if self.force_exit and isinstance(done, asyncio.Event) and not done.is_set():
+            # A second Ctrl-C before the app's shutdown began: uvicorn skips it, but the engine
+            # still closes (at once, its drain ended) so its tokens go back to pending now, not
+            # when their leases expire.
+            await self.lifespan.shutdown()
         captured = getattr(self, "_captured_signals", None)
         if isinstance(captured, list):
             captured.clear()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        # Runs in the signal handler: hand the engine's call to its loop.
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._host.engine.stop_claiming)
+        # Runs in the signal handler: hand the engine's calls to its loop.
+        loop = self._loop if self._loop is not None and not self._loop.is_closed() else None
+        again = self.should_exit
         super().handle_exit(sig, frame)
+        if loop is None:
+            return
+        if not again:
+            loop.call_soon_threadsafe(self._draining)
+        elif self.force_exit:
+            loop.call_soon_threadsafe(self._stop_now)
+
+    def _draining(self) -> None:
+        """D8.17: the first stop says what the drain waits for, and how to cut it short."""
+        engine = self._host.engine
+        engine.stop_claiming()
+        drain = self.config.timeout_graceful_shutdown
+        requests = len(self.server_state.connections)
+        actions = engine.attempts_in_flight
+        self._say(
+            f"stopping: waiting up to {drain}s for {requests} open connection(s), then up to "
+            f"{drain}s for {actions} running action(s); Ctrl-C again to stop now"
+        )
+
+    def _stop_now(self) -> None:
+        self._host.engine.end_drain()
+        self._say(
+            "stopping now: running actions are cancelled, their runs resume at the next start"
+        )
+
+    def _say(self, line: str) -> None:
+        try:
+            print(f"timebound serve: {line}", file=self._out, flush=True)
+        except (OSError, ValueError):  # the output is gone: stopping matters more
+            pass
 
 
 async def _publish(config: Config, definitions: list[Definition]) -> None:
@@ -65,11 +103,27 @@ async def _publish(config: Config, definitions: list[Definition]) -> None:
 
 
 def publish(config: Config, host: Host) -> None:
-    """Store ``host``'s definition files in ``config.db`` (ConfigError on a conflict)."""
+    """Store ``host``'s definition files in ``config.db`` (ConfigError on a conflict, or a
+    store that cannot be opened: D8.17, one line instead of a traceback)."""
+    check_sqlite_directory(config.db)
     try:
         asyncio.run(_publish(config, list(host.definitions.values())))
     except StoreError as exc:
         raise ConfigError(f"db: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"db: cannot open {_safe_db(config.db)}: {exc.strerror or exc}") from None
+
+
+def check_sqlite_directory(db: str) -> None:
+    """A SQLite store's directory must exist (the store makes the file, never directories)."""
+    scheme, sep, path = db.partition(":///")
+    if sep and scheme == "sqlite":
+        folder = os.path.dirname(path.split("?", 1)[0]) or "."
+        if not os.path.isdir(folder):
+            raise ConfigError(
+                f"db: the directory {folder!r} of {db!r} does not exist "
+                "(sqlite:///relative/path or sqlite:////absolute/path)"
+            )
 
 
 def serve(config: Config, host: Host | None = None, out: TextIO = sys.stdout) -> None:
@@ -78,7 +132,13 @@ def serve(config: Config, host: Host | None = None, out: TextIO = sys.stdout) ->
     to as long again, and close the engine (what is left is cancelled: its tokens go back to
     ``pending`` with their deadlines kept, so the next start resumes them)."""
     host = host or Host.build(config)
-    sock = listening_socket(config)
+    try:
+        sock = listening_socket(config)
+    except OSError as exc:
+        # D8.17: a busy port or an address not on this machine is one line, exit 2.
+        raise ConfigError(
+            f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}"
+        ) from None
     port = sock.getsockname()[1]
     shown = f"[{config.host}]" if sock.family == socket.AF_INET6 else config.host
     print(
@@ -104,6 +164,7 @@ def serve(config: Config, host: Host | None = None, out: TextIO = sys.stdout) ->
             forwarded_allow_ips=list(config.forwarded_allow_ips),
         ),
         host,
+        out,
     )
     server.run(sockets=[sock])
 

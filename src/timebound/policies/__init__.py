@@ -9,8 +9,11 @@ every engine (the Constellation runtime builds one :class:`Policy` per call site
 See ``docs/policies.md``.
 """
 
+from ._breaker import CircuitBreaker
+from ._budget import RetryBudget
 from ._cache import CacheBackend, InMemoryCache, cache_key
 from ._decorator import resilient
+from ._hedge import Hedge
 from ._limits import Slots, TokenBucket
 from ._options import MISSING
 from ._policy import Observer, Policy
@@ -20,12 +23,15 @@ from ._zero import zero_value_for
 __all__ = [
     "MISSING",
     "CacheBackend",
+    "CircuitBreaker",
     "Err",
+    "Hedge",
     "InMemoryCache",
     "Observer",
     "Ok",
     "Policy",
     "Result",
+    "RetryBudget",
     "Slots",
     "TokenBucket",
     "cache_key",

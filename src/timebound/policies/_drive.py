@@ -13,6 +13,7 @@ import math
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
+from functools import partial
 from types import CoroutineType
 from typing import TYPE_CHECKING, Any, Final
 
@@ -29,7 +30,8 @@ from .._core._scopes import (
     inherit_deadline,
     remaining,
 )
-from ._retry import AttemptNow, RetryAt, RetryState, misuse
+from ._hedge import hedged_async
+from ._retry import AttemptNow, FallBack, RetryAt, RetryState, Stop, misuse
 
 if TYPE_CHECKING:
     from ._policy import Observer, Policy
@@ -77,12 +79,24 @@ async def retry_async(
                             value = await value
                         else:
                             _raise_if_late(name)
-                else:
+                elif policy._hedge is None:
                     value = await _attempt_async(policy, state, fn, args, kwargs)
+                else:
+                    # D3.14: the attempt races its hedges; each is a whole attempt of its own.
+                    value = await hedged_async(
+                        policy,
+                        state,
+                        partial(_attempt_async, policy, state, fn, args, kwargs),
+                        attempt,
+                        tele,
+                        observer,
+                    )
             except Exception as exc:
                 _attempt_failed(policy, attempt, exc, tele, observer)
                 state, next_step = plan.failed(state, exc)
                 if type(next_step) is not RetryAt:
+                    if tele:
+                        _refused(policy, attempt, next_step, observer)
                     return False, next_step
                 with _between(policy, state):
                     if tele:
@@ -117,19 +131,28 @@ async def _attempt_async(
 ) -> Any:
     """An attempt with admission (throttle and/or concurrency)."""
     slots = policy._slots
+    breaker = policy._breaker
     # D3.7: the scope is entered before admission, so waiting for a token or a slot counts
     # against the attempt timeout. D3.3: the scope's deadline is min(timeout, effective).
-    with _NULL_CONTEXT if policy._attempt_timeout is None else _attempt_scope(policy, state):
+    # D3.13: the breaker sees the attempt from outside its scope (its own timeout included).
+    with (
+        _NULL_CONTEXT if breaker is None else breaker.guard(policy.plan),
+        _NULL_CONTEXT if policy._attempt_timeout is None else _attempt_scope(policy, state),
+    ):
+        start = 0.0 if policy._latencies is None else _clock.now()
         await _admit_async(policy)
         try:
             value = fn(*args, **kwargs)
             if type(value) is CoroutineType or inspect.isawaitable(value):
-                return await value
+                value = await value
+            elif policy._attempt_timeout is not None:
+                _raise_if_late(policy.name)
         finally:
             if slots is not None:
                 slots.release()
-        if policy._attempt_timeout is not None:
-            _raise_if_late(policy.name)
+        latencies = policy._latencies
+        if latencies is not None:
+            latencies.record(_clock.now() - start)  # D3.14, D3.15: a success's latency
         return value
 
 
@@ -166,6 +189,11 @@ def retry_sync(
     observer: Observer | None,
 ) -> tuple[bool, Any]:
     """(True, value), or (False, the plan's FallBack/Stop)."""
+    if policy._hedge is not None:
+        raise misuse(
+            f"{policy.name}: a hedged policy runs async calls only (await Policy.execute()); "
+            "a sync attempt cannot be cancelled when another one wins"
+        )
     plan = policy.plan
     state = plan.start()
     plain = policy._plain
@@ -188,6 +216,8 @@ def retry_sync(
                 _attempt_failed(policy, attempt, exc, tele, observer)
                 state, next_step = plan.failed(state, exc)
                 if type(next_step) is not RetryAt:
+                    if tele:
+                        _refused(policy, attempt, next_step, observer)
                     return False, next_step
                 with _between(policy, state):
                     if tele:
@@ -222,7 +252,12 @@ def _attempt_sync(
 ) -> Any:
     """An attempt with a scope and/or admission, run to its end (cooperative)."""
     slots = policy._slots
-    with _NULL_CONTEXT if policy._attempt_timeout is None else _attempt_scope(policy, state):
+    breaker = policy._breaker
+    with (
+        _NULL_CONTEXT if breaker is None else breaker.guard(policy.plan),
+        _NULL_CONTEXT if policy._attempt_timeout is None else _attempt_scope(policy, state),
+    ):
+        start = 0.0 if policy._latencies is None else _clock.now()
         if not policy._scoped:  # a scope alone needs no admission (and no call for it)
             _admit_sync(policy)
         try:
@@ -234,6 +269,9 @@ def _attempt_sync(
             # The attempt ran to its end; if a bound passed meanwhile the result is late
             # (D1.7). The enclosing bound wins a tie, as it does in asyncio.
             _raise_if_late(policy.name)
+        latencies = policy._latencies
+        if latencies is not None:
+            latencies.record(_clock.now() - start)  # D3.15: a success's latency
         return value
 
 
@@ -287,6 +325,17 @@ def _attempt_failed(
         )
 
 
+def _refused(
+    policy: Policy[Any], attempt: int, ending: RetryAt | FallBack | Stop, observer: Observer | None
+) -> None:
+    """A retry was left but did not happen (D3.11, D3.12): the event names why."""
+    if isinstance(ending, RetryAt) or ending.reason is None:
+        return
+    policy.emit(
+        observer, "retry.refused", attempt=attempt, reason=ending.reason, error=ending.error
+    )
+
+
 def _attempt_scope(policy: Policy[Any], state: RetryState) -> CancelScope:
     """The one cancel scope of an attempt: its own timeout or the total budget, the earlier.
 
@@ -298,6 +347,10 @@ def _attempt_scope(policy: Policy[Any], state: RetryState) -> CancelScope:
     """
     t = policy._attempt_timeout
     assert t is not None
+    if policy._timeout_q is not None:
+        learned = policy.learned_timeout()  # D3.15
+        if learned is not None:
+            t = learned
     total_at = state.total_at
     if total_at is not None and _clock.now() + t >= total_at.when:
         return fail_at(total_at, source="total", what=policy.name)

@@ -8,7 +8,10 @@ from typing import Any, Final, TypedDict, TypeVar
 
 from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError
+from ._breaker import CircuitBreaker
+from ._budget import RetryBudget
 from ._cache import MEMORY, CacheBackend, InMemoryCache
+from ._hedge import Hedge
 from ._limits import Slots, TokenBucket, parse_throttle
 
 __all__ = [
@@ -17,12 +20,14 @@ __all__ = [
     "ON_ERROR_MODES",
     "PolicyOptions",
     "RetryOn",
+    "check_breaker",
     "check_cache_backend",
     "check_concurrency",
     "check_exception_types",
     "check_finite",
     "check_positive",
     "check_retry_on",
+    "check_retry_budget",
     "check_throttle",
 ]
 
@@ -45,7 +50,8 @@ class PolicyOptions(TypedDict, total=False):
     ``on_error`` picks the overload (what a call returns), and the two differ in ``zero``'s
     default. The defaults and the meaning of each are :class:`~timebound.policies.Policy`'s."""
 
-    timeout: Duration | None
+    timeout: Duration | str | None
+    timeout_floor: Duration | None
     retry: int
     retry_on: RetryOn | None
     delay: Duration | None
@@ -60,6 +66,9 @@ class PolicyOptions(TypedDict, total=False):
     throttle: str | tuple[int, Duration] | TokenBucket | None
     concurrency: int | Slots | None
     total_timeout: Duration | None
+    retry_budget: RetryBudget | None
+    breaker: CircuitBreaker | None
+    hedge: Hedge | Duration | str | None
 
 
 def check_positive(value: Duration | None, option: str) -> float | None:
@@ -146,3 +155,25 @@ def check_cache_backend(value: CacheBackend | str | None) -> CacheBackend | None
             option="cache_backend",
         )
     return value
+
+
+def check_retry_budget(value: Any) -> RetryBudget | None:
+    """A :class:`RetryBudget` (one object shared by the policies given it, D3.12) or ``None``."""
+    if value is None or isinstance(value, RetryBudget):
+        return value
+    raise ConfigurationError(
+        f"retry_budget must be a RetryBudget object, got {type(value).__name__} "
+        "(write retry_budget=RetryBudget(0.2) for retries up to 20 % of calls)",
+        option="retry_budget",
+    )
+
+
+def check_breaker(value: Any) -> CircuitBreaker | None:
+    """A :class:`CircuitBreaker` (one object shared by the policies given it, D3.13) or ``None``."""
+    if value is None or isinstance(value, CircuitBreaker):
+        return value
+    raise ConfigurationError(
+        f"breaker must be a CircuitBreaker object, got {type(value).__name__} "
+        "(write breaker=CircuitBreaker(failure_ratio=0.5, min_calls=20))",
+        option="breaker",
+    )

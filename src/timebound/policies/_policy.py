@@ -21,8 +21,11 @@ from .._core._durations import Duration
 from .._core._errors import ConfigurationError, DeadlineExceeded
 from ..telemetry import Event, current_correlation, emit
 from . import _call
+from ._breaker import CircuitBreaker
+from ._budget import RetryBudget
 from ._cache import CacheBackend, InMemoryCache
 from ._flight import Flights
+from ._hedge import Hedge, LatencyWindow, check_hedge, parse_percentile
 from ._limits import Slots, TokenBucket
 from ._options import (
     BACKOFFS,
@@ -30,11 +33,13 @@ from ._options import (
     ON_ERROR_MODES,
     PolicyOptions,
     RetryOn,
+    check_breaker,
     check_cache_backend,
     check_concurrency,
     check_exception_types,
     check_finite,
     check_positive,
+    check_retry_budget,
     check_retry_on,
     check_throttle,
 )
@@ -75,20 +80,30 @@ class Policy(Generic[_Mode]):
     encoding. ``on_error``: ``propagate`` | ``skip`` | ``log`` | ``wrap``, returning ``zero``
     for skip/log. ``throttle``: ``"N/duration"`` token bucket; ``concurrency``: slots; each of
     this policy's own unless a :class:`TokenBucket` / :class:`Slots` object is passed to share.
-    ``total_timeout``: a budget over every attempt and delay.
+    ``total_timeout``: a budget over every attempt and delay. ``retry_budget``: a
+    :class:`RetryBudget` capping retries as a share of calls (D3.12). ``breaker``: a
+    :class:`CircuitBreaker` failing attempts fast while the dependency fails (D3.13).
+    ``hedge``: a delay (``"20ms"``, ``"p95"``) or a :class:`Hedge`: a slow attempt gets a
+    backup, the first success wins (D3.14; for idempotent calls only). ``timeout="p99"`` with
+    ``timeout_floor``: an attempt timeout learned from recent latencies (D3.15).
     """
 
     __slots__ = (
         "_attempt_timeout",
+        "_breaker",
         "_bucket",
         "_cache",
         "_fallback_callable",
         "_flights",
         "_has_fallback",
+        "_hedge",
         "_key_fn",
+        "_latencies",
         "_plain",
         "_scoped",
         "_slots",
+        "_timeout_floor",
+        "_timeout_q",
         "_told_uncached",
         "_wrap",
         "_zero_is_immutable",
@@ -138,7 +153,7 @@ class Policy(Generic[_Mode]):
         self,
         name: str,
         *,
-        timeout: Duration | None = None,
+        timeout: Duration | str | None = None,
         retry: int = 0,
         retry_on: RetryOn | None = None,
         delay: Duration | None = None,
@@ -155,11 +170,26 @@ class Policy(Generic[_Mode]):
         throttle: str | tuple[int, Duration] | TokenBucket | None = None,
         concurrency: int | Slots | None = None,
         total_timeout: Duration | None = None,
+        retry_budget: RetryBudget | None = None,
+        breaker: CircuitBreaker | None = None,
+        hedge: Hedge | Duration | str | None = None,
+        timeout_floor: Duration | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigurationError("a policy needs a non-empty name", option="name")
         self.name = name
-        self.timeout = check_positive(timeout, "timeout")
+        # D3.15: timeout="p99" is learned from this policy's recent latencies.
+        self._timeout_q = parse_percentile(timeout, "timeout") if isinstance(timeout, str) else None
+        self.timeout = None if self._timeout_q is not None else check_positive(timeout, "timeout")
+        floor = check_finite(check_positive(timeout_floor, "timeout_floor"), "timeout_floor")
+        if (floor is None) != (self._timeout_q is None):
+            raise ConfigurationError(
+                "a learned timeout needs a floor: write timeout='p99', timeout_floor='50ms'"
+                if floor is None
+                else "timeout_floor applies to a learned timeout ('p99') only",
+                option="timeout_floor",
+            )
+        self._timeout_floor = floor
         if isinstance(retry, bool) or not isinstance(retry, int) or retry < 0:
             raise ConfigurationError(
                 f"retry must be an integer >= 0, got {retry!r}", option="retry"
@@ -199,6 +229,7 @@ class Policy(Generic[_Mode]):
             retry_on=check_retry_on(retry_on),
             fallback=self._has_fallback,
             fallback_on=fb_on,
+            budget=check_retry_budget(retry_budget),
         )
 
         self.cache = check_positive(cache, "cache")
@@ -240,19 +271,33 @@ class Policy(Generic[_Mode]):
 
         # An attempt needs a cancel scope when it has its own timeout, or when a total budget
         # must be able to stop it (the scope then catches the total bound and reports it).
-        if self.timeout is not None:
-            self._attempt_timeout: float | None = self.timeout
+        if self._timeout_q is not None:
+            self._attempt_timeout: float | None = float("inf")  # learned per attempt
+        elif self.timeout is not None:
+            self._attempt_timeout = self.timeout
         elif total is not None:
             self._attempt_timeout = float("inf")
         else:
             self._attempt_timeout = None
+        self._breaker = check_breaker(breaker)
+        self._hedge = check_hedge(hedge)
+        # This policy's recent latencies (a learned hedging delay, D3.14): its own, always.
+        self._latencies: LatencyWindow | None = None
+        if self._hedge is not None or self._timeout_q is not None:
+            samples = 20 if self._hedge is None else self._hedge.min_samples
+            self._latencies = LatencyWindow(min_samples=samples)
+        # Hooks around an attempt (admission, a breaker, hedging) take it off the inline paths.
+        hooked = (
+            self._bucket is not None
+            or self._slots is not None
+            or self._breaker is not None
+            or self._latencies is not None
+        )
         # The happy path of a policy with nothing but retries and a fallback: no scope, no
         # admission, no cache.
-        self._plain = self._attempt_timeout is None and self._bucket is None and self._slots is None
+        self._plain = self._attempt_timeout is None and not hooked
         # An attempt with a scope but no admission: the async loop runs it inline.
-        self._scoped = (
-            self._attempt_timeout is not None and self._bucket is None and self._slots is None
-        )
+        self._scoped = self._attempt_timeout is not None and not hooked
 
     # Read-only views of the retry options (the plan holds them).
 
@@ -279,6 +324,32 @@ class Policy(Generic[_Mode]):
     @property
     def total_timeout(self) -> float | None:
         return self.plan.total_timeout
+
+    @property
+    def retry_budget(self) -> RetryBudget | None:
+        return self.plan.budget
+
+    @property
+    def breaker(self) -> CircuitBreaker | None:
+        return self._breaker
+
+    @property
+    def hedge(self) -> Hedge | None:
+        return self._hedge
+
+    def learned_timeout(self) -> float | None:
+        """The attempt timeout a ``timeout="p99"`` policy gives its next attempt: the
+        percentile of recent latencies, never below ``timeout_floor``; ``None`` while fewer
+        than 20 latencies are known (the attempt is bounded by the deadline only) or when the
+        timeout is not learned (D3.15)."""
+        q = self._timeout_q
+        if q is None or self._latencies is None:
+            return None
+        learned = self._latencies.percentile(q)
+        if learned is None:
+            return None
+        floor = self._timeout_floor
+        return learned if floor is None or learned >= floor else floor
 
     @property
     def fallback_on(self) -> tuple[type[BaseException], ...] | None:

@@ -29,6 +29,8 @@ from .._core._durations import format_duration
 from .._core._errors import DeadlineExceeded, RetryExhausted
 from .._core._request import mark_spent
 from .._core._scopes import current_bound_error, current_bound_source, current_deadline, remaining
+from ._budget import RetryBudget
+from ._hints import retry_hint
 
 __all__ = ["AttemptNow", "Decision", "FallBack", "RetryAt", "RetryPlan", "RetryState", "Stop"]
 
@@ -67,17 +69,22 @@ class RetryAt(NamedTuple):
 
 
 class FallBack(NamedTuple):
-    """Every attempt failed; the fallback replaces ``error`` (D3.4)."""
+    """Every attempt failed; the fallback replaces ``error`` (D3.4). ``reason``: why no retry
+    followed when one was left (see :class:`Stop`)."""
 
     error: Exception
+    reason: str | None = None
 
 
 class Stop(NamedTuple):
     """The call ends with ``error``; ``absorbable`` is false for what ``on_error`` never turns
-    into a value (a spent caller deadline, a misuse of the API)."""
+    into a value (a spent caller deadline, a misuse of the API). ``reason`` says why a retry
+    that was left did not happen: ``retry_after_past_deadline``, ``retry_after_over_max_delay``,
+    ``retry_refused_by_server`` (D3.11), ``retry_budget_exhausted`` (D3.12); ``None`` otherwise."""
 
     error: BaseException
     absorbable: bool
+    reason: str | None = None
 
 
 Decision = AttemptNow | RetryAt | FallBack | Stop
@@ -114,6 +121,7 @@ class RetryPlan:
     __slots__ = (
         "_fallback_on_deadline",
         "backoff",
+        "budget",
         "delay",
         "fallback",
         "fallback_on",
@@ -138,8 +146,10 @@ class RetryPlan:
         retry_on: Callable[[Exception], bool] | None = None,
         fallback: bool = False,
         fallback_on: tuple[type[BaseException], ...] | None = None,
+        budget: RetryBudget | None = None,
     ) -> None:
         self.what = what
+        self.budget = budget
         self.retry = retry
         self.delay = delay
         self.backoff = backoff
@@ -156,6 +166,9 @@ class RetryPlan:
 
     def start(self) -> RetryState:
         """The state of a call that starts now (its total budget, if any, starts with it)."""
+        budget = self.budget
+        if budget is not None:
+            budget.deposit()  # D3.12: every call earns its share of retries
         total = self.total_timeout
         if total is None:
             return _FRESH  # immutable: one for every call without a total budget
@@ -188,7 +201,9 @@ class RetryPlan:
         Never retried: a misuse, an error ``retry_on`` rejects, a spent caller deadline or total
         (D2.5). After the last attempt: the error itself when ``retry`` is 0 (D3.1), else
         :class:`~timebound.RetryExhausted`. A delay the deadline cannot fit stops the loop
-        without waiting (D3.3), with a ``DeadlineExceeded`` chained to ``exc``.
+        without waiting (D3.3), with a ``DeadlineExceeded`` chained to ``exc``. A server's retry
+        hint sets the earliest retry, and one past the deadline ends the call (D3.11); a spent
+        retry budget ends it too (D3.12): both with ``exc`` and a ``reason``.
         """
         attempt = state.attempt + 1
         errors = (*state.errors, exc)
@@ -218,19 +233,56 @@ class RetryPlan:
         left = remaining()
         if total_at != _INF:
             left = min(left, total_at - now)
+        hint = retry_hint(exc)
+        if hint is not None:
+            # D3.11: the server's hint sets the earliest retry; one past the deadline (or past
+            # max_delay, the user's cap on any wait) means no retry at all.
+            refusal = self._hint_refusal(hint, left)
+            if refusal is not None:
+                reason, why = refusal
+                exc.add_note(f"{self.what}: not retried after attempt {attempt}: {why}")
+                return state, self.conclude(exc, reason)
+            wait = max(wait, hint)
         if wait >= left:
             return state, self.conclude(_chained(self._no_room(attempt + 1, wait, total_at), exc))
+        budget = self.budget
+        if budget is not None and not budget.try_withdraw():
+            # D3.12: the budget is spent; the dependency is not hit with more than its share.
+            exc.add_note(
+                f"{self.what}: not retried after attempt {attempt}: the retry budget is spent "
+                f"({budget!r})"
+            )
+            return state, self.conclude(exc, "retry_budget_exhausted")
         at = Deadline(now + wait)
         return state._replace(next_at=at), RetryAt(attempt + 1, at, wait)
 
-    def conclude(self, error: Exception) -> FallBack | Stop:
-        """How a call that failed with ``error`` ends: the fallback (D3.4) or ``error``."""
+    def conclude(self, error: Exception, reason: str | None = None) -> FallBack | Stop:
+        """How a call that failed with ``error`` ends: the fallback (D3.4) or ``error``;
+        ``reason`` says why a retry that was left did not happen (see :class:`Stop`)."""
         if _is_misuse(error):
             return Stop(error, False)
         callers = self.is_callers(error)
         if self.fallback and self._fallback_applies(error, callers):
-            return FallBack(error)
-        return Stop(error, not callers)
+            return FallBack(error) if reason is None else FallBack(error, reason)
+        return Stop(error, not callers) if reason is None else Stop(error, not callers, reason)
+
+    def _hint_refusal(self, hint: float, left: float) -> tuple[str, str] | None:
+        """(reason, explanation) when a server hint of ``hint`` seconds forbids a retry."""
+        if hint == _INF:
+            return "retry_refused_by_server", "the server's answer refuses a retry"
+        if hint >= left:
+            return (
+                "retry_after_past_deadline",
+                f"the server asks to wait {format_duration(hint)} before a retry, past the "
+                f"deadline, which leaves {format_duration(left)}",
+            )
+        if hint > self.max_delay:
+            return (
+                "retry_after_over_max_delay",
+                f"the server asks to wait {format_duration(hint)} before a retry, more than "
+                f"max_delay ({format_duration(self.max_delay)})",
+            )
+        return None
 
     def is_callers(self, exc: BaseException) -> bool:
         """Whether ``exc`` means the *caller's* deadline is spent (not this call's failure).

@@ -219,9 +219,13 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
                 response.status_code, response.headers.get(self._options.expired_header)
             )
             if refusal is not None:
-                # Read the short body so the connection goes back to the pool intact (D4.8).
+                # Read the short body so the connection goes back to the pool intact (D4.8);
+                # past the attempt's end the step gate refuses the read: close it unread (the
+                # refusal is the error, never the gate's own _Spent).
                 try:
                     response.read()
+                except _TIMEOUTS:
+                    pass
                 finally:
                     response.close()
                 raise refusal

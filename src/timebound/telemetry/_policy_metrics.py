@@ -20,7 +20,18 @@ POLICY_COUNTERS: Final = (
     ("retries", "Retries scheduled after a failed attempt"),
     ("fallbacks", "Calls answered by their fallback"),
     ("cache_hits", "Calls answered from the cache"),
+    ("retries_refused", "Retries left but not made: a server hint or a spent retry budget"),
+    ("hedges_sent", "Hedged attempts started"),
+    ("hedges_won", "Hedged attempts whose answer won the race"),
+    ("hedges_suppressed", "Hedges due but not sent: deadline, concurrency or budget"),
 )
+
+_BY_EVENT: Final = {
+    "retry.refused": "retries_refused",
+    "hedge.sent": "hedges_sent",
+    "hedge.won": "hedges_won",
+    "hedge.suppressed": "hedges_suppressed",
+}
 
 
 def policy_counter_for(event: Event) -> str | None:
@@ -36,7 +47,7 @@ def policy_counter_for(event: Event) -> str | None:
         return "fallbacks"
     if name == "cache.hit":
         return "cache_hits"
-    return None
+    return _BY_EVENT.get(name)
 
 
 _INVALID = re.compile(r"[^a-zA-Z0-9_]")

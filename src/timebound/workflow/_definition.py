@@ -284,7 +284,14 @@ def _load_text(text: str, origin: str) -> Any:
     try:
         if stripped.startswith(("{", "[")):
             return loads_json(text, what=origin)
-        import yaml
+        try:
+            import yaml
+        except ImportError:
+            # D8.17: say which extra, not "not valid YAML".
+            raise DefinitionError(
+                f"{origin}: reading YAML needs PyYAML, which the 'workflow' extra installs: "
+                "pip install 'timebound[workflow]' (or write the definition as JSON)"
+            ) from None
 
         # Aliases let a few lines of YAML stand for an exponentially large document (the
         # "billion laughs"): a definition never needs them, so they are refused.

@@ -11,7 +11,6 @@ shared store (PostgreSQL) a periodic sweep also catches other workers' changes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import logging
@@ -169,6 +168,8 @@ class Engine(RunReads):
         self._reporting: set[str] = set()  # tokens whose own outcome this turn stores
         self._poked = False  # another process committed news since the loop's turn began
         self._presence = Presence(self._store, self.worker_id, self._handlers, sweep_ms)
+        self._drain_waiter: asyncio.Future[None] | None = None
+        self._drain_ended = False
         self._background: set[asyncio.Task[None]] = set()
         self._finished: dict[str, asyncio.Event] = {}
         self._outcomes: list[_Report] = []
@@ -317,6 +318,23 @@ class Engine(RunReads):
         self._loop_task = asyncio.create_task(self._loop(), name="timebound-workflow-loop")
         await self._deferrals.open(self._definitions.values())
 
+    @property
+    def attempts_in_flight(self) -> int:
+        """How many actions this engine is running now (what a drain waits for)."""
+        return len(self._attempts)
+
+    def end_drain(self) -> None:
+        """End a drain of :meth:`close` at once, or skip the next one: the actions still
+        running are cancelled and their tokens go back to ``pending`` (D8.17: a second Ctrl-C).
+        Call it on the engine's loop."""
+        self._drain_ended = True
+        if self._drain_waiter is not None:
+            self._drain_waiter.cancel()
+
+    async def _attempts_done(self) -> None:
+        while self._attempts:
+            await asyncio.wait(list(self._attempts.values()))
+
     def stop_claiming(self) -> None:
         """Claim no more tokens (a stop is coming): the loop still fires timers and stores the
         outcomes of the attempts in flight. Safe to call from a signal handler's callback."""
@@ -328,12 +346,16 @@ class Engine(RunReads):
         seconds (their outcomes are stored, so a node that finished is not run again), then
         cancel the rest and put their tokens back to ``pending`` with their deadlines kept,
         released at once so the next start (or another worker) takes them."""
-        if drain_s > 0 and self._attempts and self._loop_task is not None:
+        if drain_s > 0 and self._attempts and self._loop_task is not None and not self._drain_ended:
             self.stop_claiming()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(drain_s):
-                    while self._attempts:
-                        await asyncio.wait(list(self._attempts.values()))
+            # A task of its own, so end_drain() can end the wait at once (a second Ctrl-C).
+            waiter = asyncio.ensure_future(self._attempts_done())
+            self._drain_waiter = waiter
+            try:
+                await asyncio.wait([waiter], timeout=drain_s)
+            finally:
+                self._drain_waiter = None
+                waiter.cancel()
         await self._deferrals.close()
         task, self._loop_task = self._loop_task, None
         pending = [t for t in (task, *self._attempts.values(), *self._background) if t is not None]
@@ -362,6 +384,7 @@ class Engine(RunReads):
             await self._store.close()
             self._open = False
             self._claiming = True
+            self._drain_ended = False
 
     @property
     def late_results_discarded(self) -> int:

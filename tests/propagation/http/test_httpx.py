@@ -184,6 +184,35 @@ def test_remote_expired_with_lowered_timeout_is_propagated(
     assert counters.get("cancelled-by-deadline", component="http-client") == 1
 
 
+class _UnreadableBody(httpx.SyncByteStream):
+    """A body whose read fails as a read past the attempt's end does (a timeout)."""
+
+    def __iter__(self) -> Iterator[bytes]:
+        raise httpx.ReadTimeout("the body came after the deadline")
+
+
+def test_a_refusal_whose_body_cannot_be_read_is_still_the_refusal(
+    virtual_clock: VirtualClock, request_state: RequestState
+) -> None:
+    """A 498 answer whose short body cannot be read any more (the attempt's end has passed) is
+    reported as the propagated deadline, not as the read's own error (it leaked out as the step
+    gate's private _Spent through the host's client)."""
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            498, headers={"X-YaTaxi-Deadline-Expired": "1"}, stream=_UnreadableBody()
+        )
+
+    transport = DeadlineTransport(httpx.MockTransport(answer), timeout=5)
+    with (
+        httpx.Client(transport=transport) as c,
+        tb.inherit_deadline(tb.Deadline.after(0.3)),
+        pytest.raises(tb.DeadlineExceeded) as info,
+    ):
+        c.get("http://svc/")
+    assert info.value.source == "propagated"
+
+
 def test_remote_expired_with_static_timeout_is_an_attempt_timeout(
     virtual_clock: VirtualClock, request_state: RequestState
 ) -> None:

@@ -1,0 +1,241 @@
+"""``timebound runs``: drive a host's runs over its API (D8.16).
+
+``--url`` (default ``TIMEBOUND_URL``, else http://127.0.0.1:8080) names the host, the token comes
+from ``TIMEBOUND_TOKEN``; ``--json`` prints the host's answers as JSON. Exit codes: 0 done,
+1 the call failed (one line on stderr: the host's problem, an unreachable host, the deadline),
+2 usage (argparse, or an option that is not valid), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+
+from .. import DeadlineExceeded, fail_after
+from ..host import Client, HostError
+
+__all__ = ["common_options", "register", "remote"]
+
+
+class UsageError(Exception):
+    """An option's value is not valid (exit 2)."""
+
+
+def common_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--url",
+        default=os.environ.get("TIMEBOUND_URL"),
+        help="the host's URL (default $TIMEBOUND_URL, else http://127.0.0.1:8080); "
+        "the token comes from $TIMEBOUND_TOKEN",
+    )
+    p.add_argument("--json", action="store_true", help="print the host's answers as JSON")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="a deadline for the whole command, sent to the host",
+    )
+
+
+def remote(
+    command: str, action: Callable[[Client, argparse.Namespace], None]
+) -> Callable[[argparse.Namespace], int]:
+    """A handler running ``action`` with a client, every failure one line and an exit code."""
+
+    def handler(args: argparse.Namespace) -> int:
+        try:
+            with Client(args.url) as client, _bounded(args.timeout):
+                action(client, args)
+        except UsageError as exc:
+            print(f"timebound {command}: {exc}", file=sys.stderr)
+            return 2
+        except HostError as exc:
+            print(
+                f"timebound {command}: {exc.detail} (HTTP {exc.status}, {exc.code})",
+                file=sys.stderr,
+            )
+            return 1
+        except DeadlineExceeded as exc:
+            print(f"timebound {command}: {exc}", file=sys.stderr)
+            return 1
+        except httpx.TransportError as exc:
+            where = args.url or os.environ.get("TIMEBOUND_URL") or "http://127.0.0.1:8080"
+            reason = str(exc) or type(exc).__name__
+            print(
+                f"timebound {command}: cannot reach the host at {where}: {reason}", file=sys.stderr
+            )
+            return 1
+        except KeyboardInterrupt:
+            print(f"timebound {command}: interrupted", file=sys.stderr)
+            return 130
+        return 0
+
+    return handler
+
+
+@contextmanager
+def _bounded(timeout: float | None) -> Iterator[None]:
+    if timeout is None:
+        yield
+        return
+    if not timeout > 0:
+        raise UsageError(f"--timeout: expected a positive number of seconds, got {timeout}")
+    with fail_after(timeout):
+        yield
+
+
+def emit(args: argparse.Namespace, value: Any, human: Callable[[Any], str]) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True) if args.json else human(value))
+
+
+def when(ms: Any) -> str:
+    """Epoch milliseconds as local date-time (``-`` for none)."""
+    if not isinstance(ms, int):
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def table(rows: list[list[str]], header: list[str]) -> str:
+    if not rows:
+        return "(none)"
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = [header, *rows]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in lines
+    )
+
+
+# ------------------------------------------------------------------------------- runs
+
+
+def _list(client: Client, args: argparse.Namespace) -> None:
+    page = client.runs(status=args.status, definition=args.definition, cursor=args.cursor)
+
+    def human(page: Any) -> str:
+        rows = [
+            [r["id"], r["definition_id"], r["status"], when(r["started_at"]), r.get("error") or ""]
+            for r in page["runs"]
+        ]
+        out = table(rows, ["RUN", "DEFINITION", "STATUS", "STARTED", "ERROR"])
+        if page["next_cursor"]:
+            out += f"\nmore: --cursor {page['next_cursor']}"
+        return out
+
+    emit(args, page, human)
+
+
+def _show_detail(detail: Any) -> str:
+    run = detail["run"]
+    lines = [
+        f"run         {run['id']}",
+        f"definition  {run['definition_id']} v{run['definition_version']}",
+        f"status      {run['status']}",
+        f"started     {when(run['started_at'])}",
+        f"deadline    {when(run['timeout_at'])}",
+        f"finished    {when(run.get('finished_at'))}",
+    ]
+    if run.get("error"):
+        lines.append(f"error       {run['error']}")
+    fired = detail.get("bound_fired")
+    if fired:
+        lines.append(
+            f"bound fired {fired.get('timeout_type')} {fired.get('timeout_duration_ms')} ms"
+            f" (set by {fired.get('bound_set_by', '?')})"
+        )
+    lines.append(f"input       {json.dumps(run.get('input'))}")
+    return "\n".join(lines)
+
+
+def _show(client: Client, args: argparse.Namespace) -> None:
+    emit(args, client.get(args.run_id), _show_detail)
+
+
+def _json_arg(text: str | None, option: str) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"{option}: not JSON: {exc}") from None
+
+
+def _start(client: Client, args: argparse.Namespace) -> None:
+    if args.deadline is not None and not args.deadline > 0:
+        raise UsageError(f"--deadline: expected a positive number of seconds, got {args.deadline}")
+    run_id = client.start(
+        args.definition,
+        _json_arg(args.input, "--input"),
+        deadline=args.deadline,
+        idempotency_key=args.idempotency_key,
+        run_id=args.run_id,
+    )
+    if args.wait:
+        emit(args, client.wait(run_id), _show_detail)
+    else:
+        emit(args, {"run_id": run_id}, lambda v: v["run_id"])
+
+
+def _cancel(client: Client, args: argparse.Namespace) -> None:
+    emit(args, client.cancel(args.run_id), lambda v: f"{v['run_id']} {v['status']}")
+
+
+def _event_line(event: Any) -> str:
+    data = " ".join(f"{k}={json.dumps(v)}" for k, v in sorted(event["data"].items()))
+    return f"{event['seq']:>4} {event['kind']} {data}".rstrip()
+
+
+def _events(client: Client, args: argparse.Namespace) -> None:
+    events = client.follow(args.run_id) if args.follow else iter(client.events(args.run_id))
+    for event in events:
+        print(json.dumps(event, sort_keys=True) if args.json else _event_line(event), flush=True)
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("runs", help="list, show, start, cancel a host's runs; read their events")
+    verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    v = verbs.add_parser("list", help="runs, newest first, a page at a time")
+    common_options(v)
+    v.add_argument("--status", help="running, completed, failed, timed_out, cancelled")
+    v.add_argument("--definition", help="only runs of this definition")
+    v.add_argument("--cursor", help="the page after this cursor (printed as 'more:')")
+    v.set_defaults(handler=remote("runs list", _list))
+
+    v = verbs.add_parser("show", help="a run: status, deadline, bound that fired")
+    common_options(v)
+    v.add_argument("run_id")
+    v.set_defaults(handler=remote("runs show", _show))
+
+    v = verbs.add_parser("start", help="start a run (prints its id)")
+    common_options(v)
+    v.add_argument("definition")
+    v.add_argument("--input", metavar="JSON", help="the run's input as JSON")
+    v.add_argument("--deadline", type=float, metavar="SECONDS", help="bound the run further")
+    v.add_argument(
+        "--idempotency-key",
+        metavar="KEY",
+        help="the same key and input start one run, however often the command is repeated",
+    )
+    v.add_argument("--run-id", metavar="ID", help="the run's id, chosen by you (idempotent too)")
+    v.add_argument("--wait", action="store_true", help="wait for the run to end, then show it")
+    v.set_defaults(handler=remote("runs start", _start))
+
+    v = verbs.add_parser("cancel", help="cancel a running run")
+    common_options(v)
+    v.add_argument("run_id")
+    v.set_defaults(handler=remote("runs cancel", _cancel))
+
+    v = verbs.add_parser("events", help="a run's events (--follow: until it ends)")
+    common_options(v)
+    v.add_argument("run_id")
+    v.add_argument("--follow", "-f", action="store_true", help="stream events until the run ends")
+    v.set_defaults(handler=remote("runs events", _events))

@@ -1,0 +1,413 @@
+"""What the host's client sends and receives, shared by the sync and async clients (D8.15).
+
+Each call is a :class:`Call` (method, path, query, body, headers) built here once; the two
+clients only do the I/O. The shapes are hand-written ``TypedDict``\\ s of the host's answers, and
+``tests/host/test_client.py`` checks every :class:`Call` against the OpenAPI document a real host
+serves at ``/openapi.json`` (routes, methods, query parameters, body fields, headers), so the
+client cannot drift from the API without a failing test.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, TypedDict
+from urllib.parse import quote
+
+from .._core._errors import InvalidInput, TimeboundError
+
+__all__ = [
+    "Call",
+    "Event",
+    "HostConflict",
+    "HostError",
+    "HostNotFound",
+    "HostRejected",
+    "HostUnauthorized",
+    "HostUnavailable",
+    "Operation",
+    "OperationDetail",
+    "OperationPage",
+    "PollOutcome",
+    "Run",
+    "RunDetail",
+    "RunPage",
+    "SseParser",
+    "calls",
+    "raise_for_problem",
+]
+
+
+# ---------------------------------------------------------------------------------- shapes
+
+
+class _RunRow(TypedDict):
+    id: str
+    definition_id: str
+    definition_version: int
+    status: str
+    started_at: int
+    timeout_at: int
+    finished_at: int | None
+    error: str | None
+
+
+class Run(_RunRow, total=False):
+    """A run as the host lists it (``GET /v1/runs``; instants in epoch milliseconds) and shows
+    it (``run`` of a detail, which adds its ``input``, ``state`` and more)."""
+
+    input: Any
+    state: Any
+
+
+class RunPage(TypedDict):
+    runs: list[Run]
+    next_cursor: str | None
+
+
+class RunDetail(TypedDict):
+    """``GET /v1/runs/{id}``: the run, its tokens, its timeouts, the bound that fired."""
+
+    run: Run
+    tokens: list[dict[str, Any]]
+    timeouts: list[dict[str, Any]]
+    bound_fired: Any
+    timeline: Any
+
+
+class Event(TypedDict):
+    """One event of a run; ``seq`` is its number (1-based), as the event stream's ``id``."""
+
+    seq: int
+    kind: str
+    data: dict[str, Any]
+
+
+#: A deferred operation's operator view (states, instants as RFC 3339, digests; D7).
+Operation = TypedDict(
+    "Operation",
+    {
+        "operation/id": str,
+        "operation/kind": str,
+        "module": str,
+        "status": str,
+        "created_at": str,
+        "updated_at": str,
+        "expires_at": str,
+        "next_poll_at": str | None,
+        "attempts": int,
+        "cancelable": bool,
+        "cancel/unavailable-reason": str | None,
+        "last_error_code": str | None,
+        "continuation_digest": str | None,
+        "result_digest": str | None,
+        "resumed": bool,
+    },
+)
+
+
+class OperationPage(TypedDict):
+    operations: list[Operation]
+    next_cursor: str | None
+
+
+class OperationDetail(TypedDict):
+    operation: Operation
+    history: list[dict[str, Any]]
+
+
+class PollOutcome(TypedDict):
+    applied: bool
+    code: str | None
+    operation: Operation
+
+
+# ---------------------------------------------------------------------------------- errors
+
+_CODES = {
+    400: "bad-request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not-found",
+    405: "method-not-allowed",
+    409: "conflict",
+    410: "gone",
+    413: "content-too-large",
+    415: "unsupported-media-type",
+    422: "unprocessable",
+    500: "internal-error",
+    502: "bad-gateway",
+    503: "unavailable",
+    504: "gateway-timeout",
+}
+
+
+class HostError(TimeboundError):
+    """The host answered a problem document (RFC 9457, D8.2). ``status`` is the HTTP status,
+    ``detail`` the host's sentence, ``problem`` the whole document, and ``code`` the problem's
+    own ``code`` when it has one (``start-conflict``), else one named after the status
+    (``not-found``, ``conflict``)."""
+
+    code = "host-error"
+
+    def __init__(self, detail: str, *, status: int, problem: dict[str, Any] | None = None) -> None:
+        super().__init__(f"{detail} (HTTP {status})")
+        self.detail, self.status = detail, status
+        self.problem: dict[str, Any] = dict(problem or {})
+        own = self.problem.get("code")
+        self.code = own if isinstance(own, str) and own else _CODES.get(status, type(self).code)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.detail, self.status, self.problem))
+
+
+def _rebuild(cls: type[HostError], detail: str, status: int, problem: dict[str, Any]) -> HostError:
+    return cls(detail, status=status, problem=problem)
+
+
+class HostUnauthorized(HostError, PermissionError):
+    """401/403: no token, or not the host's token (``TIMEBOUND_TOKEN`` for the CLI)."""
+
+    code = "unauthorized"
+
+
+class HostNotFound(HostError, LookupError):
+    """404/410: no such run, definition or operation (410: no longer retained)."""
+
+    code = "not-found"
+
+
+class HostConflict(HostError):
+    """409: the run or operation has already ended, or an idempotency key was used for another
+    start (``run_id`` then names the run that key started)."""
+
+    code = "conflict"
+
+    @property
+    def run_id(self) -> str | None:
+        value = self.problem.get("run_id")
+        return value if isinstance(value, str) else None
+
+
+class HostRejected(HostError, InvalidInput):
+    """400/413/415/422: the host refused the request as invalid; :attr:`field` names the field
+    when the host said which (the problem's ``path``)."""
+
+    code = "rejected"
+
+    @property
+    def field(self) -> str | None:
+        path = self.problem.get("path")
+        return path if isinstance(path, str) else None
+
+
+class HostUnavailable(HostError, ConnectionError):
+    """5xx: the host or its store could not serve the request."""
+
+    code = "unavailable"
+
+
+def _error_class(status: int) -> type[HostError]:
+    if status in (401, 403):
+        return HostUnauthorized
+    if status in (404, 410):
+        return HostNotFound
+    if status == 409:
+        return HostConflict
+    if 400 <= status < 500:
+        return HostRejected
+    if status >= 500:
+        return HostUnavailable
+    return HostError
+
+
+def raise_for_problem(status: int, content_type: str, body: bytes) -> None:
+    """Raise the typed error of a failed answer (a problem document, or any other body)."""
+    if status < 400:
+        return
+    problem: dict[str, Any] = {}
+    if content_type.split(";")[0].strip().endswith("json"):
+        try:
+            loaded = json.loads(body)
+        except ValueError:
+            loaded = None
+        if isinstance(loaded, dict):
+            problem = loaded
+    detail = problem.get("detail")
+    if not isinstance(detail, str):
+        detail = body.decode("utf-8", "replace").strip()[:200] or f"HTTP {status}"
+    raise _error_class(status)(detail, status=status, problem=problem)
+
+
+# ---------------------------------------------------------------------------------- calls
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request of the API: ``path`` relative to the host's URL."""
+
+    method: str
+    path: str
+    query: dict[str, str] = field(default_factory=dict)
+    body: dict[str, Any] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    #: The OpenAPI path template it instantiates (checked by the tests).
+    route: str = ""
+
+
+def _seg(value: str, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidInput(f"{what}: expected a non-empty string, got {value!r:.60}")
+    return quote(value, safe="")
+
+
+def _filters(**given: str | None) -> dict[str, str]:
+    return {k: v for k, v in given.items() if v}
+
+
+def _deadline_ms(deadline: float | timedelta | None) -> int | None:
+    if deadline is None:
+        return None
+    seconds = deadline.total_seconds() if isinstance(deadline, timedelta) else float(deadline)
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise InvalidInput(f"deadline: expected a positive duration, got {deadline!r}")
+    return max(1, math.ceil(seconds * 1000))
+
+
+class calls:
+    """The API's calls, each built from its arguments (no I/O)."""
+
+    @staticmethod
+    def start(
+        definition_id: str,
+        input: Any,
+        *,
+        deadline: float | timedelta | None,
+        idempotency_key: str | None,
+        run_id: str | None,
+    ) -> Call:
+        # D8.15: every start carries an idempotency key (the caller's, else a fresh one), so
+        # the client's own retry of a start whose answer was lost returns the same run.
+        key = idempotency_key or f"client-{uuid.uuid4().hex}"
+        body: dict[str, Any] = {"input": input}
+        ms = _deadline_ms(deadline)
+        if ms is not None:
+            body["deadline_ms"] = ms
+        if run_id is not None:
+            body["run_id"] = run_id
+        return Call(
+            "POST",
+            f"/v1/workflows/{_seg(definition_id, 'definition_id')}/runs",
+            body=body,
+            headers={"Idempotency-Key": key},
+            route="/v1/workflows/{definition_id}/runs",
+        )
+
+    @staticmethod
+    def list_runs(status: str | None, definition: str | None, cursor: str | None) -> Call:
+        query = _filters(status=status, definition=definition, cursor=cursor)
+        return Call("GET", "/v1/runs", query=query, route="/v1/runs")
+
+    @staticmethod
+    def get_run(run_id: str) -> Call:
+        return Call("GET", f"/v1/runs/{_seg(run_id, 'run_id')}", route="/v1/runs/{run_id}")
+
+    @staticmethod
+    def events(run_id: str) -> Call:
+        path = f"/v1/runs/{_seg(run_id, 'run_id')}/events"
+        return Call("GET", path, route="/v1/runs/{run_id}/events")
+
+    @staticmethod
+    def follow(run_id: str, after: int) -> Call:
+        headers = {"Accept": "text/event-stream"}
+        if after:
+            headers["Last-Event-ID"] = str(after)
+        path = f"/v1/runs/{_seg(run_id, 'run_id')}/events"
+        return Call("GET", path, headers=headers, route="/v1/runs/{run_id}/events")
+
+    @staticmethod
+    def cancel_run(run_id: str) -> Call:
+        path = f"/v1/runs/{_seg(run_id, 'run_id')}/cancel"
+        return Call("POST", path, route="/v1/runs/{run_id}/cancel")
+
+    @staticmethod
+    def definitions() -> Call:
+        return Call("GET", "/v1/definitions", route="/v1/definitions")
+
+    @staticmethod
+    def put_definition(definition: dict[str, Any]) -> Call:
+        if not isinstance(definition, dict):
+            raise InvalidInput("definition: expected a definition object")
+        path = f"/v1/definitions/{_seg(definition.get('id'), 'id')}"  # type: ignore[arg-type]
+        return Call("PUT", path, body=definition, route="/v1/definitions/{definition_id}")
+
+    @staticmethod
+    def operations(status: str | None, module: str | None, cursor: str | None) -> Call:
+        query = _filters(status=status, module=module, cursor=cursor)
+        return Call("GET", "/v1/deferred-operations", query=query, route="/v1/deferred-operations")
+
+    @staticmethod
+    def operation(op_id: str) -> Call:
+        path = f"/v1/deferred-operations/{_seg(op_id, 'op_id')}"
+        return Call("GET", path, route="/v1/deferred-operations/{op_id}")
+
+    @staticmethod
+    def poll(op_id: str) -> Call:
+        path = f"/v1/deferred-operations/{_seg(op_id, 'op_id')}/poll"
+        return Call("POST", path, route="/v1/deferred-operations/{op_id}/poll")
+
+    @staticmethod
+    def cancel_operation(op_id: str) -> Call:
+        path = f"/v1/deferred-operations/{_seg(op_id, 'op_id')}/cancel"
+        return Call("POST", path, route="/v1/deferred-operations/{op_id}/cancel")
+
+
+def numbered(events: Iterable[dict[str, Any]], start: int = 0) -> list[Event]:
+    """The host's JSON event list as :class:`Event`\\ s, numbered from ``start + 1``."""
+    out: list[Event] = []
+    for seq, raw in enumerate(events, start=start + 1):
+        data = {k: v for k, v in raw.items() if k != "kind"}
+        out.append(Event(seq=seq, kind=str(raw.get("kind", "")), data=data))
+    return out
+
+
+# ---------------------------------------------------------------------------------- SSE
+
+
+@dataclass
+class SseMessage:
+    event: str
+    data: str
+    id: str | None
+
+
+class SseParser:
+    """A Server-Sent Events parser fed line by line (the subset the host sends: ``id``,
+    ``event``, ``data``; comments ignored)."""
+
+    def __init__(self) -> None:
+        self._event = ""
+        self._data: list[str] = []
+        self._id: str | None = None
+
+    def feed(self, line: str) -> Iterator[SseMessage]:
+        line = line.rstrip("\r\n")
+        if not line:
+            if self._data or self._event:
+                yield SseMessage(self._event or "message", "\n".join(self._data), self._id)
+            self._event, self._data, self._id = "", [], None
+            return
+        if line.startswith(":"):
+            return
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "event":
+            self._event = value
+        elif name == "data":
+            self._data.append(value)
+        elif name == "id":
+            self._id = value

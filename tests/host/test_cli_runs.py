@@ -1,0 +1,146 @@
+"""``timebound runs`` and ``timebound ops`` against a real host (D8.16): output, --json, the
+token from TIMEBOUND_TOKEN, --url from TIMEBOUND_URL, one-line errors with exit 1, usage exit 2."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from .conftest import ROOT, Server, launch, stop
+from .test_deferred_ops import OP_ID, _plant
+
+TOKEN = "cli-token-for-tests"
+
+
+@pytest.fixture(scope="module")
+def secured(host_factory: Callable[..., Server]) -> Server:
+    return host_factory(token=TOKEN)
+
+
+def tb(
+    *args: str, url: str | None = None, token: str | None = TOKEN, check: int | None = 0
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIMEBOUND_")}
+    env["PYTHONPATH"] = str(ROOT)
+    if url is not None:
+        env["TIMEBOUND_URL"] = url
+    if token is not None:
+        env["TIMEBOUND_TOKEN"] = token
+    done = subprocess.run(
+        [sys.executable, "-m", "timebound", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if check is not None:
+        assert done.returncode == check, (done.returncode, done.stdout, done.stderr)
+    return done
+
+
+def test_start_show_list_and_events(secured: Server) -> None:
+    """start --wait shows the ended run; list, show and events find it; --json is JSON."""
+    done = tb("runs", "start", "quick", "--input", '{"sleep_s": 0}', "--wait", url=secured.url)
+    assert "status      completed" in done.stdout
+    run_id = done.stdout.split()[1]
+    listed = json.loads(tb("runs", "list", "--json", url=secured.url).stdout)
+    assert run_id in [r["id"] for r in listed["runs"]]
+    assert run_id in tb("runs", "list", "--status", "completed", url=secured.url).stdout
+    shown = json.loads(tb("runs", "show", run_id, "--json", url=secured.url).stdout)
+    assert shown["run"]["status"] == "completed"
+    events = tb("runs", "events", run_id, url=secured.url).stdout.splitlines()
+    assert events[0].split()[:2] == ["1", "run_started"]
+    assert events[-1].split()[1] == "run_completed"
+    followed = tb("runs", "events", run_id, "--follow", "--json", url=secured.url).stdout
+    assert [json.loads(line)["seq"] for line in followed.splitlines()] == list(
+        range(1, len(events) + 1)
+    )
+
+
+def test_an_idempotent_start_from_the_command_line(secured: Server) -> None:
+    """The same --idempotency-key and input print one run id; --url wins over TIMEBOUND_URL."""
+    args = ("runs", "start", "quick", "--input", "{}", "--idempotency-key", "cli-1")
+    first = tb(*args, "--url", secured.url, url="http://127.0.0.1:1").stdout.strip()
+    again = tb(*args, url=secured.url).stdout.strip()
+    assert first == again and first
+
+
+def test_cancel_and_errors_are_one_line_exit_1(secured: Server) -> None:
+    """cancel prints the run's new status; cancelling it again, an unknown run and a wrong token
+    are each one line on stderr and exit 1."""
+    run_id = tb("runs", "start", "quick", "--input", '{"sleep_s": 30}', url=secured.url).stdout
+    run_id = run_id.strip()
+    assert tb("runs", "cancel", run_id, url=secured.url).stdout.strip() == f"{run_id} cancelled"
+    again = tb("runs", "cancel", run_id, url=secured.url, check=1)
+    assert again.stderr.count("\n") == 1 and "409" in again.stderr and "conflict" in again.stderr
+    missing = tb("runs", "show", "no-such-run", url=secured.url, check=1)
+    assert missing.stderr.startswith("timebound runs show: no run 'no-such-run' (HTTP 404")
+    refused = tb("runs", "list", url=secured.url, token="wrong", check=1)
+    assert "HTTP 401" in refused.stderr and refused.stderr.count("\n") == 1
+    assert "Traceback" not in again.stderr + missing.stderr + refused.stderr
+
+
+def test_usage_errors_exit_2(secured: Server) -> None:
+    """A missing verb, bad --input JSON and a non-positive --deadline or --timeout exit 2."""
+    assert "required: VERB" in tb("runs", url=secured.url, check=2).stderr
+    bad = tb("runs", "start", "quick", "--input", "{oops", url=secured.url, check=2)
+    assert bad.stderr.startswith("timebound runs start: --input: not JSON")
+    tb("runs", "start", "quick", "--deadline", "0", url=secured.url, check=2)
+    tb("runs", "list", "--timeout", "-1", url=secured.url, check=2)
+
+
+def test_an_unreachable_host_is_one_line(tmp_path: object) -> None:
+    """No host at the URL: one line naming the URL, exit 1."""
+    done = tb("ops", "list", url="http://127.0.0.1:1", check=1)
+    assert done.stderr.startswith("timebound ops list: cannot reach the host at http://127.0.0.1:1")
+    assert done.stderr.count("\n") == 1
+
+
+def test_events_follow_stops_quietly_on_ctrl_c(secured: Server) -> None:
+    """Ctrl-C (SIGINT) on events --follow of a long run exits 130 without a traceback."""
+    run_id = tb("runs", "start", "quick", "--input", '{"sleep_s": 30}', url=secured.url).stdout
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIMEBOUND_")}
+    env.update(PYTHONPATH=str(ROOT), TIMEBOUND_URL=secured.url, TIMEBOUND_TOKEN=TOKEN)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "timebound", "runs", "events", run_id.strip(), "--follow"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert "run_started" in proc.stdout.readline()  # streaming: the first event has arrived
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and err.strip() == "timebound runs events: interrupted"
+    tb("runs", "cancel", run_id.strip(), url=secured.url)
+
+
+@pytest.fixture(scope="module")
+def with_ops(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("cli-ops")
+    asyncio.run(_plant(f"sqlite:///{tmp}/host.db"))
+    server = launch(tmp)
+    yield server
+    stop(server)
+
+
+def test_ops_list_show_poll_cancel(with_ops: Server) -> None:
+    """ops list and show print the operation; poll without a connector is one line, exit 1;
+    cancel prints its new status."""
+    assert OP_ID in tb("ops", "list", url=with_ops.url, token=None).stdout
+    listed = json.loads(tb("ops", "list", "--json", url=with_ops.url, token=None).stdout)
+    assert [op["operation/id"] for op in listed["operations"]] == [OP_ID]
+    assert '"pending"' in tb("ops", "show", OP_ID, url=with_ops.url, token=None).stdout
+    polled = tb("ops", "poll", OP_ID, url=with_ops.url, token=None, check=1)
+    assert "no connector" in polled.stderr and "HTTP 409" in polled.stderr
+    cancelled = tb("ops", "cancel", OP_ID, url=with_ops.url, token=None).stdout
+    assert cancelled.startswith(OP_ID)
