@@ -19,6 +19,12 @@ Rows:
   enforces their node deadlines; lag from deadline to detection.
 - ``restart_to_redispatch``: SQLite, a process restarts with a node in flight; time from opening
   the engine to the node's handler running again.
+- Multi-process rows (real ``timebound worker`` processes on PostgreSQL, see
+  ``_workflow_workers.py``): cancel and join decision to the handler stopped on another worker,
+  the time to flip the state apart from the time to stop the work, a killed worker's step re-run
+  by a survivor, and steps/s with 1, 2 and 4 worker processes.
+- ``machine.loadavg_1m.*``: the load average at the start and the end: the machine is shared, so
+  the absolute numbers move with it; compare ratios taken in one run.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import _workflow_workers
 from _common import Row, percentile, print_table, write_results
 
 from timebound import workflow as wf
@@ -228,7 +235,7 @@ def _drop(url: str) -> None:
 
 
 def main() -> None:
-    rows: list[Row] = []
+    rows: list[Row] = [Row("machine.loadavg_1m.start", os.getloadavg()[0], "load")]
     with tempfile.TemporaryDirectory() as tmp:
         dbos_rate = _dbos(RUNS, tmp)
         base = "DBOS, SQLite, same workflow" if dbos_rate is not None else None
@@ -266,6 +273,9 @@ def main() -> None:
                             target="<= 1500", passed=percentile(lags, 99) <= 1500))  # fmt: skip
         finally:
             _drop(pg)
+        with tempfile.TemporaryDirectory() as tmp:
+            rows += _workflow_workers.rows(_pg_url, _drop, tmp, QUICK)
+    rows.append(Row("machine.loadavg_1m.end", os.getloadavg()[0], "load"))
     print_table(rows, "durable workflows")
     if not QUICK:
         write_results("workflow", rows)

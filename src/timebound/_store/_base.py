@@ -59,6 +59,14 @@ class Tx:
     exclusive = False
 
     def __init__(self) -> None:
+        #: Work rows (token ids) this transaction stopped: a shared store tells the processes
+        #: that may be running them at commit (:meth:`Store.listen`'s ``on_stop``, D6.14).
+        self.stopped: list[str] = []
+        #: The instant (epoch ms) the engine flipped them, sent along to measure the time to
+        #: stop the work.
+        self.stopped_at = 0
+        #: The kinds of the events recorded in this transaction (flushed or not).
+        self.kinds: set[str] = set()
         self._events: list[tuple[str, str, int, str]] = []
         self._announced: list[Event] = []  # telemetry events, emitted after the commit (D10.3)
         self._writes: list[tuple[Hashable, str, tuple[Any, ...]]] = []
@@ -187,6 +195,7 @@ class Tx:
         """Record an event; written with the transaction's other events at commit, in order,
         and then (only if the commit succeeded) emitted to the telemetry listeners."""
         self._events.append((stream, kind, at_ms, json.dumps(data)))
+        self.kinds.add(kind)
         if enabled():
             self._announced.append(_durable.workflow_event(stream, kind, at_ms, data))
 
@@ -265,8 +274,25 @@ class Store:
         """
         raise NotImplementedError
 
-    async def listen(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` when another process commits a ``wake_others`` transaction."""
+    async def listen(
+        self,
+        callback: Callable[[], None],
+        *,
+        on_stop: Callable[[int, list[str]], None] | None = None,
+        session_key: int | None = None,
+    ) -> None:
+        """Call ``callback`` when another process commits a ``wake_others`` transaction, and
+        ``on_stop(stopped_at_ms, ids)`` when one commits a transaction that stopped work rows
+        (:attr:`Tx.stopped`). ``session_key``: hold a session lock under that key while this
+        process is connected (see :meth:`session_alive`), taken again after a reconnect."""
+
+    async def session_alive(self, tx: Tx, key: int) -> bool:
+        """Whether some process holds the session lock ``key`` (its connection is alive)."""
+        return True
+
+    def session_since(self) -> int | None:
+        """Since when (epoch ms) this process holds its session lock; ``None`` if it does not."""
+        return None
 
     async def unlisten(self) -> None:
         """Stop calling the :meth:`listen` callback."""
@@ -275,8 +301,9 @@ class Store:
         """The row-lock clause that serialises changes of one row across processes."""
         return ""
 
-    def skip_locked(self) -> str:
-        """The row-lock clause for claiming work (PostgreSQL: ``FOR UPDATE SKIP LOCKED``)."""
+    def skip_locked(self, of: str | None = None) -> str:
+        """The row-lock clause for claiming work (PostgreSQL: ``FOR UPDATE SKIP LOCKED``);
+        ``of`` names the table alias to lock in a join."""
         return ""
 
 

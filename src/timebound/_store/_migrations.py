@@ -253,6 +253,31 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "WHERE lag IS NOT NULL) t GROUP BY layer",
         ),
     ),
+    (
+        7,
+        (
+            # Worker processes on a shared store (D6.15, D6.16): what each can run, its
+            # heartbeat, and the key of the session-level advisory lock its listening connection
+            # holds while the process lives (survivors probe it to tell a dead worker).
+            """CREATE TABLE tb_wf_workers (
+                id TEXT PRIMARY KEY,
+                actions TEXT NOT NULL,
+                version TEXT NOT NULL,
+                started_ms {bigint} NOT NULL,
+                heartbeat_ms {bigint} NOT NULL,
+                lock_key INTEGER
+            )""",
+            # The handler each node of each stored definition needs (NULL: any worker runs
+            # it), so a claim selects only the tokens its worker can run (D6.15).
+            """CREATE TABLE tb_wf_node_needs (
+                definition_id TEXT NOT NULL,
+                version INTEGER NOT NULL,
+                node_id TEXT NOT NULL,
+                handler TEXT,
+                PRIMARY KEY (definition_id, version, node_id)
+            )""",
+        ),
+    ),
 )
 
 

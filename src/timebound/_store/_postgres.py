@@ -9,6 +9,8 @@ at once instead of at the next sweep.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -24,11 +26,26 @@ _PLACEHOLDER = re.compile(r"\?")
 _SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 # Serialises migrations of concurrent first starts (any constant; "tbst" in ASCII).
 _MIGRATION_LOCK = 0x74627374
+# The class of the workers' session locks (two-key advisory locks: class, worker key; "tbwk").
+_SESSION_LOCK_CLASS = 0x7462776B
+# A NOTIFY payload must stay under 8000 bytes: stopped ids go in chunks.
+_PAYLOAD_BYTES = 7000
 
 
 def _numbered(sql: str) -> str:
     counter = iter(range(1, 10_000))
     return _PLACEHOLDER.sub(lambda _: f"${next(counter)}", sql)
+
+
+def _chunks(ids: list[str]) -> list[str]:
+    """Comma-joined ids in payloads that fit a NOTIFY."""
+    out: list[str] = []
+    for token_id in dict.fromkeys(ids):
+        if out and len(out[-1]) + len(token_id) + 1 <= _PAYLOAD_BYTES:
+            out[-1] += "," + token_id
+        else:
+            out.append(token_id)
+    return out
 
 
 class _PgTx(Tx):
@@ -70,7 +87,13 @@ class PostgresStore(Store):
         self._dsn = urlunsplit(parts._replace(query=urlencode(query)))
         self._pool: Any = None
         self._listener: Any = None
+        self._listening: asyncio.Task[None] | None = None
+        self._session_since: int | None = None
+        # The server pids of this store's pooled connections: their notifications are this
+        # process's own commits, news to nobody here.
+        self._own: set[int] = set()
         self._channel = f"tb_store_{self.schema}"
+        self._stop_channel = f"tb_stop_{self.schema}"
 
     async def open(self) -> None:
         if self._pool is not None:
@@ -90,6 +113,7 @@ class PostgresStore(Store):
                 max_size=8,
                 server_settings={"search_path": self.schema},
                 reset=_keep_session,
+                init=self._own_connection,
             )
         except (OSError, asyncpg.PostgresError) as exc:
             raise StoreError(f"cannot open PostgreSQL store {self.url!r}: {exc}") from exc
@@ -103,18 +127,100 @@ class PostgresStore(Store):
                     await conn.execute(statement)
                 await conn.execute("INSERT INTO tb_schema (version) VALUES ($1)", version)
 
-    async def listen(self, callback: Callable[[], None]) -> None:
+    async def _own_connection(self, conn: Any) -> None:
+        """Know a pooled connection's server pid while it is open (see ``_own``)."""
+        pid = conn.get_server_pid()
+        self._own.add(pid)
+        conn.add_termination_listener(lambda _c: self._own.discard(pid))
+
+    async def listen(
+        self,
+        callback: Callable[[], None],
+        *,
+        on_stop: Callable[[int, list[str]], None] | None = None,
+        session_key: int | None = None,
+    ) -> None:
+        """One connection of its own, kept open: LISTEN on the wake-up (and stop) channels,
+        and the session lock held on it. A dropped connection (the server restarted) is opened
+        again, and the callback called then, since notifications sent meanwhile are lost."""
+        if self._listening is not None:
+            return
+        connected = asyncio.get_running_loop().create_future()
+        self._listening = asyncio.create_task(
+            self._listen(callback, on_stop, session_key, connected), name="timebound-store-listen"
+        )
+        await connected
+
+    async def _listen(
+        self,
+        callback: Callable[[], None],
+        on_stop: Callable[[int, list[str]], None] | None,
+        session_key: int | None,
+        connected: asyncio.Future[None],
+    ) -> None:
         import asyncpg
 
-        if self._listener is not None:
-            return
-        self._listener = await asyncpg.connect(self._dsn)
-        await self._listener.add_listener(self._channel, lambda *_: callback())
+        def stop(_conn: Any, pid: int, _channel: str, payload: str) -> None:
+            at, _, ids = payload.partition(" ")
+            if on_stop is not None and ids and pid not in self._own:
+                on_stop(int(at), ids.split(","))
+
+        def wake(_conn: Any, pid: int, _channel: str, _payload: str) -> None:
+            if pid not in self._own:
+                callback()
+
+        while True:
+            lost = asyncio.Event()
+            try:
+                with _clock.real_io():
+                    conn = await asyncpg.connect(self._dsn)
+                    conn.add_termination_listener(lambda _c, lost=lost: lost.set())
+                    await conn.add_listener(self._channel, wake)
+                    if on_stop is not None:
+                        await conn.add_listener(self._stop_channel, stop)
+                    if session_key is not None:
+                        await conn.execute(
+                            "SELECT pg_advisory_lock($1, $2)", _SESSION_LOCK_CLASS, session_key
+                        )
+                        self._session_since = int(_clock.wall() * 1000)
+            except Exception as exc:  # whatever the server or the network did: again soon
+                if not connected.done():
+                    connected.set_exception(StoreError(f"cannot listen on {self.url!r}: {exc}"))
+                    return
+                await asyncio.sleep(0.2)  # the server is restarting: try again soon
+                continue
+            self._listener = conn
+            if connected.done():
+                callback()  # what was notified while the connection was down is lost
+            else:
+                connected.set_result(None)
+            try:
+                await lost.wait()
+            finally:
+                self._listener = None
+                self._session_since = None
+                if not conn.is_closed():
+                    conn.terminate()
 
     async def unlisten(self) -> None:
-        conn, self._listener = self._listener, None
-        if conn is not None:
-            await conn.close()
+        task, self._listening = self._listening, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StoreError):
+                await task
+
+    async def session_alive(self, tx: Tx, key: int) -> bool:
+        row = await tx.fetchone(
+            "SELECT 1 AS held FROM pg_locks WHERE locktype = 'advisory' AND classid = ? "
+            "AND objid = ? AND objsubid = 2 AND granted "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            _SESSION_LOCK_CLASS,
+            key,
+        )
+        return row is not None
+
+    def session_since(self) -> int | None:
+        return self._session_since
 
     async def close(self) -> None:
         await self.unlisten()
@@ -125,8 +231,8 @@ class PostgresStore(Store):
     def lock_clause(self) -> str:
         return " FOR UPDATE"
 
-    def skip_locked(self) -> str:
-        return " FOR UPDATE SKIP LOCKED"
+    def skip_locked(self, of: str | None = None) -> str:
+        return " FOR UPDATE SKIP LOCKED" if of is None else f" FOR UPDATE OF {of} SKIP LOCKED"
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Tx]:
@@ -138,7 +244,15 @@ class PostgresStore(Store):
                     tx = _PgTx(conn)
                     yield tx
                     await tx.flush_events()
-                    if tx.wake_others:  # delivered at commit, never for a rolled-back change
+                    # Delivered at commit, never for a rolled-back change; the stops first, so a
+                    # worker cancels a stopped attempt before its loop turns on the wake-up.
+                    for chunk in _chunks(tx.stopped):
+                        await conn.execute(
+                            "SELECT pg_notify($1, $2)",
+                            self._stop_channel,
+                            f"{tx.stopped_at} {chunk}",
+                        )
+                    if tx.wake_others:
                         await conn.execute(f'NOTIFY "{self._channel}"')
                 # At once after the commit returned, before the connection goes back to the
                 # pool (an await a cancellation could interrupt); never after a rollback (D10.3).

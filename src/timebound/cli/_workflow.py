@@ -18,6 +18,7 @@ import types
 from pathlib import Path
 from typing import Any, TextIO
 
+from .. import ConfigurationError, to_seconds
 from ..telemetry import Event, Timeline, add_listener
 from ..workflow import DefinitionError, Engine, parse_definition, schema
 
@@ -48,6 +49,14 @@ def register(sub: Any) -> None:
     w = sub.add_parser("worker", help="work on a store's runs until interrupted")
     w.add_argument("--db", required=True, help="store URL (postgresql://… for many workers)")
     w.add_argument("--actions", required=True, help="module (or FILE.py) of python handlers")
+    w.add_argument(
+        "--lease",
+        default="30s",
+        help="how long a claimed step is this worker's without a heartbeat (e.g. 30s): the "
+        "fallback when the worker is alive but stuck; a dead worker's steps are re-run in "
+        "seconds whatever the lease (default 30s)",
+    )
+    w.add_argument("--concurrency", type=int, default=64, help="steps run at once (default 64)")
     w.set_defaults(handler=_worker)
 
 
@@ -141,7 +150,10 @@ async def _run_and_show(engine: Engine, definition_id: str, run_input: Any, out:
 def _worker(args: argparse.Namespace) -> int:
     try:
         actions = _load_actions(args.actions)
-    except _Usage as exc:
+        lease = to_seconds(args.lease, option="--lease")
+        if lease <= 0 or args.concurrency < 1:
+            raise _Usage("--lease must be > 0 and --concurrency >= 1")
+    except (_Usage, ConfigurationError) as exc:
         print(f"timebound worker: {exc}", file=sys.stderr)
         return 2
 
@@ -151,7 +163,9 @@ def _worker(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         try:
-            async with Engine(db=args.db, actions=actions) as engine:
+            engine = Engine(db=args.db, actions=actions, lease=lease, concurrency=args.concurrency)
+            async with engine:
+                # The readiness line: registered, listening, claiming (tests wait for it).
                 print(f"worker {engine.worker_id} on {args.db}", flush=True)
                 await stop.wait()
         finally:

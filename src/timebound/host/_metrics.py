@@ -31,8 +31,11 @@ class _Snapshot(Collector):
         counts: dict[str, dict[str, int]],
         timeouts: TimeoutTallies,
         deferred: tuple[dict[tuple[str, str], int], dict[str, int]],
+        stops: dict[str, dict[tuple[str, str], int]],
+        unrunnable: int,
     ) -> None:
         self._counts, self._timeouts, self._deferred = counts, timeouts, deferred
+        self._stops, self._unrunnable = stops, unrunnable
 
     def collect(self) -> Any:
         for what in ("runs", "tokens"):
@@ -43,6 +46,7 @@ class _Snapshot(Collector):
                 family.add_metric([state], n)
             yield family
         yield from self._timeout_families()
+        yield from self._worker_families()
         ops, polls = self._deferred
         family = GaugeMetricFamily(
             "timebound_deferred_operations",
@@ -61,6 +65,29 @@ class _Snapshot(Collector):
             counter.add_metric([module], n)
         yield counter
 
+    def _worker_families(self) -> Any:
+        """Multi-process work (D6.14, D6.15): how long a stopped attempt took to stop on the
+        worker that ran it, by how that worker learnt of the stop (tallied as each is recorded),
+        and the ready tokens no live worker can run."""
+        by_via: dict[str, dict[str, int]] = {}
+        for (via, bucket), n in self._stops.get("wf_stops", {}).items():
+            by_via.setdefault(via, {})[bucket] = n
+        sums = {via: n for (via, _), n in self._stops.get("wf_stop_ms_sum", {}).items()}
+        histogram = HistogramMetricFamily(
+            "timebound_workflow_stop_seconds",
+            "From the commit that stopped a token (cancel, timeout, join decision) to the end of "
+            "its handler on the worker running it, by how that worker learnt of it",
+            labels=["via"],
+        )
+        for via in sorted(by_via):
+            histogram.add_metric([via], _buckets(by_via[via]), sum_value=sums.get(via, 0) / 1000)
+        yield histogram
+        yield GaugeMetricFamily(
+            "timebound_workflow_tokens_unrunnable",
+            "Ready tokens whose handler no live worker has: they wait for one, or their deadline",
+            value=self._unrunnable,
+        )
+
     def _timeout_families(self) -> Any:
         t = self._timeouts
         counter = CounterMetricFamily(
@@ -77,14 +104,20 @@ class _Snapshot(Collector):
             labels=["layer"],
         )
         for layer in sorted({*LAYERS.values(), *t.lag_buckets}):
-            by_bucket = t.lag_buckets.get(layer, {})
-            buckets, seen = [], 0
-            for ms in LAG_BUCKETS_MS:
-                seen += by_bucket.get(str(ms), 0)
-                buckets.append((repr(ms / 1000), seen))
-            buckets.append(("+Inf", seen + by_bucket.get("inf", 0)))
+            buckets = _buckets(t.lag_buckets.get(layer, {}))
             histogram.add_metric([layer], buckets, sum_value=t.lag_sum_ms.get(layer, 0) / 1000)
         yield histogram
+
+
+def _buckets(by_bucket: dict[str, int]) -> list[tuple[str, float]]:
+    """Cumulative Prometheus buckets, in seconds, from counts by stored bucket (ms)."""
+    buckets: list[tuple[str, float]] = []
+    seen = 0
+    for ms in LAG_BUCKETS_MS:
+        seen += by_bucket.get(str(ms), 0)
+        buckets.append((repr(ms / 1000), seen))
+    buckets.append(("+Inf", seen + by_bucket.get("inf", 0)))
+    return buckets
 
 
 class Metrics:
@@ -114,6 +147,8 @@ class Metrics:
             await engine.counts(),
             await engine.timeout_tallies(),
             await engine.deferred_registry.stats(),
+            await engine.stop_tallies(),
+            len(await engine.unrunnable()),
         )
         registry = CollectorRegistry()
         registry.register(snapshot)

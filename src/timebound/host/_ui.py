@@ -201,7 +201,11 @@ def _bars(detail: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 async def run_page(request: Request) -> Response:
-    detail = await run_detail(_host(request), request.path_params["run_id"])
+    host = _host(request)
+    detail = await run_detail(host, request.path_params["run_id"])
+    run_id = detail["run"]["id"]
+    # Ready tokens no live worker can run (D6.15): the run waits for one, or its deadline.
+    unrunnable = [t for t in await host.engine.unrunnable() if t["run_id"] == run_id]
     tl = detail["timeline"]
     markers = [
         {**m, "left": at_percent(m["at_ms"], tl["start_ms"], tl["end_ms"])} for m in tl["markers"]
@@ -215,6 +219,7 @@ async def run_page(request: Request) -> Response:
             "markers": markers,
             "span_ms": tl["end_ms"] - tl["start_ms"],
             "now_ms": _clock.wall_ms(),
+            "unrunnable": unrunnable,
         },
     )
 

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from .._core import _clock
 from .._core._deadline import Deadline
-from .._core._durations import Duration
+from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError
 from .._core._scopes import fail_after
 from .._json import TooDeep
@@ -55,6 +55,14 @@ from ._starts import (
     start_deadline,
     start_keyed,
 )
+from ._workers import (
+    InFlight,
+    Presence,
+    backfill_needs,
+    housekeeping,
+    requeue,
+    store_node_needs,
+)
 
 __all__ = ["Engine", "RunResult", "store_definition"]
 
@@ -72,6 +80,7 @@ class _Report(NamedTuple):
 _Plan = tuple[str, str, Mapping[str, Any], ActionContext]
 
 _log = logging.getLogger("timebound.workflow")
+_RUN_ENDS = frozenset(f"run_{status}" for status in RUN_TERMINAL)
 #: How long one turn may spend storing outcomes before it commits (D6.24).
 _TURN_SLICE_S = 0.05
 
@@ -96,6 +105,8 @@ async def store_definition(tx: Tx, definition: Definition) -> str | None:
         definition.id,
         definition.version,
     )
+    if row is not None and json.loads(row["body"]) == definition.raw:
+        await store_node_needs(tx, definition)  # which workers can run its nodes (D6.15)
     if row is not None and json.loads(row["body"]) != definition.raw:
         return (
             f"definition {definition.id!r} version {definition.version} is already stored "
@@ -115,6 +126,7 @@ class Engine(RunReads):
         concurrency: int = 64,
         lease_ms: int = 30_000,
         sweep_ms: int = 1_000,
+        lease: Duration | None = None,
         worker_id: str | None = None,
         deferred_policy: Any = None,
         deferred_connectors: Mapping[str, Any] | None = None,
@@ -123,6 +135,11 @@ class Engine(RunReads):
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError("concurrency must be >= 1", option="concurrency")
+        if lease is not None:  # D6.16: the fallback for a worker that is slow, not dead
+            seconds = to_seconds(lease, option="lease", allow_zero=False)
+            if not math.isfinite(seconds):
+                raise ConfigurationError("lease must be a finite duration", option="lease")
+            lease_ms = math.ceil(seconds * 1000)
         if lease_ms < 1 or sweep_ms < 1:
             raise ConfigurationError("lease_ms and sweep_ms must be >= 1", option="lease_ms")
         self._store: Store = open_store(db)
@@ -149,7 +166,12 @@ class Engine(RunReads):
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
-        self._attempts: dict[str, asyncio.Task[None]] = {}
+        self._inflight = InFlight(self._now, self._wake.set, record=self._store.shared)
+        self._attempts = self._inflight.tasks
+        self._tx: Tx | None = None  # the transaction in progress (one at a time: _lock)
+        self._reporting: set[str] = set()  # tokens whose own outcome this turn stores
+        self._poked = False  # another process committed news since the loop's turn began
+        self._presence = Presence(self._store, self.worker_id, self._handlers, sweep_ms)
         self._drain_waiter: asyncio.Future[None] | None = None
         self._drain_ended = False
         self._background: set[asyncio.Task[None]] = set()
@@ -288,7 +310,13 @@ class Engine(RunReads):
             pruning.add_done_callback(self._background.discard)
         if not self._worker:
             return
-        await self._store.listen(self._wake_all)
+        shared = self._store.shared
+        key = self._presence.lock_key if shared else None
+        await self._store.listen(self._wake_all, on_stop=self._inflight.on_stop, session_key=key)
+        if shared:
+            async with self._txn() as tx:
+                await self._presence.register(tx, self._now())
+                await backfill_needs(tx)
         if not self._store.shared:
             # One writer process: whatever a previous process left in flight died with it.
             async with self._txn() as tx:
@@ -342,7 +370,7 @@ class Engine(RunReads):
         for t in pending:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-        self._attempts.clear()
+        self._inflight.clear()
         starts, self._starts = self._starts, []
         for start in starts:
             start.settle(error=RuntimeError("the engine closed before the run started"))
@@ -358,6 +386,8 @@ class Engine(RunReads):
                         "lease_owner = ? AND status IN ('dispatched', 'executing')",
                         self.worker_id,
                     )
+                    if self._store.shared:
+                        await self._presence.unregister(tx)
         finally:
             await self._store.close()
             self._open = False
@@ -531,7 +561,12 @@ class Engine(RunReads):
         if not self._open:
             raise RuntimeError("the engine is not open: use 'async with engine:' first")
         async with self._lock, self._store.transaction() as tx:
-            yield tx
+            self._tx = tx
+            try:
+                yield tx
+            finally:
+                self._tx = None
+                self._reporting = set()
         self._wake.set()
 
     @asynccontextmanager
@@ -553,37 +588,12 @@ class Engine(RunReads):
             self._stored.add(key)  # forgotten if the transaction fails (see _loop)
         return conflict
 
-    async def _requeue(self, tx: Tx, where: str, *args: Any, lock: str = "") -> None:
-        """Put in-flight tokens back to ``pending``, keeping their deadline (``resume``).
-
-        ``lock`` (PostgreSQL's ``FOR UPDATE SKIP LOCKED``) for tokens of other workers (D6.13):
-        a lease renewed after the read would otherwise be overwritten, and the token run twice.
-        """
-        now = self._now()
-        for tok in await tx.fetch(
-            f"SELECT * FROM tb_wf_tokens WHERE child_run_id IS NULL AND {where}{lock}", *args
-        ):
-            data = json.loads(tok["state_data"])
-            data["resume"] = tok["status"] == "executing"
-            await tx.execute(
-                "UPDATE tb_wf_tokens SET status = 'pending', lease_owner = NULL, not_before = ?, "
-                "state_data = ?, updated_at = ? WHERE id = ?",
-                now,
-                json.dumps(data),
-                now,
-                tok["id"],
-            )
-            await tx.append_event(
-                tok["run_id"],
-                "token_redispatched",
-                now,
-                token_id=tok["id"],
-                node_id=tok["node_id"],
-                previous_owner=tok["lease_owner"],
-            )
+    async def _requeue(self, tx: Tx, where: str, *args: Any, **kw: Any) -> None:
+        await requeue(tx, self._now(), where, *args, **kw)
 
     def _wake_all(self) -> None:
         """Another process changed the store: re-read it (the loop, and every waiter)."""
+        self._poked = True
         self._wake.set()
         for event in self._finished.values():
             event.set()
@@ -594,22 +604,41 @@ class Engine(RunReads):
             event.set()
 
     def _cancel_attempt(self, token_id: str) -> None:
-        task = self._attempts.get(token_id)
-        if task is not None and task is not asyncio.current_task():
-            task.cancel()
+        """A token stopped (ended, or re-queued by its timeout): cancel its attempt here, or
+        tell the process that may run it when the transaction commits (D6.14)."""
+        if token_id in self._attempts:
+            self._inflight.stop(token_id, self._now(), "local")
+        elif self._tx is not None and token_id not in self._reporting:
+            self._tx.stopped.append(token_id)
+            self._tx.stopped_at = self._tx.stopped_at or self._now()
 
     # The loop -------------------------------------------------------------------------------
 
     async def _loop(self) -> None:
-        renew_at = 0
+        renew_at = house_at = 0
         while True:
             self._wake.clear()
+            self._poked = False
             outcomes, self._outcomes = self._outcomes, []
             starts, self._starts = self._starts, []
             try:
                 if self._store.shared and self._now() >= renew_at:
                     await self._renew_leases()
                     renew_at = self._now() + self._lease_ms // 3
+                if self._inflight.suspects:  # another process stopped tokens we may run
+                    async with self._read() as tx:
+                        await self._inflight.check_suspects(tx, self._presence)
+                if self._store.shared and self._now() >= house_at:
+                    async with self._txn() as tx:
+                        await housekeeping(
+                            tx,
+                            self._now(),
+                            self._presence,
+                            self._inflight,
+                            self._requeue,
+                            self._store.skip_locked(),
+                        )
+                    house_at = self._now() + self._sweep_ms
                 plans, next_ms = await self._turn(starts, outcomes)
             except asyncio.CancelledError:
                 # close() stopped the loop mid-turn (rolled back): close() stores these itself.
@@ -638,16 +667,16 @@ class Engine(RunReads):
             self._wake.clear()  # our own transaction set it
             for plan in plans:
                 task = asyncio.create_task(self._attempt(*plan), name=f"workflow-token-{plan[0]}")
-                self._attempts[plan[0]] = task
+                self._inflight.add(plan[0], task, plan[3].attempt, plan[3].run_id)
                 task.add_done_callback(functools.partial(self._attempt_done, plan[0]))
-            if self._outcomes or self._starts:
-                continue
+            if self._outcomes or self._starts or self._poked or self._inflight.suspects:
+                continue  # news that came during the turn: the turn may not have seen it
             delay = None
             if next_ms is not None:
                 delay = wake_delay(next_ms)
             if self._store.shared:
                 # The sweep catches other workers' changes; leases are renewed well before expiry.
-                renew = max(renew_at - self._now(), 0) / 1000
+                renew = max(min(renew_at, house_at) - self._now(), 0) / 1000
                 delay = min(delay or math.inf, self._sweep_ms / 1000, renew)
             # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation that
             # races with the event being set (cpython#86296), and close() would hang.
@@ -701,6 +730,7 @@ class Engine(RunReads):
                 started.append((start, run_id))
             lock = self._store.lock_clause()  # the reports' runs: read and locked at once, by id
             await self._machine.hold_runs(tx, (r.run_id for r in outcomes), lock=lock)
+            self._reporting = {r.token_id for r in outcomes}  # their attempts ran here
             # D6.24: a turn stores outcomes for at most _TURN_SLICE_S; the rest go to the next
             # turn, which fires the timers due by then first (one outcome may fan out 10,000).
             ordered = sorted(outcomes, key=lambda r: r.run_id)
@@ -718,6 +748,10 @@ class Engine(RunReads):
             row = await tx.fetchone(
                 "SELECT MIN(not_before) AS t FROM tb_wf_tokens WHERE status = 'pending'"
             )
+            if row is not None and row["t"] is None and not tx.kinds & _RUN_ENDS:
+                # No token is left for others to claim (this turn claimed what it made) and no
+                # run ended: waking every worker would only cost each an empty turn (D6.14a).
+                tx.wake_others = False
         self._outcomes[:0] = later  # committed: what is left is stored by the next turn
         for start, run_id in started:  # committed: the runs exist
             start.settle(run_id)
@@ -761,16 +795,30 @@ class Engine(RunReads):
         if free <= 0 or not self._claiming:
             return []
         if self._store.shared:
+            # Not this worker's own attempts in flight or just ended: it is late renewing them,
+            # not gone (a stalled loop re-ran its own step beside the running one). Others may.
+            mine = sorted(
+                {*self._attempts, *self._reporting, *(r.token_id for r in self._outcomes)}
+            )
+            own = f" AND NOT (lease_owner = ? AND id IN ({', '.join('?' for _ in mine)}))"
             await self._requeue(
                 tx,
-                "status IN ('dispatched', 'executing') AND lease_until < ?",
+                "status IN ('dispatched', 'executing') AND lease_until < ?" + (own if mine else ""),
                 now,
+                *([self.worker_id, *mine] if mine else []),
                 lock=self._store.skip_locked(),
+                reason="lease_expired",
             )
+        # Only the tokens whose handler this worker has (D6.15): another worker runs the rest.
+        can_run, handlers = self._presence.claim_filter()
         rows = await tx.fetch(
-            "SELECT * FROM tb_wf_tokens WHERE status = 'pending' AND not_before <= ? "
-            f"ORDER BY not_before, seq LIMIT ?{self._store.skip_locked()}",
+            "SELECT t.* FROM tb_wf_tokens t JOIN tb_wf_runs r ON r.id = t.run_id "
+            "LEFT JOIN tb_wf_node_needs n ON n.definition_id = r.definition_id AND "
+            "n.version = r.definition_version AND n.node_id = t.node_id "
+            f"WHERE t.status = 'pending' AND t.not_before <= ? AND {can_run} "
+            f"ORDER BY t.not_before, t.seq LIMIT ?{self._store.skip_locked(of='t')}",
             now,
+            *handlers,
             free,
         )
         lock = self._store.lock_clause()  # their runs: read and locked at once, by id
@@ -788,8 +836,7 @@ class Engine(RunReads):
         return plans
 
     def _attempt_done(self, token_id: str, task: asyncio.Task[None]) -> None:
-        if self._attempts.get(token_id) is task:
-            del self._attempts[token_id]
+        self._inflight.done(token_id, task)
         self._wake.set()
         if not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]  # a bug: surface it in the loop's log

@@ -659,10 +659,13 @@ class Machine:
     ) -> None:
         """An action error that is not a timeout: the node's ``retry`` block, else failure."""
         node = (await self.definition(tx, run)).nodes[tok["node_id"]]
+        # Attempts a crash or a stop cut short are re-runs, not failures: no retry spent (D6.16).
+        reruns = (decode(tok["state_data"]) or {}).get("reruns", 0)
+        done = tok["attempt"] - reruns
         delay = (
             None
             if node.retry is None
-            else retry_delay_ms(node.retry, tok["attempt"], error, f"workflow node '{node.id}'")
+            else retry_delay_ms(node.retry, done, error, f"workflow node '{node.id}'")
         )
         if delay is not None:
             # The delay is durable: not_before is stored, and the loop's timer is armed from it.

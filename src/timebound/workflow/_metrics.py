@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 from .._store import Store, Tx
 from .._store._tally import read_tallies
 
-__all__ = ["LAG_BUCKETS_MS", "TimeoutTallies", "read_timeout_tallies", "tally_timeout"]
+__all__ = [
+    "LAG_BUCKETS_MS",
+    "TimeoutTallies",
+    "lag_bucket",
+    "read_timeout_tallies",
+    "tally_stop",
+    "tally_timeout",
+]
 
 # Detection lag buckets' upper bounds, in ms: a healthy engine notices a timeout within
 # milliseconds; the upper buckets show a store or worker that fell behind (or a restart that
@@ -25,14 +32,24 @@ LAG_BUCKETS_MS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 6000
 LAYERS = {"workflow": "workflow", "execution": "node", "synchronization": "synchronization"}
 
 
+def lag_bucket(lag_ms: int) -> str:
+    """The stored histogram bucket of a lag: the first upper bound it fits, or ``"inf"``."""
+    return next((str(ms) for ms in LAG_BUCKETS_MS if lag_ms <= ms), "inf")
+
+
 def tally_timeout(tx: Tx, timeout_type: str, policy: str, lag_ms: int | None) -> None:
     """Count one timeout in ``tx`` (committed with it, or not at all)."""
     layer = LAYERS.get(timeout_type, "other")
     tx.tally("wf_timeouts", layer, str(policy))
     if lag_ms is not None:
-        bucket = next((str(ms) for ms in LAG_BUCKETS_MS if lag_ms <= ms), "inf")
-        tx.tally("wf_timeout_lag", layer, bucket)
+        tx.tally("wf_timeout_lag", layer, lag_bucket(lag_ms))
         tx.tally("wf_timeout_lag_ms_sum", layer, "", lag_ms)
+
+
+def tally_stop(tx: Tx, via: str, lag_ms: int) -> None:
+    """Count one stopped attempt (D6.14) by how its worker learnt of the stop, with its lag."""
+    tx.tally("wf_stops", via, lag_bucket(lag_ms))
+    tx.tally("wf_stop_ms_sum", via, "", lag_ms)
 
 
 @dataclass

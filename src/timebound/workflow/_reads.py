@@ -11,10 +11,12 @@ import json
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+from .._core import _clock
 from .._store import Store, Tx
-from .._store._tally import read_off_loop
+from .._store._tally import read_off_loop, read_tallies
 from ._machine import Machine
 from ._metrics import TimeoutTallies, read_timeout_tallies
+from ._workers import unrunnable_tokens
 
 __all__ = ["RunReads"]
 
@@ -105,6 +107,19 @@ class RunReads:
         """Every timeout the store recorded (workflow, node and synchronization layers): counts
         by layer and policy, and detection lag by layer, from the store's tallies (D8.12)."""
         return await read_timeout_tallies(self._store)
+
+    async def stop_tallies(self) -> dict[str, dict[tuple[str, str], int]]:
+        """How stopped attempts stopped (D6.14), counted as each is recorded (D8.12): by how the
+        worker learnt of the stop (``via``), the stop lag's bucket and its sum in ms."""
+        return await read_tallies(self._store, "wf_stops", "wf_stop_ms_sum")
+
+    async def unrunnable(self) -> list[dict[str, Any]]:
+        """Ready tokens that no live worker can run (their handler is nobody's, D6.15): token
+        and run ids, node and handler. Always empty on a one-process store."""
+        if not self._store.shared:
+            return []
+        async with self._read() as tx:
+            return await unrunnable_tokens(tx, _clock.wall_ms())
 
 
 async def _run_row(machine: Machine, tx: Tx, run_id: str) -> dict[str, Any]:
