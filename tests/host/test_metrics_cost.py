@@ -261,6 +261,12 @@ class _CountingEngine:
     async def stats(self) -> Any:
         return {}, {}
 
+    async def stop_tallies(self) -> Any:
+        return {}
+
+    async def unrunnable(self) -> list[Any]:
+        return []
+
 
 async def test_concurrent_scrapes_share_one_read_and_a_late_one_reads_again(
     virtual_clock: Any,

@@ -164,3 +164,21 @@ async def test_a_worker_that_claims_what_it_made_wakes_nobody(pg_url: str) -> No
         await other.wait(run_id, timeout=30)  # the run's end reached the other worker
     assert result.status == "completed"
     assert len(wakes) <= 2, wakes  # the run's end (and at most one reconnect)
+
+
+async def test_a_waiter_hears_a_run_end_from_its_own_engine_after_the_commit(pg_url: str) -> None:
+    """wait() returns once the run's end is committed, not at the next sweep (10 minutes here):
+    the end wakes the waiter after the commit, when a read of committed state sees it (a wake-up
+    inside the transaction was lost, since a worker ignores its own NOTIFY)."""
+
+    async def ok(ctx: wf.ActionContext) -> Any:
+        return "done"
+
+    d = definition([{"id": "A"}, {"id": "B"}])
+    engine = wf.Engine(db=pg_url, actions={"sleep": ok, "boom": ok}, sweep_ms=600_000)
+    engine.register(d)
+    async with engine:
+        for _ in range(5):
+            run_id = await engine.start("wf", {"A": 0, "B": 0})
+            result = await engine.wait(run_id, timeout=30)
+            assert result.status == "completed"

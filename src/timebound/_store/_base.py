@@ -69,6 +69,7 @@ class Tx:
         self.kinds: set[str] = set()
         self._events: list[tuple[str, str, int, str]] = []
         self._announced: list[Event] = []  # telemetry events, emitted after the commit (D10.3)
+        self._after_commit: list[Callable[[], None]] = []
         self._writes: list[tuple[Hashable, str, tuple[Any, ...]]] = []
         self._written: set[Hashable] = set()  # the rows the deferred writes touch
         self._tallies: dict[tuple[str, str, str], int] = {}
@@ -203,12 +204,21 @@ class Tx:
         """Emit ``event`` to the telemetry listeners once this transaction has committed."""
         self._announced.append(event)
 
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once this transaction has committed (never if it rolls back): for
+        news that a reader of committed state must be able to see when it hears it."""
+        self._after_commit.append(callback)
+
     def committed(self) -> None:
-        """Called by the backend after the commit returned: emit what was announced. A rolled-back
-        transaction never calls it, so its events are heard by nobody (D10.3)."""
+        """Called by the backend after the commit returned: emit what was announced, then run
+        the after-commit callbacks. A rolled-back transaction never calls it, so its events are
+        heard by nobody (D10.3)."""
         if self._announced:
             events, self._announced = self._announced, []
             _durable.emit_committed(events)
+        callbacks, self._after_commit = self._after_commit, []
+        for callback in callbacks:
+            callback()
 
     def tally(self, name: str, a: str, b: str = "", n: int = 1) -> None:
         """Add ``n`` to the stored tally ``(name, a, b)`` when this transaction commits (D8.12:

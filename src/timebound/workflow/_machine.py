@@ -11,6 +11,7 @@ crash leaves either both or neither. The three timeout layers live here:
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Callable, Iterable
@@ -242,7 +243,9 @@ class Machine:
         await tx.append_event(
             run_id, f"run_{status}", now, workflow_run_id=run_id, error=error, error_code=code
         )
-        self._on_run_finished(run_id)
+        # After the commit: a waiter woken earlier reads the run still running (committed state)
+        # and, on a shared store, would then wait for the sweep (its own NOTIFY is ignored).
+        tx.after_commit(functools.partial(self._on_run_finished, run_id))
         if run["parent_token_id"] is not None and status != "cancelled":
             await self.children.child_finished(tx, run, status, now, error)
         return True
