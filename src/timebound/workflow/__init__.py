@@ -21,6 +21,7 @@ from .._store import StoreBusy, StoreError
 from ._actions import ActionContext
 from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition, schema
 from ._engine import Engine, RunResult
+from ._operator import OperatorRefused
 
 __all__ = [
     "ActionContext",
@@ -28,6 +29,7 @@ __all__ = [
     "DefinitionConflict",
     "DefinitionError",
     "Engine",
+    "OperatorRefused",
     "RunResult",
     "StoreBusy",
     "StoreError",

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 from .._core import _clock
 from .._core._deadline import Deadline
+from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError
 from .._core._scopes import fail_after
 from .._store import Store, Tx, open_store, wake_delay
@@ -34,6 +35,7 @@ from ._actions import ActionContext, Outcome, freeze, handlers, run_python
 from ._deferral import Deferrals, plan_attempt
 from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition
 from ._machine import Machine
+from ._operator import Operator
 from ._reads import RunReads
 from ._rows import RUN_TERMINAL, RunResult
 
@@ -56,12 +58,18 @@ class _Report(NamedTuple):
     token_id: str
     attempt: int
     outcome: Outcome
+    deadline_ms: int | None = None  # the deadline the attempt began with
 
 
 #: An attempt to start: token id, action kind, implementation, context.
 _Plan = tuple[str, str, Mapping[str, Any], ActionContext]
 
 _log = logging.getLogger("timebound.workflow")
+
+
+def _ms(seconds: float) -> int:
+    """Seconds as whole milliseconds, rounded up (an extension is never shorter than asked)."""
+    return int(min(math.ceil(seconds * 1000), 2**62))
 
 
 async def store_definition(tx: Tx, definition: Definition) -> str | None:
@@ -107,6 +115,7 @@ class Engine(RunReads):
         deferred_policy: Any = None,
         deferred_connectors: Mapping[str, Any] | None = None,
         worker: bool = True,
+        max_extension: float = 86_400.0,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError("concurrency must be >= 1", option="concurrency")
@@ -130,6 +139,9 @@ class Engine(RunReads):
         self._definitions: dict[tuple[str, int], Definition] = {}
         self._latest: dict[str, int] = {}
         self._machine = Machine(self._definitions, self._cancel_attempt, self._run_finished)
+        cap = to_seconds(max_extension, option="max_extension")
+        # The operator's actions (D6.25-D6.28); max_extension caps a run's extensions together.
+        self._operator = Operator(self._machine, self._store.lock_clause, _ms(cap))
         self._open = False
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
@@ -400,6 +412,46 @@ class Engine(RunReads):
         """Cancel a running run, its live tokens and child runs; ``False`` if it had ended."""
         async with self._txn() as tx:
             return await self._machine.cancel_run(tx, run_id, self._now())
+
+    async def retry(
+        self,
+        run_id: str,
+        *,
+        from_node: str | None = None,
+        from_start: bool = False,
+        reason: str,
+        operator: str = "operator",
+    ) -> dict[str, Any]:
+        """Run a failed or timed-out run again from the node that failed (or ``from_node``, or
+        the start), with a fresh workflow timeout (D6.25); :class:`OperatorRefused` otherwise."""
+        async with self._txn() as tx:
+            return await self._operator.retry(
+                tx, run_id, from_node, from_start, reason, operator, self._now()
+            )
+
+    async def terminate(
+        self, run_id: str, *, reason: str, operator: str = "operator"
+    ) -> dict[str, Any]:
+        """End a running run ``failed`` now, recording who and why (D6.26)."""
+        async with self._txn() as tx:
+            return await self._operator.terminate(tx, run_id, reason, operator, self._now())
+
+    async def extend(
+        self,
+        run_id: str,
+        node: str | None = None,
+        *,
+        by: Duration,
+        reason: str,
+        operator: str = "operator",
+    ) -> dict[str, Any]:
+        """Give the run (or ``node``'s live tokens) ``by`` more time, within the engine's
+        ``max_extension`` for the run (D6.27)."""
+        by_ms = _ms(to_seconds(by, option="by", allow_zero=False))
+        async with self._txn() as tx:
+            return await self._operator.extend(
+                tx, run_id, node, by_ms, reason, operator, self._now()
+            )
 
     # Internals ------------------------------------------------------------------------------
 
@@ -692,7 +744,8 @@ class Engine(RunReads):
             outcome = await self._run_action(kind, implementation, ctx, what, ctx.attempt)
         except Exception as exc:  # a failing action runner fails the node, never strands it
             outcome = Outcome("error", error=f"{type(exc).__name__}: {exc}")
-        self._outcomes.append(_Report(ctx.run_id, token_id, ctx.attempt, outcome))
+        began = ctx.deadline.to_epoch_ms()
+        self._outcomes.append(_Report(ctx.run_id, token_id, ctx.attempt, outcome, began))
         self._wake.set()
 
     async def _run_action(
@@ -741,7 +794,15 @@ class Engine(RunReads):
                 await machine.late_result(tx, run["id"], token_id, attempt, now)
             return
         deadline_reached = tok["timeout_at"] is not None and now >= tok["timeout_at"]
-        if outcome.kind == "timeout" or deadline_reached:
+        bounds = [b for b in (tok["timeout_at"], run["timeout_at"]) if b is not None]
+        extended = report.deadline_ms is not None and min(bounds, default=math.inf) > max(
+            report.deadline_ms, now
+        )
+        if outcome.kind == "timeout" and not deadline_reached and extended:
+            # D6.28: the attempt was cut at the deadline it began with, which an operator has
+            # since extended: it runs again under the new one (no retry spent, nothing early).
+            await self._requeue(tx, "id = ?", token_id)
+        elif outcome.kind == "timeout" or deadline_reached:
             if outcome.kind == "ok":
                 await machine.late_result(tx, run["id"], token_id, attempt, now)
             await machine.token_timeout(tx, run, tok, now)
