@@ -113,7 +113,9 @@ async def test_terminate_ends_the_run_failed_with_who_and_why(virtual_clock, mak
     assert again.value.code == "run-ended"
 
 
-async def test_extend_the_run_deadline_moves_the_timeout_exactly(virtual_clock, make_engine) -> None:
+async def test_extend_the_run_deadline_moves_the_timeout_exactly(
+    virtual_clock, make_engine
+) -> None:
     """A 5 s run extended by 10 s at 2 s times out at 15 s, not 5 s: the timer is re-armed."""
     d = definition([{"id": "A"}], timeout_ms=5000)
     async with make_engine(HANDLERS, d) as engine:

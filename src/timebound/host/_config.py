@@ -49,6 +49,8 @@ class Config:
     max_body_bytes: int = 1_048_576
     # On SIGTERM: how long in-flight requests, then in-flight actions, may take to finish.
     drain_s: float = 10.0
+    # D8.20: the most an operator may extend one run's deadlines, all extensions together.
+    max_extension_s: float = 86_400.0
     page_size: int = 50
     # False: serve the API and UI only; `timebound worker` processes on the shared store do the
     # work (a one-process SQLite store is refused, nothing else could run its runs).
@@ -129,6 +131,14 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: expected true or false, got {value!r}")
         return value
+    if name == "max_extension_s":
+        try:
+            seconds = float(value) if not isinstance(value, bool) else -1.0
+        except (TypeError, ValueError):
+            seconds = -1.0
+        if not 0 <= seconds <= 31_536_000:
+            raise ConfigError(f"{where}: expected seconds in [0, 31536000], got {value!r}")
+        return seconds
     if name == "drain_s":
         try:
             seconds = float(value) if not isinstance(value, bool) else -1.0

@@ -153,6 +153,7 @@ class Host:
             actions={**handlers, **(actions or {})},
             worker=config.worker,
             deferred_connectors=connectors,
+            max_extension=config.max_extension_s,
         )
         return cls(config, engine, load_definitions(engine, config.workflows), connectors)
 

@@ -72,6 +72,70 @@ def _status_param(statuses: tuple[str, ...] | list[str]) -> dict[str, Any]:
     }
 
 
+def _action_body(**fields: Any) -> dict[str, Any]:
+    """An operator action's body: ``reason`` (recorded in the run's events) and ``fields``."""
+    text = {"type": "string", "minLength": 1, "maxLength": 1000}
+    return {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["reason", *(k for k, v in fields.items() if v.pop("_req", 0))],
+                    "properties": {
+                        "reason": text,
+                        "operator": {"type": ["string", "null"], "maxLength": 100},
+                        **fields,
+                    },
+                }
+            }
+        },
+    }
+
+
+def _operator_paths() -> dict[str, Any]:
+    """D8.19: retry, terminate and extend; a refusal is a problem document whose ``code`` says
+    why (404 run-not-found, 409 for the run's state, 422 for a field)."""
+    node = {"type": ["string", "null"], "minLength": 1, "maxLength": 200}
+    return {
+        "/v1/runs/{run_id}/retry": {
+            "post": _op(
+                "retryRun",
+                "Run a failed or timed-out run again from the node that failed (from_node, or "
+                "from_start), with a fresh workflow timeout",
+                "200",
+                parameters=[_path_param("run_id")],
+                requestBody=_action_body(
+                    from_node=dict(node), from_start={"type": ["boolean", "null"]}
+                ),
+            )
+        },
+        "/v1/runs/{run_id}/terminate": {
+            "post": _op(
+                "terminateRun",
+                "End a running run failed at once (retryable, unlike a cancel)",
+                "200",
+                parameters=[_path_param("run_id")],
+                requestBody=_action_body(),
+            )
+        },
+        "/v1/runs/{run_id}/extend": {
+            "post": _op(
+                "extendRun",
+                "Move the run's deadline (or a live node's) later by by_ms, within the host's "
+                "max_extension_s for the run",
+                "200",
+                parameters=[_path_param("run_id")],
+                requestBody=_action_body(
+                    node=dict(node),
+                    by_ms={"type": "integer", "minimum": 1, "maximum": 31_536_000_000, "_req": 1},
+                ),
+            )
+        },
+    }
+
+
 def openapi() -> dict[str, Any]:
     ident = {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[A-Za-z0-9_.:-]+$"}
     definition_body = {
@@ -181,6 +245,7 @@ def openapi() -> dict[str, Any]:
                     parameters=[_path_param("run_id")],
                 )
             },
+            **_operator_paths(),
             "/v1/definitions": {"get": _op("listDefinitions", "The registered definitions", "200")},
             "/v1/definitions/{definition_id}": {
                 "put": _op(

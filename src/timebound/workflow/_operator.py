@@ -279,10 +279,12 @@ class Operator:
         return {"run_id": run_id, "status": "running", "from_node": node}
 
     async def _failed_node(self, tx: Tx, run_id: str) -> str:
-        """The node whose failure or timeout ended the run: its last token that ended badly."""
+        """The node whose failure or timeout ended the run: its last token that failed or timed
+        out, else (a terminated run) the last one its end cancelled."""
         row = await tx.fetchone(
             "SELECT node_id, branch_index FROM tb_wf_tokens WHERE run_id = ? "
-            "AND status IN ('failed', 'timed_out') ORDER BY seq DESC LIMIT 1",
+            "AND status IN ('failed', 'timed_out', 'cancelled') "
+            "ORDER BY CASE WHEN status = 'cancelled' THEN 1 ELSE 0 END, seq DESC LIMIT 1",
             run_id,
         )
         if row is None:
