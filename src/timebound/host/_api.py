@@ -19,7 +19,7 @@ from ..workflow import DefinitionConflict, DefinitionError
 from ..workflow._rows import RUN_TERMINAL
 from ._host import Host
 from ._problems import Problem
-from ._timeline import bound_fired, timeline, timeouts
+from ._timeline import attempts, bound_fired, timeline, timeouts
 
 __all__ = ["api_routes", "decode_cursor", "encode_cursor", "read_json"]
 
@@ -169,6 +169,9 @@ async def run_detail(host: Host, run_id: str) -> dict[str, Any]:
         "timeouts": timeouts(events),
         "bound_fired": bound_fired(events),
         "timeline": timeline(run, events, _clock.wall_ms()),
+        # D8.21: each token's queued, attempt, retry-delay and fan-in-waiting stretches.
+        "attempts": attempts(events),
+        "events_count": len(events),
     }
 
 

@@ -28,6 +28,7 @@ from ._api import decode_cursor, list_page, run_detail
 from ._deferred import DEFERRED_STATUSES, cancel_now, deferred_detail, deferred_list, poll_now
 from ._host import Host
 from ._problems import Problem
+from ._runview import actions_for, human_ms, iso, lanes_of, pending
 from ._security import session_cookie_name
 from ._sessions import MAX_AGE_S, Sessions, retry_after
 from ._timeline import at_percent, lay_out
@@ -37,6 +38,8 @@ __all__ = ["session_id", "ui_routes"]
 
 _HERE = Path(__file__).parent
 _templates = Jinja2Templates(directory=str(_HERE / "templates"))
+_templates.env.filters["dur"] = human_ms
+_templates.env.filters["iso"] = iso
 # How many earlier pages of the runs list a "Previous page" link can walk back through: their
 # cursors ride in the page's address (``back``), about 75 characters each (7.5 kB in all).
 _BACK_PAGES = 100
@@ -203,20 +206,36 @@ def _bars(detail: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 async def run_page(request: Request) -> Response:
-    detail = await run_detail(_host(request), request.path_params["run_id"])
-    tl = detail["timeline"]
+    host = _host(request)
+    detail = await run_detail(host, request.path_params["run_id"])
+    run, tl = detail["run"], detail["timeline"]
     markers = [
         {**m, "left": at_percent(m["at_ms"], tl["start_ms"], tl["end_ms"])} for m in tl["markers"]
     ]
+    # D8.22: a node links to what it waits on, a child run or a deferred operation.
+    children = {}
+    for token_id, ref in (await host.engine.waits(run["id"])).items():
+        try:
+            await host.engine.get_run(ref)
+            href = f"/ui/runs/{quote(ref, safe='')}"
+        except KeyError:
+            href = f"/ui/deferred/{quote(ref, safe='')}"
+        children[token_id] = {"ref": ref, "href": href}
     return _render(
         request,
         "run.html",
         {
             **detail,
             "bars": _bars(detail),
+            "lanes": lanes_of(detail["attempts"], tl["start_ms"], tl["end_ms"]),
             "markers": markers,
             "span_ms": tl["end_ms"] - tl["start_ms"],
             "now_ms": _clock.wall_ms(),
+            "pending": pending(run, detail["tokens"], detail["attempts"]),
+            "actions": actions_for(run, detail["tokens"]),
+            "waits": children,
+            "max_extension_s": host.config.max_extension_s,
+            "fragment": request.query_params.get("part") == "live",
         },
     )
 
@@ -284,8 +303,10 @@ async def deferred_page(request: Request) -> Response:
 
 
 async def operation_page(request: Request) -> Response:
-    detail = await deferred_detail(_host(request), request.path_params["op_id"])
-    return _render(request, "operation.html", detail)
+    host = _host(request)
+    detail = await deferred_detail(host, request.path_params["op_id"])
+    waiting = await host.engine.waiting_on(request.path_params["op_id"])
+    return _render(request, "operation.html", {**detail, "waiting": waiting})
 
 
 async def operation_poll(request: Request) -> Response:

@@ -82,6 +82,27 @@ class RunReads:
                 limit,
             )
 
+    async def waits(self, run_id: str) -> dict[str, str]:
+        """What the run's tokens wait on, by token id: a child run's id or a deferred
+        operation's (``child_run_id``); child runs are those whose parent is the token."""
+        async with self._read() as tx:
+            rows = await tx.fetch(
+                "SELECT id, child_run_id FROM tb_wf_tokens WHERE run_id = ? "
+                "AND child_run_id IS NOT NULL",
+                run_id,
+            )
+        return {r["id"]: r["child_run_id"] for r in rows}
+
+    async def waiting_on(self, ref: str) -> list[dict[str, Any]]:
+        """The tokens waiting on ``ref`` (a deferred operation's id or a child run's): their
+        run, token and node, for the link back from the operation to the node."""
+        async with self._read() as tx:
+            return await tx.fetch(
+                "SELECT run_id, id AS token_id, node_id, status FROM tb_wf_tokens "
+                "WHERE child_run_id = ? ORDER BY seq",
+                ref,
+            )
+
     async def counts(self) -> dict[str, dict[str, int]]:
         """How many runs and tokens are in each state (for metrics)."""
         async with self._read() as tx:
