@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._version import __version__
-from ._api import _RUN_STATUSES, MAX_DEADLINE_MS
+from ._api import _RUN_STATUSES, BOUNDS, MAX_DEADLINE_MS
 from ._deferred import DEFERRED_STATUSES
 
 __all__ = ["openapi"]
@@ -215,8 +215,35 @@ def openapi() -> dict[str, Any]:
                         _status_param(_RUN_STATUSES),
                         *(
                             {"name": n, "in": "query", "schema": {"type": "string"}}
-                            for n in ("definition", "cursor")
+                            for n in ("definition", "cursor", "q")
                         ),
+                        # D8.20: a bound of that layer fired (whatever the run's status).
+                        {
+                            "name": "bound",
+                            "in": "query",
+                            "schema": {"type": "string", "enum": ["", *BOUNDS]},
+                        },
+                        *(
+                            {
+                                "name": n,
+                                "in": "query",
+                                "description": "started at or after (since) / before (until): "
+                                "epoch ms or ISO 8601",
+                                "schema": {
+                                    "type": "string",
+                                    "pattern": r"^(|[0-9]{1,15}|[0-9]{4}-[0-9]{2}-[0-9]{2}"
+                                    r"([T ][0-9:.]+([+-][0-9]{2}:[0-9]{2}|Z)?)?)$",
+                                },
+                            }
+                            for n in ("since", "until")
+                        ),
+                        {
+                            "name": "input",
+                            "in": "query",
+                            "description": "field=value: the input has the field (at any "
+                            "depth) with that JSON value",
+                            "schema": {"type": "string", "pattern": "^(|[^=]+=.*)$"},
+                        },
                     ],
                 )
             },

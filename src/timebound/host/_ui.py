@@ -24,7 +24,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import Message
 
 from .._core import _clock
-from ._api import decode_cursor, list_page, run_detail
+from ._api import BOUNDS, LIST_FILTERS, decode_cursor, list_page, run_detail
 from ._deferred import DEFERRED_STATUSES, cancel_now, deferred_detail, deferred_list, poll_now
 from ._host import Host
 from ._problems import Problem
@@ -140,7 +140,7 @@ async def _form(request: Request) -> dict[str, str]:
 
 
 def _page_url(params: dict[str, str], cursor: str | None, back: list[str]) -> str:
-    query = {k: v for k, v in params.items() if k in ("status", "definition") and v}
+    query = {k: v for k, v in params.items() if k in ("status", "definition", *LIST_FILTERS) and v}
     if cursor:
         query["cursor"] = cursor
     if back:
@@ -156,7 +156,7 @@ async def runs_page(request: Request) -> Response:
     params = {
         k: v
         for k, v in request.query_params.items()
-        if k in ("status", "definition", "cursor", "back")
+        if k in ("status", "definition", "cursor", "back", *LIST_FILTERS)
     }
     back = [c for c in params.pop("back", "").split(".") if c]
     for c in back:
@@ -186,6 +186,9 @@ async def runs_page(request: Request) -> Response:
             "definition": params.get("definition", ""),
             "definitions": sorted(_host(request).definitions),
             "statuses": ["running", "completed", "failed", "timed_out", "cancelled"],
+            "bounds": BOUNDS,
+            "filters": {k: params.get(k, "") for k in LIST_FILTERS},
+            "now_ms": _clock.wall_ms(),
         },
     )
 

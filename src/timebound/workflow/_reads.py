@@ -59,11 +59,45 @@ class RunReads:
         definition_id: str | None = None,
         after: tuple[int, str] | None = None,
         limit: int = 50,
+        bound: str | None = None,
+        since_ms: int | None = None,
+        until_ms: int | None = None,
+        id_prefix: str | None = None,
+        input_field: tuple[str, Any] | None = None,
     ) -> list[dict[str, Any]]:
         """Runs newest first (without input and state); ``after`` is the ``(started_at, id)`` of
-        the last run of the previous page, so pages stay stable while runs are added."""
+        the last run of the previous page, so pages stay stable while runs are added.
+
+        ``bound``: runs where a bound of that layer (``workflow``, ``execution``,
+        ``synchronization``, or ``any``) fired for good, whatever the run's status (a node
+        timeout ends the run ``failed``); ``since_ms``/``until_ms``: started in ``[since,
+        until)``; ``id_prefix``: the run id starts so; ``input_field``: the input has the
+        top-level field with that JSON value."""
         where: list[str] = ["1 = 1"]
         args: list[Any] = []
+        if bound is not None:
+            layer = "" if bound == "any" else f'%"timeout_type": {json.dumps(bound)}%'
+            where.append(
+                "EXISTS (SELECT 1 FROM tb_events e WHERE e.stream = tb_wf_runs.id "
+                "AND e.kind IN ('token_timed_out', 'join_timed_out') "
+                'AND e.data NOT LIKE \'%"policy_applied": "retry"%\''
+                + (" AND e.data LIKE ?)" if layer else ")")
+            )
+            if layer:
+                args.append(layer)
+        if since_ms is not None:
+            where.append("started_at >= ?")
+            args.append(since_ms)
+        if until_ms is not None:
+            where.append("started_at < ?")
+            args.append(until_ms)
+        if id_prefix:
+            where.append("id LIKE ? ESCAPE '!'")
+            args.append(_like(id_prefix) + "%")
+        if input_field is not None:
+            key, value = input_field
+            where.append("input LIKE ? ESCAPE '!'")
+            args.append("%" + _like(f"{json.dumps(key)}: {json.dumps(value)}") + "%")
         if status is not None:
             where.append("status = ?")
             args.append(status)
@@ -123,6 +157,11 @@ class RunReads:
                 "SELECT data FROM tb_events WHERE kind IN ('token_timed_out', 'join_timed_out')"
             )
         return [json.loads(r["data"]) for r in rows]
+
+
+def _like(text: str) -> str:
+    """``text`` matched literally by LIKE ... ESCAPE '!'."""
+    return text.replace("!", "!!").replace("%", "!%").replace("_", "!_")
 
 
 async def _run_row(machine: Machine, tx: Tx, run_id: str) -> dict[str, Any]:
