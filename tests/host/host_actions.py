@@ -51,3 +51,11 @@ async def logged(ctx: Any) -> Any:
     with log.open("a") as f:
         f.write(f"{mark} end\n")
     return "ok"
+
+
+async def flaky(ctx: Any) -> Any:
+    """Fails its first ``input.fail`` attempts (after ``input.sleep_s``), then answers ``"ok"``."""
+    await asyncio.sleep(ctx.input.get("sleep_s", 0))
+    if ctx.attempt <= ctx.input.get("fail", 0):
+        raise RuntimeError(f"flaky attempt {ctx.attempt}")
+    return "ok"
