@@ -89,7 +89,7 @@ def test_extend_a_live_node_lets_it_finish(served: Server) -> None:
         ("extend", {"by_ms": 5}, 422, None),
         ("retry", {"reason": "r", "extra": 1}, 422, None),
         ("retry", {"reason": "r"}, 409, "run-not-failed"),
-        ("extend", {"reason": "r", "by_ms": 5, "node": "zz"}, 422, "unknown-node"),
+        ("extend", {"reason": "r", "by_ms": 5, "node": "zz"}, 409, "unknown-node"),
     ],
 )
 def test_bad_requests_are_problem_documents(

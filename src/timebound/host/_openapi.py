@@ -96,7 +96,7 @@ def _action_body(**fields: Any) -> dict[str, Any]:
 
 def _operator_paths() -> dict[str, Any]:
     """D8.19: retry, terminate and extend; a refusal is a problem document whose ``code`` says
-    why (404 run-not-found, 409 for the run's state, 422 for a field)."""
+    why (404 run-not-found, 409 for what depends on the run, 422 for the body's shape)."""
     node = {"type": ["string", "null"], "minLength": 1, "maxLength": 200}
     return {
         "/v1/runs/{run_id}/retry": {

@@ -22,8 +22,9 @@ __all__ = ["act", "api_operation_routes", "ui_operation_routes"]
 
 MAX_REASON = 1000
 MAX_BY_MS = 31_536_000_000  # one year: past it is a mistake, whatever the cap
-# Refusals that name a field of the request (422) rather than the run's state (409).
-_FIELD = {"unknown-node": "from_node"}
+# Refusals that name a field of the request: still 409, since whether a node name is valid depends
+# on the run (its definition, the nodes it reached), not on the request's shape (422).
+_FIELD = {"unknown-node": "node"}
 
 
 def _text(body: dict[str, Any], name: str, *, required: bool, limit: int) -> str | None:
@@ -84,7 +85,8 @@ async def act(host: Host, run_id: str, action: str, body: dict[str, Any], who: s
         if exc.code == "run-not-found":
             raise Problem(404, str(exc), code=exc.code) from None
         if exc.code in _FIELD:
-            raise Problem(422, str(exc), code=exc.code, path=_FIELD[exc.code]) from None
+            where = "from_node" if action == "retry" else _FIELD[exc.code]
+            raise Problem(409, str(exc), code=exc.code, path=where) from None
         raise Problem(409, str(exc), code=exc.code) from None
 
 
