@@ -163,3 +163,72 @@ def test_filters_on_the_list_page(served: Server, page: Any, tmp_path: Path) -> 
     assert run_id in links
     assert set(page.locator("table.runs tbody .badge").all_inner_texts()) == {"failed"}
     _shot(page, tmp_path, "filtered", "host-filters.png")
+
+
+def test_the_operator_pages_pass_axe(served: Server, page: Any) -> None:
+    """axe-core (in the page, under the host's CSP) finds no serious or critical violation —
+    contrast, labels, names of controls — on the list, a running run and a failed run."""
+    pytest.importorskip("axe_playwright_python", reason="pip install axe-playwright-python")
+    from axe_playwright_python.sync_playwright import Axe
+
+    axe = Axe()
+    running = served.start("quick", {"sleep_s": 30})
+    failed = served.start("flaky", {"fail": 5})
+    served.wait_run(failed)
+    found = {}
+    for path in ("/ui/", f"/ui/runs/{running}", f"/ui/runs/{failed}"):
+        page.goto(served.url + path)
+        results = axe.run(page).response["violations"]
+        found[path] = [
+            (v["id"], [n["target"] for n in v["nodes"]][:3])
+            for v in results
+            if v["impact"] in ("serious", "critical")
+        ]
+    # The checker works under the CSP: an input without a label is found.
+    page.evaluate("document.querySelector('main').appendChild(document.createElement('input'))")
+    assert "label" in {v["id"] for v in axe.run(page).response["violations"]}
+    served.client.post(f"/v1/runs/{running}/cancel")
+    assert found == {path: [] for path in found}
+
+
+WIDE = {
+    "id": "wide",
+    "timeout_ms": 600_000,
+    "initial_node": "start",
+    "actions": [{"id": "noop", "kind": "python", "implementation": {"handler": "noop"}}],
+    "nodes": [
+        {"id": "start", "action_id": "noop"},
+        {"id": "branch", "action_id": "noop", "timeout_ms": 60_000},
+        {"id": "end", "action_id": "noop"},
+    ],
+    "transitions": [
+        {"id": "spread", "from": "start", "to": "branch", "foreach": "input.items"},
+        {
+            "id": "join",
+            "from": "branch",
+            "to": "end",
+            "synchronization": {"strategy": "all", "sibling_group": "spread"},
+        },
+    ],
+}
+
+
+def test_a_run_page_with_a_thousand_events_loads_within_a_second(
+    served: Server, page: Any, record_property: Any
+) -> None:
+    """A fan-out of 200 branches (over 1,000 events): its page, timeline and attempts table
+    included, reaches its load event in under a second in Chromium (the best of three loads;
+    the first also warms the host), and its event list fills from the stream."""
+    assert served.client.put("/v1/definitions/wide", json=WIDE).status_code in (200, 201)
+    run_id = served.start("wide", {"items": list(range(200))})
+    assert served.wait_run(run_id)["run"]["status"] == "completed"
+    events = len(served.client.get(f"/v1/runs/{run_id}/events").json()["events"])
+    assert events >= 1000
+    loads = []
+    for _ in range(3):
+        page.goto(f"{served.url}/ui/runs/{run_id}", timeout=60_000)
+        loads.append(page.evaluate("performance.getEntriesByType('navigation')[0].loadEventEnd"))
+    record_property("ui_run_page_1000_events_load_ms", loads)
+    assert page.locator(".timeline .lane").count() == 202
+    page.wait_for_selector(f"#events li:nth-child({events})", timeout=60_000)
+    assert min(loads) < 1000, loads
