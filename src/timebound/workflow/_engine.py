@@ -35,7 +35,7 @@ from ._actions import ActionContext, Outcome, freeze, handlers, run_python
 from ._deferral import Deferrals, plan_attempt
 from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition
 from ._machine import Machine
-from ._operator import Operator
+from ._operator import Operator, OperatorActions, ms_of
 from ._reads import RunReads
 from ._rows import RUN_TERMINAL, RunResult
 
@@ -67,11 +67,6 @@ _Plan = tuple[str, str, Mapping[str, Any], ActionContext]
 _log = logging.getLogger("timebound.workflow")
 
 
-def _ms(seconds: float) -> int:
-    """Seconds as whole milliseconds, rounded up (an extension is never shorter than asked)."""
-    return int(min(math.ceil(seconds * 1000), 2**62))
-
-
 async def store_definition(tx: Tx, definition: Definition) -> str | None:
     """Store a definition's body under its (id, version) unless stored; an error message if the
     store holds another body there.
@@ -100,7 +95,7 @@ async def store_definition(tx: Tx, definition: Definition) -> str | None:
     return None
 
 
-class Engine(RunReads):
+class Engine(RunReads, OperatorActions):
     """A durable workflow engine on one store (``sqlite:///FILE`` or ``postgresql://…``)."""
 
     def __init__(
@@ -141,7 +136,7 @@ class Engine(RunReads):
         self._machine = Machine(self._definitions, self._cancel_attempt, self._run_finished)
         cap = to_seconds(max_extension, option="max_extension")
         # The operator's actions (D6.25-D6.28); max_extension caps a run's extensions together.
-        self._operator = Operator(self._machine, self._store.lock_clause, _ms(cap))
+        self._operator = Operator(self._machine, self._store.lock_clause, ms_of(cap))
         self._open = False
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
@@ -412,46 +407,6 @@ class Engine(RunReads):
         """Cancel a running run, its live tokens and child runs; ``False`` if it had ended."""
         async with self._txn() as tx:
             return await self._machine.cancel_run(tx, run_id, self._now())
-
-    async def retry(
-        self,
-        run_id: str,
-        *,
-        from_node: str | None = None,
-        from_start: bool = False,
-        reason: str,
-        operator: str = "operator",
-    ) -> dict[str, Any]:
-        """Run a failed or timed-out run again from the node that failed (or ``from_node``, or
-        the start), with a fresh workflow timeout (D6.25); :class:`OperatorRefused` otherwise."""
-        async with self._txn() as tx:
-            return await self._operator.retry(
-                tx, run_id, from_node, from_start, reason, operator, self._now()
-            )
-
-    async def terminate(
-        self, run_id: str, *, reason: str, operator: str = "operator"
-    ) -> dict[str, Any]:
-        """End a running run ``failed`` now, recording who and why (D6.26)."""
-        async with self._txn() as tx:
-            return await self._operator.terminate(tx, run_id, reason, operator, self._now())
-
-    async def extend(
-        self,
-        run_id: str,
-        node: str | None = None,
-        *,
-        by: Duration,
-        reason: str,
-        operator: str = "operator",
-    ) -> dict[str, Any]:
-        """Give the run (or ``node``'s live tokens) ``by`` more time, within the engine's
-        ``max_extension`` for the run (D6.27)."""
-        by_ms = _ms(to_seconds(by, option="by", allow_zero=False))
-        async with self._txn() as tx:
-            return await self._operator.extend(
-                tx, run_id, node, by_ms, reason, operator, self._now()
-            )
 
     # Internals ------------------------------------------------------------------------------
 

@@ -11,18 +11,26 @@ wakes them; a stopped token's attempt is stopped wherever it runs).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+from .._core._durations import Duration, to_seconds
 from .._core._errors import TimeboundError
 from .._store import Tx
 from ._machine import Machine
 from ._rows import PRIORITY_RUN, PRIORITY_TOKEN, encode
 
-__all__ = ["OperatorRefused", "Operator"]
+__all__ = ["Operator", "OperatorActions", "OperatorRefused", "ms_of"]
 
 #: The statuses a node's deadline can be extended in: a token not yet ended nor parked at a join.
 _EXTENDABLE = ("pending", "dispatched", "executing")
+
+
+def ms_of(seconds: float) -> int:
+    """Seconds as whole milliseconds, rounded up (an extension is never shorter than asked)."""
+    return int(min(math.ceil(seconds * 1000), 2**62))
 
 
 class OperatorRefused(TimeboundError):
@@ -298,3 +306,60 @@ class Operator:
                 "or from the node before the fan-out",
             )
         return str(row["node_id"])
+
+
+class OperatorActions:
+    """The operator's actions as :class:`~timebound.workflow.Engine` methods (a part of it).
+
+    The engine provides ``_operator``, ``_txn()`` (a write transaction behind its lock) and
+    ``_now()`` (epoch ms, floored).
+    """
+
+    _operator: Operator
+
+    def _txn(self) -> AbstractAsyncContextManager[Tx]:
+        raise NotImplementedError
+
+    @staticmethod
+    def _now() -> int:
+        raise NotImplementedError
+
+    async def retry(
+        self,
+        run_id: str,
+        *,
+        from_node: str | None = None,
+        from_start: bool = False,
+        reason: str,
+        operator: str = "operator",
+    ) -> dict[str, Any]:
+        """Run a failed or timed-out run again from the node that failed (or ``from_node``, or
+        the start), with a fresh workflow timeout (D6.25); :class:`OperatorRefused` otherwise."""
+        async with self._txn() as tx:
+            return await self._operator.retry(
+                tx, run_id, from_node, from_start, reason, operator, self._now()
+            )
+
+    async def terminate(
+        self, run_id: str, *, reason: str, operator: str = "operator"
+    ) -> dict[str, Any]:
+        """End a running run ``failed`` now, recording who and why (D6.26)."""
+        async with self._txn() as tx:
+            return await self._operator.terminate(tx, run_id, reason, operator, self._now())
+
+    async def extend(
+        self,
+        run_id: str,
+        node: str | None = None,
+        *,
+        by: Duration,
+        reason: str,
+        operator: str = "operator",
+    ) -> dict[str, Any]:
+        """Give the run (or ``node``'s live tokens) ``by`` more time, within the engine's
+        ``max_extension`` for the run (D6.27)."""
+        by_ms = ms_of(to_seconds(by, option="by", allow_zero=False))
+        async with self._txn() as tx:
+            return await self._operator.extend(
+                tx, run_id, node, by_ms, reason, operator, self._now()
+            )
