@@ -79,3 +79,8 @@ async def watched(ctx: Any) -> Any:
     with log.open("a") as f:
         f.write(f"{ctx.run_id} end {ctx.attempt}\n")
     return "ok"
+
+
+def echo(ctx: Any) -> Any:
+    """Answers ``input.output`` (a node whose output the test chooses, such as a trace)."""
+    return ctx.input.get("output")

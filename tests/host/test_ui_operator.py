@@ -232,3 +232,41 @@ def test_a_run_page_with_a_thousand_events_loads_within_a_second(
     assert page.locator(".timeline .lane").count() == 202
     page.wait_for_selector(f"#events li:nth-child({events})", timeout=60_000)
     assert min(loads) < 1000, loads
+
+
+ECHO = {
+    "id": "echo",
+    "timeout_ms": 60_000,
+    "initial_node": "rank",
+    "actions": [{"id": "e", "kind": "python", "implementation": {"handler": "echo"}}],
+    "nodes": [{"id": "rank", "action_id": "e"}],
+}
+TRACE = {
+    "spans": [
+        {"node_id": "src", "op": "source", "start_ms": 0, "end_ms": 2, "outcome": "ok",
+         "parent": None},
+        {"node_id": "score", "op": "map", "start_ms": 2, "end_ms": 9, "outcome": "ok",
+         "parent": None, "deps": ["src"]},
+    ],
+    "wrappers": {},
+}  # fmt: skip
+
+
+def test_a_node_that_ran_a_pipeline_links_to_its_trace_and_back(
+    served: Server, page: Any, tmp_path: Path
+) -> None:
+    """A node whose output is a pipeline trace links to it from the attempts table; the trace
+    page draws its spans and links back to the node, with no upload."""
+    assert served.client.put("/v1/definitions/echo", json=ECHO).status_code in (200, 201)
+    run_id = served.start("echo", {"output": {"rows": [], "trace": TRACE}})
+    assert served.wait_run(run_id)["run"]["status"] == "completed"
+    page.goto(f"{served.url}/ui/runs/{run_id}")
+    page.click("a.trace-link")
+    page.wait_for_url(f"**/ui/runs/{run_id}/trace/*")
+    assert page.locator("#trace-timeline .lane").count() == 2
+    assert page.locator("form.trace-form").count() == 0
+    _shot(page, tmp_path, "run-trace")
+    page.click("#trace-source a")
+    page.wait_for_url(f"**/ui/runs/{run_id}#token-*")
+    missing = served.client.get(f"/ui/runs/{run_id}/trace/nope")
+    assert missing.status_code == 404

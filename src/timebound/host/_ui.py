@@ -10,6 +10,7 @@ it is read, so a missing or lying Content-Length does not get past the body limi
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -237,9 +238,40 @@ async def run_page(request: Request) -> Response:
             "pending": pending(run, detail["tokens"], detail["attempts"]),
             "actions": actions_for(run, detail["tokens"]),
             "waits": children,
+            "traces": {t["id"] for t in detail["tokens"] if _is_trace(t["output"])},
             "max_extension_s": host.config.max_extension_s,
             "fragment": request.query_params.get("part") == "live",
         },
+    )
+
+
+def _is_trace(output: Any) -> bool:
+    """Whether a node's output looks like a pipeline trace (``Trace.to_json()``, or the output
+    of ``timebound pipeline run --json``), which the run page links to (D8.21)."""
+    if not isinstance(output, dict):
+        return False
+    return "spans" in output or isinstance(output.get("trace"), dict)
+
+
+async def run_trace_page(request: Request) -> Response:
+    """The pipeline trace a run's node produced, drawn as an uploaded one is (no export and
+    upload needed); 404 when the node's output is no trace."""
+    host = _host(request)
+    run_id, token_id = request.path_params["run_id"], request.path_params["token_id"]
+    try:
+        tokens = await host.engine.tokens(run_id)
+    except KeyError:
+        raise Problem(404, f"no run {run_id!r}") from None
+    token = next((t for t in tokens if t["id"] == token_id), None)
+    if token is None or not _is_trace(token["output"]):
+        raise Problem(404, f"node {token_id!r} of run {run_id!r} produced no pipeline trace")
+    try:
+        view = trace_view(read_trace(json.dumps(token["output"]).encode()))
+    except TraceError as exc:
+        raise Problem(422, f"the node's output is not a pipeline trace: {exc}") from None
+    source = {"run_id": run_id, "node_id": token["node_id"], "token_id": token_id}
+    return _render(
+        request, "trace.html", {"trace": view, "error": None, "pasted": "", "source": source}
     )
 
 
@@ -369,6 +401,7 @@ def ui_routes() -> list[Route | Mount]:
         Route("/ui/deferred/{op_id}/poll", operation_poll, methods=["POST"]),
         Route("/ui/deferred/{op_id}/cancel", operation_cancel, methods=["POST"]),
         Route("/ui/runs/{run_id}", run_page),
+        Route("/ui/runs/{run_id}/trace/{token_id}", run_trace_page),
         Route("/ui/runs/{run_id}/cancel", cancel, methods=["POST"]),
         Route("/ui/traces", traces_page, methods=["GET"]),
         Route("/ui/traces", trace_upload, methods=["POST"]),
