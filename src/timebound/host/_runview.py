@@ -78,10 +78,14 @@ def lanes_of(stretches: list[dict[str, Any]], start_ms: int, end_ms: int) -> lis
 
 
 def pending(
-    run: dict[str, Any], tokens: list[dict[str, Any]], stretches: list[dict[str, Any]]
+    run: dict[str, Any],
+    tokens: list[dict[str, Any]],
+    stretches: list[dict[str, Any]],
+    timer: dict[str, Any] | None = None,
 ) -> dict[str, Any] | None:
     """What a running run waits for: its deadline, each live token's deadline, the retry delays
-    under way, and the next durable timer among them (``None`` once the run has ended)."""
+    under way, and what comes next: the run's next stored durable ``timer`` (run, node or join
+    deadline) or a retry delay's end, whichever is first (``None`` once the run has ended)."""
     if run["status"] != "running":
         return None
     live = [
@@ -100,9 +104,17 @@ def pending(
         for s in stretches
         if s["kind"] == "delay" and s["end_ms"] is None and s.get("until_ms")
     ]
-    timers = [("run deadline", run["timeout_at"])]
-    timers += [(f"node {t['node_id']} deadline", t["deadline_ms"]) for t in live]
-    timers += [(f"node {d['node_id']} retry", d["until_ms"]) for d in delays]
+    nodes = {t["token_id"]: t["node_id"] for t in live}
+    timers = [(f"node {d['node_id']} retry", d["until_ms"]) for d in delays]
+    if timer is not None:
+        kind, key = timer["kind"], timer["key"]
+        if kind == "token":
+            what = f"node {nodes.get(key.split(':', 1)[-1], '?')} deadline"
+        elif kind == "join":
+            what = "join deadline"
+        else:
+            what = "run deadline"
+        timers.append((what, timer["due_ms"]))
     due = [t for t in timers if t[1] is not None]
     following = min(due, key=lambda t: t[1]) if due else None
     return {

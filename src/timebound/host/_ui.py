@@ -235,7 +235,9 @@ async def run_page(request: Request) -> Response:
             "markers": markers,
             "span_ms": tl["end_ms"] - tl["start_ms"],
             "now_ms": _clock.wall_ms(),
-            "pending": pending(run, detail["tokens"], detail["attempts"]),
+            "pending": pending(
+                run, detail["tokens"], detail["attempts"], await host.engine.next_timer(run["id"])
+            ),
             "actions": actions_for(run, detail["tokens"]),
             "waits": children,
             "traces": {t["id"] for t in detail["tokens"] if _is_trace(t["output"])},

@@ -127,6 +127,16 @@ class RunReads:
             )
         return {r["id"]: r["child_run_id"] for r in rows}
 
+    async def next_timer(self, run_id: str) -> dict[str, Any] | None:
+        """The run's next durable timer (``key``, ``kind``: run, token or join, ``due_ms``), as
+        stored: what will fire next unless something else happens first."""
+        async with self._read() as tx:
+            return await tx.fetchone(
+                "SELECT key, kind, due_ms FROM tb_timers WHERE stream = ? "
+                "ORDER BY due_ms, priority LIMIT 1",
+                run_id,
+            )
+
     async def waiting_on(self, ref: str) -> list[dict[str, Any]]:
         """The tokens waiting on ``ref`` (a deferred operation's id or a child run's): their
         run, token and node, for the link back from the operation to the node."""
