@@ -100,7 +100,7 @@ def test_keyboard_reaches_and_opens_a_run(host: Server, page: Any) -> None:
     page.goto(host.url + "/ui/")
     page.keyboard.press("Tab")
     assert page.evaluate("document.activeElement.className") == "skip"
-    for _ in range(20):
+    for _ in range(60):  # past the filters (a date-time field has a stop per part)
         page.keyboard.press("Tab")
         href = page.evaluate("document.activeElement.getAttribute('href') || ''")
         if href.startswith("/ui/runs/"):

@@ -82,17 +82,18 @@ async def test_retry_refuses_a_running_or_completed_run(virtual_clock, make_engi
 async def test_retry_of_a_timed_out_run_gets_a_fresh_workflow_timeout(
     virtual_clock, make_engine
 ) -> None:
-    """A run timed out at 5 s, retried at once, times out again 5 s after the retry."""
+    """A run timed out at 5 s and retried times out again exactly 5 s after the retry."""
     d = definition([{"id": "A"}], timeout_ms=5000)
     async with make_engine(HANDLERS, d) as engine:
         run_id = await engine.start("wf", {"A": 60})
         await engine.wait(run_id)
-        first = await engine.get_run(run_id)
         await engine.retry(run_id, reason="try again")
         result = await engine.wait(run_id)
         row = await engine.get_run(run_id)
+        (retried,) = by_kind(await engine.events(run_id), "run_retried")
     assert result.status == "timed_out"
-    assert row["timeout_at"] == first["finished_at"] + 5000 == row["finished_at"]
+    assert row["timeout_at"] == retried["at_epoch_ms"] + 5000 == row["finished_at"]
+    assert retried["timeout_at"] == row["timeout_at"]
 
 
 async def test_terminate_ends_the_run_failed_with_who_and_why(virtual_clock, make_engine) -> None:

@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 
 from .._core import _clock
 from .._core._deadline import Deadline
-from .._core._durations import Duration, to_seconds
+from .._core._durations import to_seconds
 from .._core._errors import ConfigurationError
 from .._core._scopes import fail_after
 from .._store import Store, Tx, open_store, wake_delay
