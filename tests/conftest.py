@@ -16,7 +16,7 @@ import pytest
 
 import timebound as tb
 from timebound._core import _clock, _scopes
-from timebound.telemetry import _events
+from timebound.telemetry import _events, _tracing
 
 PG_HOST, PG_PORT = "127.0.0.1", 5432
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
@@ -62,11 +62,13 @@ def _no_process_state_left_behind() -> Iterator[None]:
     Each of these once leaked and broke later tests in random order: a virtual clock restored
     after its test ended (time froze for the rest of the run), a spent deadline left in the main
     thread's context by the signal tier, an alarm or SIGALRM handler left armed, a listener left
-    registered. A signal mask left changed would keep SIGALRM from the main thread.
+    registered, a span exporter left installed. A signal mask left changed would keep SIGALRM
+    from the main thread.
     """
     alarm_handler = signal.getsignal(signal.SIGALRM)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
     listeners = list(_events._listeners)
+    tracer = _tracing._tracer
     yield
     problems = []
     if signal.pthread_sigmask(signal.SIG_BLOCK, ()) != mask:
@@ -81,5 +83,7 @@ def _no_process_state_left_behind() -> Iterator[None]:
         problems.append("an ITIMER_REAL alarm is still armed")
     if list(_events._listeners) != listeners:
         problems.append("telemetry listeners were added or removed")
+    if _tracing._tracer is not tracer:
+        problems.append("a span exporter was installed or removed")
     if problems:
         pytest.fail("the test left process state behind: " + "; ".join(problems))

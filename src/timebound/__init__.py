@@ -13,6 +13,7 @@ from ._version import __version__ as __version__
 # `timebound.fial_after` stays a type error).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ._core._body import TooLarge as TooLarge
     from ._core._deadline import Deadline as Deadline
     from ._core._durations import Duration as Duration
     from ._core._durations import to_seconds as to_seconds
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
     from ._core._scopes import no_deadline as no_deadline
     from ._core._scopes import remaining as remaining
     from ._core._scopes import spawn_background as spawn_background
+    from ._json import JSONError as JSONError
+    from ._json import TooDeep as TooDeep
     from .policies import resilient as resilient
 
 __all__ = [
@@ -48,8 +51,11 @@ __all__ = [
     "DeadlineExceeded",
     "Duration",
     "InvalidInput",
+    "JSONError",
     "RetryExhausted",
     "TimeboundError",
+    "TooDeep",
+    "TooLarge",
     "abandoned_threads",
     "acheckpoint",
     "checkpoint",
@@ -82,6 +88,9 @@ _LOCATIONS: dict[str, str] = {
     "InvalidInput": "._core._errors",
     "RetryExhausted": "._core._errors",
     "TimeboundError": "._core._errors",
+    "JSONError": "._json",
+    "TooDeep": "._json",
+    "TooLarge": "._core._body",
     "abandoned_threads": "._core._preempt",
     "acheckpoint": "._core._scopes",
     "checkpoint": "._core._scopes",

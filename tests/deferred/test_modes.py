@@ -420,7 +420,7 @@ async def test_the_continuation_holds_what_resuming_checks(
             caplog.text,
         ]
     assert result.status == "completed"
-    key = f"{run_id}:{tok['id']}:1"
+    key = f"{run_id}:{tok['id']}:A"  # run, token and node: stable across a crash re-run
     assert cont == {
         "schema": "timebound.continuation.v1",
         "resume_kind": "timebound.workflow",

@@ -32,7 +32,9 @@ def test_run_page_timeline_marks_the_timeout_and_the_bound(host: Server, page: A
     run_id = host.start("bounded", {"sleep_s": 30})
     host.wait_run(run_id)
     page.goto(f"{host.url}/ui/runs/{run_id}")
-    assert page.inner_text("#bound-fired") == "execution bound on node a (200 ms, policy fail)"
+    assert page.inner_text("#bound-fired") == (
+        "execution bound on node a (200 ms set by the node, policy fail)"
+    )
     bar = page.locator(".timeline .bar.timed_out")
     what, took = bar.inner_text().splitlines()
     # Its duration is beside it: at least the 200 ms bound (never early), then the bound's layer.

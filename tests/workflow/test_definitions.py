@@ -204,9 +204,10 @@ def test_yaml_alias_bomb_is_refused() -> None:
 
 
 def test_deeply_nested_json_is_a_definition_error() -> None:
-    """Nesting beyond the recursion limit is reported, not a RecursionError."""
+    """Nesting beyond the recursion limit is reported as too deep (D6.20), with its path."""
     err = _error("[" * 100_000 + "]" * 100_000)
-    assert "nested too deeply" in str(err)
+    assert "nested deeper than the limit of 64 levels" in str(err)
+    assert err.code == "too-deep" and err.path == "[0]" * 64
 
 
 def test_invalid_yaml_is_reported() -> None:

@@ -658,13 +658,14 @@ async def test_foreach_over_too_many_items_fails_the_run(virtual_clock, make_eng
 
 
 async def test_deeply_nested_input_is_a_clear_error(virtual_clock, make_engine) -> None:
-    """Input nested beyond the recursion limit is refused with a ConfigurationError."""
+    """Input nested beyond the recursion limit is refused as too deep (D6.20)."""
     deep: Any = []
     for _ in range(100_000):
         deep = [deep]
     async with make_engine(HANDLERS, definition([{"id": "A"}])) as engine:
-        with pytest.raises(tb.ConfigurationError, match="must be JSON"):
+        with pytest.raises(tb.TooDeep, match="nested deeper than the limit of 64 levels") as err:
             await engine.start("wf", deep)
+    assert err.value.code == "too-deep"
 
 
 async def test_one_stored_version_never_names_two_bodies(virtual_clock, make_engine) -> None:

@@ -90,16 +90,6 @@ async def test_bare_498_is_an_action_error(server, tmp_path) -> None:
     assert result.status == "failed" and "HTTP 498" in (result.error or "")
 
 
-async def test_downstream_expiry_within_the_nodes_budget_is_an_action_error(
-    server, tmp_path
-) -> None:
-    """A downstream reporting its budget spent while the node still has time is an error."""
-    _, url = server
-    result, events = await _run(tmp_path, url + "/marked", 20_000)
-    assert not [e for e in events if e["kind"] == "token_timed_out"]
-    assert result.status == "failed" and "propagated deadline" in (result.error or "")
-
-
 async def test_slow_server_is_cut_at_the_node_deadline(server, tmp_path) -> None:
     """A server slower than the node's budget ends the attempt as a node timeout."""
     _, url = server

@@ -106,9 +106,11 @@ async def test_terminate_ends_the_run_failed_with_who_and_why(virtual_clock, mak
         result = await engine.wait(run_id)
         with pytest.raises(wf.OperatorRefused) as again:
             await engine.terminate(run_id, reason="stuck", operator="bob")
+        row = await engine.get_run(run_id)
         tokens = await engine.tokens(run_id)
         events = await engine.events(run_id)
     assert result == wf.RunResult("failed", None, "terminated by bob: stuck")
+    assert row["error_code"] == "terminated"
     assert [t["status"] for t in tokens] == ["cancelled"]
     assert by_kind(events, "run_terminated")[0]["reason"] == "stuck"
     assert again.value.code == "run-ended"
@@ -130,6 +132,10 @@ async def test_extend_the_run_deadline_moves_the_timeout_exactly(
     assert row["finished_at"] == row["timeout_at"] == row["started_at"] + 15_000
     (ext,) = by_kind(events, "deadline_extended")
     assert ext["target"] == "run" and ext["by_ms"] == 10_000 and ext["operator"] == "carol"
+    # The timeout reports the bound in force: 15 s, its deadline, no lag (D6.17).
+    (cut,) = by_kind(events, "token_timed_out")
+    assert cut["timeout_duration_ms"] == 15_000 and cut["deadline_at"] == row["timeout_at"]
+    assert cut["detection_lag_ms"] == 0
     assert answer["extension_used_ms"] == 10_000
     # The attempt, cut at the 5 s it began with, ran again under the new deadline (D6.28).
     assert by_kind(events, "token_redispatched")

@@ -1,4 +1,5 @@
-"""JSON documents that someone else wrote: checking them against the JSON Schemas timebound ships.
+"""JSON documents that someone else wrote: reading them strictly and checking them against the
+JSON Schemas timebound ships.
 
 One implementation for every engine (workflow definitions, deferred-operation documents, pipeline
 plans), so that the draft, the format checks, the regular-expression dialect, which error is
@@ -6,5 +7,15 @@ reported first and how its place is written never drift apart between them.
 """
 
 from ._schema import SchemaProblem, SchemaValidator, json_path
+from ._strict import MAX_DEPTH, JSONError, TooDeep, check, loads
 
-__all__ = ["SchemaProblem", "SchemaValidator", "json_path"]
+__all__ = [
+    "MAX_DEPTH",
+    "JSONError",
+    "SchemaProblem",
+    "SchemaValidator",
+    "TooDeep",
+    "check",
+    "json_path",
+    "loads",
+]

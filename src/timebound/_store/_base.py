@@ -14,6 +14,8 @@ from typing import Any
 
 from .._core._deadline import Deadline
 from .._core._errors import TimeboundError
+from ..telemetry import _durable
+from ..telemetry._events import Event, enabled
 
 __all__ = ["Store", "StoreBusy", "StoreError", "Tx", "wake_delay"]
 
@@ -57,6 +59,7 @@ class Tx:
 
     def __init__(self) -> None:
         self._events: list[tuple[str, str, int, str]] = []
+        self._announced: list[Event] = []  # telemetry events, emitted after the commit (D10.3)
         self._writes: list[tuple[Hashable, str, tuple[Any, ...]]] = []
         self._written: set[Hashable] = set()  # the rows the deferred writes touch
         self.held: dict[Any, Any] = {}
@@ -179,8 +182,22 @@ class Tx:
     # Events ------------------------------------------------------------------------------
 
     async def append_event(self, stream: str, kind: str, at_ms: int, **data: Any) -> None:
-        """Record an event; written with the transaction's other events at commit, in order."""
+        """Record an event; written with the transaction's other events at commit, in order,
+        and then (only if the commit succeeded) emitted to the telemetry listeners."""
         self._events.append((stream, kind, at_ms, json.dumps(data)))
+        if enabled():
+            self._announced.append(_durable.workflow_event(stream, kind, at_ms, data))
+
+    def announce(self, event: Event) -> None:
+        """Emit ``event`` to the telemetry listeners once this transaction has committed."""
+        self._announced.append(event)
+
+    def committed(self) -> None:
+        """Called by the backend after the commit returned: emit what was announced. A rolled-back
+        transaction never calls it, so its events are heard by nobody (D10.3)."""
+        if self._announced:
+            events, self._announced = self._announced, []
+            _durable.emit_committed(events)
 
     async def flush_events(self) -> None:
         """Write the deferred writes and the recorded events (backends call this just before

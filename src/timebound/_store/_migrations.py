@@ -163,6 +163,33 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "CREATE INDEX tb_events_kind ON tb_events (kind)",
         ),
     ),
+    (
+        4,
+        (
+            # The W3C trace context of a run's span, so a worker in another process continues
+            # the run's trace (D10.5); NULL when spans were not exported at its start.
+            "ALTER TABLE tb_wf_runs ADD COLUMN traceparent TEXT",
+            # The trace context of the span that registered a deferred operation, so a poller in
+            # another process polls it inside that trace (D10.6).
+            "ALTER TABLE tb_deferred_ops ADD COLUMN traceparent TEXT",
+        ),
+    ),
+    (
+        5,
+        (
+            # The run's own bound (D6.17): which of the definition's timeout, the caller's
+            # deadline or the parent's inherited deadline set timeout_at, as JSON
+            # {set_by, duration_ms, deadline_at}; and how the run ended as a stable code
+            # (error_code), so nothing recognises a timeout by its message.
+            "ALTER TABLE tb_wf_runs ADD COLUMN timeout_bound TEXT",
+            "ALTER TABLE tb_wf_runs ADD COLUMN error_code TEXT",
+            # Idempotent starts (D6.18): one run per key; the digest of what was asked tells a
+            # repeat from a different request under the same key.
+            "ALTER TABLE tb_wf_runs ADD COLUMN idempotency_key TEXT",
+            "ALTER TABLE tb_wf_runs ADD COLUMN request_digest TEXT",
+            "CREATE UNIQUE INDEX tb_wf_runs_idem ON tb_wf_runs (idempotency_key)",
+        ),
+    ),
 )
 
 

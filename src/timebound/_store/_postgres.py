@@ -133,12 +133,16 @@ class PostgresStore(Store):
         if self._pool is None:
             raise StoreError("the store is not open")
         with _clock.real_io():
-            async with self._pool.acquire() as conn, conn.transaction():
-                tx = _PgTx(conn)
-                yield tx
-                await tx.flush_events()
-                if tx.wake_others:  # delivered at commit, never for a rolled-back change
-                    await conn.execute(f'NOTIFY "{self._channel}"')
+            async with self._pool.acquire() as conn:
+                async with conn.transaction():
+                    tx = _PgTx(conn)
+                    yield tx
+                    await tx.flush_events()
+                    if tx.wake_others:  # delivered at commit, never for a rolled-back change
+                        await conn.execute(f'NOTIFY "{self._channel}"')
+                # At once after the commit returned, before the connection goes back to the
+                # pool (an await a cancellation could interrupt); never after a rollback (D10.3).
+                tx.committed()
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[Tx]:

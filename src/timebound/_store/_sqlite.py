@@ -136,6 +136,7 @@ class SqliteStore(Store):
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+        tx.committed()
 
     @asynccontextmanager
     async def read(self) -> AsyncIterator[Tx]:

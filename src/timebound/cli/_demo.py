@@ -17,42 +17,17 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import timebound as tb
-from timebound.telemetry import Event, add_listener
+from timebound.telemetry import Timeline, add_listener
 
 __all__ = ["register"]
 
 
-class _Timeline:
-    """Prints events as ``+  123.4 ms  what happened`` lines relative to a scene's start."""
-
-    def __init__(self, out: TextIO) -> None:
-        self.out = out
-        # The event loop's clock: the one the deadlines of the scenes are measured on (D1.1).
-        self.clock = asyncio.get_running_loop().time
-        self.start = self.clock()
+class _Timeline(Timeline):
+    """The one event timeline (``+  123.4 ms  what happened``), restarted at each scene."""
 
     def scene(self, title: str) -> None:
-        self.start = self.clock()
+        self.restart()
         print(f"\n== {title}", file=self.out)
-
-    def say(self, text: str) -> None:
-        elapsed_ms = (self.clock() - self.start) * 1000
-        print(f"  +{elapsed_ms:7.1f} ms  {text}", file=self.out)
-
-    def listener(self, event: Event) -> None:
-        attrs = event.attrs
-        name = event.name
-        policy = attrs.get("policy", "?")
-        if name == "attempt.start":
-            self.say(f"{policy}: attempt {attrs.get('attempt')} starts")
-        elif name == "attempt.end":
-            outcome = attrs.get("outcome")
-            detail = f" ({attrs.get('error')})" if outcome != "ok" and attrs.get("error") else ""
-            self.say(f"{policy}: attempt {attrs.get('attempt')} -> {outcome}{detail}")
-        elif name == "retry.delay" and attrs.get("delay", 0) > 0:
-            self.say(f"{policy}: waiting {attrs.get('delay', 0) * 1000:.0f} ms before retrying")
-        elif name == "fallback":
-            self.say(f"{policy}: fallback used ({attrs.get('reason')})")
 
 
 async def _scene_nested(tl: _Timeline) -> None:
@@ -120,7 +95,7 @@ async def _scene_fallback(tl: _Timeline) -> None:
 
 async def _demo(out: TextIO) -> None:
     tl = _Timeline(out)
-    remove: Callable[[], None] = add_listener(tl.listener)
+    remove: Callable[[], None] = add_listener(tl)
     try:
         await _scene_nested(tl)
         await _scene_retry(tl)

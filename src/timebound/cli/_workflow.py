@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import importlib
 import importlib.util
 import json
@@ -19,6 +18,7 @@ import types
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..telemetry import Event, Timeline, add_listener
 from ..workflow import DefinitionError, Engine, parse_definition, schema
 
 __all__ = ["register"]
@@ -105,54 +105,31 @@ def _run(args: argparse.Namespace) -> int:
     return _EXIT[status]
 
 
-def _describe(event: dict[str, Any]) -> str | None:
-    kind = event["kind"]
-    node = event.get("node_id")
-    if kind == "token_timed_out":
-        return (
-            f"token {node}: timed out ({event['timeout_type']} bound, "
-            f"{event['timeout_duration_ms']} ms, policy {event['policy_applied']})"
-        )
-    if kind == "join_timed_out":
-        return (
-            f"join {event['transition_id']}: synchronization bound fired "
-            f"({event['timeout_duration_ms']} ms, policy {event['policy_applied']})"
-        )
-    if kind == "join_decided":
-        return f"join {event['transition_id']}: proceeds with branches {event['branches']}"
-    if kind.startswith("token_") and kind != "token_dispatched":
-        branch = event.get("branch_index")
-        where = f"{node}[{branch}]" if branch is not None else str(node)
-        extra = f": {event['error']}" if event.get("error") else ""
-        return f"token {where}: {kind.removeprefix('token_')}{extra}"
-    if kind.startswith("run_"):
-        return f"run: {kind.removeprefix('run_')}" + (
-            f" ({event['error']})" if event.get("error") else ""
-        )
-    return None
-
-
 async def _run_and_show(engine: Engine, definition_id: str, run_input: Any, out: TextIO) -> str:
-    async with engine:
-        run_id = await engine.start(definition_id, run_input)
-        print(f"run {run_id}", file=out)
-        waiter = asyncio.ensure_future(engine.wait(run_id))
-        shown = 0
-        started: int | None = None
-        while True:
-            events = await engine.events(run_id)
-            for event in events[shown:]:
-                started = event["at_epoch_ms"] if started is None else started
-                line = _describe(event)
-                if line is not None:
-                    print(f"  +{event['at_epoch_ms'] - started:7d} ms  {line}", file=out)
-            shown = len(events)
-            if waiter.done():
-                break
-            # Progress display only; the run's own timing never depends on this interval.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(waiter), 0.05)
-        result = waiter.result()
+    # The run's events as the engine commits them (D10.3), in the one timeline (D10.6a). They
+    # may arrive before start() returns the run's id: kept until it is known.
+    run_id: str | None = None
+    early: list[Event] = []
+    timeline = Timeline(out)
+
+    def show(event: Event) -> None:
+        if event.kind != "workflow":
+            return
+        if run_id is None:
+            early.append(event)
+        elif event.correlation.get("run") == run_id:
+            timeline(event)
+
+    remove = add_listener(show)
+    try:
+        async with engine:
+            run_id = await engine.start(definition_id, run_input)
+            print(f"run {run_id}", file=out)
+            for event in early:
+                show(event)
+            result = await engine.wait(run_id)
+    finally:
+        remove()
     print(f"status: {result.status}", file=out)
     if result.error:
         print(f"error: {result.error}", file=out)

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from datetime import UTC, datetime
 from functools import cache
 from importlib import resources
 from typing import Any
 
 from .._core._errors import InvalidInput
-from .._json import SchemaValidator, json_path
+from .._json import JSONError, SchemaValidator, TooDeep
+from .._json import check as check_json
 from ._quickcheck import Quick, compile_quick
 
 __all__ = [
@@ -83,56 +83,20 @@ def _check(name: str, doc: object) -> None:
         raise SchemaError(
             name, "$", "type", f"a document is a JSON object, not {type(doc).__name__}"
         )
-    bad = _not_json(doc)
-    if bad is not None:
+    try:
         # jsonschema would pass a set or a NaN where the schema allows any value (a result),
-        # and the digest and the stored text could not be made from it afterwards.
-        path, what = bad
-        raise SchemaError(name, path, "json", what)
+        # and the digest and the stored text could not be made from it afterwards; a value
+        # nested past the limit (D6.20) would make them raise RecursionError.
+        check_json(doc, what="the value")
+    except TooDeep as exc:
+        raise SchemaError(name, exc.path, exc.code, str(exc)) from None
+    except JSONError as exc:
+        raise SchemaError(name, exc.path, "json", str(exc)) from None
     if _quick(name)(doc) is True:
         return  # the quick check only says True when the full validation accepts (see there)
     problem = _validator(name).first_problem(doc)
     if problem is not None:
         raise SchemaError(name, problem.path, problem.rule, problem.message)
-
-
-def _not_json(value: object) -> tuple[str, str] | None:
-    """``(JSON path, what is wrong)`` for the first value JSON cannot carry (a set, a tuple,
-    bytes, a NaN or an infinity, a non-string key, a cycle), or ``None`` when it is JSON."""
-    keys: list[str | int] = []
-    bad = _first_bad(value, keys, set())
-    if bad is None:
-        return None
-    return json_path(reversed(keys)), bad
-
-
-def _first_bad(value: object, keys: list[str | int], open_: set[int]) -> str | None:
-    # The keys leading to a failure are appended on the way out, innermost first.
-    if value is None or isinstance(value, (str, bool, int)):
-        return None
-    if isinstance(value, float):
-        return None if math.isfinite(value) else f"{value!r} is not a JSON number"
-    if not isinstance(value, (dict, list)):
-        return f"{type(value).__name__} {_short(repr(value))} is not a JSON value"
-    if id(value) in open_:
-        return "the value contains itself"
-    open_.add(id(value))
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                return f"key {_short(repr(key))} is not a string"
-            bad = _first_bad(item, keys, open_)
-            if bad is not None:
-                keys.append(key)
-                return bad
-    else:
-        for index, item in enumerate(value):
-            bad = _first_bad(item, keys, open_)
-            if bad is not None:
-                keys.append(index)
-                return bad
-    open_.discard(id(value))
-    return None
 
 
 def _short(message: str) -> str:

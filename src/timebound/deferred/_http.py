@@ -16,14 +16,25 @@ from __future__ import annotations
 import json
 import re
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urljoin, urlsplit
 
+from .._core._body import (
+    DEFAULT_MAX_BYTES,
+    Disconnected,
+    TooLarge,
+    asgi_chunks,
+    declared_too_large,
+    read_capped,
+)
+from .._core._errors import ConfigurationError
+from .._json import JSONError
+from .._json import loads as loads_json
 from ._contract import TERMINAL
-from ._poller import TransientPollError
+from ._poller import PollRefused, TransientPollError
 from ._registry import Gone, IdempotencyConflict, Operation, Registry
 from ._service import Overloaded, Service, UnknownKind
 
-__all__ = ["HttpConnector", "status_app"]
+__all__ = ["HttpConnector", "origin_of", "same_origin", "status_app"]
 
 _STATUS = re.compile(r"^/v1/deferred-operations/([^/]+)/(status|cancel)$")
 _START = re.compile(r"^/v1/operations/([^/]+)$")
@@ -31,20 +42,44 @@ _WAIT = re.compile(r"(?:^|[,;\s])wait=(\d{1,9})(?:$|[,;\s])")
 _MAX_BODY = 1024 * 1024
 
 
+def origin_of(url: str) -> str:
+    """``scheme://host:port`` of an absolute URL, as written (the origin hrefs are pinned to)."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def same_origin(origin: str, href: str) -> bool:
+    """Whether ``href`` (absolute, or relative to ``origin``) stays on ``origin`` (D7.13).
+
+    The one check of where a connector's hrefs may lead: the host follows them with the poll's
+    headers, so an href to another origin would make it a proxy to anywhere (blind SSRF).
+    """
+    parts = urlsplit(urljoin(origin + "/", href))
+    return f"{parts.scheme}://{parts.netloc}" == origin
+
+
 class HttpConnector:
     """Polls and cancels operations over HTTP with an ``httpx.AsyncClient``.
 
     Give the client a :class:`timebound.propagation.httpx.AsyncDeadlineTransport` (the default
     client does) so the poller's deadline bounds and travels with each call; relative
-    ``status_href``/``cancel_href`` are resolved against ``base_url``.
+    ``status_href``/``cancel_href`` are resolved against ``base_url``. An href on another origin
+    than ``base_url``'s is never followed (``foreign-href``, D7.13), and an answer is read with a
+    cap of ``max_bytes`` (``too-large``, D6.21): either fails the operation.
     """
 
-    def __init__(self, base_url: str, client: Any = None) -> None:
+    def __init__(
+        self, base_url: str, client: Any = None, *, max_bytes: int = DEFAULT_MAX_BYTES
+    ) -> None:
         import httpx
 
         from ..propagation.httpx import AsyncDeadlineTransport
 
+        if max_bytes < 1:
+            raise ConfigurationError("max_bytes must be >= 1", option="max_bytes")
         self.base_url = base_url
+        self.origin = origin_of(base_url)
+        self.max_bytes = max_bytes
         self._client = (
             client
             if client is not None
@@ -73,19 +108,37 @@ class HttpConnector:
     async def _call(self, method: str, href: str) -> object:
         import httpx
 
+        if not same_origin(self.origin, href):
+            raise PollRefused(
+                "foreign-href",
+                f"{method} {_short(href)}: not on the connector's origin {self.origin}",
+            )
         try:
-            response = await self._client.request(method, href)
+            async with self._client.stream(method, href) as response:
+                if response.status_code == 429 or response.status_code >= 500:
+                    raise TransientPollError(
+                        f"poll-http-{response.status_code}",
+                        f"{method} {href}: {response.status_code}",
+                    )
+                declared_too_large(
+                    response.headers.get("content-length"), self.max_bytes, f"{method} {href}"
+                )
+                data = await read_capped(
+                    response.aiter_bytes(), self.max_bytes, what=f"the answer to {method} {href}"
+                )
+        except TooLarge as exc:
+            raise PollRefused(exc.code, str(exc)) from None
         except httpx.TransportError as exc:
             code = "poll-timeout" if isinstance(exc, httpx.TimeoutException) else "poll-unreachable"
             raise TransientPollError(code, f"{method} {href}: {type(exc).__name__}") from None
-        if response.status_code == 429 or response.status_code >= 500:
-            raise TransientPollError(
-                f"poll-http-{response.status_code}", f"{method} {href}: {response.status_code}"
-            )
         try:
-            return response.json()
-        except ValueError:
-            return None  # not JSON: the registry rejects it as a schema violation
+            return loads_json(data, what=f"the answer to {method} {href}")
+        except JSONError:
+            return None  # not JSON, or nested too deep: the registry rejects it (schema)
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 # The ASGI app ---------------------------------------------------------------------------
@@ -105,19 +158,10 @@ def _problem(status: int, title: str, detail: str) -> dict[str, Any]:
 
 
 async def _read_body(receive: Any) -> bytes | None:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > _MAX_BODY:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
+    try:
+        return await read_capped(asgi_chunks(receive), _MAX_BODY, what="the body")
+    except (TooLarge, Disconnected):
+        return None
 
 
 def status_app(registry: Registry, service: Service | None = None) -> Any:
@@ -195,9 +239,9 @@ def status_app(registry: Registry, service: Service | None = None) -> Any:
             await _send_json(send, 413, _problem(413, "Content Too Large", "body over 1 MiB"))
             return
         try:
-            payload = json.loads(body) if body else None
-        except ValueError:
-            await _send_json(send, 400, _problem(400, "Bad Request", "the body is not JSON"))
+            payload = loads_json(body, what="the body") if body else None
+        except JSONError as exc:
+            await _send_json(send, 400, _problem(400, "Bad Request", str(exc)))
             return
         prefer = headers.get("prefer", "")
         wait = _WAIT.search(prefer)

@@ -22,10 +22,11 @@ from .._core import _clock
 from .._core._errors import DeadlineExceeded, TimeboundError
 from .._core._scopes import fail_after
 from .._store import wake_delay
+from ..telemetry._tracing import poll_span
 from ._contract import TERMINAL
 from ._registry import Operation, Outcome, Registry, now_ms
 
-__all__ = ["Connector", "Poller", "TransientPollError"]
+__all__ = ["Connector", "PollRefused", "Poller", "TransientPollError"]
 
 _log = logging.getLogger("timebound.deferred")
 
@@ -45,6 +46,16 @@ class TransientPollError(TimeboundError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.code, str(self)))
+
+
+class PollRefused(Exception):
+    """An answer the host will not take from a connector, whatever a later poll says: an href
+    to another origin (``foreign-href``, D7.13), an answer past the byte cap (``too-large``,
+    D6.21). The operation fails with ``code``."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class Connector(Protocol):
@@ -265,9 +276,12 @@ class Poller:
                 with fail_after(self.poll_timeout_s):
                     self._window.take()  # the start the cap counts: the connector's call
                     taken = True
-                    doc = await connector.status(op)
+                    with poll_span(op.id, op.traceparent):  # D10.6
+                        doc = await connector.status(op)
             except TransientPollError as exc:  # the connector maps its transport's failures
                 return await self._failed(op, exc.code)
+            except PollRefused as exc:
+                return await self.registry.refuse(op.id, exc.code, str(exc))
             except DeadlineExceeded:  # the poll's own bound above
                 return await self._failed(op, "poll-timeout")
             except Exception:  # a broken connector backs off like a failing one, never spins
@@ -304,7 +318,10 @@ class Poller:
                     # be written fails its own poll only.
                     for op_id, doc, future in batch:
                         try:
-                            _settle(future, await self.registry.polled(op_id, doc))
+                            # Stored without resuming: a resumer that failed the round
+                            # must not keep the answer out; resume_due retries it (D7.10).
+                            outcome = await self.registry.polled(op_id, doc, resume=False)
+                            _settle(future, outcome)
                         except Exception as exc:
                             if not future.done():
                                 future.set_exception(exc)
@@ -359,9 +376,13 @@ class Poller:
         if op.status in TERMINAL or op.cancel_href is None or op.module not in self.connectors:
             return op.describe()
         await self.registry.mark_cancel_requested(op_id)
-        with fail_after(self.poll_timeout_s):
-            doc = await self.connectors[op.module].cancel(op)
-        await self.registry.apply_status(op_id, doc)
+        try:
+            with fail_after(self.poll_timeout_s):
+                doc = await self.connectors[op.module].cancel(op)
+        except PollRefused as exc:
+            await self.registry.refuse(op_id, exc.code, str(exc))
+        else:
+            await self.registry.apply_status(op_id, doc)
         fresh = await self.registry.get(op_id)
         assert fresh is not None
         return fresh.describe()

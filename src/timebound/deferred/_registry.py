@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -20,6 +20,16 @@ from .._core import _clock
 from .._core._deadline import Deadline
 from .._core._errors import TimeboundError
 from .._store import Store, Tx, open_store
+from ..telemetry._durable import deferred_event
+from ..telemetry._events import enabled
+from ..telemetry._tracing import caller_traceparent
+from ._continuations import (
+    ContinuationRefused,
+    Continuations,
+    RefusalHook,
+    Resumer,
+    Resumption,
+)
 from ._contract import (
     STATUS_SCHEMA,
     TERMINAL,
@@ -54,7 +64,8 @@ _COLUMNS = (
     "id, kind, module, status, created_ms, updated_ms, expires_ms, connector_updated_ms, "
     "next_poll_ms, retry_after_s, attempts, status_href, cancel_href, cancel_reason, "
     "cancel_requested_ms, correlation_id, continuation_digest, resumed_ms, resume_error, "
-    "last_error_code, result_digest, late_result_digest, status_digest, retain_until_ms"
+    "last_error_code, result_digest, late_result_digest, status_digest, retain_until_ms, "
+    "traceparent"
 )
 
 
@@ -75,18 +86,6 @@ class IdempotencyConflict(TimeboundError, ValueError):
     """The idempotency key was already used for a different request."""
 
     code = "idempotency-conflict"
-
-
-class ContinuationRefused(TimeboundError):
-    """Raised by a resumer that will not resume a continuation it cannot trust or read.
-
-    ``code`` is recorded as the operation's ``resume_error`` (like ``continuation-tampered``):
-    the continuation is refused for good, never retried.
-    """
-
-    def __init__(self, code: str) -> None:
-        super().__init__(code)
-        self.code = code
 
 
 class Gone(TimeboundError, LookupError):
@@ -123,6 +122,8 @@ class Operation:
     status_digest: str | None
     retain_until_ms: int | None
     connector_updated_ms: int | None
+    #: The W3C trace context of the span that registered it, when spans are exported (D10.6).
+    traceparent: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -147,21 +148,6 @@ class Operation:
             "result_digest": self.result_digest,
             "resumed": self.resumed_ms is not None,
         }
-
-
-@dataclass(frozen=True)
-class Resumption:
-    """What a resumer receives once an operation with a continuation is terminal."""
-
-    operation: Operation
-    continuation: dict[str, Any]
-    result: Any
-    error: dict[str, Any] | None
-
-
-Resumer = Callable[[Tx, Resumption], Awaitable[None]]
-#: Told, in the transaction that records it, that an operation's continuation was refused.
-RefusalHook = Callable[[Tx, Operation, str], Awaitable[None]]
 
 
 def _row_op(row: dict[str, Any]) -> Operation:
@@ -195,7 +181,7 @@ def check_continuation(continuation: object) -> str:
     return text
 
 
-class Registry:
+class Registry(Continuations):
     """Deferred operations on a durable store (``sqlite:///FILE`` or ``postgresql://…``).
 
     ``async with Registry(url) as reg`` opens the store (creating its tables) and closes it.
@@ -399,8 +385,8 @@ class Registry:
                 "INSERT INTO tb_deferred_ops (id, kind, module, status, created_ms, updated_ms, "
                 "expires_ms, next_poll_ms, retry_after_s, status_href, cancel_href, "
                 "cancel_reason, correlation_id, idem_digest, request_digest, continuation, "
-                "continuation_digest, status_digest) "
-                "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "continuation_digest, status_digest, traceparent) "
+                "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 op_id,
                 doc["operation/kind"],
                 module,
@@ -418,6 +404,7 @@ class Registry:
                 cont_text,
                 None if continuation is None else digest(continuation),
                 None,
+                caller_traceparent(),
             )
             await self._history(
                 tx, op_id, at, "pending", digest(doc), None if valid else "invalid-hint"
@@ -446,6 +433,8 @@ class Registry:
             doc_digest,
             code,
         )
+        if enabled():  # heard by telemetry listeners once the commit succeeded (D10.3)
+            tx.announce(deferred_event(op_id, at, status, code))
 
     # The state machine -------------------------------------------------------------------
 
@@ -677,20 +666,47 @@ class Registry:
             )
         return Outcome(True, code)
 
+    async def refuse(self, op_id: str, code: str, message: str) -> Outcome:
+        """A connector answered something the host refuses outright (an href to another origin,
+        D7.13; an answer past the byte cap, D6.21): the operation fails with ``code``, through
+        the same state machine as a connector's own ``failed``."""
+        at = now_ms()
+        async with self._store.transaction() as tx:
+            row = await self._row(tx, op_id, lock=True)
+            if row is None or row["status"] in TERMINAL:
+                return Outcome(False, None)
+            doc = {
+                "schema": STATUS_SCHEMA,
+                "schema/v": 1,
+                "operation/id": op_id,
+                "operation/kind": row["kind"],
+                "status": "failed",
+                "updated_at": format_time(at),
+                "error": _error(code, message[:500]),
+            }
+            outcome, _ = await self._apply(tx, row, doc, at)
+        self._changed()
+        return Outcome(outcome.applied, code)
+
     def _out_of_attempts(self, attempts: int) -> bool:
         cap = self.policy.max_attempts
         return cap is not None and attempts >= cap
 
-    async def polled(self, op_id: str, status_doc: object) -> Outcome:
+    async def polled(self, op_id: str, status_doc: object, *, resume: bool = True) -> Outcome:
         """Apply the status a poll returned and count the attempt (the poller's path)."""
-        return (await self.polled_many([(op_id, status_doc)]))[0]
+        return (await self.polled_many([(op_id, status_doc)], resume=resume))[0]
 
-    async def polled_many(self, answers: list[tuple[str, object]]) -> list[Outcome]:
+    async def polled_many(
+        self, answers: list[tuple[str, object]], *, resume: bool = True
+    ) -> list[Outcome]:
         """:meth:`polled` for a round of answers, in one transaction: one commit (and, with
         ``synchronous=FULL``, one fsync) per round instead of one per poll.
 
         Rows are locked in id order, so two hosts writing overlapping rounds on PostgreSQL
-        cannot deadlock. If the transaction fails, nothing of the round is written.
+        cannot deadlock. If the transaction fails, nothing of the round is written. With
+        ``resume`` an operation that ends resumes its continuation in the same transaction
+        (D7.10); without it (the poller's fallback after a failed round) :meth:`resume_due`
+        resumes it later.
         """
         at = now_ms()
         order = sorted(range(len(answers)), key=lambda i: answers[i][0])
@@ -699,6 +715,8 @@ class Registry:
             for i in order:
                 op_id, doc = answers[i]
                 outcomes[i] = await self._polled(tx, op_id, doc, at)
+                if resume and outcomes[i].applied:
+                    await self._resume_in(tx, op_id)
         self._changed()
         return outcomes
 
@@ -738,97 +756,3 @@ class Registry:
             )
             row = await self._row(tx, op_id)
         return None if row is None else _row_op(row)
-
-    # Continuations -----------------------------------------------------------------------
-
-    def on_resume(self, resume_kind: str, resumer: Resumer) -> None:
-        """Register how continuations of ``resume_kind`` resume.
-
-        The resumer runs inside the transaction that marks the continuation resumed, so a
-        resumer whose effect is in the same store resumes exactly once, also across a crash.
-        """
-        if resume_kind in self._resumers:
-            raise ValueError(f"a resumer for {resume_kind!r} is already registered")
-        self._resumers[resume_kind] = resumer
-
-    def on_refused(self, hook: RefusalHook) -> None:
-        """Register what happens when a continuation is refused (tampered, unknown version, or
-        refused by its resumer): ``hook(tx, operation, code)`` runs in the transaction that
-        records the refusal. It is told the operation, never the untrusted continuation."""
-        self._on_refused = hook
-
-    async def resume_due(self, limit: int = 100) -> int:
-        """Resume every terminal operation whose continuation has not resumed yet."""
-        async with self._store.transaction() as tx:
-            rows = await tx.fetch(
-                # status first: the (status, expires_ms) index skips the live rows.
-                "SELECT id FROM tb_deferred_ops WHERE status IN "
-                "('completed', 'failed', 'timed-out', 'cancelled', 'expired', 'unknown') "
-                "AND resumed_ms IS NULL AND resume_error IS NULL AND continuation IS NOT NULL "
-                "ORDER BY updated_ms, id LIMIT ?",
-                limit,
-            )
-        done = 0
-        for r in rows:
-            try:
-                done += await self._resume_one(r["id"])
-            except Exception as exc:  # rolled back: it stays due and is tried again next round
-                # The type only: a resumer's message may carry the continuation's content.
-                _log.warning("resuming %s failed (%s); will retry", r["id"], type(exc).__name__)
-        return done
-
-    async def _resume_one(self, op_id: str) -> int:
-        refusal: str | None = None
-        try:
-            async with self._store.transaction() as tx:
-                row = await self._row(tx, op_id, lock=True)
-                if row is None or row["resumed_ms"] is not None or row["resume_error"] is not None:
-                    return 0
-                refusal, resumption = self._resumption(row)
-                if resumption is None:
-                    raise _Refused
-                resumer = self._resumers.get(resumption.continuation["resume_kind"])
-                if resumer is None:
-                    return 0  # its owner has not started yet: it resumes when it registers
-                try:
-                    await resumer(tx, resumption)
-                except ContinuationRefused as exc:
-                    refusal = exc.code
-                    raise _Refused from None
-                await tx.execute(
-                    "UPDATE tb_deferred_ops SET resumed_ms = ? WHERE id = ?", now_ms(), op_id
-                )
-                await self._history(tx, op_id, now_ms(), row["status"], None, "resumed")
-            return 1
-        except _Refused:
-            pass
-        async with self._store.transaction() as tx:
-            await tx.execute(
-                "UPDATE tb_deferred_ops SET resume_error = ? WHERE id = ?", refusal, op_id
-            )
-            await self._history(tx, op_id, now_ms(), "refused", None, refusal)
-            if self._on_refused is not None:
-                row = await self._row(tx, op_id, lock=True)
-                assert row is not None and refusal is not None
-                await self._on_refused(tx, _row_op(row), refusal)
-        return 0
-
-    def _resumption(self, row: dict[str, Any]) -> tuple[str | None, Resumption | None]:
-        try:
-            continuation = json.loads(row["continuation"])
-        except ValueError:
-            return "continuation-tampered", None
-        if digest(continuation) != row["continuation_digest"]:
-            return "continuation-tampered", None
-        try:
-            check_continuation(continuation)
-        except ValueError:
-            return "continuation-version", None
-        op = _row_op(row)
-        result = json.loads(row["result"]) if row["status"] == "completed" else None
-        error = json.loads(row["error"]) if row["error"] is not None else None
-        return None, Resumption(op, continuation, result, error)
-
-
-class _Refused(Exception):
-    """A continuation that must not resume (tampered, or of an unknown version)."""

@@ -25,6 +25,8 @@ from .._core._errors import ConfigurationError, DeadlineExceeded, InvalidInput
 from .._core._scopes import current_bound_error, fail_after
 from .._engine import DagPlan
 from ..telemetry import correlation
+from ..telemetry._tracing import active as tracing_active
+from ..telemetry._tracing import run_span
 from ._diagnostics import Diagnostic
 from ._types import Type, validate_value
 
@@ -286,7 +288,9 @@ class CompiledCall:
         build = self._build
         args = build(run) if build is not None else await self._eval_args(run)
         if run.trace is not None:
-            return await self._invoke_traced(run, args)
+            site = self.site
+            with run_span("constellation.call", module=site.module, line=site.line):
+                return await self._invoke_traced(run, args)
         try:
             policy = self.policy
             if policy is None:
@@ -364,7 +368,8 @@ class CompiledCall:
         assert run.trace is not None
         run.trace.append(rec)
         try:
-            value = self.fn(*build(run))
+            with run_span("constellation.call", module=site.module, line=site.line):
+                value = self.fn(*build(run))
         except BaseException as exc:
             rec.outcome = "error"
             rec.error = f"{type(exc).__name__}: {str(exc).partition(chr(10))[0]}"
@@ -606,14 +611,17 @@ class Program:
         seconds = (
             None if timeout is None else to_seconds(timeout, option="timeout", allow_zero=False)
         )
+        # With spans exported every run is traced: each call is a span (D10.4).
+        traced = traced or tracing_active()
         run = _Run(env, (sink if sink is not None else []) if traced else None, _clock.now())
         for key, call in self._lazy:
             env[key] = Thunk(call, run)
         plan = self._plan if traced else self._fast_plan
         token = CURRENT_RUN.set(run)
         try:
-            # Every event of this run carries its id (one exporter serves every engine).
-            with correlation("run"):
+            # Every event of this run carries its id (one exporter serves every engine); with
+            # spans exported the run is a span, its module calls' policy spans its children.
+            with correlation("run") as run_id, run_span("constellation.run", run_id=run_id):
                 if seconds is None:
                     await plan.execute(run, concurrency=concurrency, results=env)
                 else:

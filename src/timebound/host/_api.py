@@ -8,7 +8,7 @@ import binascii
 import json
 import math
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from starlette.requests import Request
@@ -16,8 +16,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .._core import _clock
+from .._core._body import TooLarge, declared_too_large, read_capped
+from .._core._errors import ConfigurationError
 from .._core._scopes import remaining
-from ..workflow import DefinitionConflict, DefinitionError
+from .._json import MAX_DEPTH, JSONError, TooDeep
+from .._json import check as check_json
+from .._json import loads as loads_json
+from ..workflow import DefinitionConflict, DefinitionError, StartConflict
 from ..workflow._rows import RUN_TERMINAL
 from ._host import Host
 from ._problems import Problem
@@ -28,6 +33,8 @@ __all__ = ["api_routes", "decode_cursor", "encode_cursor", "read_json"]
 _RUN_STATUSES = ("running", *RUN_TERMINAL)
 # The largest deadline a start takes: ten years, the bound of the definitions' own timeouts.
 MAX_DEADLINE_MS = 315_360_000_000
+# A body larger than this is parsed and checked in a worker thread (D6.23).
+_PARSE_ON_LOOP_BYTES = 64 * 1024
 # How often an SSE stream looks for new events: a display cadence, never part of a run's timing.
 _SSE_POLL_S = 0.2
 
@@ -37,34 +44,29 @@ def _host(request: Request) -> Host:
     return host
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
-async def read_json(request: Request, limit: int) -> Any:
+async def read_json(request: Request, limit: int, *, max_depth: int = MAX_DEPTH) -> Any:
     """The request's JSON body: 415 if not JSON, 413 past ``limit`` bytes (counted while reading,
-    so a lying Content-Length does not help), 400 naming where the JSON broke."""
+    so a lying Content-Length does not help), 400 naming where the JSON broke, 422 ``too-deep``
+    past ``max_depth`` levels (D8.10)."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media != "application/json":
         raise Problem(415, f"the body must be application/json, not {media or 'missing'!r}")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise Problem(413, f"the body is larger than the limit of {limit} bytes")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise Problem(413, f"the body is larger than the limit of {limit} bytes")
     try:
-        return json.loads(body.decode("utf-8"), parse_constant=_reject_constant)
-    except UnicodeDecodeError:
-        raise Problem(400, "the body is not UTF-8") from None
-    except json.JSONDecodeError as exc:
-        raise Problem(
-            400, f"malformed JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from None
-    except (ValueError, RecursionError) as exc:
-        raise Problem(400, f"malformed JSON: {exc}") from None
+        declared_too_large(request.headers.get("content-length"), limit, "the body")
+        body = await read_capped(request.stream(), limit, what="the body")
+    except TooLarge as exc:
+        raise Problem(413, str(exc), code=exc.code) from None
+    try:
+        if len(body) <= _PARSE_ON_LOOP_BYTES:
+            return loads_json(body, max_depth=max_depth, what="the body")
+        # Reading and checking a large body takes tens of milliseconds: not on the loop that
+        # fires the engine's timers (D6.23).
+        return await asyncio.to_thread(loads_json, body, max_depth=max_depth, what="the body")
+    except TooDeep as exc:
+        raise Problem(422, str(exc), code=exc.code, path=exc.path) from None
+    except JSONError as exc:
+        detail = str(exc) if exc.reason is None else f"malformed JSON: {exc.reason}"
+        raise Problem(400, detail, code=exc.code) from None
 
 
 def _only(data: Any, allowed: set[str], where: str = "body") -> dict[str, Any]:
@@ -173,7 +175,15 @@ async def _get_run(host: Host, run_id: str) -> dict[str, Any]:
 async def start_run(request: Request) -> Response:
     host = _host(request)
     definition_id = request.path_params["definition_id"]
-    body = _only(await read_json(request, host.config.max_body_bytes), {"input", "deadline_ms"})
+    # The envelope is one level: the input may nest as deep as any run's input (D6.20).
+    body = _only(
+        await read_json(request, host.config.max_body_bytes, max_depth=MAX_DEPTH + 1),
+        {"input", "deadline_ms", "idempotency_key"},
+    )
+    try:
+        check_json(body.get("input"), what="input", root="$.input")
+    except JSONError as exc:
+        raise Problem(422, str(exc), code=exc.code, path=exc.path) from None
     deadline_ms = body.get("deadline_ms")
     # JSON has one number type: 250.0 is the integer 250 (as the OpenAPI document's JSON Schema
     # says), 250.5 is not; past ten years is a mistake, not a deadline (D8.8).
@@ -187,13 +197,31 @@ async def start_run(request: Request) -> Response:
         raise Problem(
             422, f"deadline_ms: expected an integer of milliseconds in [1, {MAX_DEADLINE_MS}]"
         )
+    # Idempotent starts (D6.18): the Idempotency-Key header or the body's field (equal if both).
+    key = request.headers.get("idempotency-key")
+    if "idempotency_key" in body:
+        if not isinstance(body["idempotency_key"], str):
+            raise Problem(422, "idempotency_key: expected a string")
+        if key is not None and key != body["idempotency_key"]:
+            raise Problem(422, "idempotency_key: differs from the Idempotency-Key header")
+        key = body["idempotency_key"]
     # The latest version in the store: another host may have published one since our start.
     latest = await host.engine.stored_definitions(definition_id)
     if not latest:
         raise Problem(404, f"no definition {definition_id!r}")
-    run_id = await host.engine.start(
-        definition_id, body.get("input"), version=latest[0].version, deadline_ms=deadline_ms
-    )
+    deadline = None if deadline_ms is None else timedelta(milliseconds=deadline_ms)
+    try:
+        run_id = await host.engine.start(
+            definition_id,
+            body.get("input"),
+            version=latest[0].version,
+            deadline=deadline,
+            idempotency_key=key,
+        )
+    except ConfigurationError as exc:
+        raise Problem(422, f"{exc.option}: {exc}") from None
+    except StartConflict as exc:
+        raise Problem(409, str(exc), code=exc.code, run_id=exc.run_id) from None
     return JSONResponse(
         {"run_id": run_id}, status_code=201, headers={"Location": f"/v1/runs/{run_id}"}
     )
@@ -303,7 +331,7 @@ async def put_definition(request: Request) -> Response:
     except DefinitionConflict as exc:
         raise Problem(409, str(exc), path=exc.path) from None
     except DefinitionError as exc:
-        raise Problem(422, f"invalid definition: {exc}", path=exc.path) from None
+        raise Problem(422, f"invalid definition: {exc}", path=exc.path, code=exc.code) from None
     # Stored: every host and worker on the store sees it, and it outlives a restart.
     (latest,) = await host.engine.stored_definitions(definition_id)
     host.definitions[definition_id] = latest

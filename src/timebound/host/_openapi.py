@@ -181,9 +181,20 @@ def openapi() -> dict[str, Any]:
             "/v1/workflows/{definition_id}/runs": {
                 "post": _op(
                     "startRun",
-                    "Start a run: body {input, deadline_ms?}; answers 201 {run_id}",
+                    "Start a run: body {input, deadline_ms?, idempotency_key?} (or an "
+                    "Idempotency-Key header); answers 201 {run_id}, the same run for a repeat "
+                    "of the same key and body, 409 for another body under that key",
                     "201",
-                    parameters=[_path_param("definition_id")],
+                    parameters=[
+                        _path_param("definition_id"),
+                        {
+                            "name": "Idempotency-Key",
+                            "in": "header",
+                            "required": False,
+                            # Printable ASCII without spaces (D6.18).
+                            "schema": {"type": "string", "pattern": "^[!-~]{1,200}$"},
+                        },
+                    ],
                     requestBody={
                         "required": True,
                         "content": {
@@ -198,6 +209,10 @@ def openapi() -> dict[str, Any]:
                                             "type": ["integer", "null"],
                                             "minimum": 1,
                                             "maximum": MAX_DEADLINE_MS,
+                                        },
+                                        "idempotency_key": {
+                                            "type": "string",
+                                            "pattern": "^[!-~]{1,200}$",
                                         },
                                     },
                                 }

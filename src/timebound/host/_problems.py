@@ -43,6 +43,17 @@ class Problem(Exception):
         self.headers = dict(headers or {})
 
 
+#: The longest text a problem document carries in one field (D8.11): what a request sent (a
+#: 10,001-item array quoted by a validation error) is never echoed whole.
+MAX_ECHO_CHARS = 1_000
+
+
+def _capped(text: str) -> str:
+    if len(text) <= MAX_ECHO_CHARS:
+        return text
+    return f"{text[: MAX_ECHO_CHARS - 30]}... ({len(text)} characters)"
+
+
 def problem_response(
     status: int,
     detail: str,
@@ -55,11 +66,11 @@ def problem_response(
         "type": "about:blank",
         "title": _TITLES.get(status, "Error"),
         "status": status,
-        "detail": detail,
+        "detail": _capped(detail),
     }
     if instance is not None:
-        body["instance"] = instance
-    body.update(extra)
+        body["instance"] = _capped(instance)
+    body.update({k: _capped(v) if isinstance(v, str) else v for k, v in extra.items()})
     sent = dict(headers or {})
     if status == 401:
         sent["WWW-Authenticate"] = 'Bearer realm="timebound"'

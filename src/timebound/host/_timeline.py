@@ -14,6 +14,7 @@ _TIMEOUT_FIELDS = (
     "transition_id",
     "timeout_type",
     "timeout_duration_ms",
+    "bound_set_by",
     "policy_applied",
     "deadline_at",
     "detection_lag_ms",

@@ -15,6 +15,8 @@ import math
 from typing import Any
 
 from .._core._errors import InvalidInput
+from .._json import JSONError, TooDeep
+from .._json import loads as loads_json
 from ..pipeline._trace import critical_path
 from ._timeline import lay_out
 
@@ -45,10 +47,6 @@ def _show(value: Any) -> str:
     """A value for an error message, cut short: it comes from the file."""
     text = json.dumps(value) if not isinstance(value, str) else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
 
 
 def _number(value: Any, where: str) -> float:
@@ -140,17 +138,11 @@ def read_trace(data: bytes) -> dict[str, Any]:
     """The trace in ``data`` (checked), as ``{spans, wrappers, plan_digest, late_discarded}``;
     :class:`TraceError` names what was wrong."""
     try:
-        doc = json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
-    except UnicodeDecodeError:
-        raise TraceError("the file is not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        raise TraceError(
-            f"the file is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from None
-    except RecursionError:
+        doc = loads_json(data, what="the file")
+    except TooDeep:
         raise TraceError("the file is not a trace: its JSON is nested too deeply") from None
-    except ValueError as exc:
-        raise TraceError(f"the file is not JSON: {exc}") from None
+    except JSONError as exc:
+        raise TraceError(str(exc)) from None
     where = ""
     doc = _object(doc, "the file")
     if "spans" not in doc and "trace" in doc:  # the output of `timebound pipeline run --json`

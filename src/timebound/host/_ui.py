@@ -25,6 +25,7 @@ from starlette.templating import Jinja2Templates
 from starlette.types import Message
 
 from .._core import _clock
+from .._core._body import TooLarge, declared_too_large, read_capped
 from ._api import BOUNDS, LIST_FILTERS, decode_cursor, list_page, run_detail
 from ._deferred import DEFERRED_STATUSES, cancel_now, deferred_detail, deferred_list, poll_now
 from ._host import Host
@@ -106,14 +107,11 @@ async def _checked_form(request: Request) -> FormData:
     """The posted form (urlencoded or multipart), once its CSRF field matches its cookie (403
     otherwise); 413 past the host's body limit, counted while reading."""
     limit = _host(request).config.max_body_bytes
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise Problem(413, f"the form is larger than the limit of {limit} bytes")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise Problem(413, f"the form is larger than the limit of {limit} bytes")
+    try:
+        declared_too_large(request.headers.get("content-length"), limit, "the form")
+        body = await read_capped(request.stream(), limit, what="the form")
+    except TooLarge as exc:
+        raise Problem(413, str(exc), code=exc.code) from None
     replayed = False
 
     async def replay() -> Message:
@@ -121,7 +119,7 @@ async def _checked_form(request: Request) -> FormData:
         if replayed:
             return {"type": "http.disconnect"}
         replayed = True
-        return {"type": "http.request", "body": bytes(body), "more_body": False}
+        return {"type": "http.request", "body": body, "more_body": False}
 
     # The counted body, parsed by Starlette from a request that replays it.
     form = await Request(request.scope, replay).form(max_files=2, max_fields=20)

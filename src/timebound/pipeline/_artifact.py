@@ -11,7 +11,8 @@ from typing import Any
 
 import rfc8785
 
-from .._json import SchemaValidator
+from .._json import JSONError, SchemaValidator, TooDeep
+from .._json import loads as loads_json
 from ._errors import ValidationError
 
 __all__ = ["CAPABILITY", "Artifact"]
@@ -46,10 +47,6 @@ def check_schema(doc: Any) -> None:
         raise ValidationError("schema", "artifact is nested too deeply") from None
     if problem is not None:
         raise ValidationError("schema", f"artifact field {problem.path}: {problem.message}")
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
 
 
 class Artifact:
@@ -93,9 +90,11 @@ class Artifact:
         if len(data) > MAX_ARTIFACT_BYTES:
             raise ValidationError("schema", f"artifact is larger than {MAX_ARTIFACT_BYTES} bytes")
         try:
-            doc = json.loads(data, parse_constant=_no_constant)
-        except (ValueError, RecursionError) as exc:
-            raise ValidationError("schema", f"artifact is not JSON: {exc}") from None
+            doc = loads_json(data, what="artifact")
+        except TooDeep:
+            raise ValidationError("schema", "artifact is nested too deeply") from None
+        except JSONError as exc:
+            raise ValidationError("schema", str(exc)) from None
         check_schema(doc)
         fragments = doc.pop("fragments", {})
         return cls(doc, fragments)

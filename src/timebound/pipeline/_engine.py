@@ -26,6 +26,7 @@ from .._core._deadline import Deadline
 from .._core._errors import ConfigurationError
 from .._core._scopes import checkpoint, current_deadline, fail_after
 from .._engine import DagPlan, Group, Node
+from ..telemetry._tracing import run_span
 from . import _expr
 from ._artifact import Artifact
 from ._errors import PlanTimeout, TaskError, ValidationError
@@ -179,11 +180,15 @@ class Engine:
         trace = Trace(artifact.digest, round(_clock.wall() * 1_000_000_000), compiled.meta)
         run = _Run(rowset, params, trace)
         trace.base = run.base
-        try:
-            await compiled.plan.execute(run, record=trace.recording())
-        except Exception as exc:
-            _locate(exc, compiled.meta)
-            raise
+        # With spans exported: a span for the run, its regions and tasks as children (D10.4).
+        with run_span("pipeline.run", plan_digest=artifact.digest) as export:
+            try:
+                await compiled.plan.execute(run, record=trace.recording())
+            except Exception as exc:
+                _locate(exc, compiled.meta)
+                raise
+            finally:
+                export(trace)
         present = set(rowset.keys())
         keys = [k for k in self.registry.keys if k in present]
         return Result(rowset.table(keys), trace)

@@ -18,7 +18,7 @@ from typing import Any, Final, Generic, Literal, TypeVar, Unpack, overload
 
 from .._core import _clock
 from .._core._durations import Duration
-from .._core._errors import ConfigurationError
+from .._core._errors import ConfigurationError, DeadlineExceeded
 from ..telemetry import Event, current_correlation, emit
 from . import _call
 from ._cache import CacheBackend, InMemoryCache
@@ -428,7 +428,11 @@ class Policy(Generic[_Mode]):
         attrs = {"policy": self.name, **attrs}
         if observer is not None:
             try:
-                observer(Event(name, _clock.now(), attrs, current_correlation()))
+                bound = attrs.get("error")
+                bound = bound if isinstance(bound, DeadlineExceeded) else None
+                observer(
+                    Event(name, _clock.now(), attrs, current_correlation(), _clock.wall_ms(), bound)
+                )
             except Exception:
                 _log.exception("policy observer failed")
         emit(name, **attrs)

@@ -20,6 +20,7 @@ end. Errors are as for :mod:`timebound.propagation.httpx`; :class:`AttemptTimeou
 
 from __future__ import annotations
 
+from collections.abc import Coroutine
 from typing import Any
 
 try:
@@ -31,6 +32,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from .._core._durations import Duration, to_seconds
+from ..telemetry._tracing import active as tracing_active
+from ..telemetry._tracing import client_span
 from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin
 from ._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER
 
@@ -78,9 +81,22 @@ class DeadlineMiddleware:
         total = getattr(getattr(session, "timeout", None), "total", None)
         return float(total) if isinstance(total, int | float) else None
 
-    async def __call__(
+    def __call__(
         self, request: aiohttp.ClientRequest, handler: Any
-    ) -> aiohttp.ClientResponse:
+    ) -> Coroutine[Any, Any, aiohttp.ClientResponse]:
+        # Not a coroutine of its own: the untraced call costs no extra frame per request.
+        if not tracing_active():
+            return self._call(request, handler)
+        return self._traced(request, handler)
+
+    async def _traced(self, request: aiohttp.ClientRequest, handler: Any) -> aiohttp.ClientResponse:
+        # With spans exported, a client span carrying the budget sent (D10.4).
+        with client_span(request.method, str(request.url), request.headers) as answered:
+            response = await self._call(request, handler)
+            answered(response.status, request.headers.get(self._options.timeout_header))
+            return response
+
+    async def _call(self, request: aiohttp.ClientRequest, handler: Any) -> aiohttp.ClientResponse:
         attempt = begin(self._static(request), self._options, AttemptTimeout, _TIMEOUTS)
         for name, value in attempt.headers():
             request.headers[name] = value

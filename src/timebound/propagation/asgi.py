@@ -36,6 +36,8 @@ from .._core._errors import DeadlineExceeded
 from .._core._request import RequestState, _request
 from .._core._scopes import inherit_deadline, move_on_at
 from ..telemetry import correlation
+from ..telemetry._tracing import active as tracing_active
+from ..telemetry._tracing import server_span
 from ._admission import Admission, Outcome, Ticket
 from ._admitting import OVERLOADED_BODY, OVERLOADED_STATUS, criticality, enter_async, route_key
 from ._codec import (
@@ -127,9 +129,14 @@ class DeadlineMiddleware:
         if scope["type"] != "http" or not self._config.active():
             await self.app(scope, receive, send)
             return
-        # Every event of this request, whatever engine emits it, carries its id.
+        # Every event of this request, whatever engine emits it, carries its id; with spans
+        # exported, the request is a server span the engines' spans descend from (D10.4).
         with correlation("request"):
-            await self._serve(scope, receive, send)
+            if not tracing_active():
+                await self._serve(scope, receive, send)
+                return
+            with server_span(scope) as traced:
+                await self._serve(scope, receive, traced(send))
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         # D4.2: the deadline counts from here, before the app reads the body.

@@ -56,6 +56,8 @@ from .._core import _clock
 from .._core._deadline import Deadline
 from .._core._durations import Duration, to_seconds
 from .._core._scopes import _clean_context, _spawn_detached, move_on_at, spawn_background
+from ..telemetry._tracing import active as tracing_active
+from ..telemetry._tracing import client_span
 from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin
 from ._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER
 
@@ -191,6 +193,15 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
         self._slots = None if size is None else threading.BoundedSemaphore(size)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if not tracing_active():
+            return self._handle_request(request)
+        # With spans exported, a client span carrying the budget sent (D10.4).
+        with client_span(request.method, str(request.url), request.headers) as answered:
+            response = self._handle_request(request)
+            answered(response.status_code, request.headers.get(self._options.timeout_header))
+            return response
+
+    def _handle_request(self, request: httpx.Request) -> httpx.Response:
         static = self._static(request)
         attempt = self._begin(request, static)
         # httpcore's pool timeout is not shortened to our deadline: it leaks the connection it
@@ -399,7 +410,20 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
         size = _pool_size(self._inner)
         self._slots = None if size is None else anyio.Semaphore(size)
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+    def handle_async_request(self, request: httpx.Request) -> Coroutine[Any, Any, httpx.Response]:
+        # Not a coroutine of its own: the untraced call costs no extra frame per request.
+        if not tracing_active():
+            return self._handle_async_request(request)
+        return self._traced_async_request(request)
+
+    async def _traced_async_request(self, request: httpx.Request) -> httpx.Response:
+        # With spans exported, a client span carrying the budget sent (D10.4).
+        with client_span(request.method, str(request.url), request.headers) as answered:
+            response = await self._handle_async_request(request)
+            answered(response.status_code, request.headers.get(self._options.timeout_header))
+            return response
+
+    async def _handle_async_request(self, request: httpx.Request) -> httpx.Response:
         static = self._static(request)
         attempt = self._begin(request, static)
         seconds = attempt.clamped.seconds

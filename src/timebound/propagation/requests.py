@@ -37,6 +37,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from .._core._durations import Duration, to_seconds
 from .._core._errors import DeadlineExceeded
+from ..telemetry._tracing import active as tracing_active
+from ..telemetry._tracing import client_span
 from ._client import Attempt, AttemptTimeoutBase, ClientOptions, begin
 from ._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER
 
@@ -122,6 +124,24 @@ class DeadlineAdapter(HTTPAdapter):
         proxies: Mapping[str, str] | None = None,
     ) -> requests.Response:
         """Send one attempt under the effective deadline (see the module docstring)."""
+        if not tracing_active():
+            return self._send(request, stream, timeout, verify, cert, proxies)
+        # With spans exported, a client span carrying the budget sent (D10.4).
+        with client_span(request.method or "GET", request.url or "", request.headers) as answered:
+            response = self._send(request, stream, timeout, verify, cert, proxies)
+            sent = request.headers.get(self._options.timeout_header)
+            answered(response.status_code, sent if isinstance(sent, str) else None)
+            return response
+
+    def _send(
+        self,
+        request: requests.PreparedRequest,
+        stream: bool,
+        timeout: Any,
+        verify: bool | str,
+        cert: Any,
+        proxies: Mapping[str, str] | None,
+    ) -> requests.Response:
         connect, read = _phases(timeout)
         if self._timeout is not None:
             static: float | None = self._timeout

@@ -33,6 +33,8 @@ from .._core._errors import DeadlineExceeded
 from .._core._request import RequestState, _request, current_request
 from .._core._scopes import inherit_deadline
 from ..telemetry import correlation
+from ..telemetry._tracing import active as tracing_active
+from ..telemetry._tracing import wsgi_span
 from ._admission import Admission, Outcome, Ticket
 from ._admitting import OVERLOADED_BODY, criticality, enter_blocking, route_key
 from ._codec import (
@@ -127,7 +129,10 @@ class DeadlineMiddleware:
         # Every event of this request carries its id (the per-request context below copies it
         # for the response iterator).
         with correlation("request"):
-            return self._serve(environ, start_response)
+            if not tracing_active():
+                return self._serve(environ, start_response)
+            # With spans exported, the request is a server span (D10.4).
+            return wsgi_span(environ, start_response, lambda sr: self._serve(environ, sr))
 
     def _serve(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         start = now()

@@ -16,15 +16,18 @@ from ._events import (
     enabled,
     remove_listener,
 )
+from ._render import Timeline, describe
 
 __all__ = [
     "Counters",
     "Event",
     "Listener",
+    "Timeline",
     "add_listener",
     "correlation",
     "counters",
     "current_correlation",
+    "describe",
     "emit",
     "enabled",
     "remove_listener",

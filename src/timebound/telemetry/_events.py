@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .._core import _clock, _preempt
-from .._core._errors import ConfigurationError
+from .._core._errors import ConfigurationError, DeadlineExceeded
 
 __all__ = [
     "Counters",
@@ -27,6 +27,7 @@ __all__ = [
     "counters",
     "current_correlation",
     "emit",
+    "emit_event",
     "enabled",
     "remove_listener",
 ]
@@ -34,19 +35,32 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """Something that happened under a deadline.
+    """Something that happened under a deadline: the one event record every engine emits (D10.1).
 
-    ``name`` is one of the stable event names (``attempt``, ``attempt.timeout``, ``retry``,
-    ``fallback``, ``cache.hit``, ``deadline.exceeded``, …); ``at`` is the monotonic instant;
-    ``attrs`` carries the details (``policy``, ``attempt``, ``delay``, ``source``, …);
-    ``correlation`` names the units of work the event belongs to, by kind (``{"request": …,
-    "run": …}``, see :func:`correlation`).
+    ``name`` is one of the stable event names, its first dotted part naming the engine for the
+    durable ones (``attempt.start``, ``retry.delay``, ``call.end``, ``workflow.token_executing``,
+    ``deferred.completed``, …, docs/telemetry.md); ``at`` is the monotonic instant; ``attrs``
+    carries the details (``policy``, ``attempt``, ``delay``, ``node_id``, …); ``correlation``
+    names the units of work the event belongs to, by kind (``{"request": …, "run": …, "token": …,
+    "operation": …}``, see :func:`correlation`). ``epoch_ms`` is the same instant in epoch
+    milliseconds (for a durable engine's event, the instant its row stores); ``bound`` is the
+    bound that fired, when one did, in the shape errors carry it: a
+    :class:`~timebound.DeadlineExceeded` with its ``source``, ``timeout`` and ``deadline``
+    (D2.1, D10.2).
     """
 
     name: str
     at: float
     attrs: Mapping[str, Any] = field(default_factory=dict)
     correlation: Mapping[str, str] = field(default_factory=dict)
+    epoch_ms: int | None = None
+    bound: DeadlineExceeded | None = None
+
+    @property
+    def kind(self) -> str:
+        """The event's family: the first dotted part of its name (``workflow``, ``deferred``,
+        ``attempt``, ``call``, …)."""
+        return self.name.split(".", 1)[0]
 
 
 _NO_CORRELATION: Mapping[str, str] = MappingProxyType({})
@@ -117,11 +131,27 @@ def enabled() -> bool:
 
 
 def emit(name: str, **attrs: Any) -> None:
-    """Send an event to every listener. A listener's exception never reaches the caller."""
+    """Send an event to every listener. A listener's exception never reaches the caller.
+
+    A :class:`~timebound.DeadlineExceeded` among the attributes (``error=``) is the event's
+    :attr:`Event.bound`.
+    """
     listeners = _listeners
     if not listeners:
         return
-    event = Event(name, _clock.now(), attrs, _correlation.get())
+    bound = next((v for v in attrs.values() if isinstance(v, DeadlineExceeded)), None)
+    event = Event(name, _clock.now(), attrs, _correlation.get(), _clock.wall_ms(), bound)
+    _deliver(listeners, event)
+
+
+def emit_event(event: Event) -> None:
+    """Send an event built elsewhere (a durable engine's, after its commit) to every listener."""
+    listeners = _listeners
+    if listeners:
+        _deliver(listeners, event)
+
+
+def _deliver(listeners: list[Listener], event: Event) -> None:
     for listener in listeners:
         try:
             listener(event)

@@ -7,6 +7,11 @@ the counters ``timebound.attempts``, ``timebound.timeouts``, ``timebound.retries
 ``deadline-received``) as an observable counter read at collection time; and each policy event as
 a span event (``timebound.attempt.start``, …) on the current span when it is recording.
 
+With ``tracer_provider=`` (or ``spans=True`` for the global provider) it also makes timebound's
+own spans (D10.4): a policy call and its attempts, an HTTP request served through the ASGI
+middleware, a workflow run, its node attempts, a deferred operation and its polls, linked into one
+trace (docs/telemetry.md). Nothing is traced unless asked.
+
 The propagation adapters' ``span.tags`` events (userver's span tags, D4.7:
 ``deadline_received_ms``, ``cancelled_by_deadline``, ``propagated_timeout_ms``, ``timeout_ms``,
 ``dp_original_body_size``, …) become attributes of the current span under their names verbatim,
@@ -30,7 +35,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from .._version import __version__
+from . import _tracing
 from ._events import Counters, Event, add_listener, counters
+from ._otel_spans import SpanMaker
 from ._policy_metrics import POLICY_COUNTERS, policy_counter_for, span_attributes
 
 __all__ = ["USERVER_METRICS", "OpenTelemetryExporter"]
@@ -64,8 +71,9 @@ class OpenTelemetryExporter:
     """A telemetry listener that records timebound's metrics and span events in OpenTelemetry.
 
     ``meter_provider`` defaults to the global one. ``span_events=False`` stops the policy span
-    events, ``span_tags=False`` the userver span tags. :meth:`install` registers it as a global
-    telemetry listener; :meth:`close` removes it. It is also usable directly as a policy
+    events, ``span_tags=False`` the userver span tags. ``tracer_provider`` (or ``spans=True``,
+    the global tracer provider) turns on timebound's own spans. :meth:`install` registers it as
+    a global telemetry listener; :meth:`close` removes it. It is also usable directly as a policy
     ``observer``.
     """
 
@@ -76,6 +84,8 @@ class OpenTelemetryExporter:
         span_events: bool = True,
         span_tags: bool = True,
         source: Counters = counters,
+        tracer_provider: Any = None,
+        spans: bool | None = None,
     ) -> None:
         self._meter = metrics.get_meter("timebound", __version__, meter_provider=meter_provider)
         self._counters = {
@@ -92,6 +102,10 @@ class OpenTelemetryExporter:
         for name, _labels in source.snapshot():
             self._observe(name)
         self._remove: Callable[[], None] | None = None
+        if spans is None:
+            spans = tracer_provider is not None
+        self._spans = SpanMaker(tracer_provider) if spans else None
+        self._replaced: _tracing.Tracer | None = None
 
     def _observe(self, name: str) -> None:
         with self._lock:
@@ -119,6 +133,8 @@ class OpenTelemetryExporter:
 
     def __call__(self, event: Event) -> None:
         name = event.name
+        if self._spans is not None:
+            self._spans.on_event(event)
         if name == "span.tags":
             if self._span_tags:
                 _set_span_tags(event)
@@ -140,13 +156,21 @@ class OpenTelemetryExporter:
         """Listen to every telemetry event from now on; returns ``self``."""
         if self._remove is None:
             self._remove = add_listener(self)
+            if self._spans is not None:
+                self._replaced = _tracing.install(self._spans)
         return self
 
     def close(self) -> None:
-        """Stop listening (instruments stay with their meter, as OpenTelemetry requires)."""
+        """Stop listening (instruments stay with their meter, as OpenTelemetry requires); spans
+        of runs and operations whose end this process did not see end as abandoned."""
         if self._remove is not None:
             self._remove()
             self._remove = None
+            if self._spans is not None:
+                if _tracing._tracer is self._spans:
+                    _tracing.install(self._replaced)
+                self._replaced = None
+                self._spans.close()
 
     def __enter__(self) -> OpenTelemetryExporter:
         return self.install()

@@ -19,20 +19,33 @@ from __future__ import annotations
 # store): catchable by name from here (D2.6).
 from .._store import StoreBusy, StoreError
 from ._actions import ActionContext
-from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition, schema
+from ._definition import (
+    Definition,
+    DefinitionConflict,
+    DefinitionError,
+    DefinitionTooDeep,
+    DefinitionTooLarge,
+    parse_definition,
+    schema,
+)
 from ._engine import Engine, RunResult
 from ._operator import OperatorRefused
+from ._starts import StartConflict, started_run_id
 
 __all__ = [
     "ActionContext",
     "Definition",
     "DefinitionConflict",
     "DefinitionError",
+    "DefinitionTooDeep",
+    "DefinitionTooLarge",
     "Engine",
     "OperatorRefused",
     "RunResult",
+    "StartConflict",
     "StoreBusy",
     "StoreError",
     "parse_definition",
     "schema",
+    "started_run_id",
 ]

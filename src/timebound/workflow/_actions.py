@@ -10,16 +10,21 @@ import asyncio
 import contextvars
 import inspect
 import json
+import math
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
 
+from .._core._body import DEFAULT_MAX_BYTES, TooLarge, read_capped
 from .._core._classify import classify
 from .._core._deadline import Deadline
 from .._core._errors import ConfigurationError, DeadlineExceeded
 from .._core._scopes import fail_at
+from .._json import JSONError, TooDeep
+from .._json import check as check_json
+from .._json import loads as loads_json
 
 __all__ = ["ActionContext", "Outcome", "handlers", "is_deferral", "run_http", "run_python"]
 
@@ -42,6 +47,12 @@ class ActionContext:
     deadline: Deadline
     #: ``async`` when the call may answer with a deferred-operation handle (the node's mode).
     timing: str = "sync"
+    #: The same for every run of this call, also re-run after a crash; a new one only for a
+    #: deliberate retry (D7.11). ``http_request`` sends it as ``Idempotency-Key``; a
+    #: ``deferred`` handler passes it to the service it calls.
+    idempotency_key: str | None = None
+    #: The W3C ``traceparent`` of the run's span when spans are exported, else None (D10.5).
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,9 @@ class Outcome:
     kind: Literal["ok", "error", "timeout", "accepted", "deferred", "reject"]
     value: Any = None
     error: str | None = None
+    #: A ``timeout`` that a called service reported: our whole remaining budget, sent with the
+    #: request, is spent (D4.5); its length in ms. The node times out with that bound (D6.17).
+    propagated_ms: int | None = None
 
 
 def is_deferral(value: Any) -> bool:
@@ -59,27 +73,97 @@ def is_deferral(value: Any) -> bool:
 
 
 def freeze(value: Any) -> Any:
-    """A read-only view of a JSON value (the handler's ``state`` snapshot)."""
+    """A read-only view of a JSON value (the handler's ``state`` snapshot).
+
+    Bounded (D6.20): the engine calls it on stored values in its shared turn, where a
+    ``RecursionError`` would have failed every run's work, not one run's. Values within the
+    nesting limit (all that the engine accepts) are frozen recursively, which is fastest; past
+    :data:`_RECURSE` levels the rest is frozen without recursion.
+    """
+    return _freeze(value, 0)
+
+
+#: How deep freeze recurses before it goes on iteratively (two frames a level, far below the
+#: interpreter's 1,000).
+_RECURSE = 100
+
+
+def _freeze(value: Any, depth: int) -> Any:
     if isinstance(value, dict):
-        return MappingProxyType({k: freeze(v) for k, v in value.items()})
+        if depth >= _RECURSE:
+            return _freeze_iteratively(value)
+        return MappingProxyType({k: _freeze(v, depth + 1) for k, v in value.items()})
     if isinstance(value, list):
-        return tuple(freeze(v) for v in value)
+        if depth >= _RECURSE:
+            return _freeze_iteratively(value)
+        return tuple([_freeze(v, depth + 1) for v in value])
     return value
+
+
+def _freeze_iteratively(value: Any) -> Any:
+    out: list[Any] = [None]
+    # Entries: (value, container, slot), or (_SEAL, items, (container, slot)) to make the tuple of
+    # an array once its children are in (pushed first, so it runs after every descendant).
+    stack: list[tuple[Any, Any, Any]] = [(value, out, 0)]
+    while stack:
+        item, into, slot = stack.pop()
+        if item is _SEAL:
+            parent, at = slot
+            parent[at] = tuple(into)
+        elif isinstance(item, dict):
+            mapping = dict(item)  # the keys in order; a container is replaced below
+            into[slot] = MappingProxyType(mapping)  # a live view
+            for key, child in mapping.items():
+                if isinstance(child, (dict, list)):
+                    stack.append((child, mapping, key))
+        elif isinstance(item, list):
+            items = list(item)
+            stack.append((_SEAL, items, (into, slot)))
+            for index, child in enumerate(items):
+                if isinstance(child, (dict, list)):
+                    stack.append((child, items, index))
+        else:
+            into[slot] = item
+    return out[0]
 
 
 def thaw(value: Any) -> Any:
-    """Plain JSON data again from a :func:`freeze` view."""
-    if isinstance(value, Mapping):
-        return {k: thaw(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [thaw(v) for v in value]
-    return value
+    """Plain JSON data again from a :func:`freeze` view (iterative, like :func:`freeze`)."""
+    if not isinstance(value, (Mapping, list, tuple)):
+        return value
+    out: list[Any] = [None]
+    stack: list[tuple[Any, Any, Any]] = [(value, out, 0)]
+    while stack:
+        item, into, slot = stack.pop()
+        if isinstance(item, Mapping):
+            mapping: dict[Any, Any] = {}
+            into[slot] = mapping
+            for key, child in item.items():
+                mapping[key] = child
+                if isinstance(child, (Mapping, list, tuple)):
+                    stack.append((child, mapping, key))
+        else:
+            items = list(item)
+            into[slot] = items
+            for index, child in enumerate(items):
+                if isinstance(child, (Mapping, list, tuple)):
+                    stack.append((child, items, index))
+    return out[0]
+
+
+_SEAL = object()
 
 
 def _json_value(value: Any, what: str) -> Outcome:
+    """The attempt's output if it is JSON within the limits (D6.20), else an error naming why."""
     try:
+        check_json(
+            value, what=f"the output of {what}", arrays=(list, tuple), objects=(dict, Mapping)
+        )
         return Outcome("ok", json.loads(json.dumps(value, allow_nan=False, default=_thawed)))
-    except (TypeError, ValueError) as exc:
+    except TooDeep as exc:
+        return Outcome("error", error=f"{exc.code}: {exc} (at {exc.path})")
+    except (TypeError, ValueError) as exc:  # JSONError included
         return Outcome("error", error=f"{what} returned a value that is not JSON: {exc}")
 
 
@@ -180,6 +264,8 @@ async def run_http(implementation: Mapping[str, Any], ctx: ActionContext, *, wha
 
     body = thaw({"input": ctx.input, "state": ctx.state, "branch": ctx.branch})
     headers = dict(implementation.get("headers", {}))
+    if ctx.idempotency_key is not None and not any(k.lower() == "idempotency-key" for k in headers):
+        headers["Idempotency-Key"] = ctx.idempotency_key  # a crash re-run is recognised (D7.11)
     if ctx.timing == "async":
         prefer = next((k for k in headers if k.lower() == "prefer"), None)
         if prefer is None:
@@ -192,24 +278,38 @@ async def run_http(implementation: Mapping[str, Any], ctx: ActionContext, *, wha
             # No httpx timeout of its own: the node's deadline is the bound (and the header).
             httpx.AsyncClient(transport=AsyncDeadlineTransport(what=what), timeout=None) as client,
         ):
-            response = await client.request(
+            # Streamed with a cap (D6.21): a downstream answering gigabytes costs the cap.
+            limit = int(implementation.get("max_response_bytes", DEFAULT_MAX_BYTES))
+            async with client.stream(
                 implementation["method"],
                 implementation["url"],
                 json=body,
                 headers=headers,
-            )
-            await response.aread()
+            ) as response:
+                data = await read_capped(
+                    response.aiter_bytes(), limit, what=f"the answer to {what}"
+                )
+    except TooLarge as exc:
+        return Outcome("error", error=f"{exc.code}: {exc}")
     except (DeadlineExceeded, httpx.HTTPError) as exc:
         # An attempt timeout is both: the classification, not the except clause, decides.
         if _timed_out(exc, ctx.deadline):
             return Outcome("timeout", error=str(exc))
+        if isinstance(exc, DeadlineExceeded) and exc.source == "propagated":
+            # The request carried the node's whole remaining budget and the service says it
+            # is spent (an expired answer, D4.5): the chain is out of time, so the node times
+            # out with that bound, never retried (D6.17), even if our clock still shows time.
+            sent = None if exc.timeout is None else math.ceil(round(exc.timeout * 1000, 6))
+            return Outcome("timeout", error=str(exc), propagated_ms=sent)
         return Outcome("error", error=_describe(exc))
     if response.status_code >= 400:
         return Outcome("error", error=f"{what}: HTTP {response.status_code}")
     try:
-        value = response.json()
-    except ValueError:
-        return Outcome("ok", response.text)
+        value = loads_json(data, what=f"the answer to {what}")
+    except TooDeep as exc:
+        return Outcome("error", error=f"{exc.code}: {exc} (at {exc.path})")
+    except JSONError:
+        return Outcome("ok", data.decode("utf-8", "replace"))
     return Outcome("accepted" if is_deferral(value) else "ok", value)
 
 

@@ -15,18 +15,23 @@ needs and checks: run, token, node, output binding, deadline, idempotency key an
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urlsplit
 
 from .._core._scopes import move_on_after
 from .._store import Store, Tx
+from ..deferred._http import origin_of, same_origin
 from ._actions import ActionContext, Outcome, is_deferral, run_http, run_python
+from ._bounds import call_key
 from ._definition import Action, Definition, Node
 from ._machine import Machine
 from ._modes import DEFERRABLE_KINDS, node_mode
 
 __all__ = ["RESUME_KIND", "Deferrals", "http_module", "plan_attempt"]
+
+_log = logging.getLogger("timebound.workflow")
 
 #: How the deferred registry hands a workflow's continuations back to it.
 RESUME_KIND = "timebound.workflow"
@@ -66,8 +71,7 @@ def plan_attempt(
 
 def http_module(url: str) -> tuple[str, str]:
     """The connector module of an ``http_request`` URL's deferrals, and its origin."""
-    parts = urlsplit(url)
-    origin = f"{parts.scheme}://{parts.netloc}"
+    origin = origin_of(url)
     return f"http_request:{origin}", origin
 
 
@@ -85,11 +89,6 @@ def _stored_origin(module: str) -> str | None:
     ):
         return None
     return origin
-
-
-def _same_origin(origin: str, href: str) -> bool:
-    parts = urlsplit(urljoin(origin + "/", href))
-    return f"{parts.scheme}://{parts.netloc}" == origin
 
 
 def _binding(node_id: str, in_branch: bool) -> str:
@@ -183,6 +182,12 @@ class Deferrals:
         await poller.__aenter__()
         self.poller = poller
 
+    async def resume_stored(self) -> None:
+        """Resume the operations whose end was stored but not yet resumed (a restart between
+        the poller's two transactions, or a resumer that failed), before the engine re-arms
+        its timers: an end stored in time is never overtaken by a node timer (D7.10)."""
+        await self.registry.resume_due(limit=10_000)
+
     async def close(self) -> None:
         self._open = False
         for task in list(self._starting):
@@ -256,13 +261,14 @@ class Deferrals:
                 href = doc.get(name)
                 if name == "status_href" and href is None:
                     return Outcome("error", error="contract-violation: no status_href to poll")
-                if href is not None and not _same_origin(origin, href):
+                if href is not None and not same_origin(origin, href):
                     return Outcome(
                         "error", error=f"contract-violation: {name} points to another origin"
                     )
         else:
             module = implementation["module"]
-        key = f"{ctx.run_id}:{ctx.token_id}:{ctx.attempt}"
+        # Stable across a crash re-run (D7.11): the re-sent call's answer finds this key.
+        key = ctx.idempotency_key or f"{ctx.run_id}:{ctx.token_id}:{ctx.node_id}"
         deadline_ms = implementation["deadline_ms"]
         continuation = {
             "schema": CONTINUATION_SCHEMA,
@@ -290,6 +296,17 @@ class Deferrals:
             )
         except SchemaError as exc:
             return Outcome("error", error=f"contract-violation: {exc}")
+        if op.id != doc["operation/id"] and kind == "http_request":
+            # The call ran before (a crash re-run) and its operation is registered under this
+            # key, but the service did not honour the key and started another one: nobody
+            # would poll that one, so it is asked to cancel (D7.9, D7.11).
+            note = await self._cancel_unwanted(doc, implementation)
+            _log.warning(
+                "%s started a second operation for one call (its Idempotency-Key was not "
+                "honoured)%s",
+                http_module(implementation["url"])[1],
+                note,
+            )
         return Outcome("deferred", value=op.id)
 
     async def _cancel_unwanted(self, doc: Any, implementation: Mapping[str, Any]) -> str:
@@ -304,7 +321,7 @@ class Deferrals:
             return ""  # not a handle: nothing to cancel
         module, origin = http_module(implementation["url"])
         href = doc.get("cancel_href")
-        if href is None or not _same_origin(origin, href):
+        if href is None or not same_origin(origin, href):
             return "; the operation is left running (no cancel_href on the request's origin)"
         made = self._made.get(module)
         connector = made if made is not None else HttpConnector(origin)
@@ -334,10 +351,14 @@ class Deferrals:
             raise ContinuationRefused("continuation-mismatch")
         machine = self._machine
         tok = await machine.token(tx, cont["token"])
-        if tok is None or tok["status"] != "executing" or tok["attempt"] != cont["attempt"]:
+        if tok is None or tok["status"] != "executing":
             return  # the token moved on (its deadline, a cancel): nothing to resume
+        expected = call_key(tok)
+        if cont["idempotency_key"] != expected and cont["idempotency_key"].startswith(
+            f"{tok['run_id']}:{tok['id']}:{tok['node_id']}"
+        ):
+            return  # an earlier call of a token retried since: nothing to resume
         op = resumption.operation
-        expected = f"{tok['run_id']}:{tok['id']}:{tok['attempt']}"
         if (
             cont["run"] != tok["run_id"]
             or cont["node"] != tok["node_id"]
@@ -348,7 +369,12 @@ class Deferrals:
             raise ContinuationRefused("continuation-mismatch")
         now = self._now()
         run = await machine.run(tx, tok["run_id"], lock=self._store.lock_clause())
-        if run is None or await machine.check_run_deadline(tx, run, now):
+        # The operation's end was stored at op.updated_ms (D7.10): stored before the run's
+        # deadline, it counts, even if a restart delays its resumption past that deadline.
+        if run is None or run["status"] != "running":
+            return
+        in_time = run["timeout_at"] is None or min(now, op.updated_ms) < run["timeout_at"]
+        if not in_time and await machine.check_run_deadline(tx, run, now):
             return
         if op.status == "completed":
             await machine.complete(tx, run, tok, resumption.result, now)

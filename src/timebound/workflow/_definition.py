@@ -8,6 +8,7 @@ size. Either pass raises :class:`DefinitionError` naming the path of the offendi
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, field
@@ -17,7 +18,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .._core._errors import ConfigurationError
-from .._json import SchemaValidator, json_path
+from .._json import JSONError, SchemaValidator, TooDeep, json_path
+from .._json import check as check_json
+from .._json import loads as loads_json
 from ._modes import check_modes, default_support
 
 __all__ = [
@@ -25,6 +28,8 @@ __all__ = [
     "Action",
     "Definition",
     "DefinitionError",
+    "DefinitionTooDeep",
+    "DefinitionTooLarge",
     "Merge",
     "Node",
     "RetryBlock",
@@ -39,9 +44,13 @@ DEFAULT_WORKFLOW_TIMEOUT_MS = 3_600_000
 DEFAULT_MAX_RETRIES = 3
 SYNC_TIMEOUT_CAP_MS = 1_800_000
 
-# Hostile-input limits: text larger than this is refused before parsing, and JSON nested deeper
-# than Python's recursion limit is reported as a definition error, not a RecursionError.
+# Hostile-input limits (D6.23): text larger than this is refused before parsing; a definition
+# with more nodes, actions or transitions than these is refused before the schema check (whose
+# cost grows with them), and one nested deeper than MAX_DEPTH (D6.20) before anything walks it.
 MAX_TEXT_BYTES = 4 * 1024 * 1024
+MAX_NODES = 1_000
+MAX_ACTIONS = 1_000
+MAX_TRANSITIONS = 2_000
 
 
 class DefinitionError(ConfigurationError):
@@ -55,6 +64,18 @@ class DefinitionError(ConfigurationError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_definition_error, (str(self), self.path, type(self)))
+
+
+class DefinitionTooLarge(DefinitionError):
+    """A definition has more nodes, actions or transitions than the limits allow (D6.23)."""
+
+    code = "definition-too-large"
+
+
+class DefinitionTooDeep(DefinitionError):
+    """A definition nests objects and arrays deeper than :data:`MAX_DEPTH` (D6.20)."""
+
+    code = "too-deep"
 
 
 class DefinitionConflict(DefinitionError):
@@ -160,6 +181,52 @@ class Definition:
         ``reject-as-failure``: the run fails with ``deferred-not-accepted``."""
         return str(self.raw.get("deferred_response_mode", "surface-to-caller"))
 
+    @functools.cached_property
+    def cyclic(self) -> frozenset[str]:
+        """The nodes a run can reach again from themselves (a loop): a token made for one of
+        them is counted against the run's limits (D6.24). Strongly connected components of
+        more than one node, or with an edge to itself (Kosaraju's, without recursion)."""
+        succ: dict[str, list[str]] = {n: [] for n in self.nodes}
+        pred: dict[str, list[str]] = {n: [] for n in self.nodes}
+        looped = set()
+        for t in self.transitions.values():
+            succ[t.source].append(t.target)
+            pred[t.target].append(t.source)
+            if t.source == t.target:
+                looped.add(t.source)
+        order: list[str] = []
+        seen: set[str] = set()
+        for start in self.nodes:
+            if start in seen:
+                continue
+            seen.add(start)
+            stack = [(start, iter(succ[start]))]
+            while stack:
+                node, it = stack[-1]
+                nxt = next((m for m in it if m not in seen), None)
+                if nxt is None:
+                    order.append(node)
+                    stack.pop()
+                else:
+                    seen.add(nxt)
+                    stack.append((nxt, iter(succ[nxt])))
+        placed: set[str] = set()
+        for start in reversed(order):
+            if start in placed:
+                continue
+            component, todo = [], [start]
+            placed.add(start)
+            while todo:
+                node = todo.pop()
+                component.append(node)
+                for m in pred[node]:
+                    if m not in placed:
+                        placed.add(m)
+                        todo.append(m)
+            if len(component) > 1:
+                looped.update(component)
+        return frozenset(looped)
+
     def outgoing(self, node_id: str) -> list[Transition]:
         return [t for t in self.transitions.values() if t.source == node_id]
 
@@ -216,7 +283,7 @@ def _load_text(text: str, origin: str) -> Any:
     stripped = text.lstrip()
     try:
         if stripped.startswith(("{", "[")):
-            return json.loads(text)
+            return loads_json(text, what=origin)
         import yaml
 
         # Aliases let a few lines of YAML stand for an exponentially large document (the
@@ -227,8 +294,12 @@ def _load_text(text: str, origin: str) -> Any:
         return yaml.safe_load(text)
     except DefinitionError:
         raise
+    except TooDeep as exc:
+        raise DefinitionTooDeep(str(exc), path=exc.path.removeprefix("$").lstrip("."))
     except RecursionError:
-        raise DefinitionError(f"{origin} is nested too deeply")
+        raise DefinitionTooDeep(f"{origin} is nested too deeply")
+    except JSONError as exc:
+        raise DefinitionError(f"{origin} is not valid JSON: {exc.reason or exc}")
     except ValueError as exc:  # json.JSONDecodeError
         raise DefinitionError(f"{origin} is not valid JSON: {exc}")
     except Exception as exc:  # yaml.YAMLError and its subclasses
@@ -260,10 +331,11 @@ def load_source(source: dict[str, Any] | str | Path) -> Any:
 def parse_definition(source: dict[str, Any] | str | Path) -> Definition:
     """Validate a definition and build its typed form; raise :class:`DefinitionError`."""
     data = load_source(source)
+    check_size(data)
     try:
         problem = _validator().first_problem(data)
-    except RecursionError:
-        raise DefinitionError("the definition is nested too deeply")
+    except RecursionError:  # pragma: no cover - check_size refused anything this deep
+        raise DefinitionTooDeep("the definition is nested too deeply")
     if problem is not None:
         message = problem.message
         if problem.rule == "additionalProperties":
@@ -271,6 +343,29 @@ def parse_definition(source: dict[str, Any] | str | Path) -> Definition:
         path = json_path(problem.parts, root="") if problem.parts else "<definition>"
         raise DefinitionError(message, path=path)
     return _build(data)
+
+
+def check_size(data: Any) -> None:
+    """Refuse a definition past the limits of D6.23 (counts) and D6.20 (nesting), before any
+    check whose cost grows with it: :class:`DefinitionTooLarge`, :class:`DefinitionTooDeep`."""
+    try:
+        check_json(data, what="the definition", root="")
+    except TooDeep as exc:
+        raise DefinitionTooDeep(str(exc), path=exc.path) from None
+    except JSONError as exc:
+        raise DefinitionError(str(exc), path=exc.path) from None
+    if not isinstance(data, dict):
+        return  # the schema says what it should be
+    for key, limit in (
+        ("nodes", MAX_NODES),
+        ("actions", MAX_ACTIONS),
+        ("transitions", MAX_TRANSITIONS),
+    ):
+        items = data.get(key)
+        if isinstance(items, list) and len(items) > limit:
+            raise DefinitionTooLarge(
+                f"{len(items)} {key}: a definition has at most {limit}", path=key
+            )
 
 
 def _build(data: dict[str, Any]) -> Definition:
@@ -379,6 +474,8 @@ def _build(data: dict[str, Any]) -> Definition:
                 None if m is None else Merge(m["source"], m["target"], m["strategy"]),
             ),
         )
+    _check_foreach_paths(raw_transitions)
+    _check_join_groups(raw_transitions, transitions)
     seen_groups: dict[str, int] = {}
     for i, t in enumerate(raw_transitions):
         s = t.get("synchronization")
@@ -411,3 +508,61 @@ def _build(data: dict[str, Any]) -> Definition:
                 path=f"nodes[{i}].on_timeout" if "on_timeout" in n else f"nodes[{i}]",
             )
     return definition
+
+
+def _check_foreach_paths(raw_transitions: list[dict[str, Any]]) -> None:
+    """A ``foreach`` path reads the run's context, whose roots are ``input`` and ``state``
+    (D6.19): any other root can never resolve, so it is refused here, not at run time."""
+    for i, t in enumerate(raw_transitions):
+        path = t.get("foreach")
+        if path is None:
+            continue
+        root = path.split(".", 1)[0]
+        if root != "input" and not path.startswith("state."):
+            raise DefinitionError(
+                f"foreach path {path!r} cannot resolve: it is read from the run's context, "
+                f"so it starts with 'input' or 'state.' (e.g. 'input.{path}')",
+                path=f"transitions[{i}].foreach",
+            )
+
+
+def _check_join_groups(
+    raw_transitions: list[dict[str, Any]], transitions: dict[str, Transition]
+) -> None:
+    """A join waits for the siblings of its ``sibling_group`` (D6.19): its ``from`` node must be
+    one that fan-out's branches reach (through plain transitions, or past a nested fan-out's
+    own join). Otherwise every token that arrives belongs to another group and fails the run,
+    so the definition is refused here, not at run time."""
+    outgoing: dict[str, list[Transition]] = {}
+    for t in transitions.values():
+        outgoing.setdefault(t.source, []).append(t)
+    joins = {
+        t.synchronization.sibling_group: t
+        for t in transitions.values()
+        if t.synchronization is not None
+    }
+    for i, raw in enumerate(raw_transitions):
+        sync = raw.get("synchronization")
+        if sync is None:
+            continue
+        fan = transitions[sync["sibling_group"]]
+        reached, todo = {fan.target}, [fan.target]
+        while todo:
+            for t in outgoing.get(todo.pop(), []):
+                if t.synchronization is not None:
+                    continue  # a join leaves the branch
+                nxt = t.target
+                if t.fans_out:
+                    nested = joins.get(t.id)  # its branches come back to this group there
+                    if nested is None:
+                        continue
+                    nxt = nested.target
+                if nxt not in reached:
+                    reached.add(nxt)
+                    todo.append(nxt)
+        if raw["from"] not in reached:
+            raise DefinitionError(
+                f"join {raw['id']!r} waits for the siblings of fan-out {fan.id!r}, but its "
+                f"node {raw['from']!r} is not reached by that fan-out's branches",
+                path=f"transitions[{i}].synchronization.sibling_group",
+            )

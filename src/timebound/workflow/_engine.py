@@ -22,6 +22,7 @@ import types
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -30,25 +31,33 @@ from .._core._deadline import Deadline
 from .._core._durations import to_seconds
 from .._core._errors import ConfigurationError
 from .._core._scopes import fail_after
+from .._json import TooDeep
+from .._json import check as check_json
 from .._store import Store, Tx, open_store, wake_delay
+from ..telemetry import correlation
+from ..telemetry._tracing import attempt_span, caller_traceparent
 from ._actions import ActionContext, Outcome, freeze, handlers, run_python
+from ._bounds import call_key
 from ._deferral import Deferrals, plan_attempt
 from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition
+from ._faults import RunFault, attribute, isolate
 from ._machine import Machine
 from ._operator import Operator, OperatorActions, ms_of
 from ._reads import RunReads
 from ._rows import RUN_TERMINAL, RunResult
+from ._starts import (
+    Start,
+    StartConflict,
+    await_start,
+    check_run_id,
+    keyed_run,
+    request_digest,
+    settle_from,
+    start_deadline,
+    start_keyed,
+)
 
 __all__ = ["Engine", "RunResult", "store_definition"]
-
-
-class _Start(NamedTuple):
-    """A run to start, waiting for the loop's next transaction."""
-
-    definition: Definition
-    input: Any
-    future: asyncio.Future[str]
-    deadline_at: int | None
 
 
 class _Report(NamedTuple):
@@ -65,6 +74,8 @@ class _Report(NamedTuple):
 _Plan = tuple[str, str, Mapping[str, Any], ActionContext]
 
 _log = logging.getLogger("timebound.workflow")
+#: How long one turn may spend storing outcomes before it commits (D6.24).
+_TURN_SLICE_S = 0.05
 
 
 async def store_definition(tx: Tx, definition: Definition) -> str | None:
@@ -145,7 +156,7 @@ class Engine(RunReads, OperatorActions):
         self._background: set[asyncio.Task[None]] = set()
         self._finished: dict[str, asyncio.Event] = {}
         self._outcomes: list[_Report] = []
-        self._starts: list[_Start] = []
+        self._starts: list[Start] = []
         self._stored: set[tuple[str, int]] = set()  # definitions this engine has written
         self._claiming = True  # False once a stop is coming (stop_claiming)
         # Deferred operations (docs/deferred.md): the registry is made on first use (a worker
@@ -190,7 +201,11 @@ class Engine(RunReads, OperatorActions):
         :class:`DefinitionConflict` if this (id, version) already names another body, here or
         in the store: a run keeps its version's body, so a new body needs a higher version.
         """
-        parsed = definition if isinstance(definition, Definition) else self._checked(definition)
+        if not isinstance(definition, Definition):
+            # Off the loop (D6.23): checking a large definition takes long enough to make
+            # other runs' timers late.
+            definition = await asyncio.to_thread(self._checked, definition)
+        parsed = definition
         async with self._txn() as tx:
             known = await tx.fetchone(
                 "SELECT version FROM tb_wf_definitions WHERE id = ? LIMIT 1", parsed.id
@@ -275,6 +290,8 @@ class Engine(RunReads, OperatorActions):
             # One writer process: whatever a previous process left in flight died with it.
             async with self._txn() as tx:
                 await self._requeue(tx, "status IN ('dispatched', 'executing')")
+        # Stored ends of deferred operations resume before any timer fires (D7.10).
+        await self._deferrals.resume_stored()
         self._loop_task = asyncio.create_task(self._loop(), name="timebound-workflow-loop")
         await self._deferrals.open(self._definitions.values())
 
@@ -304,8 +321,7 @@ class Engine(RunReads, OperatorActions):
         self._attempts.clear()
         starts, self._starts = self._starts, []
         for start in starts:
-            if not start.future.done():
-                start.future.set_exception(RuntimeError("the engine closed before the run started"))
+            start.settle(error=RuntimeError("the engine closed before the run started"))
         outcomes, self._outcomes = self._outcomes, []
         try:
             if self._worker:
@@ -336,44 +352,107 @@ class Engine(RunReads, OperatorActions):
         input: Any = None,
         *,
         version: int | None = None,
+        deadline: Deadline | float | timedelta | str | None = None,
+        inherit_deadline: bool = False,
+        idempotency_key: str | None = None,
+        run_id: str | None = None,
         deadline_ms: int | None = None,
     ) -> str:
-        """Start a run of a registered definition (its latest version unless ``version``);
-        ``deadline_ms`` bounds the run further, as a parent's deadline would (D1.5)."""
-        if deadline_ms is not None and deadline_ms < 1:
-            raise ConfigurationError("deadline_ms must be >= 1", option="deadline_ms")
+        """Start a run of a registered definition (its latest version unless ``version``).
+
+        ``deadline`` bounds the run further, as a parent's deadline would (D1.5): a
+        :class:`~timebound.Deadline`, or a duration from now (``"250ms"``, seconds, a
+        ``timedelta``); ``inherit_deadline=True`` takes the caller's current deadline too
+        (D6.11). The run's deadline is the earliest of these and the definition's timeout, and
+        the run records which one it was (D6.17). ``deadline_ms`` is the deprecated spelling.
+
+        ``idempotency_key`` (or a client-chosen ``run_id``) makes the start idempotent
+        (D6.18): the same key with the same definition, version and input returns the run it
+        started, once and for all; with anything else it raises :class:`StartConflict`.
+
+        Cancelled (a deadline) before its run reached a transaction, ``start`` raises with
+        nothing stored; cancelled while its run was being committed, it waits for that one
+        commit and raises a ``CancelledError`` carrying the stored run's id, which a scope turns
+        into its ``DeadlineExceeded`` (chained); ``workflow.started_run_id(error)`` reads it
+        (D6.18).
+        """
+        deadline_at = start_deadline(self._now(), deadline, inherit_deadline, deadline_ms)
+        key = check_run_id(idempotency_key, "idempotency_key")
+        chosen = check_run_id(run_id, "run_id")
         version = version or self._latest.get(definition_id)
         definition = None if version is None else self._definitions.get((definition_id, version))
         if definition is None:
             raise DefinitionError(f"no definition {definition_id!r} is registered", path="id")
-        try:
+        try:  # TooDeep past D6.20's limit, before anything walks it recursively
+            check_json(input, what="a run's input", root="$.input", arrays=(list, tuple))
             input = json.loads(json.dumps(input, allow_nan=False))
-        except (TypeError, ValueError, RecursionError) as exc:
+        except TooDeep:
+            raise
+        except (TypeError, ValueError) as exc:
             raise ConfigurationError(f"a run's input must be JSON: {exc}", option="input")
         if not self._open:
             raise RuntimeError("the engine is not open: use 'async with engine:' first")
+        digest = None
+        if key is not None or chosen is not None:
+            digest = request_digest(definition.id, definition.version, input)
+            async with self._read() as tx:  # a repeat: answered without a write
+                found = await keyed_run(tx, key, chosen, digest)
+            if found is not None:
+                return found
         if (definition.id, definition.version) not in self._stored:
             async with self._txn() as tx:
                 conflict = await self._store_definition(tx, definition)
             if conflict is not None:
                 raise DefinitionConflict(conflict, path="version")
-        deadline_at = None if deadline_ms is None else self._now() + deadline_ms
+        loop = asyncio.get_running_loop()
+        start = Start(
+            definition,
+            input,
+            loop.create_future(),
+            deadline_at,
+            chosen or uuid.uuid4().hex,
+            key,
+            digest,
+            loop.create_future(),
+            caller_traceparent(),  # the caller's span, parent of the run's (D10.5)
+        )
+        assert start.settled is not None
         if not self._worker:  # no loop to batch with: one transaction; its commit wakes workers
-            async with self._txn() as tx:
-                run_id: str = await self._machine.start_run(
-                    tx,
-                    definition,
-                    input,
-                    self._now(),
-                    timeout_ms=definition.timeout_ms,
-                    inherited_deadline_at=deadline_at,
-                )
-            return run_id
-        # Started by the loop's next transaction: concurrent starts share one commit.
-        future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._starts.append(_Start(definition, input, future, deadline_at))
-        self._wake.set()
-        return await future
+            task: asyncio.Future[str] = asyncio.ensure_future(self._start_alone(start))
+            task.add_done_callback(lambda t: settle_from(t, start))
+            awaited: asyncio.Future[str] = asyncio.shield(task)
+        else:
+            # Started by the loop's next transaction: concurrent starts share one commit.
+            self._starts.append(start)
+            self._wake.set()
+            awaited = start.future  # awaited directly: no extra loop turn before we return
+        return await await_start(start, awaited, lambda: self._starts)
+
+    async def _start_alone(self, start: Start) -> str:
+        """A start in a transaction of its own (an engine without a worker loop). A keyed start
+        that lost a race for its key to another process is answered by a second look."""
+        for again in (True, False):
+            try:
+                async with self._txn() as tx:
+                    run_id = await start_keyed(
+                        self._machine,
+                        tx,
+                        start.definition,
+                        start.input,
+                        self._now(),
+                        deadline_at=start.deadline_at,
+                        run_id=start.run_id,
+                        idempotency_key=start.idempotency_key,
+                        digest=start.digest,
+                        traceparent=start.traceparent,
+                    )
+                return run_id
+            except StartConflict:
+                raise
+            except Exception:
+                if start.digest is None or not again:
+                    raise
+        raise AssertionError("unreachable")
 
     async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
         """Wait until the run ends; ``timeout`` seconds bound the wait (``DeadlineExceeded``)."""
@@ -505,6 +584,14 @@ class Engine(RunReads, OperatorActions):
                 self._outcomes[:0] = outcomes
                 self._starts[:0] = starts
                 raise
+            except RunFault as fault:
+                # One run's work raised (D6.22): the turn was rolled back; that run alone fails
+                # and the rest runs again at once.
+                self._outcomes[:0] = outcomes
+                self._starts[:0] = [s for s in starts if s is not fault.start]
+                self._stored.clear()
+                await isolate(self, fault)
+                continue
             except Exception:
                 # A failed turn is rolled back (on PostgreSQL, a deadlock between two workers'
                 # batches, or the server restarting and dropping every connection): keep its
@@ -539,7 +626,7 @@ class Engine(RunReads, OperatorActions):
                 pass
 
     async def _turn(
-        self, starts: list[_Start], outcomes: list[_Report]
+        self, starts: list[Start], outcomes: list[_Report]
     ) -> tuple[list[_Plan], int | None]:
         """One transaction, one commit (group commit): fire the due timers, start new runs, store
         the attempts' outcomes, claim and begin ready tokens; return the attempts to run and the
@@ -549,35 +636,59 @@ class Engine(RunReads, OperatorActions):
         instant (D6.4).
         """
         now = self._now()
-        started: list[tuple[asyncio.Future[str], str]] = []
+        started: list[tuple[Start, str]] = []
+        later: list[_Report] = []
         async with self._txn() as tx:
             for timer in await tx.due_timers(now, limit=1000):
-                await self._fire(tx, timer, now)
+                try:
+                    await self._fire(tx, timer, now)
+                except Exception as exc:
+                    raise attribute(exc, timer["stream"]) from exc
                 await tx.execute(
                     "DELETE FROM tb_timers WHERE key = ? AND due_ms <= ?", timer["key"], now
                 )
             for start in starts:
-                run_id = await self._machine.start_run(
-                    tx,
-                    start.definition,
-                    start.input,
-                    now,
-                    timeout_ms=start.definition.timeout_ms,
-                    inherited_deadline_at=start.deadline_at,
-                )
-                started.append((start.future, run_id))
+                try:
+                    run_id = await start_keyed(
+                        self._machine,
+                        tx,
+                        start.definition,
+                        start.input,
+                        now,
+                        deadline_at=start.deadline_at,
+                        run_id=start.run_id,
+                        idempotency_key=start.idempotency_key,
+                        digest=start.digest,
+                        traceparent=start.traceparent,
+                    )
+                except StartConflict as exc:  # found in this transaction: nothing written
+                    start.settle(error=exc)
+                    continue
+                except Exception as exc:
+                    raise attribute(exc, None, start) from exc
+                started.append((start, run_id))
             lock = self._store.lock_clause()  # the reports' runs: read and locked at once, by id
             await self._machine.hold_runs(tx, (r.run_id for r in outcomes), lock=lock)
-            for report in sorted(outcomes, key=lambda r: r.run_id):
-                await self._report(tx, report, now)
+            # D6.24: a turn stores outcomes for at most _TURN_SLICE_S; the rest go to the next
+            # turn, which fires the timers due by then first (one outcome may fan out 10,000).
+            ordered = sorted(outcomes, key=lambda r: r.run_id)
+            slice_end = _clock.now() + _TURN_SLICE_S
+            for i, report in enumerate(ordered):
+                if i and _clock.now() >= slice_end:
+                    later = ordered[i:]
+                    break
+                try:
+                    await self._report(tx, report, now)
+                except Exception as exc:
+                    raise attribute(exc, report.run_id) from exc
             plans = await self._dispatch(tx, now)
             next_ms = await tx.next_timer_ms()
             row = await tx.fetchone(
                 "SELECT MIN(not_before) AS t FROM tb_wf_tokens WHERE status = 'pending'"
             )
-        for future, run_id in started:  # committed: the runs exist
-            if not future.done():
-                future.set_result(run_id)
+        self._outcomes[:0] = later  # committed: what is left is stored by the next turn
+        for start, run_id in started:  # committed: the runs exist
+            start.settle(run_id)
         # Ready tokens wake the loop only while it may claim them (not while a stop drains).
         free = len(self._attempts) < self._concurrency and self._claiming
         if row is not None and row["t"] is not None and free:
@@ -635,8 +746,11 @@ class Engine(RunReads, OperatorActions):
         plans = []
         for tok in rows:
             lease = now + self._lease_ms  # the claim is written by _begin with the attempt
-            await self._machine.claim(tx, tok, self.worker_id, lease, now, write=False)
-            plan = await self._begin(tx, tok, now)
+            try:
+                await self._machine.claim(tx, tok, self.worker_id, lease, now, write=False)
+                plan = await self._begin(tx, tok, now)
+            except Exception as exc:
+                raise attribute(exc, tok["run_id"]) from exc
             if plan is not None:
                 plans.append(plan)
         return plans
@@ -687,6 +801,8 @@ class Engine(RunReads, OperatorActions):
             attempt=tok["attempt"],
             deadline=Deadline.from_epoch_ms(deadline_ms),
             timing=timing,
+            idempotency_key=call_key(tok),
+            traceparent=run.get("traceparent"),
         )
         return (tok["id"], action.kind, implementation, ctx)
 
@@ -695,10 +811,27 @@ class Engine(RunReads, OperatorActions):
     ) -> None:
         """Run one attempt; its outcome is stored by the loop's next turn (group commit)."""
         what = f"workflow node '{ctx.node_id}'"
-        try:
-            outcome = await self._run_action(kind, implementation, ctx, what, ctx.attempt)
-        except Exception as exc:  # a failing action runner fails the node, never strands it
-            outcome = Outcome("error", error=f"{type(exc).__name__}: {exc}")
+        # The attempt's span (D10.4): current while the action runs, so what it calls is its child.
+        span = attempt_span(
+            ctx.traceparent,
+            run_id=ctx.run_id,
+            token_id=token_id,
+            node_id=ctx.node_id,
+            attempt=ctx.attempt,
+        )
+        # Events emitted inside (the action's policies, a deferred registration) name the run,
+        # the token and the node they belong to (D10.1).
+        with (
+            correlation("run", ctx.run_id),
+            correlation("token", token_id),
+            correlation("node", ctx.node_id),
+            span as ended,
+        ):
+            try:
+                outcome = await self._run_action(kind, implementation, ctx, what, ctx.attempt)
+            except Exception as exc:  # a failing action runner fails the node, never strands it
+                outcome = Outcome("error", error=f"{type(exc).__name__}: {exc}")
+            ended(outcome.kind, outcome.error)
         began = ctx.deadline.to_epoch_ms()
         self._outcomes.append(_Report(ctx.run_id, token_id, ctx.attempt, outcome, began))
         self._wake.set()
@@ -760,7 +893,12 @@ class Engine(RunReads, OperatorActions):
         elif outcome.kind == "timeout" or deadline_reached:
             if outcome.kind == "ok":
                 await machine.late_result(tx, run["id"], token_id, attempt, now)
-            await machine.token_timeout(tx, run, tok, now)
+            if outcome.propagated_ms is not None and not deadline_reached:
+                await machine.token_timeout(
+                    tx, run, tok, now, duration=outcome.propagated_ms, set_by="propagated"
+                )
+            else:
+                await machine.token_timeout(tx, run, tok, now)
         elif outcome.kind == "reject":
             await machine.fail_run(tx, run, outcome.error or "deferred-not-accepted", now)
         elif outcome.kind == "deferred":
@@ -792,4 +930,4 @@ class Engine(RunReads, OperatorActions):
         if conflict is not None:
             await self._machine.action_error(tx, run, tok, conflict, now)
             return
-        await self._machine.start_child(tx, run, tok, node, child, now)
+        await self._machine.children.start_child(tx, run, tok, node, child, now)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._store import Tx
 from ._definition import Definition, Transition
+from ._limits import check_growth
 from ._merge import get_path, merge_outputs, set_path
 from ._rows import LIVE_SQL, PRIORITY_TOKEN, decode, encode
 
@@ -58,6 +59,7 @@ class Joins:
         else:
             assert transition.spawn_count is not None
             items = [None] * transition.spawn_count
+        await check_growth(tx, run["id"], len(items))  # D6.24: fails the run, spawns nothing
         group_key = tok["id"]
         join = definition.join_for_group(transition.id)
         if join is not None:
@@ -263,6 +265,26 @@ class Joins:
             return
         completed, _ = await self._arrivals(tx, run["id"], group_key)
         timeout_ms = row["timeout_at"] - row["sync_started_at"]
+        if sync.on_timeout == "proceed_with_available":
+            # The siblings the join stops waiting for are timed out at this layer, recorded as
+            # `fail` records its own (D6.17), before the join's event: that one stays the
+            # bound that decided the run's course.
+            for tok in await tx.fetch(
+                f"SELECT * FROM tb_wf_tokens WHERE run_id = ? AND group_key = ? "
+                f"AND status IN {LIVE_SQL} AND status != 'waiting_for_siblings' ORDER BY seq",
+                run["id"],
+                group_key,
+            ):
+                await self._m._timed_out_event(
+                    tx,
+                    tok,
+                    "synchronization",
+                    timeout_ms,
+                    "proceed_with_available",
+                    row["timeout_at"],
+                    now,
+                    set_by="join",
+                )
         await tx.append_event(
             run["id"],
             "join_timed_out",
@@ -285,6 +307,13 @@ class Joins:
         for tok in completed:
             await self._m._set_token(tx, tok, "timed_out", now, reason="synchronization_timeout")
             await self._m._timed_out_event(
-                tx, tok, "synchronization", timeout_ms, "fail", row["timeout_at"], now
+                tx,
+                tok,
+                "synchronization",
+                timeout_ms,
+                "fail",
+                row["timeout_at"],
+                now,
+                set_by="join",
             )
         await self._m.fail_run(tx, run, "Synchronization timeout exceeded", now)

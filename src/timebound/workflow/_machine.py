@@ -18,8 +18,12 @@ from typing import Any
 
 from .._store import Tx
 from ..policies._retry import RetryAt, RetryPlan, RetryState
-from ._definition import Definition, Node, RetryBlock, Transition, parse_definition
+from ..telemetry._tracing import open_run
+from ._bounds import NODE_TIMEOUT, WORKFLOW_TIMEOUT, WORKFLOW_TIMEOUT_ERROR, run_bound, stored_bound
+from ._children import Children
+from ._definition import Definition, RetryBlock, Transition, parse_definition
 from ._joins import Joins
+from ._limits import RunLimitExceeded, check_growth
 from ._rows import (
     LIVE_SQL,
     PRIORITY_RUN,
@@ -65,6 +69,7 @@ class Machine:
         self.late_results = 0
         self._seq = 0
         self.joins = Joins(self)
+        self.children = Children(self)
 
     # Loading --------------------------------------------------------------------------------
 
@@ -138,21 +143,35 @@ class Machine:
         now: int,
         *,
         timeout_ms: int | None,
+        timeout_set_by: str = "definition",
         parent_token_id: str | None = None,
         inherited_deadline_at: int | None = None,
+        inherited_set_by: str = "caller",
+        run_id: str | None = None,
+        idempotency_key: str | None = None,
+        request_digest: str | None = None,
+        traceparent: str | None = None,
     ) -> str:
-        run_id = uuid.uuid4().hex
-        timeout_at = None if timeout_ms is None else now + timeout_ms
-        if inherited_deadline_at is not None:
-            timeout_at = (
-                inherited_deadline_at
-                if timeout_at is None
-                else min(timeout_at, inherited_deadline_at)
-            )
+        """Insert a running run and its first token; answers its id.
+
+        The run's deadline is the earliest of its own timeout (``timeout_ms`` from now, set by
+        ``timeout_set_by``: the definition, or a parent's node or action) and
+        ``inherited_deadline_at`` (set by ``inherited_set_by``: the caller of ``start`` or the
+        parent run). Which of them it is, is stored with the run (D6.17): a tie goes to the
+        inherited one, the larger scope (as D6.4).
+        """
+        run_id = run_id or uuid.uuid4().hex
+        # The run's span, child of the caller's (D10.5); its context is stored with the run.
+        traceparent = open_run(
+            run_id, traceparent, definition_id=definition.id, definition_version=definition.version
+        )
+        bound = run_bound(now, timeout_ms, timeout_set_by, inherited_deadline_at, inherited_set_by)
+        timeout_at = None if bound is None else bound["deadline_at"]
         await tx.execute(
             "INSERT INTO tb_wf_runs (id, definition_id, definition_version, status, input, state, "
-            "started_at, timeout_at, parent_token_id, inherited_deadline_at) "
-            "VALUES (?, ?, ?, 'running', ?, '{}', ?, ?, ?, ?)",
+            "started_at, timeout_at, parent_token_id, inherited_deadline_at, timeout_bound, "
+            "idempotency_key, request_digest, traceparent) "
+            "VALUES (?, ?, ?, 'running', ?, '{}', ?, ?, ?, ?, ?, ?, ?, ?)",
             run_id,
             definition.id,
             definition.version,
@@ -161,6 +180,10 @@ class Machine:
             timeout_at,
             parent_token_id,
             inherited_deadline_at,
+            None if bound is None else encode(bound),
+            idempotency_key,
+            request_digest,
+            traceparent,
         )
         await tx.append_event(
             run_id,
@@ -170,6 +193,7 @@ class Machine:
             definition_id=definition.id,
             definition_version=definition.version,
             timeout_at=timeout_at,
+            timeout_bound=bound,
         )
         if timeout_at is not None:
             await tx.set_timer(f"run:{run_id}", "run", run_id, timeout_at, PRIORITY_RUN)
@@ -177,7 +201,13 @@ class Machine:
         return run_id
 
     async def _finish_run(
-        self, tx: Tx, run: dict[str, Any], status: str, now: int, error: str | None = None
+        self,
+        tx: Tx,
+        run: dict[str, Any],
+        status: str,
+        now: int,
+        error: str | None = None,
+        code: str | None = None,
     ) -> bool:
         """End a run: every live token becomes ``cancelled`` unless already ended by the caller.
 
@@ -185,19 +215,22 @@ class Machine:
         without its lock (an operator's cancel, a parent's cancel of its child) may have been
         ended by another worker meanwhile, and its end stands (on PostgreSQL the UPDATE waits for
         that worker's lock, then sees its commit). ``False`` when the run had ended already.
+
+        ``code`` is how it ended, stored for code to read (D6.17): never its message.
         """
         run_id = run["id"]
         changed = await tx.execute(
-            "UPDATE tb_wf_runs SET status = ?, finished_at = ?, error = ? "
+            "UPDATE tb_wf_runs SET status = ?, finished_at = ?, error = ?, error_code = ? "
             "WHERE id = ? AND status = 'running'",
             status,
             now,
             error,
+            code,
             run_id,
         )
         if not changed:
             return False
-        self._run_changed(tx, run, status=status, finished_at=now, error=error)
+        self._run_changed(tx, run, status=status, finished_at=now, error=error, error_code=code)
         tx.wake_others = True  # waiters in other processes
         for tok in await tx.fetch(
             f"SELECT * FROM tb_wf_tokens WHERE run_id = ? AND status IN {LIVE_SQL} ORDER BY seq",
@@ -205,44 +238,51 @@ class Machine:
         ):
             await self._set_token(tx, tok, "cancelled", now, reason=f"run_{status}")
         await tx.clear_stream_timers(run_id)
-        await tx.append_event(run_id, f"run_{status}", now, workflow_run_id=run_id, error=error)
+        await tx.append_event(
+            run_id, f"run_{status}", now, workflow_run_id=run_id, error=error, error_code=code
+        )
         self._on_run_finished(run_id)
         if run["parent_token_id"] is not None and status != "cancelled":
-            await self._child_finished(tx, run, status, now, error)
+            await self.children.child_finished(tx, run, status, now, error)
         return True
-
-    async def _cancel_children(self, tx: Tx, token_id: str, now: int) -> None:
-        """A parent token that ends or retries cancels its running child run (D6.7)."""
-        for child in await tx.fetch(
-            "SELECT * FROM tb_wf_runs WHERE parent_token_id = ? AND status = 'running'", token_id
-        ):
-            await self._finish_run(tx, child, "cancelled", now, "parent token ended")
 
     async def cancel_run(self, tx: Tx, run_id: str, now: int) -> bool:
         run = await self.run(tx, run_id)
         if run is None or run["status"] != "running":
             return False
-        return await self._finish_run(tx, run, "cancelled", now, "cancelled")
+        return await self._finish_run(tx, run, "cancelled", now, "cancelled", "cancelled")
 
-    async def fail_run(self, tx: Tx, run: dict[str, Any], error: str, now: int) -> None:
-        await self._finish_run(tx, run, "failed", now, error)
+    async def fail_run(
+        self, tx: Tx, run: dict[str, Any], error: str, now: int, code: str = "failed"
+    ) -> None:
+        await self._finish_run(tx, run, "failed", now, error, code)
 
     async def workflow_timeout(self, tx: Tx, run: dict[str, Any], now: int) -> None:
-        """Every live token → ``timed_out`` (reason ``workflow_timeout``); then the run's policy."""
+        """Every live token → ``timed_out`` (reason ``workflow_timeout``); then the run's policy.
+
+        The bound reported is the one that set the run's deadline (D6.17): the definition's
+        timeout, the caller's deadline or the parent's, stored with the run when it started.
+        """
         definition = await self.definition(tx, run)
         policy = definition.on_timeout
+        bound = stored_bound(run, definition)
         for tok in await tx.fetch(
             f"SELECT * FROM tb_wf_tokens WHERE run_id = ? AND status IN {LIVE_SQL} ORDER BY seq",
             run["id"],
         ):
             await self._set_token(tx, tok, "timed_out", now, reason="workflow_timeout")
             await self._timed_out_event(
-                tx, tok, "workflow", definition.timeout_ms, policy, run["timeout_at"], now
+                tx,
+                tok,
+                "workflow",
+                bound["duration_ms"],
+                policy,
+                run["timeout_at"],
+                now,
+                set_by=bound["set_by"],
             )
-        if policy == "fail":
-            await self._finish_run(tx, run, "failed", now, "Workflow exceeded timeout")
-        else:
-            await self._finish_run(tx, run, "timed_out", now, "Workflow exceeded timeout")
+        status = "failed" if policy == "fail" else "timed_out"
+        await self._finish_run(tx, run, status, now, WORKFLOW_TIMEOUT_ERROR, WORKFLOW_TIMEOUT)
 
     @staticmethod
     def run_live(run: dict[str, Any], now: int) -> bool:
@@ -255,7 +295,27 @@ class Machine:
         if run["status"] != "running":
             return True
         if run["timeout_at"] is not None and now >= run["timeout_at"]:
+            if run["parent_token_id"] is not None and await self._parent_over(tx, run, now):
+                return True
             await self.workflow_timeout(tx, run, now)
+            return True
+        return False
+
+    async def _parent_over(self, tx: Tx, run: dict[str, Any], now: int) -> bool:
+        """A child run whose deadline is due: the parent's first, when due at the same instant
+        (an inherited deadline, D6.4, D6.17): the larger scope is the one reported, and its end
+        cancels the child. ``True`` if that ended the child."""
+        tok = await self.token(tx, run["parent_token_id"])
+        parent = None if tok is None else await self.run(tx, tok["run_id"])
+        if (
+            parent is None
+            or parent["status"] != "running"
+            or not await self.check_run_deadline(tx, parent, now)
+        ):
+            return False
+        row = await tx.fetchone("SELECT status FROM tb_wf_runs WHERE id = ?", run["id"])
+        if row is not None and row["status"] != "running":
+            self._run_changed(tx, run, status=row["status"])
             return True
         return False
 
@@ -377,7 +437,7 @@ class Machine:
         if status in TERMINAL:
             self._cancel_attempt(tok["id"])
             if tok["child_run_id"] is not None:
-                await self._cancel_children(tx, tok["id"], now)
+                await self.children.cancel_children(tx, tok["id"], now)
         if status != "timed_out":  # token_timed_out carries the seed's richer shape
             await tx.append_event(
                 tok["run_id"],
@@ -398,7 +458,12 @@ class Machine:
         policy: str,
         deadline_at: int | None,
         now: int,
+        *,
+        set_by: str | None = None,
     ) -> None:
+        """Record the bound that fired: its layer, length, policy, deadline and (D6.17) where
+        it was set: ``definition``, ``caller``, ``parent``, ``node``, ``action``, ``join`` or
+        ``propagated``."""
         await tx.append_event(
             tok["run_id"],
             "token_timed_out",
@@ -408,6 +473,7 @@ class Machine:
             node_id=tok["node_id"],
             timeout_type=timeout_type,
             timeout_duration_ms=duration_ms,
+            bound_set_by=set_by,
             policy_applied=policy,
             deadline_at=deadline_at,
             detection_lag_ms=None if deadline_at is None else now - deadline_at,
@@ -470,6 +536,8 @@ class Machine:
         if '"resume"' in state_data:  # set only by a re-dispatch after a crash
             data = decode(state_data)
             resume = data.pop("resume", False)
+            if resume:  # counted, so a re-run keeps its call's idempotency key (D7.11)
+                data["reruns"] = data.get("reruns", 0) + 1
             state_data = encode(data)
         if not resume:
             timeout_at = None if timeout_ms is None else now + timeout_ms
@@ -500,7 +568,9 @@ class Machine:
             attempt=attempt,
             timeout_at=timeout_at,
         )
-        tok.update(status="executing", attempt=attempt, timeout_at=timeout_at)
+        tok.update(
+            status="executing", attempt=attempt, timeout_at=timeout_at, state_data=state_data
+        )
         return timeout_at  # type: ignore[no-any-return]
 
     async def late_result(self, tx: Tx, run_id: str, token_id: str, attempt: int, now: int) -> None:
@@ -519,23 +589,35 @@ class Machine:
         *,
         duration: int | None = None,
         cause: str | None = None,
+        set_by: str | None = None,
     ) -> None:
-        """The node's deadline was reached: its ``on_timeout`` policy (seed, D6.1).
+        """The node's deadline was reached: its ``on_timeout`` policy (D6.1).
 
-        ``duration`` and ``cause`` describe a bound enforced elsewhere (a child run's timeout).
+        ``duration``, ``cause`` and ``set_by`` describe a bound enforced elsewhere (a child
+        run's timeout, a deadline a called service reported spent); by default the bound is
+        the node's ``timeout_ms``, else its action's (D6.17).
         """
         definition = await self.definition(tx, run)
         node = definition.nodes[tok["node_id"]]
         if duration is None:
             duration = definition.node_timeout_ms(node)
+        if set_by is None:
+            set_by = "node" if node.timeout_set else "action"
         deadline_at = tok["timeout_at"]
         policy = definition.node_on_timeout(node)
         if tok["status"] in ("pending", "dispatched"):
-            policy = "fail"  # stuck before executing: the seed's edge case
+            policy = "fail"  # stuck before executing (D6.1)
+        if set_by == "propagated":
+            # A called service spent the whole budget we sent (D4.5): the chain is out of
+            # time, nothing is retried, and the bound ended when we learned it (D6.17).
+            policy, deadline_at = "fail", now
+            cause = cause or f"a called service spent the {duration}ms budget sent with it"
         if policy == "retry" and tok["retry_count"] < node.max_retries:
-            await self._timed_out_event(tx, tok, "execution", duration, "retry", deadline_at, now)
+            await self._timed_out_event(
+                tx, tok, "execution", duration, "retry", deadline_at, now, set_by=set_by
+            )
             self._cancel_attempt(tok["id"])
-            await self._cancel_children(tx, tok["id"], now)
+            await self.children.cancel_children(tx, tok["id"], now)
             await tx.execute(
                 "UPDATE tb_wf_tokens SET status = 'pending', retry_count = retry_count + 1, "
                 "not_before = ?, timeout_at = ?, lease_owner = NULL, updated_at = ? WHERE id = ?",
@@ -558,9 +640,13 @@ class Machine:
             )
             return
         await self._set_token(tx, tok, "timed_out", now, reason="execution_timeout")
-        await self._timed_out_event(tx, tok, "execution", duration, "fail", deadline_at, now)
+        await self._timed_out_event(
+            tx, tok, "execution", duration, "fail", deadline_at, now, set_by=set_by
+        )
         error = f"timed out: {cause}" if cause else f"timed out after {duration}ms"
-        await self._token_ended_badly(tx, run, tok, f"node '{tok['node_id']}' {error}", now)
+        await self._token_ended_badly(
+            tx, run, tok, f"node '{tok['node_id']}' {error}", now, code=NODE_TIMEOUT
+        )
 
     async def action_error(
         self, tx: Tx, run: dict[str, Any], tok: dict[str, Any], error: str, now: int
@@ -599,14 +685,21 @@ class Machine:
         await self._token_ended_badly(tx, run, tok, f"node '{tok['node_id']}' failed: {error}", now)
 
     async def _token_ended_badly(
-        self, tx: Tx, run: dict[str, Any], tok: dict[str, Any], error: str, now: int
+        self,
+        tx: Tx,
+        run: dict[str, Any],
+        tok: dict[str, Any],
+        error: str,
+        now: int,
+        *,
+        code: str = "failed",
     ) -> None:
         """D6.8: the run fails, unless the token is a sibling its join can still do without."""
         definition = await self.definition(tx, run)
         group = tok["fan_out_transition_id"]
         join = None if group is None else definition.join_for_group(group)
         if join is None:
-            await self.fail_run(tx, run, error, now)
+            await self.fail_run(tx, run, error, now, code)
             return
         await self.joins.mark_arrival(tx, tok, "failed", now)
         await self.joins.evaluate_join(tx, run, definition, join, tok["group_key"], now, error)
@@ -645,10 +738,12 @@ class Machine:
                 elif transition.fans_out:
                     await self.joins.fan_out(tx, run, definition, transition, tok, branch, now)
                 else:
+                    if transition.target in definition.cyclic:  # a loop grows the run (D6.24)
+                        await check_growth(tx, run["id"], 1)
                     await self._new_token(
                         tx, run["id"], definition, transition.target, now, branch=branch
                     )
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, RunLimitExceeded) as exc:
             if plain:
                 await self._write_output(tx, tok, encoded)
             await self._set_token(tx, tok, "failed", now, error=str(exc))
@@ -701,66 +796,3 @@ class Machine:
             "outer_branch": tok["outer_branch"],
             "lineage": tok["lineage"],
         }
-
-    # Subworkflows ---------------------------------------------------------------------------
-
-    async def start_child(
-        self,
-        tx: Tx,
-        run: dict[str, Any],
-        tok: dict[str, Any],
-        node: Node,
-        child: Definition,
-        now: int,
-    ) -> str:
-        """Start a child run for a ``workflow_call`` token (D6.7: node > action > child)."""
-        definition = await self.definition(tx, run)
-        timeout_ms = definition.node_timeout_ms(node)
-        if timeout_ms is None:
-            timeout_ms = child.timeout_ms
-        inherited = None
-        if node.inherit_deadline:
-            bounds = [b for b in (run["timeout_at"], run["inherited_deadline_at"]) if b is not None]
-            inherited = min(bounds) if bounds else None
-        child_id = await self.start_run(
-            tx,
-            child,
-            decode(run["input"])
-            if tok["branch_index"] is None
-            else {"input": decode(run["input"]), "item": decode(tok["branch_item"])},
-            now,
-            timeout_ms=timeout_ms,
-            parent_token_id=tok["id"],
-            inherited_deadline_at=inherited,
-        )
-        # The child's own timer enforces the node's bound; the parent token waits on it.
-        await tx.execute(
-            "UPDATE tb_wf_tokens SET child_run_id = ?, timeout_at = NULL WHERE id = ?",
-            child_id,
-            tok["id"],
-        )
-        tok.update(child_run_id=child_id, timeout_at=None)
-        await tx.clear_timer(f"tok:{tok['id']}")
-        return child_id
-
-    async def _child_finished(
-        self, tx: Tx, child: dict[str, Any], status: str, now: int, error: str | None
-    ) -> None:
-        tok = await self.token(tx, child["parent_token_id"])
-        if tok is None or tok["status"] != "executing":
-            return
-        run = await self.run(tx, tok["run_id"])
-        if run is None or await self.check_run_deadline(tx, run, now):
-            return
-        if status == "completed":
-            await self.complete(tx, run, tok, decode(child["state"]), now)
-        elif status == "timed_out" or error == "Workflow exceeded timeout":
-            ms = None if child["timeout_at"] is None else child["timeout_at"] - child["started_at"]
-            message = f"Subworkflow '{child['definition_id']}' timed out after {ms}ms"
-            await tx.execute("UPDATE tb_wf_tokens SET error = ? WHERE id = ?", message, tok["id"])
-            tok["timeout_at"] = child["timeout_at"]
-            await self.token_timeout(tx, run, tok, now, duration=ms, cause=message)
-        else:
-            await self.action_error(
-                tx, run, tok, f"Subworkflow '{child['definition_id']}' {status}: {error}", now
-            )

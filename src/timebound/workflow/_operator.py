@@ -19,11 +19,14 @@ from typing import Any
 from .._core._durations import Duration, to_seconds
 from .._core._errors import TimeboundError
 from .._store import Tx
+from ._bounds import run_bound, stored_bound
 from ._machine import Machine
 from ._rows import PRIORITY_RUN, PRIORITY_TOKEN, encode
 
 __all__ = ["Operator", "OperatorActions", "OperatorRefused", "ms_of"]
 
+#: How a terminated run ended (``tb_wf_runs.error_code``, D6.17), read instead of its message.
+TERMINATED = "terminated"
 #: The statuses a node's deadline can be extended in: a token not yet ended nor parked at a join.
 _EXTENDABLE = ("pending", "dispatched", "executing")
 
@@ -115,14 +118,22 @@ class Operator:
             if old is None:
                 raise OperatorRefused("no-deadline", f"run {run_id!r} has no deadline to extend")
             new = old + by_ms
+            # The run's bound (D6.17) grows with it: a timeout reports the deadline and length
+            # in force, and how much of it operators added.
+            bound = dict(stored_bound(run, await self._machine.definition(tx, run)))
+            if bound.get("duration_ms") is not None:
+                bound["duration_ms"] += by_ms
+            bound["deadline_at"] = new
+            bound["extended_ms"] = bound.get("extended_ms", 0) + by_ms
             await tx.execute(
-                "UPDATE tb_wf_runs SET timeout_at = ? WHERE id = ? AND status = 'running' "
-                "AND timeout_at = ?",
+                "UPDATE tb_wf_runs SET timeout_at = ?, timeout_bound = ? WHERE id = ? "
+                "AND status = 'running' AND timeout_at = ?",
                 new,
+                encode(bound),
                 run_id,
                 old,
             )
-            self._machine._run_changed(tx, run, timeout_at=new)
+            self._machine._run_changed(tx, run, timeout_at=new, timeout_bound=encode(bound))
             await tx.set_timer(f"run:{run_id}", "run", run_id, new, PRIORITY_RUN)
             changed.append({"target": "run", "from_ms": old, "to_ms": new})
         else:
@@ -201,7 +212,7 @@ class Operator:
             run_id, "run_terminated", now, reason=reason, operator=operator, workflow_run_id=run_id
         )
         error = f"terminated by {operator}: {reason}"
-        if not await self._machine._finish_run(tx, run, "failed", now, error):
+        if not await self._machine._finish_run(tx, run, "failed", now, error, TERMINATED):
             raise OperatorRefused("run-ended", f"run {run_id!r} has ended")
         return {"run_id": run_id, "status": "failed", "error": error}
 
@@ -246,13 +257,16 @@ class Operator:
                     f"from_node: the run never reached {node!r} outside a fan-out; "
                     "retry from the start",
                 )
-        timeout_at = None if definition.timeout_ms is None else now + definition.timeout_ms
+        bound = run_bound(now, definition.timeout_ms, "definition", None, "caller")
+        timeout_at = None if bound is None else bound["deadline_at"]
+        encoded_bound = None if bound is None else encode(bound)
         previous = run["status"]
         changed = await tx.execute(
             "UPDATE tb_wf_runs SET status = 'running', finished_at = NULL, error = NULL, "
-            "timeout_at = ?, state = CASE WHEN ? THEN '{}' ELSE state END "
-            "WHERE id = ? AND status = ?",
+            "error_code = NULL, timeout_at = ?, timeout_bound = ?, "
+            "state = CASE WHEN ? THEN '{}' ELSE state END WHERE id = ? AND status = ?",
             timeout_at,
+            encoded_bound,
             from_start,
             run_id,
             previous,
@@ -263,7 +277,9 @@ class Operator:
             "status": "running",
             "finished_at": None,
             "error": None,
+            "error_code": None,
             "timeout_at": timeout_at,
+            "timeout_bound": encoded_bound,
         }
         if from_start:
             fields["state"] = encode({})

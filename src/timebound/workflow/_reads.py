@@ -161,12 +161,19 @@ class RunReads:
 
     async def timeouts(self) -> list[dict[str, Any]]:
         """Every timeout the store recorded (workflow, execution and synchronization layers),
-        as its event data: layer (``timeout_type``), policy and ``detection_lag_ms``."""
+        as its event data: layer (``timeout_type``), policy and ``detection_lag_ms``. A fan-in
+        timeout is its join's event once, not again for each sibling it timed out (D6.17)."""
         async with self._read() as tx:
             rows = await tx.fetch(
-                "SELECT data FROM tb_events WHERE kind IN ('token_timed_out', 'join_timed_out')"
+                "SELECT kind, data FROM tb_events "
+                "WHERE kind IN ('token_timed_out', 'join_timed_out')"
             )
-        return [json.loads(r["data"]) for r in rows]
+        found = [(r["kind"], json.loads(r["data"])) for r in rows]
+        return [
+            data
+            for kind, data in found
+            if kind == "join_timed_out" or data.get("timeout_type") != "synchronization"
+        ]
 
 
 def _like(text: str) -> str:
@@ -180,6 +187,9 @@ async def _run_row(machine: Machine, tx: Tx, run_id: str) -> dict[str, Any]:
         raise KeyError(f"no workflow run {run_id!r}")
     for key in ("input", "state"):
         run[key] = json.loads(run[key])
+    # The bound that sets the run's deadline (D6.17): {set_by, duration_ms, deadline_at}.
+    bound = run.get("timeout_bound")
+    run["timeout_bound"] = None if bound is None else json.loads(bound)
     return run
 
 

@@ -1,0 +1,176 @@
+"""One event stream: the durable engines emit their events to the listeners after commit."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import timebound as tb
+from tests.deferred.conftest import operation_doc, status_doc
+from timebound import workflow as wf
+from timebound._store import open_store
+from timebound.deferred import HostPolicy, Registry
+from timebound.policies import Policy
+from timebound.telemetry import Event, add_listener, correlation, emit
+
+
+@pytest.fixture
+def events() -> Iterator[list[Event]]:
+    """Every event emitted during the test."""
+    seen: list[Event] = []
+    remove = add_listener(seen.append)
+    try:
+        yield seen
+    finally:
+        remove()
+
+
+async def slow(ctx: wf.ActionContext) -> Any:
+    await asyncio.sleep(10)
+    return {"done": True}
+
+
+async def quick(ctx: wf.ActionContext) -> Any:
+    return {"node": ctx.node_id}
+
+
+def _definition(timeout_ms: int | None = None) -> dict[str, Any]:
+    node: dict[str, Any] = {"id": "A", "action_id": "act"}
+    if timeout_ms is not None:
+        node["timeout_ms"] = timeout_ms
+    return {
+        "id": "wf",
+        "initial_node": "A",
+        "actions": [{"id": "act", "kind": "python", "implementation": {"handler": "act"}}],
+        "nodes": [node],
+    }
+
+
+async def _heard(events: list[Event], name: str) -> None:
+    """Wait until a listener heard ``name``: the engine emits right after its commit returns, and
+    on PostgreSQL wait() (reading on another connection) may return a moment before that."""
+    for _ in range(1000):
+        if any(e.name == name for e in events):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{name} never emitted: {[e.name for e in events]}")
+
+
+def test_a_policy_event_carries_both_instants_and_its_bound(events: list[Event]) -> None:
+    """An emitted event has the monotonic and the epoch instant; a DeadlineExceeded is its bound."""
+    error = tb.DeadlineExceeded(source="attempt", timeout=0.25)
+    emit("attempt.end", attempt=1, outcome="timeout", error=error)
+    emit("call.start")
+    assert events[0].bound is error and events[0].bound.source == "attempt"
+    assert events[0].epoch_ms is not None and isinstance(events[0].at, float)
+    assert events[1].bound is None and events[1].kind == "call"
+
+
+async def test_a_workflow_run_emits_its_events_with_run_token_and_node(
+    virtual_clock: Any, make_engine: Any, events: list[Event]
+) -> None:
+    """Each stored event of a run reaches the listeners, named workflow.<kind>, with its ids."""
+    async with make_engine({"act": quick}, _definition()) as engine:
+        with correlation("request", "req-1"):
+            run_id = await engine.start("wf", {})
+        await engine.wait(run_id)
+        await _heard(events, "workflow.run_completed")
+        stored = await engine.events(run_id)
+    mine = [e for e in events if e.kind == "workflow"]
+    assert [e.name for e in mine] == [f"workflow.{e['kind']}" for e in stored]
+    assert all(e.correlation["run"] == run_id for e in mine)
+    assert [e.epoch_ms for e in mine] == [e["at_epoch_ms"] for e in stored]
+    executing = next(e for e in mine if e.name == "workflow.token_executing")
+    assert executing.correlation["node"] == "A" and executing.correlation["token"]
+    assert mine[-1].name == "workflow.run_completed"
+
+
+async def test_a_node_timeout_event_carries_the_node_bound(
+    virtual_clock: Any, make_engine: Any, events: list[Event]
+) -> None:
+    """token_timed_out carries the bound as a DeadlineExceeded: source node, length, instant."""
+    async with make_engine({"act": slow}, _definition(timeout_ms=2000)) as engine:
+        run_id = await engine.start("wf", {})
+        result = await engine.wait(run_id)
+        await _heard(events, "workflow.run_failed")
+    assert result.status == "failed"
+    timed_outs = [e for e in events if e.name == "workflow.token_timed_out"]
+    assert len(timed_outs) == 1, [e.name for e in events]
+    timed_out = timed_outs[0]
+    assert timed_out.bound is not None
+    assert timed_out.bound.source == "node" and timed_out.bound.timeout == 2.0
+    assert timed_out.bound.deadline is not None
+    assert timed_out.correlation["node"] == "A"
+
+
+async def test_a_rolled_back_transaction_emits_nothing(
+    tmp_path: Path, virtual_clock: Any, events: list[Event]
+) -> None:
+    """An event appended in a transaction that rolls back never reaches a listener."""
+    store = open_store(f"sqlite:///{tmp_path / 's.db'}")
+    await store.open()
+    try:
+        with pytest.raises(RuntimeError, match="undo"):
+            async with store.transaction() as tx:
+                await tx.append_event("r1", "run_started", 1000, workflow_run_id="r1")
+                raise RuntimeError("undo")
+        assert events == []
+        async with store.transaction() as tx:
+            await tx.append_event("r2", "run_started", 2000, workflow_run_id="r2")
+            assert events == []  # not before the commit
+        assert [(e.name, e.correlation["run"], e.epoch_ms) for e in events] == [
+            ("workflow.run_started", "r2", 2000)
+        ]
+    finally:
+        await store.close()
+
+
+async def test_deferred_history_reaches_the_listeners(
+    tmp_path: Path, virtual_clock: Any, events: list[Event]
+) -> None:
+    """Registering and completing an operation emits deferred.<status> with its operation id."""
+    registry = Registry(f"sqlite:///{tmp_path / 'd.db'}", policy=HostPolicy(jitter=False))
+    await registry.open()
+    try:
+        op = await registry.register(operation_doc(), module="svc")
+        await registry.apply_status(op.id, status_doc(status="completed"))
+    finally:
+        await registry.close()
+    mine = [e for e in events if e.kind == "deferred"]
+    assert [e.name for e in mine] == ["deferred.pending", "deferred.completed"]
+    assert {e.correlation["operation"] for e in mine} == {op.id}
+
+
+async def test_events_inside_a_node_attempt_name_its_run_token_and_node(
+    virtual_clock: Any, make_engine: Any, events: list[Event]
+) -> None:
+    """What a node's action emits (its policies' events) carries the run, token and node ids."""
+
+    async def probing(ctx: wf.ActionContext) -> Any:
+        emit("probe")
+        return {}
+
+    async with make_engine({"act": probing}, _definition()) as engine:
+        run_id = await engine.start("wf", {})
+        await engine.wait(run_id)
+        (token,) = await engine.tokens(run_id)
+    (probe,) = [e for e in events if e.name == "probe"]
+    assert probe.correlation["run"] == run_id
+    assert probe.correlation["token"] == token["id"] and probe.correlation["node"] == "A"
+
+
+def test_a_policy_observer_gets_the_same_record(virtual_clock: Any) -> None:
+    """An observer= receives events with both instants and the bound, as listeners do."""
+    seen: list[Event] = []
+
+    def late() -> str:
+        virtual_clock.advance(5)
+        return "late"
+
+    Policy("Observed", timeout=1, on_error="skip").execute_sync(late, observer=seen.append)
+    (end,) = [e for e in seen if e.name == "attempt.end"]
+    assert end.bound is not None and end.bound.source == "attempt" and end.epoch_ms is not None
