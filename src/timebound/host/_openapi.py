@@ -85,7 +85,7 @@ def _action_body(**fields: Any) -> dict[str, Any]:
                     "required": ["reason", *(k for k, v in fields.items() if v.pop("_req", 0))],
                     "properties": {
                         "reason": text,
-                        "operator": {"type": ["string", "null"], "maxLength": 100},
+                        "operator": {"type": ["string", "null"], "minLength": 1, "maxLength": 100},
                         **fields,
                     },
                 }

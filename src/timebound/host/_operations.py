@@ -29,10 +29,16 @@ _FIELD = {"unknown-node": "node"}
 
 def _text(body: dict[str, Any], name: str, *, required: bool, limit: int) -> str | None:
     value = body.get(name)
-    if value is None or value == "":
-        if required:
-            raise Problem(422, f"{name}: required (say why, for the run's events)", path=name)
+    if value is None and not required:
         return None
+    if value is None or value == "":
+        raise Problem(
+            422,
+            f"{name}: required, not empty (say why, for the run's events)"
+            if required
+            else f"{name}: expected a non-empty string or null",
+            path=name,
+        )
     if not isinstance(value, str) or len(value) > limit:
         raise Problem(422, f"{name}: expected a string of at most {limit} characters", path=name)
     return value
@@ -130,7 +136,8 @@ def _ui(action: str) -> Callable[[Request], Awaitable[Response]]:
         form = await _form(request)
         host: Host = request.app.state.host
         run_id = request.path_params["run_id"]
-        body: dict[str, Any] = {k: v for k, v in form.items() if k in _FIELDS[action]}
+        # A form sends its empty fields (no node chosen): for the API they would be mistakes.
+        body: dict[str, Any] = {k: v for k, v in form.items() if k in _FIELDS[action] and v}
         if action == "extend" and form.get("by_s"):
             seconds = form["by_s"].strip()
             body["by_ms"] = int(float(seconds) * 1000) if _number(seconds) else seconds
