@@ -59,7 +59,7 @@ def test_fan_out_timeline_shows_branches_and_the_join_bound(
     host: Server, page: Any, tmp_path: Path
 ) -> None:
     """A fan-out draws one lane per branch, the join as a marker, and names the
-    synchronization bound; the slow branch is drawn cancelled, in the cancelled colour."""
+    synchronization bound; the slow branch's attempt is drawn cut by that bound."""
     run_id = host.start("fanout", {"delays": [0.05, 0.1, 30]})
     assert host.wait_run(run_id)["run"]["status"] == "completed"
     page.goto(f"{host.url}/ui/runs/{run_id}")
@@ -69,9 +69,12 @@ def test_fan_out_timeline_shows_branches_and_the_join_bound(
     assert page.inner_text("#bound-fired") == (
         "synchronization bound at join join (400 ms, policy proceed_with_available)"
     )
-    assert page.locator(".timeline .bar.cancelled").count() == 1
+    # The slow branch's attempt was cut by the join's bound (then its token cancelled): drawn
+    # in the timed-out colour, with the bound that cut it beside it.
+    cut = page.locator(".timeline .bar.attempt.timed_out")
+    assert cut.count() == 1 and "synchronization bound" in cut.inner_text()
     png = page.locator("#timeline").screenshot(path=str(tmp_path / "fanout.png"))
-    assert (0x88, 0x88, 0xAA) in set(pixels(png))
+    assert (0xE8, 0x89, 0x0C) in set(pixels(png))
     if screenshots_wanted():
         page.screenshot(path=str(DOC_SCREENSHOT), full_page=True)
 
