@@ -51,3 +51,36 @@ async def logged(ctx: Any) -> Any:
     with log.open("a") as f:
         f.write(f"{mark} end\n")
     return "ok"
+
+
+async def flaky(ctx: Any) -> Any:
+    """Fails its first ``input.fail`` attempts (after ``input.sleep_s``), then answers ``"ok"``."""
+    await asyncio.sleep(ctx.input.get("sleep_s", 0))
+    if ctx.attempt <= ctx.input.get("fail", 0):
+        raise RuntimeError(f"flaky attempt {ctx.attempt}")
+    return "ok"
+
+
+async def watched(ctx: Any) -> Any:
+    """Sleeps ``input.sleep_s``, appending ``<run> start`` and then ``<run> end`` or
+    ``<run> cancelled`` to the file ``TB_TEST_ACTION_LOG`` names (which process stopped it)."""
+    import os
+    from pathlib import Path
+
+    log = Path(os.environ["TB_TEST_ACTION_LOG"])
+    with log.open("a") as f:
+        f.write(f"{ctx.run_id} start {ctx.attempt}\n")
+    try:
+        await asyncio.sleep(ctx.input.get("sleep_s", 0))
+    except asyncio.CancelledError:
+        with log.open("a") as f:
+            f.write(f"{ctx.run_id} cancelled {ctx.attempt}\n")
+        raise
+    with log.open("a") as f:
+        f.write(f"{ctx.run_id} end {ctx.attempt}\n")
+    return "ok"
+
+
+def echo(ctx: Any) -> Any:
+    """Answers ``input.output`` (a node whose output the test chooses, such as a trace)."""
+    return ctx.input.get("output")

@@ -132,3 +132,20 @@ def test_a_bad_connectors_module_stops_the_start(
     )  # fmt: skip
     assert r.returncode == 2
     assert expected in r.stderr
+
+
+def test_the_node_and_its_deferred_operation_link_to_each_other(
+    host: Server, render: tuple[Served, str]
+) -> None:
+    """The run page's attempt links to the operation its node waits on; the operation's page
+    links back to the node of the run (D8.21)."""
+    from urllib.parse import quote
+
+    run_id = host.start("report", {"pages": 2})
+    op_id = _suspended_on(host, run_id)
+    run_page = host.client.get(f"/ui/runs/{run_id}").text
+    assert f'href="/ui/deferred/{quote(op_id, safe="")}" class="waits"' in run_page
+    op_page = host.client.get(f"/ui/deferred/{quote(op_id, safe='')}").text
+    (token,) = host.client.get(f"/v1/runs/{run_id}").json()["tokens"]
+    assert f'href="/ui/runs/{run_id}#token-{token["id"]}"' in op_page
+    host.client.post(f"/v1/runs/{run_id}/cancel")

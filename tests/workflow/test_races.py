@@ -112,3 +112,61 @@ async def test_a_lease_renewed_while_another_worker_requeues_it_stands(pg_store_
         release.set()
     assert (after["status"], after["attempt"]) == ("executing", 1)
     assert "token_redispatched" not in events
+
+
+async def test_an_extend_committed_while_the_run_timer_fires_stands(pg_store_url: str) -> None:
+    """A worker reads the run's due timer; before it takes the run's lock an operator's extend
+    commits. The worker finds the row's new deadline and does nothing, and its delete leaves the
+    re-armed timer: the run is not ended at the old deadline (D6.27)."""
+    definition = {**ONE_NODE, "timeout_ms": 1000}
+    engine = wf.Engine(db=pg_store_url, actions={"hang": lambda ctx: 1}, worker=False)
+    engine.register(definition)
+    async with engine:
+        run_id = await engine.start("one")
+        old = (await engine.get_run(run_id))["timeout_at"]
+        store = engine._store
+        async with store.transaction() as worker:
+            (timer,) = [t for t in await worker.due_timers(old) if t["stream"] == run_id]
+            async with store.transaction() as operator:  # commits before the worker's lock
+                await engine._operator.extend(operator, run_id, None, 5000, "more", "op", old - 1)
+            await engine._fire(worker, timer, old)
+            await worker.execute(
+                "DELETE FROM tb_timers WHERE key = ? AND due_ms <= ?", timer["key"], old
+            )
+        run = await engine.get_run(run_id)
+        async with store.read() as tx:
+            due = await tx.fetchone("SELECT due_ms FROM tb_timers WHERE key = ?", timer["key"])
+        await engine.cancel(run_id)
+    assert run["status"] == "running" and run["timeout_at"] == old + 5000
+    assert due is not None and due["due_ms"] == old + 5000
+
+
+async def test_an_extend_that_waits_for_the_firing_timer_is_refused(pg_store_url: str) -> None:
+    """The timer's worker holds the run's lock and times the run out; the operator's extend,
+    waiting on that lock, then finds the run ended and is refused: never revived."""
+    definition = {**ONE_NODE, "timeout_ms": 1000}
+    engine = wf.Engine(db=pg_store_url, actions={"hang": lambda ctx: 1}, worker=False)
+    engine.register(definition)
+    async with engine:
+        run_id = await engine.start("one")
+        old = (await engine.get_run(run_id))["timeout_at"]
+        store = engine._store
+        refused: list[str] = []
+
+        async def extend() -> None:
+            async with store.transaction() as operator:
+                try:
+                    await engine._operator.extend(operator, run_id, None, 5000, "x", "op", old - 1)
+                except wf.OperatorRefused as exc:
+                    refused.append(exc.code)
+
+        async with store.transaction() as worker:
+            (timer,) = [t for t in await worker.due_timers(old) if t["stream"] == run_id]
+            await engine._fire(worker, timer, old)  # holds the run's lock until commit
+            waiting = asyncio.create_task(extend())
+            await asyncio.sleep(0.2)
+            assert not waiting.done()
+        await waiting
+        run = await engine.get_run(run_id)
+    assert refused == ["run-ended"] and run["status"] == "timed_out"
+    assert run["finished_at"] == old

@@ -6,8 +6,9 @@ import asyncio
 import base64
 import binascii
 import json
+import math
 from collections.abc import AsyncIterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from starlette.requests import Request
@@ -25,7 +26,7 @@ from ..workflow import DefinitionConflict, DefinitionError, StartConflict
 from ..workflow._rows import RUN_TERMINAL
 from ._host import Host
 from ._problems import Problem
-from ._timeline import bound_fired, timeline, timeouts
+from ._timeline import attempts, bound_fired, timeline, timeouts
 
 __all__ = ["api_routes", "decode_cursor", "encode_cursor", "read_json"]
 
@@ -100,11 +101,52 @@ def _query(request: Request, allowed: set[str]) -> dict[str, str]:
     return dict(request.query_params)
 
 
+#: The run list's filters besides status and definition (D8.20).
+LIST_FILTERS = ("bound", "since", "until", "q", "input")
+BOUNDS = ("any", "workflow", "execution", "synchronization")
+
+
+def _instant(params: dict[str, str], name: str) -> int | None:
+    """An instant of the list's time range: epoch ms, or ISO 8601 (UTC when no offset)."""
+    text = params.get(name, "").strip()
+    if not text:
+        return None
+    if text.isdigit():
+        return int(text)
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise Problem(
+            400, f"{name}: {text!r} is neither epoch milliseconds nor an ISO 8601 date-time"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return math.floor(when.timestamp() * 1000)
+
+
+def _input_field(params: dict[str, str]) -> tuple[str, Any] | None:
+    """``field=value``: the value as JSON if it parses (``n=3``, ``ok=true``), else as text."""
+    text = params.get("input", "")
+    if not text:
+        return None
+    key, eq, raw = text.partition("=")
+    if not eq or not key:
+        raise Problem(400, f"input: expected field=value, got {text!r}")
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key, value
+
+
 async def list_page(host: Host, params: dict[str, str]) -> tuple[list[dict[str, Any]], str | None]:
     """One page of runs for the API and the UI, and the cursor of the next page."""
     status = params.get("status") or None
     if status is not None and status not in _RUN_STATUSES:
         raise Problem(400, f"status: {status!r} is not one of {list(_RUN_STATUSES)}")
+    bound = params.get("bound") or None
+    if bound is not None and bound not in BOUNDS:
+        raise Problem(400, f"bound: {bound!r} is not one of {list(BOUNDS)}")
     after = decode_cursor(params["cursor"]) if params.get("cursor") else None
     size = host.config.page_size
     rows = await host.engine.list_runs(
@@ -112,6 +154,11 @@ async def list_page(host: Host, params: dict[str, str]) -> tuple[list[dict[str, 
         definition_id=params.get("definition") or None,
         after=after,
         limit=size + 1,
+        bound=bound,
+        since_ms=_instant(params, "since"),
+        until_ms=_instant(params, "until"),
+        id_prefix=params.get("q", "").strip() or None,
+        input_field=_input_field(params),
     )
     page = rows[:size]
     more = len(rows) > size
@@ -192,7 +239,7 @@ async def start_run(request: Request) -> Response:
 
 async def list_runs(request: Request) -> Response:
     page, cursor = await list_page(
-        _host(request), _query(request, {"status", "definition", "cursor"})
+        _host(request), _query(request, {"status", "definition", "cursor", *LIST_FILTERS})
     )
     return JSONResponse({"runs": page, "next_cursor": cursor})
 
@@ -208,6 +255,9 @@ async def run_detail(host: Host, run_id: str) -> dict[str, Any]:
         "timeouts": timeouts(events),
         "bound_fired": bound_fired(events),
         "timeline": timeline(run, events, _clock.wall_ms()),
+        # D8.21: each token's queued, attempt, retry-delay and fan-in-waiting stretches.
+        "attempts": attempts(events),
+        "events_count": len(events),
     }
 
 

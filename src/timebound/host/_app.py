@@ -21,6 +21,7 @@ from ._api import api_routes
 from ._deferred import deferred_routes
 from ._host import Host
 from ._openapi import openapi
+from ._operations import api_operation_routes, ui_operation_routes
 from ._problems import Problem, problem_response
 from ._security import SAFE_METHODS, cross_site, host_allowed
 from ._ui import session_id, ui_routes
@@ -209,8 +210,10 @@ def create_app(host: Host) -> ASGIApp:
     app = Starlette(
         routes=[
             *api_routes(),
+            *api_operation_routes(),
             *deferred_routes(),
             *ui_routes(),
+            *ui_operation_routes(),
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             Route("/metrics", metrics),

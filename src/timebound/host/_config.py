@@ -53,6 +53,8 @@ class Config:
     drain_s: float = 10.0
     # D8.13: runs that ended longer ago than this (seconds) are pruned; math.inf keeps them all.
     retain: float = 7 * 86_400.0
+    # D8.20: the most an operator may extend one run's deadlines, all extensions together.
+    max_extension_s: float = 86_400.0
     page_size: int = 50
     # False: serve the API and UI only; `timebound worker` processes on the shared store do the
     # work (a one-process SQLite store is refused, nothing else could run its runs).
@@ -133,6 +135,14 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: expected true or false, got {value!r}")
         return value
+    if name == "max_extension_s":
+        try:
+            seconds = float(value) if not isinstance(value, bool) else -1.0
+        except (TypeError, ValueError):
+            seconds = -1.0
+        if not 0 <= seconds <= 31_536_000:
+            raise ConfigError(f"{where}: expected seconds in [0, 31536000], got {value!r}")
+        return seconds
     if name == "drain_s":
         try:
             seconds = float(value) if not isinstance(value, bool) else -1.0

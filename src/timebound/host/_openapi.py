@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._version import __version__
-from ._api import _RUN_STATUSES, MAX_DEADLINE_MS
+from ._api import _RUN_STATUSES, BOUNDS, MAX_DEADLINE_MS
 from ._deferred import DEFERRED_STATUSES
 
 __all__ = ["openapi"]
@@ -72,6 +72,70 @@ def _status_param(statuses: tuple[str, ...] | list[str]) -> dict[str, Any]:
         "name": "status",
         "in": "query",
         "schema": {"type": "string", "enum": ["", *statuses]},
+    }
+
+
+def _action_body(**fields: Any) -> dict[str, Any]:
+    """An operator action's body: ``reason`` (recorded in the run's events) and ``fields``."""
+    text = {"type": "string", "minLength": 1, "maxLength": 1000}
+    return {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["reason", *(k for k, v in fields.items() if v.pop("_req", 0))],
+                    "properties": {
+                        "reason": text,
+                        "operator": {"type": ["string", "null"], "minLength": 1, "maxLength": 100},
+                        **fields,
+                    },
+                }
+            }
+        },
+    }
+
+
+def _operator_paths() -> dict[str, Any]:
+    """D8.19: retry, terminate and extend; a refusal is a problem document whose ``code`` says
+    why (404 run-not-found, 409 for what depends on the run, 422 for the body's shape)."""
+    node = {"type": ["string", "null"], "minLength": 1, "maxLength": 200}
+    return {
+        "/v1/runs/{run_id}/retry": {
+            "post": _op(
+                "retryRun",
+                "Run a failed or timed-out run again from the node that failed (from_node, or "
+                "from_start), with a fresh workflow timeout",
+                "200",
+                parameters=[_path_param("run_id")],
+                requestBody=_action_body(
+                    from_node=dict(node), from_start={"type": ["boolean", "null"]}
+                ),
+            )
+        },
+        "/v1/runs/{run_id}/terminate": {
+            "post": _op(
+                "terminateRun",
+                "End a running run failed at once (retryable, unlike a cancel)",
+                "200",
+                parameters=[_path_param("run_id")],
+                requestBody=_action_body(),
+            )
+        },
+        "/v1/runs/{run_id}/extend": {
+            "post": _op(
+                "extendRun",
+                "Move the run's deadline (or a live node's) later by by_ms, within the host's "
+                "max_extension_s for the run",
+                "200",
+                parameters=[_path_param("run_id")],
+                requestBody=_action_body(
+                    node=dict(node),
+                    by_ms={"type": "integer", "minimum": 1, "maximum": 31_536_000_000, "_req": 1},
+                ),
+            )
+        },
     }
 
 
@@ -166,8 +230,35 @@ def openapi() -> dict[str, Any]:
                         _status_param(_RUN_STATUSES),
                         *(
                             {"name": n, "in": "query", "schema": {"type": "string"}}
-                            for n in ("definition", "cursor")
+                            for n in ("definition", "cursor", "q")
                         ),
+                        # D8.20: a bound of that layer fired (whatever the run's status).
+                        {
+                            "name": "bound",
+                            "in": "query",
+                            "schema": {"type": "string", "enum": ["", *BOUNDS]},
+                        },
+                        *(
+                            {
+                                "name": n,
+                                "in": "query",
+                                "description": "started at or after (since) / before (until): "
+                                "epoch ms or ISO 8601",
+                                "schema": {
+                                    "type": "string",
+                                    "pattern": r"^(|[0-9]{1,15}|[0-9]{4}-[0-9]{2}-[0-9]{2}"
+                                    r"([T ][0-9:.]+([+-][0-9]{2}:[0-9]{2}|Z)?)?)$",
+                                },
+                            }
+                            for n in ("since", "until")
+                        ),
+                        {
+                            "name": "input",
+                            "in": "query",
+                            "description": "field=value: the input has the field (at any "
+                            "depth) with that JSON value",
+                            "schema": {"type": "string", "pattern": "^(|[^=]+=.*)$"},
+                        },
                     ],
                 )
             },
@@ -196,6 +287,7 @@ def openapi() -> dict[str, Any]:
                     parameters=[_path_param("run_id")],
                 )
             },
+            **_operator_paths(),
             "/v1/definitions": {"get": _op("listDefinitions", "The registered definitions", "200")},
             "/v1/definitions/{definition_id}": {
                 "put": _op(

@@ -116,3 +116,85 @@ def lay_out(
             }
         )
     return placed
+
+
+# What ends an attempt (the token's executing stretch), and what its outcome is called.
+_ATTEMPT_ENDS = {
+    "token_completed": "completed",
+    "token_failed": "failed",
+    "token_timed_out": "timed_out",
+    "token_cancelled": "cancelled",
+    "token_retry_scheduled": "failed",  # failed, and retried after a delay
+    "token_pending": "timed_out",  # a node timeout retried at once (on_timeout: retry)
+    "token_redispatched": "interrupted",  # its worker stopped or its deadline was extended
+    "token_waiting_for_siblings": "completed",  # done; waiting at the fan-in
+}
+
+
+def attempts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each token's stretches in order (D8.21): ``queued`` (created, not yet running),
+    ``attempt`` (one per execution: start, end, outcome, error and the bound that cut it),
+    ``delay`` (a retry's wait before the next attempt) and ``waiting`` (done, waiting for its
+    siblings at a fan-in: drawn as waiting, not work). ``end_ms`` is ``None`` while open."""
+    out: list[dict[str, Any]] = []
+    open_: dict[str, dict[str, Any]] = {}  # token id -> its open stretch
+    info: dict[str, dict[str, Any]] = {}
+
+    def begin(token_id: str, kind: str, at: int, **more: Any) -> None:
+        item = {**info[token_id], "kind": kind, "start_ms": at, "end_ms": None, **more}
+        out.append(item)
+        open_[token_id] = item
+
+    def close(token_id: str, at: int, **more: Any) -> None:
+        item = open_.pop(token_id, None)
+        if item is not None:
+            item.update(end_ms=at, **more)
+
+    for e in events:
+        kind, at, token_id = e["kind"], e["at_epoch_ms"], e.get("token_id")
+        if token_id is None:
+            continue
+        if kind == "token_created":
+            info[token_id] = {
+                "token_id": token_id,
+                "node_id": e.get("node_id"),
+                "branch_index": e.get("branch_index"),
+            }
+            begin(token_id, "queued", at)
+            continue
+        if token_id not in info or not kind.startswith("token_"):
+            continue
+        current = open_.get(token_id)
+        if kind == "token_executing":
+            close(token_id, at)
+            begin(
+                token_id,
+                "attempt",
+                at,
+                attempt=e.get("attempt"),
+                deadline_ms=e.get("timeout_at"),
+                outcome=None,
+                error=None,
+                bound=None,
+            )
+        elif current is not None and current["kind"] == "attempt" and kind in _ATTEMPT_ENDS:
+            bound = None
+            if kind == "token_timed_out":
+                bound = {k: e[k] for k in _TIMEOUT_FIELDS if k in e}
+            close(token_id, at, outcome=_ATTEMPT_ENDS[kind], error=e.get("error"), bound=bound)
+            if kind == "token_retry_scheduled":
+                begin(token_id, "delay", at, until_ms=e.get("retry_at"))
+            elif kind == "token_pending":
+                begin(token_id, "delay", at, until_ms=at)
+            elif kind == "token_waiting_for_siblings":
+                begin(token_id, "waiting", at)
+            elif kind == "token_redispatched":
+                begin(token_id, "queued", at)
+        elif kind in ("token_completed", "token_failed", "token_timed_out", "token_cancelled"):
+            bound = None
+            if kind == "token_timed_out":
+                bound = {k: e[k] for k in _TIMEOUT_FIELDS if k in e}
+            if current is not None:
+                current.setdefault("outcome", None)
+            close(token_id, at, ended=_ATTEMPT_ENDS[kind], bound=bound)
+    return out

@@ -10,6 +10,7 @@ it is read, so a missing or lying Content-Length does not get past the body limi
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -25,10 +26,11 @@ from starlette.types import Message
 
 from .._core import _clock
 from .._core._body import TooLarge, declared_too_large, read_capped
-from ._api import decode_cursor, list_page, run_detail
+from ._api import BOUNDS, LIST_FILTERS, decode_cursor, list_page, run_detail
 from ._deferred import DEFERRED_STATUSES, cancel_now, deferred_detail, deferred_list, poll_now
 from ._host import Host
 from ._problems import Problem
+from ._runview import actions_for, human_ms, iso, lanes_of, pending
 from ._security import session_cookie_name
 from ._sessions import MAX_AGE_S, Sessions, retry_after
 from ._timeline import at_percent, lay_out
@@ -38,6 +40,8 @@ __all__ = ["session_id", "ui_routes"]
 
 _HERE = Path(__file__).parent
 _templates = Jinja2Templates(directory=str(_HERE / "templates"))
+_templates.env.filters["dur"] = human_ms
+_templates.env.filters["iso"] = iso
 # How many earlier pages of the runs list a "Previous page" link can walk back through: their
 # cursors ride in the page's address (``back``), about 75 characters each (7.5 kB in all).
 _BACK_PAGES = 100
@@ -135,7 +139,7 @@ async def _form(request: Request) -> dict[str, str]:
 
 
 def _page_url(params: dict[str, str], cursor: str | None, back: list[str]) -> str:
-    query = {k: v for k, v in params.items() if k in ("status", "definition") and v}
+    query = {k: v for k, v in params.items() if k in ("status", "definition", *LIST_FILTERS) and v}
     if cursor:
         query["cursor"] = cursor
     if back:
@@ -151,7 +155,7 @@ async def runs_page(request: Request) -> Response:
     params = {
         k: v
         for k, v in request.query_params.items()
-        if k in ("status", "definition", "cursor", "back")
+        if k in ("status", "definition", "cursor", "back", *LIST_FILTERS)
     }
     back = [c for c in params.pop("back", "").split(".") if c]
     for c in back:
@@ -181,6 +185,9 @@ async def runs_page(request: Request) -> Response:
             "definition": params.get("definition", ""),
             "definitions": sorted(_host(request).definitions),
             "statuses": ["running", "completed", "failed", "timed_out", "cancelled"],
+            "bounds": BOUNDS,
+            "filters": {k: params.get(k, "") for k in LIST_FILTERS},
+            "now_ms": _clock.wall_ms(),
         },
     )
 
@@ -203,24 +210,71 @@ def _bars(detail: dict[str, Any]) -> list[dict[str, Any]]:
 async def run_page(request: Request) -> Response:
     host = _host(request)
     detail = await run_detail(host, request.path_params["run_id"])
-    run_id = detail["run"]["id"]
+    run, tl = detail["run"], detail["timeline"]
     # Ready tokens no live worker can run (D6.15): the run waits for one, or its deadline.
-    unrunnable = [t for t in await host.engine.unrunnable() if t["run_id"] == run_id]
-    tl = detail["timeline"]
+    unrunnable = [t for t in await host.engine.unrunnable() if t["run_id"] == run["id"]]
     markers = [
         {**m, "left": at_percent(m["at_ms"], tl["start_ms"], tl["end_ms"])} for m in tl["markers"]
     ]
+    # D8.22: a node links to what it waits on, a child run or a deferred operation.
+    children = {}
+    for token_id, ref in (await host.engine.waits(run["id"])).items():
+        try:
+            await host.engine.get_run(ref)
+            href = f"/ui/runs/{quote(ref, safe='')}"
+        except KeyError:
+            href = f"/ui/deferred/{quote(ref, safe='')}"
+        children[token_id] = {"ref": ref, "href": href}
     return _render(
         request,
         "run.html",
         {
             **detail,
             "bars": _bars(detail),
+            "lanes": lanes_of(detail["attempts"], tl["start_ms"], tl["end_ms"]),
             "markers": markers,
             "span_ms": tl["end_ms"] - tl["start_ms"],
             "now_ms": _clock.wall_ms(),
             "unrunnable": unrunnable,
+            "pending": pending(
+                run, detail["tokens"], detail["attempts"], await host.engine.next_timer(run["id"])
+            ),
+            "actions": actions_for(run, detail["tokens"]),
+            "waits": children,
+            "traces": {t["id"] for t in detail["tokens"] if _is_trace(t["output"])},
+            "max_extension_s": host.config.max_extension_s,
+            "fragment": request.query_params.get("part") == "live",
         },
+    )
+
+
+def _is_trace(output: Any) -> bool:
+    """Whether a node's output looks like a pipeline trace (``Trace.to_json()``, or the output
+    of ``timebound pipeline run --json``), which the run page links to (D8.21)."""
+    if not isinstance(output, dict):
+        return False
+    return "spans" in output or isinstance(output.get("trace"), dict)
+
+
+async def run_trace_page(request: Request) -> Response:
+    """The pipeline trace a run's node produced, drawn as an uploaded one is (no export and
+    upload needed); 404 when the node's output is no trace."""
+    host = _host(request)
+    run_id, token_id = request.path_params["run_id"], request.path_params["token_id"]
+    try:
+        tokens = await host.engine.tokens(run_id)
+    except KeyError:
+        raise Problem(404, f"no run {run_id!r}") from None
+    token = next((t for t in tokens if t["id"] == token_id), None)
+    if token is None or not _is_trace(token["output"]):
+        raise Problem(404, f"node {token_id!r} of run {run_id!r} produced no pipeline trace")
+    try:
+        view = trace_view(read_trace(json.dumps(token["output"]).encode()))
+    except TraceError as exc:
+        raise Problem(422, f"the node's output is not a pipeline trace: {exc}") from None
+    source = {"run_id": run_id, "node_id": token["node_id"], "token_id": token_id}
+    return _render(
+        request, "trace.html", {"trace": view, "error": None, "pasted": "", "source": source}
     )
 
 
@@ -287,8 +341,10 @@ async def deferred_page(request: Request) -> Response:
 
 
 async def operation_page(request: Request) -> Response:
-    detail = await deferred_detail(_host(request), request.path_params["op_id"])
-    return _render(request, "operation.html", detail)
+    host = _host(request)
+    detail = await deferred_detail(host, request.path_params["op_id"])
+    waiting = await host.engine.waiting_on(request.path_params["op_id"])
+    return _render(request, "operation.html", {**detail, "waiting": waiting})
 
 
 async def operation_poll(request: Request) -> Response:
@@ -348,6 +404,7 @@ def ui_routes() -> list[Route | Mount]:
         Route("/ui/deferred/{op_id}/poll", operation_poll, methods=["POST"]),
         Route("/ui/deferred/{op_id}/cancel", operation_cancel, methods=["POST"]),
         Route("/ui/runs/{run_id}", run_page),
+        Route("/ui/runs/{run_id}/trace/{token_id}", run_trace_page),
         Route("/ui/runs/{run_id}/cancel", cancel, methods=["POST"]),
         Route("/ui/traces", traces_page, methods=["GET"]),
         Route("/ui/traces", trace_upload, methods=["POST"]),

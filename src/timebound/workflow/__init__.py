@@ -29,6 +29,7 @@ from ._definition import (
     schema,
 )
 from ._engine import Engine, RunResult
+from ._operator import OperatorRefused
 from ._starts import StartConflict, started_run_id
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "DefinitionTooDeep",
     "DefinitionTooLarge",
     "Engine",
+    "OperatorRefused",
     "RunResult",
     "StartConflict",
     "StoreBusy",

@@ -41,6 +41,7 @@ from ._deferral import Deferrals, plan_attempt
 from ._definition import Definition, DefinitionConflict, DefinitionError, parse_definition
 from ._faults import RunFault, attribute, isolate
 from ._machine import Machine
+from ._operator import Operator, OperatorActions, ms_of
 from ._reads import RunReads
 from ._retention import Retention
 from ._rows import RUN_TERMINAL, RunResult
@@ -74,6 +75,7 @@ class _Report(NamedTuple):
     token_id: str
     attempt: int
     outcome: Outcome
+    deadline_ms: int | None = None  # the deadline the attempt began with
 
 
 #: An attempt to start: token id, action kind, implementation, context.
@@ -115,7 +117,7 @@ async def store_definition(tx: Tx, definition: Definition) -> str | None:
     return None
 
 
-class Engine(RunReads):
+class Engine(RunReads, OperatorActions):
     """A durable workflow engine on one store (``sqlite:///FILE`` or ``postgresql://…``)."""
 
     def __init__(
@@ -132,6 +134,7 @@ class Engine(RunReads):
         deferred_connectors: Mapping[str, Any] | None = None,
         worker: bool = True,
         retain: Duration | None = None,
+        max_extension: Duration = 86_400.0,
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError("concurrency must be >= 1", option="concurrency")
@@ -162,6 +165,9 @@ class Engine(RunReads):
         self._definitions: dict[tuple[str, int], Definition] = {}
         self._latest: dict[str, int] = {}
         self._machine = Machine(self._definitions, self._cancel_attempt, self._run_finished)
+        cap = to_seconds(max_extension, option="max_extension")
+        # The operator's actions (D6.25-D6.28); max_extension caps a run's extensions together.
+        self._operator = Operator(self._machine, self._store.lock_clause, ms_of(cap))
         self._open = False
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
@@ -911,7 +917,8 @@ class Engine(RunReads):
             except Exception as exc:  # a failing action runner fails the node, never strands it
                 outcome = Outcome("error", error=f"{type(exc).__name__}: {exc}")
             ended(outcome.kind, outcome.error)
-        self._outcomes.append(_Report(ctx.run_id, token_id, ctx.attempt, outcome))
+        began = ctx.deadline.to_epoch_ms()
+        self._outcomes.append(_Report(ctx.run_id, token_id, ctx.attempt, outcome, began))
         self._wake.set()
 
     async def _run_action(
@@ -960,7 +967,15 @@ class Engine(RunReads):
                 await machine.late_result(tx, run["id"], token_id, attempt, now)
             return
         deadline_reached = tok["timeout_at"] is not None and now >= tok["timeout_at"]
-        if outcome.kind == "timeout" or deadline_reached:
+        bounds = [b for b in (tok["timeout_at"], run["timeout_at"]) if b is not None]
+        extended = report.deadline_ms is not None and min(bounds, default=math.inf) > max(
+            report.deadline_ms, now
+        )
+        if outcome.kind == "timeout" and not deadline_reached and extended:
+            # D6.28: the attempt was cut at the deadline it began with, which an operator has
+            # since extended: it runs again under the new one (no retry spent, nothing early).
+            await self._requeue(tx, "id = ?", token_id)
+        elif outcome.kind == "timeout" or deadline_reached:
             if outcome.kind == "ok":
                 await machine.late_result(tx, run["id"], token_id, attempt, now)
             if outcome.propagated_ms is not None and not deadline_reached:

@@ -65,11 +65,45 @@ class RunReads:
         definition_id: str | None = None,
         after: tuple[int, str] | None = None,
         limit: int = 50,
+        bound: str | None = None,
+        since_ms: int | None = None,
+        until_ms: int | None = None,
+        id_prefix: str | None = None,
+        input_field: tuple[str, Any] | None = None,
     ) -> list[dict[str, Any]]:
         """Runs newest first (without input and state); ``after`` is the ``(started_at, id)`` of
-        the last run of the previous page, so pages stay stable while runs are added."""
+        the last run of the previous page, so pages stay stable while runs are added.
+
+        ``bound``: runs where a bound of that layer (``workflow``, ``execution``,
+        ``synchronization``, or ``any``) fired for good, whatever the run's status (a node
+        timeout ends the run ``failed``); ``since_ms``/``until_ms``: started in ``[since,
+        until)``; ``id_prefix``: the run id starts so; ``input_field``: the input has the
+        top-level field with that JSON value."""
         where: list[str] = ["1 = 1"]
         args: list[Any] = []
+        if bound is not None:
+            layer = "" if bound == "any" else f'%"timeout_type": {json.dumps(bound)}%'
+            where.append(
+                "EXISTS (SELECT 1 FROM tb_events e WHERE e.stream = tb_wf_runs.id "
+                "AND e.kind IN ('token_timed_out', 'join_timed_out') "
+                'AND e.data NOT LIKE \'%"policy_applied": "retry"%\''
+                + (" AND e.data LIKE ?)" if layer else ")")
+            )
+            if layer:
+                args.append(layer)
+        if since_ms is not None:
+            where.append("started_at >= ?")
+            args.append(since_ms)
+        if until_ms is not None:
+            where.append("started_at < ?")
+            args.append(until_ms)
+        if id_prefix:
+            where.append("id LIKE ? ESCAPE '!'")
+            args.append(_like(id_prefix) + "%")
+        if input_field is not None:
+            key, value = input_field
+            where.append("input LIKE ? ESCAPE '!'")
+            args.append("%" + _like(f"{json.dumps(key)}: {json.dumps(value)}") + "%")
         if status is not None:
             where.append("status = ?")
             args.append(status)
@@ -86,6 +120,37 @@ class RunReads:
                 "ORDER BY started_at DESC, id DESC LIMIT ?",
                 *args,
                 limit,
+            )
+
+    async def waits(self, run_id: str) -> dict[str, str]:
+        """What the run's tokens wait on, by token id: a child run's id or a deferred
+        operation's (``child_run_id``); child runs are those whose parent is the token."""
+        async with self._read() as tx:
+            rows = await tx.fetch(
+                "SELECT id, child_run_id FROM tb_wf_tokens WHERE run_id = ? "
+                "AND child_run_id IS NOT NULL",
+                run_id,
+            )
+        return {r["id"]: r["child_run_id"] for r in rows}
+
+    async def next_timer(self, run_id: str) -> dict[str, Any] | None:
+        """The run's next durable timer (``key``, ``kind``: run, token or join, ``due_ms``), as
+        stored: what will fire next unless something else happens first."""
+        async with self._read() as tx:
+            return await tx.fetchone(
+                "SELECT key, kind, due_ms FROM tb_timers WHERE stream = ? "
+                "ORDER BY due_ms, priority LIMIT 1",
+                run_id,
+            )
+
+    async def waiting_on(self, ref: str) -> list[dict[str, Any]]:
+        """The tokens waiting on ``ref`` (a deferred operation's id or a child run's): their
+        run, token and node, for the link back from the operation to the node."""
+        async with self._read() as tx:
+            return await tx.fetch(
+                "SELECT run_id, id AS token_id, node_id, status FROM tb_wf_tokens "
+                "WHERE child_run_id = ? ORDER BY seq",
+                ref,
             )
 
     async def counts(self) -> dict[str, dict[str, int]]:
@@ -120,6 +185,11 @@ class RunReads:
             return []
         async with self._read() as tx:
             return await unrunnable_tokens(tx, _clock.wall_ms())
+
+
+def _like(text: str) -> str:
+    """``text`` matched literally by LIKE ... ESCAPE '!'."""
+    return text.replace("!", "!!").replace("%", "!%").replace("_", "!_")
 
 
 async def _run_row(machine: Machine, tx: Tx, run_id: str) -> dict[str, Any]:
