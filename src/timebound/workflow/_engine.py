@@ -974,7 +974,7 @@ class Engine(RunReads, OperatorActions):
         if outcome.kind == "timeout" and not deadline_reached and extended:
             # D6.28: the attempt was cut at the deadline it began with, which an operator has
             # since extended: it runs again under the new one (no retry spent, nothing early).
-            await self._requeue(tx, "id = ?", token_id)
+            await self._requeue(tx, "id = ?", token_id, reason="deadline_extended")
         elif outcome.kind == "timeout" or deadline_reached:
             if outcome.kind == "ok":
                 await machine.late_result(tx, run["id"], token_id, attempt, now)
