@@ -71,13 +71,17 @@ class RunPage(TypedDict):
 
 
 class RunDetail(TypedDict):
-    """``GET /v1/runs/{id}``: the run, its tokens, its timeouts, the bound that fired."""
+    """``GET /v1/runs/{id}``: the run, its tokens, its timeouts, the bound that fired, its
+    timeline, each token's stretches (``attempts``: queued, attempt, delay, waiting; D8.21) and
+    how many events it has."""
 
     run: Run
     tokens: list[dict[str, Any]]
     timeouts: list[dict[str, Any]]
     bound_fired: Any
     timeline: Any
+    attempts: list[dict[str, Any]]
+    events_count: int
 
 
 class Event(TypedDict):
