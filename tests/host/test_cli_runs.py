@@ -4,6 +4,7 @@ token from TIMEBOUND_TOKEN, --url from TIMEBOUND_URL, one-line errors with exit 
 from __future__ import annotations
 
 import asyncio
+import getpass
 import json
 import os
 import signal
@@ -144,3 +145,78 @@ def test_ops_list_show_poll_cancel(with_ops: Server) -> None:
     assert "no connector" in polled.stderr and "HTTP 409" in polled.stderr
     cancelled = tb("ops", "cancel", OP_ID, url=with_ops.url, token=None).stdout
     assert cancelled.startswith(OP_ID)
+
+
+def _run(server: Server, run_id: str) -> dict:  # type: ignore[type-arg]
+    return json.loads(tb("runs", "show", run_id, "--json", url=server.url).stdout)["run"]
+
+
+def test_terminate_retry_and_extend(secured: Server) -> None:
+    """terminate fails the run, naming the local user as operator; retry runs it again from the
+    failed node, or --from-start; extend --by 90s moves the deadline; the store says so after
+    each; refusals are one line with the refusal's code, exit 1."""
+    run_id = tb("runs", "start", "quick", "--input", '{"sleep_s": 30}', url=secured.url).stdout
+    run_id = run_id.strip()
+    before = _run(secured, run_id)["timeout_at"]
+    done = tb("runs", "extend", run_id, "--by", "90s", "--reason", "slow", url=secured.url)
+    assert done.stdout.strip() == f"{run_id} extended (used 90000 ms of the cap)"
+    tb("runs", "extend", run_id, "--by", "1.5", "--reason", "more", url=secured.url)
+    assert _run(secured, run_id)["timeout_at"] == before + 91_500
+    over = tb("runs", "extend", run_id, "--by", "2d", "--reason", "r", url=secured.url, check=1)
+    assert "(HTTP 409, over-cap)" in over.stderr and over.stderr.count("\n") == 1
+    node = tb(
+        "runs",
+        "extend",
+        run_id,
+        "--by",
+        "1s",
+        "--node",
+        "zz",
+        "--reason",
+        "r",
+        url=secured.url,
+        check=1,
+    )
+    assert "unknown-node" in node.stderr
+    running = tb("runs", "retry", run_id, "--reason", "r", url=secured.url, check=1)
+    assert "(HTTP 409, run-not-failed)" in running.stderr
+
+    ended = tb("runs", "terminate", run_id, "--reason", "stuck", url=secured.url)
+    assert ended.stdout.strip() == f"{run_id} failed"
+    run = _run(secured, run_id)
+    assert run["status"] == "failed"
+    assert run["error"] == f"terminated by api ({getpass.getuser()}): stuck"
+    again = tb("runs", "terminate", run_id, "--reason", "x", url=secured.url, check=1)
+    assert "(HTTP 409, run-ended)" in again.stderr and "Traceback" not in again.stderr
+
+    retried = tb("runs", "retry", run_id, "--reason", "fixed", "--operator", "ann", url=secured.url)
+    assert retried.stdout.strip() == f"{run_id} running from a"
+    assert _run(secured, run_id)["status"] == "running"
+    tb("runs", "terminate", run_id, "--reason", "again", url=secured.url)
+    answer = tb(
+        "runs", "retry", run_id, "--reason", "r", "--from-start", "--json", url=secured.url
+    ).stdout
+    assert json.loads(answer) == {"run_id": run_id, "status": "running", "from_node": "a"}
+    assert _run(secured, run_id)["status"] == "running"
+    lines = tb("runs", "events", run_id, "--json", url=secured.url).stdout.splitlines()
+    retries = [json.loads(line)["data"] for line in lines if '"run_retried"' in line]
+    assert [(e["operator"], e["reason"]) for e in retries] == [
+        ("api (ann)", "fixed"),
+        (f"api ({getpass.getuser()})", "r"),
+    ]
+    tb("runs", "cancel", run_id, url=secured.url)
+    missing = tb("runs", "retry", "no-such-run", "--reason", "r", url=secured.url, check=1)
+    assert "(HTTP 404, run-not-found)" in missing.stderr
+
+
+def test_operator_usage_errors_exit_2(secured: Server) -> None:
+    """No --reason, an empty one, --by in no duration grammar, and both --from-node and
+    --from-start exit 2 without reaching the host."""
+    tb("runs", "terminate", "r", url=secured.url, check=2)
+    assert "reason" in tb("runs", "terminate", "r", "--reason", "", url=secured.url, check=2).stderr
+    bad = tb("runs", "extend", "r", "--reason", "x", "--by", "5m", url=secured.url, check=2)
+    assert bad.stderr.startswith("timebound runs extend: --by: invalid by '5m'")
+    assert bad.stderr.count("\n") == 1
+    tb("runs", "extend", "r", "--reason", "x", "--by", "0", url=secured.url, check=2)
+    both = ("--from-node", "a", "--from-start")
+    tb("runs", "retry", "r", "--reason", "x", *both, url=secured.url, check=2)

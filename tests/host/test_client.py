@@ -5,8 +5,10 @@ the deadline sent to the host, and problem documents as typed errors."""
 from __future__ import annotations
 
 import asyncio
+import math
 import pickle
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any, get_type_hints
 
 import httpx
@@ -55,6 +57,10 @@ def _every_call() -> list[Any]:
         calls.events("r"),
         calls.follow("r", 3),
         calls.cancel_run("r"),
+        calls.retry_run("r", "why", "a", False, "ann"),
+        calls.retry_run("r", "why", None, True, None),
+        calls.terminate_run("r", "why", "ann"),
+        calls.extend_run("r", "5min", "why", "a", "ann"),
         calls.definitions(),
         calls.put_definition({"id": "quick"}),
         calls.operations("pending", "reports", "c"),
@@ -319,3 +325,96 @@ def test_a_stream_the_host_ends_at_the_deadline_raises_only_once_it_has_passed()
                 left.append(timebound.remaining())
                 raise
     assert left == [0.0]
+
+
+def test_terminate_then_retry(client: Client) -> None:
+    """terminate fails a running run (again: HostConflict run-ended); retry runs it again from
+    the failed node (a running run: run-not-failed); the store says so after each call."""
+    run_id = client.start("quick", {"sleep_s": 30})
+    ended = client.terminate(run_id, reason="stuck upstream", operator="ann")
+    assert ended["status"] == "failed"
+    run = client.wait(run_id)["run"]
+    assert run["status"] == "failed" and run["error"] == "terminated by api (ann): stuck upstream"
+    with pytest.raises(HostConflict) as again:
+        client.terminate(run_id, reason="twice")
+    assert again.value.code == "run-ended" and again.value.status == 409
+    assert client.retry(run_id, reason="fixed")["from_node"] == "a"
+    assert client.get(run_id)["run"]["status"] == "running"
+    (retried,) = [e for e in client.events(run_id) if e["kind"] == "run_retried"]
+    assert retried["data"]["reason"] == "fixed" and retried["data"]["operator"] == "api"
+    with pytest.raises(HostConflict) as running:
+        client.retry(run_id, reason="not failed", from_start=True)
+    assert running.value.code == "run-not-failed"
+    client.cancel(run_id)
+    with pytest.raises(HostNotFound) as missing:
+        client.retry("no-such-run", reason="r")
+    assert missing.value.code == "run-not-found"
+
+
+def test_extend_by_a_duration(client: Client) -> None:
+    """extend(by=) takes "50s", seconds or a timedelta and moves the deadline by exactly that;
+    an unknown node and an extension past the host's cap are HostConflicts with their codes."""
+    run_id = client.start("quick", {"sleep_s": 30})
+    before = client.get(run_id)["run"]["timeout_at"]
+    answer = client.extend(run_id, by="50s", reason="slow upstream")
+    assert answer["extension_used_ms"] == 50_000
+    client.extend(run_id, by=1.5, reason="a bit more")
+    client.extend(run_id, by=timedelta(milliseconds=1), reason="and a moment")
+    assert client.get(run_id)["run"]["timeout_at"] == before + 51_501
+    with pytest.raises(HostConflict) as unknown:
+        client.extend(run_id, by="1s", reason="r", node="zz")
+    assert unknown.value.code == "unknown-node" and unknown.value.problem["path"] == "node"
+    with pytest.raises(HostConflict) as over:
+        client.extend(run_id, by="2d", reason="r")  # the host's cap is one day
+    assert over.value.code == "over-cap"
+    assert client.get(run_id)["run"]["timeout_at"] == before + 51_501
+    client.cancel(run_id)
+    with pytest.raises(HostConflict) as ended:
+        client.extend(run_id, by="1s", reason="r")
+    assert ended.value.code == "run-ended"
+
+
+@pytest.mark.parametrize("by", ["5m", "5 s", 0, -1, math.inf, math.nan, True, "1.5s"])
+def test_an_invalid_extension_is_refused_before_sending(by: Any) -> None:
+    """by= that is not a positive finite duration in timebound's grammar is an InvalidInput
+    naming 'by', and nothing is sent; so is an empty reason or both from_node and from_start."""
+    sent: list[httpx.Request] = []
+    transport = httpx.MockTransport(lambda r: sent.append(r) or httpx.Response(500))
+    with Client("http://host.invalid", transport=transport) as c:
+        with pytest.raises(timebound.InvalidInput, match="by"):
+            c.extend("r", by=by, reason="r")
+        with pytest.raises(timebound.InvalidInput, match="reason"):
+            c.terminate("r", reason=" ")
+        with pytest.raises(timebound.InvalidInput, match="from_node"):
+            c.retry("r", reason="r", from_node="a", from_start=True)
+    assert sent == []
+
+
+def test_an_extension_is_whole_milliseconds_rounded_up() -> None:
+    """A fraction of a millisecond is sent as the next whole one (never shorter than asked)."""
+    assert calls.extend_run("r", 0.0001, "r", None, None).body == {"reason": "r", "by_ms": 1}
+    assert calls.extend_run("r", "2min", "r", None, None).body == {"reason": "r", "by_ms": 120_000}
+
+
+def test_the_async_operator_actions(host: Server) -> None:
+    """AsyncClient terminates, retries and extends, with the same codes on refusal."""
+
+    async def main() -> None:
+        async with AsyncClient(host.url) as c:
+            run_id = await c.start("quick", {"sleep_s": 30})
+            before = (await c.get(run_id))["run"]["timeout_at"]
+            await c.extend(run_id, by="10s", reason="r", operator="bo")
+            assert (await c.get(run_id))["run"]["timeout_at"] == before + 10_000
+            with pytest.raises(HostConflict) as running:
+                await c.retry(run_id, reason="r")
+            assert running.value.code == "run-not-failed"
+            assert (await c.terminate(run_id, reason="r"))["status"] == "failed"
+            assert (await c.get(run_id))["run"]["status"] == "failed"
+            with pytest.raises(HostConflict) as ended:
+                await c.extend(run_id, by="10s", reason="r")
+            assert ended.value.code == "run-ended"
+            assert (await c.retry(run_id, reason="r", from_start=True))["status"] == "running"
+            assert (await c.get(run_id))["run"]["status"] == "running"
+            await c.cancel(run_id)
+
+    asyncio.run(main())

@@ -19,9 +19,9 @@ class Relay:
     """Relays TCP connections to ``target`` until :meth:`cut`, which closes every connection and
     refuses new ones until :meth:`restore`."""
 
-    def __init__(self, target: tuple[str, int]) -> None:
+    def __init__(self, target: tuple[str, int], port: int = 0) -> None:
         self.target = target
-        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener = socket.create_server(("127.0.0.1", port))
         self.port = self.listener.getsockname()[1]
         self.open = True
         self.sockets: list[socket.socket] = []

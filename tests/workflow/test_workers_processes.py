@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import pytest
@@ -371,3 +373,30 @@ def test_a_run_started_on_one_host_is_watched_and_cancelled_on_another(cluster: 
     for client in (a, b):  # the operator UI of either host shows the same run, cancelled
         page = client.get(f"/ui/runs/{run_id}").text
         assert 'id="run-status">cancelled<' in page, page
+
+
+def test_a_worker_started_while_its_store_is_unreachable_waits_for_it(cluster: Cluster) -> None:
+    """A worker whose PostgreSQL does not answer yet (a server restarting) says so, keeps trying
+    and becomes ready once the server listens, then runs work (it exited 1 with a traceback)."""
+    from ..host.test_readiness import Relay
+
+    parts = urlsplit(cluster.url)
+    with socket.socket() as probe:  # a port nothing listens on, until the relay does
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    relayed = urlunsplit(parts._replace(netloc=f"{parts.username}@127.0.0.1:{port}"))
+    proc = Proc(
+        [sys.executable, "-m", "timebound", "worker", "--db", relayed, "--actions", ACTIONS],
+        cluster.env,
+    )
+    cluster.procs.append(proc)
+    proc.wait_line("trying again")
+    relay = Relay((parts.hostname or "127.0.0.1", parts.port or 5432), port=port)
+    try:
+        proc.wait_line("worker ")
+        host = cluster.host()
+        run_id = _start(host, "ab")
+        assert _ended(host, run_id)["run"]["status"] == "completed"
+        assert proc.end() == 0
+    finally:
+        relay.close()

@@ -9,6 +9,7 @@ from ``TIMEBOUND_TOKEN``; ``--json`` prints the host's answers as JSON. Exit cod
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import sys
@@ -19,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from .. import DeadlineExceeded, fail_after
+from .. import ConfigurationError, DeadlineExceeded, InvalidInput, fail_after
 from ..host import Client, HostError
 
 __all__ = ["common_options", "register", "remote"]
@@ -67,6 +68,9 @@ def remote(
         except DeadlineExceeded as exc:
             print(f"timebound {command}: {exc}", file=sys.stderr)
             return 1
+        except InvalidInput as exc:  # refused before sending (an empty --reason)
+            print(f"timebound {command}: {exc}", file=sys.stderr)
+            return 2
         except httpx.TransportError as exc:
             where = args.url or os.environ.get("TIMEBOUND_URL") or "http://127.0.0.1:8080"
             reason = str(exc) or type(exc).__name__
@@ -188,6 +192,64 @@ def _cancel(client: Client, args: argparse.Namespace) -> None:
     emit(args, client.cancel(args.run_id), lambda v: f"{v['run_id']} {v['status']}")
 
 
+def _operator() -> str | None:
+    """Who runs the command: the local user's name, recorded with the host's own ``api``."""
+    try:
+        return getpass.getuser() or None
+    except (OSError, KeyError):  # no user name in the environment nor the password database
+        return None
+
+
+def _by(text: str) -> Any:
+    """``--by``: a duration as timebound spells it (``90s``, ``5min``), or plain seconds."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def _acted(value: Any) -> str:
+    if "extended" in value:
+        return f"{value['run_id']} extended (used {value['extension_used_ms']} ms of the cap)"
+    after = f" from {value['from_node']}" if value.get("from_node") else ""
+    return f"{value['run_id']} {value['status']}{after}"
+
+
+def _retry(client: Client, args: argparse.Namespace) -> None:
+    answer = client.retry(
+        args.run_id,
+        reason=args.reason,
+        from_node=args.from_node,
+        from_start=args.from_start,
+        operator=args.operator,
+    )
+    emit(args, answer, _acted)
+
+
+def _terminate(client: Client, args: argparse.Namespace) -> None:
+    emit(args, client.terminate(args.run_id, reason=args.reason, operator=args.operator), _acted)
+
+
+def _extend(client: Client, args: argparse.Namespace) -> None:
+    try:
+        answer = client.extend(
+            args.run_id, by=_by(args.by), reason=args.reason, node=args.node, operator=args.operator
+        )
+    except ConfigurationError as exc:
+        raise UsageError(f"--by: {exc}") from None
+    emit(args, answer, _acted)
+
+
+def _operator_options(v: argparse.ArgumentParser) -> None:
+    v.add_argument("run_id")
+    v.add_argument("--reason", required=True, help="why, recorded in the run's events")
+    v.add_argument(
+        "--operator",
+        default=_operator(),
+        help="who acts, recorded with the reason (default: your user name)",
+    )
+
+
 def _event_line(event: Any) -> str:
     data = " ".join(f"{k}={json.dumps(v)}" for k, v in sorted(event["data"].items()))
     return f"{event['seq']:>4} {event['kind']} {data}".rstrip()
@@ -200,7 +262,9 @@ def _events(client: Client, args: argparse.Namespace) -> None:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("runs", help="list, show, start, cancel a host's runs; read their events")
+    p = sub.add_parser(
+        "runs", help="list, show, start, cancel, retry, terminate, extend runs; read their events"
+    )
     verbs = p.add_subparsers(dest="verb", metavar="VERB", required=True)
 
     v = verbs.add_parser("list", help="runs, newest first, a page at a time")
@@ -233,6 +297,28 @@ def register(sub: Any) -> None:
     common_options(v)
     v.add_argument("run_id")
     v.set_defaults(handler=remote("runs cancel", _cancel))
+
+    v = verbs.add_parser("retry", help="run a failed or timed-out run again")
+    common_options(v)
+    _operator_options(v)
+    where = v.add_mutually_exclusive_group()
+    where.add_argument("--from-node", metavar="NODE", help="from this node (default: the failed)")
+    where.add_argument("--from-start", action="store_true", help="from the start, state cleared")
+    v.set_defaults(handler=remote("runs retry", _retry))
+
+    v = verbs.add_parser("terminate", help="end a running run failed (retryable)")
+    common_options(v)
+    _operator_options(v)
+    v.set_defaults(handler=remote("runs terminate", _terminate))
+
+    v = verbs.add_parser("extend", help="give a run (or a live node) more time")
+    common_options(v)
+    _operator_options(v)
+    v.add_argument(
+        "--by", required=True, metavar="DURATION", help="how much later: 90s, 5min, 1h or seconds"
+    )
+    v.add_argument("--node", metavar="NODE", help="extend this node's live tokens, not the run")
+    v.set_defaults(handler=remote("runs extend", _extend))
 
     v = verbs.add_parser("events", help="a run's events (--follow: until it ends)")
     common_options(v)

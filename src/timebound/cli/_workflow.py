@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -20,7 +21,7 @@ from typing import Any, TextIO
 
 from .. import ConfigurationError, to_seconds
 from ..telemetry import Event, Timeline, add_listener
-from ..workflow import DefinitionError, Engine, parse_definition, schema
+from ..workflow import DefinitionError, Engine, StoreError, parse_definition, schema
 
 __all__ = ["register"]
 
@@ -163,14 +164,34 @@ def _worker(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         try:
-            engine = Engine(db=args.db, actions=actions, lease=lease, concurrency=args.concurrency)
-            async with engine:
-                # The readiness line: registered, listening, claiming (tests wait for it).
-                print(f"worker {engine.worker_id} on {args.db}", flush=True)
-                await stop.wait()
+            pause = 0.1
+            while not stop.is_set():
+                engine = Engine(
+                    db=args.db, actions=actions, lease=lease, concurrency=args.concurrency
+                )
+                try:
+                    await engine.open()
+                except StoreError as exc:
+                    if not isinstance(exc.__cause__, OSError):
+                        raise  # refused by the server (a name, a password): waiting won't help
+                    # Unreachable (a server restarting, a network partition): a worker started
+                    # meanwhile waits for it, as a running worker's turns do (D6.22).
+                    print(f"timebound worker: {exc}; trying again", file=sys.stderr, flush=True)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), pause)
+                    pause = min(pause * 2, 2.0)
+                    continue
+                async with engine:
+                    # The readiness line: registered, listening, claiming (tests wait for it).
+                    print(f"worker {engine.worker_id} on {args.db}", flush=True)
+                    await stop.wait()
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
 
-    asyncio.run(serve())
+    try:
+        asyncio.run(serve())
+    except StoreError as exc:
+        print(f"timebound worker: {exc}", file=sys.stderr)
+        return 1
     return 0

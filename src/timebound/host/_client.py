@@ -30,6 +30,7 @@ from typing import Any, Self, cast
 
 import httpx
 
+from .._core._durations import Duration
 from .._core._scopes import acheckpoint, checkpoint, remaining
 from ..propagation.httpx import AsyncDeadlineTransport, DeadlineTransport
 from ._wire import (
@@ -193,6 +194,41 @@ class Client:
         """Cancel a running run (:class:`HostConflict` if it has ended)."""
         return cast(dict[str, Any], self._send(calls.cancel_run(run_id)))
 
+    def retry(
+        self,
+        run_id: str,
+        *,
+        reason: str,
+        from_node: str | None = None,
+        from_start: bool = False,
+        operator: str | None = None,
+    ) -> dict[str, Any]:
+        """Run a failed or timed-out run again from the node that failed (or ``from_node``, or
+        the start), with a fresh workflow timeout; ``{run_id, status, from_node}``. A run that
+        did not fail is a :class:`HostConflict` with code ``run-not-failed`` (D6.25)."""
+        call = calls.retry_run(run_id, reason, from_node, from_start, operator)
+        return cast(dict[str, Any], self._send(call))
+
+    def terminate(self, run_id: str, *, reason: str, operator: str | None = None) -> dict[str, Any]:
+        """End a running run failed at once (retryable, unlike a cancel); an ended run is a
+        :class:`HostConflict` with code ``run-ended``."""
+        return cast(dict[str, Any], self._send(calls.terminate_run(run_id, reason, operator)))
+
+    def extend(
+        self,
+        run_id: str,
+        *,
+        by: Duration,
+        reason: str,
+        node: str | None = None,
+        operator: str | None = None,
+    ) -> dict[str, Any]:
+        """Move the run's deadline (or ``node``'s live tokens') later by ``by`` (seconds, a
+        timedelta or ``"5min"``), within the host's ``max_extension_s``; refusals are
+        :class:`HostConflict`\\ s with codes such as ``over-cap`` or ``run-ended`` (D6.27)."""
+        call = calls.extend_run(run_id, by, reason, node, operator)
+        return cast(dict[str, Any], self._send(call))
+
     def events(self, run_id: str) -> list[Event]:
         """The run's events so far."""
         return numbered(self._send(calls.events(run_id))["events"])
@@ -320,6 +356,39 @@ class AsyncClient:
 
     async def cancel(self, run_id: str) -> dict[str, Any]:
         return cast(dict[str, Any], await self._send(calls.cancel_run(run_id)))
+
+    async def retry(
+        self,
+        run_id: str,
+        *,
+        reason: str,
+        from_node: str | None = None,
+        from_start: bool = False,
+        operator: str | None = None,
+    ) -> dict[str, Any]:
+        """See :meth:`Client.retry`."""
+        call = calls.retry_run(run_id, reason, from_node, from_start, operator)
+        return cast(dict[str, Any], await self._send(call))
+
+    async def terminate(
+        self, run_id: str, *, reason: str, operator: str | None = None
+    ) -> dict[str, Any]:
+        """See :meth:`Client.terminate`."""
+        call = calls.terminate_run(run_id, reason, operator)
+        return cast(dict[str, Any], await self._send(call))
+
+    async def extend(
+        self,
+        run_id: str,
+        *,
+        by: Duration,
+        reason: str,
+        node: str | None = None,
+        operator: str | None = None,
+    ) -> dict[str, Any]:
+        """See :meth:`Client.extend`."""
+        call = calls.extend_run(run_id, by, reason, node, operator)
+        return cast(dict[str, Any], await self._send(call))
 
     async def events(self, run_id: str) -> list[Event]:
         return numbered((await self._send(calls.events(run_id)))["events"])

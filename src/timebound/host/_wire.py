@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import Any, TypedDict
 from urllib.parse import quote
 
+from .._core._durations import Duration, to_seconds
 from .._core._errors import InvalidInput, TimeboundError
 
 __all__ = [
@@ -70,13 +71,17 @@ class RunPage(TypedDict):
 
 
 class RunDetail(TypedDict):
-    """``GET /v1/runs/{id}``: the run, its tokens, its timeouts, the bound that fired."""
+    """``GET /v1/runs/{id}``: the run, its tokens, its timeouts, the bound that fired, its
+    timeline, each token's stretches (``attempts``: queued, attempt, delay, waiting; D8.21) and
+    how many events it has."""
 
     run: Run
     tokens: list[dict[str, Any]]
     timeouts: list[dict[str, Any]]
     bound_fired: Any
     timeline: Any
+    attempts: list[dict[str, Any]]
+    events_count: int
 
 
 class Event(TypedDict):
@@ -278,6 +283,24 @@ def _deadline_ms(deadline: float | timedelta | None) -> int | None:
     return max(1, math.ceil(seconds * 1000))
 
 
+def _by_ms(by: Duration) -> int:
+    """An extension as whole milliseconds, rounded up (never shorter than asked, D6.27)."""
+    seconds = to_seconds(by, option="by", allow_zero=False)
+    if not math.isfinite(seconds):
+        raise InvalidInput(f"by: expected a finite duration, got {by!r}")
+    return max(1, math.ceil(seconds * 1000))
+
+
+def _action(reason: str, operator: str | None, **fields: Any) -> dict[str, Any]:
+    if not isinstance(reason, str) or not reason.strip():
+        raise InvalidInput("reason: required, a non-empty string (say why, for the run's events)")
+    body: dict[str, Any] = {"reason": reason}
+    if operator:
+        body["operator"] = operator
+    body.update((k, v) for k, v in fields.items() if v is not None)
+    return body
+
+
 class calls:
     """The API's calls, each built from its arguments (no I/O)."""
 
@@ -333,6 +356,31 @@ class calls:
     def cancel_run(run_id: str) -> Call:
         path = f"/v1/runs/{_seg(run_id, 'run_id')}/cancel"
         return Call("POST", path, route="/v1/runs/{run_id}/cancel")
+
+    @staticmethod
+    def retry_run(
+        run_id: str, reason: str, from_node: str | None, from_start: bool, operator: str | None
+    ) -> Call:
+        if from_node is not None and from_start:
+            raise InvalidInput("from_node and from_start: give one, not both")
+        body = _action(reason, operator, from_node=from_node, from_start=from_start or None)
+        path = f"/v1/runs/{_seg(run_id, 'run_id')}/retry"
+        return Call("POST", path, body=body, route="/v1/runs/{run_id}/retry")
+
+    @staticmethod
+    def terminate_run(run_id: str, reason: str, operator: str | None) -> Call:
+        path = f"/v1/runs/{_seg(run_id, 'run_id')}/terminate"
+        body = _action(reason, operator)
+        return Call("POST", path, body=body, route="/v1/runs/{run_id}/terminate")
+
+    @staticmethod
+    def extend_run(
+        run_id: str, by: Duration, reason: str, node: str | None, operator: str | None
+    ) -> Call:
+        # D8.15: the Python API takes a duration; only the wire speaks milliseconds.
+        body = _action(reason, operator, by_ms=_by_ms(by), node=node)
+        path = f"/v1/runs/{_seg(run_id, 'run_id')}/extend"
+        return Call("POST", path, body=body, route="/v1/runs/{run_id}/extend")
 
     @staticmethod
     def definitions() -> Call:
