@@ -235,6 +235,23 @@ def test_a_cancel_on_the_host_stops_the_handler_on_a_worker(cluster: Cluster, fl
     assert f'timebound_workflow_stop_seconds_count{{via="{stops[0]["via"]}"}} 1.0' in metrics
 
 
+def test_a_bulk_cancel_stops_the_handlers_on_a_worker(cluster: Cluster) -> None:
+    """A run whose end cancels its idle tokens in one statement (D6.24a) still stops, at once,
+    the handlers a worker in another process runs, and every live token ends cancelled."""
+    host = cluster.host()
+    cluster.worker("--concurrency", "2")
+    run_id = _start(host, "any", {"delays": [30] * 150})
+    cluster.wait_for(lambda: len(cluster.lines("start")) == 2)  # two probes run
+    assert host.post(f"/v1/runs/{run_id}/cancel").status_code in (200, 202)
+    stopped = cluster.wait_for(lambda: len(cluster.lines("cancelled")) == 2, timeout=20)
+    assert stopped
+    detail = _ended(host, run_id)
+    assert detail["run"]["status"] == "cancelled"
+    assert {t["status"] for t in detail["tokens"] if t["node_id"] == "probe"} == {"cancelled"}
+    bulk = [e for e in _events(host, run_id) if e["kind"] == "tokens_cancelled"]
+    assert [e["count"] for e in bulk] == [148]
+
+
 def test_a_join_decided_on_one_worker_stops_siblings_on_another(cluster: Cluster) -> None:
     """An ``any`` join decided by one worker cancels the slow siblings another worker runs."""
     host = cluster.host()

@@ -22,7 +22,8 @@ from .._core._scopes import remaining
 from .._json import MAX_DEPTH, JSONError, TooDeep
 from .._json import check as check_json
 from .._json import loads as loads_json
-from ..workflow import DefinitionConflict, DefinitionError, StartConflict
+from ..workflow import DefinitionConflict, DefinitionError, DefinitionTooLarge, StartConflict
+from ..workflow._definition import MAX_DEFINITION_BYTES
 from ..workflow._rows import RUN_TERMINAL
 from ._host import Host
 from ._problems import Problem
@@ -44,18 +45,25 @@ def _host(request: Request) -> Host:
     return host
 
 
-async def read_json(request: Request, limit: int, *, max_depth: int = MAX_DEPTH) -> Any:
+async def read_json(
+    request: Request,
+    limit: int,
+    *,
+    max_depth: int = MAX_DEPTH,
+    what: str = "the body",
+    code: str | None = None,
+) -> Any:
     """The request's JSON body: 415 if not JSON, 413 past ``limit`` bytes (counted while reading,
-    so a lying Content-Length does not help), 400 naming where the JSON broke, 422 ``too-deep``
-    past ``max_depth`` levels (D8.10)."""
+    so a lying Content-Length does not help; ``code`` instead of ``too-large`` if given), 400
+    naming where the JSON broke, 422 ``too-deep`` past ``max_depth`` levels (D8.10)."""
     media = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media != "application/json":
         raise Problem(415, f"the body must be application/json, not {media or 'missing'!r}")
     try:
-        declared_too_large(request.headers.get("content-length"), limit, "the body")
-        body = await read_capped(request.stream(), limit, what="the body")
+        declared_too_large(request.headers.get("content-length"), limit, what)
+        body = await read_capped(request.stream(), limit, what=what)
     except TooLarge as exc:
-        raise Problem(413, str(exc), code=exc.code) from None
+        raise Problem(413, str(exc), code=code or exc.code) from None
     try:
         if len(body) <= _PARSE_ON_LOOP_BYTES:
             return loads_json(body, max_depth=max_depth, what="the body")
@@ -329,7 +337,13 @@ async def list_definitions(request: Request) -> Response:
 async def put_definition(request: Request) -> Response:
     host = _host(request)
     definition_id = request.path_params["definition_id"]
-    body = await read_json(request, host.config.max_body_bytes)
+    # Refused by its size while it is read, before parsing costs the loop (D6.23).
+    body = await read_json(
+        request,
+        min(host.config.max_body_bytes, MAX_DEFINITION_BYTES),
+        what="the definition",
+        code=DefinitionTooLarge.code,
+    )
     if not isinstance(body, dict):
         raise Problem(422, "body: expected a workflow definition object")
     if body.get("id") != definition_id:

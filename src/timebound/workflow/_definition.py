@@ -48,6 +48,10 @@ SYNC_TIMEOUT_CAP_MS = 1_800_000
 # with more nodes, actions or transitions than these is refused before the schema check (whose
 # cost grows with them), and one nested deeper than MAX_DEPTH (D6.20) before anything walks it.
 MAX_TEXT_BYTES = 4 * 1024 * 1024
+# The host refuses a definition body past this many bytes while reading it, before parsing
+# (D6.23): a definition at every count limit above weighs ~400 KB as compact JSON, and parsing
+# holds the interpreter (the loop that fires the timers) ~30 ms per MB, even in a worker thread.
+MAX_DEFINITION_BYTES = 512 * 1024
 MAX_NODES = 1_000
 MAX_ACTIONS = 1_000
 MAX_TRANSITIONS = 2_000

@@ -56,6 +56,10 @@ def retry_delay_ms(block: RetryBlock, attempts_done: int, error: str, what: str)
     return round(decision.delay * 1000) if isinstance(decision, RetryAt) else None
 
 
+#: Past this many idle live tokens, a run's end cancels them with one statement (D6.24a).
+BULK_CANCEL_AFTER = 100
+
+
 class Machine:
     """State transitions for one engine. ``cancel_attempt(token_id)`` stops local in-flight work."""
 
@@ -234,11 +238,7 @@ class Machine:
             return False
         self._run_changed(tx, run, status=status, finished_at=now, error=error, error_code=code)
         tx.wake_others = True  # waiters in other processes
-        for tok in await tx.fetch(
-            f"SELECT * FROM tb_wf_tokens WHERE run_id = ? AND status IN {LIVE_SQL} ORDER BY seq",
-            run_id,
-        ):
-            await self._set_token(tx, tok, "cancelled", now, reason=f"run_{status}")
+        await self._cancel_live_tokens(tx, run_id, now, reason=f"run_{status}")
         await tx.clear_stream_timers(run_id)
         await tx.append_event(
             run_id, f"run_{status}", now, workflow_run_id=run_id, error=error, error_code=code
@@ -249,6 +249,66 @@ class Machine:
         if run["parent_token_id"] is not None and status != "cancelled":
             await self.children.child_finished(tx, run, status, now, error)
         return True
+
+    async def _cancel_live_tokens(self, tx: Tx, run_id: str, now: int, reason: str) -> None:
+        """Every live token of an ended run becomes ``cancelled``, in bulk past a few (D6.24a).
+
+        A run stopped at the token limit holds ~20,000 live tokens: ending them one by one (a
+        statement per token timer, a stop notice and an event per token) held the loop 1.5 s.
+        A token that may have an attempt somewhere (``dispatched``, ``executing``) or a child run
+        goes through :meth:`_set_token`, which stops the attempt (here or, at commit, in its
+        process: D6.14) and cancels the children. The others (``pending``, or waiting at a
+        join) have nothing running: up to :data:`BULK_CANCEL_AFTER` of them are ended one by
+        one as well, each with its ``token_cancelled`` event; past that, all of them are ended by
+        one UPDATE and one ``tokens_cancelled`` event counts them. Their timers go with the run's
+        (the caller clears them in one statement). The caller holds the run's row (its UPDATE
+        decided the end, D6.13) and a claim locks the run first, so no token read ``pending``
+        here is claimed meanwhile; a late result of any of them is discarded (D6.10).
+        """
+        for tok in await tx.fetch(
+            f"SELECT * FROM tb_wf_tokens WHERE run_id = ? AND status IN {LIVE_SQL} "
+            "AND (status IN ('dispatched', 'executing') OR child_run_id IS NOT NULL) ORDER BY seq",
+            run_id,
+        ):
+            await self._set_token(tx, tok, "cancelled", now, reason=reason)
+        idle_sql = (
+            "WHERE run_id = ? AND status IN ('pending', 'waiting_for_siblings') "
+            "AND child_run_id IS NULL"
+        )
+        idle = await tx.fetch(
+            f"SELECT * FROM tb_wf_tokens {idle_sql} ORDER BY seq LIMIT ?",
+            run_id,
+            BULK_CANCEL_AFTER + 1,
+        )
+        if len(idle) > BULK_CANCEL_AFTER:
+            count = await tx.execute(
+                "UPDATE tb_wf_tokens SET status = 'cancelled', updated_at = ?, lease_owner = NULL "
+                + idle_sql,
+                now,
+                run_id,
+            )
+            await tx.append_event(run_id, "tokens_cancelled", now, count=count, reason=reason)
+            return
+        for tok in idle:
+            data = decode(tok["state_data"]) or {}
+            data["reason"] = reason
+            tx.defer(
+                ("tok", tok["id"]),
+                "UPDATE tb_wf_tokens SET status = 'cancelled', state_data = ?, updated_at = ?, "
+                "lease_owner = NULL WHERE id = ?",
+                encode(data),
+                now,
+                tok["id"],
+            )
+            await tx.append_event(
+                run_id,
+                "token_cancelled",
+                now,
+                token_id=tok["id"],
+                node_id=tok["node_id"],
+                branch_index=tok["branch_index"],
+                reason=reason,
+            )
 
     async def cancel_run(self, tx: Tx, run_id: str, now: int) -> bool:
         run = await self.run(tx, run_id)
