@@ -31,9 +31,15 @@ def wake_delay(epoch_ms: int) -> float:
 
 
 class StoreError(TimeboundError, RuntimeError):
-    """The store cannot be opened or used as asked."""
+    """The store cannot be opened or used as asked. ``unreachable`` is true when the server
+    could not be reached or could not take a connection yet (refused, timed out, starting or
+    shutting down): trying again later may succeed, unlike a refusal of who is asking."""
 
     code = "store-error"
+
+    def __init__(self, message: str, *, unreachable: bool = False) -> None:
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 class StoreBusy(StoreError):

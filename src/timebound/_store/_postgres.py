@@ -116,7 +116,9 @@ class PostgresStore(Store):
                 init=self._own_connection,
             )
         except (OSError, asyncpg.PostgresError) as exc:
-            raise StoreError(f"cannot open PostgreSQL store {self.url!r}: {exc}") from exc
+            raise StoreError(
+                f"cannot open PostgreSQL store {self.url!r}: {exc}", unreachable=_unreachable(exc)
+            ) from exc
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", _MIGRATION_LOCK)
             await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
@@ -270,3 +272,12 @@ class PostgresStore(Store):
                 conn.transaction(isolation="repeatable_read", readonly=True),
             ):
                 yield _PgTx(conn)
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """A connection that failed for now, not for good: the network or the server's state
+    (SQLSTATE class 08, connection exceptions; 57P, a server shutting down or starting)."""
+    if isinstance(exc, (OSError, TimeoutError)):
+        return True
+    state = getattr(exc, "sqlstate", None) or ""
+    return isinstance(state, str) and state.startswith(("08", "57P"))

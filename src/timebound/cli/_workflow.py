@@ -172,7 +172,7 @@ def _worker(args: argparse.Namespace) -> int:
                 try:
                     await engine.open()
                 except StoreError as exc:
-                    if not isinstance(exc.__cause__, OSError):
+                    if not exc.unreachable:
                         raise  # refused by the server (a name, a password): waiting won't help
                     # Unreachable (a server restarting, a network partition): a worker started
                     # meanwhile waits for it, as a running worker's turns do (D6.22).
