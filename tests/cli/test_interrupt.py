@@ -12,6 +12,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
+
+def default_sigint() -> None:
+    """In the child before exec: SIGINT as a terminal would deliver it. A suite started in the
+    background (``cmd &`` in a script) ignores SIGINT, children inherit that, and Python then
+    never raises KeyboardInterrupt: Ctrl-C could not be tested at all."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 SLOW_ACTIONS = """
 import asyncio
 
@@ -53,6 +61,7 @@ def _interrupt(tmp: Path, ready: str, *args: str) -> tuple[int, str, str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_sigint,
     )
     assert proc.stdout is not None
     seen = []

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from ..cli.test_interrupt import default_sigint
 from .conftest import ROOT, Server, launch, stop
 from .test_deferred_ops import OP_ID, _plant
 
@@ -115,6 +116,7 @@ def test_events_follow_stops_quietly_on_ctrl_c(secured: Server) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_sigint,
     )
     assert proc.stdout is not None
     assert "run_started" in proc.stdout.readline()  # streaming: the first event has arrived
