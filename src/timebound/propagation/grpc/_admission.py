@@ -1,12 +1,12 @@
 """Deadline-aware admission control for grpcio servers, sync and ``grpc.aio`` (DECISIONS D9).
 
-The discipline is :class:`~._admission.Admission`'s; these interceptors only map its answers to
-gRPC: a hopeless call ends ``DEADLINE_EXCEEDED`` with the deadline-propagation details (as an
-already-spent one does), a shed call ends ``UNAVAILABLE`` (gRPC's mapping of HTTP 503) with the
-``grpc-retry-pushback-ms`` trailer, gRPC's own way to tell a retrying client when to come back.
-The handler never runs in either case (D9.1). The call's deadline is grpc's own, absolute since
-the call arrived, so waiting in the queue spends it. Put the interceptor first in the list, so
-the deadline interceptor runs only for admitted calls.
+The discipline is :class:`~timebound.admission.Admission`'s; these interceptors only map its
+answers to gRPC: a hopeless call ends ``DEADLINE_EXCEEDED`` with the deadline-propagation details
+(as an already-spent one does), a shed call ends ``UNAVAILABLE`` (gRPC's mapping of HTTP 503) with
+the ``grpc-retry-pushback-ms`` trailer, gRPC's own way to tell a retrying client when to come back.
+The handler never runs in either case (D9.1). The call's deadline is grpc's own, absolute since the
+call arrived, so waiting in the queue spends it. Put the interceptor first in the list, so the
+deadline interceptor runs only for admitted calls.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Any, Final
 import grpc
 import grpc.aio
 
-from .._core import _clock
-from ._admission import Admission, Outcome, Ticket
-from ._admitting import criticality, enter_async, enter_blocking
-from ._grpc_interceptors import EXPIRED_DETAILS, _method_name, _received_deadline, _rewrap
+from ..._core import _clock
+from ...admission._controller import Admission, Outcome, Ticket
+from ...admission._waiting import criticality, enter_async, enter_blocking
+from ._interceptors import EXPIRED_DETAILS, _method_name, _received_deadline, _rewrap
 
 __all__ = ["OVERLOADED_DETAILS", "admission_interceptor", "aio_admission_interceptor"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from timebound import ConfigurationError
-from timebound.propagation.admission import (
+from timebound.admission import (
     Admission,
     AdmissionConfig,
     AIMDLimit,

@@ -8,13 +8,13 @@ from typing import Any
 
 import httpx
 
-from timebound.propagation._admitting import enter_async
-from timebound.propagation.admission import Admission, AdmissionConfig, FixedLimit, Outcome, Ticket
+from timebound.admission import Admission, AdmissionConfig, FixedLimit, Outcome, Ticket
+from timebound.admission._waiting import enter_async
 from timebound.propagation.asgi import AdmissionMiddleware
 from timebound.telemetry import counters
 from timebound.testing import VirtualClock
 
-from ..http.conftest import ServerThread, call_asgi
+from ..propagation.http.conftest import ServerThread, call_asgi
 
 
 def make(limit: int = 1, **config: Any) -> Admission:

@@ -16,7 +16,7 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
-from timebound.propagation.admission import Admission, Outcome, Ticket
+from timebound.admission import Admission, Outcome, Ticket
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Waiting at the admission layer, for asyncio servers and for threaded ones (DECISIONS D9).
 
-The decisions are :class:`~._admission.Admission`'s; this module only waits for them: on a future
+The decisions are :class:`~._controller.Admission`'s; this module only waits for them: on a future
 for ASGI and gRPC aio, on a thread event for WSGI and sync gRPC. Either way a waiter that is
 cancelled (client gone, server shutting down) leaves no ticket behind and no slot taken.
 """
@@ -12,7 +12,7 @@ import threading
 from typing import Final
 
 from .._core import _clock
-from ._admission import Admission, Outcome, Ticket
+from ._controller import Admission, Outcome, Ticket
 
 __all__ = [
     "OVERLOADED_BODY",

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from timebound.propagation.admission import (
+from timebound.admission import (
     Admission,
     AdmissionConfig,
     AIMDLimit,
