@@ -28,13 +28,13 @@ from . import _expr
 from ._artifact import Artifact
 from ._bounded import await_abandonable, run_in_worker
 from ._errors import TaskError, ValidationError
-from ._model import Registry, TaskSpec, evaluate
+from ._model import Catalog, TaskSpec, deprecated_registry, evaluate, renamed_catalog
 from ._region import RegionState, region_group
 from ._rowset import RowSet
 from ._trace import Trace
 from ._validate import SUPPORTED_CAPABILITIES, Checked, check_params, task_known, validate
 
-__all__ = ["Engine", "Result", "TaskContext"]
+__all__ = ["Engine", "RunOutput", "TaskContext"]
 
 _BARRIERS = ("filter", "sort", "take", "dedupe", "timeout_wrapper")
 
@@ -60,8 +60,9 @@ class TaskContext:
 
 
 @dataclass(frozen=True)
-class Result:
-    """A finished run: ``rows`` (active rows, in order) and its ``trace``."""
+class RunOutput:
+    """A finished run: ``rows`` (active rows, in order) and its ``trace``. (It was called
+    ``Result``, a name :data:`timebound.policies.Result` also has.)"""
 
     rows: pa.Table
     trace: Trace
@@ -95,7 +96,7 @@ class _Compiled:
 
 
 class Engine:
-    """Runs artifacts against ``registry``'s tasks. ``env`` is ``"prod"`` or ``"dev"`` (D5.6);
+    """Runs artifacts against ``catalog``'s tasks. ``env`` is ``"prod"`` or ``"dev"`` (D5.6);
     ``capabilities`` restricts what the engine enables (default: everything it supports).
 
     Validated plans are cached on the engine, keyed by plan digest and capabilities digest
@@ -104,14 +105,16 @@ class Engine:
 
     def __init__(
         self,
-        registry: Registry,
+        catalog: Catalog | None = None,
         *,
         env: Literal["prod", "dev"] = "prod",
         capabilities: Collection[str] | None = None,
         plan_cache_size: int = 128,
+        registry: Catalog | None = None,
     ) -> None:
-        if not isinstance(registry, Registry):
-            raise ConfigurationError(f"registry must be a pl.Registry, got {registry!r}")
+        catalog = renamed_catalog(catalog, registry, "Engine")
+        if not isinstance(catalog, Catalog):
+            raise ConfigurationError(f"catalog must be a pl.Catalog, got {catalog!r}")
         if env not in ("prod", "dev"):
             raise ConfigurationError(f"env must be 'prod' or 'dev', got {env!r}", option="env")
         if isinstance(capabilities, str):
@@ -123,7 +126,7 @@ class Engine:
             raise ConfigurationError("plan_cache_size must be an integer", option="plan_cache_size")
         if plan_cache_size < 1:
             raise ConfigurationError("plan_cache_size must be >= 1", option="plan_cache_size")
-        self.registry = registry
+        self.catalog = catalog
         self.env = env
         self._cache_size = plan_cache_size
         self.capabilities = frozenset(
@@ -135,6 +138,11 @@ class Engine:
         self._cache: dict[tuple[str, str], _Compiled] = {}
         #: Tasks this engine's runs stopped waiting for while they still ran (D5.7, D5.8).
         self.abandoned = 0
+
+    @property
+    def registry(self) -> Catalog:
+        """Deprecated: :attr:`catalog`."""
+        return deprecated_registry(self.catalog, "Engine")
 
     def _abandoned(self, name: str) -> None:
         self.abandoned += 1
@@ -151,7 +159,7 @@ class Engine:
         key = (artifact.digest, self.capabilities_digest)
         compiled = self._cache.pop(key, None)
         if compiled is None:
-            checked = validate(artifact, self.registry, capabilities=self.capabilities)
+            checked = validate(artifact, self.catalog, capabilities=self.capabilities)
             compiled = self._build(artifact, checked, False)
             if len(self._cache) >= self._cache_size:
                 del self._cache[next(iter(self._cache))]  # the least recently used
@@ -178,7 +186,7 @@ class Engine:
         *,
         request_params: Mapping[str, Any] | None = None,
         source_params: Mapping[str, Any] | None = None,
-    ) -> Result:
+    ) -> RunOutput:
         """Run the plan on ``rows``; every enclosing timebound deadline bounds the run."""
         compiled = self._compiled(artifact, bounded=not current_deadline().is_never)
         rowset = self._rowset(rows, compiled.checked)
@@ -196,8 +204,8 @@ class Engine:
             finally:
                 export(trace)
         present = set(rowset.keys())
-        keys = [k for k in self.registry.keys if k in present]
-        return Result(rowset.table(keys), trace)
+        keys = [k for k in self.catalog.keys if k in present]
+        return RunOutput(rowset.table(keys), trace)
 
     def run_sync(
         self,
@@ -206,7 +214,7 @@ class Engine:
         *,
         request_params: Mapping[str, Any] | None = None,
         source_params: Mapping[str, Any] | None = None,
-    ) -> Result:
+    ) -> RunOutput:
         """:meth:`run` from synchronous code (not from inside an event loop)."""
         try:
             asyncio.get_running_loop()
@@ -223,7 +231,7 @@ class Engine:
             raise TypeError(f"rows must be a pyarrow Table, got {type(rows).__name__}")
         columns: dict[str, pa.Array] = {}
         for name in rows.column_names:
-            kdef = self.registry.keys.get(name)
+            kdef = self.catalog.keys.get(name)
             if kdef is None:
                 raise ValidationError("reference", f"input column {name!r} is not a registered key")
             if name in columns:
@@ -263,10 +271,10 @@ class Engine:
                 continue
             if not isinstance(given, Mapping):
                 raise ConfigurationError(f"{origin}_params must be a mapping")
-            check_params(self.registry, given, origin)
+            check_params(self.catalog, given, origin)
             layers.append((origin, given))
         out: dict[str, tuple[Any, str]] = {}
-        for pid, pdef in self.registry.params.items():
+        for pid, pdef in self.catalog.params.items():
             for origin, values in layers:
                 if pid in values:
                     out[pid] = (values[pid], origin)
@@ -298,7 +306,7 @@ class _Builder:
         self.engine = engine
         # Whether a deadline bounds every node built here (the run's, or an enclosing region's).
         self.bounded = bounded
-        self.registry = engine.registry
+        self.registry = engine.catalog
         self.artifact = artifact
         self.plan_params = artifact.plan["params"]
         self.nodes: list[Node[_Run]] = []
@@ -457,7 +465,7 @@ class _Builder:
 
 
 def _task_action(
-    registry: Registry,
+    registry: Catalog,
     task: TaskSpec,
     args: Mapping[str, Any],
     key: str,
@@ -536,7 +544,7 @@ def _refuse_awaitable(task: TaskSpec, out: Any) -> None:
 
 
 def _apply(
-    registry: Registry,
+    registry: Catalog,
     task: TaskSpec,
     rs: RowSet,
     out: Any,
