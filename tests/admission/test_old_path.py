@@ -23,6 +23,14 @@ def test_from_import_warns() -> None:
     assert Admission is admission.Admission
 
 
+def test_outcome_is_now_verdict() -> None:
+    """The old ``Outcome`` (a name deferred had too) is ``timebound.admission.Verdict``."""
+    with pytest.warns(DeprecationWarning, match=r"Outcome is now timebound\.admission\.Verdict"):
+        value = old.Outcome
+    assert value is admission.Verdict
+    assert not hasattr(admission, "Outcome")
+
+
 def test_an_unknown_name_is_an_attribute_error() -> None:
     """A name the module never had is an AttributeError naming it, with no warning."""
     with pytest.raises(AttributeError, match="'Nope'"):

@@ -12,9 +12,9 @@ from ._controller import (
     AIMDLimit,
     FixedLimit,
     Limit,
-    Outcome,
     RouteEstimates,
     Ticket,
+    Verdict,
 )
 
 __all__ = [
@@ -24,7 +24,7 @@ __all__ = [
     "AdmissionStats",
     "FixedLimit",
     "Limit",
-    "Outcome",
+    "Verdict",
     "RouteEstimates",
     "Ticket",
 ]

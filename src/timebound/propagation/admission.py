@@ -12,12 +12,28 @@ from typing import TYPE_CHECKING
 from .. import admission as _admission
 
 if TYPE_CHECKING:  # the old names keep their types for a type checker
-    pass
+    from ..admission import Admission as Admission
+    from ..admission import AdmissionConfig as AdmissionConfig
+    from ..admission import AdmissionStats as AdmissionStats
+    from ..admission import AIMDLimit as AIMDLimit
+    from ..admission import FixedLimit as FixedLimit
+    from ..admission import Limit as Limit
+    from ..admission import RouteEstimates as RouteEstimates
+    from ..admission import Ticket as Ticket
+    from ..admission import Verdict as Outcome
+    from ..admission import Verdict as Verdict
 
-__all__ = list(_admission.__all__)
+__all__ = [*_admission.__all__, "Outcome"]
 
 
 def __getattr__(name: str) -> object:
+    if name == "Outcome":
+        warnings.warn(
+            "timebound.propagation.admission.Outcome is now timebound.admission.Verdict",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return _admission.Verdict
     if name in _admission.__all__:
         warnings.warn(
             f"timebound.propagation.admission.{name} moved to timebound.admission.{name}",

@@ -19,7 +19,7 @@ import grpc
 import grpc.aio
 
 from ..._core import _clock
-from ...admission._controller import Admission, Outcome, Ticket
+from ...admission._controller import Admission, Ticket, Verdict
 from ...admission._waiting import criticality, enter_async, enter_blocking
 from ._interceptors import EXPIRED_DETAILS, _method_name, _received_deadline, _rewrap
 
@@ -69,9 +69,9 @@ class _SyncAdmission(_Base, grpc.ServerInterceptor):  # type: ignore[misc]
     def _enter(self, details: Any, context: Any) -> Ticket:
         ticket = self._ticket(details, context)
         outcome = enter_blocking(self.admission, ticket)
-        if outcome is Outcome.HOPELESS:
+        if outcome is Verdict.HOPELESS:
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, EXPIRED_DETAILS)
-        elif outcome is not Outcome.ADMIT:
+        elif outcome is not Verdict.ADMIT:
             context.set_trailing_metadata(self._pushback)
             context.abort(grpc.StatusCode.UNAVAILABLE, OVERLOADED_DETAILS)
         return ticket
@@ -121,9 +121,9 @@ class _AioAdmission(_Base, grpc.aio.ServerInterceptor):  # type: ignore[misc]
     async def _enter(self, details: Any, context: Any) -> Ticket:
         ticket = self._ticket(details, context)
         outcome = await enter_async(self.admission, ticket)
-        if outcome is Outcome.HOPELESS:
+        if outcome is Verdict.HOPELESS:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, EXPIRED_DETAILS)
-        elif outcome is not Outcome.ADMIT:
+        elif outcome is not Verdict.ADMIT:
             context.set_trailing_metadata(self._pushback)
             await context.abort(grpc.StatusCode.UNAVAILABLE, OVERLOADED_DETAILS)
         return ticket

@@ -35,7 +35,7 @@ from typing import Any
 from ..._core._errors import DeadlineExceeded
 from ..._core._request import RequestState, _request
 from ..._core._scopes import inherit_deadline, move_on_at
-from ...admission._controller import Admission, Outcome, Ticket
+from ...admission._controller import Admission, Ticket, Verdict
 from ...admission._waiting import (
     OVERLOADED_BODY,
     OVERLOADED_STATUS,
@@ -376,11 +376,11 @@ class AdmissionMiddleware(DeadlineMiddleware):
             route, None if arrival is None else arrival.deadline.when, critical=critical
         )
         outcome = await enter_async(self.admission, ticket)
-        if outcome is Outcome.HOPELESS and arrival is not None:
+        if outcome is Verdict.HOPELESS and arrival is not None:
             self._expired_answer(scope, arrival.state, None)
             await self._send_expired(send)
             return
-        if outcome is not Outcome.ADMIT:
+        if outcome is not Verdict.ADMIT:
             await send(dict(self._overloaded_start))
             await send({"type": "http.response.body", "body": OVERLOADED_BODY, "more_body": False})
             return

@@ -32,7 +32,7 @@ from typing import Any
 from ..._core._errors import DeadlineExceeded
 from ..._core._request import RequestState, _request, current_request
 from ..._core._scopes import inherit_deadline
-from ...admission._controller import Admission, Outcome, Ticket
+from ...admission._controller import Admission, Ticket, Verdict
 from ...admission._waiting import OVERLOADED_BODY, criticality, enter_blocking, route_key
 from ...telemetry import correlation
 from ...telemetry._tracing import active as tracing_active
@@ -431,10 +431,10 @@ class AdmissionMiddleware(DeadlineMiddleware):
             route, None if arrival is None else arrival.deadline.when, critical=critical
         )
         outcome = enter_blocking(self.admission, ticket)
-        if outcome is Outcome.HOPELESS and arrival is not None:
+        if outcome is Verdict.HOPELESS and arrival is not None:
             self._expired_answer(environ, arrival.state, None)
             return self._expired(start_response)
-        if outcome is not Outcome.ADMIT:
+        if outcome is not Verdict.ADMIT:
             start_response("503 Service Unavailable", list(self._overloaded_headers))
             return [OVERLOADED_BODY]
 
