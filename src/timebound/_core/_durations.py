@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from ._errors import ConfigurationError
 
-__all__ = ["Duration", "format_duration", "parse_duration", "to_seconds"]
+__all__ = ["Duration", "format_duration", "parse_duration", "to_ms", "to_seconds"]
 
 #: What the Python API accepts wherever it takes a duration.
 Duration = float | int | timedelta | str
@@ -105,6 +105,20 @@ def to_seconds(
         bound = ">= 0" if allow_zero else "> 0"
         raise ConfigurationError(f"{option} must be {bound}, got {value!r}", option=option)
     return seconds
+
+
+def to_ms(value: Duration, *, option: str = "duration", allow_zero: bool = True) -> int:
+    """A finite duration as whole milliseconds for a stored or sent field (D1.2), rounded **up**:
+    a bound written from it is never shorter than asked (D1.3). Validated as :func:`to_seconds`
+    does; ``math.inf`` (no bound) is refused, there is no integer for it."""
+    seconds = to_seconds(value, option=option, allow_zero=allow_zero)
+    if math.isinf(seconds):
+        raise ConfigurationError(f"{option} must be a finite duration", option=option)
+    # round() first: 0.3 s is 300.00000000000006 ms in floating point, not 301.
+    ms = math.ceil(round(seconds * 1000, 6))
+    if ms == 0 and seconds > 0:
+        ms = 1
+    return ms
 
 
 def format_duration(seconds: float) -> str:
