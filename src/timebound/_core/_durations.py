@@ -122,12 +122,31 @@ def to_ms(value: Duration, *, option: str = "duration", allow_zero: bool = True)
 
 
 def format_duration(seconds: float) -> str:
-    """Render seconds the way people read them: ``250ms``, ``5s``, ``1.5s``, ``2min``."""
+    """Render a duration the one way timebound shows it (D1.14): in errors, events, the CLI and
+    the host's pages alike.
+
+    Under a second in milliseconds (``250ms``, ``0.5ms``), under a minute in seconds to the
+    millisecond (``1.5s``, ``59.999s``), from a minute on in whole units, largest first
+    (``2min``, ``3min 4s``, ``1h 30min``, ``1d 1h``); ``math.inf`` is ``never``. A whole
+    value reads as a duration literal of the language (``120`` is ``2min``, which parses back).
+    """
+    if math.isnan(seconds):
+        return "NaN"
     if math.isinf(seconds):
-        return "never"
-    ms = seconds * 1000
+        return "never" if seconds > 0 else "-never"
+    if seconds < 0:
+        return "-" + format_duration(-seconds)
+    ms = round(seconds * 1000, 3)
     if ms < 1000:
-        return f"{ms:.0f}ms" if abs(ms - round(ms)) < 1e-6 else f"{ms:.3g}ms"
-    if seconds < 60 or not float(seconds / 60).is_integer():
-        return f"{seconds:g}s"
-    return f"{seconds / 60:g}min"
+        return f"{ms:g}ms"
+    whole_ms = round(seconds * 1000)
+    if whole_ms < 60_000:
+        return f"{whole_ms / 1000:g}s"
+    parts = []
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000)):
+        count, whole_ms = divmod(whole_ms, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    if whole_ms:
+        parts.append(f"{whole_ms / 1000:g}s")
+    return " ".join(parts)
