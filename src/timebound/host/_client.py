@@ -224,7 +224,7 @@ class Client:
         operator: str | None = None,
     ) -> dict[str, Any]:
         """Move the run's deadline (or ``node``'s live tokens') later by ``by`` (seconds, a
-        timedelta or ``"5min"``), within the host's ``max_extension_s``; refusals are
+        timedelta or ``"5min"``), within the host's ``max_extension``; refusals are
         :class:`HostConflict`\\ s with codes such as ``over-cap`` or ``run-ended`` (D6.27)."""
         call = calls.extend_run(run_id, by, reason, node, operator)
         return cast(dict[str, Any], self._send(call))
