@@ -20,8 +20,7 @@ from typing import Any
 
 import httpx
 
-from .. import ConfigurationError, DeadlineExceeded, InvalidInput, fail_after
-from .._core._durations import format_duration
+from .. import ConfigurationError, DeadlineExceeded, InvalidInput, fail_after, format_duration
 from ..host import Client, HostError
 
 __all__ = ["common_options", "register", "remote"]
