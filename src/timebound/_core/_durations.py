@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from ._errors import ConfigurationError
 
-__all__ = ["Duration", "format_duration", "parse_duration", "to_ms", "to_seconds"]
+__all__ = ["Duration", "ceil_ms", "format_duration", "parse_duration", "to_ms", "to_seconds"]
 
 #: What the Python API accepts wherever it takes a duration.
 Duration = float | int | timedelta | str
@@ -107,6 +107,13 @@ def to_seconds(
     return seconds
 
 
+def ceil_ms(seconds: float) -> int:
+    """``seconds`` in whole milliseconds, rounded **up**: the one rounding of a span written to a
+    row or sent on the wire (D1.13, D4.3), so the reader never sees less time than we have.
+    ``round(…, 6)`` first absorbs float noise such as ``0.3 * 1000 == 300.00000000000006``."""
+    return math.ceil(round(seconds * 1000, 6))
+
+
 def to_ms(value: Duration, *, option: str = "duration", allow_zero: bool = True) -> int:
     """A finite duration as whole milliseconds for a stored or sent field (D1.2), rounded **up**:
     a bound written from it is never shorter than asked (D1.3). Validated as :func:`to_seconds`
@@ -114,8 +121,7 @@ def to_ms(value: Duration, *, option: str = "duration", allow_zero: bool = True)
     seconds = to_seconds(value, option=option, allow_zero=allow_zero)
     if math.isinf(seconds):
         raise ConfigurationError(f"{option} must be a finite duration", option=option)
-    # round() first: 0.3 s is 300.00000000000006 ms in floating point, not 301.
-    ms = math.ceil(round(seconds * 1000, 6))
+    ms = ceil_ms(seconds)
     if ms == 0 and seconds > 0:
         ms = 1
     return ms
