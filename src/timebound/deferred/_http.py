@@ -250,7 +250,7 @@ def status_app(registry: Registry, service: Service | None = None) -> Any:
                 kind,
                 payload,
                 idempotency_key=headers.get("idempotency-key"),
-                wait_s=None if wait is None else int(wait.group(1)),
+                wait=None if wait is None else int(wait.group(1)),
             )
         except UnknownKind:
             await _send_json(send, 404, _problem(404, "Not Found", "no such operation kind"))
