@@ -33,12 +33,12 @@ def test_run_page_timeline_marks_the_timeout_and_the_bound(host: Server, page: A
     host.wait_run(run_id)
     page.goto(f"{host.url}/ui/runs/{run_id}")
     assert page.inner_text("#bound-fired") == (
-        "execution bound on node a (200 ms set by the node, policy fail)"
+        "node bound on node a (200 ms set by the node, policy fail)"
     )
     bar = page.locator(".timeline .bar.timed_out")
     what, took = bar.inner_text().splitlines()
     # Its duration is beside it: at least the 200 ms bound (never early), then the bound's layer.
-    assert what == "attempt 1: timed_out" and took.endswith(" ms · execution bound")
+    assert what == "attempt 1: timed_out" and took.endswith(" ms · node bound")
     assert int(took.split()[0]) >= 200
     box = bar.bounding_box()
     assert box["width"] > 100 and box["height"] > 10

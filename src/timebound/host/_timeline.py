@@ -22,7 +22,7 @@ _TIMEOUT_FIELDS = (
 
 
 def timeouts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every timeout of the run, with its layer (workflow, execution, synchronization...)."""
+    """Every timeout of the run, with its layer (workflow, node, synchronization)."""
     return [
         {"kind": e["kind"], "at_epoch_ms": e["at_epoch_ms"]}
         | {k: e[k] for k in _TIMEOUT_FIELDS if k in e}

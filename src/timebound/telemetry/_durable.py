@@ -18,8 +18,8 @@ from ._events import Event, emit_event
 
 __all__ = ["deferred_event", "emit_committed", "workflow_event"]
 
-# A stored event's timeout_type, as the bound's source (D2.1); the stored rows still say
-# ``execution`` for the node layer.
+# A stored event's timeout_type, as the bound's source (D2.1): the same name (D2.7); an event
+# written before migration 8 renamed the node layer may still say ``execution``.
 _SOURCES = {
     "workflow": "workflow",
     "execution": "node",

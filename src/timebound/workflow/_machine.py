@@ -683,7 +683,7 @@ class Machine:
             cause = cause or f"a called service spent the {duration}ms budget sent with it"
         if policy == "retry" and tok["retry_count"] < node.max_retries:
             await self._timed_out_event(
-                tx, tok, "execution", duration, "retry", deadline_at, now, set_by=set_by
+                tx, tok, "node", duration, "retry", deadline_at, now, set_by=set_by
             )
             self._cancel_attempt(tok["id"])
             await self.children.cancel_children(tx, tok["id"], now)
@@ -708,9 +708,9 @@ class Machine:
                 retry_count=tok["retry_count"] + 1,
             )
             return
-        await self._set_token(tx, tok, "timed_out", now, reason="execution_timeout")
+        await self._set_token(tx, tok, "timed_out", now, reason="node_timeout")
         await self._timed_out_event(
-            tx, tok, "execution", duration, "fail", deadline_at, now, set_by=set_by
+            tx, tok, "node", duration, "fail", deadline_at, now, set_by=set_by
         )
         error = f"timed out: {cause}" if cause else f"timed out after {duration}ms"
         await self._token_ended_badly(
