@@ -33,7 +33,7 @@ def test_run_page_timeline_marks_the_timeout_and_the_bound(host: Server, page: A
     host.wait_run(run_id)
     page.goto(f"{host.url}/ui/runs/{run_id}")
     assert page.inner_text("#bound-fired") == (
-        "node bound on node a (200 ms set by the node, policy fail)"
+        "node bound on node a (200 ms set by the node a, policy fail)"
     )
     bar = page.locator(".timeline .bar.timed_out")
     what, took = bar.inner_text().splitlines()
@@ -67,7 +67,8 @@ def test_fan_out_timeline_shows_branches_and_the_join_bound(
     assert labels == ["start", "probe[0]", "probe[1]", "probe[2]", "report"]
     assert page.locator(".timeline .marker.join_timed_out").count() == 1
     assert page.inner_text("#bound-fired") == (
-        "synchronization bound at join join (400 ms, policy proceed_with_available)"
+        "synchronization bound at join join "
+        "(400 ms set by the join join, policy proceed_with_available)"
     )
     # The slow branch's attempt was cut by the join's bound (then its token cancelled): drawn
     # in the timed-out colour, with the bound that cut it beside it.

@@ -39,6 +39,8 @@ async def _age(store_url: str, run_id: str) -> None:
             await tx.append_event(
                 run_id, "note", 1, text='"timeout_type": "execution"', reason="execution_timeout"
             )
+            # What else the migration adds, so it runs again as on a store it never saw.
+            await tx.execute("ALTER TABLE tb_deferred_ops DROP COLUMN expires_set_by")
             await tx.execute("DELETE FROM tb_schema WHERE version >= ?", RENAME)
     finally:
         await store.close()

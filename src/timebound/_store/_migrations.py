@@ -294,6 +294,10 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             '\'"reason": "execution_timeout"\', \'"reason": "node_timeout"\') '
             "WHERE status = 'timed_out' "
             'AND state_data LIKE \'%"reason": "execution_timeout"%\'',
+            # Where a deferred operation's lifetime was set (D2.8): the connector's expires_at,
+            # the action's max TTL, the caller's deadline or the host policy's max_ttl_s, so an
+            # expiry reports it. NULL for operations registered before.
+            "ALTER TABLE tb_deferred_ops ADD COLUMN expires_set_by TEXT",
         ),
     ),
 )

@@ -111,15 +111,36 @@ class HostPolicy:
         read back through the clocks may round up by a millisecond). A caller
         deadline already spent raises ``DeadlineExceeded(source="deferred")``.
         """
-        present: list[float] = []
-        for name, value in (("fail_after_s", fail_after_s), ("action_max_ttl_s", action_max_ttl_s)):
+        return self.lifetime_bound(
+            now_epoch_ms,
+            fail_after_s=fail_after_s,
+            action_max_ttl_s=action_max_ttl_s,
+            caller_deadline=caller_deadline,
+        )[0]
+
+    def lifetime_bound(
+        self,
+        now_epoch_ms: int,
+        *,
+        fail_after_s: float | None = None,
+        action_max_ttl_s: float | None = None,
+        caller_deadline: Deadline | datetime | int | None = None,
+    ) -> tuple[float, str]:
+        """:meth:`lifetime_s` and where it was set (D2.8): ``connector`` (its ``expires_at``),
+        ``action`` (its max TTL), ``caller`` (its deadline) or ``host policy`` (``max_ttl_s``);
+        at a tie the larger scope (host policy, caller, action, connector), as D6.4."""
+        present: list[tuple[float, int, str]] = []
+        for rank, name, value in (
+            (3, "fail_after_s", fail_after_s),
+            (2, "action_max_ttl_s", action_max_ttl_s),
+        ):
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
                 raise ConfigurationError(
                     f"HostPolicy.expires_at({name}=...) takes seconds, not {value!r}"
                 )
-            present.append(float(value))
+            present.append((float(value), rank, "connector" if rank == 3 else "action"))
         if caller_deadline is not None:
             until_ms = _caller_epoch_ms(caller_deadline)
             if until_ms is not None:
@@ -131,10 +152,13 @@ class HostPolicy:
                         deadline=caller_deadline
                         if isinstance(caller_deadline, Deadline)
                         else Deadline.from_epoch_ms(until_ms),
+                        set_by="caller",
                     )
-                present.append(left)
-        requested = min(present) if present else float(self.max_ttl_s)
-        return max(0.0, min(requested, float(self.max_ttl_s)))
+                present.append((left, 1, "caller"))
+        if not present or min(present)[0] >= self.max_ttl_s:
+            return float(self.max_ttl_s), "host policy"
+        requested, _, set_by = min(present)
+        return max(0.0, requested), set_by
 
     def expires_at(
         self,

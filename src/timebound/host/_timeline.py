@@ -15,6 +15,7 @@ _TIMEOUT_FIELDS = (
     "timeout_type",
     "timeout_duration_ms",
     "bound_set_by",
+    "bound_set_by_id",
     "policy_applied",
     "deadline_at",
     "detection_lag_ms",

@@ -344,6 +344,7 @@ class Machine:
                 run["timeout_at"],
                 now,
                 set_by=bound["set_by"],
+                set_by_id=run["definition_id"] if bound["set_by"] == "definition" else None,
             )
         status = "failed" if policy == "fail" else "timed_out"
         await self._finish_run(tx, run, status, now, WORKFLOW_TIMEOUT_ERROR, WORKFLOW_TIMEOUT)
@@ -524,10 +525,12 @@ class Machine:
         now: int,
         *,
         set_by: str | None = None,
+        set_by_id: str | None = None,
     ) -> None:
         """Record the bound that fired: its layer, length, policy, deadline and (D6.17) where
         it was set: ``definition``, ``caller``, ``parent``, ``node``, ``action``, ``join`` or
-        ``propagated``."""
+        ``propagated``, with the id of that definition, node, action or join transition
+        (``bound_set_by_id``, D2.8)."""
         lag = None if deadline_at is None else now - deadline_at
         await tx.append_event(
             tok["run_id"],
@@ -539,6 +542,7 @@ class Machine:
             timeout_type=timeout_type,
             timeout_duration_ms=duration_ms,
             bound_set_by=set_by,
+            bound_set_by_id=set_by_id,
             policy_applied=policy,
             deadline_at=deadline_at,
             detection_lag_ms=lag,
@@ -659,12 +663,13 @@ class Machine:
         duration: int | None = None,
         cause: str | None = None,
         set_by: str | None = None,
+        set_by_id: str | None = None,
     ) -> None:
         """The node's deadline was reached: its ``on_timeout`` policy (D6.1).
 
-        ``duration``, ``cause`` and ``set_by`` describe a bound enforced elsewhere (a child
-        run's timeout, a deadline a called service reported spent); by default the bound is
-        the node's ``timeout_ms``, else its action's (D6.17).
+        ``duration``, ``cause`` and ``set_by`` (with ``set_by_id``) describe a bound enforced
+        elsewhere (a child run's timeout, a deadline a called service reported spent); by
+        default the bound is the node's ``timeout_ms``, else its action's (D6.17).
         """
         definition = await self.definition(tx, run)
         node = definition.nodes[tok["node_id"]]
@@ -672,6 +677,8 @@ class Machine:
             duration = definition.node_timeout_ms(node)
         if set_by is None:
             set_by = "node" if node.timeout_set else "action"
+        if set_by_id is None:
+            set_by_id = {"node": node.id, "action": node.action_id}.get(set_by)
         deadline_at = tok["timeout_at"]
         policy = definition.node_on_timeout(node)
         if tok["status"] in ("pending", "dispatched"):
@@ -683,7 +690,15 @@ class Machine:
             cause = cause or f"a called service spent the {duration}ms budget sent with it"
         if policy == "retry" and tok["retry_count"] < node.max_retries:
             await self._timed_out_event(
-                tx, tok, "node", duration, "retry", deadline_at, now, set_by=set_by
+                tx,
+                tok,
+                "node",
+                duration,
+                "retry",
+                deadline_at,
+                now,
+                set_by=set_by,
+                set_by_id=set_by_id,
             )
             self._cancel_attempt(tok["id"])
             await self.children.cancel_children(tx, tok["id"], now)
@@ -710,7 +725,7 @@ class Machine:
             return
         await self._set_token(tx, tok, "timed_out", now, reason="node_timeout")
         await self._timed_out_event(
-            tx, tok, "node", duration, "fail", deadline_at, now, set_by=set_by
+            tx, tok, "node", duration, "fail", deadline_at, now, set_by=set_by, set_by_id=set_by_id
         )
         error = f"timed out: {cause}" if cause else f"timed out after {duration}ms"
         await self._token_ended_badly(
