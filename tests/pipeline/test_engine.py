@@ -184,6 +184,7 @@ def test_fail_plan_raises_plan_timeout_with_the_wrapper() -> None:
     err = info.value
     assert isinstance(err, tb.DeadlineExceeded)
     assert (err.node_id, err.op, err.source) == ("timeout_wrapper", "timeout_wrapper", "region")
+    assert err.set_by == "region timeout_wrapper"  # D2.8
     assert err.timeout_ms == pytest.approx(2.08)
     assert err.trace.wrappers["timeout_wrapper"]["chosen_branch"] == "fail_plan"
     assert clock.now() == pytest.approx(0.001 + 0.00208)
