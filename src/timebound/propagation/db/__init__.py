@@ -5,3 +5,6 @@
 its module. Users import them by their public names, :mod:`timebound.propagation.asyncpg`,
 :mod:`timebound.propagation.psycopg` and :mod:`timebound.propagation.redis`.
 """
+
+# A room, not an API: users import the public modules named above.
+__all__: list[str] = []

@@ -6,3 +6,6 @@ attempts from :mod:`timebound.propagation._client`. Users import them by their p
 :mod:`timebound.propagation.asgi`, :mod:`timebound.propagation.httpx` and so on; the wire format
 they share with gRPC is :mod:`timebound.propagation._codec`.
 """
+
+# A room, not an API: users import the public modules named above.
+__all__: list[str] = []
