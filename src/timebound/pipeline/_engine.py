@@ -99,8 +99,8 @@ class Engine:
     """Runs artifacts against ``catalog``'s tasks. ``env`` is ``"prod"`` or ``"dev"`` (D5.6);
     ``capabilities`` restricts what the engine enables (default: everything it supports).
 
-    Validated plans are cached on the engine, keyed by plan digest and capabilities digest
-    (RFC §5.9); the ``plan_cache_size`` most recently used are kept.
+    Validated plans are cached on the engine, keyed by plan digest and capabilities digest;
+    the ``plan_cache_size`` most recently used are kept.
     """
 
     def __init__(
@@ -325,8 +325,8 @@ class _Builder:
             reads, writes = self._effects(node)
             deps: list[str] = []
             if parent is not None:
-                # A wrapper branch runs its steps in order (RFC 0002 §5.3: sequential branch
-                # execution; region-local parallelism is the RFC's open question OQ3).
+                # A wrapper branch runs its steps in order, one after the other (RFC 0002
+                # leaves parallelism inside a region an open question: we do not take it).
                 deps = keys[-1:]
             else:
                 for j in range(len(keys) - 1, -1, -1):

@@ -28,7 +28,7 @@ __all__ = [
     "Unknown",
 ]
 
-# Where a resolved param value came from (RFC §5.8 override_origin).
+# Where a resolved param value came from (a wrapper record's ``override_origin``).
 ORIGINS = ("plan", "fragment", "request", "source", "default")
 Rowset = Literal["preserve", "mutate", "unknown"]
 

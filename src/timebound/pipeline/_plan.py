@@ -101,7 +101,7 @@ class Chain:
         return self._add("dedupe", {"key": key})
 
     def fill_defaults(self, keys: Iterable[str]) -> Chain:
-        """Overwrite ``keys``: null when nullable, else the registry default (RFC §5.7)."""
+        """Overwrite ``keys``: null when nullable, else the catalog's default."""
         if isinstance(keys, str):
             keys = [keys]
         return self._add("fill_defaults", {"keys": sorted(set(keys))})
