@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
+import warnings
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -21,6 +22,7 @@ import pyarrow as pa
 from .._core import _clock
 from .._core._deadline import Deadline
 from .._core._errors import ConfigurationError
+from .._core._renamed import renamed
 from .._core._scopes import checkpoint, current_deadline, fail_after
 from .._engine import DagPlan, Group, Node
 from ..telemetry._tracing import run_span
@@ -28,7 +30,7 @@ from . import _expr
 from ._artifact import Artifact
 from ._bounded import await_abandonable, run_in_worker
 from ._errors import TaskError, ValidationError
-from ._model import Catalog, TaskSpec, deprecated_registry, evaluate, renamed_catalog
+from ._model import REGISTRY_KEYWORD, Catalog, TaskSpec, deprecated_registry, evaluate
 from ._region import RegionState, region_group
 from ._rowset import RowSet
 from ._trace import Trace
@@ -42,7 +44,7 @@ _BARRIERS = ("filter", "sort", "take", "dedupe", "timeout_wrapper")
 class TaskContext:
     """What a task sees: ``params`` (its arguments and the resolved params), ``deadline`` (its
     effective deadline: the minimum of its own budget, its region's and every enclosing one),
-    ``nrows``, :meth:`time_remaining_ms` and :meth:`check`."""
+    ``nrows``, :meth:`remaining` and :meth:`check`."""
 
     __slots__ = ("deadline", "nrows", "params")
 
@@ -51,7 +53,19 @@ class TaskContext:
         self.deadline = deadline
         self.nrows = nrows
 
+    def remaining(self) -> float:
+        """Seconds left before the task's deadline (``math.inf`` without one), as
+        :meth:`Deadline.remaining <timebound.Deadline.remaining>` counts them."""
+        return self.deadline.remaining()
+
     def time_remaining_ms(self) -> float:
+        """Deprecated (D1.12): milliseconds left; use :meth:`remaining` (seconds)."""
+        warnings.warn(
+            "TaskContext.time_remaining_ms() is deprecated; use TaskContext.remaining() "
+            "(seconds, as Deadline.remaining())",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return self.deadline.remaining() * 1000.0
 
     def check(self) -> None:
@@ -103,16 +117,15 @@ class Engine:
     the ``plan_cache_size`` most recently used are kept.
     """
 
+    @renamed(registry=REGISTRY_KEYWORD)
     def __init__(
         self,
-        catalog: Catalog | None = None,
+        catalog: Catalog,
         *,
         env: Literal["prod", "dev"] = "prod",
         capabilities: Collection[str] | None = None,
         plan_cache_size: int = 128,
-        registry: Catalog | None = None,
     ) -> None:
-        catalog = renamed_catalog(catalog, registry, "Engine")
         if not isinstance(catalog, Catalog):
             raise ConfigurationError(f"catalog must be a pl.Catalog, got {catalog!r}")
         if env not in ("prod", "dev"):
