@@ -115,7 +115,7 @@ class Action:
     implementation: dict[str, Any]
     timeout_ms: int | None = None
     on_timeout: Literal["fail", "retry"] | None = None
-    #: ``sync-only`` | ``either`` | ``async-only`` (P055 §2, see ``_modes``).
+    #: ``sync-only`` | ``either`` | ``async-only`` (see ``_modes``).
     execution_mode_support: str = "sync-only"
     #: ``{preferred_retry_after_seconds, preferred_max_ttl_seconds}``: hints the host policy clamps.
     deferred_profile: dict[str, int] | None = None

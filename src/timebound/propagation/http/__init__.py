@@ -7,5 +7,4 @@ attempts from :mod:`timebound.propagation._client`. Users import them by their p
 they share with gRPC is :mod:`timebound.propagation._codec`.
 """
 
-# A room, not an API: users import the public modules named above.
-__all__: list[str] = []
+__all__: list[str] = []  # a room: its names are public through the modules beside it
