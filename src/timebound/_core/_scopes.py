@@ -922,11 +922,37 @@ class _ReservedScope(CancelScope):
         return self.__exit__(exc_type, exc, tb)
 
 
+def reserve_seconds(reserve: Duration | None, *, option: str = "reserve") -> float:
+    """A reserve as seconds, ``0.0`` for none; negative, NaN, infinite or bad input is a
+    :class:`ConfigurationError` naming ``option`` (D1.21)."""
+    if reserve is None:
+        return 0.0
+    seconds = to_seconds(reserve, option=option)
+    if seconds == _INF:
+        raise ConfigurationError(f"{option} must be finite, not {reserve!r}", option=option)
+    return seconds
+
+
+def enter_reserve(reserve: float, set_by: str) -> _Reserve | None:
+    """For adapters that take a ``reserve=`` (the server middleware, D1.19): make the current
+    effective deadline less ``reserve`` visible from here on, in this context; exit it with
+    :func:`exit_reserve`. ``None`` (nothing entered) for no reserve or no deadline. Raises the
+    refusal when no more than ``reserve`` is left (D1.21); its ``set_by`` is ``reserve of
+    <set_by>``."""
+    if reserve <= 0.0:
+        return None
+    return _push_reserve(reserve, set_by)
+
+
+def exit_reserve(frame: _Reserve | None) -> None:
+    """Leave what :func:`enter_reserve` entered."""
+    if frame is not None:
+        _pop_reserve(frame)
+
+
 def _with_reserve(s: CancelScope, reserve: Duration | None) -> CancelScope:
     """``s`` as a :class:`_ReservedScope` keeping ``reserve`` (validated here, D1.19)."""
-    seconds = to_seconds(reserve, option="reserve")  # type: ignore[arg-type]
-    if seconds == _INF:
-        raise ConfigurationError("reserve must be finite", option="reserve")
+    seconds = reserve_seconds(reserve)
     if seconds == 0.0:
         return s
     r: _ReservedScope = _new(_ReservedScope)

@@ -25,6 +25,10 @@ Rules, in the order a request meets them:
    whole body, so "by the end of handling" (userver's rule) is exactly when we check. A streaming
    response is committed at its first chunk: after that nothing can be replaced, and a deadline
    that passes mid-stream is only recorded (span tag ``dp_response_already_started``).
+5. ``reserve=`` (D1.19) keeps time for the answer: the app sees the request's deadline less the
+   reserve, so a downstream call ends early enough for the handler to answer its fallback, or,
+   when the handler lets that ``DeadlineExceeded`` escape, for the middleware to answer 498 before
+   the caller gives up. A request with no more than the reserve left is answered 498 at once.
 """
 
 from __future__ import annotations
@@ -32,9 +36,16 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from ..._core._durations import Duration
 from ..._core._errors import DeadlineExceeded
 from ..._core._request import RequestState, _request
-from ..._core._scopes import inherit_deadline, move_on_at
+from ..._core._scopes import (
+    enter_reserve,
+    exit_reserve,
+    inherit_deadline,
+    move_on_at,
+    reserve_seconds,
+)
 from ...admission._controller import Admission, Ticket, Verdict
 from ...admission._waiting import (
     OVERLOADED_BODY,
@@ -64,6 +75,7 @@ from ._server import (
     log_late_failure,
     now,
     record_started_late,
+    spent_reserve,
 )
 
 __all__ = ["AdmissionMiddleware", "DeadlineMiddleware"]
@@ -90,6 +102,8 @@ class DeadlineMiddleware:
     ``cancel_on_expiry``: cancel the handler at the deadline and answer 498 (off by default, as in
     userver). ``enabled=False`` is the static kill switch;
     :func:`timebound.propagation.set_enabled` is the runtime one.
+    ``reserve`` (a duration): the app sees the request's deadline less it, keeping time to answer
+    (D1.19); a handler failing with that reserve's ``DeadlineExceeded`` is answered 498.
     """
 
     def __init__(
@@ -105,8 +119,10 @@ class DeadlineMiddleware:
         clock_skew: float = DEFAULT_SKEW,
         cancel_on_expiry: bool = False,
         enabled: bool = True,
+        reserve: Duration | None = None,
     ) -> None:
         self.app = app
+        self.reserve = reserve_seconds(reserve)
         self._config = ServerConfig.build(
             expired_status=expired_status,
             timeout_header=timeout_header,
@@ -185,17 +201,29 @@ class DeadlineMiddleware:
                         # The inherited bound is the binding one, so a firing scope reports
                         # source="inherited" (DeadlineExceeded), handled just below.
                         with move_on_at(arrival.deadline):
-                            await self.app(scope, receive, response.send)
+                            await self._app(scope, receive, response.send)
                     else:
-                        await self.app(scope, receive, response.send)
+                        await self._app(scope, receive, response.send)
                 except Exception as exc:
-                    if response.started or not arrival.late():
+                    if response.started or not (arrival.late() or spent_reserve(exc, SET_BY)):
                         raise
                     log_late_failure(exc, self._config.expired_status)
                     response.replace_pending()
         finally:
             _request.reset(token)
         await response.finish()
+
+    async def _app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The app, under the reserve when there is one (entered inside the cancel scope of
+        ``cancel_on_expiry``, which keeps ending the handler at the request's own deadline)."""
+        if not self.reserve:
+            await self.app(scope, receive, send)
+            return
+        frame = enter_reserve(self.reserve, SET_BY)  # D1.21: refused here, answered 498
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            exit_reserve(frame)
 
 
 def _body_receiver(receive: Receive, arrival: Arrival) -> Receive:
