@@ -819,7 +819,7 @@ def _reserve_label(source: str, what: str | None, set_by: str | None = None) -> 
     return "scope" if origin is None else origin
 
 
-def _push_reserve(reserve: float, label: str) -> _Reserve | None:
+def _push_reserve(reserve: float, label: str, refuse: bool = True) -> _Reserve | None:
     """Push the visible frame of a reserve over the current one (D1.19).
 
     Returns ``None`` when there is no deadline to keep a reserve from. Raises the refusal (a
@@ -833,7 +833,7 @@ def _push_reserve(reserve: float, label: str) -> _Reserve | None:
     binder = parent.binder
     base_source = "scope" if binder is None else binder._source
     now = _clock.now()
-    if at <= now:
+    if at <= now and refuse:
         from ._durations import format_duration
 
         left = eff - now
@@ -933,15 +933,16 @@ def reserve_seconds(reserve: Duration | None, *, option: str = "reserve") -> flo
     return seconds
 
 
-def enter_reserve(reserve: float, set_by: str) -> _Reserve | None:
+def enter_reserve(reserve: float, set_by: str, *, refuse: bool = True) -> _Reserve | None:
     """For adapters that take a ``reserve=`` (the server middleware, D1.19): make the current
     effective deadline less ``reserve`` visible from here on, in this context; exit it with
     :func:`exit_reserve`. ``None`` (nothing entered) for no reserve or no deadline. Raises the
     refusal when no more than ``reserve`` is left (D1.21); its ``set_by`` is ``reserve of
-    <set_by>``."""
+    <set_by>``. With ``refuse=False`` (an adapter that refused already, a moment before) the
+    frame is entered even then, already spent: the work under it stops at once."""
     if reserve <= 0.0:
         return None
-    return _push_reserve(reserve, set_by)
+    return _push_reserve(reserve, set_by, refuse)
 
 
 def exit_reserve(frame: _Reserve | None) -> None:

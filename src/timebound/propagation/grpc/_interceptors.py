@@ -29,10 +29,16 @@ from typing import Any, Final, NamedTuple
 
 from ..._core._classify import bound_origin
 from ..._core._deadline import Deadline
-from ..._core._durations import ceil_ms
+from ..._core._durations import Duration, ceil_ms
 from ..._core._errors import DeadlineExceeded
 from ..._core._request import RequestState, _request
-from ..._core._scopes import _spawn_detached, inherit_deadline
+from ..._core._scopes import (
+    _spawn_detached,
+    enter_reserve,
+    exit_reserve,
+    inherit_deadline,
+    reserve_seconds,
+)
 from ...telemetry._events import counters, emit, enabled
 from .._absolute import DEFAULT_SKEW, check_clock_skew, time_left
 from .._client import Attempt, AttemptTimeoutBase, ClientOptions, absolute_wire_value, begin
@@ -230,12 +236,18 @@ def _propagated_from(
 # Server side ---------------------------------------------------------------------------------
 
 
+#: Where a call's inherited deadline (and the interceptor's reserve) was set (D2.8).
+SET_BY: Final = "gRPC interceptor"
+
+
 class _CallBound:
     """The inherited deadline and request state of one server call, entered in one Context."""
 
-    __slots__ = ("_bound", "budget", "state")
+    __slots__ = ("_bound", "_reserve", "_reserved", "budget", "state")
 
-    def __init__(self, received: float | None, budget: float | None) -> None:
+    def __init__(self, received: float | None, budget: float | None, reserve: float = 0.0) -> None:
+        self._reserve = reserve
+        self._reserved: Any = None
         if received is None or budget is None:
             self.state = RequestState()
             self._bound = None
@@ -245,17 +257,23 @@ class _CallBound:
         deadline = Deadline.after(budget)
         self.state = RequestState(deadline_received_ms=max(0, ceil_ms(received)), deadline=deadline)
         self._bound = inherit_deadline(
-            deadline, source="inherited", timeout=self.budget, set_by="gRPC interceptor"
+            deadline, source="inherited", timeout=self.budget, set_by=SET_BY
         )
 
     def enter(self) -> contextvars.Token[RequestState | None]:
         token = _request.set(self.state)
         if self._bound is not None:
             self._bound.__enter__()
+            # D1.19: the handler sees the call's deadline less the reserve. A call with no more
+            # than the reserve left was refused in _start; one that crossed that line since
+            # enters it spent, and its handler's first bounded wait ends at once.
+            self._reserved = enter_reserve(self._reserve, SET_BY, refuse=False)
         return token
 
     def exit(self, token: contextvars.Token[RequestState | None]) -> None:
         if self._bound is not None:
+            exit_reserve(self._reserved)
+            self._reserved = None
             self._bound.__exit__(None, None, None)
         _request.reset(token)
 
@@ -268,7 +286,9 @@ class _ServerBase:
         destination: Destination | None,
         absolute_metadata: str | None = ABSOLUTE_METADATA,
         clock_skew: float = DEFAULT_SKEW,
+        reserve: Duration | None = None,
     ) -> None:
+        self._reserve = reserve_seconds(reserve)
         self._enabled = enabled
         self._destination = destination or _default_destination
         self._absolute = absolute_metadata.lower() if absolute_metadata else None
@@ -293,7 +313,7 @@ class _ServerBase:
             if received is None:
                 received = budget
         dest = self._destination(method)
-        call = _CallBound(received, budget)
+        call = _CallBound(received, budget, self._reserve)
         if received is not None:
             counters.inc(SERVER_PROPAGATED, grpc_destination=dest)
             if enabled():
@@ -303,7 +323,8 @@ class _ServerBase:
                     grpc_destination=dest,
                     deadline_received_ms=call.state.deadline_received_ms,
                 )
-        expired = call.budget is not None and call.budget <= 0.0
+        # D1.21: no more than the reserve left is refused as a spent deadline is.
+        expired = call.budget is not None and call.budget <= self._reserve
         if expired:
             self._finished_cancelled(method)
         return call, expired
@@ -515,6 +536,7 @@ def server_interceptor(
     destination: Destination | None = None,
     absolute_metadata: str | None = ABSOLUTE_METADATA,
     clock_skew: float = DEFAULT_SKEW,
+    reserve: Duration | None = None,
 ) -> grpc.ServerInterceptor:
     """A ``grpc.ServerInterceptor`` that makes the client's deadline the handler's deadline.
 
@@ -526,12 +548,16 @@ def server_interceptor(
     it) and ``clock_skew`` (seconds, default 1): the absolute deadline in the call's metadata
     counts beside ``grpc-timeout`` when the two agree within the skew, as over HTTP (D4.12,
     D9.3); a call whose deadline has passed is refused without running the handler.
+    ``reserve`` (a duration): the handler sees the call's deadline less it, keeping time to
+    answer (D1.19); a call with no more than the reserve left is refused, and a handler that
+    lets the reserve's ``DeadlineExceeded`` escape is answered ``DEADLINE_EXCEEDED``.
     """
     return _SyncServerInterceptor(
         enabled=enabled,
         destination=destination,
         absolute_metadata=absolute_metadata,
         clock_skew=clock_skew,
+        reserve=reserve,
     )
 
 
@@ -541,6 +567,7 @@ def aio_server_interceptor(
     destination: Destination | None = None,
     absolute_metadata: str | None = ABSOLUTE_METADATA,
     clock_skew: float = DEFAULT_SKEW,
+    reserve: Duration | None = None,
 ) -> grpc.aio.ServerInterceptor:
     """The ``grpc.aio`` twin of :func:`server_interceptor`: the bound is set in the call's task.
 
@@ -552,6 +579,7 @@ def aio_server_interceptor(
         destination=destination,
         absolute_metadata=absolute_metadata,
         clock_skew=clock_skew,
+        reserve=reserve,
     )
 
 
