@@ -132,3 +132,22 @@ def test_an_invalid_policy_reserve_is_a_configuration_error() -> None:
         Policy("GetUser", reserve="-1s")
     assert info.value.option == "reserve"
     assert Policy("GetUser", reserve="50ms").reserve == pytest.approx(0.05)
+
+
+async def test_the_fallback_event_says_the_reserve_fired(virtual_clock: VirtualClock) -> None:
+    from timebound.telemetry import Event, add_listener
+
+    async def slow() -> str:
+        await asyncio.sleep(60)
+        return "fresh"
+
+    seen: list[Event] = []
+    remove = add_listener(seen.append)
+    try:
+        async with tb.fail_after(1):
+            await Policy("GetUser", timeout=5, fallback="cached", reserve="200ms").execute(slow)
+    finally:
+        remove()
+    [fallback] = [e for e in seen if e.name == "fallback"]
+    assert fallback.bound is not None
+    assert fallback.bound.set_by == "reserve of policy GetUser"

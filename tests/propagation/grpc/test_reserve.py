@@ -5,6 +5,7 @@ no more than the reserve left is refused without running the handler."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import grpc
@@ -94,3 +95,39 @@ def test_an_invalid_interceptor_reserve_is_a_configuration_error(make: Any) -> N
     with pytest.raises(tb.ConfigurationError) as info:
         make(reserve="-1s")
     assert info.value.option == "reserve"
+
+
+def test_sync_server_handler_answers_its_fallback_in_the_reserve() -> None:
+    from concurrent import futures
+
+    seen: list[str | None] = []
+
+    def handler(request: bytes, context: Any) -> bytes:
+        try:
+            with tb.fail_after(30):
+                while True:  # cooperative sync work, checking its deadline
+                    tb.checkpoint()
+                    time.sleep(0.01)
+        except tb.DeadlineExceeded as exc:
+            seen.append(exc.set_by)
+            return b"fallback"
+
+    server = grpc.server(
+        futures.ThreadPoolExecutor(2), interceptors=[server_interceptor(reserve="500ms")]
+    )
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "test.Svc", {"Call": grpc.unary_unary_rpc_method_handler(handler)}
+            ),
+        )
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            answer = ch.unary_unary("/test.Svc/Call")(b"", timeout=2.0)
+    finally:
+        server.stop(None)
+    assert answer == b"fallback"
+    assert seen == ["reserve of gRPC interceptor"]
