@@ -255,17 +255,27 @@ class Definition:
         assert sync is not None
         if sync.timeout_ms is not None:
             return sync.timeout_ms
-        # The branch: nodes reachable from the fan-out's target without crossing this join.
+        basis = self.sync_timeout_basis(join)
+        if basis is None:
+            return SYNC_TIMEOUT_CAP_MS
+        return min(math.floor(basis[0] * spawned * 1.5), SYNC_TIMEOUT_CAP_MS)
+
+    def sync_timeout_basis(self, join: Transition) -> tuple[int, str] | None:
+        """D6.2's ``maxActionTimeout``: the largest node timeout of the join's branch (the nodes
+        reachable from the fan-out's target without crossing this join) and the node that has
+        it; ``None`` when no node of the branch has one."""
+        sync = join.synchronization
+        assert sync is not None
         branch, todo = set(), [self.transitions[sync.sibling_group].target]
         while todo:
             node_id = todo.pop()
             if node_id not in branch:
                 branch.add(node_id)
                 todo += [t.target for t in self.outgoing(node_id) if t.id != join.id]
-        timeouts = [t for n in branch if (t := self.node_timeout_ms(self.nodes[n])) is not None]
-        if not timeouts:
-            return SYNC_TIMEOUT_CAP_MS
-        return min(math.floor(max(timeouts) * spawned * 1.5), SYNC_TIMEOUT_CAP_MS)
+        timeouts = [
+            (t, n) for n in sorted(branch) if (t := self.node_timeout_ms(self.nodes[n])) is not None
+        ]
+        return max(timeouts, key=lambda tn: tn[0]) if timeouts else None
 
 
 @cache
