@@ -18,7 +18,7 @@ prints the same report.
 from __future__ import annotations
 
 from ._api import check_constellation, check_pipeline, check_time, check_workflow
-from ._findings import CODES, Code, Finding, Location, Report, Severity
+from ._findings import CODES, Code, Finding, Location, Report, Severity, report_schema
 from ._input import KINDS, CheckInputError, Kind
 from ._policies import check_module, check_policy, policies_of
 
@@ -39,4 +39,5 @@ __all__ = [
     "check_time",
     "check_workflow",
     "policies_of",
+    "report_schema",
 ]

@@ -87,8 +87,15 @@ def _workflow_text(name: str, text: str) -> str:
     return text if "\n" in text else text + "\n"
 
 
+#: Suffixes that make a name a file, never a dotted module name.
+_FILE_SUFFIXES = frozenset({".cst", ".py", ".json", ".yaml", ".yml"})
+
+
 def _dotted(name: str) -> bool:
-    return all(part.isidentifier() for part in name.split(".")) and Path(name).suffix != ".py"
+    """Whether ``name`` reads as a dotted module name (``pkg.policies``), not a file."""
+    if Path(name).suffix.lower() in _FILE_SUFFIXES:
+        return False
+    return all(part.isidentifier() for part in name.split("."))
 
 
 def _check_object(target: Any, budget: float | None) -> Report:

@@ -177,7 +177,7 @@ def check_constellation(
                     numbers={"worst_case": worst},
                 )
             )
-        if chain and budget is not None and math.isfinite(worst) and worst > budget:
+        if len(chain) > 1 and budget is not None and math.isfinite(worst) and worst > budget:
             findings.append(
                 Finding(
                     "TB-T031",

@@ -10,14 +10,17 @@ policy and its option for a Python policy). A :class:`Report` is the findings of
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
 from typing import Any, Final, Literal
 
 from .._core._durations import format_duration
 
-__all__ = ["CODES", "Code", "Finding", "Location", "Report", "Severity", "shown"]
+__all__ = ["CODES", "Code", "Finding", "Location", "Report", "Severity", "report_schema", "shown"]
 
 Severity = Literal["error", "warning", "info"]
 _RANK: Final = {"error": 0, "warning": 1, "info": 2}
@@ -199,3 +202,12 @@ class Report:
             },
             "findings": [f.to_json() for f in self.findings],
         }
+
+
+@cache
+def report_schema() -> dict[str, Any]:
+    """The JSON Schema of :meth:`Report.to_json` and of ``timebound check --json``, as shipped
+    in the package (``timebound/analysis/report.schema.json``)."""
+    text = resources.files(__package__).joinpath("report.schema.json").read_text("utf-8")
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded

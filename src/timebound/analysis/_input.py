@@ -9,7 +9,6 @@ an ``initial_node``. A file is read with a cap (:data:`MAX_BYTES`) before anythi
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import sys
 import types
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Final, Literal
 
 from .._core._errors import InvalidInput
+from .._json import loads as loads_json
 
 __all__ = ["KINDS", "MAX_BYTES", "CheckInputError", "Kind", "detect", "import_policies", "read"]
 
@@ -75,10 +75,9 @@ def detect(path: str, text: str | None) -> Kind:
     if text is not None:
         head = text.lstrip()[:1]
         if head == "{":
-            try:
-                doc = json.loads(text)
-            except (ValueError, RecursionError):
-                doc = None  # the engine's own reader says what is wrong
+            # The strict reader every engine uses: a document too deep or not JSON is refused
+            # here with its own clear error (an InvalidInput), before any walk of it.
+            doc = loads_json(text, what=path)
             if isinstance(doc, dict):
                 schema = doc.get("schema")
                 if isinstance(schema, str) and schema.startswith("timebound.pipeline.plan"):

@@ -63,7 +63,7 @@ _COMMANDS: tuple[_Command, ...] = (
 
 # Options whose value may start with "-" (a negative duration is a mistake worth a clear error,
 # not argparse's "expected one argument").
-_VALUE_OPTIONS = ("--timeout",)
+_VALUE_OPTIONS = ("--timeout", "--budget")
 
 # 128 + SIGPIPE, what a shell reports for a program cut off by `| head`.
 _BROKEN_PIPE = 141

@@ -79,7 +79,8 @@ def _check(args: argparse.Namespace) -> int:
             return code
         if compiled["parsed"] is False:
             if args.json:
-                print(json.dumps({"kind": "constellation", "source": args.file, **compiled}))
+                doc = {"kind": "constellation", "source": args.file, "ok": False}
+                print(json.dumps({**doc, **_compiled_json(compiled)}, indent=2))
             return code
     try:
         report = check_time(args.file, kind=kind, budget=budget)
@@ -93,12 +94,12 @@ def _check(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     except RecursionError:
         return _fail(f"{args.file}: nested too deeply to check")
-    failed = not report.ok or (compiled is not None and compiled["errors"] > 0)
+    failed = not report.ok or (compiled is not None and compiled["compile_errors"] > 0)
     if args.json:
         doc = report.to_json()
         if compiled is not None:
-            doc["ok"] = doc["ok"] and compiled["errors"] == 0
-            doc.update(compiled)
+            doc["ok"] = not failed
+            doc.update(_compiled_json(compiled))
         print(json.dumps(doc, ensure_ascii=False, indent=2))
         return 1 if failed else 0
     for finding in report.findings:
@@ -108,6 +109,14 @@ def _check(args: argparse.Namespace) -> int:
     else:
         print(f"{args.file}: {'ok' if report.ok else 'failed'} ({_counts(report)})")
     return 1 if failed else 0
+
+
+def _compiled_json(compiled: dict[str, Any]) -> dict[str, Any]:
+    """A program's compile result in the JSON report: its diagnostics and their error count."""
+    return {
+        "compile_errors": compiled["compile_errors"],
+        "diagnostics": compiled["diagnostics"],
+    }
 
 
 def _counts(report: Report) -> str:

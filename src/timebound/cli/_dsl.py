@@ -180,7 +180,7 @@ def check_program(args: argparse.Namespace, *, quiet: bool) -> tuple[int, dict[s
 
     Prints its diagnostics unless ``quiet``; returns the exit code so far (2: unusable input,
     then ``None``) and what the report adds: ``parsed`` (whether the time check can go on),
-    ``errors``, ``diagnostics`` and the ``summary`` line.
+    ``compile_errors``, ``diagnostics`` and the ``summary`` line.
     """
     out = open(os.devnull, "w") if quiet else sys.stdout  # noqa: SIM115 - closed below
     try:
@@ -192,7 +192,7 @@ def check_program(args: argparse.Namespace, *, quiet: bool) -> tuple[int, dict[s
         errors = sum(1 for d in diagnostics if d.severity == "error")
         info: dict[str, Any] = {
             "parsed": errors == 0,
-            "errors": errors,
+            "compile_errors": errors,
             "diagnostics": [_diagnostic_json(d) for d in diagnostics],
         }
         if program is None:
