@@ -166,6 +166,16 @@ def test_t005_not_when_a_total_ends_the_loop_first() -> None:
     assert "TB-T005" not in codes(timeout=1, retry=2, fallback="x", budget=2.5, total_timeout=2)
 
 
+def test_t005_not_when_the_fallback_is_not_for_timeouts() -> None:
+    """fallback_on=ConnectionError never covers timed-out attempts: no time is owed to it."""
+    assert "TB-T005" not in codes(
+        timeout=1, retry=2, fallback="x", fallback_on=ConnectionError, budget=2.5
+    )
+    assert "TB-T005" in codes(
+        timeout=1, retry=2, fallback="x", fallback_on=TimeoutError, budget=2.5
+    )
+
+
 def test_t005_not_when_the_loop_fits() -> None:
     """Three 1 s attempts fit 3.5 s: the fallback runs in time."""
     assert "TB-T005" not in codes(timeout=1, retry=2, fallback="x", budget=3.5)
@@ -301,3 +311,25 @@ def test_worst_case_without_a_timeout(budget: float | None) -> None:
     """Attempts without a timeout are bounded only by the budget."""
     plan = Policy("op", retry=2).plan
     assert worst_case(plan, None, budget) == (math.inf if budget is None else budget)
+
+
+@pytest.mark.parametrize("budget", [2.5, 3.0, 3.5])
+def test_t005_matches_the_real_loop(budget: float) -> None:
+    """Under the caller's deadline the real policy reaches its fallback exactly when the check
+    finds time left for it (three hung 1 s attempts)."""
+    policy: Policy[Any] = Policy("op", timeout=1, retry=2, fallback="fallback")
+    reported = "TB-T005" in check_policy(policy, budget=budget).codes()
+
+    async def hang() -> str:
+        await asyncio.sleep(3600)
+        return "answer"
+
+    async def main() -> str:
+        try:
+            with tb.fail_after(budget):
+                return await policy.execute(hang)
+        except tb.DeadlineExceeded:
+            return "deadline"
+
+    outcome = VirtualClock().run(main())
+    assert outcome == ("deadline" if reported else "fallback")

@@ -189,3 +189,40 @@ def test_hostile_nesting_and_numbers() -> None:
         check_workflow(deep + "\n")
     with pytest.raises(DefinitionError):
         check_workflow(definition(timeout_ms=10**400))
+
+
+@pytest.mark.parametrize("workflow_ms", [3_500, 4_000, 4_001])
+async def test_t002_matches_the_engine(virtual_clock: Any, tmp_path: Any, workflow_ms: int) -> None:
+    """The engine on virtual time begins exactly the attempts the check says can start: attempt
+    k at (k - 1) x 1 s, none at or after the workflow timeout (a tie goes to the workflow)."""
+    import asyncio
+
+    from timebound import workflow as wf
+
+    async def hang(ctx: wf.ActionContext) -> None:
+        await asyncio.sleep(3600)
+
+    d = {
+        "id": "w",
+        "timeout_ms": workflow_ms,
+        "initial_node": "A",
+        "actions": [{"id": "h", "kind": "python", "implementation": {"handler": "hang"}}],
+        "nodes": [
+            {
+                "id": "A",
+                "action_id": "h",
+                "timeout_ms": 1_000,
+                "on_timeout": "retry",
+                "max_retries": 8,
+            }
+        ],
+    }
+    (f,) = findings(d, "TB-T002")
+    engine = wf.Engine(db=f"sqlite:///{tmp_path}/runs.db", actions={"hang": hang})
+    engine.register(d)
+    async with engine:
+        run_id = await engine.start("w")
+        result = await engine.wait(run_id)
+        (token,) = await engine.tokens(run_id)
+    assert result.status == "timed_out"
+    assert token["attempt"] == f.numbers["attempt"] - 1

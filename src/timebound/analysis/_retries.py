@@ -194,6 +194,13 @@ def _times(n: int, seconds: float) -> float:
         return _INF
 
 
+def _falls_back_on_timeouts(plan: RetryPlan) -> bool:
+    """Whether the plan's fallback covers a loop that ended in timed-out attempts
+    (``fallback_on`` may name other errors only)."""
+    kinds = plan.fallback_on
+    return kinds is None or issubclass(DeadlineExceeded, kinds)
+
+
 def count(n: int) -> str:
     """A count as text; one too long to read is shown by its order of magnitude."""
     return str(n) if n < 10**15 else f"about 10^{len(str(n)) - 1}"
@@ -223,6 +230,7 @@ def retry_findings(
     out: list[Finding] = []
     bound = budget_of(plan, caller)
     attempts = plan.retry + 1
+    fallback = fallback and _falls_back_on_timeouts(plan)
     worst_time = worst_case(plan, timeout, caller)
     if bound is not None:
         name = _name(bound, budget_name)
