@@ -151,3 +151,17 @@ def test_a_bad_budget_is_a_configuration_error() -> None:
     with pytest.raises(tb.ConfigurationError) as info:
         check_time(lambda: None, budget="-1s")
     assert info.value.option == "budget"
+
+
+def test_a_compiled_program() -> None:
+    """A compiled Constellation Program is checked from the source it keeps."""
+    from timebound.dsl import ModuleRegistry, compile
+
+    registry = ModuleRegistry()
+
+    @registry.module
+    def Fetch(x: int) -> int:
+        return x
+
+    program = compile("y = Fetch(1) with timeout: 2s\nout y\n", modules=registry)
+    assert check_time(program, budget="1s").codes()[0] == "TB-T004"

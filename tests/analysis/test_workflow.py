@@ -226,3 +226,13 @@ async def test_t002_matches_the_engine(virtual_clock: Any, tmp_path: Any, workfl
         (token,) = await engine.tokens(run_id)
     assert result.status == "timed_out"
     assert token["attempt"] == f.numbers["attempt"] - 1
+
+
+def test_t030_a_node_retried_on_timeout() -> None:
+    """A node retried on timeout: attempts x timeout, bounded by the run."""
+    d = definition(
+        nodes__1={"id": "page", "action_id": "fetch", "on_timeout": "retry", "max_retries": 2}
+    )
+    (f,) = findings(d, "TB-T030")
+    assert (f.numbers["worst_case"], f.numbers["attempts"]) == (30.0, 3)
+    assert f.where.path == "$.nodes[1]"

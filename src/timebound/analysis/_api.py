@@ -53,9 +53,9 @@ def check_time(target: Any, *, kind: Kind | None = None, budget: Any = None) -> 
     ``target`` is a file (a path: a ``.cst`` program, a ``.py`` module of policies, a pipeline
     plan or a workflow definition in JSON or YAML; ``kind`` names it when the file does not
     say), a dotted module name with ``kind="policy"``, or an object: a ``Policy``, a function
-    decorated with ``resilient``, a module, a ``pl.Plan`` or ``Artifact``, a workflow
-    ``Definition``. ``budget`` is the caller's budget (``"2s"``, seconds, a ``timedelta``): the
-    deadline the checked thing runs under, if one is known.
+    decorated with ``resilient``, a module, a compiled Constellation ``Program``, a ``pl.Plan``
+    or ``Artifact``, a workflow ``Definition``. ``budget`` is the caller's budget (``"2s"``,
+    seconds, a ``timedelta``): the deadline the checked thing runs under, if one is known.
 
     Returns a :class:`Report`; ``report.ok`` is false when an error-level finding exists.
     Raises an :class:`~timebound.InvalidInput` for input the check or the engine cannot read.
@@ -104,6 +104,10 @@ def _check_object(target: Any, budget: float | None) -> Report:
     if isinstance(target, Policy) or isinstance(getattr(target, "policy", None), Policy):
         return check_policy(target, budget=budget)
     kind = type(target).__module__
+    if kind.startswith("timebound.dsl"):
+        source = getattr(target, "source", None)  # a compiled Program keeps its text
+        if isinstance(source, str):
+            return check_constellation(source, budget=budget)
     if kind.startswith("timebound.pipeline"):
         return check_pipeline(target, budget=budget)
     if kind.startswith("timebound.workflow"):

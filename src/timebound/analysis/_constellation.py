@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
 from typing import Any
 
 from ..dsl import CallOptions, CompileError, Diagnostic
@@ -41,21 +40,6 @@ def _policy(call: A.Call, options: CallOptions) -> Policy[Any]:
     if options.fallback:
         kwargs["fallback"] = None
     return Policy(call.module, **kwargs)
-
-
-def _calls(node: Any) -> Iterator[A.Call]:
-    """Every call in ``node``, outermost first (iteratively: nesting is the parser's to bound)."""
-    todo = [node]
-    while todo:
-        item = todo.pop()
-        if isinstance(item, A.Call):
-            yield item
-        if isinstance(item, list | tuple):
-            todo.extend(reversed(item))
-        elif isinstance(item, A.Option):
-            todo.append(item.value)
-        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
-            todo.extend(reversed([getattr(item, f.name) for f in dataclasses.fields(item)]))
 
 
 class _Timing:

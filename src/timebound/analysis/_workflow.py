@@ -94,6 +94,19 @@ def _nodes(definition: Definition, bound: float, name: str, places: _Places) -> 
             # Each retry of a timed-out node starts at once with a fresh timeout: attempt k
             # starts (k - 1) timeouts after the node's first start, at the earliest at 0.
             k = max(math.ceil(bound / timeout), 1) + 1
+            worst = min(attempts * timeout, bound)
+            out.append(
+                Finding(
+                    "TB-T030",
+                    subject,
+                    f"worst case {shown(_s(worst))}: {attempts} attempts of "
+                    f"{shown(_s(timeout))} (on_timeout: retry, max_retries "
+                    f"{node.max_retries}), bounded by {name} ({shown(_s(bound))})",
+                    places.at("nodes", places.nodes[node_id]),
+                    numbers={"worst_case": _s(worst), "attempts": attempts},
+                    counts=frozenset({"attempts"}),
+                )
+            )
             if k <= attempts:
                 out.append(
                     Finding(
