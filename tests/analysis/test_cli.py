@@ -172,11 +172,11 @@ def test_a_pipeline_artifact(tmp_path: pathlib.Path) -> None:
     pa = pytest.importorskip("pyarrow")
     from timebound import pipeline as pl
 
-    reg = pl.Registry()
+    reg = pl.Catalog()
     reg.key("id", pa.int64())
     reg.key("b", pa.float64(), nullable=True)
     reg.task(reads=["id"], writes=["b"], name="t")(lambda ctx, rows: {})
-    plan = pl.Plan("p", registry=reg)
+    plan = pl.Plan("p", catalog=reg)
     plan.timeout_wrapper(
         if_success=lambda c: c.task("t"),
         if_fail=lambda c: c.fill_defaults(["b"]),

@@ -11,7 +11,7 @@ pa = pytest.importorskip("pyarrow")
 
 from timebound import pipeline as pl  # noqa: E402
 from timebound.analysis import check_pipeline  # noqa: E402
-from timebound.pipeline._engine import _budget  # noqa: E402
+from timebound.pipeline._region import region_budget as _budget  # noqa: E402
 
 
 def _plan(
@@ -21,14 +21,14 @@ def _plan(
     override: dict[str, Any] | None = None,
     nested: dict[str, Any] | None = None,
 ) -> pl.Plan:
-    reg = pl.Registry()
+    reg = pl.Catalog()
     reg.key("id", pa.int64())
     reg.key("boost", pa.float64(), nullable=True)
     reg.param("cap", pa.int64())
     reg.task(reads=["id"], writes=["boost"], name="boost", timeout=task_timeout)(
         lambda ctx, rows: {}
     )
-    plan = pl.Plan("p", registry=reg)
+    plan = pl.Plan("p", catalog=reg)
 
     def success(c: Any) -> Any:
         if nested is None:
@@ -132,7 +132,7 @@ def test_a_nested_region_at_its_outer_regions_deadline() -> None:
 
 
 def test_an_artifact_from_json() -> None:
-    """The JSON artifact is read by the pipeline's loader, the registry is optional."""
+    """The JSON artifact is read by the pipeline's loader, the catalog is optional."""
     data = pl.compile(_plan({**BUDGET, "min_ms": 40})).to_json()
     assert "TB-T020" in check_pipeline(data, budget="30ms").codes()
 

@@ -32,12 +32,12 @@ def check_constellation(source: str, *, budget: Any = None, file: str = "<progra
 
 
 def check_pipeline(
-    plan: Any, *, budget: Any = None, registry: Any = None, file: str = "<plan>"
+    plan: Any, *, budget: Any = None, catalog: Any = None, file: str = "<plan>"
 ) -> Report:
     """The findings of a pipeline plan (a ``pl.Plan``, an ``Artifact`` or its JSON)."""
     from ._pipeline import check_pipeline as check
 
-    return check(plan, budget=_budget(budget), registry=registry, file=file)
+    return check(plan, budget=_budget(budget), catalog=catalog, file=file)
 
 
 def check_workflow(source: Any, *, budget: Any = None, file: str | None = None) -> Report:

@@ -6,7 +6,7 @@ only lower it). A region's fallback is triggered by its own deadline only (D5.3)
 whose deadline never comes before the bound around it — the caller's budget, or an enclosing
 region's — never runs its ``on_timeout`` (TB-T020); one whose ``max_ms`` reaches that bound
 loses it for large inputs, from the row count the engine's own budget function says (TB-T021).
-With the registry, a task's own ``timeout`` at or above its region's ``max_ms`` never fires
+With the catalog, a task's own ``timeout`` at or above its region's ``max_ms`` never fires
 (TB-T022). The plan is read by the pipeline's own loader (``Artifact.from_json``, which checks
 the schema and every fragment's digest) or compiled from a ``pl.Plan``.
 """
@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._json import json_path
-from ..pipeline import Artifact, Plan, Registry
+from ..pipeline import Artifact, Catalog, Plan
 from ..pipeline import compile as compile_plan
-from ..pipeline._engine import _budget as region_budget_ms
+from ..pipeline._region import region_budget as region_budget_ms
 from ._findings import Finding, Location, Report, shown
 
 __all__ = ["check_pipeline"]
@@ -74,10 +74,10 @@ def _rows_reaching(node: Mapping[str, Any], bound_ms: float) -> int | None:
 
 class _Walk:
     def __init__(
-        self, artifact: Artifact, registry: Registry | None, budget: float | None, file: str
+        self, artifact: Artifact, catalog: Catalog | None, budget: float | None, file: str
     ):
         self.artifact = artifact
-        self.registry = registry
+        self.catalog = catalog
         self.budget = budget
         self.file = file
         self.findings: list[Finding] = []
@@ -98,7 +98,7 @@ class _Walk:
             path = [*base, i]
             if node["op"] == "timeout_wrapper":
                 self.wrapper(node, path, around, around_name)
-            elif node["op"] == "task" and region is not None and self.registry is not None:
+            elif node["op"] == "task" and region is not None and self.catalog is not None:
                 self.task(node, path, region)
 
     def wrapper(
@@ -177,8 +177,8 @@ class _Walk:
         path: list[str | int],
         region: tuple[str, float, list[str | int]],
     ) -> None:
-        assert self.registry is not None
-        spec = self.registry.tasks.get(node["params"]["name"])
+        assert self.catalog is not None
+        spec = self.catalog.tasks.get(node["params"]["name"])
         if spec is None or spec.timeout is None:
             return
         region_id, hi, _ = region
@@ -202,22 +202,22 @@ def check_pipeline(
     plan: Artifact | Plan | bytes | str,
     *,
     budget: float | None = None,
-    registry: Registry | None = None,
+    catalog: Catalog | None = None,
     file: str = "<plan>",
 ) -> Report:
     """The findings of a pipeline plan: a compiled :class:`Artifact`, its JSON, or a ``Plan``
-    (compiled here; its registry is used). ``budget``: the caller's budget in seconds.
+    (compiled here; its catalog is used). ``budget``: the caller's budget in seconds.
 
     Raises :class:`~timebound.pipeline.ValidationError` for a plan the pipeline refuses.
     """
     if isinstance(plan, Plan):
-        registry = registry or plan.registry
+        catalog = catalog or plan.catalog
         artifact = compile_plan(plan)
     elif isinstance(plan, Artifact):
         artifact = plan
     else:
         artifact = Artifact.from_json(plan)
-    walk = _Walk(artifact, registry, budget, file)
+    walk = _Walk(artifact, catalog, budget, file)
     around = None if budget is None else budget * 1000
     walk.nodes(artifact.plan["nodes"], ["nodes"], around, "the caller's budget", None)
     return Report.of("pipeline", file, walk.findings, budget)

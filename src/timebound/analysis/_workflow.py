@@ -19,7 +19,7 @@ from typing import Any
 from .._json import json_path
 from ..workflow import Definition, parse_definition
 from ..workflow._definition import Transition
-from ..workflow._machine import retry_plan
+from ..workflow._outcomes import retry_plan
 from ._findings import Finding, Location, Report, shown
 from ._retries import retry_findings
 
