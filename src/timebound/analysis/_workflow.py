@@ -18,7 +18,7 @@ from typing import Any
 
 from .._json import json_path
 from ..workflow import Definition, parse_definition
-from ..workflow._definition import Transition
+from ..workflow._definition import default_sync_timeout_ms
 from ..workflow._outcomes import retry_plan
 from ._findings import Finding, Location, Report, shown
 from ._retries import retry_findings
@@ -151,15 +151,15 @@ def _nodes(definition: Definition, bound: float, name: str, places: _Places) -> 
     return out
 
 
-def _rows_reaching(definition: Definition, join: Transition, bound: float) -> int | None:
-    """The smallest fan-out whose default join timeout (D6.2, the engine's function) reaches
+def _rows_reaching(basis_ms: int | None, bound: float) -> int | None:
+    """The smallest fan-out whose default join timeout (D6.2, the engine's formula) reaches
     ``bound`` ms, or ``None`` when none up to the largest possible does."""
-    if definition.sync_timeout_ms(join, _MAX_FAN_OUT) < bound:
+    if default_sync_timeout_ms(basis_ms, _MAX_FAN_OUT) < bound:
         return None
     lo, hi = 1, _MAX_FAN_OUT
     while lo < hi:
         mid = (lo + hi) // 2
-        if definition.sync_timeout_ms(join, mid) >= bound:
+        if default_sync_timeout_ms(basis_ms, mid) >= bound:
             hi = mid
         else:
             lo = mid + 1
@@ -214,7 +214,7 @@ def _joins(
         if default is not None and default >= bound:
             out.append(_always_cut(subject, default, bound, name, where, how))
         elif default is None:
-            n = _rows_reaching(definition, join, bound)
+            n = _rows_reaching(None if basis is None else basis[0], bound)
             if n is not None:
                 out.append(
                     Finding(
