@@ -157,3 +157,42 @@ def test_hostile_numbers() -> None:
     with pytest.raises(pl.ValidationError) as info:
         check_pipeline(json.dumps(doc))
     assert info.value.rule == "schema" and len(str(info.value)) < 400
+
+
+@pytest.mark.parametrize("budget_ms", [40, 41])
+def test_t020_matches_the_engine(budget_ms: int) -> None:
+    """On virtual time a region whose 40 ms budget the check says never fires first is cut by
+    the caller's deadline (no fallback); with time after it, its fallback runs."""
+    import asyncio
+
+    import timebound as tb
+    from timebound.testing import VirtualClock
+
+    cat = pl.Catalog()
+    cat.key("id", pa.int64())
+    cat.key("boost", pa.float64(), nullable=True)
+
+    @cat.task(reads=["id"], writes=["boost"])
+    async def boost(ctx: pl.TaskContext, rows: Any) -> dict[str, Any]:
+        await asyncio.sleep(1)
+        return {"boost": pa.array([1.0] * rows.num_rows)}
+
+    plan = pl.Plan("p", catalog=cat)
+    plan.timeout_wrapper(
+        if_success=lambda c: c.task("boost"),
+        if_fail=lambda c: c.fill_defaults(["boost"]),
+        budget={"base_ms": 40, "per_row_us": 0, "min_ms": 40, "max_ms": 40},
+        on_timeout="fallback",
+    )
+    reported = "TB-T020" in check_pipeline(plan, budget=budget_ms / 1000).codes()
+    artifact, engine = pl.compile(plan), pl.Engine(cat)
+
+    async def request() -> str:
+        try:
+            async with tb.fail_after(budget_ms / 1000):
+                out = await engine.run(artifact, pa.table({"id": [1, 2]}))
+        except tb.DeadlineExceeded:
+            return "deadline"
+        return str(out.trace.wrappers["timeout_wrapper"]["chosen_branch"])
+
+    assert VirtualClock().run(request()) == ("deadline" if reported else "fail")
