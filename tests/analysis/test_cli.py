@@ -76,7 +76,7 @@ def test_a_program_with_a_contradiction_exits_1(tmp_path: pathlib.Path) -> None:
     lines = result.stdout.splitlines()
     assert lines[0].startswith("p.cst:2:32 (retry): error TB-T002: attempt 3 of 4 never starts")
     assert lines[1].startswith("    fix: ")
-    assert lines[-1] == "p.cst: worst-case time: 1 errors, 0 warnings, 1 notes"
+    assert lines[-1] == "p.cst: worst-case time: 1 error, 0 warnings, 1 note"
 
 
 def test_a_program_without_a_budget_exits_0(tmp_path: pathlib.Path) -> None:
@@ -143,7 +143,7 @@ def test_a_workflow_yaml_with_kind(tmp_path: pathlib.Path) -> None:
     result = run("flow.conf", "--kind", "workflow", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == (
-        "flow.conf: ok (worst-case time: 0 errors, 0 warnings, 1 notes)"
+        "flow.conf: ok (worst-case time: 0 errors, 0 warnings, 1 note)"
     )
 
 

@@ -236,3 +236,25 @@ def test_t030_a_node_retried_on_timeout() -> None:
     (f,) = findings(d, "TB-T030")
     assert (f.numbers["worst_case"], f.numbers["attempts"]) == (30.0, 3)
     assert f.where.path == "$.nodes[1]"
+
+
+def test_t013_not_for_a_join_with_its_own_timeout() -> None:
+    """A join that sets timeout_ms has no computed default to show."""
+    d = definition(transitions__1__synchronization__timeout_ms=30_000)
+    assert findings(d, "TB-T013") == []
+
+
+def test_a_yaml_file_by_its_suffix_and_content(tmp_path: Any) -> None:
+    """A .yaml definition is told by its initial_node and read by the engine's YAML reader."""
+    pytest.importorskip("yaml")
+    from timebound.analysis import check_time
+
+    path = tmp_path / "flow.yaml"
+    path.write_text(
+        "id: w\ntimeout_ms: 1000\ninitial_node: a\n"
+        "actions:\n  - {id: x, kind: python, implementation: {handler: x}}\n"
+        "nodes:\n  - {id: a, action_id: x, timeout_ms: 5000}\n"
+    )
+    report = check_time(path)
+    assert report.kind == "workflow" and report.codes() == ["TB-T010"]
+    assert str(report.findings[0].where) == f"{path}: $.nodes[0].timeout_ms"

@@ -121,4 +121,13 @@ def _compiled_json(compiled: dict[str, Any]) -> dict[str, Any]:
 
 def _counts(report: Report) -> str:
     n = {s: sum(1 for f in report.findings if f.severity == s) for s in _SEVERITIES}
-    return f"worst-case time: {n['error']} errors, {n['warning']} warnings, {n['info']} notes"
+    words = (
+        _plural(n["error"], "error"),
+        _plural(n["warning"], "warning"),
+        _plural(n["info"], "note"),
+    )
+    return "worst-case time: " + ", ".join(words)
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" + ("" if count == 1 else "s")
