@@ -333,3 +333,18 @@ def test_t005_matches_the_real_loop(budget: float) -> None:
 
     outcome = VirtualClock().run(main())
     assert outcome == ("deadline" if reported else "fallback")
+
+
+def test_an_infinite_budget_with_a_huge_retry_count() -> None:
+    """total_timeout=inf and 10^30 retries: every attempt starts, and the check ends."""
+    report = check_policy(Policy("op", timeout=1, retry=10**30, delay=1, total_timeout=math.inf))
+    assert report.ok and "TB-T001" not in report.codes()
+
+
+def test_a_schedule_still_growing_past_the_steps_followed() -> None:
+    """Linear waits from 1 ns that stay below their cap for 10^6 attempts: followed to
+    MAX_STEPS, then only the budget is claimed as the end."""
+    plan = Policy("op", timeout=1e-9, retry=10**6, delay=1e-9, backoff="linear").plan
+    schedules = follow(plan, 1e-9, 1000.0)
+    assert schedules.worst is not None and schedules.worst.stopped is None
+    assert schedules.worst.end == 1000.0

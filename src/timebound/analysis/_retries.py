@@ -92,7 +92,9 @@ def _stride(track: _Track, plan: RetryPlan, k: int, last: int, budget: float) ->
     # Attempt k + j starts at start + j * cost; it fails and the next starts while
     # start + (j + 1) * cost < budget. Count the steps that fit, then finish one by one.
     fits = (budget - track.start) / cost - 1.0
-    jump = 0 if not math.isfinite(fits) or fits <= 2 else int(fits) - 1
+    if not math.isfinite(fits):
+        return last  # an infinite budget: every attempt starts
+    jump = 0 if fits <= 2 else int(fits) - 1
     jump = min(jump, last - k)
     track.start += jump * cost
     track.waits += jump * wait
@@ -142,13 +144,20 @@ def follow(
             if t.stopped is None:
                 t.step(plan, k, budget)
         k += 1
+    reached = {id(t): k for t in tracks}
     if k < last and k > MAX_STEPS:
         for t in tracks:
             if t.stopped is None and _constant(plan, k):
-                _stride(t, plan, k, last, budget)
+                reached[id(t)] = _stride(t, plan, k, last, budget)
     for t in tracks:
-        if t.stopped is None:  # every attempt started: the loop ends with the last one
+        if t.stopped is not None:
+            continue
+        if reached[id(t)] >= last:  # every attempt started: the loop ends with the last one
             t.end = min(t.start + t.attempt_time, budget)
+        else:
+            # Waits still growing past MAX_STEPS attempts (a linear backoff from a tiny delay):
+            # not followed further, so nothing is claimed but that the budget ends the loop.
+            t.end = budget
     return Schedules(errors, timeouts, worst, attempts)
 
 
