@@ -206,6 +206,7 @@ def test_a_pipeline_artifact(tmp_path: pathlib.Path) -> None:
             "timeout_ms",
         ),
         ({"bad.py": "raise RuntimeError('no')\n"}, ["bad.py"], "RuntimeError: no"),
+        ({"f.json": "{}"}, ["f.json", "--kind", "workflow", "--modules", "m"], "--modules"),
         ({"p.json": '{"schema": "timebound.pipeline.plan/v1", "x": 1e999}'}, ["p.json"], ""),
     ],
 )

@@ -70,6 +70,8 @@ def _check(args: argparse.Namespace) -> int:
     kind = args.kind
     if kind is None and args.file.endswith(".cst"):
         kind = "constellation"
+    if args.modules and kind not in (None, "constellation"):
+        return _fail("--modules applies to Constellation programs (.cst) only")
     compiled: dict[str, Any] | None = None
     if kind == "constellation":
         from . import _dsl
