@@ -12,13 +12,15 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .._core import _clock
 from .._core._deadline import Deadline
+from .._core._durations import Duration, to_ms, to_seconds
 from .._core._errors import TimeboundError
+from .._core._renamed import Renamed, renamed
 from .._store import Store, Tx, open_store
 from .._store._tally import read_off_loop
 from ..telemetry._durable import deferred_event
@@ -66,13 +68,13 @@ _COLUMNS = (
     "next_poll_ms, retry_after_s, attempts, status_href, cancel_href, cancel_reason, "
     "cancel_requested_ms, correlation_id, continuation_digest, resumed_ms, resume_error, "
     "last_error_code, result_digest, late_result_digest, status_digest, retain_until_ms, "
-    "traceparent"
+    "traceparent, expires_set_by"
 )
 
 
 def now_ms() -> int:
     """The current instant in epoch milliseconds (the durable form, D1.10)."""
-    return math.floor(_clock.wall() * 1000)
+    return _clock.wall_ms()
 
 
 class StatusOutcome(NamedTuple):
@@ -125,6 +127,9 @@ class Operation:
     connector_updated_ms: int | None
     #: The W3C trace context of the span that registered it, when spans are exported (D10.6).
     traceparent: str | None = None
+    #: Where its lifetime was set (D2.8): ``connector``, ``action``, ``caller`` or ``host
+    #: policy``; ``None`` for an operation registered before this was stored.
+    expires_set_by: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -140,6 +145,7 @@ class Operation:
             "created_at": format_time(self.created_ms),
             "updated_at": format_time(self.updated_ms),
             "expires_at": format_time(self.expires_ms),
+            "expires_set_by": self.expires_set_by,
             "next_poll_at": None if self.next_poll_ms is None else format_time(self.next_poll_ms),
             "attempts": self.attempts,
             "cancelable": self.cancel_href is not None,
@@ -326,6 +332,10 @@ class Registry(Continuations):
 
     # Creation ----------------------------------------------------------------------------
 
+    @renamed(
+        action_max_ttl_s=Renamed("action_max_ttl"),
+        preferred_retry_after_s=Renamed("preferred_retry_after"),
+    )
     async def register(
         self,
         doc: dict[str, Any],
@@ -334,16 +344,16 @@ class Registry(Continuations):
         idempotency_key: str | None = None,
         request: Any = None,
         continuation: dict[str, Any] | None = None,
-        action_max_ttl_s: float | None = None,
+        action_max_ttl: Duration | None = None,
         caller_deadline: Deadline | int | None = None,
-        preferred_retry_after_s: int | None = None,
+        preferred_retry_after: Duration | None = None,
     ) -> Operation:
         """Record an accepted ``deferred-operation.v1`` answer; return the stored operation.
 
         ``module`` names the connector the poller asks for status (``None``: this host serves
         the operation itself). The lifetime is the host policy's (D7.6): the connector's own
-        ``expires_at`` is only a hint, clamped by ``action_max_ttl_s``, the caller's deadline
-        and ``max_ttl_s``. ``preferred_retry_after_s`` (an action's profile) can only lengthen
+        ``expires_at`` is only a hint, clamped by ``action_max_ttl``, the caller's deadline
+        and ``max_ttl``. ``preferred_retry_after`` (an action's profile) can only lengthen
         the connector's first interval, which is clamped all the same. With
         ``idempotency_key``, the same key and request give the same operation; the same key
         and another request raise :class:`IdempotencyConflict`.
@@ -352,17 +362,18 @@ class Registry(Continuations):
         cont_text = None if continuation is None else check_continuation(continuation)
         at = now_ms()
         fail_after = (parse_time(doc["expires_at"]) - parse_time(doc["created_at"])) / 1000
-        life = self.policy.lifetime_s(
+        life, life_set_by = self.policy.lifetime_bound(
             at,
-            fail_after_s=fail_after,
-            action_max_ttl_s=action_max_ttl_s,
+            fail_after=fail_after,
+            action_max_ttl=action_max_ttl,
             caller_deadline=caller_deadline,
         )
         # The schema leaves the hint to the policy: anything but a positive integer is the
         # minimum, recorded as invalid-hint (D7.8).
         retry_after, valid = self.policy.check_retry_after(doc.get("retry_after_seconds"))
-        if preferred_retry_after_s is not None:
-            retry_after = self.policy.retry_after(max(retry_after, preferred_retry_after_s))
+        if preferred_retry_after is not None:
+            preferred = math.ceil(to_seconds(preferred_retry_after, option="preferred_retry_after"))
+            retry_after = self.policy.retry_after(max(retry_after, preferred))
         next_poll = None if module is None else at + self._poll_delay_ms(retry_after, 0)
         idem = None if idempotency_key is None else digest(["idempotency", idempotency_key])
         req = None if idempotency_key is None else digest(request)
@@ -388,8 +399,8 @@ class Registry(Continuations):
                 "INSERT INTO tb_deferred_ops (id, kind, module, status, created_ms, updated_ms, "
                 "expires_ms, next_poll_ms, retry_after_s, status_href, cancel_href, "
                 "cancel_reason, correlation_id, idem_digest, request_digest, continuation, "
-                "continuation_digest, status_digest, traceparent) "
-                "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "continuation_digest, status_digest, traceparent, expires_set_by) "
+                "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 op_id,
                 doc["operation/kind"],
                 module,
@@ -408,6 +419,7 @@ class Registry(Continuations):
                 None if continuation is None else digest(continuation),
                 None,
                 caller_traceparent(),
+                life_set_by,
             )
             await self._history(
                 tx, op_id, at, "pending", digest(doc), None if valid else "invalid-hint"
@@ -425,7 +437,15 @@ class Registry(Continuations):
         return math.ceil(self.policy.poll_delay_s(retry_after, polls) * 1000)
 
     async def _history(
-        self, tx: Tx, op_id: str, at: int, status: str, doc_digest: str | None, code: str | None
+        self,
+        tx: Tx,
+        op_id: str,
+        at: int,
+        status: str,
+        doc_digest: str | None,
+        code: str | None,
+        *,
+        lifetime: Mapping[str, Any] | None = None,
     ) -> None:
         await tx.execute(
             "INSERT INTO tb_deferred_history (op_id, at_ms, status, digest, code) "
@@ -437,7 +457,7 @@ class Registry(Continuations):
             code,
         )
         if enabled():  # heard by telemetry listeners once the commit succeeded (D10.3)
-            tx.announce(deferred_event(op_id, at, status, code))
+            tx.announce(deferred_event(op_id, at, status, code, lifetime=lifetime))
 
     # The state machine -------------------------------------------------------------------
 
@@ -524,7 +544,7 @@ class Registry(Continuations):
             None if result is None else _dump(result),
             None if result is None else digest(result),
             doc_digest,
-            at + self.policy.retain_s * 1000 if terminal else None,
+            at + self.policy.retain * 1000 if terminal else None,
             row["attempts"],
             op_id,
         )
@@ -542,10 +562,13 @@ class Registry(Continuations):
             at,
             _dump(error),
             code,
-            at + self.policy.retain_s * 1000,
+            at + self.policy.retain * 1000,
             row["id"],
         )
-        await self._history(tx, row["id"], at, "expired", None, code)
+        # The bound an expiry reports (D2.8): the row's lifetime and where it was set; a
+        # spent poll budget is no deadline.
+        lifetime = None if code == "poll-budget-exhausted" else row
+        await self._history(tx, row["id"], at, "expired", None, code, lifetime=lifetime)
 
     async def finish(
         self, op_id: str, status: str, *, result: Any = None, error: dict[str, Any] | None = None
@@ -582,7 +605,8 @@ class Registry(Continuations):
         done = 0
         async with self._store.transaction() as tx:
             rows = await tx.fetch(
-                "SELECT id, status FROM tb_deferred_ops WHERE status IN ('pending', 'running') "
+                "SELECT id, status, created_ms, expires_ms, expires_set_by FROM tb_deferred_ops "
+                "WHERE status IN ('pending', 'running') "
                 f"AND expires_ms <= ? ORDER BY expires_ms LIMIT ?{self._store.skip_locked()}",
                 at,
                 limit,
@@ -640,12 +664,14 @@ class Registry(Continuations):
             )
         return [_row_op(r) for r in rows]
 
-    async def poll_failed(self, op_id: str, delay_s: float, code: str) -> StatusOutcome:
+    @renamed(delay_s=Renamed("delay"))
+    async def poll_failed(self, op_id: str, delay: Duration, code: str) -> StatusOutcome:
         """A transient poll failure: the status stays, an attempt is spent, the poll backs off.
 
         Out of attempts (``max_attempts``), the operation expires with
         ``poll-budget-exhausted`` (D7.3).
         """
+        delay_ms = to_ms(delay, option="delay")
         at = now_ms()
         async with self._store.transaction() as tx:
             row = await self._row(tx, op_id, lock=True)
@@ -663,7 +689,7 @@ class Registry(Continuations):
                 "UPDATE tb_deferred_ops SET attempts = ?, next_poll_ms = ?, last_error_code = ? "
                 "WHERE id = ?",
                 attempts,
-                at + math.ceil(delay_s * 1000),
+                at + delay_ms,
                 code,
                 op_id,
             )
