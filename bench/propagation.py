@@ -24,9 +24,9 @@ At rho = 0.5 it also compares M2 with M0 for CPU per request and the latency eac
 middleware and the transport in-process, and runs M0 and M2 at rho >= 2 once more with C's queue
 LIFO (a diagnostic that separates the queue discipline from propagation).
 
-``python bench/propagation.py`` runs everything (about 3-4 minutes on 2 cores, plus any wait for
-a quiet machine) and writes ``bench/results/propagation.json``; ``--smoke`` is a seconds-long run
-for the test suite.
+``python bench/propagation.py --out bench/results/propagation.json`` runs everything (about 3-4
+minutes a repeat on 2 cores, plus any wait for a quiet machine; results are written only with
+``--out``); ``--quick`` leaves out the diagnostics, ``--smoke`` is a seconds-long run for the tests.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, Row, print_table
+from _common import Row, run_bench
 
 HERE = Path(__file__).resolve().parent
 SERVICES = HERE / "_services.py"
@@ -941,12 +941,6 @@ def markdown_table(
     return "\n".join(lines)
 
 
-def write_json(path: Path, rows: Iterable[Row]) -> None:
-    """Write the rows as a JSON list (the shared row shape of ``bench/_common.py``)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps([r.as_json() for r in rows], indent=2) + "\n")
-
-
 # --- main ---------------------------------------------------------------------------------
 
 
@@ -954,10 +948,8 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark; 0 on success, 130 when interrupted (services stopped either way)."""
-    p = argparse.ArgumentParser(description="Deadline propagation benchmark: the work saved.")
-    p.add_argument("--smoke", action="store_true", help="a seconds-long run (tests)")
+def _options(p: argparse.ArgumentParser) -> None:
+    """The propagation benchmark's own options (the shared ones come from ``_common``)."""
     p.add_argument("--modes", default=None, help="comma-separated, e.g. M0,M2")
     p.add_argument("--loads", default=None, help="comma-separated rho values, e.g. 0.5,2")
     p.add_argument("--warm", type=float, default=1.0)
@@ -966,7 +958,10 @@ def main(argv: list[str] | None = None) -> int:
     # generator still fit on the second core and C stays the only bottleneck.
     p.add_argument("--quanta", type=int, default=80, help="work quanta per request at C")
     p.add_argument(
-        "--repeats", type=int, default=2, help="extra M2/M0 runs at rho=0.5 for the overhead"
+        "--overhead-repeats",
+        type=int,
+        default=2,
+        help="extra M2/M0 runs at rho=0.5 for the overhead",
     )
     p.add_argument(
         "--max-foreign",
@@ -981,7 +976,6 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the load generator sends only the relative deadline header (no X-Request-Deadline)",
     )
-    p.add_argument("--out", type=Path, default=RESULTS_DIR / "propagation.json")
     p.add_argument("--markdown", type=Path, default=None, help="also write the markdown here")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--verbose", action="store_true", help="log each service's pid")
@@ -991,7 +985,10 @@ def main(argv: list[str] | None = None) -> int:
         default=180.0,
         help="wait up to this many seconds for other processes to go quiet (0: do not wait)",
     )
-    args = p.parse_args(argv)
+
+
+def measure(args: argparse.Namespace) -> list[Row]:
+    """One repeat of the benchmark; exits 130 when interrupted (services stopped either way)."""
     global VERBOSE
     VERBOSE = args.verbose
 
@@ -1002,7 +999,6 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     t_start = time.monotonic()
-    load_start = os.getloadavg()[0]
     modes = tuple(args.modes.split(",")) if args.modes else MODES
     loads = tuple(float(x) for x in args.loads.split(",")) if args.loads else LOADS
     cap_seconds, cap_warm = 2.0, 0.5
@@ -1010,9 +1006,12 @@ def main(argv: list[str] | None = None) -> int:
         modes = tuple(args.modes.split(",")) if args.modes else ("M0", "M2")
         loads = tuple(float(x) for x in args.loads.split(",")) if args.loads else (1.0,)
         args.warm, args.measure, args.quanta = 0.3, 0.7, 8
-        args.repeats, args.no_lifo, args.quiet_wait = 0, True, 0.0
+        args.overhead_repeats, args.no_lifo, args.quiet_wait = 0, True, 0.0
         args.no_bursty = True
         cap_seconds, cap_warm = 0.4, 0.1
+    elif args.quick:
+        args.measure = min(args.measure, 3.0)
+        args.overhead_repeats, args.no_lifo, args.no_bursty = 0, True, True
     if any(m != "M0" for m in modes) and not propagation_available():
         log("timebound.propagation.asgi/httpx not importable: running M0 only")
         modes = ("M0",)
@@ -1080,11 +1079,11 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(run(mode, rho))
         if 0.5 in loads and {"M0", "M2"} <= set(modes):
             # Interleaved repeats (M2 first this time) so drift hits both modes alike.
-            for _ in range(args.repeats):
+            for _ in range(args.overhead_repeats):
                 extra += [run("M2", 0.5), run("M0", 0.5)]
             if not args.smoke:
                 # The hop cost with save_connections=False (D4.8), against the same M0 runs.
-                nosave += [run("M2", 0.5, save=False) for _ in range(1 + args.repeats)]
+                nosave += [run("M2", 0.5, save=False) for _ in range(1 + args.overhead_repeats)]
         if not args.no_lifo and {"M0", "M2"} <= set(modes):
             for rho in (x for x in loads if x >= 2.0):
                 lifo += [run("M0", rho, "lifo"), run("M2", rho, "lifo")]
@@ -1105,8 +1104,9 @@ def main(argv: list[str] | None = None) -> int:
                 " us)"
             )
     except KeyboardInterrupt:
+        stop_all()
         log("interrupted")
-        return 130
+        raise SystemExit(130) from None
     finally:
         stop_all()
 
@@ -1135,11 +1135,6 @@ def main(argv: list[str] | None = None) -> int:
                 overhead_nosave.fwd_cpu_per_request["M0"] * 1e3,
             )
         )
-    # How loaded the machine was: the brief's runs share it with other work.
-    rows += [
-        Row("propagation.load_average_1m_start", load_start, "processes"),
-        Row("propagation.load_average_1m_end", os.getloadavg()[0], "processes"),
-    ]
     if micro is not None:
         for name, key, what in (
             ("asgi", "dp", "asgi_middleware"),
@@ -1157,7 +1152,6 @@ def main(argv: list[str] | None = None) -> int:
                     micro[name]["plain"] * 1e6,
                 )
             )
-    print_table(rows, title="Deadline propagation: the work saved")
     md = markdown_table(capacity, results, overhead, lifo, args.quanta, bursty, standalone)
     if micro is not None:
         m = {k: {v: x * 1e6 for v, x in d.items()} for k, d in micro.items()}
@@ -1181,12 +1175,12 @@ def main(argv: list[str] | None = None) -> int:
         )
     print()
     print(md)
-    write_json(args.out, rows)
     if args.markdown:
         args.markdown.write_text(md + "\n")
-    log(f"[{time.monotonic() - t_start:6.1f}s] wrote {args.out}")
-    return 0
+    log(f"[{time.monotonic() - t_start:6.1f}s] measured")
+    return rows
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    title = "Deadline propagation: the work saved"
+    sys.exit(run_bench("propagation", __doc__, measure, configure=_options, title=title))
