@@ -291,11 +291,13 @@ def run_bench(
     configure: Callable[[argparse.ArgumentParser], None] | None = None,
     argv: Sequence[str] | None = None,
     title: str | None = None,
+    method: str | None = None,
 ) -> int:
     """Parse the command line, run ``measure(args)`` ``--repeats`` times, print, maybe write.
 
-    ``configure`` adds a script's own options. Returns the exit status (0). ``--help`` exits
-    in the parser, before anything is measured.
+    ``configure`` adds a script's own options; ``method`` (text) is recorded in the results, for
+    a figure whose meaning depends on how it was taken. Returns the exit status (0). ``--help``
+    exits in the parser, before anything is measured.
     """
     p = parser(doc)
     if configure is not None:
@@ -336,6 +338,7 @@ def run_bench(
                 "platform": before["platform"],
             },
             argv=list(sys.argv[1:] if argv is None else argv),
+            **({} if method is None else {"method": method}),
         )
         print(f"wrote {path}")
     return 0

@@ -522,6 +522,20 @@ class RunResult:
     foreign_cpu: float = math.nan
     #: A's and B's transports kept exchanges past a cut (D4.8, the default).
     save_connections: bool = True
+    #: For a run whose goodput is judged against capacity: C's capacity through the chain
+    #: measured just before and just after it (the same closed loop as the run's start), so the
+    #: denominator saw the same machine as the run.
+    capacity_before: float = math.nan
+    capacity_after: float = math.nan
+    #: Where the window's requests went, per second: at the client (``ok`` in time, ``late``
+    #: 200s, ``498``, ``503``, ``gave_up`` at the deadline, ``error``) and at C (``c_ran``: its
+    #: handler ran to a 200; ``c_ran_in_time``: of those, ended before the origin deadline).
+    where: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def capacity(self) -> float:
+        """The capacity this run's goodput is judged against: the mean of before and after."""
+        return (self.capacity_before + self.capacity_after) / 2
 
     @property
     def late_calls(self) -> int:
@@ -610,7 +624,20 @@ def run_one(
     c_window = [x for x in stats["C"]["records"] if mark_at <= x[4] - CLIENT_DEADLINE < end]
     shed = sum(1 for x in c_window if x[6] in (498, 503) and not x[8])
     latencies = sorted(o.latency for o in good)
+    where = {
+        "ok": len(good),
+        "late": sum(1 for o in in_window if o.status == 200 and o.latency >= CLIENT_DEADLINE),
+        "498": sum(1 for o in in_window if o.status == 498),
+        "503": sum(1 for o in in_window if o.status == 503),
+        "gave_up": sum(1 for o in in_window if o.status == 0),
+        "error": sum(1 for o in in_window if o.status not in (0, 200, 498, 503)),
+        "c_ran": sum(1 for x in c_window if x[6] == 200),
+        "c_ran_in_time": sum(1 for x in c_window if x[6] == 200 and x[2] <= x[4]),
+        # Admitted, then cut by the deadline inside the handler: work done for nothing.
+        "c_ran_cut": sum(1 for x in c_window if x[6] != 200 and x[8]),
+    }
     return RunResult(
+        where={k: v / window for k, v in where.items()},
         mode=mode,
         rho=rho,
         queue=queue,
@@ -744,17 +771,22 @@ def _mode_rows(prefix: str, results: list[RunResult], capacity: float, targets: 
             if not math.isnan(value):
                 rows.append(Row(f"{key}.{name}", value * 1e3, "ms"))
         if is_target or admitted:
+            paired = not math.isnan(r.capacity)
+            cap = r.capacity if paired else capacity
             rows.append(
                 Row(
                     f"{key}.goodput",
                     r.goodput,
                     "req/s",
-                    "C capacity",
-                    capacity,
+                    "C capacity measured before and after this run" if paired else "C capacity",
+                    cap,
                     ">= 0.8 x C capacity",
-                    r.goodput >= 0.8 * capacity,
+                    r.goodput >= 0.8 * cap,
                 )
             )
+            if paired:
+                rows.append(Row(f"{key}.capacity_before", r.capacity_before, "req/s"))
+                rows.append(Row(f"{key}.capacity_after", r.capacity_after, "req/s"))
         else:
             rows.append(
                 Row(f"{key}.goodput", r.goodput, "req/s", bname, base.goodput if base else None)
@@ -1023,16 +1055,40 @@ def measure(args: argparse.Namespace) -> list[Row]:
             f"load={r.load}: goodput {r.goodput:.1f}/s, PDW C {r.pdw_c:.1%}, "
             f"total {r.pdw_total:.1%}, shed {r.shed:.1%}, "
             f"L {r.late_calls}, other processes {r.foreign_cpu:.2f} cores"
+            + "; per s: "
+            + ", ".join(f"{k} {v:.1f}" for k, v in r.where.items())
+            + "; cores used by "
+            + ", ".join(f"{k} {v / r.window:.2f}" for k, v in r.cpu.items())
+            + (
+                ""
+                if math.isnan(r.capacity)
+                else f", capacity {r.capacity_before:.1f} before / {r.capacity_after:.1f} after"
+                f" (goodput {r.goodput / r.capacity:.2f} x)"
+            )
         )
 
     def run(
         mode: str, rho: float, queue: str = "fifo", bursty: bool = False, save: bool = True
     ) -> RunResult:
+        # A run whose goodput is judged against capacity gets a capacity of its own, measured
+        # just before it (its offered load is rho times that) and just after: on a shared
+        # machine the capacity measured once at the start is another machine's by then (a
+        # committed one read half of what re-runs measured, and goodput "above capacity").
+        judged = (
+            queue == "fifo"
+            and not bursty
+            and ((mode in ADMISSION_MODES and rho in (2.0, 3.0)) or (mode == "M2" and rho == 2.0))
+        )
         for attempt in range(3):
+            before = (
+                measure_capacity(iters, args.quanta, cap_seconds, cap_warm, roles="ABC")
+                if judged
+                else math.nan
+            )
             r = run_one(
                 mode,
                 rho,
-                capacity,
+                before if judged and before > 0 else capacity,
                 iters,
                 args.quanta,
                 args.warm,
@@ -1043,6 +1099,11 @@ def measure(args: argparse.Namespace) -> list[Row]:
                 not args.relative_only,
                 save,
             )
+            if judged:
+                r.capacity_before = before
+                r.capacity_after = measure_capacity(
+                    iters, args.quanta, cap_seconds, cap_warm, roles="ABC"
+                )
             progress(r)
             if args.smoke or not r.foreign_cpu > args.max_foreign or attempt == 2:
                 return r
@@ -1181,6 +1242,18 @@ def measure(args: argparse.Namespace) -> list[Row]:
     return rows
 
 
+METHOD = (
+    "C's capacity: completions per second of a closed loop of 4 callers without a deadline "
+    "into A of a fresh M0 chain A -> B -> C, the best of 2 rounds of 2 s after 0.5 s of warm-up. "
+    "Measured once at the start (propagation.c_capacity: the offered load of runs whose goodput "
+    "has no target is rho times it) and, for each run whose goodput is judged (M2 at rho 2, "
+    "M4 and M5 at rho 2 and 3), again just before that run (its offered load is rho times this "
+    "one) and just after it (*.capacity_before, *.capacity_after); the judged goodput row's "
+    "baseline is the mean of the two."
+)
+
 if __name__ == "__main__":
     title = "Deadline propagation: the work saved"
-    sys.exit(run_bench("propagation", __doc__, measure, configure=_options, title=title))
+    sys.exit(
+        run_bench("propagation", __doc__, measure, configure=_options, title=title, method=METHOD)
+    )
