@@ -16,7 +16,7 @@ async def _run_to_end(store_url: str, work: Any, ttl_s: int = 300) -> tuple[Any,
         service.operation("report.render", ttl_s=ttl_s)(work)
         doc = await service.start("report.render", {})
         started = asyncio.get_running_loop().time()
-        await asyncio.gather(*list(service._tasks.values()))
+        await asyncio.gather(*service._tasks)
         op = await reg.get(doc["operation/id"])
         return op, round(asyncio.get_running_loop().time() - started)
 

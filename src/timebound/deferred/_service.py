@@ -8,8 +8,6 @@ task bounded by the operation's lifetime, and its return value or failure become
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -19,6 +17,7 @@ from .._core._classify import classify
 from .._core._deadline import Deadline
 from .._core._errors import DeadlineExceeded, TimeboundError
 from .._core._scopes import fail_at
+from .._store import Detached
 from ._contract import OPERATION_SCHEMA, format_time
 from ._registry import Registry, now_ms
 
@@ -69,7 +68,7 @@ class Service:
         self.max_running = max_running
         self.base_path = base_path.rstrip("/")
         self._offers: dict[str, _Offer] = {}
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._tasks = Detached()  # the operations running, by id
 
     def operation(
         self, kind: str, *, retry_after_s: int = 1, ttl_s: int = 900, cancelable: bool = True
@@ -135,11 +134,7 @@ class Service:
         # The registry's instants are the ones its status documents show.
         doc["created_at"] = format_time(op.created_ms)
         doc["expires_at"] = format_time(op.expires_ms)
-        task = asyncio.get_running_loop().create_task(
-            self._run(op_id, offer, payload, op.expires_ms)
-        )
-        self._tasks[op_id] = task
-        task.add_done_callback(lambda _: self._tasks.pop(op_id, None))
+        self._tasks.spawn(self._run(op_id, offer, payload, op.expires_ms), key=op_id)
         return doc
 
     async def _run(self, op_id: str, offer: _Offer, payload: Any, expires_ms: int) -> None:
@@ -179,9 +174,4 @@ class Service:
 
     async def aclose(self) -> None:
         """Stop every running task (their rows stay; after a restart they expire on time)."""
-        tasks = list(self._tasks.values())
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await self._tasks.cancel()
