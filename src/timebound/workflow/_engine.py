@@ -32,7 +32,7 @@ from .._core._errors import ConfigurationError
 from .._core._scopes import fail_after
 from .._json import TooDeep
 from .._json import check as check_json
-from .._store import Store, Tx, open_store, wake_delay
+from .._store import Detached, Store, Tx, Wake, open_store, run_rounds, wake_delay
 from ..telemetry import correlation
 from ..telemetry._tracing import attempt_span, caller_traceparent
 from ._actions import ActionContext, Outcome, freeze, handlers, run_python
@@ -170,7 +170,7 @@ class Engine(RunReads, OperatorActions):
         self._operator = Operator(self._machine, self._store.lock_clause, ms_of(cap))
         self._open = False
         self._lock = asyncio.Lock()
-        self._wake = asyncio.Event()
+        self._wake = Wake()
         self._loop_task: asyncio.Task[None] | None = None
         self._inflight = InFlight(self._now, self._wake.set, record=self._store.shared)
         self._attempts = self._inflight.tasks
@@ -180,7 +180,7 @@ class Engine(RunReads, OperatorActions):
         self._presence = Presence(self._store, self.worker_id, self._handlers, sweep_ms)
         self._drain_waiter: asyncio.Future[None] | None = None
         self._drain_ended = False
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = Detached()  # the retention loop, late results' writes
         self._finished: dict[str, asyncio.Event] = {}
         self._outcomes: list[_Report] = []
         self._starts: list[Start] = []
@@ -311,9 +311,7 @@ class Engine(RunReads, OperatorActions):
         await self._store.open()
         self._open = True
         if self._retention is not None:  # only ended runs: safe from any process (D8.13)
-            pruning = asyncio.create_task(self._retention.run(), name="timebound-retention")
-            self._background.add(pruning)
-            pruning.add_done_callback(self._background.discard)
+            self._background.spawn(self._retention.run(), name="timebound-retention")
         if not self._worker:
             return
         shared = self._store.shared
@@ -372,10 +370,10 @@ class Engine(RunReads, OperatorActions):
                 waiter.cancel()
         await self._deferrals.close()
         task, self._loop_task = self._loop_task, None
-        pending = [t for t in (task, *self._attempts.values(), *self._background) if t is not None]
+        pending = [t for t in (task, *self._attempts.values()) if t is not None]
         for t in pending:
             t.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.gather(*pending, self._background.cancel(), return_exceptions=True)
         self._inflight.clear()
         starts, self._starts = self._starts, []
         for start in starts:
@@ -621,9 +619,12 @@ class Engine(RunReads, OperatorActions):
     # The loop -------------------------------------------------------------------------------
 
     async def _loop(self) -> None:
+        """Turns of the engine, asleep between them until the next timer, a sweep or a wake-up
+        (the store's wake loop, D12.1)."""
         renew_at = house_at = 0
-        while True:
-            self._wake.clear()
+
+        async def turn() -> float | None:
+            nonlocal renew_at, house_at
             self._poked = False
             outcomes, self._outcomes = self._outcomes, []
             starts, self._starts = self._starts, []
@@ -658,7 +659,7 @@ class Engine(RunReads, OperatorActions):
                 self._starts[:0] = [s for s in starts if s is not fault.start]
                 self._stored.clear()
                 await isolate(self, fault)
-                continue
+                return 0.0
             except Exception:
                 # A failed turn is rolled back (on PostgreSQL, a deadlock between two workers'
                 # batches, or the server restarting and dropping every connection): keep its
@@ -669,28 +670,24 @@ class Engine(RunReads, OperatorActions):
                 self._stored.clear()
                 _log.exception("workflow engine turn failed; retrying")
                 await asyncio.sleep(self._sweep_ms / 1000)
-                continue
-            self._wake.clear()  # our own transaction set it
+                return 0.0
+            # Our own transaction set the wake-up; news that came during the turn is in the
+            # checks below, which the turn may not have seen.
+            self._wake.clear()
             for plan in plans:
                 task = asyncio.create_task(self._attempt(*plan), name=f"workflow-token-{plan[0]}")
                 self._inflight.add(plan[0], task, plan[3].attempt, plan[3].run_id)
                 task.add_done_callback(functools.partial(self._attempt_done, plan[0]))
             if self._outcomes or self._starts or self._poked or self._inflight.suspects:
-                continue  # news that came during the turn: the turn may not have seen it
-            delay = None
-            if next_ms is not None:
-                delay = wake_delay(next_ms)
+                return 0.0
+            delay = None if next_ms is None else wake_delay(next_ms)
             if self._store.shared:
                 # The sweep catches other workers' changes; leases are renewed well before expiry.
                 renew = max(min(renew_at, house_at) - self._now(), 0) / 1000
                 delay = min(delay or math.inf, self._sweep_ms / 1000, renew)
-            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation that
-            # races with the event being set (cpython#86296), and close() would hang.
-            try:
-                async with asyncio.timeout(delay):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
+            return delay
+
+        await run_rounds(self._wake, turn)
 
     async def _turn(
         self, starts: list[Start], outcomes: list[_Report]
@@ -937,9 +934,7 @@ class Engine(RunReads, OperatorActions):
             return Outcome("error", error=f"no python handler named {implementation['handler']!r}")
 
         def late() -> None:
-            task = asyncio.ensure_future(self._late(ctx.run_id, ctx.token_id, attempt))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._background.spawn(self._late(ctx.run_id, ctx.token_id, attempt))
 
         return await run_python(handler, ctx, what=what, on_late=late)
 
