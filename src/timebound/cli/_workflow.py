@@ -166,8 +166,9 @@ def _worker(args: argparse.Namespace) -> int:
                     # Unreachable (a server restarting, a network partition): a worker started
                     # meanwhile waits for it, as a running worker's turns do (D6.22).
                     print(f"timebound worker: {exc}; trying again", file=sys.stderr, flush=True)
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), pause)
+                    with contextlib.suppress(TimeoutError):  # never wait_for (D12.1)
+                        async with asyncio.timeout(pause):
+                            await stop.wait()
                     pause = min(pause * 2, 2.0)
                     continue
                 async with engine:
