@@ -8,7 +8,7 @@ transitions (``_transitions.py``) and its continuations (``_continuations.py``).
 from __future__ import annotations
 
 import json
-import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -26,7 +26,7 @@ __all__ = [
     "Gone",
     "IdempotencyConflict",
     "Operation",
-    "Outcome",
+    "StatusOutcome",
     "append_history",
     "check_continuation",
     "dump",
@@ -46,16 +46,16 @@ COLUMNS = (
     "next_poll_ms, retry_after_s, attempts, status_href, cancel_href, cancel_reason, "
     "cancel_requested_ms, correlation_id, continuation_digest, resumed_ms, resume_error, "
     "last_error_code, result_digest, late_result_digest, status_digest, retain_until_ms, "
-    "traceparent"
+    "traceparent, expires_set_by"
 )
 
 
 def now_ms() -> int:
     """The current instant in epoch milliseconds (the durable form, D1.10)."""
-    return math.floor(_clock.wall() * 1000)
+    return _clock.wall_ms()
 
 
-class Outcome(NamedTuple):
+class StatusOutcome(NamedTuple):
     """What :meth:`Registry.apply_status` did: ``applied``, and the stable code of a rejection
     (or of an applied rewrite such as ``connector-expired``)."""
 
@@ -105,6 +105,9 @@ class Operation:
     connector_updated_ms: int | None
     #: The W3C trace context of the span that registered it, when spans are exported (D10.6).
     traceparent: str | None = None
+    #: Where its lifetime was set (D2.8): ``connector``, ``action``, ``caller`` or ``host
+    #: policy``; ``None`` for an operation registered before this was stored.
+    expires_set_by: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -120,6 +123,7 @@ class Operation:
             "created_at": format_time(self.created_ms),
             "updated_at": format_time(self.updated_ms),
             "expires_at": format_time(self.expires_ms),
+            "expires_set_by": self.expires_set_by,
             "next_poll_at": None if self.next_poll_ms is None else format_time(self.next_poll_ms),
             "attempts": self.attempts,
             "cancelable": self.cancel_href is not None,
@@ -172,9 +176,17 @@ async def fetch_row(
 
 
 async def append_history(
-    tx: Tx, op_id: str, at: int, status: str, doc_digest: str | None, code: str | None
+    tx: Tx,
+    op_id: str,
+    at: int,
+    status: str,
+    doc_digest: str | None,
+    code: str | None,
+    *,
+    lifetime: Mapping[str, Any] | None = None,
 ) -> None:
-    """Append a history entry (a digest and a code, never a document) in ``tx``."""
+    """Append a history entry (a digest and a code, never a document) in ``tx``; ``lifetime``
+    is the row whose lifetime an expiry reports (D2.8)."""
     await tx.execute(
         "INSERT INTO tb_deferred_history (op_id, at_ms, status, digest, code) "
         "VALUES (?, ?, ?, ?, ?)",
@@ -185,4 +197,4 @@ async def append_history(
         code,
     )
     if enabled():  # heard by telemetry listeners once the commit succeeded (D10.3)
-        tx.announce(deferred_event(op_id, at, status, code))
+        tx.announce(deferred_event(op_id, at, status, code, lifetime=lifetime))
