@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .._core._deadline import Deadline
 from .._core._durations import Duration, to_ms, to_seconds
@@ -43,6 +43,15 @@ from ._rows import (
 
 __all__ = ["Transitions"]
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _public(func: _F) -> _F:
+    """Name ``func`` as users call it (``Registry.register``), so that the warnings for its old
+    keywords (D1.12) name the public class, not this part of it."""
+    func.__qualname__ = f"Registry.{func.__name__}"
+    return func
+
 
 class Transitions:
     """How :class:`~timebound.deferred.Registry` changes its operations (a part of it, which
@@ -62,6 +71,7 @@ class Transitions:
         action_max_ttl_s=Renamed("action_max_ttl"),
         preferred_retry_after_s=Renamed("preferred_retry_after"),
     )
+    @_public
     async def register(
         self,
         doc: dict[str, Any],
@@ -322,6 +332,7 @@ class Transitions:
         return done
 
     @renamed(delay_s=Renamed("delay"))
+    @_public
     async def poll_failed(self, op_id: str, delay: Duration, code: str) -> StatusOutcome:
         """A transient poll failure: the status stays, an attempt is spent, the poll backs off.
 
