@@ -151,3 +151,18 @@ async def test_the_fallback_event_says_the_reserve_fired(virtual_clock: VirtualC
     [fallback] = [e for e in seen if e.name == "fallback"]
     assert fallback.bound is not None
     assert fallback.bound.set_by == "reserve of policy GetUser"
+
+
+async def test_a_policy_without_an_attempt_timeout_still_ends_at_the_reserve(
+    virtual_clock: VirtualClock,
+) -> None:
+    """A plain policy has no attempt scope: the reserve itself must end the attempt."""
+
+    async def slow() -> str:
+        await asyncio.sleep(60)
+        return "fresh"
+
+    start = virtual_clock.now()
+    async with tb.fail_after(1):
+        assert await Policy("GetUser", fallback="cached", reserve="200ms").execute(slow) == "cached"
+    assert virtual_clock.now() - start == pytest.approx(0.8)

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core._errors import DeadlineExceeded, RetryExhausted, bound_origin
-from .._core._scopes import current_bound_error, enter_reserve, exit_reserve
+from .._core._scopes import current_bound_error, enter_reserve, exit_reserve, fail_after
 from ..telemetry import enabled as _telemetry_enabled
 from ._cache import CacheBackend, Uncacheable, canonical_arguments
 from ._cache import cache_key as _encode_key
@@ -118,7 +118,14 @@ async def _retry_async(
     except DeadlineExceeded as refused:
         return False, _reserve_ending(policy, refused)  # D1.21: no attempt, the fallback may
     try:
-        ok, result = await retry_async(policy, fn, args, kwargs, tele, observer)
+        # The frame only shows the reserved instant; this scope (no deadline of its own) is the
+        # first of this task under it, so it ends the attempts and delays there (D1.19).
+        with fail_after(None):
+            ok, result = await retry_async(policy, fn, args, kwargs, tele, observer)
+    except DeadlineExceeded as err:
+        if frame is None or getattr(err, "_timebound_binder", None) is not frame:
+            raise
+        return False, _reserve_ending(policy, err)
     finally:
         exit_reserve(frame)
     return ok, result if ok else _reserved_ending(policy, result)
@@ -141,7 +148,12 @@ def _retry_sync(
     except DeadlineExceeded as refused:
         return False, _reserve_ending(policy, refused)
     try:
-        ok, result = retry_sync(policy, fn, args, kwargs, tele, observer)
+        with fail_after(None):  # as in _retry_async (cooperative here, D1.6)
+            ok, result = retry_sync(policy, fn, args, kwargs, tele, observer)
+    except DeadlineExceeded as err:
+        if frame is None or getattr(err, "_timebound_binder", None) is not frame:
+            raise
+        return False, _reserve_ending(policy, err)
     finally:
         exit_reserve(frame)
     return ok, result if ok else _reserved_ending(policy, result)
