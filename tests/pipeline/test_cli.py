@@ -25,7 +25,7 @@ reg = sample.make_registry(fetch_features=10.0)
 plan = sample.make_plan(reg)
 
 def broken():
-    bad = pl.Plan("broken", registry=reg)
+    bad = pl.Plan("broken", catalog=reg)
     bad.timeout_wrapper(
         if_success=lambda c: c.task("call_models"),
         if_fail=lambda c: c.fill_defaults(["f_esr"]),
@@ -58,7 +58,7 @@ def test_compile_then_validate_an_artifact(workdir: Path) -> None:
     done = cli(workdir, "compile", "rank:plan", "-o", "a.json")
     assert done.returncode == 0, done.stderr
     assert json.loads((workdir / "a.json").read_bytes())["name"] == "rank_v1"
-    done = cli(workdir, "validate", "a.json", "--registry", "rank:reg")
+    done = cli(workdir, "validate", "a.json", "--catalog", "rank:reg")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("ok rank_v1 sha256:")
 
@@ -96,7 +96,7 @@ def test_a_validation_error_names_rule_and_place(workdir: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["validate", "a.json"], "needs --registry"),
+        (["validate", "a.json"], "needs --catalog"),
         (["run", "rank:plan", "--rows", "rows.txt"], "give a .parquet, .csv or .json"),
         (["run", "rank:plan", "--rows", "missing.csv"], "cannot read rows"),
         (["compile", "rank"], "write MODULE:NAME"),

@@ -181,7 +181,7 @@ def test_hostile_expressions_are_named(node: Any, message: str) -> None:
 )
 def test_registry_refuses_bad_definitions(call: Any, message: str) -> None:
     """Every bad key, param or task definition is a ConfigurationError that says why."""
-    reg = pl.Registry()
+    reg = pl.Catalog()
     reg.key("a", pa.int64())
     with pytest.raises(ConfigurationError, match=message):
         call(reg)
@@ -189,7 +189,7 @@ def test_registry_refuses_bad_definitions(call: Any, message: str) -> None:
 
 def test_a_generator_task_is_refused() -> None:
     """A generator cannot return columns: registering one is an error."""
-    reg = pl.Registry()
+    reg = pl.Catalog()
 
     def gen(ctx: Any, rows: Any) -> Any:
         yield {}

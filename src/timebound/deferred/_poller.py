@@ -26,7 +26,7 @@ from .._core._scopes import fail_after
 from .._store import wake_delay
 from ..telemetry._tracing import poll_span
 from ._contract import TERMINAL
-from ._registry import Operation, Outcome, Registry, now_ms
+from ._registry import Operation, Registry, StatusOutcome, now_ms
 
 __all__ = ["Connector", "PollRefused", "Poller", "TransientPollError"]
 
@@ -160,7 +160,7 @@ class Poller:
         self._task: asyncio.Task[None] | None = None
         self._polls: set[asyncio.Task[Any]] = set()
         # Answers waiting to be written, and the task writing them (see _record).
-        self._answers: list[tuple[str, object, asyncio.Future[Outcome]]] = []
+        self._answers: list[tuple[str, object, asyncio.Future[StatusOutcome]]] = []
         self._writer: asyncio.Task[None] | None = None
         #: How many polls started (for tests and metrics).
         self.polls_started = 0
@@ -275,7 +275,7 @@ class Poller:
         self._polls.add(task)
         task.add_done_callback(self._polls.discard)
 
-    async def _poll(self, op: Operation) -> Outcome:
+    async def _poll(self, op: Operation) -> StatusOutcome:
         assert op.module is not None
         taken = False
         try:
@@ -303,19 +303,19 @@ class Poller:
             self._wake.set()
             self._slot_freed.set()
 
-    async def _record(self, op_id: str, doc: object) -> Outcome:
+    async def _record(self, op_id: str, doc: object) -> StatusOutcome:
         # Answers that arrive in the same loop turn are written by one task in one transaction
         # (Registry.polled_many): at 10,000 pending, a commit per poll was most of a poll's cost
         # once validation got cheap. The row's next poll is written before this poll leaves
         # ``_polling``, so the loop cannot start a second poll of it meanwhile.
-        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[StatusOutcome] = asyncio.get_running_loop().create_future()
         self._answers.append((op_id, doc, future))
         if self._writer is None:
             self._writer = asyncio.get_running_loop().create_task(self._write_answers())
         return await future
 
     async def _write_answers(self) -> None:
-        batch: list[tuple[str, object, asyncio.Future[Outcome]]] = []
+        batch: list[tuple[str, object, asyncio.Future[StatusOutcome]]] = []
         try:
             while self._answers:
                 batch, self._answers = self._answers, []
@@ -343,21 +343,21 @@ class Poller:
                 future.cancel()  # stopped mid-write: the polls are cancelled with it
             self._answers = []
 
-    async def _failed(self, op: Operation, code: str) -> Outcome:
+    async def _failed(self, op: Operation, code: str) -> StatusOutcome:
         # The same stretching cadence as a successful poll: a failing connector is not asked
         # more often than a slow one.
         delay = self.registry.policy.poll_delay_s(op.retry_after_s, op.attempts + 1)
         return await self.registry.poll_failed(op.id, delay, code)
 
-    async def poll_now(self, op_id: str) -> Outcome:
+    async def poll_now(self, op_id: str) -> StatusOutcome:
         """An operator's "poll now": under the same rate cap and module limit as the loop."""
         op = await self.registry.get(op_id)
         if op is None:
-            return Outcome(False, "not-found")
+            return StatusOutcome(False, "not-found")
         if op.terminal:
-            return Outcome(False, "terminal")
+            return StatusOutcome(False, "terminal")
         if op.module not in self.connectors:
-            return Outcome(False, "no-connector")
+            return StatusOutcome(False, "no-connector")
         while (
             op.id in self._polling
             or self._inflight[op.module] >= self.registry.policy.per_module_inflight
@@ -396,6 +396,6 @@ class Poller:
         return fresh.describe()
 
 
-def _settle(future: asyncio.Future[Outcome], outcome: Outcome) -> None:
+def _settle(future: asyncio.Future[StatusOutcome], outcome: StatusOutcome) -> None:
     if not future.done():  # its poll may have been cancelled meanwhile
         future.set_result(outcome)

@@ -51,7 +51,7 @@ __all__ = [
     "Gone",
     "IdempotencyConflict",
     "Operation",
-    "Outcome",
+    "StatusOutcome",
     "Registry",
     "Resumption",
     "now_ms",
@@ -77,7 +77,7 @@ def now_ms() -> int:
     return _clock.wall_ms()
 
 
-class Outcome(NamedTuple):
+class StatusOutcome(NamedTuple):
     """What :meth:`Registry.apply_status` did: ``applied``, and the stable code of a rejection
     (or of an applied rewrite such as ``connector-expired``)."""
 
@@ -448,7 +448,7 @@ class Registry(Continuations):
 
     # The state machine -------------------------------------------------------------------
 
-    async def apply_status(self, op_id: str, status_doc: object) -> Outcome:
+    async def apply_status(self, op_id: str, status_doc: object) -> StatusOutcome:
         """Apply a connector's status document under the host's rules (D7.2).
 
         Never raises for a bad document: a rejection keeps the old state, appends a history
@@ -458,14 +458,14 @@ class Registry(Continuations):
         async with self._store.transaction() as tx:
             row = await self._row(tx, op_id, lock=True)
             if row is None:
-                return Outcome(False, "not-found")
+                return StatusOutcome(False, "not-found")
             outcome, _ = await self._apply(tx, row, status_doc, at)
         self._changed()
         return outcome
 
     async def _apply(
         self, tx: Tx, row: dict[str, Any], doc: object, at: int
-    ) -> tuple[Outcome, str]:
+    ) -> tuple[StatusOutcome, str]:
         """Apply ``doc`` to ``row``; the outcome and the status the row has afterwards."""
         op_id: str = row["id"]
         status: str = row["status"]
@@ -473,23 +473,23 @@ class Registry(Continuations):
             validate_status(doc)
         except SchemaError:
             await self._history(tx, op_id, at, status, None, "schema")
-            return Outcome(False, "schema"), status
+            return StatusOutcome(False, "schema"), status
         assert isinstance(doc, dict)
         doc_digest = digest(doc)
         if doc["operation/id"] != op_id or doc["operation/kind"] != row["kind"]:
             await self._history(tx, op_id, at, status, doc_digest, "identity-mismatch")
-            return Outcome(False, "identity-mismatch"), status
+            return StatusOutcome(False, "identity-mismatch"), status
         new: str = doc["status"]
         if status in TERMINAL:
             if doc_digest == row["status_digest"]:
-                return Outcome(False, None), status
+                return StatusOutcome(False, None), status
             await self._history(tx, op_id, at, status, doc_digest, "terminal-conflict")
-            return Outcome(False, "terminal-conflict"), status
+            return StatusOutcome(False, "terminal-conflict"), status
         updated = parse_time(doc["updated_at"]) if "updated_at" in doc else None
         prior = row["connector_updated_ms"]
         if updated is not None and prior is not None and updated < prior:
             await self._history(tx, op_id, at, status, doc_digest, "stale-status")
-            return Outcome(False, "stale-status"), status
+            return StatusOutcome(False, "stale-status"), status
         if new == "completed" and at >= row["expires_ms"]:
             # Too late to resume anything: record the result's digest and expire (D7.2).
             await tx.execute(
@@ -499,10 +499,10 @@ class Registry(Continuations):
             )
             await self._history(tx, op_id, at, status, doc_digest, "late-completion")
             await self._expire(tx, row, at, "expired", "the operation's lifetime ended")
-            return Outcome(False, "late-completion"), "expired"
+            return StatusOutcome(False, "late-completion"), "expired"
         if status == "running" and new == "pending":
             await self._history(tx, op_id, at, status, doc_digest, "status-regression")
-            return Outcome(False, "status-regression"), status
+            return StatusOutcome(False, "status-regression"), status
         code: str | None = None
         error = doc.get("error")
         if new == "expired":  # only the host writes expired (D7.2)
@@ -538,7 +538,7 @@ class Registry(Continuations):
         # A live operation's unusable hint is recorded (D7.8); an ended one is asked nothing more.
         noted = code or (None if valid or terminal else "invalid-hint")
         await self._history(tx, op_id, at, new, doc_digest, noted)
-        return Outcome(True, code), new
+        return StatusOutcome(True, code), new
 
     async def _expire(self, tx: Tx, row: dict[str, Any], at: int, code: str, message: str) -> None:
         error = _error(code, message)
@@ -556,7 +556,7 @@ class Registry(Continuations):
 
     async def finish(
         self, op_id: str, status: str, *, result: Any = None, error: dict[str, Any] | None = None
-    ) -> Outcome:
+    ) -> StatusOutcome:
         """A host-served operation reaches ``status`` (``running`` or a terminal status).
 
         The document is built here and applied through the same state machine as a
@@ -648,7 +648,7 @@ class Registry(Continuations):
         return [_row_op(r) for r in rows]
 
     @renamed(delay_s=Renamed("delay"))
-    async def poll_failed(self, op_id: str, delay: Duration, code: str) -> Outcome:
+    async def poll_failed(self, op_id: str, delay: Duration, code: str) -> StatusOutcome:
         """A transient poll failure: the status stays, an attempt is spent, the poll backs off.
 
         Out of attempts (``max_attempts``), the operation expires with
@@ -659,7 +659,7 @@ class Registry(Continuations):
         async with self._store.transaction() as tx:
             row = await self._row(tx, op_id, lock=True)
             if row is None or row["status"] in TERMINAL:
-                return Outcome(False, None)
+                return StatusOutcome(False, None)
             attempts = row["attempts"] + 1
             await self._history(tx, op_id, at, row["status"], None, code)
             if self._out_of_attempts(attempts):
@@ -667,7 +667,7 @@ class Registry(Continuations):
                     "UPDATE tb_deferred_ops SET attempts = ? WHERE id = ?", attempts, op_id
                 )
                 await self._expire(tx, row, at, "poll-budget-exhausted", "no poll attempts left")
-                return Outcome(True, "poll-budget-exhausted")
+                return StatusOutcome(True, "poll-budget-exhausted")
             await tx.execute(
                 "UPDATE tb_deferred_ops SET attempts = ?, next_poll_ms = ?, last_error_code = ? "
                 "WHERE id = ?",
@@ -676,9 +676,9 @@ class Registry(Continuations):
                 code,
                 op_id,
             )
-        return Outcome(True, code)
+        return StatusOutcome(True, code)
 
-    async def refuse(self, op_id: str, code: str, message: str) -> Outcome:
+    async def refuse(self, op_id: str, code: str, message: str) -> StatusOutcome:
         """A connector answered something the host refuses outright (an href to another origin,
         D7.12; an answer past the byte cap, D6.21): the operation fails with ``code``, through
         the same state machine as a connector's own ``failed``."""
@@ -686,7 +686,7 @@ class Registry(Continuations):
         async with self._store.transaction() as tx:
             row = await self._row(tx, op_id, lock=True)
             if row is None or row["status"] in TERMINAL:
-                return Outcome(False, None)
+                return StatusOutcome(False, None)
             doc = {
                 "schema": STATUS_SCHEMA,
                 "schema/v": 1,
@@ -698,19 +698,19 @@ class Registry(Continuations):
             }
             outcome, _ = await self._apply(tx, row, doc, at)
         self._changed()
-        return Outcome(outcome.applied, code)
+        return StatusOutcome(outcome.applied, code)
 
     def _out_of_attempts(self, attempts: int) -> bool:
         cap = self.policy.max_attempts
         return cap is not None and attempts >= cap
 
-    async def polled(self, op_id: str, status_doc: object, *, resume: bool = True) -> Outcome:
+    async def polled(self, op_id: str, status_doc: object, *, resume: bool = True) -> StatusOutcome:
         """Apply the status a poll returned and count the attempt (the poller's path)."""
         return (await self.polled_many([(op_id, status_doc)], resume=resume))[0]
 
     async def polled_many(
         self, answers: list[tuple[str, object]], *, resume: bool = True
-    ) -> list[Outcome]:
+    ) -> list[StatusOutcome]:
         """:meth:`polled` for a round of answers, in one transaction: one commit (and, with
         ``synchronous=FULL``, one fsync) per round instead of one per poll.
 
@@ -722,7 +722,7 @@ class Registry(Continuations):
         """
         at = now_ms()
         order = sorted(range(len(answers)), key=lambda i: answers[i][0])
-        outcomes: list[Outcome] = [Outcome(False, None)] * len(answers)
+        outcomes: list[StatusOutcome] = [StatusOutcome(False, None)] * len(answers)
         async with self._store.transaction() as tx:
             for i in order:
                 op_id, doc = answers[i]
@@ -732,10 +732,10 @@ class Registry(Continuations):
         self._changed()
         return outcomes
 
-    async def _polled(self, tx: Tx, op_id: str, status_doc: object, at: int) -> Outcome:
+    async def _polled(self, tx: Tx, op_id: str, status_doc: object, at: int) -> StatusOutcome:
         row = await self._row(tx, op_id, lock=True)
         if row is None:
-            return Outcome(False, "not-found")
+            return StatusOutcome(False, "not-found")
         attempts = row["attempts"] + 1
         row = {**row, "attempts": attempts}
         outcome, status = await self._apply(tx, row, status_doc, at)
@@ -747,7 +747,7 @@ class Registry(Continuations):
         if status not in TERMINAL:
             if self._out_of_attempts(attempts):
                 await self._expire(tx, row, at, "poll-budget-exhausted", "no poll attempts left")
-                outcome = Outcome(outcome.applied, "poll-budget-exhausted")
+                outcome = StatusOutcome(outcome.applied, "poll-budget-exhausted")
             elif not outcome.applied:
                 # A rejected answer is not progress: poll again after the clamped interval.
                 await tx.execute(

@@ -1,9 +1,10 @@
-"""The data model: keys, params (with origins), write effects and tasks, held by a Registry."""
+"""The data model: keys, params (with origins), write effects and tasks, held by a Catalog."""
 
 from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -19,7 +20,9 @@ __all__ = [
     "KeyDef",
     "P",
     "ParamDef",
-    "Registry",
+    "Catalog",
+    "deprecated_registry",
+    "renamed_catalog",
     "Switch",
     "TaskSpec",
     "Union",
@@ -221,11 +224,11 @@ class TaskSpec:
     timeout: float | None = None
 
 
-class Registry:
+class Catalog:
     """Keys, params and tasks one engine (or one compiler run) knows about.
 
-    A registry is an ordinary object: engines and plans share one only when they are given the
-    same one.
+    A catalog is an ordinary object: engines and plans share one only when they are given the
+    same one. (It was called ``Registry``, a name :class:`timebound.deferred.Registry` also has.)
     """
 
     def __init__(self) -> None:
@@ -341,3 +344,23 @@ class Registry:
             return fn
 
         return decorate
+
+
+def renamed_catalog(catalog: Catalog | None, registry: Catalog | None, owner: str) -> Catalog:
+    """``catalog``, or the deprecated keyword ``registry`` given in its place (with a warning)."""
+    if registry is None:
+        if catalog is None:
+            raise ConfigurationError(f"{owner} needs a catalog: {owner}(..., catalog=pl.Catalog())")
+        return catalog
+    if catalog is not None:
+        raise ConfigurationError(f"{owner} takes catalog= (registry= is its old name), not both")
+    warnings.warn(
+        f"{owner}(registry=...) is now {owner}(catalog=...)", DeprecationWarning, stacklevel=3
+    )
+    return registry
+
+
+def deprecated_registry(catalog: Catalog, owner: str) -> Catalog:
+    """The value of the deprecated ``.registry`` attribute, with its warning."""
+    warnings.warn(f"{owner}.registry is now {owner}.catalog", DeprecationWarning, stacklevel=3)
+    return catalog
