@@ -110,8 +110,7 @@ def _exports() -> Iterator[tuple[str, Any]]:
 def _callables(where: str, value: Any) -> Iterator[tuple[str, Callable[..., Any]]]:
     """The public callables of one export: itself, and a class's constructor and methods."""
     if inspect.isclass(value):
-        if issubclass(value, BaseException) or not issubclass(value, tuple):
-            yield where, value
+        yield where, value
         for attr, member in vars(value).items():
             if attr.startswith("_") or isinstance(member, property):
                 continue
