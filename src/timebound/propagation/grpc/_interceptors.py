@@ -29,7 +29,7 @@ from typing import Any, Final, NamedTuple
 
 from ..._core._classify import bound_origin
 from ..._core._deadline import Deadline
-from ..._core._durations import ceil_ms
+from ..._core._durations import Duration, ceil_ms
 from ..._core._errors import DeadlineExceeded
 from ..._core._request import RequestState, _request
 from ..._core._scopes import _spawn_detached, inherit_deadline
@@ -265,7 +265,7 @@ class _ServerBase:
         enabled: bool,
         destination: Destination | None,
         absolute_metadata: str | None = ABSOLUTE_METADATA,
-        clock_skew: float = DEFAULT_SKEW,
+        clock_skew: Duration = DEFAULT_SKEW,
     ) -> None:
         self._enabled = enabled
         self._destination = destination or _default_destination
@@ -512,7 +512,7 @@ def server_interceptor(
     enabled: bool = True,
     destination: Destination | None = None,
     absolute_metadata: str | None = ABSOLUTE_METADATA,
-    clock_skew: float = DEFAULT_SKEW,
+    clock_skew: Duration = DEFAULT_SKEW,
 ) -> grpc.ServerInterceptor:
     """A ``grpc.ServerInterceptor`` that makes the client's deadline the handler's deadline.
 
@@ -538,7 +538,7 @@ def aio_server_interceptor(
     enabled: bool = True,
     destination: Destination | None = None,
     absolute_metadata: str | None = ABSOLUTE_METADATA,
-    clock_skew: float = DEFAULT_SKEW,
+    clock_skew: Duration = DEFAULT_SKEW,
 ) -> grpc.aio.ServerInterceptor:
     """The ``grpc.aio`` twin of :func:`server_interceptor`: the bound is set in the call's task.
 
