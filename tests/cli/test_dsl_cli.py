@@ -535,6 +535,7 @@ def test_check_without_modules_checks_syntax_and_types(
     _setup(workdir, "in who: String\ng = Greet(who) with timeout: 1s\nout g\n")
     assert main(["check", "prog.cst"]) == 0
     assert capsys.readouterr().out == (
+        "prog.cst:2:5: info TB-T030: worst case 1s: 1 attempt, 1s each\n"
         "prog.cst: ok without modules (0 warnings; module calls not checked: "
         "add --modules MODULE to check them)\n"
     )

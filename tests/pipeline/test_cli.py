@@ -72,6 +72,9 @@ def test_run_prints_rows_wrappers_and_the_critical_path(workdir: Path) -> None:
     assert lines[1].split() == ["1", "null", "1.0", "null"]
     assert "chosen_branch=fail" in lines[4]
     assert lines[5].startswith("critical path: task:call_models")
+    # Then a lane per span, drawn as the Constellation call timeline is (D10.7).
+    assert lines[7].startswith("span") and "timeline (0 .. " in lines[7]
+    assert any(line.startswith("timeout_wrapper ") and "timed_out" in line for line in lines[8:])
 
 
 def test_run_json_from_parquet(workdir: Path) -> None:

@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import multiprocessing
-import pickle
 import signal
 import sys
 import threading
@@ -88,7 +86,7 @@ def _bounds(timeout: Duration | None, what: str | None) -> _Bounds:
         own = _clock.now() + seconds
         if own < eff:
             err = DeadlineExceeded(
-                source="scope", timeout=seconds, deadline=Deadline(own), what=what
+                source="scope", timeout=seconds, deadline=Deadline(own), what=what, set_by=what
             )
             return _Bounds(own, err, True)
     if eff == _INF:
@@ -265,7 +263,12 @@ def run_with_signal(
     try:
         _arm(alarm)
         if b.own:
-            with inherit_deadline(Deadline(b.when), source="scope", timeout=b.error.timeout):
+            with inherit_deadline(
+                Deadline(b.when),
+                source="scope",
+                timeout=b.error.timeout,
+                set_by=b.error.set_by,
+            ):
                 result = _call_unprotected(fn, args, kwargs)
         else:
             result = _call_unprotected(fn, args, kwargs)
@@ -333,7 +336,12 @@ def run_in_thread(
         try:
             if b.own:
                 assert b.error is not None
-                with inherit_deadline(Deadline(b.when), source="scope", timeout=b.error.timeout):
+                with inherit_deadline(
+                    Deadline(b.when),
+                    source="scope",
+                    timeout=b.error.timeout,
+                    set_by=b.error.set_by,
+                ):
                     outcome.append((True, fn(*args, **kwargs)))
             else:
                 outcome.append((True, fn(*args, **kwargs)))
@@ -466,6 +474,8 @@ _TERMINATE_GRACE: Final = 0.05
 
 
 def _default_start_method() -> str:
+    import multiprocessing
+
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
@@ -479,6 +489,8 @@ def _child(
     timeout: float | None,
 ) -> None:
     """Subprocess entry: run ``fn`` under the parent's remaining budget, send the outcome."""
+    import pickle
+
     message: tuple[bool, Any]
     try:
         # Unpickled here, not by multiprocessing's bootstrap: a function the child cannot import
@@ -530,6 +542,11 @@ def run_in_process(
     (SIGTERM), then killed (SIGKILL) if it has not exited within 50 ms, and the caller gets
     :class:`DeadlineExceeded`. Process start-up counts against the deadline.
     """
+    # Imported here: multiprocessing and pickle are most of this module's import, and code that
+    # only reads deadlines (everything that imports telemetry) would pay for them.
+    import multiprocessing
+    import pickle
+
     method = start_method or _default_start_method()
     if method not in ("forkserver", "spawn"):
         raise ConfigurationError(

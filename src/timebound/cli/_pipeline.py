@@ -21,6 +21,8 @@ import pyarrow as pa
 
 from timebound import pipeline as pl
 
+from ._render import span_timeline
+
 __all__ = ["register"]
 
 
@@ -249,6 +251,8 @@ def _run_cmd(args: argparse.Namespace) -> int:
         print(f"wrapper {node_id}: {fields}")
     path = result.trace.critical_path()
     print("critical path: " + " -> ".join(f"{s['node_id']} ({_ms(s)})" for s in path))
+    print()
+    span_timeline(result.trace.spans, sys.stdout)
     return 0
 
 

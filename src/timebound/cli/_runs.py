@@ -156,9 +156,10 @@ def _show_detail(detail: Any) -> str:
         lines.append(f"error       {run['error']}")
     fired = detail.get("bound_fired")
     if fired:
+        where = " ".join(str(fired[k]) for k in ("bound_set_by", "bound_set_by_id") if fired.get(k))
         lines.append(
             f"bound fired {fired.get('timeout_type')} {_ms_text(fired.get('timeout_duration_ms'))}"
-            f" (set by {fired.get('bound_set_by', '?')})"
+            f" (set by {where or '?'})"
         )
     lines.append(f"input       {json.dumps(run.get('input'))}")
     return "\n".join(lines)

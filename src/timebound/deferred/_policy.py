@@ -178,14 +178,36 @@ class HostPolicy:
         may round up by a millisecond). A caller deadline already spent raises
         ``DeadlineExceeded(source="deferred")``.
         """
-        present: list[float] = []
-        for name, value in (("fail_after", fail_after), ("action_max_ttl", action_max_ttl)):
+        return self.lifetime_bound(
+            now_epoch_ms,
+            fail_after=fail_after,
+            action_max_ttl=action_max_ttl,
+            caller_deadline=caller_deadline,
+        )[0]
+
+    def lifetime_bound(
+        self,
+        now_epoch_ms: int,
+        *,
+        fail_after: Duration | None = None,
+        action_max_ttl: Duration | None = None,
+        caller_deadline: Deadline | datetime | int | None = None,
+    ) -> tuple[float, str]:
+        """:meth:`lifetime_s` and where it was set (D2.8): ``connector`` (its ``expires_at``),
+        ``action`` (its max TTL), ``caller`` (its deadline) or ``host policy`` (``max_ttl``);
+        at a tie the larger scope (host policy, caller, action, connector), as D6.4."""
+        present: list[tuple[float, int, str]] = []
+        for rank, name, value in (
+            (3, "fail_after", fail_after),
+            (2, "action_max_ttl", action_max_ttl),
+        ):
             if value is None:
                 continue
             try:
-                present.append(to_seconds(value, option=name))
+                seconds = to_seconds(value, option=name)
             except ConfigurationError as exc:
                 raise ConfigurationError(f"HostPolicy.expires_at: {exc}", option=name) from None
+            present.append((seconds, rank, "connector" if rank == 3 else "action"))
         if caller_deadline is not None:
             until_ms = _caller_epoch_ms(caller_deadline)
             if until_ms is not None:
@@ -197,10 +219,14 @@ class HostPolicy:
                         deadline=caller_deadline
                         if isinstance(caller_deadline, Deadline)
                         else Deadline.from_epoch_ms(until_ms),
+                        set_by="caller",
                     )
-                present.append(left)
-        requested = min(present) if present else float(self.max_ttl)
-        return max(0.0, min(requested, float(self.max_ttl)))
+                present.append((left, 1, "caller"))
+        max_ttl = float(self.max_ttl)
+        if not present or min(present)[0] >= max_ttl:
+            return max_ttl, "host policy"
+        requested, _, set_by = min(present)
+        return max(0.0, requested), set_by
 
     @renamed(fail_after_s=Renamed("fail_after"), action_max_ttl_s=Renamed("action_max_ttl"))
     def expires_at(

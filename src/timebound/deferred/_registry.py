@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -68,7 +68,7 @@ _COLUMNS = (
     "next_poll_ms, retry_after_s, attempts, status_href, cancel_href, cancel_reason, "
     "cancel_requested_ms, correlation_id, continuation_digest, resumed_ms, resume_error, "
     "last_error_code, result_digest, late_result_digest, status_digest, retain_until_ms, "
-    "traceparent"
+    "traceparent, expires_set_by"
 )
 
 
@@ -127,6 +127,9 @@ class Operation:
     connector_updated_ms: int | None
     #: The W3C trace context of the span that registered it, when spans are exported (D10.6).
     traceparent: str | None = None
+    #: Where its lifetime was set (D2.8): ``connector``, ``action``, ``caller`` or ``host
+    #: policy``; ``None`` for an operation registered before this was stored.
+    expires_set_by: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -142,6 +145,7 @@ class Operation:
             "created_at": format_time(self.created_ms),
             "updated_at": format_time(self.updated_ms),
             "expires_at": format_time(self.expires_ms),
+            "expires_set_by": self.expires_set_by,
             "next_poll_at": None if self.next_poll_ms is None else format_time(self.next_poll_ms),
             "attempts": self.attempts,
             "cancelable": self.cancel_href is not None,
@@ -358,7 +362,7 @@ class Registry(Continuations):
         cont_text = None if continuation is None else check_continuation(continuation)
         at = now_ms()
         fail_after = (parse_time(doc["expires_at"]) - parse_time(doc["created_at"])) / 1000
-        life = self.policy.lifetime_s(
+        life, life_set_by = self.policy.lifetime_bound(
             at,
             fail_after=fail_after,
             action_max_ttl=action_max_ttl,
@@ -395,8 +399,8 @@ class Registry(Continuations):
                 "INSERT INTO tb_deferred_ops (id, kind, module, status, created_ms, updated_ms, "
                 "expires_ms, next_poll_ms, retry_after_s, status_href, cancel_href, "
                 "cancel_reason, correlation_id, idem_digest, request_digest, continuation, "
-                "continuation_digest, status_digest, traceparent) "
-                "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "continuation_digest, status_digest, traceparent, expires_set_by) "
+                "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 op_id,
                 doc["operation/kind"],
                 module,
@@ -415,6 +419,7 @@ class Registry(Continuations):
                 None if continuation is None else digest(continuation),
                 None,
                 caller_traceparent(),
+                life_set_by,
             )
             await self._history(
                 tx, op_id, at, "pending", digest(doc), None if valid else "invalid-hint"
@@ -432,7 +437,15 @@ class Registry(Continuations):
         return math.ceil(self.policy.poll_delay_s(retry_after, polls) * 1000)
 
     async def _history(
-        self, tx: Tx, op_id: str, at: int, status: str, doc_digest: str | None, code: str | None
+        self,
+        tx: Tx,
+        op_id: str,
+        at: int,
+        status: str,
+        doc_digest: str | None,
+        code: str | None,
+        *,
+        lifetime: Mapping[str, Any] | None = None,
     ) -> None:
         await tx.execute(
             "INSERT INTO tb_deferred_history (op_id, at_ms, status, digest, code) "
@@ -444,7 +457,7 @@ class Registry(Continuations):
             code,
         )
         if enabled():  # heard by telemetry listeners once the commit succeeded (D10.3)
-            tx.announce(deferred_event(op_id, at, status, code))
+            tx.announce(deferred_event(op_id, at, status, code, lifetime=lifetime))
 
     # The state machine -------------------------------------------------------------------
 
@@ -552,7 +565,10 @@ class Registry(Continuations):
             at + self.policy.retain * 1000,
             row["id"],
         )
-        await self._history(tx, row["id"], at, "expired", None, code)
+        # The bound an expiry reports (D2.8): the row's lifetime and where it was set; a
+        # spent poll budget is no deadline.
+        lifetime = None if code == "poll-budget-exhausted" else row
+        await self._history(tx, row["id"], at, "expired", None, code, lifetime=lifetime)
 
     async def finish(
         self, op_id: str, status: str, *, result: Any = None, error: dict[str, Any] | None = None
@@ -589,7 +605,8 @@ class Registry(Continuations):
         done = 0
         async with self._store.transaction() as tx:
             rows = await tx.fetch(
-                "SELECT id, status FROM tb_deferred_ops WHERE status IN ('pending', 'running') "
+                "SELECT id, status, created_ms, expires_ms, expires_set_by FROM tb_deferred_ops "
+                "WHERE status IN ('pending', 'running') "
                 f"AND expires_ms <= ? ORDER BY expires_ms LIMIT ?{self._store.skip_locked()}",
                 at,
                 limit,

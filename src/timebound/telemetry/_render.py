@@ -37,8 +37,12 @@ def _policy(event: Event) -> str | None:
 
 
 def _length(event: Event) -> str:
+    """The bound's length and where it was set (D2.8), each followed by ", " when known."""
     bound = event.bound
-    return "" if bound is None or bound.timeout is None else f"{format_duration(bound.timeout)}, "
+    if bound is None:
+        return ""
+    length = "" if bound.timeout is None else f"{format_duration(bound.timeout)}, "
+    return length + ("" if bound.set_by is None else f"set by {bound.set_by}, ")
 
 
 def _workflow(event: Event) -> str | None:

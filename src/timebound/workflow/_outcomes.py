@@ -15,7 +15,19 @@ from ._limits import RunLimitExceeded, check_growth
 from ._rows import PRIORITY_TOKEN, decode, encode
 from ._runs import RunMoves
 
-__all__ = ["Outcomes", "retry_delay_ms"]
+__all__ = ["Outcomes", "retry_delay_ms", "retry_plan"]
+
+
+def retry_plan(block: RetryBlock, what: str) -> RetryPlan:
+    """The retry decision core's plan for a node's ``retry`` block (D3.1-D3.2): what the
+    engine decides each retry with, and what the worst-case time check reads (D14.6)."""
+    return RetryPlan(
+        what,
+        retry=block.max_attempts - 1,
+        delay=block.delay_ms / 1000,
+        backoff=block.backoff,
+        max_delay=block.max_delay_ms / 1000,
+    )
 
 
 def retry_delay_ms(block: RetryBlock, attempts_done: int, error: str, what: str) -> int | None:
@@ -25,13 +37,7 @@ def retry_delay_ms(block: RetryBlock, attempts_done: int, error: str, what: str)
     counting and backoff; the engine persists the delay as the token's ``not_before`` instead of
     sleeping.
     """
-    plan = RetryPlan(
-        what,
-        retry=block.max_attempts - 1,
-        delay=block.delay_ms / 1000,
-        backoff=block.backoff,
-        max_delay=block.max_delay_ms / 1000,
-    )
+    plan = retry_plan(block, what)
     _, decision = plan.failed(RetryState(attempt=attempts_done - 1), RuntimeError(error))
     return round(decision.delay * 1000) if isinstance(decision, RetryAt) else None
 
@@ -51,12 +57,13 @@ class Outcomes(RunMoves):
         duration: int | None = None,
         cause: str | None = None,
         set_by: str | None = None,
+        set_by_id: str | None = None,
     ) -> None:
         """The node's deadline was reached: its ``on_timeout`` policy (D6.1).
 
-        ``duration``, ``cause`` and ``set_by`` describe a bound enforced elsewhere (a child
-        run's timeout, a deadline a called service reported spent); by default the bound is
-        the node's ``timeout_ms``, else its action's (D6.17).
+        ``duration``, ``cause`` and ``set_by`` (with ``set_by_id``) describe a bound enforced
+        elsewhere (a child run's timeout, a deadline a called service reported spent); by
+        default the bound is the node's ``timeout_ms``, else its action's (D6.17).
         """
         definition = await self.definition(tx, run)
         node = definition.nodes[tok["node_id"]]
@@ -64,6 +71,8 @@ class Outcomes(RunMoves):
             duration = definition.node_timeout_ms(node)
         if set_by is None:
             set_by = "node" if node.timeout_set else "action"
+        if set_by_id is None:
+            set_by_id = {"node": node.id, "action": node.action_id}.get(set_by)
         deadline_at = tok["timeout_at"]
         policy = definition.node_on_timeout(node)
         if tok["status"] in ("pending", "dispatched"):
@@ -75,7 +84,15 @@ class Outcomes(RunMoves):
             cause = cause or f"a called service spent the {duration}ms budget sent with it"
         if policy == "retry" and tok["retry_count"] < node.max_retries:
             await self._timed_out_event(
-                tx, tok, "execution", duration, "retry", deadline_at, now, set_by=set_by
+                tx,
+                tok,
+                "node",
+                duration,
+                "retry",
+                deadline_at,
+                now,
+                set_by=set_by,
+                set_by_id=set_by_id,
             )
             self._cancel_attempt(tok["id"])
             await self.children.cancel_children(tx, tok["id"], now)
@@ -100,9 +117,9 @@ class Outcomes(RunMoves):
                 retry_count=tok["retry_count"] + 1,
             )
             return
-        await self._set_token(tx, tok, "timed_out", now, reason="execution_timeout")
+        await self._set_token(tx, tok, "timed_out", now, reason="node_timeout")
         await self._timed_out_event(
-            tx, tok, "execution", duration, "fail", deadline_at, now, set_by=set_by
+            tx, tok, "node", duration, "fail", deadline_at, now, set_by=set_by, set_by_id=set_by_id
         )
         error = f"timed out: {cause}" if cause else f"timed out after {duration}ms"
         await self._token_ended_badly(

@@ -133,7 +133,7 @@ class TokenMoves(HeldRows):
             self._cancel_attempt(tok["id"])
             if tok["child_run_id"] is not None:
                 await self.children.cancel_children(tx, tok["id"], now)
-        if status != "timed_out":  # token_timed_out carries the seed's richer shape
+        if status != "timed_out":  # token_timed_out is written with the bound that fired
             await tx.append_event(
                 tok["run_id"],
                 f"token_{status}",
@@ -155,10 +155,12 @@ class TokenMoves(HeldRows):
         now: int,
         *,
         set_by: str | None = None,
+        set_by_id: str | None = None,
     ) -> None:
         """Record the bound that fired: its layer, length, policy, deadline and (D6.17) where
         it was set: ``definition``, ``caller``, ``parent``, ``node``, ``action``, ``join`` or
-        ``propagated``."""
+        ``propagated``, with the id of that definition, node, action or join transition
+        (``bound_set_by_id``, D2.8)."""
         lag = None if deadline_at is None else now - deadline_at
         await tx.append_event(
             tok["run_id"],
@@ -170,6 +172,7 @@ class TokenMoves(HeldRows):
             timeout_type=timeout_type,
             timeout_duration_ms=duration_ms,
             bound_set_by=set_by,
+            bound_set_by_id=set_by_id,
             policy_applied=policy,
             deadline_at=deadline_at,
             detection_lag_ms=lag,

@@ -6,5 +6,4 @@ its module. Users import them by their public names, :mod:`timebound.propagation
 :mod:`timebound.propagation.psycopg` and :mod:`timebound.propagation.redis`.
 """
 
-# A room, not an API: it exports nothing itself (the public modules re-export its parts).
-__all__: list[str] = []
+__all__: list[str] = []  # a room: its names are public through the modules beside it

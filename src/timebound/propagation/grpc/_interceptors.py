@@ -244,7 +244,9 @@ class _CallBound:
         self.budget = budget
         deadline = Deadline.after(budget)
         self.state = RequestState(deadline_received_ms=max(0, ceil_ms(received)), deadline=deadline)
-        self._bound = inherit_deadline(deadline, source="inherited", timeout=self.budget)
+        self._bound = inherit_deadline(
+            deadline, source="inherited", timeout=self.budget, set_by="gRPC interceptor"
+        )
 
     def enter(self) -> contextvars.Token[RequestState | None]:
         token = _request.set(self.state)

@@ -7,5 +7,4 @@ attempts from :mod:`timebound.propagation._client`. Users import them by their p
 they share with gRPC is :mod:`timebound.propagation._codec`.
 """
 
-# A room, not an API: it exports nothing itself (the public modules re-export its parts).
-__all__: list[str] = []
+__all__: list[str] = []  # a room: its names are public through the modules beside it

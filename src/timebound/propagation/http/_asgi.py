@@ -69,6 +69,9 @@ from ._server import (
 
 __all__ = ["AdmissionMiddleware", "DeadlineMiddleware"]
 
+#: Where a request's inherited deadline was set, as its DeadlineExceeded says (D2.8).
+SET_BY = "ASGI middleware"
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -177,7 +180,7 @@ class DeadlineMiddleware:
         receive = _body_receiver(receive, arrival)
         token = _request.set(arrival.state)
         try:
-            with inherit_deadline(arrival.deadline):
+            with inherit_deadline(arrival.deadline, set_by=SET_BY):
                 try:
                     if self.cancel_on_expiry:
                         # The inherited bound is the binding one, so a firing scope reports
@@ -219,6 +222,7 @@ def _body_receiver(receive: Receive, arrival: Arrival) -> Receive:
                 timeout=arrival.seconds,
                 deadline=arrival.deadline,
                 what="request body",
+                set_by=SET_BY,
             )
         return message
 

@@ -60,6 +60,9 @@ from ._server import (
 
 __all__ = ["AdmissionMiddleware", "DeadlineMiddleware"]
 
+#: Where a request's inherited deadline was set, as its DeadlineExceeded says (D2.8).
+SET_BY = "WSGI middleware"
+
 ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
 StartResponse = Callable[..., Callable[[bytes], object]]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -175,7 +178,7 @@ class DeadlineMiddleware:
         state = arrival.state
         _request.set(state)
         # Entered in ``ctx`` and never exited: the context is discarded with the request.
-        inherit_deadline(arrival.deadline).__enter__()
+        inherit_deadline(arrival.deadline, set_by=SET_BY).__enter__()
         stream = environ.get("wsgi.input")
         if stream is not None:
             environ["wsgi.input"] = _BodyInput(stream, arrival, environ.get("CONTENT_LENGTH"))
@@ -299,6 +302,7 @@ class _BodyInput:
                 timeout=self._arrival.seconds,
                 deadline=self._arrival.deadline,
                 what="request body",
+                set_by=SET_BY,
             )
 
     def read(self, size: int | None = -1) -> bytes:
