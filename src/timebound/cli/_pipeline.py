@@ -19,6 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from timebound import format_duration
 from timebound import pipeline as pl
 
 from ._render import span_timeline
@@ -257,7 +258,7 @@ def _run_cmd(args: argparse.Namespace) -> int:
 
 
 def _ms(span: dict[str, Any]) -> str:
-    return f"{span['end_ms'] - span['start_ms']:.3f} ms"
+    return format_duration((span["end_ms"] - span["start_ms"]) / 1000)
 
 
 def _table(rows: pa.Table) -> str:
