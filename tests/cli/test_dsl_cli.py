@@ -227,7 +227,7 @@ def test_check_warnings_exit_0(workdir: pathlib.Path, capsys: pytest.CaptureFixt
 @pytest.mark.parametrize(
     ("modules", "spec", "message"),
     [
-        (MODULES, "no_such_module_xyz", "cannot import modules 'no_such_module_xyz'"),
+        (MODULES, "no_such_module_xyz", "--modules: cannot import 'no_such_module_xyz'"),
         ("x = 1\n", None, "defines no ModuleRegistry at module level"),
         (MODULES + "\nother = ModuleRegistry()\n", None, "defines several registries; pick one"),
         (MODULES, ":nothing", "is not a ModuleRegistry"),

@@ -112,7 +112,14 @@ def _callables(where: str, value: Any) -> Iterator[tuple[str, Callable[..., Any]
     """The public callables of one export: itself, and a class's constructor and methods."""
     if inspect.isclass(value):
         yield where, value
-        for attr, member in vars(value).items():
+        # A class made of parts (workflow.Engine, deferred.Registry) has public methods in its
+        # timebound bases too: the nearest definition of each name is the one users call.
+        members: dict[str, Any] = {}
+        for klass in value.__mro__:
+            if klass.__module__.split(".")[0] == "timebound":
+                for attr, member in vars(klass).items():
+                    members.setdefault(attr, member)
+        for attr, member in members.items():
             if attr.startswith("_") or isinstance(member, property):
                 continue
             if isinstance(member, staticmethod | classmethod):

@@ -93,3 +93,35 @@ async def test_wait_takes_a_duration_string(
         with pytest.raises(tb.DeadlineExceeded) as info:
             await engine.wait(run_id, timeout="250ms")
     assert info.value.timeout == 0.25
+
+
+async def test_list_runs_takes_instants_and_its_old_ms_spellings(
+    virtual_clock: VirtualClock, make_engine: Callable[..., wf.Engine]
+) -> None:
+    """since=/until= take an aware datetime or a Deadline (D1.11); since_ms=/until_ms= warn and
+    mean the same epoch-ms instants (D1.12); a naive datetime is refused by name."""
+    from datetime import UTC, datetime, timedelta
+
+    async def nap(ctx: Any) -> str:
+        return "ok"
+
+    async with make_engine({"nap": nap}, _flow("nap")) as engine:
+        run_id = await engine.start("flow")
+        await engine.wait(run_id)
+        started = (await engine.get_run(run_id))["started_at"]
+        at = datetime.fromtimestamp(started / 1000, UTC)
+
+        async def ids(**kw: Any) -> list[str]:
+            return [r["id"] for r in await engine.list_runs(**kw)]
+
+        assert await ids(since=at, until=at + timedelta(milliseconds=1)) == [run_id]
+        assert await ids(since=at + timedelta(milliseconds=1)) == []
+        assert await ids(until=tb.Deadline.after(60)) == [run_id]
+        with pytest.warns(DeprecationWarning) as caught:
+            assert await ids(since_ms=started, until_ms=started + 1) == [run_id]
+        assert [str(w.message).split(" (")[0] for w in caught] == [
+            "Engine.list_runs(since_ms=…) is deprecated; pass since=",
+            "Engine.list_runs(until_ms=…) is deprecated; pass until=",
+        ]
+        with pytest.raises(tb.ConfigurationError, match="since=datetime must be aware"):
+            await ids(since=datetime(2026, 1, 1))

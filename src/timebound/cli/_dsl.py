@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import json
 import os
-import pathlib
 import re
 import sys
 from typing import Any, TextIO
@@ -38,6 +36,7 @@ from ..dsl import (
     format_failure,
     to_json_value,
 )
+from ..lowlevel import load_module
 from ._render import call_json, call_timeline
 
 __all__ = ["register"]
@@ -105,29 +104,10 @@ def _read(path: str) -> str:
 
 def _import(mod_name: str) -> Any:
     """Import ``mod_name``, a dotted module name or the path of a ``.py`` file."""
-    if mod_name.endswith(".py") or "/" in mod_name or os.sep in mod_name:
-        path = pathlib.Path(mod_name)
-        if path.suffix != ".py" or not path.is_file():
-            raise _Usage(
-                f"--modules {mod_name}: no such Python file; give a file such as shop.py or "
-                f"./lib/shop.py, or a module name such as shop"
-            )
-        # A file is imported by its module name from its own directory, as `python shop.py`
-        # would see its neighbours: `--modules ./lib/shop.py` is `--modules shop` run from lib.
-        directory = str(path.resolve().parent)
-        if directory not in sys.path:
-            sys.path.insert(0, directory)
-        mod_name = path.stem
-    else:
-        cwd = os.getcwd()
-        # The current directory must be importable (as with `python -m`), whatever the entry
-        # point.
-        if cwd not in sys.path and "" not in sys.path:
-            sys.path.insert(0, cwd)
     try:
-        return importlib.import_module(mod_name)
-    except Exception as exc:  # ImportError, but also whatever the module raises as it loads
-        raise _Usage(f"cannot import modules {mod_name!r}: {type(exc).__name__}: {exc}") from None
+        return load_module(mod_name, what="--modules")
+    except ConfigurationError as exc:
+        raise _Usage(str(exc)) from None
 
 
 def _registry(spec: str) -> ModuleRegistry:

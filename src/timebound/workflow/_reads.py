@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from datetime import datetime
+from typing import Any, TypeVar
 
 from .._core import _clock
+from .._core._deadline import Deadline, instant_epoch_ms
+from .._core._renamed import INSTANT_HINT, Renamed, epoch_ms_instant, renamed
 from .._store import Store, Tx
 from .._store._tally import read_off_loop, read_tallies
 from ._machine import Machine
@@ -20,6 +24,16 @@ from ._metrics import TimeoutTallies, read_timeout_tallies
 from ._workers import unrunnable_tokens
 
 __all__ = ["RunReads"]
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _as_engine(func: _F) -> _F:
+    """Name ``func`` as users call it (``Engine.list_runs``), so that the warnings for its old
+    keywords (D1.12) name the public class, not this part of it."""
+    func.__qualname__ = f"Engine.{func.__name__}"
+    return func
 
 
 class RunReads:
@@ -59,6 +73,11 @@ class RunReads:
             run = await _run_row(self._machine, tx, run_id)
             return run, await _token_rows(tx, run_id), await tx.events(run_id)
 
+    @renamed(
+        since_ms=Renamed("since", epoch_ms_instant, INSTANT_HINT),
+        until_ms=Renamed("until", epoch_ms_instant, INSTANT_HINT),
+    )
+    @_as_engine
     async def list_runs(
         self,
         *,
@@ -67,20 +86,21 @@ class RunReads:
         after: tuple[int, str] | None = None,
         limit: int = 50,
         bound: str | None = None,
-        since_ms: int | None = None,
-        until_ms: int | None = None,
+        since: datetime | Deadline | None = None,
+        until: datetime | Deadline | None = None,
         id_prefix: str | None = None,
         input_field: tuple[str, Any] | None = None,
     ) -> list[dict[str, Any]]:
-        """Runs newest first (without input and state); ``after`` is the ``(started_at, id)`` of
+        r"""Runs newest first (without input and state); ``after`` is the ``(started_at, id)`` of
         the last run of the previous page, so pages stay stable while runs are added.
 
         ``bound``: runs where a bound of that layer (``workflow``, ``node``,
         ``synchronization``, or ``any``; ``execution`` is the deprecated name of ``node``,
         D2.7) fired for good, whatever the run's status (a node
-        timeout ends the run ``failed``); ``since_ms``/``until_ms``: started in ``[since,
-        until)``; ``id_prefix``: the run id starts so; ``input_field``: the input has the
-        top-level field with that JSON value."""
+        timeout ends the run ``failed``); ``since``/``until`` (each an aware datetime or a
+        :class:`~timebound.Deadline`): started in ``[since, until)``; ``id_prefix``: the run
+        id starts so; ``input_field``: the input has the top-level field with that JSON
+        value."""
         where: list[str] = ["1 = 1"]
         args: list[Any] = []
         if bound == "execution":
@@ -100,6 +120,8 @@ class RunReads:
             )
             if layer:
                 args.append(layer)
+        since_ms = None if since is None else instant_epoch_ms(since, option="since")
+        until_ms = None if until is None else instant_epoch_ms(until, option="until")
         if since_ms is not None:
             where.append("started_at >= ?")
             args.append(since_ms)
