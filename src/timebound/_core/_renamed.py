@@ -10,7 +10,6 @@ import functools
 import inspect
 import warnings
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import Any, NamedTuple, ParamSpec, TypeVar
 
 from ._errors import ConfigurationError
@@ -32,17 +31,6 @@ def from_ms(value: Any) -> Any:
         return value / 1000
     return value  # let the new keyword's own check name what is wrong
 
-
-def epoch_ms_instant(value: Any) -> Any:
-    """The old keyword took an instant as epoch milliseconds; the new one an aware datetime or
-    a Deadline (the datetime keeps the millisecond exactly)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return datetime.fromtimestamp(value / 1000, UTC)
-    return value
-
-
-#: What an instant's new keyword takes.
-INSTANT_HINT = "an aware datetime or a timebound.Deadline"
 
 #: What the warning says the new keyword takes, unless the rename says otherwise.
 DURATION_HINT = "a duration such as '250ms', seconds or a timedelta"

@@ -121,10 +121,12 @@ def _instant(params: dict[str, str], name: str) -> datetime | None:
     if not text:
         return None
     if text.isdigit():
-        try:  # exact to the millisecond (D1.13 rounds it back up to the same ms)
-            return datetime.fromtimestamp(int(text) / 1000, UTC)
-        except (OverflowError, ValueError, OSError):
-            raise Problem(400, f"{name}: {text[:40]!r} is out of range") from None
+        try:
+            if len(text) > 16:
+                raise OverflowError
+            return _clock.datetime_of_ms(int(text))
+        except OverflowError:
+            raise Problem(400, f"{name}: {text[:40]!r} is past the year 9999") from None
     try:
         when = datetime.fromisoformat(text)
     except ValueError:

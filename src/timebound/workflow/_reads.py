@@ -15,8 +15,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from .._core import _clock
-from .._core._deadline import Deadline, instant_epoch_ms
-from .._core._renamed import INSTANT_HINT, Renamed, epoch_ms_instant, renamed
+from .._core._renamed import Renamed, renamed
 from .._store import Store, Tx
 from .._store._tally import read_off_loop, read_tallies
 from ._machine import Machine
@@ -74,8 +73,8 @@ class RunReads:
             return run, await _token_rows(tx, run_id), await tx.events(run_id)
 
     @renamed(
-        since_ms=Renamed("since", epoch_ms_instant, INSTANT_HINT),
-        until_ms=Renamed("until", epoch_ms_instant, INSTANT_HINT),
+        since_ms=Renamed("since", _clock.datetime_of_ms, "an aware datetime"),
+        until_ms=Renamed("until", _clock.datetime_of_ms, "an aware datetime"),
     )
     @_as_engine
     async def list_runs(
@@ -86,21 +85,20 @@ class RunReads:
         after: tuple[int, str] | None = None,
         limit: int = 50,
         bound: str | None = None,
-        since: datetime | Deadline | None = None,
-        until: datetime | Deadline | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
         id_prefix: str | None = None,
         input_field: tuple[str, Any] | None = None,
     ) -> list[dict[str, Any]]:
-        r"""Runs newest first (without input and state); ``after`` is the ``(started_at, id)`` of
+        """Runs newest first (without input and state); ``after`` is the ``(started_at, id)`` of
         the last run of the previous page, so pages stay stable while runs are added.
 
         ``bound``: runs where a bound of that layer (``workflow``, ``node``,
         ``synchronization``, or ``any``; ``execution`` is the deprecated name of ``node``,
-        D2.7) fired for good, whatever the run's status (a node
-        timeout ends the run ``failed``); ``since``/``until`` (each an aware datetime or a
-        :class:`~timebound.Deadline`): started in ``[since, until)``; ``id_prefix``: the run
-        id starts so; ``input_field``: the input has the top-level field with that JSON
-        value."""
+        D2.7) fired for good, whatever the run's status (a node timeout ends the run
+        ``failed``); ``since``/``until`` (aware ``datetime``; naive is UTC): started in
+        ``[since, until)``; ``id_prefix``: the run id starts so; ``input_field``: the input has
+        the top-level field with that JSON value."""
         where: list[str] = ["1 = 1"]
         args: list[Any] = []
         if bound == "execution":
@@ -120,14 +118,12 @@ class RunReads:
             )
             if layer:
                 args.append(layer)
-        since_ms = None if since is None else instant_epoch_ms(since, option="since")
-        until_ms = None if until is None else instant_epoch_ms(until, option="until")
-        if since_ms is not None:
+        if since is not None:
             where.append("started_at >= ?")
-            args.append(since_ms)
-        if until_ms is not None:
+            args.append(_clock.ms_of(since))
+        if until is not None:
             where.append("started_at < ?")
-            args.append(until_ms)
+            args.append(_clock.ms_of(until))
         if id_prefix:
             where.append("id LIKE ? ESCAPE '!'")
             args.append(_like(id_prefix) + "%")
