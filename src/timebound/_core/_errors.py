@@ -158,12 +158,43 @@ class DeadlineExceeded(TimeboundError, TimeoutError):
         self.timeout = timeout
         self.deadline = deadline
 
+    @property
+    def breakdown(self) -> Any:
+        """Where the budget went (D13): a :class:`~timebound.Breakdown` tree from the bound's
+        start to its firing, or ``None`` when the error was not raised by a bound that records
+        one. Built on first read."""
+        state = self.__dict__
+        if "_breakdown" in state:
+            return state["_breakdown"]
+        from ._scopes import error_breakdown
+
+        bd = error_breakdown(self)
+        state["_breakdown"] = bd
+        return bd
+
+    @breakdown.setter
+    def breakdown(self, value: Any) -> None:
+        self.__dict__["_breakdown"] = value
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        bd = self.breakdown
+        if bd is None or not _worth_showing(bd):
+            return text
+        return f"{text} [{bd.summary()}]"
+
     def __reduce__(self) -> tuple[Any, ...]:
+        self.breakdown  # noqa: B018 -- built now: the live frames it reads do not pickle
         return (
             _rebuild_deadline_exceeded,
-            (str(self), self.source, self.timeout, self.deadline),
+            (self.args[0] if self.args else "", self.source, self.timeout, self.deadline),
             _extra_state(self),
         )
+
+
+def _worth_showing(bd: Any) -> bool:
+    """A breakdown whose only part is the code of the bound itself says nothing new."""
+    return any(p.kind != "self" for p in bd.parts)
 
 
 def new_deadline_exceeded(
