@@ -205,7 +205,11 @@ _KEYS: Final = frozenset(("k", "ms", "n", "b", "o", "at", "p"))
 
 
 def _num(v: Any, where: str) -> float:
-    if type(v) not in (int, float) or not math.isfinite(v) or v < 0 or v > 1e12:
+    if type(v) is int:
+        ok = 0 <= v <= 10**12
+    else:
+        ok = type(v) is float and math.isfinite(v) and 0 <= v <= 1e12
+    if not ok:
         raise ValueError(f"{where}: expected a finite non-negative number, got {v!r:.40}")
     return float(v)
 
@@ -228,7 +232,7 @@ def _parse(data: Any, count: list[int], max_nodes: int, depth: int, where: str) 
     if extra:
         raise ValueError(f"{where}: unknown key {sorted(extra)[0]!r:.40}")
     kind = data.get("k")
-    if kind not in KINDS:
+    if type(kind) is not str or kind not in KINDS:
         raise ValueError(f"{where}.k: unknown kind {kind!r:.40}")
     if "ms" not in data:
         raise ValueError(f"{where}: no 'ms'")

@@ -1010,6 +1010,19 @@ def record(
         add_mark(f, (kind, name, t0, t1, budget, outcome, sub))
 
 
+def current_breakdown(
+    parts: tuple[Any, ...], name: str, t0: float, budget: float | None
+) -> Breakdown:
+    """D13: the breakdown of the bound that binds here, up to now. With no bound (a call bounded
+    by its own static timeout), a tree of ``parts`` (marks) from ``t0``."""
+    f = _frame.get()
+    binder = f.binder
+    now = _clock.now()
+    if binder is None:
+        return build("bound", name, t0, now, budget, "timeout", list(parts), len(parts))
+    return frame_breakdown(binder, now, f)
+
+
 def error_breakdown(err: DeadlineExceeded) -> Breakdown | None:
     """D13: the tree of where the budget of the bound that raised ``err`` went (built now)."""
     state = err.__dict__
