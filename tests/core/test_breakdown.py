@@ -129,7 +129,7 @@ def test_a_total_budget_error_covers_the_whole_call(virtual_clock: VirtualClock)
     adds_up(bd)
     assert bd.name == "total fetch"
     assert {p.kind for p in bd.parts} == {"attempt", "backoff", "self"}
-    assert [p.outcome for p in bd.parts if p.kind == "attempt"][0] == "ConnectionError"
+    assert next(p.outcome for p in bd.parts if p.kind == "attempt") == "ConnectionError"
 
 
 def test_fallback_is_a_part(virtual_clock: VirtualClock) -> None:

@@ -84,7 +84,7 @@ def test_the_caller_of_a_sees_a_b_and_c(chain: str) -> None:
     # C's time went to its attempts at the database and the delays between them.
     in_c = [p for _, p in c.walk()]
     assert {p.kind for p in in_c} >= {"attempt", "backoff", "self"}, bd.render()
-    assert [p.outcome for p in in_c if p.kind == "attempt"][0] == "ConnectionError"
+    assert next(p.outcome for p in in_c if p.kind == "attempt") == "ConnectionError"
     # Each call carries the budget it was sent, no more than its caller had.
     calls = [p for _, p in bd.walk() if p.kind == "call"]
     assert len(calls) == 3
@@ -163,4 +163,4 @@ def test_a_malformed_header_is_ignored(value: bytes, caplog: pytest.LogCaptureFi
     bd = info.value.breakdown
     assert bd is not None
     assert hops(bd) == []  # the call is there, the callee's tree is not
-    assert [p.kind for p in bd.parts][0] == "call"
+    assert next(p.kind for p in bd.parts) == "call"
