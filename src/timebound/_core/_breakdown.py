@@ -121,8 +121,21 @@ class Breakdown:
         return leaves[:n]
 
     def summary(self, n: int = 3) -> str:
-        """One line: the elapsed time and the biggest parts (``str()`` of an error shows it)."""
-        parts = ", ".join(f"{p.label()} {_ms(p.elapsed_ms)}" for p in self.biggest(n))
+        """One line: the elapsed time and the ``n`` biggest parts, the parts of one kind and
+        name summed (``attempt fetch x4 330ms``); ``str()`` of an error shows it."""
+        groups: dict[tuple[str, str | None], list[float]] = {}
+        for _, p in self.walk():
+            if p.parts or p is self:
+                continue
+            g = groups.setdefault((p.kind, p.name), [0.0, 0.0])
+            g[0] += p.elapsed_ms
+            g[1] += 1
+        top = sorted(groups.items(), key=lambda kv: -kv[1][0])[:n]
+        parts = ", ".join(
+            f"{kind if name is None else f'{kind} {name}'}{'' if count == 1 else f' x{count:.0f}'}"
+            f" {_ms(total)}"
+            for (kind, name), (total, count) in top
+        )
         return f"{_ms(self.elapsed_ms)} went to: {parts}" if parts else _ms(self.elapsed_ms)
 
     def render(self) -> str:
@@ -130,7 +143,7 @@ class Breakdown:
         lines = []
         for depth, p in self.walk():
             budget = "" if p.budget_ms is None else f" of {_ms(p.budget_ms)}"
-            at = "" if depth == 0 else f"  +{_ms(p.offset_ms)}"
+            at = "" if depth == 0 or p.kind in ("self", "more") else f"  +{_ms(p.offset_ms)}"
             lines.append(f"{'  ' * depth}{p.label()}: {_ms(p.elapsed_ms)}{budget}{at}")
         return "\n".join(lines)
 
