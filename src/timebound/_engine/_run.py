@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 from .._core import _clock
-from .._core._deadline import Deadline
 from .._core._breakdown import Breakdown, build
+from .._core._deadline import Deadline
 from .._core._errors import DeadlineExceeded
 from .._core._scopes import CancelScope, move_on_at
 

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .._core._breakdown import build
 from .._store import Tx
 from ..policies._retry import RetryAt, RetryPlan, RetryState
 from ..telemetry._tracing import open_run
@@ -330,6 +331,7 @@ class Machine:
         definition = await self.definition(tx, run)
         policy = definition.on_timeout
         bound = stored_bound(run, definition)
+        breakdown = await self._run_breakdown(tx, run, bound["duration_ms"], now)
         for tok in await tx.fetch(
             f"SELECT * FROM tb_wf_tokens WHERE run_id = ? AND status IN {LIVE_SQL} ORDER BY seq",
             run["id"],
@@ -344,9 +346,32 @@ class Machine:
                 run["timeout_at"],
                 now,
                 set_by=bound["set_by"],
+                breakdown=breakdown,
             )
         status = "failed" if policy == "fail" else "timed_out"
         await self._finish_run(tx, run, status, now, WORKFLOW_TIMEOUT_ERROR, WORKFLOW_TIMEOUT)
+
+    @staticmethod
+    async def _run_breakdown(
+        tx: Tx, run: dict[str, Any], duration_ms: int | None, now: int
+    ) -> dict[str, Any]:
+        """D13: where a timed-out run's budget went: each node's tokens from their creation to
+        their end (the live ones to now), side by side where they overlapped."""
+        marks: list[Any] = []
+        for tok in await tx.fetch(
+            "SELECT node_id, status, created_at, updated_at FROM tb_wf_tokens WHERE run_id = ? "
+            "ORDER BY seq LIMIT 256",
+            run["id"],
+        ):
+            live = tok["status"] not in TERMINAL
+            end = now if live else tok["updated_at"]
+            outcome = "cut" if live else tok["status"]
+            t0 = tok["created_at"] / 1000.0
+            marks.append(("node", str(tok["node_id"])[:120], t0, end / 1000.0, None, outcome, None))
+        budget = None if duration_ms is None else duration_ms / 1000.0
+        start = run["started_at"] / 1000.0
+        bd = build("bound", "workflow", start, now / 1000.0, budget, "timeout", marks, len(marks))
+        return bd.to_dict()
 
     @staticmethod
     def run_live(run: dict[str, Any], now: int) -> bool:
@@ -524,11 +549,13 @@ class Machine:
         now: int,
         *,
         set_by: str | None = None,
+        breakdown: dict[str, Any] | None = None,
     ) -> None:
         """Record the bound that fired: its layer, length, policy, deadline and (D6.17) where
         it was set: ``definition``, ``caller``, ``parent``, ``node``, ``action``, ``join`` or
-        ``propagated``."""
+        ``propagated``; and (D13) where its budget went, when known."""
         lag = None if deadline_at is None else now - deadline_at
+        extra = {} if breakdown is None else {"breakdown": breakdown}
         await tx.append_event(
             tok["run_id"],
             "token_timed_out",
@@ -542,6 +569,7 @@ class Machine:
             policy_applied=policy,
             deadline_at=deadline_at,
             detection_lag_ms=lag,
+            **extra,
         )
         if timeout_type != "synchronization":  # a fan-in counts once, as its join (D6.17)
             tally_timeout(
@@ -659,6 +687,7 @@ class Machine:
         duration: int | None = None,
         cause: str | None = None,
         set_by: str | None = None,
+        breakdown: dict[str, Any] | None = None,
     ) -> None:
         """The node's deadline was reached: its ``on_timeout`` policy (D6.1).
 
@@ -683,7 +712,15 @@ class Machine:
             cause = cause or f"a called service spent the {duration}ms budget sent with it"
         if policy == "retry" and tok["retry_count"] < node.max_retries:
             await self._timed_out_event(
-                tx, tok, "execution", duration, "retry", deadline_at, now, set_by=set_by
+                tx,
+                tok,
+                "execution",
+                duration,
+                "retry",
+                deadline_at,
+                now,
+                set_by=set_by,
+                breakdown=breakdown,
             )
             self._cancel_attempt(tok["id"])
             await self.children.cancel_children(tx, tok["id"], now)
@@ -710,7 +747,15 @@ class Machine:
             return
         await self._set_token(tx, tok, "timed_out", now, reason="execution_timeout")
         await self._timed_out_event(
-            tx, tok, "execution", duration, "fail", deadline_at, now, set_by=set_by
+            tx,
+            tok,
+            "execution",
+            duration,
+            "fail",
+            deadline_at,
+            now,
+            set_by=set_by,
+            breakdown=breakdown,
         )
         error = f"timed out: {cause}" if cause else f"timed out after {duration}ms"
         await self._token_ended_badly(
