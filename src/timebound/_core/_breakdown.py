@@ -341,6 +341,9 @@ def build(
     if nested is not None:
         parts.append(nested)
     root = _node(kind, name, t0, t_end, budget, outcome, parts, t0, 0)
+    if not root.parts:
+        # Nothing recorded: all of it was the bound's own code (a root always has its parts).
+        root = _with_parts(root, (Breakdown("self", root.elapsed_ms),))
     return summarised(root, BREAKDOWN_MAX_NODES)
 
 

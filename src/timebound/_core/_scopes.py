@@ -1057,12 +1057,16 @@ def frame_breakdown(
         n_marks = 0 if marks is None else len(marks)
     src = frame._source if source is None else source
     name = src if frame._what is None else f"{src} {frame._what}"
+    t0 = frame_start(frame, t_end)
+    budget = frame._timeout
+    if budget is None and frame._own != _INF:
+        budget = frame._own - t0  # an absolute bound: what was left of it at entry
     return build(
         "bound",
         name,
-        frame_start(frame, t_end),
+        t0,
         t_end,
-        frame._timeout,
+        budget,
         outcome,
         marks,
         n_marks,
