@@ -13,18 +13,30 @@ interleaved, the best of the rounds kept:
   (httpx's ``MockTransport`` as the downstream: no sockets, so the hop's own code is what is
   measured, not the loopback's noise).
 
+- ``chain``: the propagation benchmark's chain (``bench/_services.py``: load generator -> A -> B
+  -> C, each its own uvicorn process, C the CPU-bound bottleneck behind ``AdmissionMiddleware``,
+  mode M4) with ``expose_breakdown=True`` on every service, under open-loop Poisson load at
+  rho = 2 times the chain's capacity, every request given up at 250 ms. The load generator calls
+  A through ``AsyncDeadlineTransport`` inside ``fail_after(0.25)``: for every request that ends
+  in ``DeadlineExceeded`` it checks that a breakdown came with A's side in it (a ``remote``
+  part) and how far the breakdown's elapsed time (the sum of its parts) is from the elapsed time
+  the caller measured around the call.
+
 ``python bench/breakdown.py`` writes ``bench/results/breakdown.json``; ``--quick`` runs fewer
-rounds.
+rounds and a shorter chain run.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Row, print_table, write_results
@@ -130,9 +142,114 @@ def measure(src: Path, n: int) -> dict[str, float]:
     return result
 
 
+async def _chain_load(url: str, rate: float, seconds: float) -> list[tuple[float, Any]]:
+    """Poisson arrivals at ``rate``/s for ``seconds``: (observed ms, error or None) per request
+    that timed out (``DeadlineExceeded``); requests answered in time are not kept."""
+    import random
+
+    import httpx
+
+    import timebound as tb
+    from timebound.propagation.httpx import AsyncDeadlineTransport
+
+    rng = random.Random(7)
+    out: list[tuple[float, Any]] = []
+    limits = httpx.Limits(max_connections=4000, max_keepalive_connections=4000)
+    transport = AsyncDeadlineTransport(httpx.AsyncHTTPTransport(limits=limits))
+    tasks: set[asyncio.Task[None]] = set()
+    async with httpx.AsyncClient(transport=transport) as client:
+
+        async def one(i: int) -> None:
+            t0 = time.perf_counter()
+            try:
+                with tb.fail_after(CLIENT_DEADLINE):
+                    await client.get(url, headers={"x-bench-id": str(i)})
+            except tb.DeadlineExceeded as err:
+                observed = (time.perf_counter() - t0) * 1e3
+                bd = err.breakdown
+                out.append((observed, bd))
+            except httpx.HTTPError:
+                pass
+
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        t = 0.0
+        i = 0
+        while True:
+            t += rng.expovariate(rate)
+            if t >= seconds:
+                break
+            await asyncio.sleep(max(0.0, start + t - loop.time()))
+            task = asyncio.create_task(one(i))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            i += 1
+        if tasks:
+            await asyncio.wait(tasks)
+    return out
+
+
+def chain_rows(quick: bool) -> list[Row]:
+    """The rho = 2 run of the propagation chain with breakdowns exposed (see the docstring)."""
+    import os
+
+    import propagation as prop
+
+    os.environ["TB_BENCH_EXPOSE_BREAKDOWN"] = "1"
+    iters = prop.calibrate_iters()
+    capacity = prop.measure_capacity(iters, QUANTA, 2.0, 0.5, roles="ABC")
+    services = prop.start_chain("M4", iters, QUANTA)
+    try:
+        url = services["A"].url
+        results = asyncio.run(_chain_load(url, 2.0 * capacity, 4.0 if quick else 10.0))
+    finally:
+        prop.stop_chain(services)
+    timed_out = len(results)
+    with_tree = [(obs, bd) for obs, bd in results if bd is not None]
+    crossed = [(obs, bd) for obs, bd in with_tree if any(p.kind == "remote" for _, p in bd.walk())]
+    gaps = sorted(abs(obs - sum(p.elapsed_ms for p in bd.parts)) for obs, bd in with_tree)
+    p99_gap = gaps[min(len(gaps) - 1, int(0.99 * len(gaps)))] if gaps else float("nan")
+    share = len(crossed) / timed_out if timed_out else float("nan")
+    any_tree = len(with_tree) / timed_out if timed_out else float("nan")
+    print(
+        f"chain at rho 2: capacity {capacity:.0f}/s, {timed_out} timed out, "
+        f"{len(with_tree)} with a breakdown, {len(crossed)} with A's side in it"
+    )
+    return [
+        Row("breakdown.chain.rho2.timed_out", timed_out, "requests"),
+        Row(
+            "breakdown.chain.rho2.with_breakdown",
+            any_tree,
+            "share",
+            target=">= 0.99",
+            passed=any_tree >= 0.99,
+        ),
+        Row(
+            "breakdown.chain.rho2.with_callee_side",
+            share,
+            "share",
+            target=">= 0.99",
+            passed=share >= 0.99,
+        ),
+        Row(
+            "breakdown.chain.rho2.elapsed_gap_p99",
+            p99_gap,
+            "ms",
+            target="<= 2 ms",
+            passed=p99_gap <= 2.0,
+        ),
+    ]
+
+
+CLIENT_DEADLINE = 0.250
+#: Work quanta per request at C, as bench/propagation.py (80: ~40 ms of CPU per request).
+QUANTA = 80
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer rounds and calls")
+    parser.add_argument("--no-chain", action="store_true", help="skip the rho = 2 chain run")
     args = parser.parse_args()
     rounds, n = (3, 20_000) if args.quick else (7, 100_000)
     with tempfile.TemporaryDirectory() as tmp:
@@ -157,6 +274,8 @@ def main() -> None:
                 passed=head <= 1.05 * base if k in ("scope", "hop") else None,
             )
         )
+    if not args.no_chain:
+        rows += chain_rows(args.quick)
     print_table(rows, "where the budget went: cost against the build without it")
     print(f"wrote {write_results('breakdown', rows)}")
 
