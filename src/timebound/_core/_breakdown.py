@@ -45,6 +45,7 @@ KINDS: Final = frozenset(
         "remote",
         "self",
         "more",
+        "state",
         "policy",
         "region",
         "node",

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .._core import _clock
+from .._core._breakdown import Breakdown, build
 from .._core._deadline import Deadline
 from .._core._errors import TimeboundError
 from .._store import Store, Tx, open_store
@@ -437,7 +438,28 @@ class Registry(Continuations):
             code,
         )
         if enabled():  # heard by telemetry listeners once the commit succeeded (D10.3)
-            tx.announce(deferred_event(op_id, at, status, code))
+            event = deferred_event(op_id, at, status, code)
+            if event.bound is not None:
+                # D13: an expired operation's lifetime by the states it spent it in.
+                event.bound.breakdown = await self._lifetime(tx, op_id, at)
+            tx.announce(event)
+
+    async def _lifetime(self, tx: Tx, op_id: str, end: int) -> Breakdown:
+        """Where an operation's lifetime went: each stored status until the next one."""
+        rows = await tx.fetch(
+            "SELECT at_ms, status FROM tb_deferred_history WHERE op_id = ? ORDER BY seq LIMIT 64",
+            op_id,
+        )
+        marks: list[Any] = []
+        for i, r in enumerate(rows[:-1] if rows else ()):
+            t1 = rows[i + 1]["at_ms"]
+            marks.append(
+                ("state", str(r["status"])[:120], r["at_ms"] / 1e3, t1 / 1e3, None, None, None)
+            )
+        start = rows[0]["at_ms"] if rows else end
+        return build(
+            "bound", "deferred", start / 1e3, end / 1e3, None, "timeout", marks, len(marks)
+        )
 
     # The state machine -------------------------------------------------------------------
 
