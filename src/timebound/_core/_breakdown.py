@@ -131,7 +131,7 @@ class Breakdown:
             g = groups.setdefault((p.kind, p.name), [0.0, 0.0])
             g[0] += p.elapsed_ms
             g[1] += 1
-        top = sorted(groups.items(), key=lambda kv: -kv[1][0])[:n]
+        top = sorted((kv for kv in groups.items() if kv[1][0] > 0), key=lambda kv: -kv[1][0])[:n]
         parts = ", ".join(
             f"{kind if name is None else f'{kind} {name}'}{'' if count == 1 else f' x{count:.0f}'}"
             f" {_ms(total)}"
