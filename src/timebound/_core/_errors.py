@@ -181,7 +181,14 @@ class DeadlineExceeded(TimeboundError, TimeoutError):
         bd = self.breakdown
         if bd is None or not _worth_showing(bd):
             return text
-        return f"{text} [{bd.summary()}]"
+        summary = f" [{bd.summary()}]"
+        # A Constellation call site (D3.10) stays the message's last words.
+        site = self.__dict__.get("call_site")
+        where = None if site is None else f" [at {site}]"
+        if where is not None and where in text:
+            head, _, tail = text.partition(where)
+            return f"{head}{summary}{where}{tail}"
+        return f"{text}{summary}"
 
     def __reduce__(self) -> tuple[Any, ...]:
         self.breakdown  # noqa: B018 -- built now: the live frames it reads do not pickle
