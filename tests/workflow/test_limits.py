@@ -271,9 +271,9 @@ async def test_turns_sliced_to_one_outcome_each_still_run_everything_right(
 ) -> None:
     """With every turn cut after its first outcome (D6.24), a fan-out and its join complete with
     every branch merged in order: the outcomes left over are stored by the next turns."""
-    from timebound.workflow import _engine
+    from timebound.workflow import _turns
 
-    monkeypatch.setattr(_engine, "_TURN_SLICE_S", 0.0)
+    monkeypatch.setattr(_turns, "_TURN_SLICE_S", 0.0)
     d = definition(
         [{"id": "A"}, {"id": "B"}, {"id": "C"}],
         [

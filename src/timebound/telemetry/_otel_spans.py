@@ -80,6 +80,8 @@ def _bound_attributes(event: Event) -> dict[str, Any]:
         tree = bd.capped(4096)
         if tree is not None:
             out["timebound.bound.breakdown_json"] = tree
+    if bound.set_by is not None:
+        out["timebound.bound.set_by"] = bound.set_by
     return out
 
 
