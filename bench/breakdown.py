@@ -22,8 +22,8 @@ interleaved, the best of the rounds kept:
   part) and how far the breakdown's elapsed time (the sum of its parts) is from the elapsed time
   the caller measured around the call.
 
-``python bench/breakdown.py`` writes ``bench/results/breakdown.json``; ``--quick`` runs fewer
-rounds and a shorter chain run.
+``python bench/breakdown.py --out breakdown`` writes ``bench/results/breakdown.json``; ``--quick``
+runs fewer rounds and a shorter chain run, ``--no-chain`` only the cost rows.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import Row, print_table, write_results
+from _common import Row, pick, run_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -130,7 +130,7 @@ def base_tree(tmp: Path) -> Path:
     return tmp / "src"
 
 
-def measure(src: Path, n: int) -> dict[str, float]:
+def _measure_build(src: Path, n: int) -> dict[str, float]:
     out = subprocess.run(
         [sys.executable, "-c", CHILD, str(n)],
         env={"PYTHONPATH": str(src), "PATH": "/usr/bin:/bin"},
@@ -246,23 +246,20 @@ CLIENT_DEADLINE = 0.250
 QUANTA = 80
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer rounds and calls")
-    parser.add_argument("--no-chain", action="store_true", help="skip the rho = 2 chain run")
-    args = parser.parse_args()
-    rounds, n = (3, 20_000) if args.quick else (7, 100_000)
+def measure(args: argparse.Namespace) -> list[Row]:
+    rounds, n = pick(args, (7, 100_000), (3, 20_000), (1, 500))
     with tempfile.TemporaryDirectory() as tmp:
         base_src = base_tree(Path(tmp))
         head_src = ROOT / "src"
         best: dict[str, dict[str, float]] = {"base": {}, "head": {}}
         for _ in range(rounds):
             for build, src in (("base", base_src), ("head", head_src)):
-                for k, v in measure(src, n).items():
+                for k, v in _measure_build(src, n).items():
                     best[build][k] = min(v, best[build].get(k, v))
     rows = []
     for k in ("scope", "policy_under_scope", "hop"):
         head, base = best["head"][k] * 1e6, best["base"][k] * 1e6
+        checked = k in ("scope", "hop")
         rows.append(
             Row(
                 metric=f"breakdown.{k}",
@@ -270,15 +267,18 @@ def main() -> None:
                 unit="us/op",
                 baseline="build without the breakdown (merge base)",
                 baseline_value=base,
-                target="<= 1.05x" if k in ("scope", "hop") else None,
-                passed=head <= 1.05 * base if k in ("scope", "hop") else None,
+                target="<= 1.05x" if checked else None,
+                passed=head <= 1.05 * base if checked else None,
             )
         )
-    if not args.no_chain:
+    if not args.no_chain and not args.smoke:
         rows += chain_rows(args.quick)
-    print_table(rows, "where the budget went: cost against the build without it")
-    print(f"wrote {write_results('breakdown', rows)}")
+    return rows
+
+
+def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--no-chain", action="store_true", help="skip the rho = 2 chain run")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_bench("breakdown", __doc__, measure, configure=_options))
