@@ -245,3 +245,10 @@ def test_parsing_limits_nodes_depth_and_bytes() -> None:
         Breakdown.from_json(json.dumps(wide))
     with pytest.raises(ValueError, match="not JSON"):
         Breakdown.from_json("{")
+
+
+def test_a_part_built_by_hand_takes_durations() -> None:
+    part = Breakdown("call", "250ms", name="GET /x", budget=1, offset=0.5)
+    assert (part.elapsed_ms, part.budget_ms, part.offset_ms) == (250.0, 1000.0, 500.0)
+    with pytest.raises(tb.ConfigurationError, match="kind"):
+        Breakdown("nope", 1)

@@ -22,6 +22,9 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
+from ._durations import Duration, to_seconds
+from ._errors import ConfigurationError
+
 __all__ = ["BREAKDOWN_MAX_NODES", "MARKS_MAX", "Breakdown", "add_mark", "build"]
 
 #: Marks one frame keeps; past it they are summed into one ``more`` mark.
@@ -82,21 +85,26 @@ class Breakdown:
     def __init__(
         self,
         kind: str,
-        elapsed_ms: float,
+        elapsed: Duration,
         *,
         name: str | None = None,
-        budget_ms: float | None = None,
+        budget: Duration | None = None,
         outcome: str | None = None,
-        offset_ms: float = 0.0,
+        offset: Duration = 0.0,
         parts: tuple[Breakdown, ...] = (),
     ) -> None:
+        """A part built by hand (timebound builds its own from the stored fields, in ms):
+        ``elapsed``, ``budget`` and ``offset`` are durations (seconds, a ``timedelta``,
+        ``"250ms"``)."""
+        if kind not in KINDS:
+            raise ConfigurationError(f"unknown breakdown kind {kind!r}", option="kind")
         self.kind = kind
         self.name = name
-        self.elapsed_ms = elapsed_ms
-        self.budget_ms = budget_ms
+        self.elapsed_ms = to_seconds(elapsed, option="elapsed") * 1000.0
+        self.budget_ms = None if budget is None else to_seconds(budget, option="budget") * 1000.0
         self.outcome = outcome
-        self.offset_ms = offset_ms
-        self.parts = parts
+        self.offset_ms = to_seconds(offset, option="offset") * 1000.0
+        self.parts = tuple(parts)
 
     # Reading ---------------------------------------------------------------------------
 
@@ -211,6 +219,28 @@ class Breakdown:
         return None
 
 
+def _mk(
+    kind: str,
+    elapsed_ms: float,
+    *,
+    name: str | None = None,
+    budget_ms: float | None = None,
+    outcome: str | None = None,
+    offset_ms: float = 0.0,
+    parts: tuple[Breakdown, ...] = (),
+) -> Breakdown:
+    """A part with its fields as stored (ms), without the public constructor's conversions."""
+    b: Breakdown = object.__new__(Breakdown)
+    b.kind = kind
+    b.name = name
+    b.elapsed_ms = elapsed_ms
+    b.budget_ms = budget_ms
+    b.outcome = outcome
+    b.offset_ms = offset_ms
+    b.parts = parts
+    return b
+
+
 def _from_dict(d: dict[str, Any]) -> Breakdown:
     return Breakdown.from_dict(d, max_nodes=1 << 30)
 
@@ -263,7 +293,7 @@ def _parse(data: Any, count: list[int], max_nodes: int, depth: int, where: str) 
         parts = tuple(
             _parse(p, count, max_nodes, depth + 1, f"{where}.p[{i}]") for i, p in enumerate(raw)
         )
-    return Breakdown(
+    return _mk(
         str(kind),
         elapsed,
         name=name,
@@ -344,7 +374,7 @@ def build(
     root = _node(kind, name, t0, t_end, budget, outcome, parts, t0, 0)
     if not root.parts:
         # Nothing recorded: all of it was the bound's own code (a root always has its parts).
-        root = _with_parts(root, (Breakdown("self", root.elapsed_ms),))
+        root = _with_parts(root, (_mk("self", root.elapsed_ms),))
     return summarised(root, BREAKDOWN_MAX_NODES)
 
 
@@ -376,8 +406,8 @@ def _node(
         # A callee's own tree: it is the part of this call spent on the far side; the rest of
         # the call (the network, queues, serialisation) is this side's ``self``.
         remote = _rescaled(sub, elapsed_ms)
-        children = (remote, Breakdown("self", max(0.0, elapsed_ms - remote.elapsed_ms)))
-        return Breakdown(
+        children = (remote, _mk("self", max(0.0, elapsed_ms - remote.elapsed_ms)))
+        return _mk(
             kind,
             elapsed_ms,
             name=name,
@@ -387,7 +417,7 @@ def _node(
             parts=children,
         )
     if not sub or depth >= MAX_DEPTH:
-        return Breakdown(
+        return _mk(
             kind, elapsed_ms, name=name, budget_ms=budget_ms, outcome=outcome, offset_ms=offset_ms
         )
     kids: list[Breakdown] = []
@@ -404,7 +434,7 @@ def _node(
         if mk == "more":
             # Summed marks: count in outcome, time in budget (see add_mark).
             kids.append(
-                Breakdown(
+                _mk(
                     "more",
                     (mb or 0.0) * 1000.0,
                     name=f"{mo} more parts",
@@ -426,10 +456,10 @@ def _node(
         kids.append(_node(mk, mn, c0, c1, mb, mo, ms, t0, depth + 1))
     self_ms = max(0.0, elapsed_ms - covered)
     if kids:
-        kids.append(Breakdown("self", self_ms))
+        kids.append(_mk("self", self_ms))
     if parallel:
         outcome = f"{outcome}, parallel" if outcome else "parallel"
-    return Breakdown(
+    return _mk(
         kind,
         elapsed_ms,
         name=name,
@@ -443,7 +473,7 @@ def _node(
 def _rescaled(remote: Breakdown, limit_ms: float) -> Breakdown:
     """A callee's tree as a ``remote`` part, never longer than the call that carried it."""
     elapsed = min(remote.elapsed_ms, limit_ms)
-    return Breakdown(
+    return _mk(
         "remote",
         elapsed,
         name=remote.name,
@@ -463,7 +493,7 @@ def _trim(parts: tuple[Breakdown, ...], limit_ms: float) -> tuple[Breakdown, ...
 
 
 def _scaled(p: Breakdown, k: float) -> Breakdown:
-    return Breakdown(
+    return _mk(
         p.kind,
         p.elapsed_ms * k,
         name=p.name,
@@ -505,7 +535,7 @@ def _cut(p: Breakdown, left: list[int]) -> Breakdown:
     if dropped:
         left[0] -= 1
         kids.append(
-            Breakdown("more", sum(d.elapsed_ms for d in dropped), name=f"{len(dropped)} more parts")
+            _mk("more", sum(d.elapsed_ms for d in dropped), name=f"{len(dropped)} more parts")
         )
     kids = [_cut(k, left) if k.parts else k for k in kids]
     return _with_parts(p, tuple(kids))
@@ -516,7 +546,7 @@ def _leaf(p: Breakdown) -> Breakdown:
 
 
 def _with_parts(p: Breakdown, parts: tuple[Breakdown, ...]) -> Breakdown:
-    return Breakdown(
+    return _mk(
         p.kind,
         p.elapsed_ms,
         name=p.name,
