@@ -44,8 +44,8 @@ async def test_a_node_timeout_stores_its_attempts(virtual_clock, make_engine) ->
             await asyncio.sleep(0.01)
     (timed_out,) = by_kind(events, "token_timed_out")
     # The node's timer records the timeout; the attempt it cut says where its budget went, in
-    # the timed-out event when it reported first, else in the token_breakdown that follows.
-    (event,) = [timed_out] if "breakdown" in timed_out else by_kind(events, "token_breakdown")
+    # the timed-out event when it reported first, else in the attempt_breakdown that follows.
+    (event,) = [timed_out] if "breakdown" in timed_out else by_kind(events, "attempt_breakdown")
     assert event["token_id"] == timed_out["token_id"]
     bd = tb.Breakdown.from_dict(event["breakdown"])
     assert bd.elapsed_ms == 1000

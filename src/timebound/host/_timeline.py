@@ -38,7 +38,7 @@ def budget_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
     """D13: where the budget of the bound that fired went, as rows of its tree (``depth``,
     ``label``, ``elapsed_ms``, ``budget_ms``, ``offset_ms``), or ``None`` when none was stored.
 
-    The tree is the fired timeout's own, or the ``token_breakdown`` its cut attempt reported.
+    The tree is the fired timeout's own, or the ``attempt_breakdown`` its cut attempt reported.
     """
     fired = [
         e for e in events if e["kind"] in _TIMEOUT_KINDS and e.get("policy_applied") != "retry"
@@ -49,7 +49,9 @@ def budget_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
     stored = last.get("breakdown")
     if stored is None:
         token = last.get("token_id")
-        later = [e for e in events if e["kind"] == "token_breakdown" and e.get("token_id") == token]
+        later = [
+            e for e in events if e["kind"] == "attempt_breakdown" and e.get("token_id") == token
+        ]
         stored = later[-1].get("breakdown") if later else None
     tree = as_breakdown(stored)
     if tree is None:

@@ -202,7 +202,7 @@ class Attempts:
                 # reports where its budget went, stored beside that event.
                 await tx.append_event(
                     tok["run_id"],
-                    "token_breakdown",
+                    "attempt_breakdown",
                     now,
                     token_id=token_id,
                     node_id=tok["node_id"],
