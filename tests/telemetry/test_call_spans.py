@@ -6,12 +6,14 @@ span with OpenTelemetry's attribute names (``rpc.*``, ``db.*``) and the budget a
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import grpc
 import grpc.aio
 import pytest
+import redis.exceptions
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -20,6 +22,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 import timebound as tb
 from timebound.propagation import asyncpg as tb_asyncpg
 from timebound.propagation import psycopg as tb_psycopg
+from timebound.propagation import redis as tb_redis
 from timebound.propagation.grpc import (
     aio_client_interceptors,
     aio_server_interceptor,
@@ -249,3 +252,59 @@ def test_a_response_stream_is_one_span_ended_with_the_stream(
     (parent,) = _only(memory, SpanKind.INTERNAL)
     (stream,) = _only(memory, SpanKind.CLIENT)
     _check_rpc(stream, parent, 0)
+
+
+def _check_command(span: ReadableSpan, parent: ReadableSpan, operation: str) -> None:
+    attrs = span.attributes or {}
+    assert span.name == operation and span.kind == SpanKind.CLIENT
+    assert span.parent is not None and span.parent.span_id == parent.context.span_id
+    assert (attrs["db.system"], attrs["db.operation.name"]) == ("redis", operation)
+    assert 0 < attrs["timebound.deadline.remaining_ms"] <= BUDGET_S * 1000
+
+
+@pytest.mark.redis
+def test_a_redis_command_is_a_client_span_until_its_reply(
+    traced: tuple[InMemorySpanExporter, Any], redis_url: str
+) -> None:
+    memory, tracer = traced
+    client = tb_redis.from_url(redis_url)
+    key = f"tb_span_{uuid.uuid4().hex[:8]}"
+    try:
+        with tracer.start_as_current_span("request"):
+            with tb.fail_after(BUDGET_S):
+                client.set(key, "1")
+                with pytest.raises(redis.exceptions.ResponseError):
+                    client.lpush(key, "x")  # a string, not a list: the server says so
+    finally:
+        client.delete(key)
+        client.close()
+    (parent,) = _only(memory, SpanKind.INTERNAL)
+    set_, lpush, delete = _only(memory, SpanKind.CLIENT)
+    assert delete.name == "DEL" and delete.parent is None  # the clean-up, outside the request
+    _check_command(set_, parent, "SET")
+    _check_command(lpush, parent, "LPUSH")
+    assert set_.status.status_code != StatusCode.ERROR
+    assert (lpush.attributes or {})["error.type"] == "ResponseError"
+
+
+@pytest.mark.redis
+@pytest.mark.asyncio_real
+async def test_an_async_redis_command_is_a_client_span_until_its_reply(
+    traced: tuple[InMemorySpanExporter, Any], redis_url: str
+) -> None:
+    memory, tracer = traced
+    client = tb_redis.afrom_url(redis_url)
+    key = f"tb_span_{uuid.uuid4().hex[:8]}"
+    try:
+        with tracer.start_as_current_span("request"):
+            with tb.fail_after(BUDGET_S):
+                await client.set(key, "1")
+                assert await client.get(key) == b"1"
+    finally:
+        await client.delete(key)
+        await client.aclose()
+    (parent,) = _only(memory, SpanKind.INTERNAL)
+    set_, get, delete = _only(memory, SpanKind.CLIENT)
+    assert delete.name == "DEL" and delete.parent is None  # the clean-up, outside the request
+    _check_command(set_, parent, "SET")
+    _check_command(get, parent, "GET")
