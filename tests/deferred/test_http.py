@@ -35,12 +35,12 @@ class Served:
 
     def __init__(self, tmp_path: Path, *, retain_s: int = 86400) -> None:
         self.registry = Registry(
-            f"sqlite:///{tmp_path}/service.db", policy=HostPolicy(retain_s=retain_s)
+            f"sqlite:///{tmp_path}/service.db", policy=HostPolicy(retain=retain_s)
         )
         self.service = Service(self.registry, max_running=3)
         self.release = threading.Event()
 
-        @self.service.operation("report.render", retry_after_s=1, ttl_s=120)
+        @self.service.operation("report.render", retry_after=1, ttl=120)
         async def render(payload: Any) -> Any:
             while not self.release.is_set():
                 await asyncio.sleep(0.01)

@@ -244,7 +244,7 @@ async def test_unknown_is_terminal(store_url: str, clock: Any) -> None:
 
 async def test_retention_ends_in_gone_never_pending(store_url: str, clock: Any) -> None:
     """After retain_until an id answers Gone; an id never issued answers None."""
-    policy = HostPolicy(jitter=False, retain_s=100)
+    policy = HostPolicy(jitter=False, retain=100)
     async with Registry(store_url, policy=policy) as reg:
         await reg.register(operation_doc(), module="m")
         await reg.apply_status(OP, status_doc(status="failed"))
@@ -313,7 +313,7 @@ async def test_history_is_append_only_and_digest_only(store_url: str, clock: Any
 
 async def test_invalid_hint_is_recorded(store_url: str, clock: Any) -> None:
     """A pending status without a usable hint keeps a clamped poll interval."""
-    policy = HostPolicy(jitter=False, min_retry_after_s=2)
+    policy = HostPolicy(jitter=False, min_retry_after=2)
     async with Registry(store_url, policy=policy) as reg:
         op = await reg.register(operation_doc(retry_after=1), module="m")
         assert op.retry_after_s == 2

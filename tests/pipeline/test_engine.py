@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from datetime import timedelta
 from typing import Any
 
 import anyio
@@ -272,9 +273,9 @@ def test_a_task_sees_the_smallest_deadline() -> None:
     reg = sample.make_registry()
     seen: list[tuple[float, float]] = []
 
-    @reg.task(reads=["id"], writes=["f_lsr"], timeout=0.5)
+    @reg.task(reads=["id"], writes=["f_lsr"], timeout="500ms")
     def probe(ctx: pl.TaskContext, rows: pa.Table) -> dict[str, Any]:
-        seen.append((ctx.deadline.when, ctx.time_remaining_ms()))
+        seen.append((ctx.deadline.when, ctx.remaining()))
         return {"f_lsr": pa.nulls(rows.num_rows, type=pa.float64())}
 
     plan = pl.Plan("probe", catalog=reg)
@@ -293,7 +294,25 @@ def test_a_task_sees_the_smallest_deadline() -> None:
             await engine.run(artifact, sample.rows(1))  # enclosing (4 ms) first
 
     VirtualClock().run(main())
-    assert seen == [(pytest.approx(0.010), pytest.approx(10.0)), (0.004, pytest.approx(4.0))]
+    assert seen == [(pytest.approx(0.010), pytest.approx(0.010)), (0.004, pytest.approx(0.004))]
+    assert reg.tasks["probe"].timeout == 0.5
+
+
+def test_time_remaining_ms_warns_and_still_counts_milliseconds() -> None:
+    """The old spelling works for one release (D1.12), naming remaining()."""
+    reg = sample.make_registry()
+    seen: list[float] = []
+
+    @reg.task(reads=["id"], writes=["f_lsr"], timeout=timedelta(milliseconds=20))
+    def probe(ctx: pl.TaskContext, rows: pa.Table) -> dict[str, Any]:
+        with pytest.warns(DeprecationWarning, match=r"use TaskContext.remaining\(\)"):
+            seen.append(ctx.time_remaining_ms())
+        return {"f_lsr": pa.nulls(rows.num_rows, type=pa.float64())}
+
+    plan = pl.Plan("probe", registry=reg)
+    plan.task("probe")
+    VirtualClock().run(pl.Engine(reg).run(pl.compile(plan), sample.rows(1)))
+    assert seen == [pytest.approx(20.0)]
 
 
 def test_the_fail_branch_runs_under_normal_budgets() -> None:

@@ -174,7 +174,9 @@ def test_hostile_expressions_are_named(node: Any, message: str) -> None:
             "unknown param",
         ),
         (lambda r: r.task(rowset="maybe", name="t")(lambda c, rows: {}), "rowset must be"),
-        (lambda r: r.task(timeout=-1, name="t")(lambda c, rows: {}), "positive number"),
+        (lambda r: r.task(timeout=-1, name="t")(lambda c, rows: {}), "timeout must be > 0"),
+        (lambda r: r.task(timeout="1 s", name="t")(lambda c, rows: {}), "invalid timeout"),
+        (lambda r: r.task(timeout=float("inf"), name="t")(lambda c, rows: {}), "finite"),
     ],
 )
 def test_registry_refuses_bad_definitions(call: Any, message: str) -> None:

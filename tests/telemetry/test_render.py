@@ -19,11 +19,11 @@ def test_a_timeout_reads_as_its_bound() -> None:
     join = tb.DeadlineExceeded(source="synchronization", timeout=1.5)
     assert (
         describe(_event("workflow.token_timed_out", node, node_id="A", policy_applied="fail"))
-        == "token A: timed out (node bound, 200 ms, set by action fetch, policy fail)"
+        == "token A: timed out (node bound, 200ms, set by action fetch, policy fail)"
     )
     assert (
         describe(_event("workflow.join_timed_out", join, transition_id="j", policy_applied="fail"))
-        == "join j: synchronization bound fired (1500 ms, policy fail)"
+        == "join j: synchronization bound fired (1.5s, policy fail)"
     )
 
 

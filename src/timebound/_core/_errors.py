@@ -108,24 +108,18 @@ def _rebuild_configuration_error(
     return cls(message, option=option)
 
 
-def _format_seconds(seconds: float) -> str:
-    if seconds >= 1 and float(seconds).is_integer():
-        return f"{int(seconds)}s"
-    if seconds < 1:
-        ms = seconds * 1000
-        return f"{int(ms)}ms" if float(ms).is_integer() else f"{ms:.3g}ms"
-    return f"{seconds:.3g}s"
-
-
 def deadline_message(source: str, timeout: float | None, what: str | None) -> str:
     """The default text of a :class:`DeadlineExceeded` for these fields."""
+    # Here, not at the top: _durations raises this module's ConfigurationError.
+    from ._durations import format_duration
+
     finite = timeout is not None and math.isfinite(timeout)
     if what is not None:
         if finite and timeout is not None:
-            return f"{what} timed out after {_format_seconds(timeout)} ({source} deadline)"
+            return f"{what} timed out after {format_duration(timeout)} ({source} deadline)"
         return f"{what} timed out ({source} deadline exceeded)"
     if finite and timeout is not None:
-        return f"{source} deadline of {_format_seconds(timeout)} exceeded"
+        return f"{source} deadline of {format_duration(timeout)} exceeded"
     return f"{source} deadline exceeded"
 
 

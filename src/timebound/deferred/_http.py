@@ -290,7 +290,7 @@ def status_app(registry: Registry, service: Service | None = None) -> Any:
                 kind,
                 payload,
                 idempotency_key=headers.get("idempotency-key"),
-                wait_s=None if wait is None else int(wait.group(1)),
+                wait=None if wait is None else int(wait.group(1)),
             )
         except UnknownKind as exc:
             await _send_problem(send, 404, f"no operation kind {kind!r} here", path, code=exc.code)

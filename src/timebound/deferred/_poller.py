@@ -19,7 +19,9 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from .._core import _clock
-from .._core._errors import DeadlineExceeded, TimeboundError
+from .._core._durations import Duration, to_seconds
+from .._core._errors import ConfigurationError, DeadlineExceeded, TimeboundError
+from .._core._renamed import Renamed, renamed
 from .._core._scopes import fail_after
 from .._store import wake_delay
 from ..telemetry._tracing import poll_span
@@ -123,23 +125,29 @@ class Poller:
 
     ``async with Poller(registry, {"module": connector}):`` runs the loop in a task; it marks
     operations expired at start-up without polling them when their lifetime ended while the
-    host was down, then keeps every poll on time. ``poll_timeout_s`` bounds one status call.
+    host was down, then keeps every poll on time. ``poll_timeout`` (a duration) bounds one
+    status call.
     """
 
+    @renamed(poll_timeout_s=Renamed("poll_timeout"))
     def __init__(
         self,
         registry: Registry,
         connectors: Mapping[str, Connector],
         *,
-        poll_timeout_s: float = 10.0,
+        poll_timeout: Duration = 10.0,
     ) -> None:
-        if not (isinstance(poll_timeout_s, int | float) and 0 < poll_timeout_s < math.inf):
-            raise ValueError(
-                f"poll_timeout_s is a positive number of seconds, not {poll_timeout_s!r}"
+        seconds = to_seconds(poll_timeout, option="poll_timeout", allow_zero=False)
+        if math.isinf(seconds):
+            raise ConfigurationError(
+                "poll_timeout must be a finite duration: a status call that never ends would "
+                "hold its operation's slot for ever",
+                option="poll_timeout",
             )
+        #: How long one status call may take (seconds).
+        self.poll_timeout = seconds
         self.registry = registry
         self.connectors = dict(connectors)
-        self.poll_timeout_s = float(poll_timeout_s)
         policy = registry.policy
         self._window = _RateWindow(policy.poll_rate_cap)
         self._inflight: collections.Counter[str] = collections.Counter()
@@ -273,7 +281,7 @@ class Poller:
         try:
             connector = self.connectors[op.module]
             try:
-                with fail_after(self.poll_timeout_s):
+                with fail_after(self.poll_timeout):
                     self._window.take()  # the start the cap counts: the connector's call
                     taken = True
                     with poll_span(op.id, op.traceparent):  # D10.6
@@ -377,7 +385,7 @@ class Poller:
             return op.describe()
         await self.registry.mark_cancel_requested(op_id)
         try:
-            with fail_after(self.poll_timeout_s):
+            with fail_after(self.poll_timeout):
                 doc = await self.connectors[op.module].cancel(op)
         except PollRefused as exc:
             await self.registry.refuse(op_id, exc.code, str(exc))

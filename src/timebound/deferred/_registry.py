@@ -18,7 +18,9 @@ from typing import Any, NamedTuple
 
 from .._core import _clock
 from .._core._deadline import Deadline
+from .._core._durations import Duration, to_ms, to_seconds
 from .._core._errors import TimeboundError
+from .._core._renamed import Renamed, renamed
 from .._store import Store, Tx, open_store
 from .._store._tally import read_off_loop
 from ..telemetry._durable import deferred_event
@@ -72,7 +74,7 @@ _COLUMNS = (
 
 def now_ms() -> int:
     """The current instant in epoch milliseconds (the durable form, D1.10)."""
-    return math.floor(_clock.wall() * 1000)
+    return _clock.wall_ms()
 
 
 class StatusOutcome(NamedTuple):
@@ -330,6 +332,10 @@ class Registry(Continuations):
 
     # Creation ----------------------------------------------------------------------------
 
+    @renamed(
+        action_max_ttl_s=Renamed("action_max_ttl"),
+        preferred_retry_after_s=Renamed("preferred_retry_after"),
+    )
     async def register(
         self,
         doc: dict[str, Any],
@@ -338,16 +344,16 @@ class Registry(Continuations):
         idempotency_key: str | None = None,
         request: Any = None,
         continuation: dict[str, Any] | None = None,
-        action_max_ttl_s: float | None = None,
+        action_max_ttl: Duration | None = None,
         caller_deadline: Deadline | int | None = None,
-        preferred_retry_after_s: int | None = None,
+        preferred_retry_after: Duration | None = None,
     ) -> Operation:
         """Record an accepted ``deferred-operation.v1`` answer; return the stored operation.
 
         ``module`` names the connector the poller asks for status (``None``: this host serves
         the operation itself). The lifetime is the host policy's (D7.6): the connector's own
-        ``expires_at`` is only a hint, clamped by ``action_max_ttl_s``, the caller's deadline
-        and ``max_ttl_s``. ``preferred_retry_after_s`` (an action's profile) can only lengthen
+        ``expires_at`` is only a hint, clamped by ``action_max_ttl``, the caller's deadline
+        and ``max_ttl``. ``preferred_retry_after`` (an action's profile) can only lengthen
         the connector's first interval, which is clamped all the same. With
         ``idempotency_key``, the same key and request give the same operation; the same key
         and another request raise :class:`IdempotencyConflict`.
@@ -358,15 +364,16 @@ class Registry(Continuations):
         fail_after = (parse_time(doc["expires_at"]) - parse_time(doc["created_at"])) / 1000
         life, life_set_by = self.policy.lifetime_bound(
             at,
-            fail_after_s=fail_after,
-            action_max_ttl_s=action_max_ttl_s,
+            fail_after=fail_after,
+            action_max_ttl=action_max_ttl,
             caller_deadline=caller_deadline,
         )
         # The schema leaves the hint to the policy: anything but a positive integer is the
         # minimum, recorded as invalid-hint (D7.8).
         retry_after, valid = self.policy.check_retry_after(doc.get("retry_after_seconds"))
-        if preferred_retry_after_s is not None:
-            retry_after = self.policy.retry_after(max(retry_after, preferred_retry_after_s))
+        if preferred_retry_after is not None:
+            preferred = math.ceil(to_seconds(preferred_retry_after, option="preferred_retry_after"))
+            retry_after = self.policy.retry_after(max(retry_after, preferred))
         next_poll = None if module is None else at + self._poll_delay_ms(retry_after, 0)
         idem = None if idempotency_key is None else digest(["idempotency", idempotency_key])
         req = None if idempotency_key is None else digest(request)
@@ -537,7 +544,7 @@ class Registry(Continuations):
             None if result is None else _dump(result),
             None if result is None else digest(result),
             doc_digest,
-            at + self.policy.retain_s * 1000 if terminal else None,
+            at + self.policy.retain * 1000 if terminal else None,
             row["attempts"],
             op_id,
         )
@@ -555,7 +562,7 @@ class Registry(Continuations):
             at,
             _dump(error),
             code,
-            at + self.policy.retain_s * 1000,
+            at + self.policy.retain * 1000,
             row["id"],
         )
         # The bound an expiry reports (D2.8): the row's lifetime and where it was set; a
@@ -657,12 +664,14 @@ class Registry(Continuations):
             )
         return [_row_op(r) for r in rows]
 
-    async def poll_failed(self, op_id: str, delay_s: float, code: str) -> StatusOutcome:
+    @renamed(delay_s=Renamed("delay"))
+    async def poll_failed(self, op_id: str, delay: Duration, code: str) -> StatusOutcome:
         """A transient poll failure: the status stays, an attempt is spent, the poll backs off.
 
         Out of attempts (``max_attempts``), the operation expires with
         ``poll-budget-exhausted`` (D7.3).
         """
+        delay_ms = to_ms(delay, option="delay")
         at = now_ms()
         async with self._store.transaction() as tx:
             row = await self._row(tx, op_id, lock=True)
@@ -680,7 +689,7 @@ class Registry(Continuations):
                 "UPDATE tb_deferred_ops SET attempts = ?, next_poll_ms = ?, last_error_code = ? "
                 "WHERE id = ?",
                 attempts,
-                at + math.ceil(delay_s * 1000),
+                at + delay_ms,
                 code,
                 op_id,
             )

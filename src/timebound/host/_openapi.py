@@ -127,7 +127,7 @@ def _operator_paths() -> dict[str, Any]:
             "post": _op(
                 "extendRun",
                 "Move the run's deadline (or a live node's) later by by_ms, within the host's "
-                "max_extension_s for the run",
+                "max_extension for the run",
                 "200",
                 parameters=[_path_param("run_id")],
                 requestBody=_action_body(

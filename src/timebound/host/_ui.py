@@ -247,7 +247,7 @@ async def run_page(request: Request) -> Response:
             "actions": actions_for(run, detail["tokens"]),
             "waits": children,
             "traces": {t["id"] for t in detail["tokens"] if _is_trace(t["output"])},
-            "max_extension_s": host.config.max_extension_s,
+            "max_extension_s": host.config.max_extension,
             "fragment": request.query_params.get("part") == "live",
         },
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
+import warnings
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -42,7 +43,7 @@ _BARRIERS = ("filter", "sort", "take", "dedupe", "timeout_wrapper")
 class TaskContext:
     """What a task sees: ``params`` (its arguments and the resolved params), ``deadline`` (its
     effective deadline: the minimum of its own budget, its region's and every enclosing one),
-    ``nrows``, :meth:`time_remaining_ms` and :meth:`check`."""
+    ``nrows``, :meth:`remaining` and :meth:`check`."""
 
     __slots__ = ("deadline", "nrows", "params")
 
@@ -51,7 +52,19 @@ class TaskContext:
         self.deadline = deadline
         self.nrows = nrows
 
+    def remaining(self) -> float:
+        """Seconds left before the task's deadline (``math.inf`` without one), as
+        :meth:`Deadline.remaining <timebound.Deadline.remaining>` counts them."""
+        return self.deadline.remaining()
+
     def time_remaining_ms(self) -> float:
+        """Deprecated (D1.12): milliseconds left; use :meth:`remaining` (seconds)."""
+        warnings.warn(
+            "TaskContext.time_remaining_ms() is deprecated; use TaskContext.remaining() "
+            "(seconds, as Deadline.remaining())",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return self.deadline.remaining() * 1000.0
 
     def check(self) -> None:

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 import pyarrow as pa
 
+from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError
 
 __all__ = [
@@ -284,28 +285,28 @@ class Catalog:
         writes: Effect | Iterable[str] = (),
         rowset: Rowset = "preserve",
         name: str | None = None,
-        timeout: float | None = None,
+        timeout: Duration | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Register ``fn(ctx, rows) -> {key_id: column}`` (sync or async) with its TaskSpec.
 
         ``writes`` is a list of keys (exact) or an effect (:class:`FromParam`, :class:`Switch`,
-        :class:`Union`, :class:`Unknown`); ``timeout`` is the task's own budget in seconds.
+        :class:`Union`, :class:`Unknown`); ``timeout`` is the task's own budget, a duration
+        (``"250ms"``, seconds or a ``timedelta``), kept as seconds in its :class:`TaskSpec`.
         """
         if rowset not in ("preserve", "mutate", "unknown"):
             raise ConfigurationError(
                 f"rowset must be 'preserve', 'mutate' or 'unknown', got {rowset!r}",
                 option="rowset",
             )
-        if timeout is not None and (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, int | float)
-            or not timeout > 0
-            or not math.isfinite(timeout)
-        ):
-            raise ConfigurationError(
-                f"task timeout must be a positive number of seconds, got {timeout!r}",
-                option="timeout",
-            )
+        seconds = None
+        if timeout is not None:
+            seconds = to_seconds(timeout, option="timeout", allow_zero=False)
+            if math.isinf(seconds):
+                raise ConfigurationError(
+                    "task timeout must be a finite duration (leave it out for no budget of "
+                    "its own)",
+                    option="timeout",
+                )
         read_keys = tuple(reads) if not isinstance(reads, str) else (reads,)
         effect: Effect | tuple[str, ...]
         if isinstance(writes, Effect):
@@ -338,7 +339,7 @@ class Catalog:
                 read_keys,
                 effect,
                 rowset,
-                None if timeout is None else float(timeout),
+                seconds,
             )
             return fn
 
