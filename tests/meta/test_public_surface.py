@@ -61,6 +61,7 @@ ALLOWED: dict[str, dict[str, str]] = {
     # Arithmetic on the stored rows' epoch-ms instants (the poller's and the registry's).
     "timebound.deferred.Registry.next_instant": {"after_ms": "a stored epoch-ms instant"},
     "timebound.deferred.HostPolicy.lifetime_s": {"now_epoch_ms": "a stored epoch-ms instant"},
+    "timebound.deferred.HostPolicy.lifetime_bound": {"now_epoch_ms": "a stored epoch-ms instant"},
     # The deadline header's value as it arrived (D4): the wire's milliseconds.
     "timebound.propagation.RequestState": {"deadline_received_ms": "wire: the header's ms"},
     # The event record's wall-clock instant (D10): a document field of the one event model.

@@ -672,7 +672,7 @@ def _rpc_span(method: str | bytes, clamp: _Clamp | None) -> CallSpan | None:
     service, _, rpc = name.rpartition("/")
     span = call_span(name, **{"rpc.system": "grpc", "rpc.service": service, "rpc.method": rpc})
     if span is not None and clamp is not None and clamp.timeout is not None:
-        span.set("timebound.deadline.propagated_ms", math.ceil(clamp.timeout * 1000))
+        span.set("timebound.deadline.propagated_ms", ceil_ms(clamp.timeout))
     return span
 
 
