@@ -102,6 +102,7 @@ Operation = TypedDict(
         "created_at": str,
         "updated_at": str,
         "expires_at": str,
+        "expires_set_by": str | None,
         "next_poll_at": str | None,
         "attempts": int,
         "cancelable": bool,
