@@ -1,7 +1,8 @@
 """Durable workflows: steps per second, timeout detection lag, dead-worker takeover, restart.
 
-Run: ``python bench/workflow.py`` (about a minute; ``--quick`` for a smaller run). Prints a table
-and writes ``bench/results/workflow.json``. Needs PostgreSQL at 127.0.0.1:5432 for the PostgreSQL
+Run: ``python bench/workflow.py --out bench/results/workflow.json`` (about a minute a repeat;
+``--quick`` for a smaller run; ``--smoke`` leaves out DBOS and the multi-process rows). Prints
+a table; writes the results only with ``--out``. Needs PostgreSQL at 127.0.0.1:5432 for the PostgreSQL
 rows and ``dbos`` (the ``bench`` extra) for the baseline; rows that cannot run are reported
 missing, never invented.
 
@@ -23,12 +24,11 @@ Rows:
   ``_workflow_workers.py``): cancel and join decision to the handler stopped on another worker,
   the time to flip the state apart from the time to stop the work, a killed worker's step re-run
   by a survivor, and steps/s with 1, 2 and 4 worker processes.
-- ``machine.loadavg_1m.*``: the load average at the start and the end: the machine is shared, so
-  the absolute numbers move with it; compare ratios taken in one run.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -42,13 +42,16 @@ from pathlib import Path
 from typing import Any
 
 import _workflow_workers
-from _common import Row, percentile, print_table, write_results
+from _common import Row, percentile, pick, run_bench
 
 from timebound import workflow as wf
 
-QUICK = "--quick" in sys.argv
-RUNS = 50 if QUICK else 200  # runs in flight for the throughput rows
-TIMEOUTS = 200 if QUICK else 1000
+# Set per tier by measure(): runs in flight for the throughput rows, node timeouts measured.
+QUICK = False
+RUNS = 200
+TIMEOUTS = 1000
+SEQUENTIAL = 20  # runs one at a time
+DEAD = 100  # tokens in flight when a worker stops
 PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 
 TEN_STEPS: dict[str, Any] = {
@@ -234,10 +237,15 @@ def _drop(url: str) -> None:
     asyncio.run(drop())
 
 
-def main() -> None:
-    rows: list[Row] = [Row("machine.loadavg_1m.start", os.getloadavg()[0], "load")]
+def measure(args: argparse.Namespace) -> list[Row]:
+    global QUICK, RUNS, TIMEOUTS, SEQUENTIAL, DEAD
+    QUICK = not pick(args, True, False, False)
+    RUNS, TIMEOUTS, SEQUENTIAL, DEAD = pick(
+        args, (200, 1000, 20, 100), (50, 200, 20, 100), (5, 10, 2, 5)
+    )
+    rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
-        dbos_rate = _dbos(RUNS, tmp)
+        dbos_rate = None if args.smoke else _dbos(RUNS, tmp)
         base = "DBOS, SQLite, same workflow" if dbos_rate is not None else None
         full = asyncio.run(_throughput(f"sqlite:///{tmp}/full.db?synchronous=FULL", RUNS))
         rows.append(Row("steps_per_s.sqlite_full", full, "steps/s", base, dbos_rate,
@@ -245,7 +253,7 @@ def main() -> None:
         normal = asyncio.run(_throughput(f"sqlite:///{tmp}/normal.db?synchronous=NORMAL", RUNS))
         rows.append(Row("steps_per_s.sqlite_normal", normal, "steps/s", base, dbos_rate,
                         ">= 5000", normal >= 5000))  # fmt: skip
-        one = asyncio.run(_sequential(f"sqlite:///{tmp}/one.db?synchronous=FULL", 20))
+        one = asyncio.run(_sequential(f"sqlite:///{tmp}/one.db?synchronous=FULL", SEQUENTIAL))
         rows.append(Row("steps_per_s.sqlite_full_one_run", one, "steps/s"))
         lags = asyncio.run(_timeout_lags(f"sqlite:///{tmp}/lag.db", TIMEOUTS))
         rows.append(Row("timeout_lag.p50", percentile(lags, 50), "ms", target="<= 20",
@@ -268,17 +276,17 @@ def main() -> None:
         pg = _pg_url()
         assert pg is not None
         try:
-            lags = asyncio.run(_dead_worker_lags(pg, 100))
+            lags = asyncio.run(_dead_worker_lags(pg, DEAD))
             rows.append(Row("dead_worker_lag.p99", percentile(lags, 99), "ms",
                             target="<= 1500", passed=percentile(lags, 99) <= 1500))  # fmt: skip
         finally:
             _drop(pg)
-        with tempfile.TemporaryDirectory() as tmp:
-            rows += _workflow_workers.rows(_pg_url, _drop, tmp, QUICK)
-    rows.append(Row("machine.loadavg_1m.end", os.getloadavg()[0], "load"))
-    print_table(rows, "durable workflows")
-    if not QUICK:
-        write_results("workflow", rows)
+        if args.smoke:
+            print("--smoke: DBOS and the multi-process rows are left out")
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                rows += _workflow_workers.rows(_pg_url, _drop, tmp, QUICK)
+    return rows
 
 
 if __name__ == "__main__":
@@ -286,4 +294,4 @@ if __name__ == "__main__":
         _dbos_child(sys.argv[2], int(sys.argv[3]))
     else:
         os.chdir(Path(__file__).resolve().parent)
-        main()
+        sys.exit(run_bench("workflow", __doc__, measure, title="durable workflows"))
