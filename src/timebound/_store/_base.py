@@ -80,6 +80,8 @@ class Tx:
         self._written: set[Hashable] = set()  # the rows the deferred writes touch
         self._tallies: dict[tuple[str, str, str], int] = {}
         self.held: dict[Any, Any] = {}
+        #: The earliest due instant of the timers this transaction set (``None``: it set none).
+        self.timers_set_min: int | None = None
 
     async def execute(self, sql: str, *args: Any) -> int:
         await self.flush_writes()
@@ -166,6 +168,8 @@ class Tx:
     async def set_timer(
         self, key: str, kind: str, stream: str, due_ms: int, priority: int = 0
     ) -> None:
+        if self.timers_set_min is None or due_ms < self.timers_set_min:
+            self.timers_set_min = due_ms
         await self.execute(
             "INSERT INTO tb_timers (key, kind, stream, due_ms, priority) VALUES (?, ?, ?, ?, ?) "
             "ON CONFLICT (key) DO UPDATE SET due_ms = excluded.due_ms, "
@@ -270,6 +274,9 @@ class Store:
     url: str
     #: Whether several processes may work on this store at once (PostgreSQL: yes).
     shared: bool
+    #: How many write transactions this store object has committed (an engine's loop tells
+    #: from it whether anything but its own turn wrote since its last turn).
+    commits = 0
 
     async def open(self) -> None:
         raise NotImplementedError

@@ -258,6 +258,7 @@ class PostgresStore(Store):
                         await conn.execute(f'NOTIFY "{self._channel}"')
                 # At once after the commit returned, before the connection goes back to the
                 # pool (an await a cancellation could interrupt); never after a rollback (D10.3).
+                self.commits += 1
                 tx.committed()
 
     @asynccontextmanager
