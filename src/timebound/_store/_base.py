@@ -62,6 +62,9 @@ class Tx:
     """
 
     wake_others = False
+    #: With :attr:`wake_others`: the news is for waiters only (a run ended), no work for other
+    #: processes' loops; :meth:`Store.listen`'s ``on_news`` hears it instead of ``callback``.
+    news_only = False
     exclusive = False
 
     def __init__(self) -> None:
@@ -303,8 +306,10 @@ class Store:
         *,
         on_stop: Callable[[int, list[str]], None] | None = None,
         session_key: int | None = None,
+        on_news: Callable[[], None] | None = None,
     ) -> None:
-        """Call ``callback`` when another process commits a ``wake_others`` transaction, and
+        """Call ``callback`` when another process commits a ``wake_others`` transaction (or
+        ``on_news``, if given, when that transaction is :attr:`Tx.news_only`), and
         ``on_stop(stopped_at_ms, ids)`` when one commits a transaction that stopped work rows
         (:attr:`Tx.stopped`). ``session_key``: hold a session lock under that key while this
         process is connected (see :meth:`session_alive`), taken again after a reconnect."""

@@ -264,7 +264,12 @@ class Engine(Turns, RunReads, OperatorActions):
             return
         shared = self._store.shared
         key = self._presence.lock_key if shared else None
-        await self._store.listen(self._wake_all, on_stop=self._inflight.on_stop, session_key=key)
+        await self._store.listen(
+            self._wake_all,
+            on_stop=self._inflight.on_stop,
+            session_key=key,
+            on_news=self._wake_waiters,
+        )
         if shared:
             async with self._txn() as tx:
                 await self._presence.register(tx, self._now())
@@ -552,6 +557,11 @@ class Engine(Turns, RunReads, OperatorActions):
         self._poked = True
         self._schedule.forget()
         self._wake.set()
+        for event in self._finished.values():
+            event.set()
+
+    def _wake_waiters(self) -> None:
+        """Another process ended a run: the waiters look (the loop has nothing new to do)."""
         for event in self._finished.values():
             event.set()
 

@@ -205,10 +205,14 @@ class Turns(Attempts):
                     "SELECT MIN(not_before) AS t FROM tb_wf_tokens WHERE status = 'pending'"
                 )
                 pending_ms = None if row is None else row["t"]
-            if pending_ms is None and not tx.kinds & _RUN_ENDS:
-                # No token is left for others to claim (this turn claimed what it made) and no
-                # run ended: waking every worker would only cost each an empty turn (D6.14a).
-                tx.wake_others = False
+            if pending_ms is None:
+                # No token is left for others to claim (this turn claimed what it made): waking
+                # every worker would only cost each an empty turn (D6.14a). A run that ended is
+                # news for waiters only, not for the other workers' loops (D6.30).
+                if tx.kinds & _RUN_ENDS:
+                    tx.news_only = True
+                else:
+                    tx.wake_others = False
         assert not isinstance(pending_ms, _Unknown)
         schedule.learn(token, self._store.commits, next_ms, pending_ms)
         self._outcomes[:0] = later  # committed: what is left is stored by the next turn
