@@ -9,6 +9,7 @@ transaction as the change it records, and a lease is an owner and an expiry on a
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -19,6 +20,9 @@ from ..telemetry._events import Event, enabled
 from ._tally import flush_tallies
 
 __all__ = ["Store", "StoreBusy", "StoreError", "Tx", "wake_delay"]
+
+# The table a write statement changes (a statement it does not match counts as any table).
+_WRITTEN_TABLE = re.compile(r"\s*(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+(\w+)", re.IGNORECASE)
 
 # Waking a hair after a stored instant makes the floored epoch-ms reading reach it, so a timer is
 # seen due at its own millisecond, never one empty loop turn early (D7.6).
@@ -85,10 +89,35 @@ class Tx:
         self.held: dict[Any, Any] = {}
         #: The earliest due instant of the timers this transaction set (``None``: it set none).
         self.timers_set_min: int | None = None
+        # Write marks (see rows_unchanged): a serial per write, the last one per deferred row
+        # and per table written by a statement.
+        self._serial = 0
+        self._row_marks: dict[Hashable, int] = {}
+        self._table_marks: dict[str, int] = {}
 
     async def execute(self, sql: str, *args: Any) -> int:
         await self.flush_writes()
+        self._mark_table(sql)
         return await self._execute(sql, *args)
+
+    def _mark_table(self, sql: str) -> None:
+        self._serial += 1
+        found = _WRITTEN_TABLE.match(sql)
+        self._table_marks[found.group(1) if found else "*"] = self._serial
+
+    def write_mark(self) -> int:
+        """A mark of this transaction's writes so far, for :meth:`rows_unchanged`."""
+        return self._serial
+
+    def rows_unchanged(self, mark: int, key: Hashable, table: str) -> bool:
+        """Whether nothing written since ``mark`` may have changed the row ``key`` of ``table``:
+        no deferred write of that row, no statement writing that table (or one whose table is
+        not known): a row read at ``mark`` still holds."""
+        return (
+            self._row_marks.get(key, -1) <= mark
+            and self._table_marks.get(table, -1) <= mark
+            and self._table_marks.get("*", -1) <= mark
+        )
 
     async def fetch(self, sql: str, *args: Any) -> list[dict[str, Any]]:
         await self.flush_writes()
@@ -119,6 +148,8 @@ class Tx:
         ``sql`` changes only the row ``key`` names, and nobody reads its row count."""
         self._writes.append((key, sql, args))
         self._written.add(key)
+        self._serial += 1
+        self._row_marks[key] = self._serial
 
     async def fetch_row(self, key: Hashable, sql: str, *args: Any) -> dict[str, Any] | None:
         """Read the one row ``key`` names (``sql`` reads nothing else), sending first only the
@@ -254,6 +285,7 @@ class Tx:
 
     async def execute_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         await self.flush_writes()
+        self._mark_table(sql)
         await self._execute_many(sql, rows)
 
     async def _execute_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:

@@ -182,6 +182,8 @@ class Turns(Attempts):
                 started.append((start, run_id))
             lock = self._store.lock_clause()  # the reports' runs: read and locked at once, by id
             await self._machine.hold_runs(tx, (r.run_id for r in outcomes), lock=lock)
+            if len(outcomes) > 1:  # their tokens in one statement, not one each
+                await self._machine.hold_tokens(tx, (r.token_id for r in outcomes))
             self._reporting = {r.token_id for r in outcomes}  # their attempts ran here
             # D6.24: a turn stores outcomes for at most _TURN_SLICE_S; the rest go to the next
             # turn, which fires the timers due by then first (one outcome may fan out 10,000).
