@@ -123,7 +123,7 @@ def _host(url: str) -> wf.Engine:
         db=url,
         actions={"step": handlers.step, "slow": handlers.slow, "nap": handlers.nap},
         worker=False,
-        sweep_ms=20,  # how often its waits poll the store (it has no listener)
+        sweep="20ms",  # how often its waits poll the store (it has no listener)
     )
     for flow in FLOWS:
         engine.register(flow)

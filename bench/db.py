@@ -267,7 +267,7 @@ async def _guard_rows() -> list[Row]:
     """What the guard itself costs: a statement run through ``run_guarded`` (its own task, the
     caller waiting on it) against the same coroutine awaited directly, no I/O."""
     from timebound.propagation._client import AttemptTimeoutBase, begin
-    from timebound.propagation._db_common import Guard, options, run_guarded
+    from timebound.propagation.db._common import Guard, options, run_guarded
 
     # An attempt under a deadline, as a guarded call has one (its statement checks it).
     with tb.inherit_deadline(tb.Deadline.after(3600)):

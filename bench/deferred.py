@@ -104,7 +104,7 @@ async def accept_latency(tmp: str, n: int) -> list[Row]:
     async with Registry(f"sqlite:///{tmp}/accept.db") as reg:
         service = Service(reg, max_running=n + 1)
 
-        @service.operation("bench.job", ttl_s=900)
+        @service.operation("bench.job", ttl=900)
         async def job(payload: Any) -> Any:
             await asyncio.sleep(3600)
 

@@ -172,8 +172,8 @@ SCALES = [pa.scalar(0.5 + i) for i in range(TASKS)]
 ONE, TEN, ZERO = pa.scalar(1.0), pa.scalar(10.0), pa.scalar(0.0)
 
 
-def dispatch_registry() -> tuple[pl.Registry, list[Any]]:
-    reg = pl.Registry()
+def dispatch_registry() -> tuple[pl.Catalog, list[Any]]:
+    reg = pl.Catalog()
     reg.key("id", pa.int64())
     fns = []
     for i in range(TASKS):
@@ -193,7 +193,7 @@ def dispatch_registry() -> tuple[pl.Registry, list[Any]]:
 
 def dispatch_rows() -> list[Row]:
     reg, fns = dispatch_registry()
-    plan = pl.Plan("dispatch", registry=reg)
+    plan = pl.Plan("dispatch", catalog=reg)
     for i in range(TASKS):
         plan.task(f"t{i}")
     artifact = pl.compile(plan)
@@ -246,7 +246,7 @@ def dispatch_rows() -> list[Row]:
 
 
 def ranking_plan() -> tuple[pl.Engine, pl.Artifact]:
-    reg = pl.Registry()
+    reg = pl.Catalog()
     reg.key("id", pa.int64())
     reg.key("score", pa.float64(), default=0.0)
     reg.key("final", pa.float64(), default=0.0)
@@ -266,7 +266,7 @@ def ranking_plan() -> tuple[pl.Engine, pl.Artifact]:
             total = pc.add(total, pc.fill_null(rows.column(i), 0.0))
         return {"score": total.combine_chunks()}
 
-    plan = pl.Plan("ranking", registry=reg)
+    plan = pl.Plan("ranking", catalog=reg)
     plan.task("feature0").task("feature1")
     plan.timeout_wrapper(
         if_success=lambda c: c.task("feature2").task("feature3").task("feature4").task("feature5"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Iterator
 
@@ -62,13 +63,15 @@ def _no_process_state_left_behind() -> Iterator[None]:
     Each of these once leaked and broke later tests in random order: a virtual clock restored
     after its test ended (time froze for the rest of the run), a spent deadline left in the main
     thread's context by the signal tier, an alarm or SIGALRM handler left armed, a listener left
-    registered, a span exporter left installed. A signal mask left changed would keep SIGALRM
-    from the main thread.
+    registered, a span exporter left installed, a recursion limit left raised (a later test that
+    relies on Python's default limit then passed input it must refuse). A signal mask left
+    changed would keep SIGALRM from the main thread.
     """
     alarm_handler = signal.getsignal(signal.SIGALRM)
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, ())
     listeners = list(_events._listeners)
     tracer = _tracing._tracer
+    recursion_limit = sys.getrecursionlimit()
     yield
     problems = []
     if signal.pthread_sigmask(signal.SIG_BLOCK, ()) != mask:
@@ -85,5 +88,9 @@ def _no_process_state_left_behind() -> Iterator[None]:
         problems.append("telemetry listeners were added or removed")
     if _tracing._tracer is not tracer:
         problems.append("a span exporter was installed or removed")
+    if sys.getrecursionlimit() != recursion_limit:
+        problems.append(
+            f"the recursion limit was changed ({recursion_limit} -> {sys.getrecursionlimit()})"
+        )
     if problems:
         pytest.fail("the test left process state behind: " + "; ".join(problems))

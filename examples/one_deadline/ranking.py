@@ -17,7 +17,7 @@ from timebound import pipeline as pl
 
 FEATURE_LATENCY_S = 0.12
 
-registry = pl.Registry()
+registry = pl.Catalog()
 registry.key("id", pa.int64())
 registry.key("popularity", pa.float64())
 registry.key("f_personal", pa.float64(), nullable=True)
@@ -31,7 +31,7 @@ async def fetch_features(ctx: pl.TaskContext, rows: pa.Table) -> dict[str, pa.Ar
     return {"f_personal": pc.multiply(rows["id"], 1.5).cast(pa.float64()).combine_chunks()}
 
 
-plan = pl.Plan("rank_showcase", registry=registry)
+plan = pl.Plan("rank_showcase", catalog=registry)
 plan.timeout_wrapper(
     if_success=lambda c: c.task("fetch_features"),
     if_fail=lambda c: c.fill_defaults(["f_personal"]),

@@ -117,7 +117,7 @@ def render(tl: Timeline, served: Registry) -> Any:
     """The render service: a deferred operation that takes 300 ms of background work."""
     service = Service(served)
 
-    @service.operation("report.render", retry_after_s=1, ttl_s=60)
+    @service.operation("report.render", retry_after=1, ttl=60)
     async def render_report(payload: dict[str, Any]) -> dict[str, Any]:
         tl.say("render", "background work starts (the caller already has its 202)")
         await asyncio.sleep(0.3)

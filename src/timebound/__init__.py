@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ._core._body import TooLarge as TooLarge
     from ._core._deadline import Deadline as Deadline
     from ._core._durations import Duration as Duration
+    from ._core._durations import format_duration as format_duration
     from ._core._durations import to_seconds as to_seconds
     from ._core._errors import CircuitOpen as CircuitOpen
     from ._core._errors import ConfigurationError as ConfigurationError
@@ -64,6 +65,7 @@ __all__ = [
     "current_deadline",
     "fail_after",
     "fail_at",
+    "format_duration",
     "inherit_deadline",
     "move_on_after",
     "move_on_at",
@@ -111,6 +113,7 @@ _LOCATIONS: dict[str, str] = {
     "run_with_signal": "._core._preempt",
     "spawn_background": "._core._scopes",
     "to_seconds": "._core._durations",
+    "format_duration": "._core._durations",
 }
 
 

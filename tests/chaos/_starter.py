@@ -45,7 +45,7 @@ async def main(url: str, runs: int, seed: int, rate: float) -> None:
     rng = random.Random(seed)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-    engine = wf.Engine(db=url, actions=_actions, concurrency=1, sweep_ms=200)
+    engine = wf.Engine(db=url, actions=_actions, concurrency=1, sweep="200ms")
     engine.register(DEFINITION)
     async with engine:
         for _ in range(runs):

@@ -37,7 +37,7 @@ async def test_engine_in_flight_work_survives_a_server_restart(chaos_cluster: Cl
 
     url = f"{chaos_cluster.dsn}?schema=tbchaos_{uuid.uuid4().hex[:12]}"
     # A short lease: the loop renews it every 100 ms, so renewals meet the dead connections.
-    engine = wf.Engine(db=url, actions={"hold": hold}, lease_ms=300, sweep_ms=50)
+    engine = wf.Engine(db=url, actions={"hold": hold}, lease="300ms", sweep="50ms")
     engine.register(DEFINITION)
     async with engine:
         run_id = await engine.start("held")

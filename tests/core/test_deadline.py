@@ -110,6 +110,38 @@ def test_format_duration() -> None:
     assert format_duration(math.inf) == "never"
 
 
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [
+        (0, "0ms"),
+        (0.0005, "0.5ms"),
+        (0.9999996, "1s"),
+        (1.5, "1.5s"),
+        (59.999, "59.999s"),
+        (60, "1min"),
+        (90, "1min 30s"),
+        (184, "3min 4s"),
+        (3600, "1h"),
+        (7500, "2h 5min"),
+        (90_000, "1d 1h"),
+        (3723.5, "1h 2min 3.5s"),
+        (-0.25, "-250ms"),
+    ],
+)
+def test_one_duration_text(seconds: float, text: str) -> None:
+    """D1.14: one text for a duration everywhere; a whole value parses back as itself."""
+    assert format_duration(seconds) == text
+    if " " not in text and "." not in text and text[0].isdigit():
+        assert parse_duration(text) == pytest.approx(seconds, abs=5e-4)
+
+
+def test_an_error_and_a_policy_message_say_120s_the_same_way() -> None:
+    """The error tree's message uses the same text as every other rendering (D1.14)."""
+    err = tb.DeadlineExceeded(source="scope", timeout=120, what="fetch")
+    assert str(err) == f"fetch timed out after {format_duration(120)} (scope deadline)"
+    assert "2min" in str(err)
+
+
 def test_deadline_exceeded_is_timeout_error_and_pickles() -> None:
     """DeadlineExceeded is a TimeoutError with fields that survive pickling (D2.1, D2.4)."""
     err = tb.DeadlineExceeded(source="attempt", timeout=10.0, what="GetUser")

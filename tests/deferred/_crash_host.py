@@ -28,7 +28,7 @@ from timebound.deferred import (
 )
 from timebound.deferred._registry import now_ms
 
-POLICY = HostPolicy(jitter=False, min_retry_after_s=1, max_ttl_s=3600)
+POLICY = HostPolicy(jitter=False, min_retry_after=1, max_ttl=3600)
 
 
 def _cont(op_id: str) -> dict[str, Any]:

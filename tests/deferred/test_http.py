@@ -35,12 +35,12 @@ class Served:
 
     def __init__(self, tmp_path: Path, *, retain_s: int = 86400) -> None:
         self.registry = Registry(
-            f"sqlite:///{tmp_path}/service.db", policy=HostPolicy(retain_s=retain_s)
+            f"sqlite:///{tmp_path}/service.db", policy=HostPolicy(retain=retain_s)
         )
         self.service = Service(self.registry, max_running=3)
         self.release = threading.Event()
 
-        @self.service.operation("report.render", retry_after_s=1, ttl_s=120)
+        @self.service.operation("report.render", retry_after=1, ttl=120)
         async def render(payload: Any) -> Any:
             while not self.release.is_set():
                 await asyncio.sleep(0.01)
@@ -200,12 +200,20 @@ async def test_a_failing_operation_does_not_leak_its_message(served: tuple[Serve
 async def test_hostile_requests_get_clear_errors(
     served: tuple[Served, str], method: str, path: str, body: bytes, code: int
 ) -> None:
-    """Bad JSON, unknown kinds, wrong methods, huge ids and huge bodies: a problem document."""
+    """Bad JSON, unknown kinds, wrong methods, huge ids and huge bodies: a problem document,
+    ``application/problem+json`` with the path as its instance (D8.23)."""
     _, url = served
     async with httpx.AsyncClient(base_url=url) as client:
         r = await client.request(method, path, content=body)
     assert r.status_code == code
-    assert r.json()["status"] == code
+    assert r.headers["content-type"] == "application/problem+json"
+    problem = r.json()
+    assert (problem["type"], problem["status"]) == ("about:blank", code)
+    # A huge path is echoed capped, as every text the host quotes (D8.11).
+    assert problem["instance"] == path if len(path) < 1000 else len(problem["instance"]) < 1000
+    assert problem["title"] and problem["detail"]
+    if code == 405:
+        assert r.headers["allow"] in ("GET", "POST")
 
 
 async def test_the_host_polls_to_completion_and_resumes_once(

@@ -12,7 +12,7 @@ from timebound.deferred import HostPolicy, Registry, validate_operation
 from .conftest import operation_doc, status_doc
 
 OP = "deferred:report.render:op1"
-POLICY = HostPolicy(jitter=False, min_retry_after_s=2)
+POLICY = HostPolicy(jitter=False, min_retry_after=2)
 _ABSENT = object()
 
 

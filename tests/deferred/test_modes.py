@@ -36,7 +36,7 @@ class Recording:
         self.release = threading.Event()
         self.calls: list[tuple[str, str | None]] = []
 
-        @self.service.operation("report.render", retry_after_s=1, ttl_s=600)
+        @self.service.operation("report.render", retry_after=1, ttl=600)
         async def render(payload: Any) -> Any:
             while not self.release.is_set():
                 await asyncio.sleep(0.01)
@@ -324,7 +324,7 @@ async def test_reject_as_failure_applies_to_http_deferrals(
         (60_000, 60_000, {"preferred_max_ttl_seconds": 20}, HostPolicy(jitter=False), 20_000),
         # The profile never extends a lifetime: the host's max_ttl_s still clamps it.
         (600_000, 600_000, {"preferred_max_ttl_seconds": 5_000},
-         HostPolicy(jitter=False, max_ttl_s=30), 30_000),
+         HostPolicy(jitter=False, max_ttl=30), 30_000),
     ],
 )  # fmt: skip
 def test_the_lifetime_is_bounded_by_deadlines_and_profile(
@@ -387,7 +387,7 @@ def test_the_profiles_retry_after_only_lengthens_the_first_interval(
 
     first = virtual_clock.run(main(HostPolicy(jitter=False), ()))
     assert first.retry_after_s == 7 and first.next_poll_ms - first.created_ms == 7_000
-    second = virtual_clock.run(main(HostPolicy(jitter=False, max_retry_after_s=5), (first.id,)))
+    second = virtual_clock.run(main(HostPolicy(jitter=False, max_retry_after=5), (first.id,)))
     assert second.retry_after_s == 5 and second.next_poll_ms - second.created_ms == 5_000
 
 

@@ -23,7 +23,7 @@ def test_retry_after_clamps_the_hint(hint: int, expected: int) -> None:
 @pytest.mark.parametrize("hint", [None, 0, -3, 2.5, "5", True, float("nan")])
 def test_invalid_hints_fall_back_to_the_minimum(hint: object) -> None:
     """An absent, zero, negative, non-integer or unparsable hint: the minimum, marked invalid."""
-    policy = HostPolicy(min_retry_after_s=3)
+    policy = HostPolicy(min_retry_after=3)
     assert policy.check_retry_after(hint) == (3, False)
 
 
@@ -35,21 +35,21 @@ def test_lifetime_defaults_to_max_ttl() -> None:
 def test_lifetime_is_the_smallest_present_hint() -> None:
     """fail_after and the action's TTL: the smaller one wins."""
     policy = HostPolicy()
-    assert policy.expires_at(NOW, fail_after_s=600, action_max_ttl_s=120) == NOW + timedelta(
+    assert policy.expires_at(NOW, fail_after=600, action_max_ttl=120) == NOW + timedelta(
         seconds=120
     )
 
 
 def test_a_connector_cannot_extend_past_max_ttl() -> None:
     """A connector hint of a day is clamped to max_ttl."""
-    got = HostPolicy(max_ttl_s=300).expires_at(NOW, fail_after_s=86400)
+    got = HostPolicy(max_ttl=300).expires_at(NOW, fail_after=86400)
     assert got == NOW + timedelta(seconds=300)
 
 
 def test_the_caller_deadline_is_an_upper_bound(virtual_clock: VirtualClock) -> None:
     """A caller deadline 40 s away bounds a 600 s connector hint."""
     now = datetime.fromtimestamp(virtual_clock.wall(), tz=UTC)
-    got = HostPolicy().expires_at(now, fail_after_s=600, caller_deadline=tb.Deadline.after(40))
+    got = HostPolicy().expires_at(now, fail_after=600, caller_deadline=tb.Deadline.after(40))
     assert got == now + timedelta(seconds=40)
 
 
@@ -65,9 +65,7 @@ def test_a_spent_caller_deadline_creates_nothing(virtual_clock: VirtualClock) ->
 
 def test_the_caller_deadline_may_be_an_aware_datetime() -> None:
     """An aware datetime caller deadline bounds the lifetime as a Deadline does."""
-    got = HostPolicy().expires_at(
-        NOW, fail_after_s=600, caller_deadline=NOW + timedelta(seconds=40)
-    )
+    got = HostPolicy().expires_at(NOW, fail_after=600, caller_deadline=NOW + timedelta(seconds=40))
     assert got == NOW + timedelta(seconds=40)
     other_zone = (NOW + timedelta(seconds=90)).astimezone(timezone(timedelta(hours=3)))
     assert HostPolicy().expires_at(NOW, caller_deadline=other_zone) == NOW + timedelta(seconds=90)
@@ -106,11 +104,13 @@ def test_jitter_off_is_zero() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "name"),
     [
-        ({"min_retry_after_s": 0}, "min_retry_after_s"),
-        ({"max_ttl_s": -1}, "max_ttl_s"),
+        ({"min_retry_after": 0}, "min_retry_after"),
+        ({"max_ttl": -1}, "max_ttl"),
+        ({"max_ttl": "1500ms"}, "max_ttl"),
+        ({"retain": "never"}, "retain"),
         ({"max_attempts": 0}, "max_attempts"),
         ({"poll_rate_cap": 1.5}, "poll_rate_cap"),
-        ({"min_retry_after_s": 10, "max_retry_after_s": 5}, "min_retry_after_s"),
+        ({"min_retry_after": 10, "max_retry_after": 5}, "min_retry_after"),
         ({"jitter": "yes"}, "jitter"),
     ],
 )
@@ -124,3 +124,40 @@ def test_naive_now_is_refused() -> None:
     """expires_at takes an aware datetime."""
     with pytest.raises(tb.ConfigurationError, match="aware"):
         HostPolicy().expires_at(datetime(2026, 1, 1))
+
+
+def test_spans_take_durations_and_read_back_as_whole_seconds() -> None:
+    policy = HostPolicy(min_retry_after="2s", max_retry_after="5min", max_ttl=timedelta(hours=1))
+    assert (policy.min_retry_after, policy.max_retry_after, policy.max_ttl) == (2, 300, 3600)
+    assert policy.describe()["max_ttl_s"] == 3600  # the operator view's document keys stay
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        ("min_retry_after_s", "min_retry_after"),
+        ("max_retry_after_s", "max_retry_after"),
+        ("max_ttl_s", "max_ttl"),
+        ("retain_s", "retain"),
+    ],
+)
+def test_the_old_s_spellings_warn_naming_the_new_ones(old: str, new: str) -> None:
+    """One release of grace (D1.12): the old keyword and the old attribute both still work."""
+    with pytest.warns(
+        DeprecationWarning, match=rf"HostPolicy\({old}=…\) is deprecated; pass {new}="
+    ):
+        policy = HostPolicy(**{old: 30})
+    assert getattr(policy, new) == 30
+    with pytest.warns(
+        DeprecationWarning, match=rf"HostPolicy.{old} is deprecated; read HostPolicy.{new}"
+    ):
+        assert getattr(policy, old) == 30
+
+
+def test_expires_at_takes_durations_and_its_old_spellings() -> None:
+    got = HostPolicy().expires_at(NOW, fail_after="10min", action_max_ttl=timedelta(minutes=2))
+    assert got == NOW + timedelta(seconds=120)
+    with pytest.warns(DeprecationWarning, match="pass fail_after="):
+        assert HostPolicy().expires_at(NOW, fail_after_s=60) == NOW + timedelta(seconds=60)
+    with pytest.raises(tb.ConfigurationError, match="fail_after"):
+        HostPolicy().expires_at(NOW, fail_after=float("nan"))

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+import timebound as tb
 from timebound.deferred import HostPolicy, Operation, Poller, Registry, TransientPollError
 from timebound.deferred._registry import now_ms
 from timebound.testing import VirtualClock
@@ -83,7 +84,7 @@ async def test_jittered_polls_are_never_before_the_clamped_interval(
 ) -> None:
     """With jitter, each wait is its stretched base (10, 10, 20, 40, 60, ...) plus at most 2 s."""
     conn = Scripted(virtual_clock)
-    policy = HostPolicy(rng=random.Random(3), max_ttl_s=900)
+    policy = HostPolicy(rng=random.Random(3), max_ttl=900)
     async with Registry(_url(tmp_path), policy=policy) as reg:
         await reg.register(operation_doc(_id(1), retry_after=10, ttl_s=900), module="m")
         async with Poller(reg, {"m": conn}):
@@ -232,11 +233,11 @@ async def test_a_broken_connector_backs_off(tmp_path: Path, virtual_clock: Virtu
 async def test_a_hanging_connector_is_a_poll_timeout(
     tmp_path: Path, virtual_clock: VirtualClock
 ) -> None:
-    """A status call that never answers is cut at poll_timeout_s and backs off."""
+    """A status call that never answers is cut at poll_timeout and backs off."""
     conn = Scripted(virtual_clock, work_s=10_000)
     async with Registry(_url(tmp_path), policy=HostPolicy(jitter=False)) as reg:
         await reg.register(operation_doc(_id(1), retry_after=5), module="m")
-        async with Poller(reg, {"m": conn}, poll_timeout_s=2):
+        async with Poller(reg, {"m": conn}, poll_timeout=2):
             await asyncio.sleep(8)
         op = await reg.get(_id(1))
     assert op is not None and op.status == "pending"
@@ -287,7 +288,7 @@ async def test_a_restart_rearms_from_storage(tmp_path: Path, virtual_clock: Virt
 async def test_poll_now_obeys_the_rate_cap(tmp_path: Path, virtual_clock: VirtualClock) -> None:
     """With a cap of 1/s, an operator's poll 0.5 s after the loop's waits until 1 s."""
     conn = Scripted(virtual_clock)
-    policy = HostPolicy(jitter=False, poll_rate_cap=1, max_retry_after_s=600)
+    policy = HostPolicy(jitter=False, poll_rate_cap=1, max_retry_after=600)
     async with Registry(_url(tmp_path), policy=policy) as reg:
         await reg.register(operation_doc(_id(1), retry_after=5), module="m")
         await reg.register(operation_doc(_id(2), retry_after=500), module="m")
@@ -329,9 +330,19 @@ async def test_cancel_without_href_returns_the_reason(
 
 
 def test_bad_poll_timeout_is_refused(tmp_path: Path) -> None:
-    """poll_timeout_s must be a positive number."""
-    with pytest.raises(ValueError, match="poll_timeout_s"):
-        Poller(Registry(_url(tmp_path)), {}, poll_timeout_s=0)
+    """poll_timeout must be a positive, finite duration (a ConfigurationError naming it)."""
+    for bad in (0, float("inf"), "soon"):
+        with pytest.raises(tb.ConfigurationError, match="poll_timeout") as info:
+            Poller(Registry(_url(tmp_path)), {}, poll_timeout=bad)  # type: ignore[arg-type]
+        assert info.value.option == "poll_timeout"
+
+
+def test_poll_timeout_takes_a_duration_and_its_old_spelling(tmp_path: Path) -> None:
+    assert Poller(Registry(_url(tmp_path)), {}, poll_timeout="1500ms").poll_timeout == 1.5
+    with pytest.warns(
+        DeprecationWarning, match=r"Poller\(poll_timeout_s=…\) is deprecated; pass poll_timeout="
+    ):
+        assert Poller(Registry(_url(tmp_path)), {}, poll_timeout_s=3).poll_timeout == 3.0
 
 
 async def test_an_idle_round_never_wakes_before_the_next_poll(
@@ -363,7 +374,7 @@ async def test_a_waiting_poll_now_leaves_the_loops_wake_up_alone(
     is not started here, so nothing else may clear the event.
     """
     conn = Scripted(virtual_clock)
-    policy = HostPolicy(jitter=False, poll_rate_cap=1, max_retry_after_s=600)
+    policy = HostPolicy(jitter=False, poll_rate_cap=1, max_retry_after=600)
     async with Registry(_url(tmp_path), policy=policy) as reg:
         await reg.register(operation_doc(_id(1), retry_after=500), module="m")
         await reg.register(operation_doc(_id(2), retry_after=500), module="m")

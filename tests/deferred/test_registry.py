@@ -12,9 +12,9 @@ from timebound.deferred import (
     Gone,
     HostPolicy,
     IdempotencyConflict,
-    Outcome,
     Registry,
     SchemaError,
+    StatusOutcome,
 )
 from timebound.deferred._contract import format_time
 from timebound.deferred._registry import now_ms
@@ -92,8 +92,10 @@ async def test_running_then_completed_applies(store_url: str, clock: Any) -> Non
     """pending -> running -> completed are applied in order."""
     async with Registry(store_url) as reg:
         await reg.register(operation_doc(), module="m")
-        assert await reg.apply_status(OP, status_doc(status="running")) == Outcome(True, None)
-        assert await reg.apply_status(OP, status_doc(status="completed")) == Outcome(True, None)
+        assert await reg.apply_status(OP, status_doc(status="running")) == StatusOutcome(True, None)
+        assert await reg.apply_status(OP, status_doc(status="completed")) == StatusOutcome(
+            True, None
+        )
         op = await reg.get(OP)
         assert op is not None and op.status == "completed" and op.next_poll_ms is None
 
@@ -104,7 +106,7 @@ async def test_nothing_leaves_a_terminal_state(store_url: str, clock: Any) -> No
         await reg.register(operation_doc(), module="m")
         await reg.apply_status(OP, status_doc(status="completed"))
         got = await reg.apply_status(OP, status_doc(status="failed"))
-        assert got == Outcome(False, "terminal-conflict")
+        assert got == StatusOutcome(False, "terminal-conflict")
         op = await reg.get(OP)
         assert op is not None and op.status == "completed"
 
@@ -116,7 +118,7 @@ async def test_a_same_digest_repeat_is_a_no_op(store_url: str, clock: Any) -> No
         doc = status_doc(status="completed")
         await reg.apply_status(OP, doc)
         before = await reg.history(OP)
-        assert await reg.apply_status(OP, dict(doc)) == Outcome(False, None)
+        assert await reg.apply_status(OP, dict(doc)) == StatusOutcome(False, None)
         assert await reg.history(OP) == before
 
 
@@ -125,7 +127,7 @@ async def test_running_never_goes_back_to_pending(store_url: str, clock: Any) ->
     async with Registry(store_url) as reg:
         await reg.register(operation_doc(), module="m")
         await reg.apply_status(OP, status_doc(status="running"))
-        assert await reg.apply_status(OP, status_doc()) == Outcome(False, "status-regression")
+        assert await reg.apply_status(OP, status_doc()) == StatusOutcome(False, "status-regression")
         op = await reg.get(OP)
         assert op is not None and op.status == "running"
 
@@ -138,7 +140,7 @@ async def test_a_stale_updated_at_is_ignored(store_url: str, clock: Any) -> None
         newer = status_doc(status="running", updated_at=format_time(t + 2000))
         older = status_doc(status="completed", updated_at=format_time(t + 1000))
         assert (await reg.apply_status(OP, newer)).applied
-        assert await reg.apply_status(OP, older) == Outcome(False, "stale-status")
+        assert await reg.apply_status(OP, older) == StatusOutcome(False, "stale-status")
 
 
 async def test_identity_mismatch(store_url: str, clock: Any) -> None:
@@ -146,7 +148,7 @@ async def test_identity_mismatch(store_url: str, clock: Any) -> None:
     async with Registry(store_url) as reg:
         await reg.register(operation_doc(), module="m")
         other = status_doc("deferred:report.render:zzz", status="completed")
-        assert await reg.apply_status(OP, other) == Outcome(False, "identity-mismatch")
+        assert await reg.apply_status(OP, other) == StatusOutcome(False, "identity-mismatch")
 
 
 async def test_completed_without_result_is_a_schema_rejection(store_url: str, clock: Any) -> None:
@@ -155,8 +157,8 @@ async def test_completed_without_result_is_a_schema_rejection(store_url: str, cl
         await reg.register(operation_doc(), module="m")
         doc = status_doc()
         doc["status"] = "completed"
-        assert await reg.apply_status(OP, doc) == Outcome(False, "schema")
-        assert await reg.apply_status(OP, "not even an object") == Outcome(False, "schema")
+        assert await reg.apply_status(OP, doc) == StatusOutcome(False, "schema")
+        assert await reg.apply_status(OP, "not even an object") == StatusOutcome(False, "schema")
         op = await reg.get(OP)
         assert op is not None and op.status == "pending"
 
@@ -167,7 +169,7 @@ async def test_a_result_json_cannot_carry_is_a_schema_rejection(store_url: str, 
     async with Registry(store_url) as reg:
         await reg.register(operation_doc(), module="m")
         doc = status_doc(status="completed", result={"ids": {1, 2}})
-        assert await reg.apply_status(OP, doc) == Outcome(False, "schema")
+        assert await reg.apply_status(OP, doc) == StatusOutcome(False, "schema")
         op = await reg.get(OP)
         assert op is not None and op.status == "pending"
 
@@ -177,7 +179,7 @@ async def test_connector_expired_is_applied_as_failed(store_url: str, clock: Any
     async with Registry(store_url) as reg:
         await reg.register(operation_doc(), module="m")
         got = await reg.apply_status(OP, status_doc(status="expired"))
-        assert got == Outcome(True, "connector-expired")
+        assert got == StatusOutcome(True, "connector-expired")
         op = await reg.get(OP)
         assert op is not None and op.status == "failed"
         assert op.last_error_code == "connector-expired"
@@ -189,7 +191,7 @@ async def test_late_completion_is_recorded_never_resumed(store_url: str, clock: 
         await reg.register(operation_doc(ttl_s=60), module="m")
         clock.advance(61)
         got = await reg.apply_status(OP, status_doc(status="completed", result={"v": 1}))
-        assert got == Outcome(False, "late-completion")
+        assert got == StatusOutcome(False, "late-completion")
         op = await reg.get(OP)
         assert op is not None and op.status == "expired" and op.result_digest is None
         assert op.late_result_digest is not None
@@ -204,7 +206,7 @@ async def test_completion_after_host_expiry_is_a_terminal_conflict(
         clock.advance(60)
         assert await reg.expire_due() == 1
         got = await reg.apply_status(OP, status_doc(status="completed"))
-        assert got == Outcome(False, "terminal-conflict")
+        assert got == StatusOutcome(False, "terminal-conflict")
 
 
 async def test_expiry_is_never_early(store_url: str, clock: Any) -> None:
@@ -242,7 +244,7 @@ async def test_unknown_is_terminal(store_url: str, clock: Any) -> None:
 
 async def test_retention_ends_in_gone_never_pending(store_url: str, clock: Any) -> None:
     """After retain_until an id answers Gone; an id never issued answers None."""
-    policy = HostPolicy(jitter=False, retain_s=100)
+    policy = HostPolicy(jitter=False, retain=100)
     async with Registry(store_url, policy=policy) as reg:
         await reg.register(operation_doc(), module="m")
         await reg.apply_status(OP, status_doc(status="failed"))
@@ -274,7 +276,9 @@ async def test_transient_failure_keeps_the_status_and_backs_off(store_url: str, 
         await reg.register(operation_doc(), module="m")
         await reg.apply_status(OP, status_doc(status="running"))
         at = now_ms()
-        assert await reg.poll_failed(OP, 20, "poll-http-503") == Outcome(True, "poll-http-503")
+        assert await reg.poll_failed(OP, 20, "poll-http-503") == StatusOutcome(
+            True, "poll-http-503"
+        )
         op = await reg.get(OP)
         assert op is not None
         assert (op.status, op.attempts, op.next_poll_ms) == ("running", 1, at + 20_000)
@@ -309,7 +313,7 @@ async def test_history_is_append_only_and_digest_only(store_url: str, clock: Any
 
 async def test_invalid_hint_is_recorded(store_url: str, clock: Any) -> None:
     """A pending status without a usable hint keeps a clamped poll interval."""
-    policy = HostPolicy(jitter=False, min_retry_after_s=2)
+    policy = HostPolicy(jitter=False, min_retry_after=2)
     async with Registry(store_url, policy=policy) as reg:
         op = await reg.register(operation_doc(retry_after=1), module="m")
         assert op.retry_after_s == 2
@@ -331,11 +335,11 @@ async def test_a_round_of_poll_answers_is_applied_as_each_alone(store_url: str, 
         ]
         outcomes = await reg.polled_many(answers)
         assert outcomes == [
-            Outcome(True, None),
-            Outcome(True, None),
-            Outcome(False, "schema"),
-            Outcome(False, "not-found"),
-            Outcome(False, "identity-mismatch"),
+            StatusOutcome(True, None),
+            StatusOutcome(True, None),
+            StatusOutcome(False, "schema"),
+            StatusOutcome(False, "not-found"),
+            StatusOutcome(False, "identity-mismatch"),
         ]
         ops = {op_id: await reg.get(op_id) for op_id in ids}
     statuses = {k: (v.status, v.attempts) for k, v in ops.items() if v is not None}

@@ -5,15 +5,19 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
+import timebound as tb
 from timebound import DeadlineExceeded, fail_after
 from timebound.deferred import Registry, Service
+from timebound.deferred._contract import parse_time
 
 
 async def _run_to_end(store_url: str, work: Any, ttl_s: int = 300) -> tuple[Any, int]:
     """Start one operation running ``work``, wait for its task; its stored row and start time."""
     async with Registry(store_url) as reg:
         service = Service(reg)
-        service.operation("report.render", ttl_s=ttl_s)(work)
+        service.operation("report.render", ttl=ttl_s)(work)
         doc = await service.start("report.render", {})
         started = asyncio.get_running_loop().time()
         await asyncio.gather(*list(service._tasks.values()))
@@ -51,3 +55,28 @@ async def test_the_lifetime_running_out_expires_it(store_url: str, clock: Any) -
 
     op, took = await _run_to_end(store_url, work, ttl_s=5)
     assert (op.status, op.last_error_code, took) == ("expired", "expired", 5)
+
+
+async def test_offer_spans_take_whole_second_durations_and_old_spellings(
+    store_url: str, clock: Any
+) -> None:
+    """retry_after=/ttl= are durations of whole seconds; retry_after_s=/ttl_s= warn (D1.12)."""
+    async with Registry(store_url) as reg:
+        service = Service(reg)
+
+        async def work(payload: Any) -> Any:
+            return {}
+
+        service.operation("a", retry_after="2s", ttl="2min")(work)
+        with pytest.warns(
+            DeprecationWarning, match=r"Service.operation\(ttl_s=…\) is deprecated; pass ttl="
+        ):
+            service.operation("b", ttl_s=60)(work)
+        with pytest.raises(tb.ConfigurationError, match="whole seconds") as info:
+            service.operation("c", ttl="1500ms")
+        assert info.value.option == "ttl"
+        assert (service._offers["a"].retry_after_s, service._offers["a"].ttl_s) == (2, 120)
+        assert service._offers["b"].ttl_s == 60
+        doc = await service.start("a", {}, wait="30s")
+        await asyncio.gather(*list(service._tasks.values()))
+    assert parse_time(doc["expires_at"]) - parse_time(doc["created_at"]) == 30_000

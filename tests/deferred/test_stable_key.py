@@ -35,7 +35,7 @@ class KeyedService:
         self.started: list[str] = []
         self.cancels: list[str] = []
 
-        @self.service.operation("report.render", retry_after_s=1, ttl_s=600)
+        @self.service.operation("report.render", retry_after=1, ttl=600)
         async def render(payload: Any) -> Any:
             while not self.release.is_set():
                 await asyncio.sleep(0.01)

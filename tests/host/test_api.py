@@ -54,18 +54,18 @@ def test_a_join_that_proceeded_on_its_timeout_is_the_bound_that_fired(host: Serv
 
 
 def test_node_timeout_is_reported_as_the_bound_that_fired_never_early(host: Server) -> None:
-    """A node that outlives its 200 ms bound fails the run; the detail names the execution
-    bound and its detection is not before the stored deadline."""
+    """A node that outlives its 200 ms bound fails the run; the detail names the node
+    bound (one name per layer, D2.7) and its detection is not before the stored deadline."""
     detail = host.wait_run(host.start("bounded", {"sleep_s": 30}))
     assert detail["run"]["status"] == "failed"
     fired = detail["bound_fired"]
-    assert fired["timeout_type"] == "execution"
+    assert fired["timeout_type"] == "node"
     assert fired["node_id"] == "a"
     assert fired["timeout_duration_ms"] == 200
     assert fired["at_epoch_ms"] >= fired["deadline_at"]
     (bar,) = detail["timeline"]["tokens"]
     assert bar["status"] == "timed_out"
-    assert bar["timeout"]["timeout_type"] == "execution"
+    assert bar["timeout"]["timeout_type"] == "node"
 
 
 def test_deadline_ms_bounds_the_run_as_a_workflow_timeout(host: Server) -> None:

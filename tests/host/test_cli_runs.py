@@ -161,7 +161,7 @@ def test_terminate_retry_and_extend(secured: Server) -> None:
     run_id = run_id.strip()
     before = _run(secured, run_id)["timeout_at"]
     done = tb("runs", "extend", run_id, "--by", "90s", "--reason", "slow", url=secured.url)
-    assert done.stdout.strip() == f"{run_id} extended (used 90000 ms of the cap)"
+    assert done.stdout.strip() == f"{run_id} extended (used 1min 30s of the cap)"
     tb("runs", "extend", run_id, "--by", "1.5", "--reason", "more", url=secured.url)
     assert _run(secured, run_id)["timeout_at"] == before + 91_500
     over = tb("runs", "extend", run_id, "--by", "2d", "--reason", "r", url=secured.url, check=1)

@@ -418,3 +418,39 @@ def test_the_async_operator_actions(host: Server) -> None:
             await c.cancel(run_id)
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("deadline", "ms"),
+    [("250ms", 250), (1.5, 1500), (timedelta(seconds=2), 2000), (0.0001, 1), (None, None)],
+)
+def test_a_start_deadline_is_any_duration(deadline: Any, ms: int | None) -> None:
+    """deadline= takes every duration form (D1.11), sent as whole ms rounded up (D1.13)."""
+    body = calls.start("quick", {}, deadline=deadline, idempotency_key="k", run_id=None).body
+    assert body.get("deadline_ms") == ms
+
+
+def test_a_start_deadline_may_be_a_deadline(virtual_clock: Any) -> None:
+    """A Deadline sends its time left; never() sends none; a spent one is refused by name."""
+    body = calls.start(
+        "quick", {}, deadline=timebound.Deadline.after(3), idempotency_key="k", run_id=None
+    ).body
+    assert body["deadline_ms"] == 3000
+    never = timebound.Deadline.never()
+    assert (
+        "deadline_ms"
+        not in calls.start("q", {}, deadline=never, idempotency_key="k", run_id=None).body
+    )
+    spent = timebound.Deadline.after(0)
+    with pytest.raises(timebound.InvalidInput, match="deadline"):
+        calls.start("q", {}, deadline=spent, idempotency_key="k", run_id=None)
+    with pytest.raises(timebound.InvalidInput, match="deadline"):
+        calls.start("q", {}, deadline="2 s", idempotency_key="k", run_id=None)
+
+
+def test_the_client_timeout_is_a_duration() -> None:
+    for client in (Client("http://host.invalid", timeout="1500ms"),):
+        with client:
+            assert client._http.timeout.read == 1.5
+    with pytest.raises(timebound.ConfigurationError, match="timeout"):
+        Client("http://host.invalid", timeout="soon")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import types
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -64,7 +65,8 @@ def test_token_from_environment(tmp_path: Path) -> None:
         ({"port": "http"}, {}, "port (command line): expected an integer in [0, 65535]"),
         ({}, {"TIMEBOUND_PORT": "70000"}, "port (environment): expected an integer"),
         ({}, {"TIMEBOUND_PAGE_SIZE": "0"}, "page_size (environment): expected an integer"),
-        ({}, {"TIMEBOUND_DRAIN_S": "-1"}, "drain_s (environment): expected seconds"),
+        ({}, {"TIMEBOUND_DRAIN": "-1"}, "drain (environment): expected a duration in [0s, 1h]"),
+        ({}, {"TIMEBOUND_DRAIN": "2 min"}, "drain (environment): expected a duration"),
         ({}, {"TIMEBOUND_WORKER": "maybe"}, "worker (environment): expected true or false"),
         ({"token_file": "/nonexistent/t"}, {}, "token_file (command line): cannot read"),
     ],
@@ -157,30 +159,65 @@ def test_no_worker_on_sqlite_is_refused() -> None:
 
 
 def test_connectors_and_drain_come_from_every_layer(tmp_path: Path) -> None:
-    """connectors (a list, or comma/space separated) and drain_s follow the same layering."""
+    """connectors (a list, or comma/space separated) and drain follow the same layering."""
     f = tmp_path / "host.toml"
-    f.write_text('[host]\nconnectors = ["a.conn"]\ndrain_s = 4\n')
+    f.write_text('[host]\nconnectors = ["a.conn"]\ndrain = "4s"\n')
     assert load_config({}, {}, str(f)).connectors == ("a.conn",)
-    assert load_config({}, {}, str(f)).drain_s == 4.0
-    env = {"TIMEBOUND_CONNECTORS": "b.conn, c.conn", "TIMEBOUND_DRAIN_S": "2.5"}
+    assert load_config({}, {}, str(f)).drain == 4.0
+    env = {"TIMEBOUND_CONNECTORS": "b.conn, c.conn", "TIMEBOUND_DRAIN": "2.5"}
     config = load_config({}, env, str(f))
-    assert (config.connectors, config.drain_s) == (("b.conn", "c.conn"), 2.5)
-    config = load_config({"connectors": ["d.conn"], "drain_s": "0"}, env, str(f))
-    assert (config.connectors, config.drain_s) == (("d.conn",), 0.0)
+    assert (config.connectors, config.drain) == (("b.conn", "c.conn"), 2.5)
+    config = load_config({"connectors": ["d.conn"], "drain": "1500ms"}, env, str(f))
+    assert (config.connectors, config.drain) == (("d.conn",), 1.5)
 
 
 @pytest.mark.parametrize(
     ("options", "message"),
     [
         ({"connectors": [3]}, "connectors (command line): expected a list of module names"),
-        ({"drain_s": "-1"}, "drain_s (command line): expected seconds in [0, 3600]"),
+        ({"drain": "-1"}, "drain (command line): expected a duration in [0s, 1h]"),
+        ({"max_extension": "2d"}, None),
+        ({"max_extension": "400d"}, "max_extension (command line): expected a duration"),
     ],
 )
-def test_bad_connectors_or_drain_name_the_setting(options: dict[str, object], message: str) -> None:
+def test_bad_connectors_or_drain_name_the_setting(
+    options: dict[str, object], message: str | None
+) -> None:
     """A wrong connectors or drain value is refused naming the setting and its source."""
+    if message is None:  # a good value, for contrast
+        assert load_config(options, {}, None).max_extension == 2 * 86_400.0
+        return
     with pytest.raises(ConfigError) as info:
         load_config(options, {}, None)
     assert message in str(info.value)
+
+
+def test_the_old_s_names_still_work_with_a_warning_naming_the_new_ones(tmp_path: Path) -> None:
+    """drain_s / max_extension_s as Python keywords and attributes, TOML keys, TIMEBOUND_*
+    variables and options work for one release, each warning with the new name (D1.12)."""
+    with pytest.warns(DeprecationWarning, match=r"Config\(drain_s=…\) is deprecated; pass drain="):
+        config = Config(drain_s=3, max_extension="1h")
+    assert (config.drain, config.max_extension) == (3.0, 3600.0)
+    with pytest.warns(DeprecationWarning, match="use Config.max_extension"):
+        assert config.max_extension_s == 3600.0
+    f = tmp_path / "host.toml"
+    f.write_text("[host]\ndrain_s = 4\n")
+    with pytest.warns(
+        DeprecationWarning, match=r"drain_s \(config file .*\) is deprecated; use drain"
+    ):
+        assert load_config({}, {}, str(f)).drain == 4.0
+    with pytest.warns(DeprecationWarning, match=r"max_extension_s \(environment\) is deprecated"):
+        config = load_config({}, {"TIMEBOUND_MAX_EXTENSION_S": "60"}, None)
+    assert config.max_extension == 60.0
+    with pytest.warns(DeprecationWarning), pytest.raises(ConfigError, match="not both"):
+        load_config({}, {"TIMEBOUND_DRAIN_S": "1", "TIMEBOUND_DRAIN": "2"}, None)
+
+
+def test_config_takes_durations_in_python() -> None:
+    config = Config(drain=timedelta(seconds=30), max_extension="2h")
+    assert (config.drain, config.max_extension) == (30.0, 7200.0)
+    with pytest.raises(ConfigError, match=r"Config\(drain=…\): expected a duration"):
+        Config(drain="2h")
 
 
 class _Conn:

@@ -27,7 +27,7 @@ def _ids(server: Server, **params: str) -> set[str]:
 
 
 def test_filters_find_what_an_operator_asks_for(served: Server) -> None:
-    """bound=execution finds the failed run a node timeout ended (status=timed_out does not);
+    """bound=node finds the failed run a node timeout ended (status=timed_out does not);
     the time range, the id prefix and an input field each narrow the list exactly."""
     node_cut = served.start("bounded", {"sleep_s": 30, "team": "blue"})
     fine = served.start("quick", {"team": "red", "n": 3})
@@ -35,7 +35,7 @@ def test_filters_find_what_an_operator_asks_for(served: Server) -> None:
     served.wait_run(fine)
     assert cut_at["status"] == "failed"
     assert node_cut not in _ids(served, status="timed_out")
-    assert _ids(served, bound="execution") == {node_cut}
+    assert _ids(served, bound="node") == {node_cut}
     assert _ids(served, bound="any") == {node_cut}
     assert _ids(served, bound="workflow") == set()
     assert _ids(served, q=fine[:6]) == {fine}
@@ -47,6 +47,12 @@ def test_filters_find_what_an_operator_asks_for(served: Server) -> None:
     iso = datetime.fromtimestamp(start / 1000, UTC).isoformat(timespec="milliseconds")
     assert node_cut in _ids(served, since=iso.replace("+00:00", ""))
     assert _ids(served, until=str(start)) == set()
+    # The old name of the node layer still filters, with a Deprecation header (D2.7).
+    old = served.client.get("/v1/runs", params={"bound": "execution"})
+    assert old.status_code == 200 and {r["id"] for r in old.json()["runs"]} == {node_cut}
+    assert old.headers["Deprecation"] == "true"
+    assert "bound=node" in old.headers["X-Timebound-Deprecated"]
+    assert "Deprecation" not in served.client.get("/v1/runs", params={"bound": "node"}).headers
 
 
 @pytest.mark.parametrize(

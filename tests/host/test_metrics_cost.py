@@ -222,7 +222,7 @@ async def test_a_scrape_costs_the_same_with_100k_stored_timeouts(tmp_path: Path)
                 [_event(i) for i in range(100_000)],
             )
             for _ in range(3):  # what the engine would have tallied with three of them
-                tally_timeout(tx, "execution", "fail", 4)
+                tally_timeout(tx, "node", "fail", 4)
         full = await _scrape_s(client)
         # No scrape reads the history: with the event log out of reach it answers the same.
         async with engine._store.transaction() as tx:
@@ -301,11 +301,11 @@ async def test_a_rolled_back_timeout_is_never_counted(store_url: str) -> None:
     try:
         with pytest.raises(RuntimeError):
             async with store.transaction() as tx:
-                tally_timeout(tx, "execution", "fail", 7)
+                tally_timeout(tx, "node", "fail", 7)
                 raise RuntimeError("the turn failed")
         for _ in range(2):
             async with store.transaction() as tx:
-                tally_timeout(tx, "execution", "fail", 7)
+                tally_timeout(tx, "node", "fail", 7)
         tallies = await read_tallies(store, "wf_timeouts", "wf_timeout_lag")
     finally:
         await store.close()

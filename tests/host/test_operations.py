@@ -16,7 +16,7 @@ from .conftest import Server, launch, stop
 def served(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Server]:
     """A host on each store, with a 60 s extension cap."""
     args = ["--db", request.getfixturevalue("pg_url")] if request.param == "postgres" else []
-    server = launch(tmp_path, *args, env={"TIMEBOUND_MAX_EXTENSION_S": "60"})
+    server = launch(tmp_path, *args, env={"TIMEBOUND_MAX_EXTENSION": "60"})
     yield server
     stop(server)
 
@@ -54,7 +54,7 @@ def test_terminate_then_retry_completes_the_run(served: Server) -> None:
 
 
 def test_extend_a_run_within_the_cap_and_refuse_past_it(served: Server) -> None:
-    """The run's deadline moves by by_ms; past max_extension_s the host answers 409 over-cap."""
+    """The run's deadline moves by by_ms; past max_extension the host answers 409 over-cap."""
     run_id = served.start("quick", {"sleep_s": 30})
     before = served.client.get(f"/v1/runs/{run_id}").json()["run"]["timeout_at"]
     r = served.client.post(f"/v1/runs/{run_id}/extend", json={"reason": "r", "by_ms": 50_000})

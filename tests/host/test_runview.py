@@ -7,16 +7,18 @@ from timebound.host._timeline import attempts
 
 
 def test_durations_read_as_a_person_reads_them() -> None:
-    """ms under a second, one decimal under a minute, then minutes, hours and days."""
+    """The one duration text (D1.14): ms under a second, seconds under a minute, then whole
+    units largest first; the page and an error say the same thing."""
     assert [human_ms(v) for v in (0, 850, 4200, 5000, 184_000, 7_500_000, 90_000_000)] == [
-        "0 ms",
-        "850 ms",
-        "4.2 s",
-        "5 s",
-        "3 min 4 s",
-        "2 h 5 min",
-        "1 d 1 h",
+        "0ms",
+        "850ms",
+        "4.2s",
+        "5s",
+        "3min 4s",
+        "2h 5min",
+        "1d 1h",
     ]
+    assert human_ms(None) == ""
 
 
 def _run(status: str = "running") -> dict:  # type: ignore[type-arg]

@@ -33,13 +33,16 @@ def test_run_page_timeline_marks_the_timeout_and_the_bound(host: Server, page: A
     host.wait_run(run_id)
     page.goto(f"{host.url}/ui/runs/{run_id}")
     assert page.inner_text("#bound-fired") == (
-        "execution bound on node a (200 ms set by the node, policy fail)"
+        "node bound on node a (200ms set by the node a, policy fail)"
     )
     bar = page.locator(".timeline .bar.timed_out")
     what, took = bar.inner_text().splitlines()
     # Its duration is beside it: at least the 200 ms bound (never early), then the bound's layer.
-    assert what == "attempt 1: timed_out" and took.endswith(" ms · execution bound")
-    assert int(took.split()[0]) >= 200
+    length, layer = took.split(" · ")
+    assert what == "attempt 1: timed_out" and layer == "node bound"
+    # The one duration text (D1.14): "201ms", or "1.2s" on a busy machine.
+    ms = float(length[:-2]) if length.endswith("ms") else float(length[:-1]) * 1000
+    assert ms >= 200
     box = bar.bounding_box()
     assert box["width"] > 100 and box["height"] > 10
 
@@ -67,7 +70,8 @@ def test_fan_out_timeline_shows_branches_and_the_join_bound(
     assert labels == ["start", "probe[0]", "probe[1]", "probe[2]", "report"]
     assert page.locator(".timeline .marker.join_timed_out").count() == 1
     assert page.inner_text("#bound-fired") == (
-        "synchronization bound at join join (400 ms, policy proceed_with_available)"
+        "synchronization bound at join join "
+        "(400ms set by the join join, policy proceed_with_available)"
     )
     # The slow branch's attempt was cut by the join's bound (then its token cancelled): drawn
     # in the timed-out colour, with the bound that cut it beside it.

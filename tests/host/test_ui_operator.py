@@ -152,17 +152,21 @@ def test_extend_then_terminate_then_retry_from_the_page(
 
 
 def test_filters_on_the_list_page(served: Server, page: Any, tmp_path: Path) -> None:
-    """Choosing bound fired = execution lists the run a node timeout failed."""
+    """Choosing bound fired = node lists the run a node timeout failed; an old link's
+    bound=execution (D2.7) shows the same list with node selected."""
     run_id = served.start("bounded", {"sleep_s": 30})
     served.wait_run(run_id)
     page.goto(f"{served.url}/ui/")
-    page.select_option("#bound", "execution")
+    page.select_option("#bound", "node")
     page.click("text=Filter")
-    page.wait_for_url("**/ui/?*bound=execution*")
+    page.wait_for_url("**/ui/?*bound=node*")
     links = page.locator("table.runs tbody a").all_inner_texts()
     assert run_id in links
     assert set(page.locator("table.runs tbody .badge").all_inner_texts()) == {"failed"}
     _shot(page, tmp_path, "filtered", "host-filters.png")
+    page.goto(f"{served.url}/ui/?bound=execution")
+    assert page.locator("table.runs tbody a").all_inner_texts() == links
+    assert page.input_value("#bound") == "node"
 
 
 def test_the_operator_pages_pass_axe(served: Server, page: Any) -> None:

@@ -42,7 +42,9 @@ def _exceptions() -> list[tuple[str, type[BaseException]]]:
                 continue
             raise
         for attr in getattr(module, "__all__", ()):
-            value = getattr(module, attr)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # an old path's names
+                value = getattr(module, attr)
             if (
                 inspect.isclass(value)
                 and issubclass(value, BaseException)

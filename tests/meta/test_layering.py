@@ -18,7 +18,7 @@ SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "timebound"
 TIERS: list[set[str]] = [
     {"_core"},
     {"telemetry", "testing", "_json"},
-    {"policies"},
+    {"policies", "admission"},
     {"_engine", "_store", "propagation", "lowlevel"},
     {"dsl", "pipeline", "deferred"},
     {"workflow"},
@@ -30,6 +30,10 @@ RANK = {package: rank for rank, tier in enumerate(TIERS) for package in tier}
 ROOT_IMPORTERS = {"host", "cli"}
 # Leaf modules of the root package that import nothing from timebound: free for every layer.
 LEAF_MODULES = {"timebound._version"}
+# Rooms: sub-packages of one package that share the modules beside them but not each other.
+# A room imports no other room of its package, and those shared modules import no room (the
+# package's public facades, which re-export a room's names, are not private and may).
+ROOMS: dict[str, set[str]] = {"propagation": {"http", "grpc", "db"}}
 # These use public names only: no private module, no private attribute of timebound's objects.
 PUBLIC_ONLY = {"cli"}
 
@@ -86,6 +90,27 @@ def imported_modules(source: str, module: str) -> list[tuple[int, str, list[str]
     return [(line, t, names) for line, t, names in found if t.split(".")[0] == "timebound"]
 
 
+def _room_violations(source: str, relpath: pathlib.PurePath, module: str) -> list[str]:
+    """What breaks the rooms of ``relpath``'s package (see ``ROOMS``)."""
+    own, rooms = relpath.parts[0], ROOMS.get(relpath.parts[0], set())
+    if not rooms or len(relpath.parts) < 2:
+        return []
+    in_room = relpath.parts[1] if len(relpath.parts) > 2 and relpath.parts[1] in rooms else None
+    shared = in_room is None and _is_private(relpath.stem)
+    if in_room is None and not shared:
+        return []
+    problems = []
+    for line, target, names in imported_modules(source, module):
+        parts = target.split(".")
+        if parts[:2] != ["timebound", own]:
+            continue
+        entered = {parts[2]} if len(parts) > 2 else set(names)
+        for room in sorted((entered & rooms) - {in_room}):
+            who = f"room {in_room}" if in_room else "a shared module"
+            problems.append(f"{relpath}:{line}: {who} of {own} imports room {room}")
+    return problems
+
+
 def violations(source: str, relpath: pathlib.PurePath) -> list[str]:
     """What breaks the layering in ``source``, a file at ``relpath`` under src/timebound."""
     own = relpath.parts[0]
@@ -115,6 +140,7 @@ def violations(source: str, relpath: pathlib.PurePath) -> list[str]:
                 private += [n for n in names if _is_private(n)]
                 if private:
                     problems.append(f"{where}: uses private {full} {private}")
+    problems += _room_violations(source, relpath, module)
     if own in PUBLIC_ONLY:
         for node in ast.walk(ast.parse(source)):
             if (
@@ -216,3 +242,27 @@ def test_lower_tier_import_is_allowed() -> None:
     """Importing downwards (workflow -> propagation, _core) is allowed."""
     source = "from ..propagation import httpx\nfrom timebound._core._clock import now\n"
     assert _check("workflow/_engine.py", source) == []
+
+
+def test_a_room_importing_another_room_is_caught() -> None:
+    """propagation's gRPC room reaching into the HTTP room is caught."""
+    source = "from ..http._server import read_deadline\n"
+    assert _check("propagation/grpc/_interceptors.py", source) == [
+        "propagation/grpc/_interceptors.py:1: room grpc of propagation imports room http"
+    ]
+
+
+def test_a_shared_module_importing_a_room_is_caught() -> None:
+    """A module the rooms share must not depend on one of them."""
+    source = "from .db import _common\nfrom .http._server import x\n"
+    assert _check("propagation/_client.py", source) == [
+        "propagation/_client.py:1: a shared module of propagation imports room db",
+        "propagation/_client.py:2: a shared module of propagation imports room http",
+    ]
+
+
+def test_a_room_using_the_shared_modules_and_a_facade_using_a_room_are_fine() -> None:
+    """Rooms import what they share; the public facade modules re-export a room."""
+    assert _check("propagation/db/_redis.py", "from .._client import begin\n") == []
+    assert _check("propagation/db/_redis.py", "from ._common import options\n") == []
+    assert _check("propagation/asgi.py", "from .http._asgi import DeadlineMiddleware\n") == []

@@ -18,6 +18,12 @@ PUBLIC_MODULES = [
     "timebound.testing",
     "timebound.telemetry",
     "timebound.propagation",
+    "timebound.propagation.asgi",
+    "timebound.propagation.wsgi",
+    "timebound.propagation.httpx",
+    "timebound.propagation.requests",
+    "timebound.propagation.aiohttp",
+    "timebound.admission",
 ]
 
 

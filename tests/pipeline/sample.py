@@ -11,11 +11,11 @@ import pyarrow.compute as pc
 from timebound import pipeline as pl
 
 
-def make_registry(**delays: float) -> pl.Registry:
+def make_registry(**delays: float) -> pl.Catalog:
     """The issue's registry; ``delays`` are the (virtual) seconds a task sleeps, 1 ms each
     unless given."""
     delay = {"call_models": 0.001, "fetch_features": 0.001, **delays}
-    reg = pl.Registry()
+    reg = pl.Catalog()
     reg.key("id", pa.int64())
     reg.key("score_model", pa.float64(), nullable=True)
     reg.key("score_final", pa.float64(), default=0.0)
@@ -38,8 +38,8 @@ def make_registry(**delays: float) -> pl.Registry:
     return reg
 
 
-def make_plan(reg: pl.Registry, on_timeout: str = "fallback") -> pl.Plan:
-    plan = pl.Plan("rank_v1", registry=reg, params={"override_budget_ms": 10})
+def make_plan(reg: pl.Catalog, on_timeout: str = "fallback") -> pl.Plan:
+    plan = pl.Plan("rank_v1", catalog=reg, params={"override_budget_ms": 10})
     plan.task("call_models").timeout_wrapper(
         if_success=lambda c: c.task("fetch_features", stage="esr").task("call_models"),
         if_fail=lambda c: c.fill_defaults(["f_esr", "score_model"]),

@@ -25,7 +25,7 @@ reg = sample.make_registry(fetch_features=10.0)
 plan = sample.make_plan(reg)
 
 def broken():
-    bad = pl.Plan("broken", registry=reg)
+    bad = pl.Plan("broken", catalog=reg)
     bad.timeout_wrapper(
         if_success=lambda c: c.task("call_models"),
         if_fail=lambda c: c.fill_defaults(["f_esr"]),
@@ -58,7 +58,7 @@ def test_compile_then_validate_an_artifact(workdir: Path) -> None:
     done = cli(workdir, "compile", "rank:plan", "-o", "a.json")
     assert done.returncode == 0, done.stderr
     assert json.loads((workdir / "a.json").read_bytes())["name"] == "rank_v1"
-    done = cli(workdir, "validate", "a.json", "--registry", "rank:reg")
+    done = cli(workdir, "validate", "a.json", "--catalog", "rank:reg")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("ok rank_v1 sha256:")
 
@@ -72,6 +72,9 @@ def test_run_prints_rows_wrappers_and_the_critical_path(workdir: Path) -> None:
     assert lines[1].split() == ["1", "null", "1.0", "null"]
     assert "chosen_branch=fail" in lines[4]
     assert lines[5].startswith("critical path: task:call_models")
+    # Then a lane per span, drawn as the Constellation call timeline is (D10.7).
+    assert lines[7].startswith("span") and "timeline (0 .. " in lines[7]
+    assert any(line.startswith("timeout_wrapper ") and "timed_out" in line for line in lines[8:])
 
 
 def test_run_json_from_parquet(workdir: Path) -> None:
@@ -96,7 +99,7 @@ def test_a_validation_error_names_rule_and_place(workdir: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["validate", "a.json"], "needs --registry"),
+        (["validate", "a.json"], "needs --catalog"),
         (["run", "rank:plan", "--rows", "rows.txt"], "give a .parquet, .csv or .json"),
         (["run", "rank:plan", "--rows", "missing.csv"], "cannot read rows"),
         (["compile", "rank"], "write MODULE:NAME"),

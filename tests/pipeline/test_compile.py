@@ -20,7 +20,7 @@ BUDGET = {"base_ms": 2, "per_row_us": 20, "min_ms": 1, "max_ms": 15}
 
 
 def wrapper(
-    reg: pl.Registry,
+    reg: pl.Catalog,
     success: Any,
     fail: Any,
     *,
@@ -29,7 +29,7 @@ def wrapper(
     after: Any = None,
     **kw: Any,
 ) -> pl.Plan:
-    plan = pl.Plan("p", registry=reg, params=params)
+    plan = pl.Plan("p", catalog=reg, params=params)
     if before is not None:
         before(plan)
     plan.timeout_wrapper(if_success=success, if_fail=fail, budget=kw.pop("budget", BUDGET), **kw)
@@ -77,7 +77,7 @@ def test_the_wrapper_node_has_the_rfc_shape() -> None:
 def test_a_plan_without_wrappers_requires_no_capability() -> None:
     """capabilities_required lists only what the plan uses."""
     reg = sample.make_registry()
-    artifact = pl.compile(pl.Plan("plain", registry=reg).task("call_models"))  # type: ignore[arg-type]
+    artifact = pl.compile(pl.Plan("plain", catalog=reg).task("call_models"))  # type: ignore[arg-type]
     assert artifact.capabilities_required == []
 
 
@@ -175,7 +175,7 @@ def test_rule_closure_for_a_key_written_after_the_wrapper() -> None:
 def test_rule_closure_for_a_branch_that_extends_the_outer_chain() -> None:
     """closure: a branch function must return the chain it was given, not an outer one."""
     reg = sample.make_registry()
-    outer = pl.Plan("outer", registry=reg)
+    outer = pl.Plan("outer", catalog=reg)
     outer.timeout_wrapper(
         if_success=lambda c: outer.task("call_models"),
         if_fail=lambda c: c.fill_defaults(["score_model"]),
@@ -305,7 +305,7 @@ def test_rule_capability_when_the_artifact_omits_it() -> None:
 def test_fill_defaults_needs_a_default_or_null() -> None:
     """fill_defaults on a non-nullable key without default is a validation error."""
     reg = sample.make_registry()
-    err = rule_of(pl.Plan("f", registry=reg).fill_defaults(["id"]))  # type: ignore[arg-type]
+    err = rule_of(pl.Plan("f", catalog=reg).fill_defaults(["id"]))  # type: ignore[arg-type]
     assert (err.rule, err.details["key"]) == ("fill_defaults", "id")
 
 
@@ -313,25 +313,25 @@ def test_expressions_are_type_checked() -> None:
     """A vm whose expression cannot produce the key's type, or a non-boolean filter, fails."""
     reg = sample.make_registry()
     reg.key("label", pa.string(), nullable=True)
-    assert rule_of(pl.Plan("e", registry=reg).vm("label", pl.col("id") + 1)).rule == "type"  # type: ignore[arg-type]
-    assert rule_of(pl.Plan("e", registry=reg).filter(pl.col("id") + 1)).rule == "type"  # type: ignore[arg-type]
-    assert rule_of(pl.Plan("e", registry=reg).vm("nope", pl.col("id"))).rule == "reference"  # type: ignore[arg-type]
+    assert rule_of(pl.Plan("e", catalog=reg).vm("label", pl.col("id") + 1)).rule == "type"  # type: ignore[arg-type]
+    assert rule_of(pl.Plan("e", catalog=reg).filter(pl.col("id") + 1)).rule == "type"  # type: ignore[arg-type]
+    assert rule_of(pl.Plan("e", catalog=reg).vm("nope", pl.col("id"))).rule == "reference"  # type: ignore[arg-type]
 
 
 def test_unknown_references_are_named() -> None:
     """Unknown tasks and params are reference errors naming the node."""
     reg = sample.make_registry()
-    err = rule_of(pl.Plan("r", registry=reg).task("missing"))  # type: ignore[arg-type]
+    err = rule_of(pl.Plan("r", catalog=reg).task("missing"))  # type: ignore[arg-type]
     assert (err.rule, err.node_id) == ("reference", "task:missing")
-    err = rule_of(pl.Plan("r", registry=reg, params={"ghost": 1}))
+    err = rule_of(pl.Plan("r", catalog=reg, params={"ghost": 1}))
     assert err.rule == "reference"
 
 
 def test_node_ids_come_from_the_definition() -> None:
     """Node ids name the op (and task or key); inserting a node elsewhere renames nothing."""
     reg = sample.make_registry()
-    a = pl.compile(pl.Plan("ids", registry=reg).task("call_models").sort("id"))  # type: ignore[arg-type]
-    b = pl.compile(pl.Plan("ids", registry=reg).take(5).task("call_models").sort("id"))  # type: ignore[arg-type]
+    a = pl.compile(pl.Plan("ids", catalog=reg).task("call_models").sort("id"))  # type: ignore[arg-type]
+    b = pl.compile(pl.Plan("ids", catalog=reg).take(5).task("call_models").sort("id"))  # type: ignore[arg-type]
     ids = [n["node_id"] for n in b.plan["nodes"]]
     assert [n["node_id"] for n in a.plan["nodes"]] == ["task:call_models", "sort"]
     assert ids == ["take", "task:call_models", "sort"]
@@ -342,7 +342,7 @@ def test_deeply_nested_expressions_are_refused(depth: int) -> None:
     """A hostile artifact with an absurdly deep expression is a ValidationError, never a
     RecursionError."""
     reg = sample.make_registry()
-    plan = pl.Plan("deep", registry=reg).vm("score_final", pl.col("score_model").fill_null(0.0))
+    plan = pl.Plan("deep", catalog=reg).vm("score_final", pl.col("score_model").fill_null(0.0))
     doc = json.loads(pl.compile(plan).to_json())  # type: ignore[arg-type]
     doc["nodes"][0]["params"]["expr"] = {"col": "HOLE"}
     deep = '{"fn":"negate","args":[' * depth + '{"col":"id"}' + "]}" * depth

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import warnings
+from datetime import timedelta
 from typing import Any
 
 import anyio
@@ -20,18 +21,18 @@ from timebound.testing import VirtualClock
 from . import sample
 
 
-def run(engine: pl.Engine, artifact: pl.Artifact, rows: pa.Table, **kw: Any) -> pl.Result:
+def run(engine: pl.Engine, artifact: pl.Artifact, rows: pa.Table, **kw: Any) -> pl.RunOutput:
     return VirtualClock().run(engine.run(artifact, rows, **kw))
 
 
 def wrapper_plan(
-    reg: pl.Registry,
+    reg: pl.Catalog,
     budget: dict[str, Any],
     override: dict[str, Any] | None = None,
     plan_params: dict[str, Any] | None = None,
     on_timeout: str = "fallback",
 ) -> pl.Artifact:
-    plan = pl.Plan("budget", registry=reg, params=plan_params)
+    plan = pl.Plan("budget", catalog=reg, params=plan_params)
     plan.timeout_wrapper(
         if_success=lambda c: c.task("call_models"),
         if_fail=lambda c: c.fill_defaults(["score_model"]),
@@ -183,6 +184,7 @@ def test_fail_plan_raises_plan_timeout_with_the_wrapper() -> None:
     err = info.value
     assert isinstance(err, tb.DeadlineExceeded)
     assert (err.node_id, err.op, err.source) == ("timeout_wrapper", "timeout_wrapper", "region")
+    assert err.set_by == "region timeout_wrapper"  # D2.8
     assert err.timeout_ms == pytest.approx(2.08)
     assert err.trace.wrappers["timeout_wrapper"]["chosen_branch"] == "fail_plan"
     assert clock.now() == pytest.approx(0.001 + 0.00208)
@@ -192,7 +194,7 @@ def test_rollback_leaves_no_partial_write() -> None:
     """A success branch whose first task wrote before the region ran out leaks nothing: the
     fallback's values (not the first task's) are what the plan sees."""
     reg = sample.make_registry(call_models=1.0)
-    plan = pl.Plan("partial", registry=reg)
+    plan = pl.Plan("partial", catalog=reg)
     plan.timeout_wrapper(
         # fetch_features (1 ms) commits to the overlay; call_models (1 s) is cut.
         if_success=lambda c: c.task("fetch_features", stage="esr").task("call_models"),
@@ -215,7 +217,7 @@ def test_a_task_error_fails_the_plan_without_fallback() -> None:
     def broken(ctx: pl.TaskContext, rows: pa.Table) -> dict[str, Any]:
         raise LookupError("feature store down")
 
-    plan = pl.Plan("err", registry=reg)
+    plan = pl.Plan("err", catalog=reg)
     plan.timeout_wrapper(
         if_success=lambda c: c.task("broken"),
         if_fail=lambda c: c.fill_defaults(["f_lsr"]),
@@ -254,7 +256,7 @@ def test_a_tasks_own_shorter_timeout_is_a_task_error() -> None:
         await anyio.sleep(1)
         return {}
 
-    plan = pl.Plan("own", registry=reg)
+    plan = pl.Plan("own", catalog=reg)
     plan.timeout_wrapper(
         if_success=lambda c: c.task("slow"),
         if_fail=lambda c: c.fill_defaults(["f_lsr"]),
@@ -271,12 +273,12 @@ def test_a_task_sees_the_smallest_deadline() -> None:
     reg = sample.make_registry()
     seen: list[tuple[float, float]] = []
 
-    @reg.task(reads=["id"], writes=["f_lsr"], timeout=0.5)
+    @reg.task(reads=["id"], writes=["f_lsr"], timeout="500ms")
     def probe(ctx: pl.TaskContext, rows: pa.Table) -> dict[str, Any]:
-        seen.append((ctx.deadline.when, ctx.time_remaining_ms()))
+        seen.append((ctx.deadline.when, ctx.remaining()))
         return {"f_lsr": pa.nulls(rows.num_rows, type=pa.float64())}
 
-    plan = pl.Plan("probe", registry=reg)
+    plan = pl.Plan("probe", catalog=reg)
     plan.timeout_wrapper(
         if_success=lambda c: c.task("probe"),
         if_fail=lambda c: c.fill_defaults(["f_lsr"]),
@@ -292,14 +294,32 @@ def test_a_task_sees_the_smallest_deadline() -> None:
             await engine.run(artifact, sample.rows(1))  # enclosing (4 ms) first
 
     VirtualClock().run(main())
-    assert seen == [(pytest.approx(0.010), pytest.approx(10.0)), (0.004, pytest.approx(4.0))]
+    assert seen == [(pytest.approx(0.010), pytest.approx(0.010)), (0.004, pytest.approx(0.004))]
+    assert reg.tasks["probe"].timeout == 0.5
+
+
+def test_time_remaining_ms_warns_and_still_counts_milliseconds() -> None:
+    """The old spelling works for one release (D1.12), naming remaining()."""
+    reg = sample.make_registry()
+    seen: list[float] = []
+
+    @reg.task(reads=["id"], writes=["f_lsr"], timeout=timedelta(milliseconds=20))
+    def probe(ctx: pl.TaskContext, rows: pa.Table) -> dict[str, Any]:
+        with pytest.warns(DeprecationWarning, match=r"use TaskContext.remaining\(\)"):
+            seen.append(ctx.time_remaining_ms())
+        return {"f_lsr": pa.nulls(rows.num_rows, type=pa.float64())}
+
+    plan = pl.Plan("probe", registry=reg)
+    plan.task("probe")
+    VirtualClock().run(pl.Engine(reg).run(pl.compile(plan), sample.rows(1)))
+    assert seen == [pytest.approx(20.0)]
 
 
 def test_the_fail_branch_runs_under_normal_budgets() -> None:
     """D5.2: the fail branch does not inherit the expired region deadline (it may take longer
     than the region), while an enclosing deadline still bounds it."""
     reg = sample.make_registry(fetch_features=1.0, call_models=0.05)
-    plan = pl.Plan("slow_fallback", registry=reg)
+    plan = pl.Plan("slow_fallback", catalog=reg)
     plan.timeout_wrapper(
         if_success=lambda c: c.task("fetch_features", stage="esr"),
         # The fallback itself takes 50 ms, ten times the region's budget.
@@ -325,7 +345,7 @@ def test_a_cpu_bound_task_that_overruns_the_region_is_not_waited_for() -> None:
         _clock.sleep(0.02)  # virtual CPU time: nothing can interrupt it
         return {"f_lsr": pa.array([9.0] * rows.num_rows)}
 
-    plan = pl.Plan("cpu", registry=reg)
+    plan = pl.Plan("cpu", catalog=reg)
     plan.timeout_wrapper(
         if_success=lambda c: c.task("cpu"),
         if_fail=lambda c: c.fill_defaults(["f_lsr"]),
@@ -345,7 +365,7 @@ def test_a_cpu_bound_task_that_overruns_the_region_is_not_waited_for() -> None:
 def test_the_rowset_shape_is_unchanged_across_the_wrapper() -> None:
     """RFC §9: after sort and take, the wrapper keeps the active rows and their order."""
     reg = sample.make_registry()
-    plan = pl.Plan("shape", registry=reg)
+    plan = pl.Plan("shape", catalog=reg)
     plan.sort("id", descending=True).take(3).timeout_wrapper(
         if_success=lambda c: c.task("call_models"),
         if_fail=lambda c: c.fill_defaults(["score_model"]),
@@ -374,7 +394,7 @@ def test_a_bad_column_is_a_task_error_naming_task_and_key(column: Any, message: 
     def bad(ctx: pl.TaskContext, rows: pa.Table) -> dict[str, Any]:
         return {"f_lsr": column}
 
-    plan = pl.Plan("bad", registry=reg).task("bad")
+    plan = pl.Plan("bad", catalog=reg).task("bad")
     assert isinstance(plan, pl.Plan)
     with pytest.raises(pl.TaskError, match=message) as info:
         run(pl.Engine(reg), pl.compile(plan), sample.rows(3))
@@ -392,7 +412,7 @@ def test_a_task_must_return_exactly_its_writes() -> None:
         return {"f_lsr": pa.nulls(rows.num_rows, type=pa.float64())}
 
     with pytest.raises(pl.TaskError, match="did not return key 'f_esr'"):
-        run(pl.Engine(reg), pl.compile(pl.Plan("h", registry=reg).task("half")), sample.rows(2))  # type: ignore[arg-type]
+        run(pl.Engine(reg), pl.compile(pl.Plan("h", catalog=reg).task("half")), sample.rows(2))  # type: ignore[arg-type]
 
 
 def test_params_and_origins_reach_the_task() -> None:
@@ -407,7 +427,7 @@ def test_params_and_origins_reach_the_task() -> None:
         seen.append(dict(ctx.params))
         return {}
 
-    plan = pl.Plan("params", registry=reg, params={"override_budget_ms": 3})
+    plan = pl.Plan("params", catalog=reg, params={"override_budget_ms": 3})
     plan.task("look", who=pl.P("tenant"), limit=7)
     run(
         pl.Engine(reg),
@@ -423,7 +443,7 @@ def test_params_and_origins_reach_the_task() -> None:
 def test_a_switch_on_a_request_param_is_resolved_at_run_time_outside_wrappers() -> None:
     """Outside a wrapper a may-write is allowed: the request's value picks the keys."""
     reg = sample.make_registry()
-    plan = pl.Plan("switch", registry=reg).task("fetch_features")
+    plan = pl.Plan("switch", catalog=reg).task("fetch_features")
     result = run(
         pl.Engine(reg),
         pl.compile(plan),
@@ -544,7 +564,7 @@ def test_the_same_plan_runs_on_trio() -> None:
     reg = sample.make_registry(fetch_features=1.0)
     artifact = pl.compile(sample.make_plan(reg))
     clock = VirtualClock()
-    out: list[pl.Result] = []
+    out: list[pl.RunOutput] = []
 
     async def main() -> None:
         out.append(await pl.Engine(reg).run(artifact, sample.rows(4)))
@@ -557,10 +577,10 @@ def test_the_same_plan_runs_on_trio() -> None:
 
 def test_run_sync() -> None:
     """run_sync runs a plan from synchronous code."""
-    reg = pl.Registry()
+    reg = pl.Catalog()
     reg.key("x", pa.int64())
     reg.key("y", pa.int64())
-    plan = pl.Plan("sync", registry=reg).vm("y", pl.col("x") * 2)
+    plan = pl.Plan("sync", catalog=reg).vm("y", pl.col("x") * 2)
     result = pl.Engine(reg).run_sync(pl.compile(plan), pa.table({"x": [1, 2]}))  # type: ignore[arg-type]
     assert result.rows.to_pydict() == {"x": [1, 2], "y": [2, 4]}
 
@@ -569,7 +589,7 @@ def test_the_plan_cache_is_bounded() -> None:
     """The engine keeps the most recently used plans, up to plan_cache_size."""
     reg = sample.make_registry()
     engine = pl.Engine(reg, plan_cache_size=2)
-    artifacts = [pl.compile(pl.Plan(f"p{i}", registry=reg).take(i)) for i in range(3)]  # type: ignore[arg-type]
+    artifacts = [pl.compile(pl.Plan(f"p{i}", catalog=reg).take(i)) for i in range(3)]  # type: ignore[arg-type]
     for a in (artifacts[0], artifacts[1], artifacts[0], artifacts[2]):
         engine.prepare(a)
     assert [k[0] for k in engine._cache] == [artifacts[0].digest, artifacts[2].digest]
@@ -593,7 +613,7 @@ def test_engine_options_are_checked(kwargs: dict[str, Any], option: str) -> None
 def test_a_malformed_budget_names_the_field() -> None:
     """Authoring mistakes in a wrapper's budget are schema errors that name the field."""
     reg = sample.make_registry()
-    plan = pl.Plan("bad_budget", registry=reg)
+    plan = pl.Plan("bad_budget", catalog=reg)
     plan.timeout_wrapper(
         if_success=lambda c: c.task("call_models"),
         if_fail=lambda c: c.fill_defaults(["score_model"]),
@@ -614,7 +634,7 @@ def test_nested_wrappers_roll_back_in_order() -> None:
         await anyio.sleep(1)
         return {"f_lsr": pa.array([7.0] * rows.num_rows)}
 
-    plan = pl.Plan("nested", registry=reg)
+    plan = pl.Plan("nested", catalog=reg)
     plan.timeout_wrapper(
         if_success=lambda c: (
             c.task("call_models")
@@ -643,7 +663,7 @@ def test_an_outer_region_cuts_an_inner_wrapper_unsettled() -> None:
     """The outer region runs out while an inner wrapper is still running: the inner one never
     settles (no branch chosen) and both overlays are dropped."""
     reg = sample.make_registry(fetch_features=1.0)
-    plan = pl.Plan("cut", registry=reg)
+    plan = pl.Plan("cut", catalog=reg)
     plan.timeout_wrapper(
         if_success=lambda c: c.task("call_models").timeout_wrapper(
             if_success=lambda i: i.task("fetch_features", stage="esr"),
@@ -664,7 +684,7 @@ def test_an_outer_region_cuts_an_inner_wrapper_unsettled() -> None:
 def test_an_inner_wrapper_commits_into_the_outer_one() -> None:
     """Both in time: the inner commit lands in the outer overlay, the outer commit keeps it."""
     reg = sample.make_registry()
-    plan = pl.Plan("nested_ok", registry=reg)
+    plan = pl.Plan("nested_ok", catalog=reg)
     plan.timeout_wrapper(
         if_success=lambda c: c.task("call_models").timeout_wrapper(
             if_success=lambda i: i.task("fetch_features", stage="esr"),
@@ -685,7 +705,7 @@ def test_branch_steps_run_in_order_and_plan_steps_by_their_data() -> None:
     """Inside a wrapper branch the steps run one after the other (RFC 0002 v1); in the plan,
     steps that touch different keys run together."""
     reg = sample.make_registry(fetch_features=0.003, call_models=0.002)
-    plan = pl.Plan("order", registry=reg)
+    plan = pl.Plan("order", catalog=reg)
     plan.task("fetch_features", stage="lsr").task("call_models")
     plan.timeout_wrapper(
         if_success=lambda c: c.task("fetch_features", stage="esr").task("call_models"),
@@ -713,7 +733,7 @@ def test_a_task_skipped_after_its_region_timed_out_has_a_sane_span() -> None:
     the moment it was skipped, not one starting ~10 minutes before the run (the monotonic
     clock's zero) that the trace viewer drew over its label column."""
     reg = sample.make_registry(call_models=1.0)
-    plan = pl.Plan("skip", registry=reg)
+    plan = pl.Plan("skip", catalog=reg)
     plan.timeout_wrapper(
         # call_models (1 s) is cut at 5 ms; fetch_features after it never starts.
         if_success=lambda c: c.task("call_models").task("fetch_features", stage="esr"),

@@ -174,12 +174,14 @@ def test_hostile_expressions_are_named(node: Any, message: str) -> None:
             "unknown param",
         ),
         (lambda r: r.task(rowset="maybe", name="t")(lambda c, rows: {}), "rowset must be"),
-        (lambda r: r.task(timeout=-1, name="t")(lambda c, rows: {}), "positive number"),
+        (lambda r: r.task(timeout=-1, name="t")(lambda c, rows: {}), "timeout must be > 0"),
+        (lambda r: r.task(timeout="1 s", name="t")(lambda c, rows: {}), "invalid timeout"),
+        (lambda r: r.task(timeout=float("inf"), name="t")(lambda c, rows: {}), "finite"),
     ],
 )
 def test_registry_refuses_bad_definitions(call: Any, message: str) -> None:
     """Every bad key, param or task definition is a ConfigurationError that says why."""
-    reg = pl.Registry()
+    reg = pl.Catalog()
     reg.key("a", pa.int64())
     with pytest.raises(ConfigurationError, match=message):
         call(reg)
@@ -187,7 +189,7 @@ def test_registry_refuses_bad_definitions(call: Any, message: str) -> None:
 
 def test_a_generator_task_is_refused() -> None:
     """A generator cannot return columns: registering one is an error."""
-    reg = pl.Registry()
+    reg = pl.Catalog()
 
     def gen(ctx: Any, rows: Any) -> Any:
         yield {}

@@ -29,7 +29,7 @@ def test_racing_deadlines_never_leak_a_partial_write(
     assume(slowest != budget)  # the same instant for both is an ordering question, not ours
     assume(request is None or request not in (budget, slowest))
     reg = sample.make_registry(fetch_features=fetch / 1000, call_models=models / 1000)
-    plan = pl.Plan("storm", registry=reg)
+    plan = pl.Plan("storm", catalog=reg)
     plan.timeout_wrapper(
         if_success=lambda c: c.task("fetch_features", stage="esr").task("call_models"),
         if_fail=lambda c: c.fill_defaults(["f_esr", "score_model"]),
@@ -39,7 +39,7 @@ def test_racing_deadlines_never_leak_a_partial_write(
     artifact = pl.compile(plan)
     clock = VirtualClock()
 
-    async def main() -> pl.Result | tb.DeadlineExceeded:
+    async def main() -> pl.RunOutput | tb.DeadlineExceeded:
         try:
             if request is None:
                 return await pl.Engine(reg).run(artifact, sample.rows(n))
@@ -56,7 +56,7 @@ def test_racing_deadlines_never_leak_a_partial_write(
         assert isinstance(outcome, tb.DeadlineExceeded)
         assert "request" in str(outcome)
         return
-    assert isinstance(outcome, pl.Result)
+    assert isinstance(outcome, pl.RunOutput)
     f_esr = outcome.rows.column("f_esr").to_pylist()
     score = outcome.rows.column("score_model").to_pylist()
     chosen = outcome.trace.wrappers["timeout_wrapper"]["chosen_branch"]

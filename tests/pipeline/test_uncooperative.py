@@ -16,8 +16,8 @@ from timebound._core import _preempt
 from timebound.testing import VirtualClock
 
 
-def _registry() -> tuple[pl.Registry, dict[str, Any]]:
-    reg = pl.Registry()
+def _registry() -> tuple[pl.Catalog, dict[str, Any]]:
+    reg = pl.Catalog()
     reg.key("id", pa.int64())
     reg.key("boost", pa.float64(), nullable=True)
     seen: dict[str, Any] = {}
@@ -36,8 +36,8 @@ def _registry() -> tuple[pl.Registry, dict[str, Any]]:
     return reg, seen
 
 
-def _region(reg: pl.Registry, task: str) -> pl.Artifact:
-    plan = pl.Plan("p", registry=reg)
+def _region(reg: pl.Catalog, task: str) -> pl.Artifact:
+    plan = pl.Plan("p", catalog=reg)
     plan.timeout_wrapper(
         if_success=lambda c: c.task(task),
         if_fail=lambda c: c.fill_defaults(["boost"]),
@@ -76,7 +76,7 @@ def test_a_request_deadline_is_kept_against_a_task_that_swallows_cancellation() 
     """A 200 ms request over a plan whose task swallows its cancellation ends at 200 ms with
     DeadlineExceeded naming the request (it took the task's whole run before)."""
     reg, _ = _registry()
-    plan = pl.Plan("q", registry=reg).task("stubborn")
+    plan = pl.Plan("q", catalog=reg).task("stubborn")
     engine = pl.Engine(reg)
     clock = VirtualClock()
     out: dict[str, Any] = {}
@@ -101,7 +101,7 @@ def test_a_blocked_sync_task_is_left_in_its_thread_and_the_fallback_runs() -> No
     """A sync task blocked past its 20 ms region (a real thread, real time): the run returns
     with the fallback while the task is still blocked, the thread is counted as abandoned, and
     its write, made after the run returned, is never committed."""
-    reg = pl.Registry()
+    reg = pl.Catalog()
     reg.key("id", pa.int64())
     reg.key("boost", pa.float64(), nullable=True)
     release, finished = threading.Event(), threading.Event()
@@ -115,7 +115,7 @@ def test_a_blocked_sync_task_is_left_in_its_thread_and_the_fallback_runs() -> No
     engine = pl.Engine(reg)
     abandoned_before = _preempt.abandoned_threads()
 
-    async def main() -> pl.Result:
+    async def main() -> pl.RunOutput:
         async with tb.fail_after(60):  # a deadline bounds it: the task runs in a thread
             return await engine.run(_region(reg, "blocked"), pa.table({"id": [1, 2]}))
 
@@ -133,7 +133,7 @@ def test_a_blocked_sync_task_is_left_in_its_thread_and_the_fallback_runs() -> No
 def test_a_sync_task_runs_in_a_thread_only_when_a_deadline_bounds_it() -> None:
     """Under a request deadline a sync task runs in a worker thread, sees its deadline there and
     commits its write in time; with no deadline anywhere it runs on the loop's thread."""
-    reg = pl.Registry()
+    reg = pl.Catalog()
     reg.key("id", pa.int64())
     reg.key("boost", pa.float64(), nullable=True)
     seen: list[tuple[bool, float]] = []
@@ -146,9 +146,9 @@ def test_a_sync_task_runs_in_a_thread_only_when_a_deadline_bounds_it() -> None:
         return {"boost": pa.array([1.5] * rows.num_rows)}
 
     engine = pl.Engine(reg)
-    artifact = pl.compile(pl.Plan("r", registry=reg).task("quick"))
+    artifact = pl.compile(pl.Plan("r", catalog=reg).task("quick"))
 
-    async def bounded() -> pl.Result:
+    async def bounded() -> pl.RunOutput:
         async with tb.fail_after(60):
             return await engine.run(artifact, pa.table({"id": [1]}))
 
@@ -166,7 +166,7 @@ def test_on_trio_a_blocked_sync_task_is_left_in_its_thread_too() -> None:
     on cancellation), the fallback runs, the thread is counted."""
     import trio
 
-    reg = pl.Registry()
+    reg = pl.Catalog()
     reg.key("id", pa.int64())
     reg.key("boost", pa.float64(), nullable=True)
     release, finished = threading.Event(), threading.Event()
@@ -178,7 +178,7 @@ def test_on_trio_a_blocked_sync_task_is_left_in_its_thread_too() -> None:
         return {"boost": pa.array([9.0] * rows.num_rows)}
 
     engine = pl.Engine(reg)
-    out: list[pl.Result] = []
+    out: list[pl.RunOutput] = []
 
     async def main() -> None:
         async with tb.fail_after(60):

@@ -11,13 +11,13 @@ import pytest
 
 #: Every module that sends something on the caller's behalf: HTTP, gRPC and the databases.
 ADAPTERS = (
-    "httpx",
-    "requests",
-    "aiohttp",
-    "_grpc_interceptors",
-    "_db_asyncpg",
-    "_db_psycopg",
-    "_db_redis",
+    "http._httpx",
+    "http._requests",
+    "http._aiohttp",
+    "grpc._interceptors",
+    "db._asyncpg",
+    "db._psycopg",
+    "db._redis",
 )
 
 #: What only ``_client`` may use: clamping, the fail-fast check, the cut's error and the
@@ -64,11 +64,11 @@ def _calls(tree: ast.Module, name: str) -> int:
 def test_adapter_obtains_its_attempts_from_client_begin(module: str) -> None:
     """The adapter imports ``begin`` from ``_client`` and calls it."""
     tree = _tree(module)
-    assert _imported(tree).get("begin") == "._client"
+    assert _imported(tree).get("begin") == ".._client"
     assert _calls(tree, "begin") >= 1
 
 
-@pytest.mark.parametrize("module", (*ADAPTERS, "_db_common"))
+@pytest.mark.parametrize("module", (*ADAPTERS, "db._common"))
 def test_adapter_uses_none_of_the_cut_primitives(module: str) -> None:
     """No adapter (nor the databases' shared helpers) clamps, checks for a spent deadline or
     marks the request by itself: ``_client`` does."""
@@ -81,7 +81,7 @@ def test_adapter_uses_none_of_the_cut_primitives(module: str) -> None:
     assert used == set()
 
 
-@pytest.mark.parametrize("module", ("_db_asyncpg", "_db_psycopg", "_db_redis", "_db_common"))
+@pytest.mark.parametrize("module", ("db._asyncpg", "db._psycopg", "db._redis", "db._common"))
 def test_database_adapters_count_through_the_attempts_report(module: str) -> None:
     """The database adapters never touch the counters: the attempt's report counts (D4.7)."""
     imported = _imported(_tree(module))

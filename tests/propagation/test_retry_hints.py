@@ -12,9 +12,9 @@ import pytest
 import requests
 
 import timebound as tb
+from timebound.admission import Admission, AdmissionConfig, FixedLimit
 from timebound.lowlevel import RetryAt, RetryPlan
 from timebound.policies import Policy
-from timebound.propagation.admission import Admission, AdmissionConfig, FixedLimit
 from timebound.propagation.grpc import admission_interceptor
 
 from .http.conftest import ServerThread

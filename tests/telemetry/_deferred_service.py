@@ -16,7 +16,7 @@ registry = Registry(f"sqlite:///{os.environ['TB_SERVICE_DB']}", policy=HostPolic
 service = Service(registry, max_running=3)
 
 
-@service.operation("report.render", retry_after_s=1, ttl_s=120)
+@service.operation("report.render", retry_after=1, ttl=120)
 async def render(payload: Any) -> Any:
     await asyncio.sleep(0.2)
     return {"pages": payload["pages"]}

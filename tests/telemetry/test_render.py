@@ -13,16 +13,17 @@ def _event(name: str, bound: tb.DeadlineExceeded | None = None, **attrs: object)
 
 
 def test_a_timeout_reads_as_its_bound() -> None:
-    """A node's and a join's timeout name the bound's source and length from Event.bound."""
-    node = tb.DeadlineExceeded(source="node", timeout=0.2)
+    """A node's and a join's timeout name the bound's source, length and (when known) where it
+    was set, from Event.bound (D2.8)."""
+    node = tb.DeadlineExceeded(source="node", timeout=0.2, set_by="action fetch")
     join = tb.DeadlineExceeded(source="synchronization", timeout=1.5)
     assert (
         describe(_event("workflow.token_timed_out", node, node_id="A", policy_applied="fail"))
-        == "token A: timed out (node bound, 200 ms, policy fail)"
+        == "token A: timed out (node bound, 200ms, set by action fetch, policy fail)"
     )
     assert (
         describe(_event("workflow.join_timed_out", join, transition_id="j", policy_applied="fail"))
-        == "join j: synchronization bound fired (1500 ms, policy fail)"
+        == "join j: synchronization bound fired (1.5s, policy fail)"
     )
 
 

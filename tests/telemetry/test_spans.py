@@ -94,7 +94,8 @@ def test_a_policy_call_and_its_attempts_are_spans(
 def test_a_timed_out_attempt_names_its_bound(
     virtual_clock: VirtualClock, spans: InMemorySpanExporter
 ) -> None:
-    """An attempt ended by its timeout carries timebound.bound.source and its length."""
+    """An attempt ended by its timeout carries timebound.bound.source, its length and where it
+    was set (D2.8)."""
 
     def late() -> str:
         virtual_clock.advance(5)
@@ -105,6 +106,7 @@ def test_a_timed_out_attempt_names_its_bound(
     assert attempt.attributes["timebound.outcome"] == "timeout"
     assert attempt.attributes["timebound.bound.source"] == "attempt"
     assert attempt.attributes["timebound.bound.timeout_ms"] == 1000
+    assert attempt.attributes["timebound.bound.set_by"] == "policy SpanTimeout"
 
 
 async def test_a_constellation_run_is_a_span_over_its_module_calls(

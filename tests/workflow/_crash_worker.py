@@ -62,7 +62,7 @@ def main() -> None:
         return {"node": ctx.node_id, "branch": branch}
 
     async def go() -> None:
-        engine = wf.Engine(db=url, actions={"work": work}, lease_ms=300, sweep_ms=50)
+        engine = wf.Engine(db=url, actions={"work": work}, lease="300ms", sweep="50ms")
         engine.register(DEFINITION)
         async with engine:
             rid = run_id or await engine.start("crash", {})

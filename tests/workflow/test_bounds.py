@@ -182,7 +182,7 @@ def test_the_reported_bound_is_the_smallest_one(
         run_ms, run_by = caller_ms, "caller"
     node_bound = (node_ms, "node") if node_ms is not None else (action_ms, "action")
     if node_bound[0] is not None and node_bound[0] < run_ms:
-        expected = ("execution", node_bound[1], node_bound[0])
+        expected = ("node", node_bound[1], node_bound[0])
     else:
         expected = ("workflow", run_by, run_ms)
 
@@ -260,9 +260,9 @@ def test_the_reported_bound_is_the_smallest_one_across_a_subworkflow(
         assert _fired(events) == ("workflow", "definition", parent_at)
     elif which == 1:
         assert _fired(child_events) == ("workflow", child_by, child_at)
-        assert _fired(events) == ("execution", child_by, child_at)
+        assert _fired(events) == ("node", child_by, child_at)
     else:
-        assert _fired(child_events) == ("execution", "node", child_node_ms)
+        assert _fired(child_events) == ("node", "node", child_node_ms)
 
 
 async def test_an_expired_caller_deadline_times_the_run_out_at_once(

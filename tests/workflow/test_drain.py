@@ -1,4 +1,4 @@
-"""``Engine.close(drain_s=...)``: attempts in flight may finish up to the bound, the rest are
+"""``Engine.close(drain=...)``: attempts in flight may finish up to the bound, the rest are
 cancelled and their tokens freed at once; on virtual time, on both stores."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ async def test_close_lets_short_attempts_finish_and_frees_the_rest(
         while [t["status"] for t in await engine.tokens(run)] != ["executing"]:
             await asyncio.sleep(0.01)
     began = virtual_clock.now()
-    await engine.close(drain_s=2)
+    await engine.close(drain=2)
     took = virtual_clock.now() - began
     assert finished == [(short, "a")]
     assert 1 <= took < 2 + 0.5

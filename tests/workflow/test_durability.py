@@ -47,10 +47,10 @@ async def test_fan_in_timer_is_rearmed_from_storage(virtual_clock, make_engine) 
 async def test_node_timer_is_rearmed_and_never_extended(virtual_clock, make_engine) -> None:
     """A node in flight at a restart is re-dispatched with its stored deadline, not a fresh one."""
     d = definition([{"id": "A", "timeout_ms": 3000}])
-    async with make_engine(HANDLERS, d, lease_ms=500) as engine:
+    async with make_engine(HANDLERS, d, lease="500ms") as engine:
         run_id = await engine.start("wf", {"A": 60})
         await asyncio.sleep(1.0)
-    async with make_engine(HANDLERS, d, lease_ms=500) as engine:
+    async with make_engine(HANDLERS, d, lease="500ms") as engine:
         result = await engine.wait(run_id)
         row = await engine.get_run(run_id)
         events = await engine.events(run_id)

@@ -155,7 +155,7 @@ async def test_node_timeout_fail_fails_the_run_at_the_deadline(virtual_clock, ma
         (event,) = by_kind(await engine.events(run_id), "token_timed_out")
     assert result == wf.RunResult("failed", None, "node 'A' timed out after 2000ms")
     assert event["deadline_at"] == row["started_at"] + 2000 == event["at_epoch_ms"]
-    assert (event["timeout_type"], event["policy_applied"]) == ("execution", "fail")
+    assert (event["timeout_type"], event["policy_applied"]) == ("node", "fail")
 
 
 async def test_node_timeout_retry_retries_up_to_max_retries(virtual_clock, make_engine) -> None:

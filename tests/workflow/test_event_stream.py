@@ -104,7 +104,34 @@ async def test_a_node_timeout_event_carries_the_node_bound(
     assert timed_out.bound is not None
     assert timed_out.bound.source == "node" and timed_out.bound.timeout == 2.0
     assert timed_out.bound.deadline is not None
+    assert timed_out.bound.set_by == "node A"  # D2.8
     assert timed_out.correlation["node"] == "A"
+
+
+@pytest.mark.parametrize(
+    ("where", "source", "set_by"),
+    [("action", "node", "action act"), ("definition", "workflow", "definition wf")],
+)
+async def test_a_stored_bound_says_where_it_was_set(
+    virtual_clock: Any, make_engine: Any, events: list[Event], where: str, source: str, set_by: str
+) -> None:
+    """The action's timeout and the definition's: the event stores the kind and the id of what
+    set the bound (bound_set_by, bound_set_by_id) and its DeadlineExceeded says both (D2.8)."""
+    d = _definition()
+    if where == "action":
+        d["actions"][0]["execution"] = {"timeout_ms": 1500}
+    else:
+        d["timeout_ms"] = 1500
+    async with make_engine({"act": slow}, d) as engine:
+        run_id = await engine.start("wf", {})
+        await engine.wait(run_id)
+        await _heard(events, "workflow.token_timed_out")
+        (stored,) = [e for e in await engine.events(run_id) if e["kind"] == "token_timed_out"]
+    (timed_out,) = [e for e in events if e.name == "workflow.token_timed_out"]
+    assert (stored["bound_set_by"], stored["bound_set_by_id"]) == tuple(set_by.split())
+    assert timed_out.bound is not None
+    assert (timed_out.bound.source, timed_out.bound.set_by) == (source, set_by)
+    assert timed_out.bound.timeout == 1.5
 
 
 async def test_a_rolled_back_transaction_emits_nothing(
@@ -143,6 +170,38 @@ async def test_deferred_history_reaches_the_listeners(
     mine = [e for e in events if e.kind == "deferred"]
     assert [e.name for e in mine] == ["deferred.pending", "deferred.completed"]
     assert {e.correlation["operation"] for e in mine} == {op.id}
+
+
+async def test_an_expired_operation_names_who_set_its_lifetime(
+    tmp_path: Path, virtual_clock: Any, events: list[Event]
+) -> None:
+    """The lifetime's origin is stored with the operation (expires_set_by) and its expiry's
+    bound carries it with the lifetime's length and instant (D2.8)."""
+    registry = Registry(
+        f"sqlite:///{tmp_path / 'd.db'}", policy=HostPolicy(jitter=False, max_ttl_s=600)
+    )
+    await registry.open()
+    try:
+        by_connector = await registry.register(operation_doc("deferred:a.b:c", ttl_s=30))
+        by_action = await registry.register(
+            operation_doc("deferred:a.b:d", ttl_s=30), action_max_ttl_s=20
+        )
+        virtual_clock.advance(31)
+        assert await registry.expire_due() == 2
+    finally:
+        await registry.close()
+    assert (by_connector.expires_set_by, by_action.expires_set_by) == ("connector", "action")
+    assert by_connector.describe()["expires_set_by"] == "connector"
+    expired = {e.correlation["operation"]: e.bound for e in events if e.name == "deferred.expired"}
+    connector, action = expired["deferred:a.b:c"], expired["deferred:a.b:d"]
+    assert connector is not None and action is not None
+    assert (connector.source, connector.set_by, connector.timeout) == (
+        "deferred",
+        "connector",
+        30.0,
+    )
+    assert (action.set_by, action.timeout) == ("action", 20.0)
+    assert action.deadline == tb.Deadline.from_epoch_ms(by_action.expires_ms)
 
 
 async def test_events_inside_a_node_attempt_name_its_run_token_and_node(

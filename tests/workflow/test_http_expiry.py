@@ -54,7 +54,7 @@ async def test_an_expired_answer_times_the_node_out_with_the_propagated_bound(
     result, events, tokens = await _run(tmp_path, _definition(url + "/marked"))
     (event,) = [e for e in events if e["kind"] == "token_timed_out"]
     assert [t["status"] for t in tokens] == ["timed_out"]
-    assert (event["timeout_type"], event["bound_set_by"]) == ("execution", "propagated")
+    assert (event["timeout_type"], event["bound_set_by"]) == ("node", "propagated")
     (sent,) = app.headers
     assert event["timeout_duration_ms"] == int(sent)
     assert event["policy_applied"] == "fail"

@@ -71,8 +71,8 @@ async def test_a_lease_renewed_while_another_worker_requeues_it_stands(pg_store_
     engine = wf.Engine(
         db=pg_store_url,
         actions={"hang": hang},
-        sweep_ms=600_000,
-        lease_ms=600_000,
+        sweep=600,
+        lease=600,
         worker_id="owner",
     )
     engine.register(ONE_NODE)

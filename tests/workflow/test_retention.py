@@ -47,7 +47,7 @@ async def test_ended_runs_are_pruned_after_the_period_and_live_ones_never(
     timed_out = definition([{"id": "A", "timeout_ms": 1000}], id="slow")
     # Long sweeps and leases: on PostgreSQL (autojump waits 0.25 s of real quiet before each
     # leap) the virtual half hour is a few dozen leaps, one per pruning round.
-    quiet = {"sweep_ms": 600_000, "lease_ms": 30 * HOUR * 1000}
+    quiet = {"sweep": 600, "lease": 30 * HOUR}
     async with make_engine(HANDLERS, *_family(), timed_out, retain="10min", **quiet) as engine:
         ended = await engine.start("slow", {"A": 60})
         assert (await engine.wait(ended)).status == "failed"
@@ -119,7 +119,7 @@ async def test_prune_now_needs_a_retention_period(virtual_clock: Any, make_engin
     async with make_engine(HANDLERS, definition([{"id": "A"}])) as engine:
         with pytest.raises(tb.ConfigurationError, match="retain"):
             await engine.prune()
-    quiet = {"sweep_ms": 600_000, "lease_ms": 30 * HOUR * 1000}
+    quiet = {"sweep": 600, "lease": 30 * HOUR}
     async with make_engine(HANDLERS, definition([{"id": "A"}]), retain="1min", **quiet) as engine:
         run_id = await engine.start("wf", {"A": 1})
         await engine.wait(run_id)  # ended at t = 1 s; the loop's rounds run at 0 s, 60 s, 120 s

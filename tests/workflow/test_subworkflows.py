@@ -49,7 +49,7 @@ async def test_node_timeout_bounds_the_child(virtual_clock, make_engine) -> None
     assert child_row["status"] == "timed_out"
     assert result.status == "failed" and "timed out after 1000ms" in (result.error or "")
     (event,) = by_kind(events, "token_timed_out")
-    assert event["timeout_type"] == "execution"
+    assert event["timeout_type"] == "node"
 
 
 async def test_subworkflow_timeout_message_names_the_child(virtual_clock, make_engine) -> None:

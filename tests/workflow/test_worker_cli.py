@@ -53,7 +53,7 @@ async def test_worker_process_finishes_a_dead_workers_run(pg_url: str, tmp_path:
         entered.set()
         await asyncio.sleep(3600)
 
-    dying = wf.Engine(db=pg_url, actions={"work": hang}, lease_ms=300)
+    dying = wf.Engine(db=pg_url, actions={"work": hang}, lease="300ms")
     dying.register(DEFINITION)
     await dying.open()
     run_id = await dying.start("handover")

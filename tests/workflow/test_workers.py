@@ -94,8 +94,8 @@ async def test_an_expired_lease_is_redispatched_to_another_worker(pg_url: str) -
         return "done"
 
     d = definition([{"id": "A"}])
-    dying = wf.Engine(db=pg_url, actions={"sleep": first, "boom": first}, lease_ms=300)
-    survivor = wf.Engine(db=pg_url, actions={"sleep": second, "boom": second}, lease_ms=300)
+    dying = wf.Engine(db=pg_url, actions={"sleep": first, "boom": first}, lease="300ms")
+    survivor = wf.Engine(db=pg_url, actions={"sleep": second, "boom": second}, lease="300ms")
     dying.register(d)
     survivor.register(d)
     await dying.open()

@@ -31,7 +31,7 @@ async def test_news_that_arrives_during_a_turn_starts_another_turn(pg_url: str) 
         return "done"
 
     d = definition([{"id": "A"}])
-    engine = wf.Engine(db=pg_url, actions={"sleep": ok, "boom": ok}, sweep_ms=600_000)
+    engine = wf.Engine(db=pg_url, actions={"sleep": ok, "boom": ok}, sweep=600)
     host = wf.Engine(db=pg_url, actions={"sleep": ok, "boom": ok}, worker=False)
     engine.register(d)
     host.register(d)
@@ -117,7 +117,9 @@ async def test_a_worker_late_renewing_its_lease_does_not_rerun_its_own_step(pg_u
         return "done"
 
     d = definition([{"id": "A"}])
-    engine = wf.Engine(db=pg_url, actions={"sleep": slow, "boom": slow}, lease_ms=200, sweep_ms=50)
+    engine = wf.Engine(
+        db=pg_url, actions={"sleep": slow, "boom": slow}, lease="200ms", sweep="50ms"
+    )
     engine.register(d)
 
     async def stalled() -> None:  # the renewal never comes in time
@@ -175,7 +177,7 @@ async def test_a_waiter_hears_a_run_end_from_its_own_engine_after_the_commit(pg_
         return "done"
 
     d = definition([{"id": "A"}, {"id": "B"}])
-    engine = wf.Engine(db=pg_url, actions={"sleep": ok, "boom": ok}, sweep_ms=600_000)
+    engine = wf.Engine(db=pg_url, actions={"sleep": ok, "boom": ok}, sweep=600)
     engine.register(d)
     async with engine:
         for _ in range(5):

@@ -16,7 +16,7 @@ from datetime import timedelta
 from typing import Any, Final
 
 from . import _clock
-from ._durations import to_seconds
+from ._durations import ceil_ms, to_seconds
 from ._errors import ConfigurationError
 
 __all__ = ["Deadline"]
@@ -119,7 +119,7 @@ class Deadline:
         left = self._when - _clock.now()
         if left <= 0:
             return 0
-        return math.ceil(round(left * 1000, 6))
+        return ceil_ms(left)
 
     def to_epoch_ms(self) -> int | None:
         """The durable form: this instant as whole UTC epoch milliseconds; ``None`` for never.

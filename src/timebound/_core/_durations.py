@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from ._errors import ConfigurationError
 
-__all__ = ["Duration", "format_duration", "parse_duration", "to_seconds"]
+__all__ = ["Duration", "ceil_ms", "format_duration", "parse_duration", "to_ms", "to_seconds"]
 
 #: What the Python API accepts wherever it takes a duration.
 Duration = float | int | timedelta | str
@@ -107,13 +107,52 @@ def to_seconds(
     return seconds
 
 
-def format_duration(seconds: float) -> str:
-    """Render seconds the way people read them: ``250ms``, ``5s``, ``1.5s``, ``2min``."""
+def ceil_ms(seconds: float) -> int:
+    """``seconds`` in whole milliseconds, rounded **up**: the one rounding of a span written to a
+    row or sent on the wire (D1.13, D4.3), so the reader never sees less time than we have.
+    ``round(…, 6)`` first absorbs float noise such as ``0.3 * 1000 == 300.00000000000006``."""
+    return math.ceil(round(seconds * 1000, 6))
+
+
+def to_ms(value: Duration, *, option: str = "duration", allow_zero: bool = True) -> int:
+    """A finite duration as whole milliseconds for a stored or sent field (D1.2), rounded **up**:
+    a bound written from it is never shorter than asked (D1.3). Validated as :func:`to_seconds`
+    does; ``math.inf`` (no bound) is refused, there is no integer for it."""
+    seconds = to_seconds(value, option=option, allow_zero=allow_zero)
     if math.isinf(seconds):
-        return "never"
-    ms = seconds * 1000
+        raise ConfigurationError(f"{option} must be a finite duration", option=option)
+    ms = ceil_ms(seconds)
+    if ms == 0 and seconds > 0:
+        ms = 1
+    return ms
+
+
+def format_duration(seconds: float) -> str:
+    """Render a duration the one way timebound shows it (D1.14): in errors, events, the CLI and
+    the host's pages alike.
+
+    Under a second in milliseconds (``250ms``, ``0.5ms``), under a minute in seconds to the
+    millisecond (``1.5s``, ``59.999s``), from a minute on in whole units, largest first
+    (``2min``, ``3min 4s``, ``1h 30min``, ``1d 1h``); ``math.inf`` is ``never``. A whole
+    value reads as a duration literal of the language (``120`` is ``2min``, which parses back).
+    """
+    if math.isnan(seconds):
+        return "NaN"
+    if math.isinf(seconds):
+        return "never" if seconds > 0 else "-never"
+    if seconds < 0:
+        return "-" + format_duration(-seconds)
+    ms = round(seconds * 1000, 3)
     if ms < 1000:
-        return f"{ms:.0f}ms" if abs(ms - round(ms)) < 1e-6 else f"{ms:.3g}ms"
-    if seconds < 60 or not float(seconds / 60).is_integer():
-        return f"{seconds:g}s"
-    return f"{seconds / 60:g}min"
+        return f"{ms:g}ms"
+    whole_ms = round(seconds * 1000)
+    if whole_ms < 60_000:
+        return f"{whole_ms / 1000:g}s"
+    parts = []
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000)):
+        count, whole_ms = divmod(whole_ms, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    if whole_ms:
+        parts.append(f"{whole_ms / 1000:g}s")
+    return " ".join(parts)

@@ -108,25 +108,29 @@ def _rebuild_configuration_error(
     return cls(message, option=option)
 
 
-def _format_seconds(seconds: float) -> str:
-    if seconds >= 1 and float(seconds).is_integer():
-        return f"{int(seconds)}s"
-    if seconds < 1:
-        ms = seconds * 1000
-        return f"{int(ms)}ms" if float(ms).is_integer() else f"{ms:.3g}ms"
-    return f"{seconds:.3g}s"
-
-
 def deadline_message(source: str, timeout: float | None, what: str | None) -> str:
     """The default text of a :class:`DeadlineExceeded` for these fields."""
+    # Here, not at the top: _durations raises this module's ConfigurationError.
+    from ._durations import format_duration
+
     finite = timeout is not None and math.isfinite(timeout)
     if what is not None:
         if finite and timeout is not None:
-            return f"{what} timed out after {_format_seconds(timeout)} ({source} deadline)"
+            return f"{what} timed out after {format_duration(timeout)} ({source} deadline)"
         return f"{what} timed out ({source} deadline exceeded)"
     if finite and timeout is not None:
-        return f"{source} deadline of {_format_seconds(timeout)} exceeded"
+        return f"{source} deadline of {format_duration(timeout)} exceeded"
     return f"{source} deadline exceeded"
+
+
+def bound_origin(source: str, what: str | None) -> str | None:
+    """Where a scope's bound was set, from the scope's own ``source`` and ``what`` (D2.8): a
+    policy's attempt or total budget is ``policy <name>``; any other scope is its ``what`` (the
+    engines name theirs: ``task fetch``, ``workflow node 'A'``, ``group 'r1'``); an unnamed
+    scope is ``None``."""
+    if source == "attempt" or source == "total":
+        return "policy" if what is None else f"policy {what}"
+    return what
 
 
 class DeadlineExceeded(TimeboundError, TimeoutError):
@@ -135,10 +139,15 @@ class DeadlineExceeded(TimeboundError, TimeoutError):
     ``source`` says which bound fired (``scope``, ``attempt``, ``total``, ``inherited``,
     ``propagated``, ``region``, ``workflow``, ``node``, ``synchronization``, ``deferred``);
     ``timeout`` is the relative budget in seconds when known; ``deadline`` is the
-    :class:`~timebound.Deadline` that was reached, when known.
+    :class:`~timebound.Deadline` that was reached, when known; ``set_by`` says where that bound
+    was set, its kind first (``policy GetUser``, ``ASGI middleware``, ``node A``, ``definition
+    report``, ``caller``, ``region r1``, ``host policy``…), or ``None`` when nobody named it
+    (D2.8).
     """
 
     code = "deadline-exceeded"
+    #: Where the bound was set (D2.8); a class default for subclasses built without it.
+    set_by: str | None = None
 
     def __init__(
         self,
@@ -148,6 +157,7 @@ class DeadlineExceeded(TimeboundError, TimeoutError):
         timeout: float | None = None,
         deadline: Any = None,
         what: str | None = None,
+        set_by: str | None = None,
     ) -> None:
         if source not in SOURCES:
             raise ValueError(f"unknown deadline source {source!r}")
@@ -157,17 +167,22 @@ class DeadlineExceeded(TimeboundError, TimeoutError):
         self.source = source
         self.timeout = timeout
         self.deadline = deadline
+        if set_by is not None:
+            self.set_by = set_by
 
     def __reduce__(self) -> tuple[Any, ...]:
+        state = _extra_state(self)
+        if state is not None:
+            state.pop("set_by", None)
         return (
             _rebuild_deadline_exceeded,
-            (str(self), self.source, self.timeout, self.deadline),
-            _extra_state(self),
+            (str(self), self.source, self.timeout, self.deadline, self.set_by),
+            state or None,
         )
 
 
 def new_deadline_exceeded(
-    message: str, source: str, timeout: float | None, deadline: Any
+    message: str, source: str, timeout: float | None, deadline: Any, set_by: str | None = None
 ) -> DeadlineExceeded:
     """A DeadlineExceeded with fields already validated (the scopes' path at expiry).
 
@@ -179,6 +194,8 @@ def new_deadline_exceeded(
     err.source = source
     err.timeout = timeout
     err.deadline = deadline
+    if set_by is not None:
+        err.set_by = set_by
     return err
 
 
@@ -186,9 +203,11 @@ _exception_new = DeadlineExceeded.__new__
 
 
 def _rebuild_deadline_exceeded(
-    message: str, source: str, timeout: float | None, deadline: Any
+    message: str, source: str, timeout: float | None, deadline: Any, set_by: str | None = None
 ) -> DeadlineExceeded:
-    return DeadlineExceeded(message, source=source, timeout=timeout, deadline=deadline)
+    return DeadlineExceeded(
+        message, source=source, timeout=timeout, deadline=deadline, set_by=set_by
+    )
 
 
 class RetryExhausted(TimeboundError):

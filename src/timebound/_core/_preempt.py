@@ -88,7 +88,7 @@ def _bounds(timeout: Duration | None, what: str | None) -> _Bounds:
         own = _clock.now() + seconds
         if own < eff:
             err = DeadlineExceeded(
-                source="scope", timeout=seconds, deadline=Deadline(own), what=what
+                source="scope", timeout=seconds, deadline=Deadline(own), what=what, set_by=what
             )
             return _Bounds(own, err, True)
     if eff == _INF:
@@ -265,7 +265,12 @@ def run_with_signal(
     try:
         _arm(alarm)
         if b.own:
-            with inherit_deadline(Deadline(b.when), source="scope", timeout=b.error.timeout):
+            with inherit_deadline(
+                Deadline(b.when),
+                source="scope",
+                timeout=b.error.timeout,
+                set_by=b.error.set_by,
+            ):
                 result = _call_unprotected(fn, args, kwargs)
         else:
             result = _call_unprotected(fn, args, kwargs)
@@ -333,7 +338,12 @@ def run_in_thread(
         try:
             if b.own:
                 assert b.error is not None
-                with inherit_deadline(Deadline(b.when), source="scope", timeout=b.error.timeout):
+                with inherit_deadline(
+                    Deadline(b.when),
+                    source="scope",
+                    timeout=b.error.timeout,
+                    set_by=b.error.set_by,
+                ):
                     outcome.append((True, fn(*args, **kwargs)))
             else:
                 outcome.append((True, fn(*args, **kwargs)))

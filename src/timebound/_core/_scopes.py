@@ -46,6 +46,7 @@ from ._errors import (
     SOURCES,
     ConfigurationError,
     DeadlineExceeded,
+    bound_origin,
     deadline_message,
     new_deadline_exceeded,
 )
@@ -132,21 +133,23 @@ class _Frame:
         # for the same (source, timeout, what); the oldest entry makes room (a full clear made
         # every firing format again once a program had more distinct timeouts than the cache).
         key = (source, timeout, what)
-        message = _messages.get(key)
-        if message is None:
-            message = deadline_message(source, timeout, what)
+        texts = _messages.get(key)
+        if texts is None:
+            texts = (deadline_message(source, timeout, what), bound_origin(source, what))
             if len(_messages) >= _MESSAGES_MAX:
                 del _messages[next(iter(_messages))]
-            _messages[key] = message
+            _messages[key] = texts
+        message, set_by = texts
         if context is not None and context != what:
             message = f"{context} stopped: {message}"
-        err = new_deadline_exceeded(message, source, timeout, Deadline._at(self._own))
+        err = new_deadline_exceeded(message, source, timeout, Deadline._at(self._own), set_by)
         err._timebound_binder = self  # type: ignore[attr-defined]
         return err
 
 
-# Formatted DeadlineExceeded messages by (source, timeout, what); see _Frame._deadline_error.
-_messages: dict[tuple[str, float | None, str | None], str] = {}
+# Formatted DeadlineExceeded messages and origins (D2.8) by (source, timeout, what); see
+# _Frame._deadline_error.
+_messages: dict[tuple[str, float | None, str | None], tuple[str, str | None]] = {}
 _MESSAGES_MAX: Final = 4096
 
 
@@ -649,12 +652,21 @@ class CancelScope(_Frame):
 class _Bound(_Frame):
     """A visible deadline that cancels nothing by itself: an inherited one, or the blocker."""
 
-    __slots__ = ("_blocker", "_parent", "_prev_top", "_trio_scope")
+    __slots__ = ("_blocker", "_parent", "_prev_top", "_set_by", "_trio_scope")
 
     _parent: _Frame
     _trio_scope: Any
+    _set_by: str | None
 
-    def __init__(self, when: float, *, source: str, timeout: float | None, blocker: bool) -> None:
+    def __init__(
+        self,
+        when: float,
+        *,
+        source: str,
+        timeout: float | None,
+        blocker: bool,
+        set_by: str | None = None,
+    ) -> None:
         self._own = when
         self._source = source
         self._timeout = timeout
@@ -662,6 +674,13 @@ class _Bound(_Frame):
         self._blocker = blocker
         self._ts = None
         self._trio_scope = None
+        self._set_by = set_by
+
+    def _deadline_error(self, context: str | None = None) -> DeadlineExceeded:
+        err = super()._deadline_error(context)
+        if self._set_by is not None:
+            err.set_by = self._set_by  # who set an inherited bound (D2.8)
+        return err
 
     def __enter__(self) -> Deadline:
         parent = _frame.get()
@@ -890,13 +909,19 @@ def no_deadline() -> _Bound:
 
 
 def inherit_deadline(
-    deadline: Deadline, *, source: str = "inherited", timeout: float | None = None
+    deadline: Deadline,
+    *,
+    source: str = "inherited",
+    timeout: float | None = None,
+    set_by: str | None = None,
 ) -> _Bound:
     """Make ``deadline`` visible as an enclosing bound without cancelling anything by itself.
 
     This is how a request's deadline enters (``source="inherited"``): clients clamp to it,
     checkpoints raise at it, and ``fail_*``/``move_on_*`` scopes inside end at it and report it
-    with this ``source``. The effective deadline is still the minimum (D1.5).
+    with this ``source``. The effective deadline is still the minimum (D1.5). ``set_by`` names
+    where the deadline was set (``ASGI middleware``, a job's name), reported as the error's
+    ``set_by`` (D2.8).
     """
     if not isinstance(deadline, Deadline):
         raise ConfigurationError(
@@ -904,7 +929,7 @@ def inherit_deadline(
             option="deadline",
         )
     _check_source(source)
-    return _Bound(deadline.when, source=source, timeout=timeout, blocker=False)
+    return _Bound(deadline.when, source=source, timeout=timeout, blocker=False, set_by=set_by)
 
 
 # Queries -----------------------------------------------------------------------------------

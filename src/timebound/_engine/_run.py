@@ -371,6 +371,7 @@ class _Execution(Generic[_C]):
             timeout=self.g_timeout[g],
             deadline=Deadline(self.g_deadline[g]),
             what=f"group {group.key!r}",
+            set_by=f"{group.source} {group.key}",
         )
         _mark(error, group.key)
         self._end(i, "timed_out")

@@ -278,6 +278,28 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             )""",
         ),
     ),
+    (
+        8,
+        (
+            # One name per layer (D2.7): the node layer was stored as "execution" (a timed-out
+            # token's event says timeout_type "execution", its state_data reason
+            # "execution_timeout") and is "node" in memory, in DeadlineExceeded.source and in
+            # the tallies; rename the stored rows. The JSON was written by json.dumps (": "
+            # between key and value), and a string value holding the same text would have its
+            # quotes escaped, so the replacement touches only these fields.
+            "UPDATE tb_events SET data = REPLACE(data, "
+            '\'"timeout_type": "execution"\', \'"timeout_type": "node"\') '
+            "WHERE kind = 'token_timed_out' AND data LIKE '%\"timeout_type\": \"execution\"%'",
+            "UPDATE tb_wf_tokens SET state_data = REPLACE(state_data, "
+            '\'"reason": "execution_timeout"\', \'"reason": "node_timeout"\') '
+            "WHERE status = 'timed_out' "
+            'AND state_data LIKE \'%"reason": "execution_timeout"%\'',
+            # Where a deferred operation's lifetime was set (D2.8): the connector's expires_at,
+            # the action's max TTL, the caller's deadline or the host policy's max_ttl_s, so an
+            # expiry reports it. NULL for operations registered before.
+            "ALTER TABLE tb_deferred_ops ADD COLUMN expires_set_by TEXT",
+        ),
+    ),
 )
 
 

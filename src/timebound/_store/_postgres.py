@@ -193,7 +193,7 @@ class PostgresStore(Store):
                         await conn.execute(
                             "SELECT pg_advisory_lock($1, $2)", _SESSION_LOCK_CLASS, session_key
                         )
-                        self._session_since = int(_clock.wall() * 1000)
+                        self._session_since = _clock.wall_ms()
             except Exception as exc:  # whatever the server or the network did: again soon
                 if not connected.done():
                     connected.set_exception(StoreError(f"cannot listen on {self.url!r}: {exc}"))

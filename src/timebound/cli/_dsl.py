@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import importlib
 import json
-import math
 import os
 import pathlib
 import re
@@ -39,6 +38,7 @@ from ..dsl import (
     format_failure,
     to_json_value,
 )
+from ._render import call_json, call_timeline
 
 __all__ = ["register"]
 
@@ -314,18 +314,18 @@ def _run(args: argparse.Namespace) -> int:
         if args.json:
             failure: dict[str, Any] = {"error": _error_json(exc, args.file)}
             if args.trace:
-                failure["trace"] = [_trace_json(t) for t in trace]
+                failure["trace"] = [call_json(t) for t in trace]
             print(json.dumps(failure, ensure_ascii=False, indent=2))
             return 1
         if args.trace:
-            _print_trace(trace, None, sys.stderr)
+            call_timeline(trace, None, sys.stderr)
         _print_failure(exc, source, args.file)
         return 1
     outputs = to_json_value(raw)
     if args.json:
         doc: Any = outputs
         if args.trace:
-            doc = {"outputs": outputs, "trace": [_trace_json(t) for t in trace]}
+            doc = {"outputs": outputs, "trace": [call_json(t) for t in trace]}
         print(json.dumps(doc, ensure_ascii=False, indent=2))
         return 0
     for name, value in outputs.items():
@@ -333,7 +333,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"{name} = {shown}")
     if args.trace:
         print()
-        _print_trace(trace, None, sys.stdout)
+        call_timeline(trace, None, sys.stdout)
     return 0
 
 
@@ -359,99 +359,3 @@ def _error_json(exc: BaseException, filename: str) -> dict[str, Any]:
 
 def _print_failure(exc: BaseException, source: str, filename: str) -> None:
     print(format_failure(exc, source, filename), file=sys.stderr)
-
-
-def _trace_json(t: CallTrace) -> dict[str, Any]:
-    return {
-        "module": t.module,
-        "line": t.line,
-        "column": t.column,
-        "start_ms": round(t.start * 1000, 3),
-        "end_ms": None if math.isnan(t.end) else round(t.end * 1000, 3),
-        "attempts": t.attempts,
-        "timeouts": t.timeouts,
-        "delays_ms": [round(d * 1000, 3) for d in t.delays],
-        "fallback": t.fallback,
-        "cache_hit": t.cache_hit,
-        "outcome": t.outcome,
-        "error": t.error,
-        "lazy": t.lazy,
-        "priority": t.priority,
-        "node": t.node,
-    }
-
-
-_BAR = 40
-_MARKS = {"ok": "#", "timeout": "T", "deadline": "D", "cancelled": "-"}
-
-
-def _bar(t: CallTrace, total: float) -> str:
-    """One character per 1/40 of the run: # attempt that succeeded, x failed, T timed out,
-    D stopped by the run's deadline, - cancelled because another call failed, w waiting for a
-    throttle token or concurrency slot, . waiting (delays, fallback); C a cache hit."""
-    cells = [" "] * _BAR
-    if total <= 0:
-        total = 1e-9
-
-    def col(at: float) -> int:
-        return min(_BAR - 1, max(0, int(at / total * _BAR)))
-
-    end = t.start if math.isnan(t.end) else t.end
-    for i in range(col(t.start), col(end) + 1):
-        cells[i] = "."
-    for a in t.attempt_log:
-        a_end = end if a.end is None else a.end
-        mark = _MARKS.get(a.outcome, "x")
-        for i in range(col(a.start), col(a_end) + 1):
-            cells[i] = mark
-        if a.entered is not None and a.entered > a.start:
-            # Admission (throttle, concurrency) is a wait, not the module failing or working.
-            for i in range(col(a.start), col(a.entered)):
-                cells[i] = "w"
-    if t.cache_hit:
-        cells[col(t.start)] = "C"
-    return "|" + "".join(cells) + "|"
-
-
-def _print_trace(trace: list[CallTrace], duration: float | None, out: TextIO) -> None:
-    rows = sorted(trace, key=lambda t: (t.start, t.line, t.column))
-    ends = [t.end for t in rows if not math.isnan(t.end)]
-    total = duration if duration is not None else (max(ends) if ends else 0.0)
-    width = max([len("call"), *(len(t.module) for t in rows)])
-    print(
-        f"{'call':<{width}}  {'at':>7}  {'start ms':>9}  {'end ms':>9}  {'tries':>5}  "
-        f"{'outcome':<9}  timeline (0 .. {total * 1000:.0f} ms)",
-        file=out,
-    )
-    for t in rows:
-        end = "-" if math.isnan(t.end) else f"{t.end * 1000:.1f}"
-        at = f"{t.line}:{t.column}"
-        print(
-            f"{t.module:<{width}}  {at:>7}  {t.start * 1000:>9.1f}  {end:>9}  {t.attempts:>5}  "
-            f"{t.outcome:<9}  {_bar(t, total)}",
-            file=out,
-        )
-        notes = []
-        if t.timeouts:
-            notes.append(f"{t.timeouts} timed out")
-        failed = sum(1 for a in t.attempt_log if a.outcome == "error")
-        if failed:
-            notes.append(f"{failed} failed")
-        if t.delays:
-            notes.append("waited " + ", ".join(f"{d * 1000:.0f}ms" for d in t.delays))
-        if t.fallback:
-            notes.append("fallback used")
-        if t.cache_hit:
-            notes.append("cache hit")
-        if t.lazy:
-            notes.append("lazy")
-        if t.error:
-            notes.append(t.error)
-        if notes:
-            print(f"{'':<{width}}  {'':>7}  -> " + "; ".join(notes), file=out)
-    print(
-        "legend: # attempt succeeded, x attempt failed, T attempt timed out, D stopped by the "
-        "run's deadline, - cancelled (another call failed), w waiting for throttle/concurrency, "
-        ". waiting (delay, fallback), C cache hit",
-        file=out,
-    )

@@ -52,9 +52,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument(
         "--drain-timeout",
-        metavar="SECONDS",
+        metavar="DURATION",
         help="on SIGTERM, how long requests and then running actions may take to finish "
-        "(default 10)",
+        "(seconds or a duration such as 30s; default 10s)",
     )
     p.add_argument(
         "--retain",
@@ -82,7 +82,7 @@ def _serve(args: argparse.Namespace) -> int:
         "token_file": args.token_file,
         "allowed_hosts": args.allowed_host,
         "forwarded_allow_ips": args.forwarded_allow_ips,
-        "drain_s": args.drain_timeout,
+        "drain": args.drain_timeout,
         "retain": args.retain,
         "worker": False if args.no_worker else None,
     }

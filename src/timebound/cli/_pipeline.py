@@ -1,7 +1,7 @@
 """``timebound pipeline compile|validate|run``: ranking pipelines from the command line.
 
 Plans come from a Python module (``MODULE:NAME``, a ``pl.Plan`` or a function returning one);
-artifacts from JSON files (then ``--registry MODULE:NAME`` names the tasks to validate and run
+artifacts from JSON files (then ``--catalog MODULE:NAME`` names the tasks to validate and run
 against); rows from Parquet, CSV or JSON (newline-delimited) files.
 """
 
@@ -20,6 +20,8 @@ from typing import Any
 import pyarrow as pa
 
 from timebound import pipeline as pl
+
+from ._render import span_timeline
 
 __all__ = ["register"]
 
@@ -62,7 +64,11 @@ def register(subparsers: Any) -> None:
 def _source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("source", metavar="MODULE:NAME|ARTIFACT.json", help="a plan or an artifact")
     p.add_argument(
-        "--registry", metavar="MODULE:NAME", help="the registry (needed with an artifact)"
+        "--catalog",
+        "--registry",  # its old name, still accepted
+        dest="catalog",
+        metavar="MODULE:NAME",
+        help="the pl.Catalog of keys, params and tasks (needed with an artifact)",
     )
     p.add_argument("--env", choices=["prod", "dev"], default="prod", help="engine env (D5.6)")
     p.add_argument(
@@ -136,12 +142,12 @@ def _plan(spec: str) -> pl.Plan:
     return value
 
 
-def _source(args: argparse.Namespace) -> tuple[pl.Artifact, pl.Registry]:
-    """The artifact to use and the registry to validate and run it against."""
+def _source(args: argparse.Namespace) -> tuple[pl.Artifact, pl.Catalog]:
+    """The artifact to use and the catalog to validate and run it against."""
     source: str = args.source
     if source.endswith(".json"):
-        if not args.registry:
-            raise _Usage("an artifact needs --registry MODULE:NAME (the tasks to run it with)")
+        if not args.catalog:
+            raise _Usage("an artifact needs --catalog MODULE:NAME (the tasks to run it with)")
         try:
             data = pathlib.Path(source).read_bytes()
         except OSError as exc:
@@ -150,19 +156,19 @@ def _source(args: argparse.Namespace) -> tuple[pl.Artifact, pl.Registry]:
     else:
         plan = _plan(source)
         artifact = pl.compile(plan)
-        if not args.registry:
-            return artifact, plan.registry
-    registry = _attr(args.registry, "registry")
-    if not isinstance(registry, pl.Registry):
-        raise _Usage(f"{args.registry} is not a pl.Registry")
-    return artifact, registry
+        if not args.catalog:
+            return artifact, plan.catalog
+    catalog = _attr(args.catalog, "catalog")
+    if not isinstance(catalog, pl.Catalog):
+        raise _Usage(f"{args.catalog} is not a pl.Catalog")
+    return artifact, catalog
 
 
-def _engine(args: argparse.Namespace, registry: pl.Registry) -> pl.Engine:
+def _engine(args: argparse.Namespace, registry: pl.Catalog) -> pl.Engine:
     return pl.Engine(registry, env=args.env, capabilities=args.capability)
 
 
-def _rows(path: str, registry: pl.Registry) -> pa.Table:
+def _rows(path: str, registry: pl.Catalog) -> pa.Table:
     suffix = pathlib.Path(path).suffix.lower()
     try:
         if suffix == ".parquet":
@@ -245,6 +251,8 @@ def _run_cmd(args: argparse.Namespace) -> int:
         print(f"wrapper {node_id}: {fields}")
     path = result.trace.critical_path()
     print("critical path: " + " -> ".join(f"{s['node_id']} ({_ms(s)})" for s in path))
+    print()
+    span_timeline(result.trace.spans, sys.stdout)
     return 0
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from .. import ConfigurationError, DeadlineExceeded, InvalidInput, fail_after
+from .. import ConfigurationError, DeadlineExceeded, InvalidInput, fail_after, format_duration
 from ..host import Client, HostError
 
 __all__ = ["common_options", "register", "remote"]
@@ -28,6 +28,11 @@ __all__ = ["common_options", "register", "remote"]
 
 class UsageError(Exception):
     """An option's value is not valid (exit 2)."""
+
+
+def _ms_text(ms: Any) -> str:
+    """A span the host's answer gives in ms, as every duration is shown (D1.14)."""
+    return "?" if not isinstance(ms, int | float) else format_duration(ms / 1000)
 
 
 def common_options(p: argparse.ArgumentParser) -> None:
@@ -151,9 +156,10 @@ def _show_detail(detail: Any) -> str:
         lines.append(f"error       {run['error']}")
     fired = detail.get("bound_fired")
     if fired:
+        where = " ".join(str(fired[k]) for k in ("bound_set_by", "bound_set_by_id") if fired.get(k))
         lines.append(
-            f"bound fired {fired.get('timeout_type')} {fired.get('timeout_duration_ms')} ms"
-            f" (set by {fired.get('bound_set_by', '?')})"
+            f"bound fired {fired.get('timeout_type')} {_ms_text(fired.get('timeout_duration_ms'))}"
+            f" (set by {where or '?'})"
         )
     lines.append(f"input       {json.dumps(run.get('input'))}")
     return "\n".join(lines)
@@ -210,7 +216,8 @@ def _by(text: str) -> Any:
 
 def _acted(value: Any) -> str:
     if "extended" in value:
-        return f"{value['run_id']} extended (used {value['extension_used_ms']} ms of the cap)"
+        used = _ms_text(value["extension_used_ms"])
+        return f"{value['run_id']} extended (used {used} of the cap)"
     after = f" from {value['from_node']}" if value.get("from_node") else ""
     return f"{value['run_id']} {value['status']}{after}"
 

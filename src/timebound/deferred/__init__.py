@@ -20,9 +20,9 @@ from ._registry import (
     Gone,
     IdempotencyConflict,
     Operation,
-    Outcome,
     Registry,
     Resumption,
+    StatusOutcome,
 )
 from ._service import Overloaded, Service, UnknownKind
 
@@ -35,7 +35,7 @@ __all__ = [
     "HttpConnector",
     "IdempotencyConflict",
     "Operation",
-    "Outcome",
+    "StatusOutcome",
     "Overloaded",
     "Poller",
     "Registry",
@@ -48,3 +48,17 @@ __all__ = [
     "validate_operation",
     "validate_status",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # Renamed so that one name does not mean two things (admission had an Outcome too).
+    if name == "Outcome":
+        import warnings
+
+        warnings.warn(
+            "timebound.deferred.Outcome is now timebound.deferred.StatusOutcome",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return StatusOutcome
+    raise AttributeError(f"module 'timebound.deferred' has no attribute {name!r}")

@@ -27,6 +27,7 @@ from .._core._body import (
     read_capped,
 )
 from .._core._errors import ConfigurationError
+from .._core._problem import PROBLEM_JSON, problem_bytes
 from .._json import JSONError
 from .._json import loads as loads_json
 from ._contract import TERMINAL
@@ -153,8 +154,35 @@ async def _send_json(
     await send({"type": "http.response.body", "body": data})
 
 
-def _problem(status: int, title: str, detail: str) -> dict[str, Any]:
-    return {"type": "about:blank", "title": title, "status": status, "detail": detail}
+async def _send_problem(
+    send: Any,
+    status: int,
+    detail: str,
+    instance: str,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    **extra: Any,
+) -> None:
+    """An error as the host answers every error (D8.2, D8.23): an RFC 9457 problem document,
+    ``application/problem+json``, with the path asked as its ``instance`` and a stable ``code``."""
+    data = problem_bytes(status, detail, instance, **extra)
+    head = [
+        (b"content-type", PROBLEM_JSON.encode()),
+        (b"content-length", str(len(data)).encode()),
+    ]
+    await send({"type": "http.response.start", "status": status, "headers": head + (headers or [])})
+    await send({"type": "http.response.body", "body": data})
+
+
+async def _send_gone(send: Any, op_id: str, path: str, exc: Gone) -> None:
+    await _send_problem(
+        send, 410, f"deferred operation {op_id!r} is no longer retained", path, code=exc.code
+    )
+
+
+async def _send_unknown(send: Any, op_id: str, path: str) -> None:
+    await _send_problem(
+        send, 404, f"no deferred operation {op_id!r}", path, code="unknown-operation"
+    )
 
 
 async def _read_body(receive: Any) -> bytes | None:
@@ -181,67 +209,79 @@ def status_app(registry: Registry, service: Service | None = None) -> Any:
             op_id, action = unquote(m.group(1)), m.group(2)
             want = "GET" if action == "status" else "POST"
             if method != want:
-                await _send_json(send, 405, _problem(405, "Method Not Allowed", f"use {want}"))
+                await _send_problem(
+                    send,
+                    405,
+                    f"method {method} is not allowed here; use {want}",
+                    path,
+                    [(b"allow", want.encode())],
+                )
                 return
             if action == "status":
-                await _status(send, op_id)
+                await _status(send, op_id, path)
             else:
-                await _cancel(send, op_id)
+                await _cancel(send, op_id, path)
             return
         m = _START.match(path)
         if m is not None and service is not None:
             if method != "POST":
-                await _send_json(send, 405, _problem(405, "Method Not Allowed", "use POST"))
+                await _send_problem(
+                    send,
+                    405,
+                    f"method {method} is not allowed here; use POST",
+                    path,
+                    [(b"allow", b"POST")],
+                )
                 return
-            await _start(send, receive, unquote(m.group(1)), headers)
+            await _start(send, receive, unquote(m.group(1)), headers, path)
             return
-        await _send_json(send, 404, _problem(404, "Not Found", "no such route"))
+        await _send_problem(send, 404, "no such route", path)
 
-    async def _status(send: Any, op_id: str) -> None:
+    async def _status(send: Any, op_id: str, path: str) -> None:
         try:
             doc = await registry.status_document(op_id)
-        except Gone:
-            await _send_json(
-                send, 410, _problem(410, "Gone", "the operation is no longer retained")
-            )
+        except Gone as exc:
+            await _send_gone(send, op_id, path, exc)
             return
         if doc is None:
-            await _send_json(send, 404, _problem(404, "Not Found", "no such operation"))
+            await _send_unknown(send, op_id, path)
             return
         extra = []
         if doc["status"] not in TERMINAL:
             extra.append((b"retry-after", str(doc["retry_after_seconds"]).encode()))
         await _send_json(send, 200, doc, extra)
 
-    async def _cancel(send: Any, op_id: str) -> None:
+    async def _cancel(send: Any, op_id: str, path: str) -> None:
         try:
             op = await registry.get(op_id)
-        except Gone:
-            await _send_json(
-                send, 410, _problem(410, "Gone", "the operation is no longer retained")
-            )
+        except Gone as exc:
+            await _send_gone(send, op_id, path, exc)
             return
         if op is None:
-            await _send_json(send, 404, _problem(404, "Not Found", "no such operation"))
+            await _send_unknown(send, op_id, path)
             return
         if op.cancel_href is None and not op.terminal:
-            reason = op.cancel_reason or "not cancelable"
-            await _send_json(send, 409, _problem(409, "Conflict", reason))
+            reason = op.cancel_reason or "no cancel offered"
+            await _send_problem(send, 409, f"not cancelable: {reason}", path, code="not-cancelable")
             return
         if service is not None and not op.terminal:
             await service.cancel(op_id)
-        await _status(send, op_id)
+        await _status(send, op_id, path)
 
-    async def _start(send: Any, receive: Any, kind: str, headers: dict[str, str]) -> None:
+    async def _start(
+        send: Any, receive: Any, kind: str, headers: dict[str, str], path: str
+    ) -> None:
         assert service is not None
         body = await _read_body(receive)
         if body is None:
-            await _send_json(send, 413, _problem(413, "Content Too Large", "body over 1 MiB"))
+            await _send_problem(
+                send, 413, f"the body is over {_MAX_BODY} bytes", path, code=TooLarge.code
+            )
             return
         try:
             payload = loads_json(body, what="the body") if body else None
         except JSONError as exc:
-            await _send_json(send, 400, _problem(400, "Bad Request", str(exc)))
+            await _send_problem(send, 400, str(exc), path, code=exc.code)
             return
         prefer = headers.get("prefer", "")
         wait = _WAIT.search(prefer)
@@ -250,19 +290,17 @@ def status_app(registry: Registry, service: Service | None = None) -> Any:
                 kind,
                 payload,
                 idempotency_key=headers.get("idempotency-key"),
-                wait_s=None if wait is None else int(wait.group(1)),
+                wait=None if wait is None else int(wait.group(1)),
             )
-        except UnknownKind:
-            await _send_json(send, 404, _problem(404, "Not Found", "no such operation kind"))
+        except UnknownKind as exc:
+            await _send_problem(send, 404, f"no operation kind {kind!r} here", path, code=exc.code)
             return
         except IdempotencyConflict as exc:
-            await _send_json(send, 409, _problem(409, "Conflict", str(exc)))
+            await _send_problem(send, 409, str(exc), path, code=exc.code)
             return
         except Overloaded as exc:
             retry = str(exc.retry_after_s).encode()
-            await _send_json(
-                send, 503, _problem(503, "Service Unavailable", str(exc)), [(b"retry-after", retry)]
-            )
+            await _send_problem(send, 503, str(exc), path, [(b"retry-after", retry)], code=exc.code)
             return
         extra = [
             (b"location", doc["status_href"].encode()),

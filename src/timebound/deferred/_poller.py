@@ -19,12 +19,14 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from .._core import _clock
-from .._core._errors import DeadlineExceeded, TimeboundError
+from .._core._durations import Duration, to_seconds
+from .._core._errors import ConfigurationError, DeadlineExceeded, TimeboundError
+from .._core._renamed import Renamed, renamed
 from .._core._scopes import fail_after
 from .._store import wake_delay
 from ..telemetry._tracing import poll_span
 from ._contract import TERMINAL
-from ._registry import Operation, Outcome, Registry, now_ms
+from ._registry import Operation, Registry, StatusOutcome, now_ms
 
 __all__ = ["Connector", "PollRefused", "Poller", "TransientPollError"]
 
@@ -123,23 +125,29 @@ class Poller:
 
     ``async with Poller(registry, {"module": connector}):`` runs the loop in a task; it marks
     operations expired at start-up without polling them when their lifetime ended while the
-    host was down, then keeps every poll on time. ``poll_timeout_s`` bounds one status call.
+    host was down, then keeps every poll on time. ``poll_timeout`` (a duration) bounds one
+    status call.
     """
 
+    @renamed(poll_timeout_s=Renamed("poll_timeout"))
     def __init__(
         self,
         registry: Registry,
         connectors: Mapping[str, Connector],
         *,
-        poll_timeout_s: float = 10.0,
+        poll_timeout: Duration = 10.0,
     ) -> None:
-        if not (isinstance(poll_timeout_s, int | float) and 0 < poll_timeout_s < math.inf):
-            raise ValueError(
-                f"poll_timeout_s is a positive number of seconds, not {poll_timeout_s!r}"
+        seconds = to_seconds(poll_timeout, option="poll_timeout", allow_zero=False)
+        if math.isinf(seconds):
+            raise ConfigurationError(
+                "poll_timeout must be a finite duration: a status call that never ends would "
+                "hold its operation's slot for ever",
+                option="poll_timeout",
             )
+        #: How long one status call may take (seconds).
+        self.poll_timeout = seconds
         self.registry = registry
         self.connectors = dict(connectors)
-        self.poll_timeout_s = float(poll_timeout_s)
         policy = registry.policy
         self._window = _RateWindow(policy.poll_rate_cap)
         self._inflight: collections.Counter[str] = collections.Counter()
@@ -152,7 +160,7 @@ class Poller:
         self._task: asyncio.Task[None] | None = None
         self._polls: set[asyncio.Task[Any]] = set()
         # Answers waiting to be written, and the task writing them (see _record).
-        self._answers: list[tuple[str, object, asyncio.Future[Outcome]]] = []
+        self._answers: list[tuple[str, object, asyncio.Future[StatusOutcome]]] = []
         self._writer: asyncio.Task[None] | None = None
         #: How many polls started (for tests and metrics).
         self.polls_started = 0
@@ -267,13 +275,13 @@ class Poller:
         self._polls.add(task)
         task.add_done_callback(self._polls.discard)
 
-    async def _poll(self, op: Operation) -> Outcome:
+    async def _poll(self, op: Operation) -> StatusOutcome:
         assert op.module is not None
         taken = False
         try:
             connector = self.connectors[op.module]
             try:
-                with fail_after(self.poll_timeout_s):
+                with fail_after(self.poll_timeout):
                     self._window.take()  # the start the cap counts: the connector's call
                     taken = True
                     with poll_span(op.id, op.traceparent):  # D10.6
@@ -295,19 +303,19 @@ class Poller:
             self._wake.set()
             self._slot_freed.set()
 
-    async def _record(self, op_id: str, doc: object) -> Outcome:
+    async def _record(self, op_id: str, doc: object) -> StatusOutcome:
         # Answers that arrive in the same loop turn are written by one task in one transaction
         # (Registry.polled_many): at 10,000 pending, a commit per poll was most of a poll's cost
         # once validation got cheap. The row's next poll is written before this poll leaves
         # ``_polling``, so the loop cannot start a second poll of it meanwhile.
-        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[StatusOutcome] = asyncio.get_running_loop().create_future()
         self._answers.append((op_id, doc, future))
         if self._writer is None:
             self._writer = asyncio.get_running_loop().create_task(self._write_answers())
         return await future
 
     async def _write_answers(self) -> None:
-        batch: list[tuple[str, object, asyncio.Future[Outcome]]] = []
+        batch: list[tuple[str, object, asyncio.Future[StatusOutcome]]] = []
         try:
             while self._answers:
                 batch, self._answers = self._answers, []
@@ -335,21 +343,21 @@ class Poller:
                 future.cancel()  # stopped mid-write: the polls are cancelled with it
             self._answers = []
 
-    async def _failed(self, op: Operation, code: str) -> Outcome:
+    async def _failed(self, op: Operation, code: str) -> StatusOutcome:
         # The same stretching cadence as a successful poll: a failing connector is not asked
         # more often than a slow one.
         delay = self.registry.policy.poll_delay_s(op.retry_after_s, op.attempts + 1)
         return await self.registry.poll_failed(op.id, delay, code)
 
-    async def poll_now(self, op_id: str) -> Outcome:
+    async def poll_now(self, op_id: str) -> StatusOutcome:
         """An operator's "poll now": under the same rate cap and module limit as the loop."""
         op = await self.registry.get(op_id)
         if op is None:
-            return Outcome(False, "not-found")
+            return StatusOutcome(False, "not-found")
         if op.terminal:
-            return Outcome(False, "terminal")
+            return StatusOutcome(False, "terminal")
         if op.module not in self.connectors:
-            return Outcome(False, "no-connector")
+            return StatusOutcome(False, "no-connector")
         while (
             op.id in self._polling
             or self._inflight[op.module] >= self.registry.policy.per_module_inflight
@@ -377,7 +385,7 @@ class Poller:
             return op.describe()
         await self.registry.mark_cancel_requested(op_id)
         try:
-            with fail_after(self.poll_timeout_s):
+            with fail_after(self.poll_timeout):
                 doc = await self.connectors[op.module].cancel(op)
         except PollRefused as exc:
             await self.registry.refuse(op_id, exc.code, str(exc))
@@ -388,6 +396,6 @@ class Poller:
         return fresh.describe()
 
 
-def _settle(future: asyncio.Future[Outcome], outcome: Outcome) -> None:
+def _settle(future: asyncio.Future[StatusOutcome], outcome: StatusOutcome) -> None:
     if not future.done():  # its poll may have been cancelled meanwhile
         future.set_result(outcome)

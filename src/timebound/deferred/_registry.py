@@ -12,13 +12,15 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .._core import _clock
 from .._core._deadline import Deadline
+from .._core._durations import Duration, to_ms, to_seconds
 from .._core._errors import TimeboundError
+from .._core._renamed import Renamed, renamed
 from .._store import Store, Tx, open_store
 from .._store._tally import read_off_loop
 from ..telemetry._durable import deferred_event
@@ -49,7 +51,7 @@ __all__ = [
     "Gone",
     "IdempotencyConflict",
     "Operation",
-    "Outcome",
+    "StatusOutcome",
     "Registry",
     "Resumption",
     "now_ms",
@@ -66,16 +68,16 @@ _COLUMNS = (
     "next_poll_ms, retry_after_s, attempts, status_href, cancel_href, cancel_reason, "
     "cancel_requested_ms, correlation_id, continuation_digest, resumed_ms, resume_error, "
     "last_error_code, result_digest, late_result_digest, status_digest, retain_until_ms, "
-    "traceparent"
+    "traceparent, expires_set_by"
 )
 
 
 def now_ms() -> int:
     """The current instant in epoch milliseconds (the durable form, D1.10)."""
-    return math.floor(_clock.wall() * 1000)
+    return _clock.wall_ms()
 
 
-class Outcome(NamedTuple):
+class StatusOutcome(NamedTuple):
     """What :meth:`Registry.apply_status` did: ``applied``, and the stable code of a rejection
     (or of an applied rewrite such as ``connector-expired``)."""
 
@@ -125,6 +127,9 @@ class Operation:
     connector_updated_ms: int | None
     #: The W3C trace context of the span that registered it, when spans are exported (D10.6).
     traceparent: str | None = None
+    #: Where its lifetime was set (D2.8): ``connector``, ``action``, ``caller`` or ``host
+    #: policy``; ``None`` for an operation registered before this was stored.
+    expires_set_by: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -140,6 +145,7 @@ class Operation:
             "created_at": format_time(self.created_ms),
             "updated_at": format_time(self.updated_ms),
             "expires_at": format_time(self.expires_ms),
+            "expires_set_by": self.expires_set_by,
             "next_poll_at": None if self.next_poll_ms is None else format_time(self.next_poll_ms),
             "attempts": self.attempts,
             "cancelable": self.cancel_href is not None,
@@ -326,6 +332,10 @@ class Registry(Continuations):
 
     # Creation ----------------------------------------------------------------------------
 
+    @renamed(
+        action_max_ttl_s=Renamed("action_max_ttl"),
+        preferred_retry_after_s=Renamed("preferred_retry_after"),
+    )
     async def register(
         self,
         doc: dict[str, Any],
@@ -334,16 +344,16 @@ class Registry(Continuations):
         idempotency_key: str | None = None,
         request: Any = None,
         continuation: dict[str, Any] | None = None,
-        action_max_ttl_s: float | None = None,
+        action_max_ttl: Duration | None = None,
         caller_deadline: Deadline | int | None = None,
-        preferred_retry_after_s: int | None = None,
+        preferred_retry_after: Duration | None = None,
     ) -> Operation:
         """Record an accepted ``deferred-operation.v1`` answer; return the stored operation.
 
         ``module`` names the connector the poller asks for status (``None``: this host serves
         the operation itself). The lifetime is the host policy's (D7.6): the connector's own
-        ``expires_at`` is only a hint, clamped by ``action_max_ttl_s``, the caller's deadline
-        and ``max_ttl_s``. ``preferred_retry_after_s`` (an action's profile) can only lengthen
+        ``expires_at`` is only a hint, clamped by ``action_max_ttl``, the caller's deadline
+        and ``max_ttl``. ``preferred_retry_after`` (an action's profile) can only lengthen
         the connector's first interval, which is clamped all the same. With
         ``idempotency_key``, the same key and request give the same operation; the same key
         and another request raise :class:`IdempotencyConflict`.
@@ -352,17 +362,18 @@ class Registry(Continuations):
         cont_text = None if continuation is None else check_continuation(continuation)
         at = now_ms()
         fail_after = (parse_time(doc["expires_at"]) - parse_time(doc["created_at"])) / 1000
-        life = self.policy.lifetime_s(
+        life, life_set_by = self.policy.lifetime_bound(
             at,
-            fail_after_s=fail_after,
-            action_max_ttl_s=action_max_ttl_s,
+            fail_after=fail_after,
+            action_max_ttl=action_max_ttl,
             caller_deadline=caller_deadline,
         )
         # The schema leaves the hint to the policy: anything but a positive integer is the
         # minimum, recorded as invalid-hint (D7.8).
         retry_after, valid = self.policy.check_retry_after(doc.get("retry_after_seconds"))
-        if preferred_retry_after_s is not None:
-            retry_after = self.policy.retry_after(max(retry_after, preferred_retry_after_s))
+        if preferred_retry_after is not None:
+            preferred = math.ceil(to_seconds(preferred_retry_after, option="preferred_retry_after"))
+            retry_after = self.policy.retry_after(max(retry_after, preferred))
         next_poll = None if module is None else at + self._poll_delay_ms(retry_after, 0)
         idem = None if idempotency_key is None else digest(["idempotency", idempotency_key])
         req = None if idempotency_key is None else digest(request)
@@ -388,8 +399,8 @@ class Registry(Continuations):
                 "INSERT INTO tb_deferred_ops (id, kind, module, status, created_ms, updated_ms, "
                 "expires_ms, next_poll_ms, retry_after_s, status_href, cancel_href, "
                 "cancel_reason, correlation_id, idem_digest, request_digest, continuation, "
-                "continuation_digest, status_digest, traceparent) "
-                "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "continuation_digest, status_digest, traceparent, expires_set_by) "
+                "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 op_id,
                 doc["operation/kind"],
                 module,
@@ -408,6 +419,7 @@ class Registry(Continuations):
                 None if continuation is None else digest(continuation),
                 None,
                 caller_traceparent(),
+                life_set_by,
             )
             await self._history(
                 tx, op_id, at, "pending", digest(doc), None if valid else "invalid-hint"
@@ -425,7 +437,15 @@ class Registry(Continuations):
         return math.ceil(self.policy.poll_delay_s(retry_after, polls) * 1000)
 
     async def _history(
-        self, tx: Tx, op_id: str, at: int, status: str, doc_digest: str | None, code: str | None
+        self,
+        tx: Tx,
+        op_id: str,
+        at: int,
+        status: str,
+        doc_digest: str | None,
+        code: str | None,
+        *,
+        lifetime: Mapping[str, Any] | None = None,
     ) -> None:
         await tx.execute(
             "INSERT INTO tb_deferred_history (op_id, at_ms, status, digest, code) "
@@ -437,11 +457,11 @@ class Registry(Continuations):
             code,
         )
         if enabled():  # heard by telemetry listeners once the commit succeeded (D10.3)
-            tx.announce(deferred_event(op_id, at, status, code))
+            tx.announce(deferred_event(op_id, at, status, code, lifetime=lifetime))
 
     # The state machine -------------------------------------------------------------------
 
-    async def apply_status(self, op_id: str, status_doc: object) -> Outcome:
+    async def apply_status(self, op_id: str, status_doc: object) -> StatusOutcome:
         """Apply a connector's status document under the host's rules (D7.2).
 
         Never raises for a bad document: a rejection keeps the old state, appends a history
@@ -451,14 +471,14 @@ class Registry(Continuations):
         async with self._store.transaction() as tx:
             row = await self._row(tx, op_id, lock=True)
             if row is None:
-                return Outcome(False, "not-found")
+                return StatusOutcome(False, "not-found")
             outcome, _ = await self._apply(tx, row, status_doc, at)
         self._changed()
         return outcome
 
     async def _apply(
         self, tx: Tx, row: dict[str, Any], doc: object, at: int
-    ) -> tuple[Outcome, str]:
+    ) -> tuple[StatusOutcome, str]:
         """Apply ``doc`` to ``row``; the outcome and the status the row has afterwards."""
         op_id: str = row["id"]
         status: str = row["status"]
@@ -466,23 +486,23 @@ class Registry(Continuations):
             validate_status(doc)
         except SchemaError:
             await self._history(tx, op_id, at, status, None, "schema")
-            return Outcome(False, "schema"), status
+            return StatusOutcome(False, "schema"), status
         assert isinstance(doc, dict)
         doc_digest = digest(doc)
         if doc["operation/id"] != op_id or doc["operation/kind"] != row["kind"]:
             await self._history(tx, op_id, at, status, doc_digest, "identity-mismatch")
-            return Outcome(False, "identity-mismatch"), status
+            return StatusOutcome(False, "identity-mismatch"), status
         new: str = doc["status"]
         if status in TERMINAL:
             if doc_digest == row["status_digest"]:
-                return Outcome(False, None), status
+                return StatusOutcome(False, None), status
             await self._history(tx, op_id, at, status, doc_digest, "terminal-conflict")
-            return Outcome(False, "terminal-conflict"), status
+            return StatusOutcome(False, "terminal-conflict"), status
         updated = parse_time(doc["updated_at"]) if "updated_at" in doc else None
         prior = row["connector_updated_ms"]
         if updated is not None and prior is not None and updated < prior:
             await self._history(tx, op_id, at, status, doc_digest, "stale-status")
-            return Outcome(False, "stale-status"), status
+            return StatusOutcome(False, "stale-status"), status
         if new == "completed" and at >= row["expires_ms"]:
             # Too late to resume anything: record the result's digest and expire (D7.2).
             await tx.execute(
@@ -492,10 +512,10 @@ class Registry(Continuations):
             )
             await self._history(tx, op_id, at, status, doc_digest, "late-completion")
             await self._expire(tx, row, at, "expired", "the operation's lifetime ended")
-            return Outcome(False, "late-completion"), "expired"
+            return StatusOutcome(False, "late-completion"), "expired"
         if status == "running" and new == "pending":
             await self._history(tx, op_id, at, status, doc_digest, "status-regression")
-            return Outcome(False, "status-regression"), status
+            return StatusOutcome(False, "status-regression"), status
         code: str | None = None
         error = doc.get("error")
         if new == "expired":  # only the host writes expired (D7.2)
@@ -524,14 +544,14 @@ class Registry(Continuations):
             None if result is None else _dump(result),
             None if result is None else digest(result),
             doc_digest,
-            at + self.policy.retain_s * 1000 if terminal else None,
+            at + self.policy.retain * 1000 if terminal else None,
             row["attempts"],
             op_id,
         )
         # A live operation's unusable hint is recorded (D7.8); an ended one is asked nothing more.
         noted = code or (None if valid or terminal else "invalid-hint")
         await self._history(tx, op_id, at, new, doc_digest, noted)
-        return Outcome(True, code), new
+        return StatusOutcome(True, code), new
 
     async def _expire(self, tx: Tx, row: dict[str, Any], at: int, code: str, message: str) -> None:
         error = _error(code, message)
@@ -542,14 +562,17 @@ class Registry(Continuations):
             at,
             _dump(error),
             code,
-            at + self.policy.retain_s * 1000,
+            at + self.policy.retain * 1000,
             row["id"],
         )
-        await self._history(tx, row["id"], at, "expired", None, code)
+        # The bound an expiry reports (D2.8): the row's lifetime and where it was set; a
+        # spent poll budget is no deadline.
+        lifetime = None if code == "poll-budget-exhausted" else row
+        await self._history(tx, row["id"], at, "expired", None, code, lifetime=lifetime)
 
     async def finish(
         self, op_id: str, status: str, *, result: Any = None, error: dict[str, Any] | None = None
-    ) -> Outcome:
+    ) -> StatusOutcome:
         """A host-served operation reaches ``status`` (``running`` or a terminal status).
 
         The document is built here and applied through the same state machine as a
@@ -582,7 +605,8 @@ class Registry(Continuations):
         done = 0
         async with self._store.transaction() as tx:
             rows = await tx.fetch(
-                "SELECT id, status FROM tb_deferred_ops WHERE status IN ('pending', 'running') "
+                "SELECT id, status, created_ms, expires_ms, expires_set_by FROM tb_deferred_ops "
+                "WHERE status IN ('pending', 'running') "
                 f"AND expires_ms <= ? ORDER BY expires_ms LIMIT ?{self._store.skip_locked()}",
                 at,
                 limit,
@@ -640,17 +664,19 @@ class Registry(Continuations):
             )
         return [_row_op(r) for r in rows]
 
-    async def poll_failed(self, op_id: str, delay_s: float, code: str) -> Outcome:
+    @renamed(delay_s=Renamed("delay"))
+    async def poll_failed(self, op_id: str, delay: Duration, code: str) -> StatusOutcome:
         """A transient poll failure: the status stays, an attempt is spent, the poll backs off.
 
         Out of attempts (``max_attempts``), the operation expires with
         ``poll-budget-exhausted`` (D7.3).
         """
+        delay_ms = to_ms(delay, option="delay")
         at = now_ms()
         async with self._store.transaction() as tx:
             row = await self._row(tx, op_id, lock=True)
             if row is None or row["status"] in TERMINAL:
-                return Outcome(False, None)
+                return StatusOutcome(False, None)
             attempts = row["attempts"] + 1
             await self._history(tx, op_id, at, row["status"], None, code)
             if self._out_of_attempts(attempts):
@@ -658,18 +684,18 @@ class Registry(Continuations):
                     "UPDATE tb_deferred_ops SET attempts = ? WHERE id = ?", attempts, op_id
                 )
                 await self._expire(tx, row, at, "poll-budget-exhausted", "no poll attempts left")
-                return Outcome(True, "poll-budget-exhausted")
+                return StatusOutcome(True, "poll-budget-exhausted")
             await tx.execute(
                 "UPDATE tb_deferred_ops SET attempts = ?, next_poll_ms = ?, last_error_code = ? "
                 "WHERE id = ?",
                 attempts,
-                at + math.ceil(delay_s * 1000),
+                at + delay_ms,
                 code,
                 op_id,
             )
-        return Outcome(True, code)
+        return StatusOutcome(True, code)
 
-    async def refuse(self, op_id: str, code: str, message: str) -> Outcome:
+    async def refuse(self, op_id: str, code: str, message: str) -> StatusOutcome:
         """A connector answered something the host refuses outright (an href to another origin,
         D7.12; an answer past the byte cap, D6.21): the operation fails with ``code``, through
         the same state machine as a connector's own ``failed``."""
@@ -677,7 +703,7 @@ class Registry(Continuations):
         async with self._store.transaction() as tx:
             row = await self._row(tx, op_id, lock=True)
             if row is None or row["status"] in TERMINAL:
-                return Outcome(False, None)
+                return StatusOutcome(False, None)
             doc = {
                 "schema": STATUS_SCHEMA,
                 "schema/v": 1,
@@ -689,19 +715,19 @@ class Registry(Continuations):
             }
             outcome, _ = await self._apply(tx, row, doc, at)
         self._changed()
-        return Outcome(outcome.applied, code)
+        return StatusOutcome(outcome.applied, code)
 
     def _out_of_attempts(self, attempts: int) -> bool:
         cap = self.policy.max_attempts
         return cap is not None and attempts >= cap
 
-    async def polled(self, op_id: str, status_doc: object, *, resume: bool = True) -> Outcome:
+    async def polled(self, op_id: str, status_doc: object, *, resume: bool = True) -> StatusOutcome:
         """Apply the status a poll returned and count the attempt (the poller's path)."""
         return (await self.polled_many([(op_id, status_doc)], resume=resume))[0]
 
     async def polled_many(
         self, answers: list[tuple[str, object]], *, resume: bool = True
-    ) -> list[Outcome]:
+    ) -> list[StatusOutcome]:
         """:meth:`polled` for a round of answers, in one transaction: one commit (and, with
         ``synchronous=FULL``, one fsync) per round instead of one per poll.
 
@@ -713,7 +739,7 @@ class Registry(Continuations):
         """
         at = now_ms()
         order = sorted(range(len(answers)), key=lambda i: answers[i][0])
-        outcomes: list[Outcome] = [Outcome(False, None)] * len(answers)
+        outcomes: list[StatusOutcome] = [StatusOutcome(False, None)] * len(answers)
         async with self._store.transaction() as tx:
             for i in order:
                 op_id, doc = answers[i]
@@ -723,10 +749,10 @@ class Registry(Continuations):
         self._changed()
         return outcomes
 
-    async def _polled(self, tx: Tx, op_id: str, status_doc: object, at: int) -> Outcome:
+    async def _polled(self, tx: Tx, op_id: str, status_doc: object, at: int) -> StatusOutcome:
         row = await self._row(tx, op_id, lock=True)
         if row is None:
-            return Outcome(False, "not-found")
+            return StatusOutcome(False, "not-found")
         attempts = row["attempts"] + 1
         row = {**row, "attempts": attempts}
         outcome, status = await self._apply(tx, row, status_doc, at)
@@ -738,7 +764,7 @@ class Registry(Continuations):
         if status not in TERMINAL:
             if self._out_of_attempts(attempts):
                 await self._expire(tx, row, at, "poll-budget-exhausted", "no poll attempts left")
-                outcome = Outcome(outcome.applied, "poll-budget-exhausted")
+                outcome = StatusOutcome(outcome.applied, "poll-budget-exhausted")
             elif not outcome.applied:
                 # A rejected answer is not progress: poll again after the clamped interval.
                 await tx.execute(

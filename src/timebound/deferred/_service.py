@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -17,7 +18,9 @@ from typing import Any
 
 from .._core._classify import classify
 from .._core._deadline import Deadline
-from .._core._errors import DeadlineExceeded, TimeboundError
+from .._core._durations import Duration, to_seconds
+from .._core._errors import ConfigurationError, DeadlineExceeded, TimeboundError
+from .._core._renamed import Renamed, renamed
 from .._core._scopes import fail_at
 from ._contract import OPERATION_SCHEMA, format_time
 from ._registry import Registry, now_ms
@@ -57,6 +60,17 @@ class _Offer:
     cancelable: bool
 
 
+def _whole_seconds(name: str, value: Duration) -> int:
+    """A span the document carries in whole seconds (``retry_after_seconds``, the lifetime)."""
+    seconds = to_seconds(value, option=name, allow_zero=False)
+    if not seconds.is_integer():
+        raise ConfigurationError(
+            f"Service.operation({name}=...) takes whole seconds (such as 1, '2min'), not {value!r}",
+            option=name,
+        )
+    return int(seconds)
+
+
 class Service:
     """A set of deferred operations served from ``registry`` (mount :func:`status_app`).
 
@@ -71,28 +85,44 @@ class Service:
         self._offers: dict[str, _Offer] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
+    @renamed(retry_after_s=Renamed("retry_after"), ttl_s=Renamed("ttl"))
     def operation(
-        self, kind: str, *, retry_after_s: int = 1, ttl_s: int = 900, cancelable: bool = True
+        self,
+        kind: str,
+        *,
+        retry_after: Duration = 1,
+        ttl: Duration = 900,
+        cancelable: bool = True,
     ) -> Callable[[Work], Work]:
-        """Offer the decorated ``async def work(payload) -> result`` as operation ``kind``."""
+        """Offer the decorated ``async def work(payload) -> result`` as operation ``kind``.
+
+        ``retry_after`` (the interval its answers suggest) and ``ttl`` (its lifetime) are
+        durations of whole seconds, as the ``deferred-operation.v1`` document carries them."""
+        offer_retry = _whole_seconds("retry_after", retry_after)
+        offer_ttl = _whole_seconds("ttl", ttl)
 
         def register(work: Work) -> Work:
             if kind in self._offers:
                 raise ValueError(f"operation kind {kind!r} is already offered")
-            self._offers[kind] = _Offer(work, retry_after_s, ttl_s, cancelable)
+            self._offers[kind] = _Offer(work, offer_retry, offer_ttl, cancelable)
             return work
 
         return register
 
+    @renamed(wait_s=Renamed("wait"))
     async def start(
         self,
         kind: str,
         payload: Any,
         *,
         idempotency_key: str | None = None,
-        wait_s: int | None = None,
+        wait: Duration | None = None,
     ) -> dict[str, Any]:
-        """Accept work of ``kind``; return its ``deferred-operation.v1`` document at once."""
+        """Accept work of ``kind``; return its ``deferred-operation.v1`` document at once.
+
+        ``wait`` (the caller's ``Prefer: wait``) shortens the operation's lifetime to at most
+        that, rounded up to whole seconds."""
+        wait_s = None if wait is None else math.ceil(to_seconds(wait, option="wait"))
         offer = self._offers.get(kind)
         if offer is None:
             raise UnknownKind(kind)

@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .._core._classify import bound_origin
-from .._core._errors import DeadlineExceeded, InvalidInput, _format_seconds
+from .._core._durations import format_duration
+from .._core._errors import DeadlineExceeded, InvalidInput
 
 __all__ = ["CODES", "CompileError", "Diagnostic", "format_diagnostic", "format_failure"]
 
@@ -100,7 +101,7 @@ def format_failure(exc: BaseException, source: str, filename: str = "<source>") 
     if isinstance(exc, DeadlineExceeded) and bound_origin(exc.source) == "own":
         lines.append(f"  Module: {site.module}")
         if exc.timeout is not None:
-            lines.append(f"  Timeout: {_format_seconds(exc.timeout)}")
+            lines.append(f"  Timeout: {format_duration(exc.timeout)}")
         lines.append("  Hint: raise the timeout, or give the call a fallback")
     return "\n".join(lines)
 

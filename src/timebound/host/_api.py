@@ -111,7 +111,9 @@ def _query(request: Request, allowed: set[str]) -> dict[str, str]:
 
 #: The run list's filters besides status and definition (D8.20).
 LIST_FILTERS = ("bound", "since", "until", "q", "input")
-BOUNDS = ("any", "workflow", "execution", "synchronization")
+BOUNDS = ("any", "workflow", "node", "synchronization")
+#: Filter values accepted under an old name (D2.7): answered with a ``Deprecation`` header.
+DEPRECATED_BOUNDS = {"execution": "node"}
 
 
 def _instant(params: dict[str, str], name: str) -> int | None:
@@ -153,6 +155,7 @@ async def list_page(host: Host, params: dict[str, str]) -> tuple[list[dict[str, 
     if status is not None and status not in _RUN_STATUSES:
         raise Problem(400, f"status: {status!r} is not one of {list(_RUN_STATUSES)}")
     bound = params.get("bound") or None
+    bound = DEPRECATED_BOUNDS.get(bound, bound) if bound is not None else None
     if bound is not None and bound not in BOUNDS:
         raise Problem(400, f"bound: {bound!r} is not one of {list(BOUNDS)}")
     after = decode_cursor(params["cursor"]) if params.get("cursor") else None
@@ -246,9 +249,18 @@ async def start_run(request: Request) -> Response:
 
 
 async def list_runs(request: Request) -> Response:
-    page, cursor = await list_page(
-        _host(request), _query(request, {"status", "definition", "cursor", *LIST_FILTERS})
-    )
+    params = _query(request, {"status", "definition", "cursor", *LIST_FILTERS})
+    page, cursor = await list_page(_host(request), params)
+    old = params.get("bound", "")
+    if old in DEPRECATED_BOUNDS:
+        # RFC 9745's header, and a Warning-like note a person reading the answer sees.
+        return JSONResponse(
+            {"runs": page, "next_cursor": cursor},
+            headers={
+                "Deprecation": "true",
+                "X-Timebound-Deprecated": f"bound={old} is now bound={DEPRECATED_BOUNDS[old]}",
+            },
+        )
     return JSONResponse({"runs": page, "next_cursor": cursor})
 
 

@@ -160,7 +160,7 @@ def create_app(host: Host) -> ASGIApp:
             yield
         finally:
             try:
-                await host.engine.close(drain_s=host.config.drain_s)
+                await host.engine.close(drain=host.config.drain)
             finally:
                 await host.aclose_connectors()
 

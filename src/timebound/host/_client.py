@@ -22,15 +22,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import time
 from collections.abc import AsyncIterator, Iterator
-from datetime import timedelta
 from types import TracebackType
 from typing import Any, Self, cast
 
 import httpx
 
-from .._core._durations import Duration
+from .._core import _clock
+from .._core._deadline import Deadline
+from .._core._durations import Duration, to_seconds
 from .._core._scopes import acheckpoint, checkpoint, remaining
 from ..propagation.httpx import AsyncDeadlineTransport, DeadlineTransport
 from ._wire import (
@@ -117,7 +117,7 @@ class Client:
     """A synchronous client of a timebound host.
 
     ``url`` defaults to ``TIMEBOUND_URL`` (else ``http://127.0.0.1:8080``), ``token`` to
-    ``TIMEBOUND_TOKEN``; ``timeout`` bounds each call (seconds; the calling code's deadline
+    ``TIMEBOUND_TOKEN``; ``timeout`` bounds each call (a duration; the calling code's deadline
     bounds it further). ``transport`` replaces the network (tests); it is wrapped in the
     deadline transport all the same.
     """
@@ -127,14 +127,14 @@ class Client:
         url: str | None = None,
         *,
         token: str | None = None,
-        timeout: float = 30.0,
+        timeout: Duration = 30.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self.url, headers = _base(url, token)
         self._http = httpx.Client(
             base_url=self.url,
             headers=headers,
-            timeout=timeout,
+            timeout=to_seconds(timeout, option="timeout", allow_zero=False),
             transport=DeadlineTransport(transport, what="timebound host call"),
         )
 
@@ -159,13 +159,14 @@ class Client:
         definition_id: str,
         input: Any = None,
         *,
-        deadline: float | timedelta | None = None,
+        deadline: Deadline | Duration | None = None,
         idempotency_key: str | None = None,
         run_id: str | None = None,
     ) -> str:
         """Start a run of ``definition_id``'s latest version; its id. A lost answer is asked
         again under the same idempotency key, which returns the same run (never a second one).
-        ``deadline`` (seconds or a timedelta) bounds the run below its definition's timeout."""
+        ``deadline`` (a duration such as ``"30s"``, seconds, a timedelta, or a
+        :class:`~timebound.Deadline`) bounds the run below its definition's timeout."""
         call = calls.start(
             definition_id, input, deadline=deadline, idempotency_key=idempotency_key, run_id=run_id
         )
@@ -224,7 +225,7 @@ class Client:
         operator: str | None = None,
     ) -> dict[str, Any]:
         """Move the run's deadline (or ``node``'s live tokens') later by ``by`` (seconds, a
-        timedelta or ``"5min"``), within the host's ``max_extension_s``; refusals are
+        timedelta or ``"5min"``), within the host's ``max_extension``; refusals are
         :class:`HostConflict`\\ s with codes such as ``over-cap`` or ``run-ended`` (D6.27)."""
         call = calls.extend_run(run_id, by, reason, node, operator)
         return cast(dict[str, Any], self._send(call))
@@ -251,7 +252,7 @@ class Client:
                         break
             left = _left_after_cut(state)
             if left is not None:
-                time.sleep(left)
+                _clock.sleep(left)
             checkpoint()
 
     def wait(self, run_id: str) -> RunDetail:
@@ -297,14 +298,14 @@ class AsyncClient:
         url: str | None = None,
         *,
         token: str | None = None,
-        timeout: float = 30.0,
+        timeout: Duration = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.url, headers = _base(url, token)
         self._http = httpx.AsyncClient(
             base_url=self.url,
             headers=headers,
-            timeout=timeout,
+            timeout=to_seconds(timeout, option="timeout", allow_zero=False),
             transport=AsyncDeadlineTransport(transport, what="timebound host call"),
         )
 
@@ -327,7 +328,7 @@ class AsyncClient:
         definition_id: str,
         input: Any = None,
         *,
-        deadline: float | timedelta | None = None,
+        deadline: Deadline | Duration | None = None,
         idempotency_key: str | None = None,
         run_id: str | None = None,
     ) -> str:

@@ -11,13 +11,15 @@ import ipaddress
 import math
 import re
 import tomllib
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .._core._durations import to_seconds
+from .._core._durations import format_duration, to_seconds
 from .._core._errors import ConfigurationError
+from .._core._renamed import Renamed, renamed
 
 __all__ = ["Config", "ConfigError", "load_config"]
 
@@ -49,12 +51,14 @@ class Config:
     port: int = 8080
     token: str | None = field(default=None, repr=False)  # never printed
     max_body_bytes: int = 1_048_576
-    # On SIGTERM: how long in-flight requests, then in-flight actions, may take to finish.
-    drain_s: float = 10.0
+    # On SIGTERM: how long in-flight requests, then in-flight actions, may take to finish
+    # (a duration; read back as seconds).
+    drain: float = 10.0
     # D8.13: runs that ended longer ago than this (seconds) are pruned; math.inf keeps them all.
     retain: float = 7 * 86_400.0
-    # D8.20: the most an operator may extend one run's deadlines, all extensions together.
-    max_extension_s: float = 86_400.0
+    # D8.20: the most an operator may extend one run's deadlines, all extensions together (a
+    # duration; read back as seconds).
+    max_extension: float = 86_400.0
     page_size: int = 50
     # False: serve the API and UI only; `timebound worker` processes on the shared store do the
     # work (a one-process SQLite store is refused, nothing else could run its runs).
@@ -64,9 +68,58 @@ class Config:
     # D8.9: proxies (addresses or networks) whose X-Forwarded-For/-Proto the host believes.
     forwarded_allow_ips: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        # A duration given in Python ("30s", a timedelta) is kept as the seconds it means (D1.11).
+        for name in _SPANS:
+            object.__setattr__(self, name, _span(name, getattr(self, name), f"Config({name}=…)"))
+
     @property
     def loopback(self) -> bool:
         return _is_loopback(self.host)
+
+    # The old names, read for one release (D1.12).
+    @property
+    def drain_s(self) -> float:
+        _warn_old("Config.drain_s", "Config.drain")
+        return self.drain
+
+    @property
+    def max_extension_s(self) -> float:
+        _warn_old("Config.max_extension_s", "Config.max_extension")
+        return self.max_extension
+
+
+Config.__init__ = renamed(  # type: ignore[method-assign]
+    drain_s=Renamed("drain"), max_extension_s=Renamed("max_extension")
+)(Config.__init__)
+
+#: The spans of the configuration and the longest each may be (seconds).
+_SPANS = {"drain": 3600.0, "max_extension": 31_536_000.0}
+#: Keys (TOML, ``TIMEBOUND_*``, options) renamed by D1.11, accepted with a warning for one release.
+_OLD_KEYS = {"drain_s": "drain", "max_extension_s": "max_extension"}
+
+
+def _warn_old(old: str, new: str) -> None:
+    warnings.warn(
+        f"{old} is deprecated; use {new} (a duration such as '30s', seconds or a timedelta)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+
+
+def _span(name: str, value: Any, where: str) -> float:
+    """A span of the configuration: a duration from 0 up to its limit, as seconds."""
+    high = _SPANS[name]
+    try:
+        seconds = to_seconds(value, option=name)
+    except ConfigurationError:
+        seconds = math.nan
+    if not 0 <= seconds <= high:
+        raise ConfigError(
+            f"{where}: expected a duration in [0s, {format_duration(high)}] such as 30s or "
+            f"2min (a number is seconds), got {value!r}"
+        )
+    return seconds
 
 
 def _is_loopback(host: str) -> bool:
@@ -135,22 +188,13 @@ def _coerce(name: str, value: Any, source: str) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: expected true or false, got {value!r}")
         return value
-    if name == "max_extension_s":
-        try:
-            seconds = float(value) if not isinstance(value, bool) else -1.0
-        except (TypeError, ValueError):
-            seconds = -1.0
-        if not 0 <= seconds <= 31_536_000:
-            raise ConfigError(f"{where}: expected seconds in [0, 31536000], got {value!r}")
-        return seconds
-    if name == "drain_s":
-        try:
-            seconds = float(value) if not isinstance(value, bool) else -1.0
-        except (TypeError, ValueError):
-            seconds = -1.0
-        if not 0 <= seconds <= 3600:
-            raise ConfigError(f"{where}: expected seconds in [0, 3600], got {value!r}")
-        return seconds
+    if name in _SPANS:
+        if isinstance(value, str):
+            try:  # a number of seconds, as the environment and the command line give it
+                value = float(value)
+            except ValueError:
+                pass  # a duration string such as "30s"
+        return _span(name, value, where)
     if name == "retain":
         return _retention(value, where)
     if not isinstance(value, str) or not value:
@@ -210,7 +254,7 @@ def load_config(
 ) -> Config:
     """Merge the TOML file's ``[host]`` table, then ``TIMEBOUND_*`` variables, then ``options``
     (command-line values; ``None`` means "not given"), and check the result (D8.1)."""
-    names = {f.name for f in fields(Config)} | {"token_file"}
+    names = {f.name for f in fields(Config)} | {"token_file"} | set(_OLD_KEYS)
     values: dict[str, Any] = {}
     layers: list[tuple[str, Mapping[str, Any]]] = []
     if config_file is not None:
@@ -243,6 +287,12 @@ def load_config(
         layers.append(("command line", {k: v for k, v in options.items() if v is not None}))
     for source, layer in layers:
         for name, value in layer.items():
+            if name in _OLD_KEYS:
+                new_name = _OLD_KEYS[name]
+                _warn_old(f"{name} ({source})", new_name)
+                if new_name in layer:
+                    raise ConfigError(f"{name} ({source}): give {new_name} only, not both")
+                name = new_name
             if name == "token_file":
                 values["token"] = _read_token_file(_coerce(name, value, source), source)
             elif name == "token":

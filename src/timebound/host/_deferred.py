@@ -70,10 +70,12 @@ def _poller(host: Host, op: Any) -> Any:
 async def _operation(host: Host, op_id: str) -> Any:
     try:
         op = await host.engine.deferred_registry.get(op_id)
-    except Gone:
-        raise Problem(410, f"deferred operation {op_id!r} is no longer retained") from None
+    except Gone as exc:
+        raise Problem(
+            410, f"deferred operation {op_id!r} is no longer retained", code=exc.code
+        ) from None
     if op is None:
-        raise Problem(404, f"no deferred operation {op_id!r}")
+        raise Problem(404, f"no deferred operation {op_id!r}", code="unknown-operation")
     return op
 
 

@@ -158,7 +158,7 @@ class Host:
             worker=config.worker,
             deferred_connectors=connectors,
             retain=None if math.isinf(config.retain) else config.retain,  # D8.13
-            max_extension=config.max_extension_s,
+            max_extension=config.max_extension,
         )
         return cls(config, engine, load_definitions(engine, config.workflows), connectors)
 

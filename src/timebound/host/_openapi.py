@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._version import __version__
-from ._api import _RUN_STATUSES, BOUNDS, MAX_DEADLINE_MS
+from ._api import _RUN_STATUSES, BOUNDS, DEPRECATED_BOUNDS, MAX_DEADLINE_MS
 from ._deferred import DEFERRED_STATUSES
 
 __all__ = ["openapi"]
@@ -127,7 +127,7 @@ def _operator_paths() -> dict[str, Any]:
             "post": _op(
                 "extendRun",
                 "Move the run's deadline (or a live node's) later by by_ms, within the host's "
-                "max_extension_s for the run",
+                "max_extension for the run",
                 "200",
                 parameters=[_path_param("run_id")],
                 requestBody=_action_body(
@@ -236,7 +236,13 @@ def openapi() -> dict[str, Any]:
                         {
                             "name": "bound",
                             "in": "query",
-                            "schema": {"type": "string", "enum": ["", *BOUNDS]},
+                            "description": "the layer of a bound that fired for good; "
+                            "execution is the deprecated name of node (answered with a "
+                            "Deprecation header)",
+                            "schema": {
+                                "type": "string",
+                                "enum": ["", *BOUNDS, *DEPRECATED_BOUNDS],
+                            },
                         },
                         *(
                             {

@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+from .._core._durations import format_duration
 from ._timeline import lay_out
 
 __all__ = ["human_ms", "iso", "lanes_of", "pending", "actions_for"]
@@ -15,20 +16,12 @@ _LIVE = ("pending", "dispatched", "executing")
 
 
 def human_ms(ms: float | None) -> str:
-    """A duration as read: ``850 ms``, ``4.2 s``, ``3 min 4 s``, ``2 h 5 min``, ``3 d 4 h``."""
+    """A stored duration in ms as the page shows it: the one duration text of
+    :func:`~timebound._core._durations.format_duration` (``850ms``, ``4.2s``, ``3min 4s``);
+    nothing for ``None``."""
     if ms is None:
         return ""
-    ms = max(int(ms), 0)
-    if ms < 1000:
-        return f"{ms} ms"
-    if ms < 60_000:
-        return f"{ms / 1000:.1f} s".replace(".0 s", " s")
-    s = ms // 1000
-    if s < 3600:
-        return f"{s // 60} min {s % 60} s"
-    if s < 86_400:
-        return f"{s // 3600} h {s % 3600 // 60} min"
-    return f"{s // 86_400} d {s % 86_400 // 3600} h"
+    return format_duration(max(ms, 0) / 1000)
 
 
 def iso(ms: int | None) -> str:

@@ -128,7 +128,7 @@ def check_sqlite_directory(db: str) -> None:
 
 def serve(config: Config, host: Host | None = None, out: TextIO = sys.stdout) -> None:
     """Serve until SIGINT/SIGTERM; then stop claiming work and accepting connections, let
-    in-flight requests finish for up to ``config.drain_s`` seconds, then in-flight actions for up
+    in-flight requests finish for up to ``config.drain``, then in-flight actions for up
     to as long again, and close the engine (what is left is cancelled: its tokens go back to
     ``pending`` with their deadlines kept, so the next start resumes them)."""
     host = host or Host.build(config)
@@ -155,7 +155,7 @@ def serve(config: Config, host: Host | None = None, out: TextIO = sys.stdout) ->
             create_app(host),
             lifespan="on",
             log_level="info",
-            timeout_graceful_shutdown=math.ceil(config.drain_s),
+            timeout_graceful_shutdown=math.ceil(config.drain),
             # Our own problem documents answer errors; uvicorn's server header says nothing useful.
             server_header=False,
             # D8.9: X-Forwarded-For/-Proto are believed from the configured proxies only (uvicorn

@@ -15,6 +15,7 @@ _TIMEOUT_FIELDS = (
     "timeout_type",
     "timeout_duration_ms",
     "bound_set_by",
+    "bound_set_by_id",
     "policy_applied",
     "deadline_at",
     "detection_lag_ms",
@@ -22,7 +23,7 @@ _TIMEOUT_FIELDS = (
 
 
 def timeouts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every timeout of the run, with its layer (workflow, execution, synchronization...)."""
+    """Every timeout of the run, with its layer (workflow, node, synchronization)."""
     return [
         {"kind": e["kind"], "at_epoch_ms": e["at_epoch_ms"]}
         | {k: e[k] for k in _TIMEOUT_FIELDS if k in e}

@@ -26,7 +26,7 @@ from starlette.types import Message
 
 from .._core import _clock
 from .._core._body import TooLarge, declared_too_large, read_capped
-from ._api import BOUNDS, LIST_FILTERS, decode_cursor, list_page, run_detail
+from ._api import BOUNDS, DEPRECATED_BOUNDS, LIST_FILTERS, decode_cursor, list_page, run_detail
 from ._deferred import DEFERRED_STATUSES, cancel_now, deferred_detail, deferred_list, poll_now
 from ._host import Host
 from ._problems import Problem
@@ -186,7 +186,12 @@ async def runs_page(request: Request) -> Response:
             "definitions": sorted(_host(request).definitions),
             "statuses": ["running", "completed", "failed", "timed_out", "cancelled"],
             "bounds": BOUNDS,
-            "filters": {k: params.get(k, "") for k in LIST_FILTERS},
+            # An old link's bound=execution selects its new name, node (D2.7).
+            "filters": {
+                k: DEPRECATED_BOUNDS.get(v, v) if k == "bound" else v
+                for k in LIST_FILTERS
+                for v in (params.get(k, ""),)
+            },
             "now_ms": _clock.wall_ms(),
         },
     )
@@ -242,7 +247,7 @@ async def run_page(request: Request) -> Response:
             "actions": actions_for(run, detail["tokens"]),
             "waits": children,
             "traces": {t["id"] for t in detail["tokens"] if _is_trace(t["output"])},
-            "max_extension_s": host.config.max_extension_s,
+            "max_extension_s": host.config.max_extension,
             "fragment": request.query_params.get("part") == "live",
         },
     )

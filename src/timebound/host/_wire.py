@@ -10,15 +10,14 @@ client cannot drift from the API without a failing test.
 from __future__ import annotations
 
 import json
-import math
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import Any, TypedDict
 from urllib.parse import quote
 
-from .._core._durations import Duration, to_seconds
+from .._core._deadline import Deadline
+from .._core._durations import Duration, to_ms
 from .._core._errors import InvalidInput, TimeboundError
 
 __all__ = [
@@ -274,21 +273,22 @@ def _filters(**given: str | None) -> dict[str, str]:
     return {k: v for k, v in given.items() if v}
 
 
-def _deadline_ms(deadline: float | timedelta | None) -> int | None:
+def _deadline_ms(deadline: Deadline | Duration | None) -> int | None:
+    """A start's bound for the wire (D1.11): a duration from now, or a :class:`Deadline` (its
+    time left, rounded up to whole ms, D1.13); ``None`` and ``Deadline.never()`` send none."""
     if deadline is None:
         return None
-    seconds = deadline.total_seconds() if isinstance(deadline, timedelta) else float(deadline)
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise InvalidInput(f"deadline: expected a positive duration, got {deadline!r}")
-    return max(1, math.ceil(seconds * 1000))
+    if isinstance(deadline, Deadline):
+        ms = deadline.to_timeout_ms()
+        if ms is not None and ms <= 0:
+            raise InvalidInput("deadline: that Deadline has already passed")
+        return ms
+    return max(1, to_ms(deadline, option="deadline", allow_zero=False))
 
 
 def _by_ms(by: Duration) -> int:
     """An extension as whole milliseconds, rounded up (never shorter than asked, D6.27)."""
-    seconds = to_seconds(by, option="by", allow_zero=False)
-    if not math.isfinite(seconds):
-        raise InvalidInput(f"by: expected a finite duration, got {by!r}")
-    return max(1, math.ceil(seconds * 1000))
+    return max(1, to_ms(by, option="by", allow_zero=False))
 
 
 def _action(reason: str, operator: str | None, **fields: Any) -> dict[str, Any]:
@@ -309,7 +309,7 @@ class calls:
         definition_id: str,
         input: Any,
         *,
-        deadline: float | timedelta | None,
+        deadline: Deadline | Duration | None,
         idempotency_key: str | None,
         run_id: str | None,
     ) -> Call:

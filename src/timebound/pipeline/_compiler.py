@@ -32,7 +32,7 @@ def compile(plan: Plan) -> Artifact:
     }
     artifact = Artifact(doc, fragments)
     check_schema({**artifact.plan, "fragments": artifact.fragments})
-    validate(artifact, plan.registry)
+    validate(artifact, plan.catalog)
     return artifact
 
 

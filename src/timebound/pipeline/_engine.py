@@ -2,11 +2,8 @@
 
 The plan's chain becomes executor nodes whose dependencies follow the data (a node waits for
 the nodes that write what it reads or writes, and for every rowset-changing op); a wrapper
-branch runs its steps in order; each
-``timeout_wrapper`` becomes an executor group that owns the region deadline (source
-``region``), opens a copy-on-write overlay when it is entered, commits it when every member
-finished in time, and on its own timeout rolls back and fails the plan or runs the fail branch
-(RFC 0002 §5.6, D5).
+branch runs its steps in order; each ``timeout_wrapper`` becomes an executor group that owns the
+region deadline, its transaction and its fallback (``_region.py``, D5).
 """
 
 from __future__ import annotations
@@ -14,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
+import warnings
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -30,13 +28,14 @@ from ..telemetry._tracing import run_span
 from . import _expr
 from ._artifact import Artifact
 from ._bounded import await_abandonable, run_in_worker
-from ._errors import PlanTimeout, TaskError, ValidationError
-from ._model import Registry, TaskSpec, evaluate
+from ._errors import TaskError, ValidationError
+from ._model import Catalog, TaskSpec, deprecated_registry, evaluate, renamed_catalog
+from ._region import RegionState, region_group
 from ._rowset import RowSet
 from ._trace import Trace
 from ._validate import SUPPORTED_CAPABILITIES, Checked, check_params, task_known, validate
 
-__all__ = ["Engine", "Result", "TaskContext"]
+__all__ = ["Engine", "RunOutput", "TaskContext"]
 
 _BARRIERS = ("filter", "sort", "take", "dedupe", "timeout_wrapper")
 
@@ -44,7 +43,7 @@ _BARRIERS = ("filter", "sort", "take", "dedupe", "timeout_wrapper")
 class TaskContext:
     """What a task sees: ``params`` (its arguments and the resolved params), ``deadline`` (its
     effective deadline: the minimum of its own budget, its region's and every enclosing one),
-    ``nrows``, :meth:`time_remaining_ms` and :meth:`check`."""
+    ``nrows``, :meth:`remaining` and :meth:`check`."""
 
     __slots__ = ("deadline", "nrows", "params")
 
@@ -53,7 +52,19 @@ class TaskContext:
         self.deadline = deadline
         self.nrows = nrows
 
+    def remaining(self) -> float:
+        """Seconds left before the task's deadline (``math.inf`` without one), as
+        :meth:`Deadline.remaining <timebound.Deadline.remaining>` counts them."""
+        return self.deadline.remaining()
+
     def time_remaining_ms(self) -> float:
+        """Deprecated (D1.12): milliseconds left; use :meth:`remaining` (seconds)."""
+        warnings.warn(
+            "TaskContext.time_remaining_ms() is deprecated; use TaskContext.remaining() "
+            "(seconds, as Deadline.remaining())",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return self.deadline.remaining() * 1000.0
 
     def check(self) -> None:
@@ -62,8 +73,9 @@ class TaskContext:
 
 
 @dataclass(frozen=True)
-class Result:
-    """A finished run: ``rows`` (active rows, in order) and its ``trace``."""
+class RunOutput:
+    """A finished run: ``rows`` (active rows, in order) and its ``trace``. (It was called
+    ``Result``, a name :data:`timebound.policies.Result` also has.)"""
 
     rows: pa.Table
     trace: Trace
@@ -81,19 +93,10 @@ class _Run:
         self.values: Mapping[str, Any] = MappingProxyType({p: v for p, (v, _) in params.items()})
         self.trace = trace
         self.base = _clock.now()
-        self.wrappers: dict[str, _WrapperState] = {}
+        self.wrappers: dict[str, RegionState] = {}
 
     def ms(self, t: float) -> float:
         return (t - self.base) * 1000.0
-
-
-@dataclass
-class _WrapperState:
-    start: float
-    timeout_ms: float
-    index: Any
-    nrows: int
-    depth: int  # the overlay this wrapper opened
 
 
 @dataclass
@@ -106,7 +109,7 @@ class _Compiled:
 
 
 class Engine:
-    """Runs artifacts against ``registry``'s tasks. ``env`` is ``"prod"`` or ``"dev"`` (D5.6);
+    """Runs artifacts against ``catalog``'s tasks. ``env`` is ``"prod"`` or ``"dev"`` (D5.6);
     ``capabilities`` restricts what the engine enables (default: everything it supports).
 
     Validated plans are cached on the engine, keyed by plan digest and capabilities digest
@@ -115,14 +118,16 @@ class Engine:
 
     def __init__(
         self,
-        registry: Registry,
+        catalog: Catalog | None = None,
         *,
         env: Literal["prod", "dev"] = "prod",
         capabilities: Collection[str] | None = None,
         plan_cache_size: int = 128,
+        registry: Catalog | None = None,
     ) -> None:
-        if not isinstance(registry, Registry):
-            raise ConfigurationError(f"registry must be a pl.Registry, got {registry!r}")
+        catalog = renamed_catalog(catalog, registry, "Engine")
+        if not isinstance(catalog, Catalog):
+            raise ConfigurationError(f"catalog must be a pl.Catalog, got {catalog!r}")
         if env not in ("prod", "dev"):
             raise ConfigurationError(f"env must be 'prod' or 'dev', got {env!r}", option="env")
         if isinstance(capabilities, str):
@@ -134,7 +139,7 @@ class Engine:
             raise ConfigurationError("plan_cache_size must be an integer", option="plan_cache_size")
         if plan_cache_size < 1:
             raise ConfigurationError("plan_cache_size must be >= 1", option="plan_cache_size")
-        self.registry = registry
+        self.catalog = catalog
         self.env = env
         self._cache_size = plan_cache_size
         self.capabilities = frozenset(
@@ -146,6 +151,11 @@ class Engine:
         self._cache: dict[tuple[str, str], _Compiled] = {}
         #: Tasks this engine's runs stopped waiting for while they still ran (D5.7, D5.8).
         self.abandoned = 0
+
+    @property
+    def registry(self) -> Catalog:
+        """Deprecated: :attr:`catalog`."""
+        return deprecated_registry(self.catalog, "Engine")
 
     def _abandoned(self, name: str) -> None:
         self.abandoned += 1
@@ -162,7 +172,7 @@ class Engine:
         key = (artifact.digest, self.capabilities_digest)
         compiled = self._cache.pop(key, None)
         if compiled is None:
-            checked = validate(artifact, self.registry, capabilities=self.capabilities)
+            checked = validate(artifact, self.catalog, capabilities=self.capabilities)
             compiled = self._build(artifact, checked, False)
             if len(self._cache) >= self._cache_size:
                 del self._cache[next(iter(self._cache))]  # the least recently used
@@ -189,7 +199,7 @@ class Engine:
         *,
         request_params: Mapping[str, Any] | None = None,
         source_params: Mapping[str, Any] | None = None,
-    ) -> Result:
+    ) -> RunOutput:
         """Run the plan on ``rows``; every enclosing timebound deadline bounds the run."""
         compiled = self._compiled(artifact, bounded=not current_deadline().is_never)
         rowset = self._rowset(rows, compiled.checked)
@@ -207,8 +217,8 @@ class Engine:
             finally:
                 export(trace)
         present = set(rowset.keys())
-        keys = [k for k in self.registry.keys if k in present]
-        return Result(rowset.table(keys), trace)
+        keys = [k for k in self.catalog.keys if k in present]
+        return RunOutput(rowset.table(keys), trace)
 
     def run_sync(
         self,
@@ -217,7 +227,7 @@ class Engine:
         *,
         request_params: Mapping[str, Any] | None = None,
         source_params: Mapping[str, Any] | None = None,
-    ) -> Result:
+    ) -> RunOutput:
         """:meth:`run` from synchronous code (not from inside an event loop)."""
         try:
             asyncio.get_running_loop()
@@ -234,7 +244,7 @@ class Engine:
             raise TypeError(f"rows must be a pyarrow Table, got {type(rows).__name__}")
         columns: dict[str, pa.Array] = {}
         for name in rows.column_names:
-            kdef = self.registry.keys.get(name)
+            kdef = self.catalog.keys.get(name)
             if kdef is None:
                 raise ValidationError("reference", f"input column {name!r} is not a registered key")
             if name in columns:
@@ -274,10 +284,10 @@ class Engine:
                 continue
             if not isinstance(given, Mapping):
                 raise ConfigurationError(f"{origin}_params must be a mapping")
-            check_params(self.registry, given, origin)
+            check_params(self.catalog, given, origin)
             layers.append((origin, given))
         out: dict[str, tuple[Any, str]] = {}
-        for pid, pdef in self.registry.params.items():
+        for pid, pdef in self.catalog.params.items():
             for origin, values in layers:
                 if pid in values:
                     out[pid] = (values[pid], origin)
@@ -309,7 +319,7 @@ class _Builder:
         self.engine = engine
         # Whether a deadline bounds every node built here (the run's, or an enclosing region's).
         self.bounded = bounded
-        self.registry = engine.registry
+        self.registry = engine.catalog
         self.artifact = artifact
         self.plan_params = artifact.plan["params"]
         self.nodes: list[Node[_Run]] = []
@@ -439,10 +449,6 @@ class _Builder:
         self, node: dict[str, Any], key: str, deps: tuple[str, ...], parent: str | None
     ) -> None:
         p = node["params"]
-        budget = p["budget"]
-        override = p.get("override")
-        on_timeout = p["on_timeout"]
-        env = self.engine.env
         fragments = self.artifact.fragments
         success_nodes = fragments[p["success"]["fragment_digest"]]["nodes"]
         fail_nodes = fragments[p["fail"]["fragment_digest"]]["nodes"]
@@ -453,74 +459,8 @@ class _Builder:
         fail_builder.chain(fail_nodes, f"{key}/fail/", None, key)
         fail_plan: DagPlan[_Run] = DagPlan(fail_builder.nodes, fail_builder.groups)
         w_success = sorted(self._exact_writes(success_nodes))
-        node_id = key
-
-        def enter(run: _Run) -> None:
-            rs = run.rowset
-            n = rs.active_count  # D5.4: the active rows when the wrapper starts
-            timeout_ms, applied, origin = _budget(
-                budget, override, n, run.params, env, node, node_id
-            )
-            depth = rs.begin()
-            run.wrappers[node_id] = _WrapperState(_clock.now(), timeout_ms, rs.index, n, depth)
-            run.trace.wrappers[node_id] = {
-                "timeout_ms": timeout_ms,
-                "nrows": n,
-                "success_elapsed_ms": None,
-                "timed_out": False,
-                "chosen_branch": None,
-                "fail_elapsed_ms": None,
-                "override_applied": applied,
-                "override_origin": origin,
-                "w_success": w_success,
-            }
-
-        def success(run: _Run) -> None:
-            state = run.wrappers[node_id]
-            _check_preserved(run.rowset, state, node_id, "success")
-            run.rowset.commit()
-            record = run.trace.wrappers[node_id]
-            record["success_elapsed_ms"] = run.ms(_clock.now()) - run.ms(state.start)
-            record["chosen_branch"] = "success"
-
-        async def fallback(run: _Run) -> None:
-            state = run.wrappers[node_id]
-            # Also drops the overlays of wrappers nested in this one that were cut unsettled.
-            run.rowset.rollback_to(state.depth)
-            now = _clock.now()
-            record = run.trace.wrappers[node_id]
-            record["success_elapsed_ms"] = (now - state.start) * 1000.0
-            record["timed_out"] = True
-            if on_timeout == "fail_plan":
-                record["chosen_branch"] = "fail_plan"
-                raise PlanTimeout(
-                    node_id=node_id,
-                    timeout_ms=state.timeout_ms,
-                    trace=run.trace,
-                    deadline=Deadline(state.start + state.timeout_ms / 1000.0),
-                )
-            record["chosen_branch"] = "fail"
-            depth = run.rowset.begin()
-            try:
-                await fail_plan.execute(run, record=run.trace.recording())
-                _check_preserved(run.rowset, state, node_id, "fail")
-            except BaseException:
-                # Cut by an enclosing region (or failed): its writes never leak.
-                run.rowset.rollback_to(depth)
-                raise
-            run.rowset.commit()
-            record["fail_elapsed_ms"] = (_clock.now() - now) * 1000.0
-
         self.groups.append(
-            Group(
-                key,
-                timeout=lambda run: run.wrappers[node_id].timeout_ms / 1000.0,
-                parent=parent,
-                on_timeout=fallback,
-                deps=deps,
-                on_enter=enter,
-                on_success=success,
-            )
+            region_group(node, key, deps, parent, self.engine.env, w_success, fail_plan)
         )
         self.chain(success_nodes, f"{key}/success/", key, key)
 
@@ -537,59 +477,8 @@ class _Builder:
         return out
 
 
-def _check_preserved(rs: RowSet, state: _WrapperState, node_id: str, branch: str) -> None:
-    """RFC §5.5.2's runtime assert: the branch left row count, selection and order alone."""
-    if rs.index is not state.index or rs.active_count != state.nrows:
-        raise ValidationError(
-            "preserve",
-            f"the {branch} branch changed the rowset ({state.nrows} -> {rs.active_count} rows)",
-            node_id=node_id,
-        )
-
-
-def _clamp(lo: float, x: float, hi: float) -> float:
-    return max(lo, min(x, hi))
-
-
-def _budget(
-    budget: Mapping[str, Any],
-    override: Mapping[str, Any] | None,
-    n: int,
-    params: Mapping[str, tuple[Any, str]],
-    env: str,
-    node: Mapping[str, Any],
-    node_id: str,
-) -> tuple[float, bool, str | None]:
-    """(timeout_ms, override_applied, override_origin) per D5.1 (real arithmetic)."""
-    model_ms = _clamp(
-        budget["min_ms"], budget["base_ms"] + budget["per_row_us"] * n / 1000.0, budget["max_ms"]
-    )
-    if override is None:
-        return float(model_ms), False, None
-    pid = override["param_id"].removeprefix("param.")
-    resolved = params.get(pid)
-    if resolved is None or resolved[0] is None:
-        return float(model_ms), False, None  # no value: the override is not applied
-    value, origin = resolved
-    allowed = set(override["allow_sources"])
-    if env == "prod":
-        allowed.discard("request")  # D5.6: never loosened from a request in prod
-    if origin not in allowed:
-        raise ValidationError(
-            "override_origin",
-            f"override param {pid!r} has origin {origin!r}, allowed: {sorted(allowed)}"
-            + (" (env=prod never allows request)" if env == "prod" and origin == "request" else ""),
-            node_id=node_id,
-            source_span=node.get("source_span"),
-            details={"origin": origin, "allowed": sorted(allowed)},
-        )
-    override_ms = _clamp(override["min_ms"], float(value), override["max_ms"])
-    timeout_ms = override_ms if override["combine"] == "replace" else min(model_ms, override_ms)
-    return float(timeout_ms), True, origin
-
-
 def _task_action(
-    registry: Registry,
+    registry: Catalog,
     task: TaskSpec,
     args: Mapping[str, Any],
     key: str,
@@ -668,7 +557,7 @@ def _refuse_awaitable(task: TaskSpec, out: Any) -> None:
 
 
 def _apply(
-    registry: Registry,
+    registry: Catalog,
     task: TaskSpec,
     rs: RowSet,
     out: Any,

@@ -125,6 +125,7 @@ class PlanTimeout(DeadlineExceeded):
             source="region",
             timeout=timeout_ms / 1000.0,
             deadline=deadline,
+            set_by=f"region {node_id}",
         )
         self.node_id = node_id
         self.op = op

@@ -1,15 +1,17 @@
-"""The data model: keys, params (with origins), write effects and tasks, held by a Registry."""
+"""The data model: keys, params (with origins), write effects and tasks, held by a Catalog."""
 
 from __future__ import annotations
 
 import inspect
 import math
+import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import pyarrow as pa
 
+from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError
 
 __all__ = [
@@ -18,7 +20,9 @@ __all__ = [
     "KeyDef",
     "P",
     "ParamDef",
-    "Registry",
+    "Catalog",
+    "deprecated_registry",
+    "renamed_catalog",
     "Switch",
     "TaskSpec",
     "Union",
@@ -220,11 +224,11 @@ class TaskSpec:
     timeout: float | None = None
 
 
-class Registry:
+class Catalog:
     """Keys, params and tasks one engine (or one compiler run) knows about.
 
-    A registry is an ordinary object: engines and plans share one only when they are given the
-    same one.
+    A catalog is an ordinary object: engines and plans share one only when they are given the
+    same one. (It was called ``Registry``, a name :class:`timebound.deferred.Registry` also has.)
     """
 
     def __init__(self) -> None:
@@ -281,28 +285,28 @@ class Registry:
         writes: Effect | Iterable[str] = (),
         rowset: Rowset = "preserve",
         name: str | None = None,
-        timeout: float | None = None,
+        timeout: Duration | None = None,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Register ``fn(ctx, rows) -> {key_id: column}`` (sync or async) with its TaskSpec.
 
         ``writes`` is a list of keys (exact) or an effect (:class:`FromParam`, :class:`Switch`,
-        :class:`Union`, :class:`Unknown`); ``timeout`` is the task's own budget in seconds.
+        :class:`Union`, :class:`Unknown`); ``timeout`` is the task's own budget, a duration
+        (``"250ms"``, seconds or a ``timedelta``), kept as seconds in its :class:`TaskSpec`.
         """
         if rowset not in ("preserve", "mutate", "unknown"):
             raise ConfigurationError(
                 f"rowset must be 'preserve', 'mutate' or 'unknown', got {rowset!r}",
                 option="rowset",
             )
-        if timeout is not None and (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, int | float)
-            or not timeout > 0
-            or not math.isfinite(timeout)
-        ):
-            raise ConfigurationError(
-                f"task timeout must be a positive number of seconds, got {timeout!r}",
-                option="timeout",
-            )
+        seconds = None
+        if timeout is not None:
+            seconds = to_seconds(timeout, option="timeout", allow_zero=False)
+            if math.isinf(seconds):
+                raise ConfigurationError(
+                    "task timeout must be a finite duration (leave it out for no budget of "
+                    "its own)",
+                    option="timeout",
+                )
         read_keys = tuple(reads) if not isinstance(reads, str) else (reads,)
         effect: Effect | tuple[str, ...]
         if isinstance(writes, Effect):
@@ -335,8 +339,28 @@ class Registry:
                 read_keys,
                 effect,
                 rowset,
-                None if timeout is None else float(timeout),
+                seconds,
             )
             return fn
 
         return decorate
+
+
+def renamed_catalog(catalog: Catalog | None, registry: Catalog | None, owner: str) -> Catalog:
+    """``catalog``, or the deprecated keyword ``registry`` given in its place (with a warning)."""
+    if registry is None:
+        if catalog is None:
+            raise ConfigurationError(f"{owner} needs a catalog: {owner}(..., catalog=pl.Catalog())")
+        return catalog
+    if catalog is not None:
+        raise ConfigurationError(f"{owner} takes catalog= (registry= is its old name), not both")
+    warnings.warn(
+        f"{owner}(registry=...) is now {owner}(catalog=...)", DeprecationWarning, stacklevel=3
+    )
+    return registry
+
+
+def deprecated_registry(catalog: Catalog, owner: str) -> Catalog:
+    """The value of the deprecated ``.registry`` attribute, with its warning."""
+    warnings.warn(f"{owner}.registry is now {owner}.catalog", DeprecationWarning, stacklevel=3)
+    return catalog

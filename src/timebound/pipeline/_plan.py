@@ -10,7 +10,7 @@ from typing import Any
 
 from .._core._errors import ConfigurationError
 from ._expr import Expr
-from ._model import P, Registry, _json_scalar
+from ._model import Catalog, P, _json_scalar, deprecated_registry, renamed_catalog
 
 __all__ = ["Chain", "Plan"]
 
@@ -45,11 +45,16 @@ class Op:
 class Chain:
     """A sequence of ops; every method appends one and returns the chain."""
 
-    def __init__(self, registry: Registry) -> None:
-        if not isinstance(registry, Registry):
-            raise ConfigurationError(f"registry must be a pl.Registry, got {registry!r}")
-        self.registry = registry
+    def __init__(self, catalog: Catalog) -> None:
+        if not isinstance(catalog, Catalog):
+            raise ConfigurationError(f"catalog must be a pl.Catalog, got {catalog!r}")
+        self.catalog = catalog
         self.ops: list[Op] = []
+
+    @property
+    def registry(self) -> Catalog:
+        """Deprecated: :attr:`catalog`."""
+        return deprecated_registry(self.catalog, type(self).__name__)
 
     def _add(self, kind: str, params: dict[str, Any], **branches: Chain) -> Chain:
         self.ops.append(Op(kind, params, _span(3), dict(branches)))
@@ -116,10 +121,10 @@ class Chain:
         for which, build in (("success", if_success), ("fail", if_fail)):
             if not callable(build):
                 raise ConfigurationError(f"if_{which} must be a function of a chain")
-            branch = Chain(self.registry)
+            branch = Chain(self.catalog)
             returned = build(branch)
             if returned is not branch:
-                branch = _Foreign(self.registry, returned)
+                branch = _Foreign(self.catalog, returned)
             branches[which] = branch
         params: dict[str, Any] = {
             "budget": dict(budget) if isinstance(budget, Mapping) else budget,
@@ -135,18 +140,23 @@ class _Foreign(Chain):
     """A branch function that returned something other than the chain it was given (an outer
     chain, say): the compiler reports it as a ``closure`` violation."""
 
-    def __init__(self, registry: Registry, returned: object) -> None:
-        super().__init__(registry)
+    def __init__(self, catalog: Catalog, returned: object) -> None:
+        super().__init__(catalog)
         self.returned = returned
 
 
 class Plan(Chain):
-    """A named plan over a registry; ``params`` are link-time constants of origin ``plan``."""
+    """A named plan over a catalog; ``params`` are link-time constants of origin ``plan``."""
 
     def __init__(
-        self, name: str, *, registry: Registry, params: Mapping[str, Any] | None = None
+        self,
+        name: str,
+        *,
+        catalog: Catalog | None = None,
+        params: Mapping[str, Any] | None = None,
+        registry: Catalog | None = None,
     ) -> None:
-        super().__init__(registry)
+        super().__init__(renamed_catalog(catalog, registry, "Plan"))
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"a plan needs a name, got {name!r}")
         self.name = name

@@ -18,7 +18,7 @@ from .._core._errors import ConfigurationError
 from . import _expr
 from ._artifact import CAPABILITY, Artifact
 from ._errors import ValidationError
-from ._model import ORIGINS, Registry, Writes, check_value, evaluate
+from ._model import ORIGINS, Catalog, Writes, check_value, evaluate
 
 __all__ = ["Checked", "check_params", "validate"]
 
@@ -35,7 +35,7 @@ class Checked:
 
 
 def task_known(
-    node: Mapping[str, Any], plan_params: Mapping[str, Any], registry: Registry
+    node: Mapping[str, Any], plan_params: Mapping[str, Any], registry: Catalog
 ) -> dict[str, Any]:
     """The param values a task node knows at link time: its constant arguments that bind a
     param, its ``P`` arguments that read a plan param, and the plan's params."""
@@ -52,7 +52,7 @@ def task_known(
     return known
 
 
-def check_params(registry: Registry, given: Mapping[Any, Any], origin: str) -> None:
+def check_params(registry: Catalog, given: Mapping[Any, Any], origin: str) -> None:
     """Raise :class:`ValidationError` unless every param in ``given`` is registered and has a
     value of its type; ``origin`` (``plan``, ``request``, ``source``) names them in the error."""
     for pid, value in given.items():
@@ -67,7 +67,7 @@ def check_params(registry: Registry, given: Mapping[Any, Any], origin: str) -> N
 
 def validate(
     artifact: Artifact,
-    registry: Registry,
+    registry: Catalog,
     *,
     capabilities: Collection[str] | None = None,
 ) -> Checked:
@@ -115,7 +115,7 @@ def _assignable(value: pa.DataType, key: pa.DataType) -> bool:
 
 
 class _Validator:
-    def __init__(self, artifact: Artifact, registry: Registry, params: Mapping[str, Any]) -> None:
+    def __init__(self, artifact: Artifact, registry: Catalog, params: Mapping[str, Any]) -> None:
         self.fragments = artifact.fragments
         self.registry = registry
         self.params = params

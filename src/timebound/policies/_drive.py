@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from .._core import _clock
 from .._core._deadline import Deadline
-from .._core._errors import DeadlineExceeded
+from .._core._errors import DeadlineExceeded, bound_origin
 from .._core._scopes import (
     CancelScope,
     current_bound_error,
@@ -301,11 +301,13 @@ def spent_now(policy: Policy[Any]) -> DeadlineExceeded:
     if err is not None:
         return err
     # A real-time wait ended while a virtual clock stood still; report the binding bound.
+    source = current_bound_source() or "attempt"
     return DeadlineExceeded(
-        source=current_bound_source() or "attempt",
+        source=source,
         timeout=policy.timeout,
         deadline=current_deadline(),
         what=policy.name,
+        set_by=bound_origin(source, policy.name) if source in ("attempt", "total") else None,
     )
 
 
@@ -369,7 +371,10 @@ def _between(policy: Policy[Any], state: RetryState) -> AbstractContextManager[A
     if total_at is None:
         return _NULL_CONTEXT
     return inherit_deadline(
-        Deadline(total_at.when), source="total", timeout=policy.plan.total_timeout
+        Deadline(total_at.when),
+        source="total",
+        timeout=policy.plan.total_timeout,
+        set_by=bound_origin("total", policy.name),
     )
 
 

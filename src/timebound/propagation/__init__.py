@@ -3,7 +3,12 @@
 Adapters live in submodules so that importing this package needs nothing outside the standard
 library: :mod:`~timebound.propagation.asgi`, :mod:`~timebound.propagation.wsgi` (servers),
 :mod:`~timebound.propagation.httpx`, :mod:`~timebound.propagation.requests`,
-:mod:`~timebound.propagation.aiohttp` (clients).
+:mod:`~timebound.propagation.aiohttp` (HTTP clients), :mod:`~timebound.propagation.grpc`,
+:mod:`~timebound.propagation.asyncpg`, :mod:`~timebound.propagation.psycopg` and
+:mod:`~timebound.propagation.redis`. Their implementations live in three rooms, ``http/``,
+``grpc/`` and ``db/``; the modules beside this one are what the rooms share (the wire codec, the
+request state, outgoing attempts, the absolute-deadline rule, the switch, :func:`detached`).
+Admission control is :mod:`timebound.admission`.
 """
 
 from ._codec import (

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from .._core import _clock
+from .._core._durations import ceil_ms
 
 __all__ = [
     "ABSOLUTE_HEADER",
@@ -217,15 +218,6 @@ def _printable(value: str | bytes) -> str:
     if isinstance(value, bytes):
         return value.decode("latin-1")
     return value
-
-
-def ceil_ms(seconds: float) -> int:
-    """``seconds`` in whole milliseconds, rounded up: the one wire rounding of a timeout.
-
-    Rounding up (D4.3) means the callee never sees less time than we have; ``round(…, 6)`` first
-    absorbs float noise such as ``0.3 * 1000 == 300.00000000000006``.
-    """
-    return math.ceil(round(seconds * 1000, 6))
 
 
 def format_timeout_ms(seconds: float) -> str:

@@ -8,6 +8,6 @@ caps the wait for a free connection. Needs ``pip install 'timebound[postgres]'``
 
 from __future__ import annotations
 
-from ._db_asyncpg import DeadlineConnection, DeadlinePool, connect, create_pool
+from .db._asyncpg import DeadlineConnection, DeadlinePool, connect, create_pool
 
 __all__ = ["DeadlineConnection", "DeadlinePool", "connect", "create_pool"]

@@ -9,7 +9,7 @@ a pooled connection. Needs ``pip install 'timebound[postgres]'``.
 
 from __future__ import annotations
 
-from ._db_psycopg import (
+from .db._psycopg import (
     AsyncDeadlineCursor,
     DeadlineCursor,
     aconnect,

@@ -8,6 +8,6 @@ still arrive is closed, never reused. Needs ``pip install 'timebound[redis]'``.
 
 from __future__ import annotations
 
-from ._db_redis import AsyncDeadlineConnection, DeadlineConnection, afrom_url, from_url
+from .db._redis import AsyncDeadlineConnection, DeadlineConnection, afrom_url, from_url
 
 __all__ = ["AsyncDeadlineConnection", "DeadlineConnection", "afrom_url", "from_url"]

@@ -18,8 +18,8 @@ from ._events import Event, emit_event
 
 __all__ = ["deferred_event", "emit_committed", "workflow_event"]
 
-# A stored event's timeout_type, as the bound's source (D2.1); the stored rows still say
-# ``execution`` for the node layer.
+# A stored event's timeout_type, as the bound's source (D2.1): the same name (D2.7); an event
+# written before migration 8 renamed the node layer may still say ``execution``.
 _SOURCES = {
     "workflow": "workflow",
     "execution": "node",
@@ -56,8 +56,21 @@ def workflow_event(stream: str, kind: str, at_ms: int, data: Mapping[str, Any]) 
             timeout=None if duration is None else duration / 1000.0,
             deadline=None if deadline_at is None else Deadline.from_epoch_ms(deadline_at),
             what=_what(source, data),
+            set_by=_set_by(data),
         )
     return Event(f"workflow.{kind}", _at(at_ms), dict(data), ids, at_ms, bound)
+
+
+def _set_by(data: Mapping[str, Any]) -> str | None:
+    """Where a stored bound was set (D2.8): its kind, then the id of what set it
+    (``node A``, ``action render``, ``definition report``, ``join t1``, ``caller``)."""
+    kind = data.get("bound_set_by")
+    if not isinstance(kind, str):
+        return None
+    name = data.get("bound_set_by_id")
+    if name is None:  # stored before the id was: the ids the event itself carries
+        name = {"node": data.get("node_id"), "join": data.get("transition_id")}.get(kind)
+    return kind if name is None else f"{kind} {name}"
 
 
 def _what(source: str, data: Mapping[str, Any]) -> str | None:
@@ -68,13 +81,34 @@ def _what(source: str, data: Mapping[str, Any]) -> str | None:
     return None
 
 
-def deferred_event(op_id: str, at_ms: int, status: str, code: str | None) -> Event:
+def deferred_event(
+    op_id: str,
+    at_ms: int,
+    status: str,
+    code: str | None,
+    *,
+    lifetime: Mapping[str, Any] | None = None,
+) -> Event:
     """The telemetry event of one deferred-history row: ``deferred.<status>`` (an operation
-    that expired carries the ``deferred`` bound)."""
+    that expired carries the ``deferred`` bound; with the operation's stored ``lifetime``
+    (``created_ms``, ``expires_ms``, ``expires_set_by``), its length, instant and origin)."""
     ids = {"operation": op_id}
     bound = None
     if status == "expired":
-        bound = DeadlineExceeded(source="deferred", what=f"deferred operation {op_id!r}")
+        timeout = deadline = set_by = None
+        if lifetime is not None:
+            created, expires = lifetime.get("created_ms"), lifetime.get("expires_ms")
+            if isinstance(created, int) and isinstance(expires, int):
+                timeout = (expires - created) / 1000.0
+                deadline = Deadline.from_epoch_ms(expires)
+            set_by = lifetime.get("expires_set_by")
+        bound = DeadlineExceeded(
+            source="deferred",
+            timeout=timeout,
+            deadline=deadline,
+            what=f"deferred operation {op_id!r}",
+            set_by=set_by,
+        )
     attrs = {"operation_id": op_id, "status": status, "code": code}
     return Event(f"deferred.{status}", _at(at_ms), attrs, ids, at_ms, bound)
 

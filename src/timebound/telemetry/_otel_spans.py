@@ -73,6 +73,8 @@ def _bound_attributes(event: Event) -> dict[str, Any]:
     out: dict[str, Any] = {"timebound.bound.source": bound.source}
     if bound.timeout is not None:
         out["timebound.bound.timeout_ms"] = round(bound.timeout * 1000)
+    if bound.set_by is not None:
+        out["timebound.bound.set_by"] = bound.set_by
     return out
 
 

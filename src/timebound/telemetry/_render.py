@@ -12,6 +12,7 @@ import sys
 from typing import Any, TextIO
 
 from .._core import _clock
+from .._core._durations import format_duration
 from ._events import Event
 
 __all__ = ["Timeline", "describe"]
@@ -29,15 +30,19 @@ def _policy(event: Event) -> str | None:
         detail = f" ({error})" if outcome != "ok" and error else ""
         return f"{policy}: attempt {attrs.get('attempt')} -> {outcome}{detail}"
     if name == "retry.delay" and attrs.get("delay", 0) > 0:
-        return f"{policy}: waiting {attrs['delay'] * 1000:.0f} ms before retrying"
+        return f"{policy}: waiting {format_duration(attrs['delay'])} before retrying"
     if name == "fallback":
         return f"{policy}: fallback used ({attrs.get('reason')})"
     return None
 
 
 def _length(event: Event) -> str:
+    """The bound's length and where it was set (D2.8), each followed by ", " when known."""
     bound = event.bound
-    return "" if bound is None or bound.timeout is None else f"{bound.timeout * 1000:.0f} ms, "
+    if bound is None:
+        return ""
+    length = "" if bound.timeout is None else f"{format_duration(bound.timeout)}, "
+    return length + ("" if bound.set_by is None else f"set by {bound.set_by}, ")
 
 
 def _workflow(event: Event) -> str | None:

@@ -10,7 +10,6 @@ import asyncio
 import contextvars
 import inspect
 import json
-import math
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from typing import Any, Literal
 from .._core._body import DEFAULT_MAX_BYTES, TooLarge, read_capped
 from .._core._classify import classify
 from .._core._deadline import Deadline
+from .._core._durations import ceil_ms
 from .._core._errors import ConfigurationError, DeadlineExceeded
 from .._core._scopes import fail_at
 from .._json import JSONError, TooDeep
@@ -299,7 +299,7 @@ async def run_http(implementation: Mapping[str, Any], ctx: ActionContext, *, wha
             # The request carried the node's whole remaining budget and the service says it
             # is spent (an expired answer, D4.5): the chain is out of time, so the node times
             # out with that bound, never retried (D6.17), even if our clock still shows time.
-            sent = None if exc.timeout is None else math.ceil(round(exc.timeout * 1000, 6))
+            sent = None if exc.timeout is None else ceil_ms(exc.timeout)
             return Outcome("timeout", error=str(exc), propagated_ms=sent)
         return Outcome("error", error=_describe(exc))
     if response.status_code >= 400:

@@ -97,7 +97,15 @@ class Children:
             await tx.execute("UPDATE tb_wf_tokens SET error = ? WHERE id = ?", message, tok["id"])
             tok["timeout_at"] = child["timeout_at"]
             await self._m.token_timeout(
-                tx, run, tok, now, duration=ms, cause=message, set_by=bound["set_by"]
+                tx,
+                run,
+                tok,
+                now,
+                duration=ms,
+                cause=message,
+                set_by=bound["set_by"],
+                # The child definition's own timeout names the child's definition (D2.8).
+                set_by_id=child["definition_id"] if bound["set_by"] == "definition" else None,
             )
         else:
             await self._m.action_error(

@@ -291,8 +291,8 @@ class Deferrals:
                 continuation=continuation,
                 # The node's and the run's deadlines (D7.7), as stored: never a millisecond over.
                 caller_deadline=ctx.deadline if deadline_ms is None else deadline_ms,
-                action_max_ttl_s=profile.get("preferred_max_ttl_seconds"),
-                preferred_retry_after_s=profile.get("preferred_retry_after_seconds"),
+                action_max_ttl=profile.get("preferred_max_ttl_seconds"),
+                preferred_retry_after=profile.get("preferred_retry_after_seconds"),
             )
         except SchemaError as exc:
             return Outcome("error", error=f"contract-violation: {exc}")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 import socket
 import types
@@ -20,8 +19,9 @@ from typing import Any
 
 from .._core import _clock
 from .._core._deadline import Deadline
-from .._core._durations import Duration, to_seconds
+from .._core._durations import Duration, to_ms, to_seconds
 from .._core._errors import ConfigurationError
+from .._core._renamed import Renamed, from_ms, renamed
 from .._core._scopes import fail_after
 from .._json import TooDeep
 from .._json import check as check_json
@@ -63,15 +63,15 @@ __all__ = ["Engine", "RunResult", "store_definition"]
 class Engine(Turns, RunReads, OperatorActions):
     """A durable workflow engine on one store (``sqlite:///FILE`` or ``postgresql://…``)."""
 
+    @renamed(lease_ms=Renamed("lease", from_ms), sweep_ms=Renamed("sweep", from_ms))
     def __init__(
         self,
         db: str = "sqlite:///timebound-workflows.db",
         actions: Mapping[str, Callable[..., Any]] | types.ModuleType | None = None,
         *,
         concurrency: int = 64,
-        lease_ms: int = 30_000,
-        sweep_ms: int = 1_000,
-        lease: Duration | None = None,
+        lease: Duration = 30.0,
+        sweep: Duration = 1.0,
         worker_id: str | None = None,
         deferred_policy: Any = None,
         deferred_connectors: Mapping[str, Any] | None = None,
@@ -81,13 +81,10 @@ class Engine(Turns, RunReads, OperatorActions):
     ) -> None:
         if concurrency < 1:
             raise ConfigurationError("concurrency must be >= 1", option="concurrency")
-        if lease is not None:  # D6.16: the fallback for a worker that is slow, not dead
-            seconds = to_seconds(lease, option="lease", allow_zero=False)
-            if not math.isfinite(seconds):
-                raise ConfigurationError("lease must be a finite duration", option="lease")
-            lease_ms = math.ceil(seconds * 1000)
-        if lease_ms < 1 or sweep_ms < 1:
-            raise ConfigurationError("lease_ms and sweep_ms must be >= 1", option="lease_ms")
+        # D6.16: the lease is the fallback for a worker that is slow, not dead; the sweep is
+        # how often a shared store is looked at for work another process left (whole ms, >= 1).
+        lease_ms = to_ms(lease, option="lease", allow_zero=False)
+        sweep_ms = to_ms(sweep, option="sweep", allow_zero=False)
         self._store: Store = open_store(db)
         if not worker and not self._store.shared:
             # Nothing else may write a one-process store (D6): without our loop, no one would.
@@ -306,11 +303,13 @@ class Engine(Turns, RunReads, OperatorActions):
         self._claiming = False
         self._wake.set()
 
-    async def close(self, *, drain_s: float = 0.0) -> None:
-        """Stop: claim no more tokens, let the attempts in flight finish for up to ``drain_s``
-        seconds (their outcomes are stored, so a node that finished is not run again), then
+    @renamed(drain_s=Renamed("drain"))
+    async def close(self, *, drain: Duration = 0.0) -> None:
+        """Stop: claim no more tokens, let the attempts in flight finish for up to ``drain`` (a
+        duration; their outcomes are stored, so a node that finished is not run again), then
         cancel the rest and put their tokens back to ``pending`` with their deadlines kept,
         released at once so the next start (or another worker) takes them."""
+        drain_s = to_seconds(drain, option="drain")
         if drain_s > 0 and self._attempts and self._loop_task is not None and not self._drain_ended:
             self.stop_claiming()
             # A task of its own, so end_drain() can end the wait at once (a second Ctrl-C).
@@ -365,6 +364,7 @@ class Engine(Turns, RunReads, OperatorActions):
 
     # Runs -----------------------------------------------------------------------------------
 
+    @renamed(deadline_ms=Renamed("deadline", from_ms))
     async def start(
         self,
         definition_id: str,
@@ -375,7 +375,6 @@ class Engine(Turns, RunReads, OperatorActions):
         inherit_deadline: bool = False,
         idempotency_key: str | None = None,
         run_id: str | None = None,
-        deadline_ms: int | None = None,
     ) -> str:
         """Start a run of a registered definition (its latest version unless ``version``).
 
@@ -383,7 +382,7 @@ class Engine(Turns, RunReads, OperatorActions):
         :class:`~timebound.Deadline`, or a duration from now (``"250ms"``, seconds, a
         ``timedelta``); ``inherit_deadline=True`` takes the caller's current deadline too
         (D6.11). The run's deadline is the earliest of these and the definition's timeout, and
-        the run records which one it was (D6.17). ``deadline_ms`` is the deprecated spelling.
+        the run records which one it was (D6.17).
 
         ``idempotency_key`` (or a client-chosen ``run_id``) makes the start idempotent
         (D6.18): the same key with the same definition, version and input returns the run it
@@ -395,7 +394,7 @@ class Engine(Turns, RunReads, OperatorActions):
         into its ``DeadlineExceeded`` (chained); ``workflow.started_run_id(error)`` reads it
         (D6.18).
         """
-        deadline_at = start_deadline(self._now(), deadline, inherit_deadline, deadline_ms)
+        deadline_at = start_deadline(self._now(), deadline, inherit_deadline)
         key = check_run_id(idempotency_key, "idempotency_key")
         chosen = check_run_id(run_id, "run_id")
         version = version or self._latest.get(definition_id)
@@ -473,8 +472,9 @@ class Engine(Turns, RunReads, OperatorActions):
                     raise
         raise AssertionError("unreachable")
 
-    async def wait(self, run_id: str, timeout: float | None = None) -> RunResult:
-        """Wait until the run ends; ``timeout`` seconds bound the wait (``DeadlineExceeded``)."""
+    async def wait(self, run_id: str, timeout: Duration | None = None) -> RunResult:
+        """Wait until the run ends; ``timeout`` (a duration) bounds the wait
+        (``DeadlineExceeded``)."""
         if timeout is None:
             return await self._wait(run_id)
         async with fail_after(timeout, what=f"waiting for workflow run {run_id}"):
@@ -515,7 +515,7 @@ class Engine(Turns, RunReads, OperatorActions):
     @staticmethod
     def _now() -> int:
         """Now in epoch ms, floored: a stored deadline is never seen reached early (D1.3)."""
-        return math.floor(_clock.wall() * 1000)
+        return _clock.wall_ms()
 
     @asynccontextmanager
     async def _txn(self) -> AsyncIterator[Tx]:

@@ -285,6 +285,7 @@ class Joins:
                     row["timeout_at"],
                     now,
                     set_by="join",
+                    set_by_id=transition_id,
                 )
         await tx.append_event(
             run["id"],
@@ -294,6 +295,8 @@ class Joins:
             group_key=group_key,
             timeout_type="synchronization",
             timeout_duration_ms=timeout_ms,
+            bound_set_by="join",
+            bound_set_by_id=transition_id,
             policy_applied=sync.on_timeout,
             deadline_at=row["timeout_at"],
             detection_lag_ms=now - row["timeout_at"],
@@ -317,5 +320,6 @@ class Joins:
                 row["timeout_at"],
                 now,
                 set_by="join",
+                set_by_id=transition_id,
             )
         await self._m.fail_run(tx, run, "Synchronization timeout exceeded", now)

@@ -28,8 +28,14 @@ __all__ = [
 # milliseconds; the upper buckets show a store or worker that fell behind (or a restart that
 # found it overdue). Changing them needs a store migration (the stored buckets are these).
 LAG_BUCKETS_MS = (1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 60000)
-# The stored timeout_type of each layer; "execution" is the node layer (D6).
-LAYERS = {"workflow": "workflow", "execution": "node", "synchronization": "synchronization"}
+# The stored timeout_type of each layer (D2.7); rows written before migration 8 said
+# "execution" for the node layer, and a tally of one is still a node timeout.
+LAYERS = {
+    "workflow": "workflow",
+    "node": "node",
+    "execution": "node",
+    "synchronization": "synchronization",
+}
 
 
 def lag_bucket(lag_ms: int) -> str:

@@ -11,12 +11,11 @@ wakes them; a stopped token's attempt is stopped wherever it runs).
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-from .._core._durations import Duration, to_seconds
+from .._core._durations import Duration, ceil_ms, format_duration, to_seconds
 from .._core._errors import TimeboundError
 from .._store import Tx
 from ._bounds import run_bound, stored_bound
@@ -33,7 +32,7 @@ _EXTENDABLE = ("pending", "dispatched", "executing")
 
 def ms_of(seconds: float) -> int:
     """Seconds as whole milliseconds, rounded up (an extension is never shorter than asked)."""
-    return int(min(math.ceil(seconds * 1000), 2**62))
+    return min(ceil_ms(seconds), 2**62)
 
 
 class OperatorRefused(TimeboundError):
@@ -109,8 +108,9 @@ class Operator:
         if used + by_ms > self.max_extension_ms:
             raise OperatorRefused(
                 "over-cap",
-                f"run {run_id!r} has been extended by {used} ms; another {by_ms} ms passes the "
-                f"cap of {self.max_extension_ms} ms (max_extension)",
+                f"run {run_id!r} has been extended by {format_duration(used / 1000)}; another "
+                f"{format_duration(by_ms / 1000)} passes the cap of "
+                f"{format_duration(self.max_extension_ms / 1000)} (max_extension)",
             )
         changed: list[dict[str, Any]] = []
         if node is None:

@@ -52,12 +52,13 @@ class Outcomes(RunMoves):
         duration: int | None = None,
         cause: str | None = None,
         set_by: str | None = None,
+        set_by_id: str | None = None,
     ) -> None:
         """The node's deadline was reached: its ``on_timeout`` policy (D6.1).
 
-        ``duration``, ``cause`` and ``set_by`` describe a bound enforced elsewhere (a child
-        run's timeout, a deadline a called service reported spent); by default the bound is
-        the node's ``timeout_ms``, else its action's (D6.17).
+        ``duration``, ``cause`` and ``set_by`` (with ``set_by_id``) describe a bound enforced
+        elsewhere (a child run's timeout, a deadline a called service reported spent); by
+        default the bound is the node's ``timeout_ms``, else its action's (D6.17).
         """
         definition = await self.definition(tx, run)
         node = definition.nodes[tok["node_id"]]
@@ -65,6 +66,8 @@ class Outcomes(RunMoves):
             duration = definition.node_timeout_ms(node)
         if set_by is None:
             set_by = "node" if node.timeout_set else "action"
+        if set_by_id is None:
+            set_by_id = {"node": node.id, "action": node.action_id}.get(set_by)
         deadline_at = tok["timeout_at"]
         policy = definition.node_on_timeout(node)
         if tok["status"] in ("pending", "dispatched"):
@@ -76,7 +79,15 @@ class Outcomes(RunMoves):
             cause = cause or f"a called service spent the {duration}ms budget sent with it"
         if policy == "retry" and tok["retry_count"] < node.max_retries:
             await self._timed_out_event(
-                tx, tok, "execution", duration, "retry", deadline_at, now, set_by=set_by
+                tx,
+                tok,
+                "node",
+                duration,
+                "retry",
+                deadline_at,
+                now,
+                set_by=set_by,
+                set_by_id=set_by_id,
             )
             self._cancel_attempt(tok["id"])
             await self.children.cancel_children(tx, tok["id"], now)
@@ -102,9 +113,9 @@ class Outcomes(RunMoves):
                 retry_count=tok["retry_count"] + 1,
             )
             return
-        await self._set_token(tx, tok, "timed_out", now, reason="execution_timeout")
+        await self._set_token(tx, tok, "timed_out", now, reason="node_timeout")
         await self._timed_out_event(
-            tx, tok, "execution", duration, "fail", deadline_at, now, set_by=set_by
+            tx, tok, "node", duration, "fail", deadline_at, now, set_by=set_by, set_by_id=set_by_id
         )
         error = f"timed out: {cause}" if cause else f"timed out after {duration}ms"
         await self._token_ended_badly(

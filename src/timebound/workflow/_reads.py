@@ -8,6 +8,7 @@ streams neither queue behind the worker loop's turns nor cause extra turns.
 from __future__ import annotations
 
 import json
+import warnings
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -74,13 +75,21 @@ class RunReads:
         """Runs newest first (without input and state); ``after`` is the ``(started_at, id)`` of
         the last run of the previous page, so pages stay stable while runs are added.
 
-        ``bound``: runs where a bound of that layer (``workflow``, ``execution``,
-        ``synchronization``, or ``any``) fired for good, whatever the run's status (a node
+        ``bound``: runs where a bound of that layer (``workflow``, ``node``,
+        ``synchronization``, or ``any``; ``execution`` is the deprecated name of ``node``,
+        D2.7) fired for good, whatever the run's status (a node
         timeout ends the run ``failed``); ``since_ms``/``until_ms``: started in ``[since,
         until)``; ``id_prefix``: the run id starts so; ``input_field``: the input has the
         top-level field with that JSON value."""
         where: list[str] = ["1 = 1"]
         args: list[Any] = []
+        if bound == "execution":
+            warnings.warn(
+                "list_runs(bound='execution') is deprecated; the node layer is named 'node'",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            bound = "node"
         if bound is not None:
             layer = "" if bound == "any" else f'%"timeout_type": {json.dumps(bound)}%'
             where.append(

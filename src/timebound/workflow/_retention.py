@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable
 from typing import NamedTuple
 
-from .._core._durations import Duration, to_seconds
+from .._core._durations import Duration, ceil_ms, to_seconds
 from .._core._errors import ConfigurationError
 from .._store import Store
 from ._rows import RUN_TERMINAL
@@ -90,7 +90,7 @@ class Retention:
         seconds = to_seconds(retain, option="retain", allow_zero=False)
         if math.isinf(seconds):
             raise ConfigurationError("retain must be finite; None keeps every run", option="retain")
-        self.retain_ms, self.every_s = math.ceil(seconds * 1000), every_s
+        self.retain_ms, self.every_s = ceil_ms(seconds), every_s
         self._store, self._now_ms = store, now_ms
         self._batch, self._max_rows, self._max_batches = batch, max_rows, max_batches
         self.pruned = 0  # runs this engine deleted

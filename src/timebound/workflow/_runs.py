@@ -235,6 +235,7 @@ class RunMoves(TokenMoves):
                 run["timeout_at"],
                 now,
                 set_by=bound["set_by"],
+                set_by_id=run["definition_id"] if bound["set_by"] == "definition" else None,
             )
         status = "failed" if policy == "fail" else "timed_out"
         await self._finish_run(tx, run, status, now, WORKFLOW_TIMEOUT_ERROR, WORKFLOW_TIMEOUT)

@@ -10,13 +10,12 @@ import hashlib
 import json
 import math
 import re
-import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .._core._deadline import Deadline
-from .._core._durations import to_seconds
+from .._core._durations import to_ms, to_seconds
 from .._core._errors import ConfigurationError, TimeboundError
 from .._core._scopes import current_deadline
 from .._store import Tx
@@ -165,22 +164,11 @@ def start_deadline(
     now_ms: int,
     deadline: Deadline | float | int | timedelta | str | None,
     inherit_deadline: bool,
-    deadline_ms: int | None,
 ) -> int | None:
     """The caller's bound on a run, in epoch ms (D6.17): ``deadline`` (a :class:`Deadline`, or a
-    duration from now), the caller's current deadline with ``inherit_deadline`` (D6.11), and the
-    deprecated ``deadline_ms``; the earliest of those present, ``None`` without any."""
+    duration from now) and the caller's current deadline with ``inherit_deadline`` (D6.11); the
+    earliest of those present, ``None`` without any."""
     bounds: list[int] = []
-    if deadline_ms is not None:
-        warnings.warn(
-            "Engine.start(deadline_ms=…) is deprecated; pass deadline= (a Deadline, or a "
-            "duration such as '250ms', seconds or a timedelta)",
-            DeprecationWarning,
-            stacklevel=3,
-        )
-        if isinstance(deadline_ms, bool) or not isinstance(deadline_ms, int) or deadline_ms < 1:
-            raise ConfigurationError("deadline_ms must be >= 1", option="deadline_ms")
-        bounds.append(now_ms + deadline_ms)
     if isinstance(deadline, Deadline):
         if not deadline.is_never:
             at = deadline.to_epoch_ms()
@@ -190,7 +178,7 @@ def start_deadline(
         seconds = to_seconds(deadline, option="deadline", allow_zero=False)
         if not math.isinf(seconds):
             # Whole milliseconds rounded up: never earlier than asked (D1.3).
-            bounds.append(now_ms + math.ceil(round(seconds * 1000, 6)))
+            bounds.append(now_ms + to_ms(seconds, option="deadline"))
     if inherit_deadline:
         at = current_deadline().to_epoch_ms()
         if at is not None:

@@ -183,10 +183,12 @@ class TokenMoves(HeldRows):
         now: int,
         *,
         set_by: str | None = None,
+        set_by_id: str | None = None,
     ) -> None:
         """Record the bound that fired: its layer, length, policy, deadline and (D6.17) where
         it was set: ``definition``, ``caller``, ``parent``, ``node``, ``action``, ``join`` or
-        ``propagated``."""
+        ``propagated``, with the id of that definition, node, action or join transition
+        (``bound_set_by_id``, D2.8)."""
         lag = None if deadline_at is None else now - deadline_at
         await tx.append_event(
             tok["run_id"],
@@ -198,6 +200,7 @@ class TokenMoves(HeldRows):
             timeout_type=timeout_type,
             timeout_duration_ms=duration_ms,
             bound_set_by=set_by,
+            bound_set_by_id=set_by_id,
             policy_applied=policy,
             deadline_at=deadline_at,
             detection_lag_ms=lag,

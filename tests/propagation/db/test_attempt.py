@@ -6,7 +6,7 @@ import pytest
 
 import timebound as tb
 from timebound.propagation._client import AttemptTimeoutBase, begin
-from timebound.propagation._db_common import options
+from timebound.propagation.db._common import options
 from timebound.telemetry import Event, add_listener, counters
 
 

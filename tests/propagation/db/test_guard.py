@@ -8,7 +8,7 @@ import pytest
 
 import timebound as tb
 from timebound.propagation._client import Attempt, AttemptTimeoutBase, begin
-from timebound.propagation._db_common import Guard, options, run_guarded
+from timebound.propagation.db._common import Guard, options, run_guarded
 
 pytestmark = pytest.mark.asyncio_real
 

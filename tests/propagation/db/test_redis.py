@@ -16,7 +16,9 @@ from redis.backoff import AbstractBackoff, NoBackoff
 from redis.retry import Retry
 
 import timebound as tb
-from timebound.propagation import RequestState, _db_common, _db_redis
+from timebound.propagation import RequestState
+from timebound.propagation.db import _common as _db_common
+from timebound.propagation.db import _redis as _db_redis
 from timebound.propagation.redis import afrom_url, from_url
 from timebound.telemetry import counters
 

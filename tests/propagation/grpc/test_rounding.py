@@ -13,8 +13,8 @@ import grpc.aio
 import pytest
 
 import timebound as tb
-from timebound.propagation._grpc_interceptors import _handler_budget, _received_deadline
 from timebound.propagation.grpc import aio_server_interceptor, server_interceptor
+from timebound.propagation.grpc._interceptors import _handler_budget, _received_deadline
 
 from .conftest import start_sync_server
 

@@ -14,8 +14,8 @@ import pytest
 
 import timebound as tb
 from timebound.propagation import RequestState
-from timebound.propagation._server import ExpiredAnswers
 from timebound.propagation.asgi import DeadlineMiddleware as AsgiMiddleware
+from timebound.propagation.http._server import ExpiredAnswers
 from timebound.propagation.wsgi import DeadlineMiddleware
 from timebound.testing import VirtualClock
 

@@ -98,20 +98,21 @@ def test_swallowed_downstream_deadline(virtual_clock: VirtualClock) -> None:
 
 
 def test_checkpoint_raises_with_inherited_source(virtual_clock: VirtualClock) -> None:
-    """Sync handlers stop cooperatively: checkpoint() raises source=inherited, answered 498."""
-    seen: list[str] = []
+    """Sync handlers stop cooperatively: checkpoint() raises source=inherited, set by the
+    middleware (D2.8), answered 498."""
+    seen: list[tuple[str, str | None]] = []
 
     def app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
         virtual_clock.advance(1)
         try:
             tb.checkpoint()
         except tb.DeadlineExceeded as exc:
-            seen.append(exc.source)
+            seen.append((exc.source, exc.set_by))
             raise
         return []
 
     status, _, _ = call(DeadlineMiddleware(app), {KEY: "300"})
-    assert seen == ["inherited"] and status.startswith("498")
+    assert seen == [("inherited", "WSGI middleware")] and status.startswith("498")
 
 
 def test_streaming_generator_sees_deadline_and_is_kept(virtual_clock: VirtualClock) -> None:

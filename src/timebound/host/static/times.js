@@ -3,12 +3,18 @@
 // The page's own text is ISO UTC, so the page reads correctly without this script.
 (function () {
   "use strict";
+  // Whole seconds in the one duration text of the Python side (D1.14): "45s", "3min 4s",
+  // "2h 5min", "1d 1h" (format_duration in _core/_durations.py).
   function span(ms) {
     var s = Math.round(Math.abs(ms) / 1000);
-    if (s < 60) { return s + " s"; }
-    if (s < 3600) { return Math.floor(s / 60) + " min " + (s % 60) + " s"; }
-    if (s < 86400) { return Math.floor(s / 3600) + " h " + Math.floor(s % 3600 / 60) + " min"; }
-    return Math.floor(s / 86400) + " d " + Math.floor(s % 86400 / 3600) + " h";
+    var parts = [];
+    [["d", 86400], ["h", 3600], ["min", 60]].forEach(function (unit) {
+      var count = Math.floor(s / unit[1]);
+      s -= count * unit[1];
+      if (count) { parts.push(count + unit[0]); }
+    });
+    if (s || !parts.length) { parts.push(s + "s"); }
+    return parts.join(" ");
   }
   var format = new Intl.DateTimeFormat(undefined, {
     year: "numeric", month: "short", day: "numeric",

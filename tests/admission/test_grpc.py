@@ -11,7 +11,7 @@ import grpc
 import grpc.aio
 import pytest
 
-from timebound.propagation.admission import Admission, AdmissionConfig, FixedLimit
+from timebound.admission import Admission, AdmissionConfig, FixedLimit
 from timebound.propagation.grpc import (
     EXPIRED_DETAILS,
     OVERLOADED_DETAILS,

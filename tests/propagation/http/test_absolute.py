@@ -17,7 +17,7 @@ from timebound.propagation.httpx import DeadlineTransport
 from timebound.telemetry import counters
 from timebound.testing import VirtualClock
 
-from ..http.conftest import ServerThread, call_asgi
+from .conftest import ServerThread, call_asgi
 
 #: The virtual wall clock's start (2026-01-01T00:00:00Z) in microseconds.
 WALL_US = 1_767_225_600_000_000

@@ -12,8 +12,8 @@ See ``docs/propagation-grpc.md``. Needs ``pip install 'timebound[grpc]'``.
 
 from __future__ import annotations
 
-from ._grpc_admission import OVERLOADED_DETAILS, admission_interceptor, aio_admission_interceptor
-from ._grpc_interceptors import (
+from ._admission import OVERLOADED_DETAILS, admission_interceptor, aio_admission_interceptor
+from ._interceptors import (
     ABSOLUTE_METADATA,
     EXPIRED_DETAILS,
     AioPropagatedDeadlineExceeded,

@@ -7,12 +7,12 @@ from collections.abc import Callable
 
 import pytest
 
-from timebound.propagation.admission import (
+from timebound.admission import (
     Admission,
     AdmissionConfig,
     AIMDLimit,
-    Outcome,
     Ticket,
+    Verdict,
 )
 
 
@@ -35,7 +35,7 @@ def test_slots_and_tickets_stay_consistent_under_a_storm(seed: int) -> None:
             t = Ticket(rng.choice("abc"), deadline, critical=rng.random() < 0.2)
             t.wake = counter(wakes, len(wakes))
             outcome = adm.arrive(t, now)
-            (running if outcome is Outcome.ADMIT else waiting).append(t)
+            (running if outcome is Verdict.ADMIT else waiting).append(t)
         elif action < 0.75 and running:
             t = running.pop(rng.randrange(len(running)))
             adm.release(t, now, late=t.deadline is not None and now >= t.deadline)
@@ -45,17 +45,17 @@ def test_slots_and_tickets_stay_consistent_under_a_storm(seed: int) -> None:
                 outcome = adm.give_up(t, max(now, adm.wait_until(t, now)))
             else:
                 adm.cancel(t, now)
-                outcome = Outcome.OVERLOADED
-            if outcome is not Outcome.QUEUED:
+                outcome = Verdict.OVERLOADED
+            if outcome is not Verdict.QUEUED:
                 waiting.remove(t)
-                if outcome is Outcome.ADMIT:
+                if outcome is Verdict.ADMIT:
                     running.append(t)
         # Waiters woken since: admitted ones now run, shed ones are gone.
         for t in list(waiting):
-            if t.outcome is Outcome.ADMIT:
+            if t.outcome is Verdict.ADMIT:
                 waiting.remove(t)
                 running.append(t)
-            elif t.outcome in (Outcome.HOPELESS, Outcome.OVERLOADED):
+            elif t.outcome in (Verdict.HOPELESS, Verdict.OVERLOADED):
                 waiting.remove(t)
         assert adm.inflight == len(running)
         assert adm.queued() == len(waiting)
@@ -63,11 +63,11 @@ def test_slots_and_tickets_stay_consistent_under_a_storm(seed: int) -> None:
     assert all(count <= 1 for count in wakes.values())
 
 
-def counter(wakes: dict[int, int], key: int) -> Callable[[Outcome], None]:
+def counter(wakes: dict[int, int], key: int) -> Callable[[Verdict], None]:
     """A ``wake`` that counts how often ticket ``key`` was woken."""
     wakes[key] = 0
 
-    def wake(_outcome: Outcome) -> None:
+    def wake(_outcome: Verdict) -> None:
         wakes[key] += 1
 
     return wake

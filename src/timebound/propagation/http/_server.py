@@ -14,13 +14,13 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .._core import _clock
-from .._core._deadline import Deadline
-from .._core._errors import ConfigurationError, DeadlineExceeded
-from ..telemetry._events import counters, emit, enabled
-from . import _config
-from ._absolute import DEFAULT_SKEW, check_clock_skew, time_left
-from ._codec import (
+from ..._core import _clock
+from ..._core._deadline import Deadline
+from ..._core._errors import ConfigurationError, DeadlineExceeded
+from ...telemetry._events import counters, emit, enabled
+from .. import _config
+from .._absolute import DEFAULT_SKEW, check_clock_skew, time_left
+from .._codec import (
     ABSOLUTE_HEADER,
     EXPIRED_BODY,
     HeaderNames,
@@ -28,7 +28,7 @@ from ._codec import (
     read_absolute,
     read_timeout,
 )
-from ._state import RequestState
+from .._state import RequestState
 
 __all__ = [
     "COMPONENT",

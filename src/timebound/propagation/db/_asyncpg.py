@@ -8,10 +8,10 @@ from collections.abc import Awaitable, Callable, Generator, Iterable
 from types import TracebackType
 from typing import Any, Final, TypeVar
 
-from .._core._errors import ConfigurationError, DeadlineExceeded
-from ._client import Attempt, AttemptTimeoutBase, begin
-from ._db_common import Guard, options, run_guarded
-from ._db_postgres import NARROW_ASYNCPG, RESTORE_ASYNCPG, begin_narrowed
+from ..._core._errors import ConfigurationError, DeadlineExceeded
+from .._client import Attempt, AttemptTimeoutBase, begin
+from ._common import Guard, options, run_guarded
+from ._postgres import NARROW_ASYNCPG, RESTORE_ASYNCPG, begin_narrowed
 
 try:
     import asyncpg
@@ -62,7 +62,7 @@ class DeadlineConnection(asyncpg.Connection):  # type: ignore[misc]
     ever interrupt the statement itself: ``BEGIN``, narrowing, ``COMMIT``/``ROLLBACK`` and the
     restore always finish first, so no transaction of ours and no narrowed timeout outlives the
     call, and a result is returned only once ``COMMIT`` has answered (see
-    :func:`~timebound.propagation._db_common.run_guarded`).
+    :func:`~timebound.propagation.db._common.run_guarded`).
 
     A statement that cannot run inside a transaction block (``VACUUM``, ``CREATE INDEX
     CONCURRENTLY``) must run under :func:`timebound.no_deadline` or in an open transaction.

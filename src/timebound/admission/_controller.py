@@ -51,7 +51,7 @@ __all__ = [
     "AdmissionConfig",
     "FixedLimit",
     "Limit",
-    "Outcome",
+    "Verdict",
     "RouteEstimates",
     "Ticket",
 ]
@@ -60,7 +60,7 @@ __all__ = [
 QUEUE_DELAY_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
-class Outcome(enum.Enum):
+class Verdict(enum.Enum):
     """What becomes of a request at the admission layer."""
 
     ADMIT = "admit"  #: run the handler now; the caller must :meth:`Admission.release` afterwards
@@ -276,9 +276,9 @@ class Ticket:
     route: str
     deadline: float | None
     critical: bool = False
-    wake: Callable[[Outcome], None] | None = None
+    wake: Callable[[Verdict], None] | None = None
     arrived: float = 0.0
-    outcome: Outcome = Outcome.QUEUED
+    outcome: Verdict = Verdict.QUEUED
     admitted_at: float = field(default=0.0)
     #: Admitted with no other request in flight (its time is the handler's own).
     alone: bool = False
@@ -320,8 +320,8 @@ class AdmissionStats:
 class Admission:
     """The admission state of one server (owned by its middleware or interceptor; thread-safe).
 
-    Adapters call :meth:`arrive` for each request; on :attr:`Outcome.ADMIT` they run the handler
-    and then call :meth:`release`; on :attr:`Outcome.QUEUED` they wait for ``ticket.wake`` (or
+    Adapters call :meth:`arrive` for each request; on :attr:`Verdict.ADMIT` they run the handler
+    and then call :meth:`release`; on :attr:`Verdict.QUEUED` they wait for ``ticket.wake`` (or
     until :meth:`wait_until`, then call :meth:`give_up`).
 
     Metrics (userver-style names, label ``component``): counters ``admission-admitted``,
@@ -409,13 +409,13 @@ class Admission:
 
     # -- decisions --------------------------------------------------------------------------
 
-    def arrive(self, ticket: Ticket, now: float) -> Outcome:
+    def arrive(self, ticket: Ticket, now: float) -> Verdict:
         """Decide for a request arriving at ``now``: admit, queue, or shed (never runs it)."""
         ticket.arrived = now
         shed: list[Ticket] = []
         with self._lock:
             if ticket.hopeless(now, self.estimates.baseline(ticket.route)):
-                outcome = self._shed(ticket, Outcome.HOPELESS, "deadline")
+                outcome = self._shed(ticket, Verdict.HOPELESS, "deadline")
             elif self._inflight < self.limit.value and not self.queued():
                 outcome = self._admit(ticket, now)
             else:
@@ -431,33 +431,33 @@ class Admission:
             bound = ticket.arrived + self.interval(ticket.route)
             return min(bound, ticket.deadline - self.estimates.baseline(ticket.route))
 
-    def give_up(self, ticket: Ticket, now: float) -> Outcome:
+    def give_up(self, ticket: Ticket, now: float) -> Verdict:
         """A queued request's wait timed out (or its waiter was cancelled): its final outcome.
 
-        If it was admitted meanwhile, returns :attr:`Outcome.ADMIT` and the slot is the caller's
+        If it was admitted meanwhile, returns :attr:`Verdict.ADMIT` and the slot is the caller's
         (run the handler, or :meth:`release` it). If its wait is still within bounds (the queue
-        stopped standing), it stays queued and :attr:`Outcome.QUEUED` is returned.
+        stopped standing), it stays queued and :attr:`Verdict.QUEUED` is returned.
         """
         with self._lock:
-            if ticket.outcome is not Outcome.QUEUED:
+            if ticket.outcome is not Verdict.QUEUED:
                 return ticket.outcome
             if ticket.hopeless(now, self.estimates.baseline(ticket.route)):
                 self._remove(ticket)
-                return self._shed(ticket, Outcome.HOPELESS, "deadline")
+                return self._shed(ticket, Verdict.HOPELESS, "deadline")
             if self._waited_too_long(ticket, now):
                 self._remove(ticket)
-                return self._shed(ticket, Outcome.OVERLOADED, "queue-delay")
-            return Outcome.QUEUED
+                return self._shed(ticket, Verdict.OVERLOADED, "queue-delay")
+            return Verdict.QUEUED
 
     def cancel(self, ticket: Ticket, now: float) -> None:
         """The waiter of a queued request went away (client gone, task cancelled): forget it,
         or give back the slot if it had been admitted meanwhile."""
         with self._lock:
-            if ticket.outcome is Outcome.QUEUED:
+            if ticket.outcome is Verdict.QUEUED:
                 self._remove(ticket)
-                ticket.outcome = Outcome.OVERLOADED
+                ticket.outcome = Verdict.OVERLOADED
                 return
-        if ticket.outcome is Outcome.ADMIT:
+        if ticket.outcome is Verdict.ADMIT:
             self.release(ticket, now, late=False, measure=False)
 
     def release(self, ticket: Ticket, now: float, *, late: bool, measure: bool = True) -> None:
@@ -495,33 +495,33 @@ class Admission:
 
     # -- internals (called with the lock held) ----------------------------------------------
 
-    def _admit(self, ticket: Ticket, now: float) -> Outcome:
+    def _admit(self, ticket: Ticket, now: float) -> Verdict:
         self._inflight += 1
         ticket.alone = self._inflight == 1
-        ticket.outcome = Outcome.ADMIT
+        ticket.outcome = Verdict.ADMIT
         ticket.admitted_at = now
         counters.inc("admission-admitted", component=self.component)
-        return Outcome.ADMIT
+        return Verdict.ADMIT
 
-    def _shed(self, ticket: Ticket, outcome: Outcome, reason: str) -> Outcome:
+    def _shed(self, ticket: Ticket, outcome: Verdict, reason: str) -> Verdict:
         ticket.outcome = outcome
         counters.inc("admission-shed", component=self.component, reason=reason)
         return outcome
 
-    def _enqueue(self, ticket: Ticket, now: float, shed: list[Ticket]) -> Outcome:
+    def _enqueue(self, ticket: Ticket, now: float, shed: list[Ticket]) -> Verdict:
         if self.queued() >= self.config.max_queue:
             # A critical request takes the place of the oldest normal one; otherwise it is shed.
             if ticket.critical and self._normal:
                 victim = self._normal.popleft()
-                self._shed(victim, Outcome.OVERLOADED, "queue-full")
+                self._shed(victim, Verdict.OVERLOADED, "queue-full")
                 shed.append(victim)
             else:
-                return self._shed(ticket, Outcome.OVERLOADED, "queue-full")
+                return self._shed(ticket, Verdict.OVERLOADED, "queue-full")
         if not self.queued():
             self._last_empty = now
         (self._critical if ticket.critical else self._normal).append(ticket)
         counters.inc("admission-queued", component=self.component)
-        return Outcome.QUEUED
+        return Verdict.QUEUED
 
     def _remove(self, ticket: Ticket) -> None:
         queue = self._critical if ticket.critical else self._normal
@@ -539,13 +539,13 @@ class Admission:
             # standing queue holds requests that can still be served.
             while lifo and len(queue) > 1 and self._waited_too_long(queue[0], now):
                 stale = queue.popleft()
-                self._shed(stale, Outcome.OVERLOADED, "queue-delay")
+                self._shed(stale, Verdict.OVERLOADED, "queue-delay")
                 woken.append(stale)
             ticket = queue.pop() if lifo else queue.popleft()
             if ticket.hopeless(now, self.estimates.baseline(ticket.route)):
-                self._shed(ticket, Outcome.HOPELESS, "deadline")
+                self._shed(ticket, Verdict.HOPELESS, "deadline")
             elif self._waited_too_long(ticket, now):
-                self._shed(ticket, Outcome.OVERLOADED, "queue-delay")
+                self._shed(ticket, Verdict.OVERLOADED, "queue-delay")
             else:
                 delay = now - ticket.arrived
                 self._histogram.add(delay)

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Final, TypeVar
 
-from ._client import Attempt, AttemptTimeoutBase, begin
-from ._db_common import Guard, options, run_guarded
-from ._db_postgres import NARROW_PSYCOPG, RESTORE_PSYCOPG, begin_narrowed
+from .._client import Attempt, AttemptTimeoutBase, begin
+from ._common import Guard, options, run_guarded
+from ._postgres import NARROW_PSYCOPG, RESTORE_PSYCOPG, begin_narrowed
 
 try:
     import psycopg

@@ -14,9 +14,9 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Final
 
-from .._core._errors import DeadlineExceeded
-from ._client import Attempt, AttemptTimeoutBase, begin
-from ._db_common import options, run_guarded
+from ..._core._errors import DeadlineExceeded
+from .._client import Attempt, AttemptTimeoutBase, begin
+from ._common import options, run_guarded
 
 try:
     import redis
@@ -213,7 +213,7 @@ class AsyncDeadlineConnection(_GuardedRetry, _ReadAttempt, redis.asyncio.Connect
     reply is bounded by lowering the read timeout, and a cancelling scope that fires at the
     deadline does not interrupt the read: the read ends by itself at the same deadline (the
     read runs as the one interruptible step of
-    :func:`~timebound.propagation._db_common.run_guarded`, like a PostgreSQL statement), so
+    :func:`~timebound.propagation.db._common.run_guarded`, like a PostgreSQL statement), so
     the command is never cancelled mid-flight by the deadline. After any cancellation during a
     read the connection is closed: replies of the same batch may still be due.
     """

@@ -1,12 +1,12 @@
 """Deadline-aware admission control for grpcio servers, sync and ``grpc.aio`` (DECISIONS D9).
 
-The discipline is :class:`~._admission.Admission`'s; these interceptors only map its answers to
-gRPC: a hopeless call ends ``DEADLINE_EXCEEDED`` with the deadline-propagation details (as an
-already-spent one does), a shed call ends ``UNAVAILABLE`` (gRPC's mapping of HTTP 503) with the
-``grpc-retry-pushback-ms`` trailer, gRPC's own way to tell a retrying client when to come back.
-The handler never runs in either case (D9.1). The call's deadline is grpc's own, absolute since
-the call arrived, so waiting in the queue spends it. Put the interceptor first in the list, so
-the deadline interceptor runs only for admitted calls.
+The discipline is :class:`~timebound.admission.Admission`'s; these interceptors only map its
+answers to gRPC: a hopeless call ends ``DEADLINE_EXCEEDED`` with the deadline-propagation details
+(as an already-spent one does), a shed call ends ``UNAVAILABLE`` (gRPC's mapping of HTTP 503) with
+the ``grpc-retry-pushback-ms`` trailer, gRPC's own way to tell a retrying client when to come back.
+The handler never runs in either case (D9.1). The call's deadline is grpc's own, absolute since the
+call arrived, so waiting in the queue spends it. Put the interceptor first in the list, so the
+deadline interceptor runs only for admitted calls.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import Any, Final
 import grpc
 import grpc.aio
 
-from .._core import _clock
-from ._admission import Admission, Outcome, Ticket
-from ._admitting import criticality, enter_async, enter_blocking
-from ._grpc_interceptors import EXPIRED_DETAILS, _method_name, _received_deadline, _rewrap
+from ..._core import _clock
+from ...admission._controller import Admission, Ticket, Verdict
+from ...admission._waiting import criticality, enter_async, enter_blocking
+from ._interceptors import EXPIRED_DETAILS, _method_name, _received_deadline, _rewrap
 
 __all__ = ["OVERLOADED_DETAILS", "admission_interceptor", "aio_admission_interceptor"]
 
@@ -69,9 +69,9 @@ class _SyncAdmission(_Base, grpc.ServerInterceptor):  # type: ignore[misc]
     def _enter(self, details: Any, context: Any) -> Ticket:
         ticket = self._ticket(details, context)
         outcome = enter_blocking(self.admission, ticket)
-        if outcome is Outcome.HOPELESS:
+        if outcome is Verdict.HOPELESS:
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, EXPIRED_DETAILS)
-        elif outcome is not Outcome.ADMIT:
+        elif outcome is not Verdict.ADMIT:
             context.set_trailing_metadata(self._pushback)
             context.abort(grpc.StatusCode.UNAVAILABLE, OVERLOADED_DETAILS)
         return ticket
@@ -121,9 +121,9 @@ class _AioAdmission(_Base, grpc.aio.ServerInterceptor):  # type: ignore[misc]
     async def _enter(self, details: Any, context: Any) -> Ticket:
         ticket = self._ticket(details, context)
         outcome = await enter_async(self.admission, ticket)
-        if outcome is Outcome.HOPELESS:
+        if outcome is Verdict.HOPELESS:
             await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, EXPIRED_DETAILS)
-        elif outcome is not Outcome.ADMIT:
+        elif outcome is not Verdict.ADMIT:
             context.set_trailing_metadata(self._pushback)
             await context.abort(grpc.StatusCode.UNAVAILABLE, OVERLOADED_DETAILS)
         return ticket

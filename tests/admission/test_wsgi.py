@@ -8,11 +8,11 @@ from typing import Any
 
 import httpx
 
-from timebound.propagation.admission import Admission, AdmissionConfig, FixedLimit
+from timebound.admission import Admission, AdmissionConfig, FixedLimit
 from timebound.propagation.wsgi import AdmissionMiddleware
 from timebound.telemetry import counters
 
-from ..http.conftest import ServerThread
+from ..propagation.http.conftest import ServerThread
 
 
 class Blocking:

@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from ._client import Attempt, ClientOptions, CounterReport
+from .._client import Attempt, ClientOptions, CounterReport
 
 _T = TypeVar("_T")
 

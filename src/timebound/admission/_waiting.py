@@ -1,6 +1,6 @@
 """Waiting at the admission layer, for asyncio servers and for threaded ones (DECISIONS D9).
 
-The decisions are :class:`~._admission.Admission`'s; this module only waits for them: on a future
+The decisions are :class:`~._controller.Admission`'s; this module only waits for them: on a future
 for ASGI and gRPC aio, on a thread event for WSGI and sync gRPC. Either way a waiter that is
 cancelled (client gone, server shutting down) leaves no ticket behind and no slot taken.
 """
@@ -12,7 +12,7 @@ import threading
 from typing import Final
 
 from .._core import _clock
-from ._admission import Admission, Outcome, Ticket
+from ._controller import Admission, Ticket, Verdict
 
 __all__ = [
     "OVERLOADED_BODY",
@@ -45,16 +45,16 @@ def criticality(value: str | bytes | None) -> bool:
     return value.strip(" \t").lower() == "critical"
 
 
-async def enter_async(admission: Admission, ticket: Ticket) -> Outcome:
+async def enter_async(admission: Admission, ticket: Ticket) -> Verdict:
     """Admit, queue or shed ``ticket``; if queued, wait for the final outcome on this loop.
 
-    Returns :attr:`Outcome.ADMIT` (the slot is the caller's until :meth:`Admission.release`),
-    :attr:`Outcome.HOPELESS` or :attr:`Outcome.OVERLOADED`.
+    Returns :attr:`Verdict.ADMIT` (the slot is the caller's until :meth:`Admission.release`),
+    :attr:`Verdict.HOPELESS` or :attr:`Verdict.OVERLOADED`.
     """
     loop = asyncio.get_running_loop()
-    future: asyncio.Future[Outcome] = loop.create_future()
+    future: asyncio.Future[Verdict] = loop.create_future()
 
-    def wake(outcome: Outcome) -> None:
+    def wake(outcome: Verdict) -> None:
         # Releases happen on this loop (the handlers run here), but a thread may release too.
         if threading.get_ident() == owner:
             if not future.done():
@@ -66,7 +66,7 @@ async def enter_async(admission: Admission, ticket: Ticket) -> Outcome:
     ticket.wake = wake
     outcome = admission.arrive(ticket, _clock.now())
     try:
-        while outcome is Outcome.QUEUED:
+        while outcome is Verdict.QUEUED:
             at = admission.wait_until(ticket, _clock.now())
             await asyncio.wait((future,), timeout=max(0.0, at - _clock.now()))
             outcome = future.result() if future.done() else admission.give_up(ticket, _clock.now())
@@ -77,18 +77,18 @@ async def enter_async(admission: Admission, ticket: Ticket) -> Outcome:
     return outcome
 
 
-def _resolve(future: asyncio.Future[Outcome], outcome: Outcome) -> None:
+def _resolve(future: asyncio.Future[Verdict], outcome: Verdict) -> None:
     if not future.done():
         future.set_result(outcome)
 
 
-def enter_blocking(admission: Admission, ticket: Ticket) -> Outcome:
+def enter_blocking(admission: Admission, ticket: Ticket) -> Verdict:
     """:func:`enter_async` for a thread: waits on an event, on the scheduling clock."""
     event = threading.Event()
     ticket.wake = lambda _outcome: event.set()
     outcome = admission.arrive(ticket, _clock.now())
     try:
-        while outcome is Outcome.QUEUED:
+        while outcome is Verdict.QUEUED:
             at = admission.wait_until(ticket, _clock.now())
             if event.wait(max(0.0, at - _clock.now())):
                 outcome = ticket.outcome

@@ -8,13 +8,13 @@ from typing import Any
 
 import httpx
 
-from timebound.propagation._admitting import enter_async
-from timebound.propagation.admission import Admission, AdmissionConfig, FixedLimit, Outcome, Ticket
+from timebound.admission import Admission, AdmissionConfig, FixedLimit, Ticket, Verdict
+from timebound.admission._waiting import enter_async
 from timebound.propagation.asgi import AdmissionMiddleware
 from timebound.telemetry import counters
 from timebound.testing import VirtualClock
 
-from ..http.conftest import ServerThread, call_asgi
+from ..propagation.http.conftest import ServerThread, call_asgi
 
 
 def make(limit: int = 1, **config: Any) -> Admission:
@@ -39,8 +39,8 @@ class Handler:
 async def test_queued_waiter_is_shed_exactly_at_interval(virtual_clock: VirtualClock) -> None:
     """A waiter nobody admits gets OVERLOADED at arrival + interval, not a moment earlier."""
     adm = make(limit=1, interval=0.125, target=0.0625)
-    assert await enter_async(adm, Ticket("r", None)) is Outcome.ADMIT
-    assert await enter_async(adm, Ticket("r", None)) is Outcome.OVERLOADED
+    assert await enter_async(adm, Ticket("r", None)) is Verdict.ADMIT
+    assert await enter_async(adm, Ticket("r", None)) is Verdict.OVERLOADED
     assert virtual_clock.now() == 0.125
 
 
@@ -50,7 +50,7 @@ async def test_queued_waiter_is_admitted_when_a_slot_frees(virtual_clock: Virtua
     first = Ticket("r", None)
     await enter_async(adm, first)
     asyncio.get_running_loop().call_later(0.25, lambda: adm.release(first, 0.25, late=False))
-    assert await enter_async(adm, Ticket("r", None)) is Outcome.ADMIT
+    assert await enter_async(adm, Ticket("r", None)) is Verdict.ADMIT
     assert virtual_clock.now() == 0.25
 
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from timebound import ConfigurationError
-from timebound.propagation.admission import (
+from timebound.admission import (
     Admission,
     AdmissionConfig,
     AIMDLimit,
     FixedLimit,
-    Outcome,
     RouteEstimates,
     Ticket,
+    Verdict,
 )
 from timebound.telemetry import counters
 
@@ -30,7 +30,7 @@ def make(limit: int = 1, **config: float) -> Admission:
 def test_under_the_limit_a_request_runs_at_once() -> None:
     """A request arriving below the concurrency limit is admitted."""
     adm = make(limit=2)
-    assert adm.arrive(Ticket("GET /", None), 0.0) is Outcome.ADMIT
+    assert adm.arrive(Ticket("GET /", None), 0.0) is Verdict.ADMIT
     assert adm.inflight == 1
     assert counters.get("admission-admitted", component="http-server") == 1
 
@@ -39,33 +39,33 @@ def test_at_the_limit_a_request_queues_and_a_release_admits_it() -> None:
     """A request over the limit waits, and the next release admits it and wakes it."""
     adm = make(limit=1)
     first, second = Ticket("GET /", None), Ticket("GET /", None)
-    woken: list[Outcome] = []
+    woken: list[Verdict] = []
     second.wake = woken.append
     adm.arrive(first, 0.0)
-    assert adm.arrive(second, 0.0) is Outcome.QUEUED
+    assert adm.arrive(second, 0.0) is Verdict.QUEUED
     adm.release(first, 0.03125, late=False)
-    assert woken == [Outcome.ADMIT] and adm.inflight == 1 and adm.queued() == 0
+    assert woken == [Verdict.ADMIT] and adm.inflight == 1 and adm.queued() == 0
 
 
 def test_hopeless_request_is_answered_on_arrival() -> None:
     """A budget below the route's expected service time is shed as hopeless before running."""
     adm = make(limit=4)
     adm.estimates.observe("GET /slow", 0.5)
-    assert adm.arrive(Ticket("GET /slow", deadline=10.25), 10.0) is Outcome.HOPELESS
+    assert adm.arrive(Ticket("GET /slow", deadline=10.25), 10.0) is Verdict.HOPELESS
     assert adm.inflight == 0 and shed("deadline") == 1
 
 
 def test_unknown_route_is_never_shed_as_hopeless() -> None:
     """A route with no measured handler time admits any request with budget left."""
     adm = make(limit=4)
-    assert adm.arrive(Ticket("GET /new", deadline=10.001), 10.0) is Outcome.ADMIT
+    assert adm.arrive(Ticket("GET /new", deadline=10.001), 10.0) is Verdict.ADMIT
 
 
 def test_budget_equal_to_the_estimate_is_hopeless() -> None:
     """Exactly the expected service time left is not enough (the answer would be late)."""
     adm = make(limit=4)
     adm.estimates.observe("r", 0.25)
-    assert adm.arrive(Ticket("r", deadline=1.25), 1.0) is Outcome.HOPELESS
+    assert adm.arrive(Ticket("r", deadline=1.25), 1.0) is Verdict.HOPELESS
 
 
 def test_normal_queue_is_first_in_first_out() -> None:
@@ -92,7 +92,7 @@ def test_standing_queue_serves_newest_first() -> None:
         tickets[name] = Ticket(name, None)
         adm.arrive(tickets[name], at)
     adm.release(running, 0.15625, late=False)
-    assert tickets["new"].outcome is Outcome.ADMIT
+    assert tickets["new"].outcome is Verdict.ADMIT
 
 
 def test_standing_queue_sheds_waiters_older_than_target() -> None:
@@ -104,7 +104,7 @@ def test_standing_queue_sheds_waiters_older_than_target() -> None:
     adm.arrive(old, 0.0)
     adm.arrive(new, 0.125)
     adm.release(running, 0.15625, late=False)
-    assert old.outcome is Outcome.OVERLOADED and shed("queue-delay") == 1
+    assert old.outcome is Verdict.OVERLOADED and shed("queue-delay") == 1
 
 
 def test_full_queue_sheds_with_overload() -> None:
@@ -112,7 +112,7 @@ def test_full_queue_sheds_with_overload() -> None:
     adm = make(limit=1, max_queue=1)
     adm.arrive(Ticket("r", None), 0.0)
     adm.arrive(Ticket("r", None), 0.0)
-    assert adm.arrive(Ticket("r", None), 0.0) is Outcome.OVERLOADED
+    assert adm.arrive(Ticket("r", None), 0.0) is Verdict.OVERLOADED
     assert shed("queue-full") == 1
 
 
@@ -121,11 +121,11 @@ def test_critical_request_takes_the_place_of_the_oldest_normal_one() -> None:
     adm = make(limit=1, max_queue=1)
     adm.arrive(Ticket("r", None), 0.0)
     normal = Ticket("r", None)
-    woken: list[Outcome] = []
+    woken: list[Verdict] = []
     normal.wake = woken.append
     adm.arrive(normal, 0.0)
-    assert adm.arrive(Ticket("r", None, critical=True), 0.0) is Outcome.QUEUED
-    assert woken == [Outcome.OVERLOADED]
+    assert adm.arrive(Ticket("r", None, critical=True), 0.0) is Verdict.QUEUED
+    assert woken == [Verdict.OVERLOADED]
 
 
 def test_critical_waiter_is_admitted_before_older_normal_ones() -> None:
@@ -137,7 +137,7 @@ def test_critical_waiter_is_admitted_before_older_normal_ones() -> None:
     adm.arrive(normal, 0.0)
     adm.arrive(critical, 0.001)
     adm.release(running, 0.002, late=False)
-    assert critical.outcome is Outcome.ADMIT and normal.outcome is Outcome.QUEUED
+    assert critical.outcome is Verdict.ADMIT and normal.outcome is Verdict.QUEUED
 
 
 def test_request_without_deadline_keeps_its_place_among_deadline_requests() -> None:
@@ -149,7 +149,7 @@ def test_request_without_deadline_keeps_its_place_among_deadline_requests() -> N
     adm.arrive(plain, 0.0)
     adm.arrive(Ticket("r", deadline=5.0), 0.001)
     adm.release(running, 0.002, late=False)
-    assert plain.outcome is Outcome.ADMIT
+    assert plain.outcome is Verdict.ADMIT
 
 
 def test_wait_until_is_the_instant_a_waiter_becomes_hopeless() -> None:
@@ -160,7 +160,7 @@ def test_wait_until_is_the_instant_a_waiter_becomes_hopeless() -> None:
     t = Ticket("r", deadline=0.5)
     adm.arrive(t, 0.0)
     assert adm.wait_until(t, 0.0) == 0.25
-    assert adm.give_up(t, 0.25) is Outcome.HOPELESS and adm.queued() == 0
+    assert adm.give_up(t, 0.25) is Verdict.HOPELESS and adm.queued() == 0
 
 
 def test_waiting_longer_than_interval_sheds_with_overload() -> None:
@@ -170,8 +170,8 @@ def test_waiting_longer_than_interval_sheds_with_overload() -> None:
     t = Ticket("r", None)
     adm.arrive(t, 0.0)
     assert adm.wait_until(t, 0.0) == 0.125
-    assert adm.give_up(t, 0.0625) is Outcome.QUEUED
-    assert adm.give_up(t, 0.125) is Outcome.OVERLOADED and shed("queue-delay") == 1
+    assert adm.give_up(t, 0.0625) is Verdict.QUEUED
+    assert adm.give_up(t, 0.125) is Verdict.OVERLOADED and shed("queue-delay") == 1
 
 
 def test_give_up_after_admission_returns_the_slot_to_the_caller() -> None:
@@ -181,7 +181,7 @@ def test_give_up_after_admission_returns_the_slot_to_the_caller() -> None:
     adm.arrive(running, 0.0)
     adm.arrive(t, 0.0)
     adm.release(running, 0.001, late=False)
-    assert adm.give_up(t, 0.2) is Outcome.ADMIT and adm.inflight == 1
+    assert adm.give_up(t, 0.2) is Verdict.ADMIT and adm.inflight == 1
 
 
 def test_cancelled_waiter_leaves_no_ticket() -> None:
@@ -288,7 +288,7 @@ def test_adaptive_limit_drives_admission() -> None:
     adm.arrive(b, 0.0)
     adm.release(a, 1.0, late=True)
     assert adm.stats().limit == 1
-    assert adm.arrive(Ticket("r", None), 1.0) is Outcome.QUEUED
+    assert adm.arrive(Ticket("r", None), 1.0) is Verdict.QUEUED
 
 
 @pytest.mark.parametrize(
@@ -338,7 +338,7 @@ def _serial_rounds(adm: Admission, rounds: int = 30, service: float = 0.04) -> N
         tickets = []
         while True:
             t = Ticket("r", None)
-            if adm.arrive(t, now) is not Outcome.ADMIT:
+            if adm.arrive(t, now) is not Verdict.ADMIT:
                 adm.cancel(t, now)
                 break
             tickets.append(t)
@@ -406,7 +406,7 @@ def test_hopeless_is_judged_on_the_baseline_not_on_queueing() -> None:
     adm.estimates.observe("r", 0.04)
     adm.estimates.observe("r", 0.4, alone=False)
     assert adm.estimates.get("r") > 0.1
-    assert adm.arrive(Ticket("r", deadline=1.1), 1.0) is Outcome.ADMIT
+    assert adm.arrive(Ticket("r", deadline=1.1), 1.0) is Verdict.ADMIT
 
 
 def test_interval_is_at_least_some_service_times() -> None:
@@ -417,7 +417,7 @@ def test_interval_is_at_least_some_service_times() -> None:
     adm.arrive(Ticket("r", None), 0.0)
     t = Ticket("r", None)
     adm.arrive(t, 0.0)
-    assert not adm.standing(0.15) and adm.give_up(t, 0.15) is Outcome.QUEUED
+    assert not adm.standing(0.15) and adm.give_up(t, 0.15) is Verdict.QUEUED
 
 
 def test_waiter_with_deadline_keeps_the_interval_in_a_standing_queue() -> None:
@@ -430,8 +430,8 @@ def test_waiter_with_deadline_keeps_the_interval_in_a_standing_queue() -> None:
     adm.arrive(plain, 0.5625)
     adm.arrive(timed, 0.5625)
     assert adm.standing(0.625)
-    assert adm.give_up(plain, 0.625) is Outcome.OVERLOADED
-    assert adm.give_up(timed, 0.625) is Outcome.QUEUED
+    assert adm.give_up(plain, 0.625) is Verdict.OVERLOADED
+    assert adm.give_up(timed, 0.625) is Verdict.QUEUED
     assert adm.wait_until(timed, 0.625) == 1.0625
 
 

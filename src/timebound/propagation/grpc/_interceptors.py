@@ -23,21 +23,21 @@ from __future__ import annotations
 
 import contextvars
 import inspect
-import math
 import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Final, NamedTuple
 
-from .._core._classify import bound_origin
-from .._core._deadline import Deadline
-from .._core._errors import DeadlineExceeded
-from .._core._request import RequestState, _request
-from .._core._scopes import _spawn_detached, inherit_deadline
-from ..telemetry._events import counters, emit, enabled
-from ._absolute import DEFAULT_SKEW, check_clock_skew, time_left
-from ._client import Attempt, AttemptTimeoutBase, ClientOptions, absolute_wire_value, begin
-from ._codec import parse_absolute_us
-from ._config import is_enabled
+from ..._core._classify import bound_origin
+from ..._core._deadline import Deadline
+from ..._core._durations import ceil_ms
+from ..._core._errors import DeadlineExceeded
+from ..._core._request import RequestState, _request
+from ..._core._scopes import _spawn_detached, inherit_deadline
+from ...telemetry._events import counters, emit, enabled
+from .._absolute import DEFAULT_SKEW, check_clock_skew, time_left
+from .._client import Attempt, AttemptTimeoutBase, ClientOptions, absolute_wire_value, begin
+from .._codec import parse_absolute_us
+from .._config import is_enabled
 
 try:
     import grpc
@@ -243,10 +243,10 @@ class _CallBound:
             return
         self.budget = budget
         deadline = Deadline.after(budget)
-        self.state = RequestState(
-            deadline_received_ms=max(0, math.ceil(received * 1000)), deadline=deadline
+        self.state = RequestState(deadline_received_ms=max(0, ceil_ms(received)), deadline=deadline)
+        self._bound = inherit_deadline(
+            deadline, source="inherited", timeout=self.budget, set_by="gRPC interceptor"
         )
-        self._bound = inherit_deadline(deadline, source="inherited", timeout=self.budget)
 
     def enter(self) -> contextvars.Token[RequestState | None]:
         token = _request.set(self.state)

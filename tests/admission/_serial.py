@@ -16,7 +16,7 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
-from timebound.propagation.admission import Admission, Outcome, Ticket
+from timebound.admission import Admission, Ticket, Verdict
 
 
 @dataclass
@@ -53,7 +53,7 @@ def simulate(
         t += rng.expovariate(rate)
     inside: deque[Ticket] = deque()
     busy = 0
-    woken: list[tuple[Ticket, Outcome]] = []
+    woken: list[tuple[Ticket, Verdict]] = []
     out = Result()
 
     def start(now: float) -> None:
@@ -69,11 +69,11 @@ def simulate(
             left = max(0.0, ticket.deadline - now)
             at(now + (int(left / quantum) + 1) * quantum, "late", ticket)
 
-    def settle(ticket: Ticket, outcome: Outcome, now: float) -> None:
-        if outcome is Outcome.ADMIT:
+    def settle(ticket: Ticket, outcome: Verdict, now: float) -> None:
+        if outcome is Verdict.ADMIT:
             inside.append(ticket)
             start(now)
-        elif outcome is Outcome.QUEUED:
+        elif outcome is Verdict.QUEUED:
             at(adm.wait_until(ticket, now), "timer", ticket)
         else:
             out.shed += 1
@@ -87,9 +87,9 @@ def simulate(
             settle(ticket, adm.arrive(ticket, now), now)
         elif kind == "timer":
             assert ticket is not None
-            if ticket.outcome is Outcome.QUEUED:
+            if ticket.outcome is Verdict.QUEUED:
                 outcome = adm.give_up(ticket, now)
-                if outcome is Outcome.QUEUED:
+                if outcome is Verdict.QUEUED:
                     at(max(now, adm.wait_until(ticket, now)), "timer", ticket)
                 else:
                     settle(ticket, outcome, now)

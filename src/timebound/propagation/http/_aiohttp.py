@@ -1,0 +1,173 @@
+"""Deadline propagation for aiohttp clients, as a client middleware (aiohttp >= 3.12).
+
+::
+
+    import aiohttp
+    from timebound.propagation.aiohttp import DeadlineMiddleware
+
+    async with aiohttp.ClientSession(middlewares=(DeadlineMiddleware(timeout=5.0),)) as session:
+        async with session.get(url) as response:
+            body = await response.read()
+
+Every attempt's timeout is ``min(static, remaining)``. The static timeout is the middleware's
+``timeout`` when given, else the session's ``ClientTimeout.total`` (a per-request ``timeout=``
+override is not visible to middlewares: pass ``timeout=`` here to be exact). The exchange until
+the headers arrive runs under a timebound scope, and the response's ``content`` stream is wrapped
+so every read (``read()``, ``text()``, ``json()``, ``iter_chunked()`` …) ends at the attempt's
+end. Errors are as for :mod:`timebound.propagation.httpx`; :class:`AttemptTimeout` is also an
+``aiohttp.ServerTimeoutError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from typing import Any
+
+try:
+    import aiohttp
+    from aiohttp.streams import AsyncStreamIterator, ChunkTupleAsyncStreamIterator
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "timebound.propagation.aiohttp needs aiohttp: pip install 'timebound[aiohttp]'"
+    ) from exc
+
+from ..._core._durations import Duration, to_seconds
+from ...telemetry._tracing import active as tracing_active
+from ...telemetry._tracing import client_span
+from .._client import Attempt, AttemptTimeoutBase, ClientOptions, begin
+from .._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER
+
+__all__ = ["AttemptTimeout", "DeadlineMiddleware"]
+
+_TIMEOUTS: tuple[type[BaseException], ...] = (aiohttp.ServerTimeoutError,)
+
+
+class AttemptTimeout(AttemptTimeoutBase, aiohttp.ServerTimeoutError):
+    """The attempt's own timeout ran out (retryable, D2.5).
+
+    Both a :class:`timebound.DeadlineExceeded` with ``source="attempt"`` and an
+    :class:`aiohttp.ServerTimeoutError`; ``remote`` is true for a server's "deadline expired"
+    answer (D4.5 case 2).
+    """
+
+
+class DeadlineMiddleware:
+    """An aiohttp client middleware that clamps, propagates and enforces the deadline."""
+
+    def __init__(
+        self,
+        *,
+        timeout: Duration | None = None,
+        propagate_header: bool = True,
+        timeout_header: str = TIMEOUT_HEADER,
+        absolute_header: str | None = ABSOLUTE_HEADER,
+        expired_header: str = EXPIRED_HEADER,
+        what: str = "http request",
+    ) -> None:
+        self._timeout = None if timeout is None else to_seconds(timeout, option="timeout")
+        self._options = ClientOptions(
+            propagate_header=propagate_header,
+            timeout_header=timeout_header,
+            absolute_header=absolute_header,
+            expired_header=expired_header,
+            what=what,
+        )
+
+    def _static(self, request: aiohttp.ClientRequest) -> float | None:
+        if self._timeout is not None:
+            return self._timeout
+        # ``ClientSession.timeout`` is public; the request's link to its session is not.
+        session = getattr(request, "_session", None)
+        total = getattr(getattr(session, "timeout", None), "total", None)
+        return float(total) if isinstance(total, int | float) else None
+
+    def __call__(
+        self, request: aiohttp.ClientRequest, handler: Any
+    ) -> Coroutine[Any, Any, aiohttp.ClientResponse]:
+        # Not a coroutine of its own: the untraced call costs no extra frame per request.
+        if not tracing_active():
+            return self._call(request, handler)
+        return self._traced(request, handler)
+
+    async def _traced(self, request: aiohttp.ClientRequest, handler: Any) -> aiohttp.ClientResponse:
+        # With spans exported, a client span carrying the budget sent (D10.4).
+        with client_span(request.method, str(request.url), request.headers) as answered:
+            response = await self._call(request, handler)
+            answered(response.status, request.headers.get(self._options.timeout_header))
+            return response
+
+    async def _call(self, request: aiohttp.ClientRequest, handler: Any) -> aiohttp.ClientResponse:
+        attempt = begin(self._static(request), self._options, AttemptTimeout, _TIMEOUTS)
+        for name, value in attempt.headers():
+            request.headers[name] = value
+        if attempt.end is None:
+            response: aiohttp.ClientResponse = await handler(request)
+            return response
+        response = await attempt.run(handler, request)
+        refusal = attempt.refusal(
+            response.status, response.headers.get(self._options.expired_header)
+        )
+        if refusal is not None:
+            # Read the short body so the connection returns to the pool intact (D4.8).
+            try:
+                await attempt.run(response.read)
+            finally:
+                response.release()
+            raise refusal
+        response.content = _BoundedContent(response.content, attempt)  # type: ignore[assignment]
+        return response
+
+
+class _BoundedContent:
+    """``ClientResponse.content`` with every read bounded by the attempt's end."""
+
+    def __init__(self, inner: Any, attempt: Attempt) -> None:
+        self._inner = inner
+        self._attempt = attempt
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        async def call() -> Any:
+            return await fn(*args, **kwargs)
+
+        return await self._attempt.run(call)
+
+    async def read(self, n: int = -1) -> bytes:
+        data: bytes = await self._call(self._inner.read, n)
+        return data
+
+    async def readany(self) -> bytes:
+        data: bytes = await self._call(self._inner.readany)
+        return data
+
+    async def readline(self, **kwargs: Any) -> bytes:
+        data: bytes = await self._call(self._inner.readline, **kwargs)
+        return data
+
+    async def readuntil(self, separator: bytes = b"\n", **kwargs: Any) -> bytes:
+        data: bytes = await self._call(self._inner.readuntil, separator, **kwargs)
+        return data
+
+    async def readexactly(self, n: int) -> bytes:
+        data: bytes = await self._call(self._inner.readexactly, n)
+        return data
+
+    async def readchunk(self) -> tuple[bytes, bool]:
+        chunk: tuple[bytes, bool] = await self._call(self._inner.readchunk)
+        return chunk
+
+    def __aiter__(self) -> AsyncStreamIterator[bytes]:
+        return AsyncStreamIterator(self.readline)
+
+    def iter_chunked(self, n: int) -> AsyncStreamIterator[bytes]:
+        if hasattr(self._inner, "set_read_chunk_size"):
+            self._inner.set_read_chunk_size(n)
+        return AsyncStreamIterator(lambda: self.read(n))
+
+    def iter_any(self) -> AsyncStreamIterator[bytes]:
+        return AsyncStreamIterator(self.readany)
+
+    def iter_chunks(self) -> ChunkTupleAsyncStreamIterator:
+        return ChunkTupleAsyncStreamIterator(self)  # type: ignore[arg-type]

@@ -1,0 +1,227 @@
+"""Deadline propagation for requests (DECISIONS D4.3, D4.5, D4.8).
+
+Mount the adapter on a session::
+
+    import requests
+    from timebound.propagation.requests import DeadlineAdapter
+
+    session = requests.Session()
+    adapter = DeadlineAdapter(timeout=5.0)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+
+Every attempt's timeout is ``min(static, remaining)``. The static timeout is the adapter's own
+``timeout`` (a total per attempt) when given, else the call's ``timeout=`` (the larger of a
+``(connect, read)`` pair). The connect and read timeouts are set to at most the time left, and the
+body is read through a stream that checks the clock after every chunk, so the whole exchange is
+bounded (a sync read cannot be interrupted: a server trickling bytes can overrun by at most one
+read timeout). Errors are as for :mod:`timebound.propagation.httpx`; :class:`AttemptTimeout` is
+also a ``requests.exceptions.Timeout``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+try:
+    import requests
+    from requests.adapters import HTTPAdapter
+    from urllib3.exceptions import ReadTimeoutError
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "timebound.propagation.requests needs requests: pip install 'timebound[requests]'"
+    ) from exc
+
+from ..._core._durations import Duration, to_seconds
+from ..._core._errors import DeadlineExceeded
+from ...telemetry._tracing import active as tracing_active
+from ...telemetry._tracing import client_span
+from .._client import Attempt, AttemptTimeoutBase, ClientOptions, begin
+from .._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER
+
+__all__ = ["AttemptTimeout", "DeadlineAdapter"]
+
+_TIMEOUTS: tuple[type[BaseException], ...] = (requests.exceptions.Timeout, ReadTimeoutError)
+
+
+class AttemptTimeout(AttemptTimeoutBase, requests.exceptions.Timeout):
+    """The attempt's own timeout ran out (retryable, D2.5).
+
+    Both a :class:`timebound.DeadlineExceeded` with ``source="attempt"`` and a
+    :class:`requests.exceptions.Timeout`; ``remote`` is true for a server's "deadline expired"
+    answer (D4.5 case 2).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        request: Any = None,
+        remote: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        AttemptTimeoutBase.__init__(self, message, remote=remote, timeout=timeout)
+        self.request = request
+        self.response = None
+
+
+def _phases(timeout: Any) -> tuple[float | None, float | None]:
+    if timeout is None:
+        return (None, None)
+    if isinstance(timeout, tuple):
+        connect, read = timeout
+        return (connect, read)
+    if isinstance(timeout, int | float):
+        return (float(timeout), float(timeout))
+    # A urllib3 ``Timeout``: its total bounds both phases.
+    total = getattr(timeout, "total", None)
+    connect = getattr(timeout, "_connect", None)
+    read = getattr(timeout, "_read", None)
+    pair = [v if isinstance(v, int | float) else None for v in (connect, read)]
+    if isinstance(total, int | float):
+        pair = [total if v is None else min(v, total) for v in pair]
+    return (pair[0], pair[1])
+
+
+class DeadlineAdapter(HTTPAdapter):
+    """A requests transport adapter that clamps, propagates and enforces the deadline.
+
+    ``timeout``: a total per attempt (seconds, timedelta or ``"5s"``); other keyword arguments go
+    to :class:`requests.adapters.HTTPAdapter` (``pool_maxsize``, ``max_retries`` …).
+    """
+
+    def __init__(
+        self,
+        *,
+        timeout: Duration | None = None,
+        propagate_header: bool = True,
+        timeout_header: str = TIMEOUT_HEADER,
+        absolute_header: str | None = ABSOLUTE_HEADER,
+        expired_header: str = EXPIRED_HEADER,
+        what: str = "http request",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self._timeout = None if timeout is None else to_seconds(timeout, option="timeout")
+        self._options = ClientOptions(
+            propagate_header=propagate_header,
+            timeout_header=timeout_header,
+            absolute_header=absolute_header,
+            expired_header=expired_header,
+            what=what,
+        )
+
+    def send(
+        self,
+        request: requests.PreparedRequest,
+        stream: bool = False,
+        timeout: Any = None,
+        verify: bool | str = True,
+        cert: Any = None,
+        proxies: Mapping[str, str] | None = None,
+    ) -> requests.Response:
+        """Send one attempt under the effective deadline (see the module docstring)."""
+        if not tracing_active():
+            return self._send(request, stream, timeout, verify, cert, proxies)
+        # With spans exported, a client span carrying the budget sent (D10.4).
+        with client_span(request.method or "GET", request.url or "", request.headers) as answered:
+            response = self._send(request, stream, timeout, verify, cert, proxies)
+            sent = request.headers.get(self._options.timeout_header)
+            answered(response.status_code, sent if isinstance(sent, str) else None)
+            return response
+
+    def _send(
+        self,
+        request: requests.PreparedRequest,
+        stream: bool,
+        timeout: Any,
+        verify: bool | str,
+        cert: Any,
+        proxies: Mapping[str, str] | None,
+    ) -> requests.Response:
+        connect, read = _phases(timeout)
+        if self._timeout is not None:
+            static: float | None = self._timeout
+        else:
+            configured = [v for v in (connect, read) if v is not None]
+            static = max(configured) if configured else None
+        attempt = begin(
+            static,
+            self._options,
+            functools.partial(AttemptTimeout, request=request),
+            _TIMEOUTS,
+        )
+        for name, value in attempt.headers():
+            request.headers[name] = value
+        seconds = attempt.clamped.seconds
+        if seconds is not None:
+            timeout = (
+                seconds if connect is None else min(connect, seconds),
+                seconds if read is None else min(read, seconds),
+            )
+        with attempt.boundary():
+            response = super().send(
+                request,
+                stream=stream,
+                timeout=timeout,
+                verify=verify,
+                cert=cert,
+                proxies=dict(proxies) if proxies is not None else None,
+            )
+        refusal = attempt.refusal(
+            response.status_code, response.headers.get(self._options.expired_header)
+        )
+        if refusal is not None:
+            # Read the short body so the connection returns to the pool intact (D4.8).
+            try:
+                _ = response.content
+            finally:
+                response.close()
+            raise refusal
+        if attempt.end is not None:
+            response.raw = _BoundedRaw(response.raw, attempt)
+        return response
+
+
+class _BoundedRaw:
+    """urllib3's response, with the body read chunk by chunk under the attempt's end."""
+
+    def __init__(self, raw: Any, attempt: Attempt) -> None:
+        self._raw = raw
+        self._attempt = attempt
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+    @contextmanager
+    def _read(self) -> Iterator[None]:
+        """One read under the attempt's boundary; a cut leaves the connection unusable."""
+        try:
+            with self._attempt.boundary():
+                yield
+                self._attempt.check()
+        except DeadlineExceeded:
+            if self._attempt.expired():
+                # The body is unread: this connection cannot be reused; close it, free its slot.
+                self._raw.close()
+                self._raw.release_conn()
+            raise
+
+    def stream(
+        self, amt: int | None = 2**16, decode_content: bool | None = None
+    ) -> Iterator[bytes]:
+        chunks = self._raw.stream(amt, decode_content=decode_content)
+        while True:
+            with self._read():
+                chunk = next(chunks, None)
+            if chunk is None:
+                return
+            yield chunk
+
+    def read(self, *args: Any, **kwargs: Any) -> bytes:
+        with self._read():
+            data: bytes = self._raw.read(*args, **kwargs)
+        return data
