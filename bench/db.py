@@ -1,7 +1,8 @@
 """Database adapter benchmarks: what a query under a deadline costs (asyncpg, psycopg async).
 
-Run: ``python bench/db.py`` (about half a minute; needs PostgreSQL at 127.0.0.1:5432, database
-``test``). Prints a table and writes ``bench/results/db.json``. Every variant runs on the same
+Run: ``python bench/db.py --out bench/results/db.json`` (about half a minute a repeat; needs
+PostgreSQL at 127.0.0.1:5432, database ``test``). Prints a table; writes the results only with
+``--out``. Every variant runs on the same
 connection kind against the same local server, interleaved, in the same run; the ratios to the
 driver's own call are what matter (absolute times are mostly the local round trip).
 
@@ -23,6 +24,7 @@ times larger than the round trips being measured, and the adapter adds none.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import statistics
 import sys
@@ -31,15 +33,14 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from _common import US, Row, print_table, write_results
+from _common import US, Row, pick, run_bench
 
 import timebound as tb
 
 DSN = "postgresql://postgres@127.0.0.1:5432/test"
 SESSION = "SET synchronous_commit = off"
-QUICK = "--quick" in sys.argv
-ROUNDS = 3 if QUICK else 7
-N = 100 if QUICK else 400
+ROUNDS = 7
+N = 400
 SLICE = 10
 
 
@@ -286,12 +287,15 @@ async def _guard_rows() -> list[Row]:
     return [Row("db.guard.time", t["guarded"] * US, "us", "direct", t["direct"] * US)]
 
 
-async def main() -> None:
-    rows = await _guard_rows() + await _asyncpg_rows() + await _psycopg_rows()
-    print_table(rows, "database adapters: one INSERT, per call")
-    if not QUICK:
-        write_results("db", rows)
+def measure(args: argparse.Namespace) -> list[Row]:
+    global ROUNDS, N
+    ROUNDS, N = pick(args, (7, 400), (3, 100), (1, 20))
+
+    async def main() -> list[Row]:
+        return await _guard_rows() + await _asyncpg_rows() + await _psycopg_rows()
+
+    return asyncio.run(main())
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    sys.exit(run_bench("db", __doc__, measure, title="database adapters: one INSERT, per call"))

@@ -1,7 +1,7 @@
 """Deferred operations: accept latency, poll lateness at 10,000 pending, cadence, rate cap, restart.
 
-Run: ``python bench/deferred.py`` (about two minutes; ``--quick`` for a smaller run). Prints a
-table and writes ``bench/results/deferred.json``.
+Run: ``python bench/deferred.py --out bench/results/deferred.json`` (about two minutes a repeat;
+``--quick`` for a smaller run). Prints a table; writes the results only with ``--out``.
 
 Rows:
 - ``accept_latency.p50/p99``: ``Service.start`` (the ``202`` answer's work: the durable insert
@@ -35,6 +35,7 @@ Rows:
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import collections
 import math
@@ -43,17 +44,14 @@ import sqlite3
 import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from _common import MS, Row, percentile, print_table, write_results
+from _common import MS, Row, percentile, pick, run_bench
 
 from timebound.deferred import HostPolicy, Operation, Poller, Registry, Service
 from timebound.deferred._contract import format_time
 from timebound.deferred._registry import now_ms
 from timebound.testing import VirtualClock
-
-QUICK = "--quick" in sys.argv
 
 
 def _doc(op_id: str, retry_after: int, ttl_s: int) -> dict[str, Any]:
@@ -227,25 +225,22 @@ def polls_per_op() -> Row:
     )
 
 
-async def measured() -> list[Row]:
-    n = 2000 if QUICK else 10_000
+async def measured(n: int, accepts: int, run_s: float) -> list[Row]:
     with tempfile.TemporaryDirectory() as tmp:
-        rows = await accept_latency(tmp, 200 if QUICK else 1000)
-        rows += await lateness_and_restart(tmp, n, 20.0 if QUICK else 60.0)
+        rows = await accept_latency(tmp, accepts)
+        rows += await lateness_and_restart(tmp, n, run_s)
     return rows
 
 
-def main() -> None:
-    rows = asyncio.run(measured())
+def measure(args: argparse.Namespace) -> list[Row]:
+    n, accepts, run_s = pick(args, (10_000, 1000, 60.0), (2000, 200, 20.0), (100, 20, 1.0))
+    rows = asyncio.run(measured(n, accepts, run_s))
     rows.append(polls_per_op())  # on virtual time, outside the real loop
     for r in rows:
-        if isinstance(r.value, float) and math.isnan(r.value):
+        if isinstance(r.value, float) and math.isnan(r.value) and not args.smoke:
             raise SystemExit(f"{r.metric}: no samples")
-    print_table(rows, "deferred operations")
-    if not QUICK:
-        path = write_results("deferred", rows)
-        print(f"wrote {path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path}")
+    return rows
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_bench("deferred", __doc__, measure, title="deferred operations"))

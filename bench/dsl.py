@@ -1,8 +1,8 @@
 """Constellation runtime overhead: a program's module calls vs the same functions called directly
 under the same policies.
 
-Run: ``python bench/dsl.py`` (about 10-20 seconds). Prints a table and writes
-``bench/results/dsl.json``. Each scenario runs one program whose calls all carry the same options
+Run: ``python bench/dsl.py --out bench/results/dsl.json`` (about 10-20 seconds a repeat). Prints
+a table; writes the results only with ``--out``. Each scenario runs one program whose calls all carry the same options
 and a baseline that awaits ``Policy.execute`` for the same functions with equal policies (one per
 call site, as the runtime builds them), in the same process, interleaved; the ratio of per-call
 times is judged against the target (<= 1.5x).
@@ -17,20 +17,20 @@ Scenarios:
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from _common import US, Row, interleave, print_table, write_results
+from _common import US, Row, interleave, pick, run_bench
 
 from timebound.dsl import ModuleRegistry, Program, compile
 from timebound.policies import Policy
 
-QUICK = "--quick" in sys.argv
-ROUNDS = 3 if QUICK else 9
-RUNS = 40 if QUICK else 200  # program runs per timed batch
+ROUNDS = 9
+RUNS = 200  # program runs per timed batch (both set per tier)
 CALLS = 50  # module calls per program run
 TARGET = 1.5
 
@@ -178,7 +178,9 @@ def bench_plain(loop: asyncio.AbstractEventLoop, rows: list[Row]) -> None:
     )
 
 
-def main() -> None:
+def measure(args: argparse.Namespace) -> list[Row]:
+    global ROUNDS, RUNS
+    ROUNDS, RUNS = pick(args, (9, 200), (3, 40), (1, 4))
     rows: list[Row] = []
     loop = asyncio.new_event_loop()
     try:
@@ -187,10 +189,9 @@ def main() -> None:
         bench_plain(loop, rows)
     finally:
         loop.close()
-    print_table(rows, f"Constellation runtime, {CALLS} calls per run, options: {OPTIONS}")
-    path = write_results("dsl", rows)
-    print(f"\nwrote {path}")
+    return rows
 
 
 if __name__ == "__main__":
-    main()
+    title = f"Constellation runtime, {CALLS} calls per run, options: {OPTIONS}"
+    sys.exit(run_bench("dsl", __doc__, measure, title=title))

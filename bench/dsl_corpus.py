@@ -5,7 +5,8 @@ The programs are read from a local copy of the upstream repository (github.com/V
 constellation-engine), never from this repository: bring one as a bare git directory (for
 example with ``git clone --bare``) and run::
 
-    python bench/dsl_corpus.py --mirror PATH/TO/constellation-engine.git [--commit SHA]
+    python bench/dsl_corpus.py --mirror PATH/TO/constellation-engine.git [--commit SHA] \
+        [--out bench/results/dsl_corpus.json]
 
 The commit defaults to the one recorded in ``bench/results/dsl_corpus.json``, so a re-run measures
 the same programs. The corpus is every ``.cst`` file and every ``constellation`` code block of the
@@ -23,7 +24,9 @@ here. The results file holds counts, paths and timebound's diagnostics, never up
 The example programs of ``modules/example-app/examples/`` then run on virtual time (two of them
 against the Redis server at ``--redis``, default ``redis://127.0.0.1:6379/0``, under a fresh key
 prefix removed afterwards) and their results are checked. The script exits non-zero when the share
-misses the target, a reviewed program is accepted or an example's check fails.
+misses the target, a reviewed program is accepted or an example's check fails. ``--quick`` measures
+the share only (no examples). The results are written only with ``--out``; this is a count, not a
+timing, so it has no repeats.
 """
 
 from __future__ import annotations
@@ -530,16 +533,22 @@ def _refused(text: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     recorded = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--mirror", type=pathlib.Path, required=True, help="bare git directory")
     parser.add_argument("--commit", default=recorded.get("upstream_commit"), required=not recorded)
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    parser.add_argument("--quick", action="store_true", help="the share only, no examples")
+    parser.add_argument("--out", type=pathlib.Path, default=None, help="write the results here")
     args = parser.parse_args(argv)
 
     corpus = programs(Mirror(args.mirror, args.commit))
     doc = {"upstream": REPOSITORY, "upstream_commit": args.commit, **measure(corpus)}
-    doc["examples"] = check_examples(corpus, args.redis)
-    RESULTS.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+    doc["examples"] = {} if args.quick else check_examples(corpus, args.redis)
+    if args.out is not None:
+        args.out.write_text(json.dumps(doc, indent=2, ensure_ascii=False) + "\n")
+        print(f"wrote {args.out}")
 
     print(f"{doc['accepted']} of {doc['counted']} counted programs accepted: {doc['share']:.1%}")
     print(f"({doc['programs']} programs, {doc['programs'] - doc['counted']} left out)")

@@ -1,8 +1,8 @@
 """The host under load: run starts through the API on SQLite and PostgreSQL, API latency with
 500 clients, UI paging.
 
-Run: ``python bench/host.py`` (a few minutes; ``--quick`` for a smaller run). Prints a table and
-writes ``bench/results/host.json``. A real ``python -m timebound serve`` process serves every
+Run: ``python bench/host.py --out bench/results/host.json`` (a few minutes a repeat; ``--quick``
+for a smaller run). Prints a table; writes the results only with ``--out``. A real ``python -m timebound serve`` process serves every
 measured request over loopback; the clients are one asyncio process of raw HTTP/1.1 keep-alive
 connections (tests/host/loadgen.py, the load test's own generator), so the client costs the
 shared cores as little as possible. PostgreSQL rows are left out (and said so) when the server at
@@ -22,6 +22,7 @@ Rows, for each store (``.sqlite``, ``.postgres``):
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import functools
 import json
@@ -41,7 +42,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from _common import MS, Row, percentile, print_table, write_results
+from _common import MS, Row, percentile, pick, run_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFINITION = {
@@ -115,11 +116,8 @@ async def _engine_starts(db: str, n: int, width: int) -> float:
         return rate
 
 
-def main() -> None:
-    quick = "--quick" in sys.argv
-    starts = 500 if quick else 2_000
-    seconds = 5.0 if quick else 15.0
-    ui_runs = 2_000 if quick else 10_000
+def measure(args: argparse.Namespace) -> list[Row]:
+    starts, seconds, ui_runs = pick(args, (2_000, 15.0, 10_000), (500, 5.0, 2_000), (50, 0.5, 50))
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
@@ -127,15 +125,16 @@ def main() -> None:
         asyncio.run(_engine_starts(f"sqlite:///{tmp}/host.db", ui_runs, 500))  # the UI's runs
         rows += _measure(tmp, f"sqlite:///{tmp}/host.db", "sqlite", base_rate, seconds, ui=True)
     pg = os.environ.get("TB_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
-    if _pg_reachable(pg):
+    if args.smoke:
+        print("--smoke: the PostgreSQL rows are left out")
+    elif _pg_reachable(pg):
         with _pg_schema(pg) as engine_db, _pg_schema(pg) as host_db:
             base_rate = asyncio.run(_engine_starts(engine_db, starts, 50))
             with tempfile.TemporaryDirectory() as tmp_name:
                 rows += _measure(Path(tmp_name), host_db, "postgres", base_rate, seconds)
     else:
         print(f"PostgreSQL at {pg} is not reachable: its rows are left out")
-    print_table(rows, "host")
-    write_results("host", rows)
+    return rows
 
 
 def _measure(
@@ -254,4 +253,4 @@ def _timed(client: httpx.Client, path: str) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_bench("host", __doc__, measure))

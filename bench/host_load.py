@@ -1,7 +1,7 @@
 """Timer lateness under hostile load: canary runs' node timeouts while a real host is busy.
 
-Run: ``python bench/host_load.py`` (a few minutes; ``--quick`` for a smaller run). Prints a
-table and writes ``bench/results/host_load.json``. A real ``python -m timebound serve`` process
+Run: ``python bench/host_load.py --out bench/results/host_load.json`` (a few minutes a repeat;
+``--quick`` for a smaller run). Prints a table; writes the results only with ``--out``. A real ``python -m timebound serve`` process
 serves everything over loopback, on SQLite, then on PostgreSQL (``TB_BENCH_PG``, default
 ``postgresql://postgres@127.0.0.1:5432/test``; its rows are left out, and said so, when it is not
 reachable); the clients run in this process.
@@ -25,6 +25,7 @@ is recorded at the start and the end.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -38,15 +39,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _common import Row, percentile, print_table, write_results
+from _common import Row, percentile, pick, run_bench
 
 from host import _pg_reachable, _pg_schema
 
 ROOT = Path(__file__).resolve().parents[1]
-QUICK = "--quick" in sys.argv
-PHASE_S = 4.0 if QUICK else 10.0
-HISTORY = 100_000 if QUICK else 400_000
-BOMB = 100 if QUICK else 300
+# Set per tier by measure(): seconds per phase, events of history, the bomb's N (N x N tokens).
+PHASE_S = 10.0
+HISTORY = 400_000
+BOMB = 300
 CANARY_EVERY_S = 0.1
 TARGET_MS = 100.0
 
@@ -291,21 +292,23 @@ def _store_rows(db: str, store: str, phases: tuple[str, ...]) -> list[Row]:
     return rows
 
 
-def main() -> None:
-    rows: list[Row] = [Row("host_load.load_average_1m_start", os.getloadavg()[0], "processes")]
+def measure(args: argparse.Namespace) -> list[Row]:
+    global PHASE_S, HISTORY, BOMB
+    PHASE_S, HISTORY, BOMB = pick(args, (10.0, 400_000, 300), (4.0, 100_000, 100), (1.0, 1000, 5))
+    rows: list[Row] = []
     all_phases = ("idle", "scrapers", "large_puts", "fanout_bomb")
     with tempfile.TemporaryDirectory() as tmp_name:
         rows += _store_rows(f"sqlite:///{tmp_name}/host.db", "sqlite", all_phases)
     pg = os.environ.get("TB_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
-    if _pg_reachable(pg):
+    if args.smoke:
+        print("--smoke: the PostgreSQL rows are left out")
+    elif _pg_reachable(pg):
         with _pg_schema(pg) as db:
             rows += _store_rows(db, "postgres", all_phases)
     else:
         print(f"PostgreSQL at {pg} is not reachable: its rows are left out")
-    rows.append(Row("host_load.load_average_1m_end", os.getloadavg()[0], "processes"))
-    print_table(rows, f"host under load (history {HISTORY:,} events; bomb {BOMB}x{BOMB})")
-    write_results("host_load", rows)
+    return rows
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_bench("host_load", __doc__, measure))

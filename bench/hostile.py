@@ -1,8 +1,8 @@
 """Timers under hostile load: node-timeout lateness of canary runs while the engine takes large
 definitions and a nested fan-out bomb (D6.23, D6.24).
 
-Run: ``python bench/hostile.py`` (about a minute; ``--quick`` for a smaller run). Prints a table
-and writes ``bench/results/hostile.json``. In process, on SQLite: what is measured is the one
+Run: ``python bench/hostile.py --out bench/results/hostile.json`` (about a minute a repeat;
+``--quick`` for a smaller run). Prints a table; writes the results only with ``--out``. In process, on SQLite: what is measured is the one
 event loop that fires the timers, with the load in the same loop.
 
 Each window starts canary runs at a steady pace; a canary's node hangs past its 300 ms timeout,
@@ -21,14 +21,14 @@ shared, and the rows are only comparable with the idle row measured in the same 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
-import os
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from _common import Row, percentile, print_table, write_results
+from _common import Row, percentile, pick, run_bench
 
 from timebound import workflow as wf
 
@@ -115,9 +115,8 @@ async def _window(db: str, load: Any, count: int) -> tuple[list[float], int]:
     return lags, done
 
 
-def main() -> None:
-    count = 30 if "--quick" in sys.argv else 100
-    load_start = os.getloadavg()[0]
+def measure(args: argparse.Namespace) -> list[Row]:
+    count = pick(args, 100, 30, 3)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp:
         idle, _ = asyncio.run(_window(f"sqlite:///{Path(tmp)}/idle.db", None, count))
@@ -138,11 +137,8 @@ def main() -> None:
                 )
             )
             rows.append(Row(f"load_units.{name}", float(done), "definitions or bomb runs"))
-    rows.append(Row("load_average_1m.start", load_start, "processes"))
-    rows.append(Row("load_average_1m.end", os.getloadavg()[0], "processes"))
-    print_table(rows, "hostile")
-    write_results("hostile", rows)
+    return rows
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_bench("hostile", __doc__, measure))

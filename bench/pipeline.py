@@ -1,7 +1,8 @@
 """Pipeline engine costs: overlay commit/rollback, per-node dispatch, a ranking plan end to end.
 
-Run: ``python bench/pipeline.py`` (about 30 seconds; ``--quick`` for a smoke run). Prints a table
-and writes ``bench/results/pipeline.json``. Every timebound figure is measured against its
+Run: ``python bench/pipeline.py --out bench/results/pipeline.json`` (about 30 seconds a repeat;
+``--quick`` or ``--smoke`` for shorter runs). Prints a table; writes the results only with
+``--out``. Every timebound figure is measured against its
 baseline in the same process, in the same run:
 
 - ``overlay.commit`` / ``overlay.rollback`` at 1k and 10k rows x 50 keys: the RowSet's
@@ -17,6 +18,7 @@ baseline in the same process, in the same run:
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import sys
 import time
@@ -24,13 +26,12 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from _common import MS, US, Row, interleave, percentile, print_table, write_results
+from _common import MS, US, Row, interleave, percentile, pick, run_bench
 
 from timebound import pipeline as pl
 from timebound.pipeline._rowset import RowSet
 
-QUICK = "--quick" in sys.argv
-ROUNDS = 3 if QUICK else 7
+SIZES = {"rounds": 7, "reps": 2000, "dispatch": 200}  # set per tier by measure()
 KEYS = 50
 TASKS = 20
 ROWS = 1000
@@ -75,7 +76,7 @@ def overlay_rows() -> list[Row]:
     per_call: dict[tuple[str, int], float] = {}
     for n in (1000, 10_000):
         staged = _columns(n)
-        reps = 200 if QUICK else 2000
+        reps = SIZES["reps"]
 
         def ours(finish: str, n: int = n, reps: int = reps, staged: Any = staged) -> Any:
             def run() -> float:
@@ -116,7 +117,10 @@ def overlay_rows() -> list[Row]:
             # The deep-copy baseline pays its snapshot at begin; rollback itself is then a swap,
             # so its rollback row counts begin + rollback (what the transaction costs to undo).
             times = interleave(
-                {"ours": ours(finish), "theirs": theirs(finish)}, rounds=ROUNDS, n=reps, batches=2
+                {"ours": ours(finish), "theirs": theirs(finish)},
+                rounds=SIZES["rounds"],
+                n=reps,
+                batches=2,
             )
             base = times["theirs"]
             if finish == "rollback":
@@ -154,7 +158,7 @@ _columns_cached = {n: _columns(n) for n in (1000, 10_000)}
 
 def _deep_copy_begin_cost(n: int, reps: int) -> float:
     best = float("inf")
-    for _ in range(ROUNDS):
+    for _ in range(SIZES["rounds"]):
         ov = DeepCopyOverlay(_columns_cached[n].copy())
         t0 = time.perf_counter()
         for _ in range(max(1, reps // 20)):
@@ -200,7 +204,7 @@ def dispatch_rows() -> list[Row]:
     engine = pl.Engine(reg)
     table = pa.table({"id": pa.array(range(ROWS), type=pa.int64())})
     loop = asyncio.new_event_loop()
-    reps = 20 if QUICK else 200
+    reps = SIZES["dispatch"]
 
     # The plan is CPU-bound (sync tasks, no I/O): this thread's CPU time is what a caller pays,
     # and unlike wall time it does not count the other processes of a shared machine.
@@ -220,7 +224,9 @@ def dispatch_rows() -> list[Row]:
         return time.thread_time() - t0
 
     try:
-        times = interleave({"engine": run_engine, "plain": run_plain}, rounds=ROUNDS, n=reps)
+        times = interleave(
+            {"engine": run_engine, "plain": run_plain}, rounds=SIZES["rounds"], n=reps
+        )
     finally:
         loop.close()
     ratio = times["engine"] / times["plain"]
@@ -293,7 +299,7 @@ def ranking_rows() -> list[Row]:
     try:
         for _ in range(20):
             loop.run_until_complete(engine.run(artifact, table))  # warm up
-        for _ in range(200 if QUICK else 2000):
+        for _ in range(SIZES["reps"]):
             t0 = time.perf_counter()
             loop.run_until_complete(engine.run(artifact, table))
             samples.append(time.perf_counter() - t0)
@@ -305,12 +311,12 @@ def ranking_rows() -> list[Row]:
     ]
 
 
-def main() -> None:
-    rows = overlay_rows() + dispatch_rows() + ranking_rows()
-    print_table(rows, "Pipeline engine")
-    if not QUICK:
-        print(f"\nwrote {write_results('pipeline', rows)}")
+def measure(args: argparse.Namespace) -> list[Row]:
+    SIZES["rounds"], SIZES["reps"], SIZES["dispatch"] = pick(
+        args, (7, 2000, 200), (3, 200, 20), (1, 20, 2)
+    )
+    return overlay_rows() + dispatch_rows() + ranking_rows()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_bench("pipeline", __doc__, measure, title="Pipeline engine"))

@@ -20,12 +20,12 @@ called by many concurrent asyncio clients in this process through httpx:
    ``resilient()``: over loopback HTTP (``/noop``; the target, <= 1.2x) and, for reference, around
    an in-process coroutine that returns at once (the policy's own cost, no target).
 
-The machine may be shared: the 1-minute load average is recorded at the start and the end, and
-every comparison is a ratio within the same run. ``--quick`` is a short run (about a minute).
+The machine may be shared: the load average is recorded at the start and the end, and every
+comparison is a ratio within the same run. ``--quick`` is a short run (about a minute a repeat).
 The client's connection pool is unbounded: httpcore 1.0.9 loses a pool slot for good when a
 request is cancelled while waiting for a connection, which empties a bounded pool under any
 mode that cancels requests.
-``python bench/resilience.py`` writes ``bench/results/resilience.json``.
+``python bench/resilience.py --out bench/results/resilience.json`` writes the results.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import US, Row, interleave, percentile, print_table, write_results
+from _common import US, Row, interleave, percentile, pick, run_bench
 
 import timebound as tb
 from timebound.policies import CircuitBreaker, Hedge, RetryBudget
@@ -55,7 +55,7 @@ DEADLINE = 0.300
 FAST = 0.010
 SLOW = 1.0
 SLOW_SHARE = 0.02
-ROUNDS = 5
+ROUNDS = [5]  # interleaved rounds of the heavy-tail modes (set per tier)
 ERRORS: dict[str, int] = {}
 VERBOSE = os.environ.get("RESILIENCE_VERBOSE") == "1"
 HEDGE_AT = os.environ.get("RESILIENCE_HEDGE_AT", "p98")
@@ -158,9 +158,9 @@ async def drive(
 
 async def heavy_tail(server: Server, calls: int, clients: int) -> list[Row]:
     # No pool limit, and a fresh client for every mode and round: httpcore 1.0.9 leaks a pool
-    # slot for good when a request is cancelled while it waits for a connection (httpcore
-    # issue 1093), and the modes that cancel requests (wait_for, a losing hedge) would leave
-    # the zombies to tax the modes after them.
+    # slot for good when a request is cancelled while it waits for a connection
+    # (httpcore issue 1093), and the modes that cancel requests (wait_for, a losing hedge)
+    # would leave the zombies to tax the modes after them.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=4 * clients)
     current: dict[str, httpx.AsyncClient] = {}
 
@@ -198,8 +198,8 @@ async def heavy_tail(server: Server, calls: int, clients: int) -> list[Row]:
     }
     # Interleaved rounds: a busy spell of the shared machine hits every mode alike.
     pooled: dict[str, tuple[list[float], int, int]] = {m: ([], 0, 0) for m in modes}
-    per_round = max(1, calls // ROUNDS)
-    for _ in range(ROUNDS):
+    per_round = max(1, calls // ROUNDS[0])
+    for _ in range(ROUNDS[0]):
         for mode, (path, call) in modes.items():
             server.reset()
             async with httpx.AsyncClient(base_url=server.url, limits=limits, timeout=5) as client:
@@ -292,7 +292,7 @@ async def hard_failure(server: Server, calls: int, clients: int) -> list[Row]:
     return rows
 
 
-def overhead(server: Server, quick: bool) -> list[Row]:
+def overhead(server: Server, tier: str) -> list[Row]:
     rows: list[Row] = []
     loop = asyncio.new_event_loop()
     client = httpx.AsyncClient(base_url=server.url, timeout=5)
@@ -304,8 +304,8 @@ def overhead(server: Server, quick: bool) -> list[Row]:
         return None
 
     for where, target, fn, n in (
-        ("http", http_noop, True, 200 if quick else 1000),
-        ("inproc", noop, False, 2000 if quick else 20000),
+        ("http", http_noop, True, {"full": 1000, "quick": 200, "smoke": 20}[tier]),
+        ("inproc", noop, False, {"full": 20000, "quick": 2000, "smoke": 200}[tier]),
     ):
         del fn
         plain = tb.resilient()(target)
@@ -323,7 +323,7 @@ def overhead(server: Server, quick: bool) -> list[Row]:
 
         times = interleave(
             {"plain": timer(plain), "hedge": timer(hedged), "breaker": timer(broken)},
-            rounds=3 if quick else 7,
+            rounds={"full": 7, "quick": 3, "smoke": 1}[tier],
             n=n,
         )
         for name in ("hedge", "breaker"):
@@ -345,33 +345,30 @@ def overhead(server: Server, quick: bool) -> list[Row]:
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a short run (about a minute)")
-    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--no-write", action="store_true", help="print only")
-    args = parser.parse_args()
-    if args.serve:
-        serve(args.serve, args.seed)
-        return
-    calls = 2000 if args.quick else 10000
+def measure(args: argparse.Namespace) -> list[Row]:
+    calls = pick(args, 10000, 2000, 100)
+    ROUNDS[0] = pick(args, 5, 5, 1)
+    tier = pick(args, "full", "quick", "smoke")
     clients = int(os.environ.get("RESILIENCE_CLIENTS", "8"))
-    load_start = os.getloadavg()[0]
-    rows = [Row("resilience.load_average_1m_start", load_start, "processes")]
+    rows: list[Row] = []
     with Server(seed=args.seed) as server:
         print("heavy tail", flush=True)
         rows += asyncio.run(heavy_tail(server, calls, clients))
         print("hard failure", flush=True)
         rows += asyncio.run(hard_failure(server, calls // 2, clients))
         print("overhead", flush=True)
-        rows += overhead(server, args.quick)
-    rows.append(Row("resilience.load_average_1m_end", os.getloadavg()[0], "processes"))
-    rows.append(Row("resilience.cpus", float(os.cpu_count() or 0), "cpus"))
-    print_table(rows, "resilience (machine shared: see the load average rows)")
-    if not args.no_write:
-        print(write_results("resilience", rows))
+        rows += overhead(server, tier)
+    return rows
+
+
+def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=1, help="the dependency's random seed")
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--serve"]:
+        seed = int(sys.argv[sys.argv.index("--seed") + 1]) if "--seed" in sys.argv else 1
+        serve(int(sys.argv[2]), seed)
+    else:
+        sys.exit(run_bench("resilience", __doc__, measure, configure=_options))

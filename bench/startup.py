@@ -1,48 +1,65 @@
-"""Startup benchmarks: what `import timebound` and the `timebound` command cost a new process.
+"""Startup benchmarks: what `import timebound`, its first use and the `timebound` command cost a
+new process, against the imports of the peers a user would reach for instead.
 
-Run: ``python bench/startup.py`` (about a minute; ``--quick`` for a smoke run). Prints a table and
-writes ``bench/results/startup.json``. Each command is a fresh interpreter, timed from spawn to
-exit, hyperfine-style: warm-up runs first, then rounds that run every command once in turn (so a
-busy phase of the machine hits all of them alike); the median per command is compared with the
-median of ``python -c pass`` measured in the same rounds.
+Run: ``python bench/startup.py --out bench/results/startup.json`` (about a minute per repeat;
+``--quick`` for a shorter run). Prints a table; writes the results only with ``--out``. Each
+command is a fresh interpreter, timed from spawn to exit, hyperfine-style: warm-up runs first,
+then rounds that run every command once in turn (so a busy phase of the machine hits all of them
+alike); the median per command is compared with the median of a baseline measured in the same
+rounds:
 
-``python -X importtime -c "import timebound"`` shows where the rest of the time goes.
+- ``python -c pass`` for ``import timebound`` and the command line;
+- the first ``fail_after`` (importing timebound and entering one scope) against ``import
+  asyncio``, the cheapest way to get a deadline without timebound;
+- the first ``resilient`` call (decorating and calling one function) against the cheapest of
+  ``import tenacity``, ``import stamina`` and ``import backoff``, each measured in the same rounds.
+
+``python -X importtime -c "import timebound; timebound.fail_after(1)"`` shows where the time goes.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
-from _common import MS, Row, now, print_table, write_results
-
-QUICK = "--quick" in sys.argv
-WARMUP = 2 if QUICK else 5
-ROUNDS = 5 if QUICK else 40
+from _common import MS, Row, now, pick, run_bench
 
 PY = sys.executable
 # The console script pip installs next to the interpreter, as users run it (`python -m
 # timebound` would add runpy's own imports).
 SCRIPT = str(Path(PY).with_name("timebound"))
-BASELINE = "python -c pass"
+PASS = "python -c pass"
+PEERS = ("startup.import_tenacity", "startup.import_stamina", "startup.import_backoff")
 
-# (metric, command, target as a ratio to `python -c pass`, or None for a reference row)
-COMMANDS: list[tuple[str, list[str], float | None]] = [
-    ("startup.python_pass", [PY, "-c", "pass"], None),
+FIRST_FAIL_AFTER = "import timebound as tb\nwith tb.fail_after(1):\n    pass"
+FIRST_RESILIENT = (
+    "import timebound as tb\n@tb.resilient(retry=3)\ndef f():\n    return 1\nassert f() == 1"
+)
+
+# (metric, command, baseline metric or None, target ratio or None)
+COMMANDS: list[tuple[str, list[str], str | None, float | None]] = [
+    ("startup.python_pass", [PY, "-c", "pass"], None, None),
     # The root package loads its names on first use: importing it costs almost nothing.
-    ("startup.import_timebound", [PY, "-c", "import timebound"], 1.3),
-    # Touching the deadline API loads the core (asyncio is most of it): a reference figure.
-    ("startup.import_timebound_core", [PY, "-c", "import timebound; timebound.fail_after"], None),
+    ("startup.import_timebound", [PY, "-c", "import timebound"], "startup.python_pass", 1.3),
+    ("startup.import_asyncio", [PY, "-c", "import asyncio"], "startup.python_pass", None),
+    ("startup.import_tenacity", [PY, "-c", "import tenacity"], "startup.python_pass", None),
+    ("startup.import_stamina", [PY, "-c", "import stamina"], "startup.python_pass", None),
+    ("startup.import_backoff", [PY, "-c", "import backoff"], "startup.python_pass", None),
+    # The first deadline: against asyncio's import (asyncio.timeout needs nothing more).
+    ("startup.first_fail_after", [PY, "-c", FIRST_FAIL_AFTER], "startup.import_asyncio", 1.5),
+    # The first retry policy: against the cheapest retry library's import.
+    ("startup.first_resilient", [PY, "-c", FIRST_RESILIENT], "cheapest peer", 1.5),
     # The floor of any console script with an argparse CLI: pip's script imports re, then
     # argparse (with enum, gettext, locale, ...). A reference row.
-    ("startup.argparse_floor", [PY, "-c", "import re, argparse"], None),
+    ("startup.argparse_floor", [PY, "-c", "import re, argparse"], "startup.python_pass", None),
     # --help and --version import no command: argparse is most of what remains.
-    ("startup.cli_help", [SCRIPT, "--help"], 2.0),
-    ("startup.cli_version", [SCRIPT, "--version"], 2.0),
+    ("startup.cli_help", [SCRIPT, "--help"], "startup.python_pass", 2.0),
+    ("startup.cli_version", [SCRIPT, "--version"], "startup.python_pass", 2.0),
     # A command imports its own module only: `run --help` loads the Constellation language.
-    ("startup.cli_run_help", [SCRIPT, "run", "--help"], None),
+    ("startup.cli_run_help", [SCRIPT, "run", "--help"], "startup.python_pass", None),
 ]
 
 
@@ -52,34 +69,41 @@ def _once(command: list[str]) -> float:
     return now() - start
 
 
-def main() -> None:
-    for _ in range(WARMUP):
-        for _metric, command, _target in COMMANDS:
+def measure(args: argparse.Namespace) -> list[Row]:
+    warmup, rounds = pick(args, (5, 40), (2, 10), (1, 2))
+    for _ in range(warmup):
+        for _metric, command, _base, _target in COMMANDS:
             _once(command)
-    samples: dict[str, list[float]] = {metric: [] for metric, _, _ in COMMANDS}
-    for _ in range(ROUNDS):
-        for metric, command, _target in COMMANDS:
+    samples: dict[str, list[float]] = {metric: [] for metric, *_ in COMMANDS}
+    for _ in range(rounds):
+        for metric, command, _base, _target in COMMANDS:
             samples[metric].append(_once(command))
     medians = {metric: statistics.median(values) for metric, values in samples.items()}
-    base = medians["startup.python_pass"]
+    cheapest = min(PEERS, key=lambda m: medians[m])
     rows = []
-    for metric, _command, target in COMMANDS:
+    for metric, _command, base_metric, target in COMMANDS:
         value = medians[metric]
+        if base_metric is None:
+            rows.append(Row(metric, value * MS, "ms"))
+            continue
+        if base_metric == "cheapest peer":
+            name, base = "the cheapest of import tenacity/stamina/backoff", medians[cheapest]
+        else:
+            name = PASS if base_metric == "startup.python_pass" else base_metric.split(".")[1]
+            base = medians[base_metric]
         rows.append(
             Row(
                 metric,
                 value * MS,
                 "ms",
-                baseline=BASELINE,
+                baseline=name.replace("_", " "),
                 baseline_value=base * MS,
-                target=None if target is None else f"<= {target}x {BASELINE}",
+                target=None if target is None else f"<= {target}x",
                 passed=None if target is None else value <= target * base,
             )
         )
-    print_table(rows)
-    if not QUICK:
-        write_results("startup", rows)
+    return rows
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_bench("startup", __doc__, measure))

@@ -1,8 +1,8 @@
 """The operator UI in Chromium against a real host: the runs list over 100,000 runs and the page of
 a run with about 1,000 events, on SQLite and PostgreSQL.
 
-Run: ``python bench/ui.py`` (``--quick``: 10,000 runs). Prints a table and writes
-``bench/results/ui.json``. A real ``python -m timebound serve`` process serves the pages; Debian's
+Run: ``python bench/ui.py --out bench/results/ui.json`` (``--quick``: 10,000 runs). Prints a
+table; writes the results only with ``--out``. A real ``python -m timebound serve`` process serves the pages; Debian's
 ``/usr/bin/chromium`` (driven by Playwright) loads them; each page is loaded 5 times and the best
 load is kept (the first load warms the host's templates and the store's pages).
 
@@ -25,6 +25,7 @@ Rows, for each store (``.sqlite``, ``.postgres``):
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import sqlite3
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _common import MS, Row, print_table, write_results
+from _common import MS, Row, pick, run_bench
 
 from host import _launch, _pg_reachable, _pg_schema
 
@@ -61,7 +62,7 @@ FANOUT = {
         },
     ],
 }
-BRANCHES = 200  # about 5 events each: with the run's own, about 1,000 events
+BRANCHES = [200]  # about 5 events each: with the run's own, about 1,000 (set per tier)
 
 
 async def _fill(db: str, runs: int) -> str:
@@ -71,7 +72,7 @@ async def _fill(db: str, runs: int) -> str:
     engine = wf.Engine(db=db, actions={"noop": lambda ctx: None})
     engine.register(FANOUT)
     async with engine:
-        wide = await engine.start("wide", {"items": list(range(BRANCHES))})
+        wide = await engine.start("wide", {"items": list(range(BRANCHES[0]))})
         await engine.wait(wide, timeout=300)
         row = await engine.get_run(wide)
     base = row["started_at"] - runs * 10
@@ -100,8 +101,11 @@ async def _fill(db: str, runs: int) -> str:
     return wide
 
 
-def _best(load: Any, n: int = 5) -> float:
-    return min(load() for _ in range(n))
+BEST = [5]  # loads per page, the best kept (set per tier)
+
+
+def _best(load: Any, n: int | None = None) -> float:
+    return min(load() for _ in range(min(BEST[0], n or BEST[0])))
 
 
 def _measure(db: str, name: str, runs: int, tmp: Path) -> list[Row]:
@@ -191,24 +195,26 @@ def _measure(db: str, name: str, runs: int, tmp: Path) -> list[Row]:
     return rows
 
 
-def main() -> None:
-    runs = 10_000 if "--quick" in sys.argv else 100_000
+def measure(args: argparse.Namespace) -> list[Row]:
+    runs = pick(args, 100_000, 10_000, 1_000)
+    BRANCHES[0], BEST[0] = pick(args, (200, 5), (200, 5), (10, 1))
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         (tmp / "bench_actions.py").write_text("def noop(ctx):\n    return None\n")
         rows += _measure(f"sqlite:///{tmp}/ui.db", "sqlite", runs, tmp)
     pg = os.environ.get("TB_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
-    if _pg_reachable(pg):
+    if args.smoke:
+        print("--smoke: the PostgreSQL rows are left out")
+    elif _pg_reachable(pg):
         with _pg_schema(pg) as db, tempfile.TemporaryDirectory() as tmp_name:
             tmp = Path(tmp_name)
             (tmp / "bench_actions.py").write_text("def noop(ctx):\n    return None\n")
             rows += _measure(db, "postgres", runs, tmp)
     else:
         print(f"PostgreSQL at {pg} is not reachable: its rows are left out")
-    print_table(rows, "ui")
-    write_results("ui", rows)
+    return rows
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_bench("ui", __doc__, measure))

@@ -1,22 +1,19 @@
 """Durable workflows: steps per second, timeout detection lag, dead-worker takeover, restart.
 
-Run: ``python bench/workflow.py [--quick] [--steps] [--out NAME]`` (a few minutes; ``--quick``
-for a smaller run, ``--steps`` for the steps/s and single-process rows only). Prints a table;
-``--out workflow`` writes it to ``bench/results/workflow.json`` (nothing is written otherwise).
-Needs PostgreSQL at 127.0.0.1:5432 for the PostgreSQL rows and the baseline, and ``dbos`` (the
-``bench`` extra) for the baseline; rows that cannot run are reported missing, never invented.
+Run: ``python bench/workflow.py --out bench/results/workflow.json`` (about a minute a repeat;
+``--quick`` for a smaller run; ``--smoke`` leaves out DBOS and the multi-process rows). Prints
+a table; writes the results only with ``--out``. Needs PostgreSQL at 127.0.0.1:5432 for the PostgreSQL
+rows and ``dbos`` (the ``bench`` extra) for the baseline; rows that cannot run are reported
+missing, never invented.
 
 Rows:
 - ``steps_per_s.*``: the same 10-step workflow (each step a trivial python action), on SQLite
-  with ``synchronous=FULL`` and ``NORMAL`` and on PostgreSQL (one worker), two ways: ``*`` many
-  runs started at once (``RUNS`` in flight), and ``*_one_run`` one run at a time, each started
-  and waited for before the next (the pattern of a request that starts a run and waits for it:
-  every step waits for its own commit). Each row is run 3 times: the value is the median, the
-  ``.min``/``.max`` rows the spread, and a target passes only in the worst of the 3.
-  Baseline: DBOS (the ``dbos`` package) running the same 10-step workflow on the same
-  PostgreSQL server, in a child process, the same two ways (all at once: ``start_workflow`` with
-  as many executor threads as runs in flight), 3 times each; a ratio is against DBOS's median,
-  its target held by timebound's worst repeat against DBOS's best.
+  with ``synchronous=FULL`` and ``NORMAL`` and on PostgreSQL (one worker), two ways: many runs
+  started at once (``RUNS`` in flight), and ``*_one_run``: one run at a time, each started and
+  waited for before the next (a request that starts a run and waits for it: every step waits
+  for its own commit). Baseline: DBOS (the ``dbos`` package) running the same 10-step workflow
+  on the same PostgreSQL server, in a child process, the same two ways (``dbos.*`` rows; all at
+  once with as many executor threads as runs in flight), measured in every repeat.
 - ``timeout_lag.*``: 1,000 node timeouts at instants spread over two seconds (SQLite, FULL); lag
   from each deadline to its stored ``timed_out`` and event (the engine records it in the event),
   p50 and p99; ``early`` counts detections before the deadline (must be 0).
@@ -28,17 +25,15 @@ Rows:
   ``_workflow_workers.py``): cancel and join decision to the handler stopped on another worker,
   the time to flip the state apart from the time to stop the work, a killed worker's step re-run
   by a survivor, and steps/s with 1, 2 and 4 worker processes.
-- ``machine.loadavg_1m.*``: the load average at the start and the end: the machine is shared, so
-  the absolute numbers move with it; compare ratios taken in one run.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,19 +43,16 @@ from pathlib import Path
 from typing import Any
 
 import _workflow_workers
-from _common import Row, percentile, print_table, write_results
+from _common import Row, percentile, pick, run_bench
 
 from timebound import workflow as wf
 
-QUICK = "--quick" in sys.argv
-#: Only the steps/s rows (and the single-process rows), not the multi-process ones.
-ONLY_STEPS = "--steps" in sys.argv
-#: Where to write the results (``--out NAME``: ``bench/results/NAME.json``); none by default.
-OUT = sys.argv[sys.argv.index("--out") + 1] if "--out" in sys.argv else None
-RUNS = 50 if QUICK else 200  # runs in flight for the throughput rows
-ONE_RUNS = 5 if QUICK else 20  # runs one at a time for the *_one_run rows
-REPEATS = 3  # each steps/s row, and DBOS's
-TIMEOUTS = 200 if QUICK else 1000
+# Set per tier by measure(): runs in flight for the throughput rows, node timeouts measured.
+QUICK = False
+RUNS = 200
+TIMEOUTS = 1000
+SEQUENTIAL = 20  # runs one at a time
+DEAD = 100  # tokens in flight when a worker stops
 PG_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 
 TEN_STEPS: dict[str, Any] = {
@@ -105,9 +97,9 @@ async def _sequential(url: str, runs: int) -> float:
     return runs * 10 / elapsed
 
 
-def _dbos_child(db_url: str, runs: int, repeats: int) -> None:
+def _dbos_child(db_url: str, runs: int) -> None:
     """In a child process (DBOS is a process-wide singleton): steps/s of the same workflow,
-    one run at a time and ``runs`` at once, ``repeats`` times each."""
+    ``SEQUENTIAL`` runs one at a time, then ``runs`` at once."""
     from dbos import DBOS
 
     @DBOS.step()
@@ -125,23 +117,22 @@ def _dbos_child(db_url: str, runs: int, repeats: int) -> None:
                  "run_admin_server": False, "max_executor_threads": runs})  # fmt: skip
     DBOS.launch()
     ten()  # warm up
-    one, many = [], []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        for _ in range(ONE_RUNS):
-            ten()
-        one.append(ONE_RUNS * 10 / (time.perf_counter() - started))
-        started = time.perf_counter()
-        handles = [DBOS.start_workflow(ten) for _ in range(runs)]
-        for h in handles:
-            h.get_result()
-        many.append(runs * 10 / (time.perf_counter() - started))
+    started = time.perf_counter()
+    for _ in range(SEQUENTIAL):
+        ten()
+    one = SEQUENTIAL * 10 / (time.perf_counter() - started)
+    started = time.perf_counter()
+    handles = [DBOS.start_workflow(ten) for _ in range(runs)]
+    for h in handles:
+        h.get_result()
+    many = runs * 10 / (time.perf_counter() - started)
     DBOS.destroy()
     print(json.dumps({"one_run": one, "all_at_once": many}))
 
 
-def _dbos(runs: int) -> dict[str, list[float]] | None:
-    """DBOS's steps/s on the PostgreSQL the PostgreSQL rows use, in a database of its own."""
+def _dbos(runs: int) -> dict[str, float] | None:
+    """DBOS's steps/s on the PostgreSQL server the PostgreSQL rows use, in a database of its
+    own (one run at a time and ``runs`` at once)."""
     try:
         import dbos  # noqa: F401
     except ImportError:
@@ -166,48 +157,30 @@ def _dbos(runs: int) -> dict[str, list[float]] | None:
     try:
         proc = subprocess.run(
             [sys.executable, __file__, "--dbos-child", f"{PG_DSN.rsplit('/', 1)[0]}/{name}",
-             str(runs), str(REPEATS)],
+             str(runs), str(SEQUENTIAL)],
             capture_output=True, text=True, timeout=1200,
         )  # fmt: skip
     finally:
         asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     for line in proc.stdout.splitlines():
         if line.startswith("{"):
-            return json.loads(line)  # type: ignore[no-any-return]
+            return {k: float(v) for k, v in json.loads(line).items()}
     print(proc.stderr[-2000:], file=sys.stderr)
     return None
 
 
-def _spread(name: str, values: list[float], unit: str) -> list[Row]:
-    return [Row(f"{name}.min", min(values), unit), Row(f"{name}.max", max(values), unit)]
-
-
-def _rate_rows(
-    name: str,
-    rates: list[float],
-    dbos: list[float] | None,
-    ratio_target: float | None,
-    floor: float | None = None,
-) -> list[Row]:
-    """The median row of 3 repeats (its target held by the worst repeat) and the spread."""
-    worst, median = min(rates), statistics.median(rates)
+def _rate(name: str, rate: float, dbos: float | None, ratio: float, floor: float | None) -> Row:
+    """A steps/s row against DBOS on the same PostgreSQL, with its targets."""
     checks, targets = [], []
     if floor is not None:
-        checks.append(worst >= floor)
+        checks.append(rate >= floor)
         targets.append(f">= {floor:g}")
-    if dbos is not None and ratio_target is not None:
-        checks.append(worst / max(dbos) >= ratio_target)
-        targets.append(f">= {ratio_target:g}x DBOS (worst vs DBOS's best)")
-    row = Row(
-        f"steps_per_s.{name}",
-        median,
-        "steps/s",
-        None if dbos is None else "DBOS, same PostgreSQL, same workflow",
-        None if dbos is None else statistics.median(dbos),
-        "; ".join(targets) or None,
-        all(checks) if checks else None,
-    )
-    return [row, *_spread(f"steps_per_s.{name}", rates, "steps/s")]
+    if dbos is not None:
+        checks.append(rate >= ratio * dbos)
+        targets.append(f">= {ratio:g}x DBOS")
+    base = None if dbos is None else "DBOS, same PostgreSQL, same workflow"
+    return Row(f"steps_per_s.{name}", rate, "steps/s", base, dbos,
+               "; ".join(targets) or None, all(checks) if checks else None)  # fmt: skip
 
 
 async def _timeout_lags(url: str, n: int) -> list[int]:
@@ -304,23 +277,28 @@ def _drop(url: str) -> None:
     asyncio.run(drop())
 
 
-def main() -> None:
-    rows: list[Row] = [Row("machine.loadavg_1m.start", os.getloadavg()[0], "load")]
-    dbos = _dbos(RUNS)
-    if dbos is not None:
-        rows += _spread("dbos.steps_per_s.all_at_once", dbos["all_at_once"], "steps/s")
-        rows += _spread("dbos.steps_per_s.one_run", dbos["one_run"], "steps/s")
+def measure(args: argparse.Namespace) -> list[Row]:
+    global QUICK, RUNS, TIMEOUTS, SEQUENTIAL, DEAD
+    QUICK = not pick(args, True, False, False)
+    RUNS, TIMEOUTS, SEQUENTIAL, DEAD = pick(
+        args, (200, 1000, 20, 100), (50, 200, 20, 100), (5, 10, 2, 5)
+    )
+    rows: list[Row] = []
+    dbos = None if args.smoke else _dbos(RUNS)
     many = None if dbos is None else dbos["all_at_once"]
     one = None if dbos is None else dbos["one_run"]
+    if dbos is not None:
+        rows.append(Row("dbos.steps_per_s.all_at_once", many or 0.0, "steps/s"))
+        rows.append(Row("dbos.steps_per_s.one_run", one or 0.0, "steps/s"))
     with tempfile.TemporaryDirectory() as tmp:
         for sync, floor in (("FULL", 1000.0), ("NORMAL", 5000.0)):
             mode = sync.lower()
-            rates = [asyncio.run(_throughput(f"sqlite:///{tmp}/{mode}{i}.db?synchronous={sync}",
-                                             RUNS)) for i in range(REPEATS)]  # fmt: skip
-            rows += _rate_rows(f"sqlite_{mode}", rates, many, 20.0, floor)
-            rates = [asyncio.run(_sequential(f"sqlite:///{tmp}/one{mode}{i}.db?synchronous={sync}",
-                                             ONE_RUNS)) for i in range(REPEATS)]  # fmt: skip
-            rows += _rate_rows(f"sqlite_{mode}_one_run", rates, one, 10.0)
+            rate = asyncio.run(_throughput(f"sqlite:///{tmp}/{mode}.db?synchronous={sync}", RUNS))
+            rows.append(_rate(f"sqlite_{mode}", rate, many, 20.0, floor))
+            rate = asyncio.run(
+                _sequential(f"sqlite:///{tmp}/one{mode}.db?synchronous={sync}", SEQUENTIAL)
+            )
+            rows.append(_rate(f"sqlite_{mode}_one_run", rate, one, 10.0, None))
         lags = asyncio.run(_timeout_lags(f"sqlite:///{tmp}/lag.db", TIMEOUTS))
         rows.append(Row("timeout_lag.p50", percentile(lags, 50), "ms", target="<= 20",
                         passed=percentile(lags, 50) <= 20))  # fmt: skip
@@ -333,39 +311,38 @@ def main() -> None:
                         passed=restart <= 0.5))  # fmt: skip
     pg = _pg_url()
     if pg is not None:
-        for name, fn, runs, base, ratio in (
-            ("postgres_one_worker", _throughput, RUNS, many, 20.0),
-            ("postgres_one_run", _sequential, ONE_RUNS, one, 10.0),
-        ):
-            rates = []
-            for _ in range(REPEATS):
-                url = _pg_url()
-                assert url is not None
-                try:
-                    rates.append(asyncio.run(fn(url, runs)))
-                finally:
-                    _drop(url)
-            rows += _rate_rows(name, rates, base, ratio)
         try:
-            lags = asyncio.run(_dead_worker_lags(pg, 100))
+            rate = asyncio.run(_throughput(pg, RUNS))
+            rows.append(_rate("postgres_one_worker", rate, many, 20.0, 1000.0))
+        finally:
+            _drop(pg)
+        pg = _pg_url()
+        assert pg is not None
+        try:
+            rate = asyncio.run(_sequential(pg, SEQUENTIAL))
+            rows.append(_rate("postgres_one_run", rate, one, 10.0, None))
+        finally:
+            _drop(pg)
+        pg = _pg_url()
+        assert pg is not None
+        try:
+            lags = asyncio.run(_dead_worker_lags(pg, DEAD))
             rows.append(Row("dead_worker_lag.p99", percentile(lags, 99), "ms",
                             target="<= 1500", passed=percentile(lags, 99) <= 1500))  # fmt: skip
         finally:
             _drop(pg)
-        if not ONLY_STEPS:
+        if args.smoke:
+            print("--smoke: DBOS and the multi-process rows are left out")
+        else:
             with tempfile.TemporaryDirectory() as tmp:
                 rows += _workflow_workers.rows(_pg_url, _drop, tmp, QUICK)
-    rows.append(Row("machine.loadavg_1m.end", os.getloadavg()[0], "load"))
-    print_table(rows, "durable workflows")
-    if OUT is not None:
-        write_results(OUT, rows)
+    return rows
 
 
 if __name__ == "__main__":
-    if "--help" in sys.argv or "-h" in sys.argv:
-        print(__doc__)
-    elif sys.argv[1:2] == ["--dbos-child"]:
-        _dbos_child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    if sys.argv[1:2] == ["--dbos-child"]:
+        SEQUENTIAL = int(sys.argv[4])
+        _dbos_child(sys.argv[2], int(sys.argv[3]))
     else:
         os.chdir(Path(__file__).resolve().parent)
-        main()
+        sys.exit(run_bench("workflow", __doc__, measure, title="durable workflows"))

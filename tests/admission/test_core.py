@@ -479,3 +479,41 @@ def test_serial_handler_at_half_load_sheds_nothing() -> None:
     """At half its capacity no request that could finish is turned away."""
     result = simulate(Admission(), 0.5)
     assert result.shed == 0 and result.late == 0 and result.good == result.sent
+
+
+def test_a_stale_estimate_lets_one_request_through_to_refresh_it() -> None:
+    """An estimate nothing has refreshed for an interval no longer shuts the route (D9.5): one
+    request with budget left runs, and what it shows replaces the estimate."""
+    adm = make(limit=4, interval=0.1, services=5.0)
+    adm.estimates.observe("r", 0.5, now=0.0)  # learnt while the server was starved
+    # Within the interval (5 x 0.5 s) the estimate stands: hopeless.
+    assert adm.arrive(Ticket("r", deadline=1.25), 1.0) is Verdict.HOPELESS
+    # Past it, one request is let in; the next one within the interval is not.
+    probe = Ticket("r", deadline=10.25)
+    assert adm.arrive(probe, 10.0) is Verdict.ADMIT
+    assert adm.arrive(Ticket("r", deadline=10.26), 10.01) is Verdict.HOPELESS
+    assert counters.get("admission-probes", component="http-server") == 1
+    # The probe took 20 ms: the route is fast again, and requests run without probing.
+    adm.release(probe, 10.02, late=False)
+    assert adm.estimates.baseline("r") == pytest.approx(0.02)
+    assert adm.arrive(Ticket("r", deadline=10.25), 10.03) is Verdict.ADMIT
+
+
+def test_no_probe_without_a_free_slot_or_with_a_queue() -> None:
+    """A probe never takes a slot a viable request needs: at the limit, hopeless is shed."""
+    adm = make(limit=1, interval=0.1, services=5.0)
+    adm.estimates.observe("slow", 0.5, now=0.0)
+    adm.arrive(Ticket("other", None), 10.0)  # the only slot is taken
+    assert adm.arrive(Ticket("slow", deadline=10.25), 10.0) is Verdict.HOPELESS
+    assert counters.get("admission-probes", component="http-server") == 0
+
+
+def test_no_probe_for_a_request_without_budget_or_an_estimate_given_by_hand() -> None:
+    """A request whose deadline has passed is never a probe, nor one judged by an estimate set
+    without a time (it does not go stale)."""
+    adm = make(limit=4, interval=0.1, services=5.0)
+    adm.estimates.observe("learnt", 0.5, now=0.0)
+    adm.estimates.observe("given", 0.5)
+    assert adm.arrive(Ticket("learnt", deadline=10.0), 10.0) is Verdict.HOPELESS
+    assert adm.arrive(Ticket("given", deadline=100.25), 100.0) is Verdict.HOPELESS
+    assert counters.get("admission-probes", component="http-server") == 0

@@ -18,13 +18,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "propagation.py"
-ROW_KEYS = {"metric", "value", "unit", "baseline", "baseline_value", "ratio", "target", "pass"}
+ROW_KEYS = {
+    *("metric", "value", "unit", "baseline", "baseline_value", "ratio", "target", "pass"),
+    *("min", "max", "repeats", "ratio_range"),
+}
+RESULTS = ROOT / "bench" / "results"
 
 
-def _run(*args: str, timeout: float = 50.0) -> subprocess.CompletedProcess[str]:
+def _run(*args: str, cwd: Path, timeout: float = 50.0) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(SCRIPT), *args],
-        cwd=ROOT,
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -45,11 +49,26 @@ def _pids(output: str) -> list[int]:
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("bench") / "propagation.json"
-    proc = _run("--smoke", "--verbose", "--out", str(out))
+    tmp = tmp_path_factory.mktemp("bench")
+    out = tmp / "propagation.json"
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in RESULTS.iterdir())
+    proc = _run("--smoke", "--verbose", "--out", str(out), cwd=tmp)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = json.loads(out.read_text())
-    return {"rows": {r["metric"]: r for r in rows}, "list": rows, "stdout": proc.stdout}
+    rows = json.loads(out.read_text())["rows"]
+    return {
+        "rows": {r["metric"]: r for r in rows},
+        "list": rows,
+        "stdout": proc.stdout,
+        "written": sorted(p.name for p in tmp.iterdir()),
+        "results_untouched": before
+        == sorted((p.name, p.stat().st_mtime_ns) for p in RESULTS.iterdir()),
+    }
+
+
+def test_writes_only_the_file_asked_for(smoke: dict[str, Any]) -> None:
+    """``--out`` is the only file the run writes; bench/results is left alone."""
+    assert smoke["written"] == ["propagation.json"]
+    assert smoke["results_untouched"]
 
 
 def test_rows_have_the_shared_shape(smoke: dict[str, Any]) -> None:
@@ -106,10 +125,10 @@ def test_interrupt_stops_every_service(tmp_path: Path) -> None:
     # signal late lets the harness start M2's chain (or finish). A single M0 run of a minute,
     # interrupted as soon as it is up, is surely still running when the signal lands.
     args = ["--modes", "M0", "--loads", "1", "--warm", "30", "--measure", "30", "--quanta", "8"]
-    args += ["--repeats", "0", "--no-lifo", "--quiet-wait", "0"]
+    args += ["--overhead-repeats", "0", "--repeats", "1", "--no-lifo", "--quiet-wait", "0"]
     proc = subprocess.Popen(
         [sys.executable, str(SCRIPT), *args, "--verbose", "--out", str(tmp_path / "x.json")],
-        cwd=ROOT,
+        cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -48,6 +48,38 @@ def test_help_lists_every_command_without_importing_them() -> None:
     assert done.stdout == "['timebound._version', 'timebound.cli'] True\n", done.stderr
 
 
+@pytest.mark.parametrize("option", ["--help", "--version"])
+def test_help_and_version_do_not_import_shutil(option: str) -> None:
+    """argparse sizes its help with shutil, which imports bz2 and lzma: the command line sizes it
+    itself, so `timebound --help` costs that much less."""
+    code = (
+        "import contextlib, io, sys\n"
+        "from timebound.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out, "
+        "contextlib.suppress(SystemExit):\n"
+        f"    main([{option!r}])\n"
+        "print('shutil' in sys.modules, 'timebound' in out.getvalue())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout == "False True\n", done.stderr
+
+
+def test_help_is_as_wide_as_columns_says() -> None:
+    """The width follows $COLUMNS as argparse's own rule does (shutil's)."""
+    code = (
+        "import contextlib, io\n"
+        "from timebound.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()) as out, "
+        "contextlib.suppress(SystemExit):\n"
+        "    main(['--help'])\n"
+        "print(max(len(line) for line in out.getvalue().splitlines()))\n"
+    )
+    env = {**os.environ, "COLUMNS": "60"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) <= 58
+
+
 def test_a_command_imports_only_its_own_module() -> None:
     """Parsing `demo` imports the demo command, not the Constellation one."""
     code = (

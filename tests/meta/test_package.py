@@ -45,7 +45,7 @@ def test_all_is_complete_and_importable(name: str) -> None:
 
 
 def test_fixed_public_names() -> None:
-    """The names the foundation issue fixes are importable from timebound."""
+    """The core names every user reaches for are importable from timebound."""
     import timebound
 
     for attr in [
@@ -98,6 +98,42 @@ def test_root_package_loads_its_names_on_first_use() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert out == "['timebound._version'] True"
+
+
+#: Standard-library modules that a first deadline or a first policy call has no use for; each
+#: is imported by the code path that needs it (run_in_process, an HTTP-date Retry-After, a cache
+#: key of such a value). The first use costs a new process that much less (bench/startup.py).
+_NOT_ON_FIRST_USE = (
+    "multiprocessing",
+    "pickle",
+    "email",
+    "decimal",
+    "fractions",
+    "uuid",
+    "pathlib",
+)
+
+
+@pytest.mark.parametrize(
+    "first_use",
+    [
+        "with timebound.fail_after(1):\n    pass",
+        "f = timebound.resilient(retry=3)(lambda: 1)\nassert f() == 1",
+    ],
+    ids=["fail_after", "resilient"],
+)
+def test_first_use_imports_only_what_it_needs(first_use: str) -> None:
+    """The first scope and the first policy call import none of the heavier modules they do not
+    need (each of these is imported where it is used)."""
+    code = (
+        "import sys, timebound\n"
+        f"{first_use}\n"
+        f"print(sorted(m for m in {_NOT_ON_FIRST_USE!r} if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert out == "[]", f"imported on first use: {out}"
 
 
 def test_root_names_are_listed_once() -> None:

@@ -1,4 +1,4 @@
-"""Smoke run of ``bench/pipeline.py --quick``: the harness works end to end (its numbers are
+"""Smoke run of ``bench/pipeline.py --smoke``: the harness works end to end (its numbers are
 judged in ``bench/results/pipeline.json``, never here)."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_pipeline_benchmark_runs() -> None:
-    """The quick run prints every row of the table and writes nothing."""
+    """The smoke run prints every row of the table and writes nothing."""
     before = (ROOT / "bench" / "results" / "pipeline.json").exists()
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "pipeline.py"), "--quick"],
+        [sys.executable, str(ROOT / "bench" / "pipeline.py"), "--smoke"],
         cwd=ROOT / "bench",
         capture_output=True,
         text=True,

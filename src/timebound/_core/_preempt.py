@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import multiprocessing
-import pickle
 import signal
 import sys
 import threading
@@ -476,6 +474,8 @@ _TERMINATE_GRACE: Final = 0.05
 
 
 def _default_start_method() -> str:
+    import multiprocessing
+
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
@@ -489,6 +489,8 @@ def _child(
     timeout: float | None,
 ) -> None:
     """Subprocess entry: run ``fn`` under the parent's remaining budget, send the outcome."""
+    import pickle
+
     message: tuple[bool, Any]
     try:
         # Unpickled here, not by multiprocessing's bootstrap: a function the child cannot import
@@ -540,6 +542,11 @@ def run_in_process(
     (SIGTERM), then killed (SIGKILL) if it has not exited within 50 ms, and the caller gets
     :class:`DeadlineExceeded`. Process start-up counts against the deadline.
     """
+    # Imported here: multiprocessing and pickle are most of this module's import, and code that
+    # only reads deadlines (everything that imports telemetry) would pay for them.
+    import multiprocessing
+    import pickle
+
     method = start_method or _default_start_method()
     if method not in ("forkserver", "spawn"):
         raise ConfigurationError(

@@ -9,6 +9,8 @@ The rules, in the order a request meets them:
 1. **Hopeless requests are answered at once.** A request whose remaining budget is below its
    route's baseline service time (:class:`RouteEstimates`: its handler time when nothing queues
    inside the handler) gets the "Deadline expired" answer (498, D9.1); the handler never runs.
+   Except as a probe: when nothing has refreshed the route's estimate for an interval, one such
+   request with budget left runs in a free slot, and its time replaces the estimate (D9.5).
    userver allows this early answer: the server "estimates that it is unable to respond in time".
 2. **Under the concurrency limit, a request runs.** The limit is fixed (:class:`FixedLimit`) or
    adaptive (:class:`AIMDLimit`, additive increase while the limit is in use, multiplicative
@@ -184,7 +186,7 @@ class RouteEstimates:
         _positive("max_routes", max_routes, integer=True)
         self._alpha = float(alpha)
         self._max = max_routes
-        # route -> [EWMA, baseline]
+        # route -> [EWMA, baseline, when it was last learnt or probed (-inf: given by hand)]
         self._table: OrderedDict[str, list[float]] = OrderedDict()
 
     def get(self, route: str) -> float:
@@ -197,11 +199,23 @@ class RouteEstimates:
         entry = self._table.get(route)
         return 0.0 if entry is None else entry[1]
 
-    def observe(self, route: str, seconds: float, *, alone: bool = True) -> None:
-        """Learn one handler time; ``alone``: the request started with no other in flight."""
+    def observe(
+        self,
+        route: str,
+        seconds: float,
+        *,
+        alone: bool = True,
+        now: float | None = None,
+        fresh: bool = False,
+    ) -> None:
+        """Learn one handler time; ``alone``: the request started with no other in flight;
+        ``now``: when it finished (an estimate learnt without it never goes stale); ``fresh``:
+        it replaces the estimate (a probe of a stale one, :meth:`stale`)."""
+        seen = -math.inf if now is None else now
         entry = self._table.get(route)
-        if entry is None:
-            self._table[route] = [seconds, seconds]
+        if entry is None or fresh:
+            self._table[route] = [seconds, seconds, seen]
+            self._table.move_to_end(route)
             if len(self._table) > self._max:
                 self._table.popitem(last=False)
             return
@@ -214,7 +228,23 @@ class RouteEstimates:
             base += self._alpha * (seconds - base)
         entry[0] = ewma
         entry[1] = min(base, ewma)
+        entry[2] = max(entry[2], seen)
         self._table.move_to_end(route)
+
+    def stale(self, route: str, now: float, age: float) -> bool:
+        """The route's estimate was learnt (or last probed) more than ``age`` seconds ago.
+
+        An estimate nothing refreshes can shut a route for good: once every request is judged
+        hopeless by it, none runs, and none can show that the route got faster again.
+        """
+        entry = self._table.get(route)
+        return entry is not None and entry[2] > -math.inf and now - entry[2] > age
+
+    def probed(self, route: str, now: float) -> None:
+        """A request was let in to refresh the estimate: the next probe waits ``age`` again."""
+        entry = self._table.get(route)
+        if entry is not None:
+            entry[2] = now
 
     def queueing(self, route: str, tolerance: float) -> bool:
         """The route's recent service time exceeds ``tolerance`` times its baseline."""
@@ -282,6 +312,8 @@ class Ticket:
     admitted_at: float = field(default=0.0)
     #: Admitted with no other request in flight (its time is the handler's own).
     alone: bool = False
+    #: Admitted although judged hopeless, to refresh a stale estimate (D9.5).
+    probe: bool = False
 
     def hopeless(self, now: float, expected: float) -> bool:
         """Its remaining budget is below the expected service time (or nothing is left).
@@ -326,9 +358,9 @@ class Admission:
 
     Metrics (userver-style names, label ``component``): counters ``admission-admitted``,
     ``admission-queued``, ``admission-shed`` (label ``reason``: ``deadline``, ``queue-full``,
-    ``queue-delay``); telemetry events ``admission.queue_delay`` (``seconds``) and
-    ``admission.limit`` (``limit``, when it changes); :meth:`stats` for the queue-delay histogram
-    and the current limit.
+    ``queue-delay``), ``admission-probes`` (D9.5); telemetry events ``admission.queue_delay``
+    (``seconds``) and ``admission.limit`` (``limit``, when it changes); :meth:`stats` for the
+    queue-delay histogram and the current limit.
     """
 
     def __init__(
@@ -414,9 +446,13 @@ class Admission:
         ticket.arrived = now
         shed: list[Ticket] = []
         with self._lock:
+            free = self._inflight < self.limit.value and not self.queued()
             if ticket.hopeless(now, self.estimates.baseline(ticket.route)):
-                outcome = self._shed(ticket, Verdict.HOPELESS, "deadline")
-            elif self._inflight < self.limit.value and not self.queued():
+                if free and self._probe(ticket, now):
+                    outcome = self._admit(ticket, now)
+                else:
+                    outcome = self._shed(ticket, Verdict.HOPELESS, "deadline")
+            elif free:
                 outcome = self._admit(ticket, now)
             else:
                 outcome = self._enqueue(ticket, now, shed)
@@ -468,7 +504,9 @@ class Admission:
             self._inflight -= 1
             if measure:
                 service = now - ticket.admitted_at
-                self.estimates.observe(ticket.route, service, alone=ticket.alone)
+                self.estimates.observe(
+                    ticket.route, service, alone=ticket.alone, now=now, fresh=ticket.probe
+                )
                 tolerance = self.config.tolerance
                 # Queueing inside the handler is congestion just as a late answer is: without
                 # it an adaptive limit grows until admitted requests miss their deadlines
@@ -494,6 +532,22 @@ class Admission:
         self._wake_all(woken)
 
     # -- internals (called with the lock held) ----------------------------------------------
+
+    def _probe(self, ticket: Ticket, now: float) -> bool:
+        """Let a request judged hopeless run anyway, to refresh a stale estimate (D9.5).
+
+        Only with budget left, a free slot and an empty queue, and once per interval of the
+        route: if the estimate is still right, one request an interval is the price.
+        """
+        route = ticket.route
+        if ticket.deadline is None or ticket.deadline <= now:
+            return False
+        if not self.estimates.stale(route, now, self.interval(route)):
+            return False
+        self.estimates.probed(route, now)
+        ticket.probe = True
+        counters.inc("admission-probes", component=self.component)
+        return True
 
     def _admit(self, ticket: Ticket, now: float) -> Verdict:
         self._inflight += 1

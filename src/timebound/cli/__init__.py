@@ -37,7 +37,11 @@ class _Command:
 _COMMANDS: tuple[_Command, ...] = (
     _Command("demo", "timebound.cli._demo", "nested deadlines, a retry and a fallback, live"),
     _Command("run", "timebound.cli._dsl", "run a Constellation program", "dsl"),
-    _Command("check", "timebound.cli._dsl", "check a Constellation program", "dsl"),
+    _Command(
+        "check",
+        "timebound.cli._check",
+        "check the worst-case time of programs, policies, plans and workflows",
+    ),
     _Command(
         "pipeline", "timebound.cli._pipeline", "compile, validate and run pipelines", "pipeline"
     ),
@@ -59,7 +63,7 @@ _COMMANDS: tuple[_Command, ...] = (
 
 # Options whose value may start with "-" (a negative duration is a mistake worth a clear error,
 # not argparse's "expected one argument").
-_VALUE_OPTIONS = ("--timeout",)
+_VALUE_OPTIONS = ("--timeout", "--budget")
 
 # 128 + SIGPIPE, what a shell reports for a program cut off by `| head`.
 _BROKEN_PIPE = 141
@@ -87,11 +91,46 @@ def _chosen(argv: Sequence[str]) -> str | None:
     return None
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's help formatter, sized without ``shutil``.
+
+    argparse asks ``shutil.get_terminal_size()`` for the width whenever it builds a formatter
+    (``add_argument`` does, to check a metavar), and ``shutil`` imports ``bz2``, ``lzma`` and
+    ``fnmatch``: a third of what ``timebound --help`` cost beyond starting Python
+    (bench/startup.py). Same rule as ``shutil``: ``$COLUMNS``, else stdout's terminal, else 80.
+    """
+
+    def __init__(
+        self,
+        prog: str,
+        indent_increment: int = 2,
+        max_help_position: int = 24,
+        width: int | None = None,
+    ) -> None:
+        super().__init__(
+            prog, indent_increment, max_help_position, _columns() - 2 if width is None else width
+        )
+
+
+def _columns() -> int:
+    try:
+        columns = int(os.environ["COLUMNS"])
+    except (KeyError, ValueError):
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return columns if columns > 0 else 80
+
+
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The parser; only the module of the command named in ``argv`` is imported."""
     parser = argparse.ArgumentParser(
         prog="timebound",
         description="One deadline model for Python: run demos and Constellation programs.",
+        formatter_class=_Formatter,
     )
     parser.add_argument("--version", action="version", version=f"timebound {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -116,7 +155,7 @@ def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     for command in _COMMANDS:
         if command.name not in registered:
             # Listed for --help; never parsed, because a named command is registered above.
-            sub.add_parser(command.name, help=command.help)
+            sub.add_parser(command.name, help=command.help, formatter_class=_Formatter)
     return parser
 
 

@@ -1,4 +1,4 @@
-"""The JSON API under ``/v1`` (routes fixed by the host's issue; OpenAPI in ``_openapi``)."""
+"""The JSON API under ``/v1`` (the routes of docs/host.md; OpenAPI in ``_openapi``)."""
 
 from __future__ import annotations
 

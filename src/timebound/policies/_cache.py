@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import datetime
-import decimal
 import enum
-import fractions
 import functools
 import inspect
 import json
-import pathlib
+import sys
 import threading
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Protocol, runtime_checkable
@@ -183,19 +179,28 @@ def cache_key(name: str, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> st
     return "".join(parts)
 
 
-# Standard-library value types whose repr is canonical (equal values, equal reprs; no address).
-_REPR_VALUES: Final = (
-    complex,
-    decimal.Decimal,
-    fractions.Fraction,
-    datetime.date,
-    datetime.time,
-    datetime.timedelta,
-    datetime.timezone,
-    uuid.UUID,
-    pathlib.PurePath,
-    range,
+# Standard-library value types whose repr is canonical (equal values, equal reprs; no address),
+# by module. An instance of one exists only once its module is imported, so the check looks the
+# modules up in ``sys.modules`` instead of importing them: ``import decimal, fractions, uuid,
+# pathlib`` cost a first policy call several milliseconds (bench/startup.py, first resilient).
+_REPR_VALUE_TYPES: Final = (
+    ("decimal", ("Decimal",)),
+    ("fractions", ("Fraction",)),
+    ("datetime", ("date", "time", "timedelta", "timezone")),
+    ("uuid", ("UUID",)),
+    ("pathlib", ("PurePath",)),
 )
+
+
+def _repr_value(obj: object) -> bool:
+    """``obj`` is a standard-library value whose repr is canonical (see above)."""
+    if isinstance(obj, complex | range):
+        return True
+    for module, names in _REPR_VALUE_TYPES:
+        found = sys.modules.get(module)
+        if found is not None and isinstance(obj, tuple(getattr(found, n) for n in names)):
+            return True
+    return False
 
 
 def _enc(obj: Any, out: list[str], active: set[int]) -> None:
@@ -282,7 +287,7 @@ def _enc_container(obj: Any, t: type, out: list[str], active: set[int]) -> None:
         # repr may leave the value out).
         out.append(_qualname(t) + ":")
         _enc(_base_value(obj), out, active)
-    elif isinstance(obj, _REPR_VALUES):
+    elif _repr_value(obj):
         out.append(_qualname(t) + ":" + json.dumps(repr(obj), ensure_ascii=False))
     else:
         raise Uncacheable(

@@ -20,7 +20,6 @@ time, or into the end of the call when it falls past the deadline (see ``_retry`
 from __future__ import annotations
 
 import math
-from email.utils import parsedate_to_datetime
 from typing import Any, Final
 
 from .._core import _clock
@@ -49,6 +48,10 @@ def parse_retry_after(value: str | bytes | None) -> float | None:
     text = value.strip()
     if text.isdigit():
         return float(int(text))
+    # Imported here: an HTTP date is rare, and email.utils is most of what a first policy
+    # call would otherwise import (bench/startup.py, first resilient).
+    from email.utils import parsedate_to_datetime
+
     try:
         when = parsedate_to_datetime(text)
     except (TypeError, ValueError, IndexError):
