@@ -65,8 +65,8 @@ SENT_HDR = b"x-bench-sent-epoch-us"
 ID_HDR = b"x-bench-id"
 
 #: Static client timeouts and retries (all modes), as services are typically configured without
-#: knowing their callers' deadlines: a ladder narrowing down the chain, like the userver seed's
-#: example (A 20 s, B 15 s, C 10 s), scaled down; B retries a timed-out call to C once. The load
+#: knowing their callers' deadlines: a ladder narrowing down the chain, like the one userver's
+#: design shows (A 20 s, B 15 s, C 10 s), scaled down; B retries a timed-out call to C once. The load
 #: generator gives up at 250 ms.
 STATIC_TIMEOUT = {"A": 1.0, "B": 0.5}
 RETRIES = {"A": 0, "B": 1}

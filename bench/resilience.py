@@ -158,9 +158,9 @@ async def drive(
 
 async def heavy_tail(server: Server, calls: int, clients: int) -> list[Row]:
     # No pool limit, and a fresh client for every mode and round: httpcore 1.0.9 leaks a pool
-    # slot for good when a request is cancelled while it waits for a connection (httpcore
-    # issue 1093), and the modes that cancel requests (wait_for, a losing hedge) would leave
-    # the zombies to tax the modes after them.
+    # slot for good when a request is cancelled while it waits for a connection
+    # (httpcore issue 1093), and the modes that cancel requests (wait_for, a losing hedge)
+    # would leave the zombies to tax the modes after them.
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=4 * clients)
     current: dict[str, httpx.AsyncClient] = {}
 

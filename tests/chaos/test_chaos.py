@@ -36,7 +36,7 @@ ROOT = HERE.parents[1]
 RUNS = int(os.environ.get("TB_CHAOS_RUNS", "200"))
 RATE = 25.0  # runs started per second
 WORKERS = 3
-LAG_P99_MS = 1_500  # the workflow issue's bound for a dead worker's deadlines
+LAG_P99_MS = 1_500  # a dead worker's deadlines are enforced by a live worker within this
 TERMINAL = {"completed", "failed", "timed_out", "cancelled"}
 TOKEN_ENDS = {"token_completed", "token_failed", "token_timed_out", "token_cancelled"}
 

@@ -4,7 +4,7 @@ no errors, p50/p99 reported, the host's memory flat.
 The host is ``python -m timebound serve`` on SQLite and loopback (tests/host's launcher), in its
 own process. The clients are one asyncio process of raw HTTP/1.1 keep-alive connections
 (tests/host/loadgen.py), each looping start → read. TB_LOAD_CLIENTS and TB_LOAD_SECONDS change
-the size (defaults: the issue's 500 clients, for 15 s).
+the size (defaults: 500 clients, for 15 s).
 """
 
 from __future__ import annotations

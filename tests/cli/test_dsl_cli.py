@@ -227,7 +227,7 @@ def test_check_warnings_exit_0(workdir: pathlib.Path, capsys: pytest.CaptureFixt
 @pytest.mark.parametrize(
     ("modules", "spec", "message"),
     [
-        (MODULES, "no_such_module_xyz", "cannot import modules 'no_such_module_xyz'"),
+        (MODULES, "no_such_module_xyz", "--modules: cannot import 'no_such_module_xyz'"),
         ("x = 1\n", None, "defines no ModuleRegistry at module level"),
         (MODULES + "\nother = ModuleRegistry()\n", None, "defines several registries; pick one"),
         (MODULES, ":nothing", "is not a ModuleRegistry"),
@@ -535,6 +535,7 @@ def test_check_without_modules_checks_syntax_and_types(
     _setup(workdir, "in who: String\ng = Greet(who) with timeout: 1s\nout g\n")
     assert main(["check", "prog.cst"]) == 0
     assert capsys.readouterr().out == (
+        "prog.cst:2:5: info TB-T030: worst case 1s: 1 attempt, 1s each\n"
         "prog.cst: ok without modules (0 warnings; module calls not checked: "
         "add --modules MODULE to check them)\n"
     )

@@ -77,14 +77,14 @@ def test_set_by_survives_a_pickle_and_is_optional() -> None:
     ("kwargs", "expected"),
     [
         ({}, (300.0, "host policy")),
-        ({"fail_after_s": 60}, (60.0, "connector")),
-        ({"fail_after_s": 60, "action_max_ttl_s": 30}, (30.0, "action")),
-        ({"fail_after_s": 60, "caller_deadline": 10_000 + 20_000}, (20.0, "caller")),
-        ({"fail_after_s": 900}, (300.0, "host policy")),
+        ({"fail_after": 60}, (60.0, "connector")),
+        ({"fail_after": 60, "action_max_ttl": 30}, (30.0, "action")),
+        ({"fail_after": 60, "caller_deadline": 10_000 + 20_000}, (20.0, "caller")),
+        ({"fail_after": 900}, (300.0, "host policy")),
         # A tie goes to the larger scope (D6.4): host policy, caller, action, connector.
-        ({"fail_after_s": 300}, (300.0, "host policy")),
-        ({"fail_after_s": 30, "action_max_ttl_s": 30}, (30.0, "action")),
-        ({"action_max_ttl_s": 30, "caller_deadline": 10_000 + 30_000}, (30.0, "caller")),
+        ({"fail_after": 300}, (300.0, "host policy")),
+        ({"fail_after": 30, "action_max_ttl": 30}, (30.0, "action")),
+        ({"action_max_ttl": 30, "caller_deadline": 10_000 + 30_000}, (30.0, "caller")),
     ],
 )
 def test_a_deferred_lifetime_says_which_bound_set_it(

@@ -1,4 +1,4 @@
-"""Execution modes and http_request deferrals (P055 §2-3) against a real uvicorn service.
+"""Execution modes and http_request deferrals (D7) against a real uvicorn service.
 
 The service is a :class:`Service` behind ``status_app`` on loopback; the workflow's
 ``http_request`` action posts straight to its start route, so a ``202`` + ``deferred-operation.v1``

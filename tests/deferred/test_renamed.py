@@ -4,10 +4,13 @@ works for one release with a warning naming the new one."""
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import pytest
 
 from timebound import deferred
+
+from .conftest import operation_doc
 
 
 def test_outcome_warns_and_is_status_outcome() -> None:
@@ -24,3 +27,15 @@ def test_the_new_name_does_not_warn() -> None:
         assert deferred.StatusOutcome(True, None).applied is True
     with pytest.raises(AttributeError, match="'Nope'"):
         deferred.Nope  # type: ignore[attr-defined]  # noqa: B018
+
+
+async def test_the_registry_s_old_keywords_warn_naming_the_registry(
+    store_url: str, clock: Any
+) -> None:
+    """The warnings name the public class users call, not the part of it that defines the
+    method."""
+    async with deferred.Registry(store_url) as reg:
+        with pytest.warns(DeprecationWarning, match=r"^Registry\.register\(action_max_ttl_s="):
+            await reg.register(operation_doc(), module="m", action_max_ttl_s=60)
+        with pytest.warns(DeprecationWarning, match=r"^Registry\.poll_failed\(delay_s="):
+            await reg.poll_failed("deferred:report.render:op1", delay_s=5, code="poll-timeout")

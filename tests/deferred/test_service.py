@@ -20,7 +20,7 @@ async def _run_to_end(store_url: str, work: Any, ttl_s: int = 300) -> tuple[Any,
         service.operation("report.render", ttl=ttl_s)(work)
         doc = await service.start("report.render", {})
         started = asyncio.get_running_loop().time()
-        await asyncio.gather(*list(service._tasks.values()))
+        await asyncio.gather(*service._tasks)
         op = await reg.get(doc["operation/id"])
         return op, round(asyncio.get_running_loop().time() - started)
 
@@ -78,5 +78,5 @@ async def test_offer_spans_take_whole_second_durations_and_old_spellings(
         assert (service._offers["a"].retry_after_s, service._offers["a"].ttl_s) == (2, 120)
         assert service._offers["b"].ttl_s == 60
         doc = await service.start("a", {}, wait="30s")
-        await asyncio.gather(*list(service._tasks.values()))
+        await asyncio.gather(*service._tasks)
     assert parse_time(doc["expires_at"]) - parse_time(doc["created_at"]) == 30_000

@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from timebound.cli._dsl import _print_trace
+from timebound.cli._render import call_timeline
 from timebound.dsl import CompileError, Diagnostic, ModuleRegistry, compile, format_failure
 from timebound.testing import VirtualClock
 
@@ -160,7 +160,7 @@ def _trace_lines(source: str, registry: ModuleRegistry, timeout: float | None) -
         except TimeoutError:
             pass
     out = io.StringIO()
-    _print_trace(sink, None, out)
+    call_timeline(sink, None, out)
     return out.getvalue().splitlines()
 
 

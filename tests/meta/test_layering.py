@@ -22,7 +22,7 @@ TIERS: list[set[str]] = [
     {"_engine", "_store", "propagation", "lowlevel"},
     {"dsl", "pipeline", "deferred"},
     {"workflow"},
-    {"host"},
+    {"host", "analysis"},
     {"cli"},
 ]
 RANK = {package: rank for rank, tier in enumerate(TIERS) for package in tier}

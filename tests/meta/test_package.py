@@ -45,7 +45,7 @@ def test_all_is_complete_and_importable(name: str) -> None:
 
 
 def test_fixed_public_names() -> None:
-    """The names the foundation issue fixes are importable from timebound."""
+    """The core names every user reaches for are importable from timebound."""
     import timebound
 
     for attr in [

@@ -1,4 +1,4 @@
-"""The ranking plan of issue 11, built in a module so another process can compile it too."""
+"""A ranking plan like docs/pipeline.md's, in a module so another process can compile it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from timebound import pipeline as pl
 
 
 def make_registry(**delays: float) -> pl.Catalog:
-    """The issue's registry; ``delays`` are the (virtual) seconds a task sleeps, 1 ms each
+    """The plan's catalog; ``delays`` are the (virtual) seconds a task sleeps, 1 ms each
     unless given."""
     delay = {"call_models": 0.001, "fetch_features": 0.001, **delays}
     reg = pl.Catalog()

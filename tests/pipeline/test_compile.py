@@ -45,7 +45,7 @@ def rule_of(plan: pl.Plan) -> pl.ValidationError:
 
 
 def test_the_wrapper_node_has_the_rfc_shape() -> None:
-    """RFC §5.4.1: the node carries success/fail fragment digests, budget, override,
+    """A wrapper node carries success/fail fragment digests, budget, override,
     on_timeout and rowset_contract; both fragments are embedded."""
     artifact = pl.compile(sample.make_plan(sample.make_registry()))
     doc = json.loads(artifact.to_json())

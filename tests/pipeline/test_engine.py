@@ -149,7 +149,7 @@ def test_the_sample_plan_succeeds_in_time() -> None:
 
 
 def test_the_sample_plan_times_out_and_falls_back() -> None:
-    """RFC §9: the success branch times out; the fallback writes the same keys and the trace
+    """The success branch times out; the fallback writes the same keys and the trace
     says so. score_model was computed before the wrapper: the fallback's null replaces it."""
     reg = sample.make_registry(fetch_features=1.0)
     result = run(pl.Engine(reg), pl.compile(sample.make_plan(reg)), sample.rows(4))
@@ -269,7 +269,7 @@ def test_a_tasks_own_shorter_timeout_is_a_task_error() -> None:
 
 
 def test_a_task_sees_the_smallest_deadline() -> None:
-    """RFC §5.6.3: a task's ctx.deadline is min(task budget, region, enclosing)."""
+    """A task's ctx.deadline is min(task budget, region, enclosing) (D1.5)."""
     reg = sample.make_registry()
     seen: list[tuple[float, float]] = []
 
@@ -363,7 +363,7 @@ def test_a_cpu_bound_task_that_overruns_the_region_is_not_waited_for() -> None:
 
 
 def test_the_rowset_shape_is_unchanged_across_the_wrapper() -> None:
-    """RFC §9: after sort and take, the wrapper keeps the active rows and their order."""
+    """After sort and take, the wrapper keeps the active rows and their order."""
     reg = sample.make_registry()
     plan = pl.Plan("shape", catalog=reg)
     plan.sort("id", descending=True).take(3).timeout_wrapper(
@@ -501,7 +501,7 @@ def test_an_engine_without_the_capability_refuses_the_artifact() -> None:
 
 
 def test_validated_plans_are_cached_per_capabilities() -> None:
-    """The plan cache is keyed by plan digest and capabilities digest (RFC §5.9)."""
+    """The plan cache is keyed by plan digest and capabilities digest."""
     reg = sample.make_registry()
     artifact = pl.compile(sample.make_plan(reg))
     engine = pl.Engine(reg)

@@ -69,7 +69,7 @@ def test_run_reports_which_bound_fired(files, capsys) -> None:
     args = ["workflow", "run", str(files[0]), "--actions", str(files[1]), "--input", '{"sleep": 5}']
     assert main(args) == 1
     out = capsys.readouterr().out
-    assert "timed out (node bound, 200 ms, set by node A, policy fail)" in out
+    assert "timed out (node bound, 200ms, set by node A, policy fail)" in out
     assert "error: node 'A' timed out after 200ms" in out
 
 

@@ -294,7 +294,7 @@ def test_definition_error_pickles() -> None:
     assert err.path == "initial_node" and "Z" in str(err)
 
 
-ISSUE_EXAMPLE = """
+DOCUMENTED_EXAMPLE = """
 id: research                  # definition id
 version: 1                    # optional, default 1; runs keep the version they started with
 timeout_ms: 3600000           # absent: 1 h (D6.1); null: no workflow timeout
@@ -330,15 +330,15 @@ transitions:
 
 
 def test_the_documented_example_parses_as_written() -> None:
-    """The definition shown in the workflow issue is valid as written."""
-    d = wf.parse_definition(ISSUE_EXAMPLE)
+    """A definition with every field commented is valid as written."""
+    d = wf.parse_definition(DOCUMENTED_EXAMPLE)
     join = d.transitions["join"].synchronization
     assert join is not None and (join.strategy, join.timeout_ms) == ("all", 5000)
     assert d.node_on_timeout(d.nodes["A"]) == "retry" and d.node_timeout_ms(d.nodes["B"]) == 120000
 
 
-def test_the_seed_sync_default_example_holds() -> None:
-    """The seed's example: 10 tokens of a 2-minute action wait 30 minutes by default."""
+def test_the_sync_default_worked_example_holds() -> None:
+    """D6.2's worked example: 10 tokens of a 2-minute action wait 30 minutes by default."""
     data = copy.deepcopy(BASE)
     data["actions"][0]["execution"] = {"timeout_ms": 120_000}
     data["nodes"].append({"id": "C", "action_id": "act"})

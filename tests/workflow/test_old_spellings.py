@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 
 import timebound as tb
 from timebound import workflow as wf
+from timebound._core import _clock
 from timebound.testing import VirtualClock
 
 
@@ -93,3 +95,25 @@ async def test_wait_takes_a_duration_string(
         with pytest.raises(tb.DeadlineExceeded) as info:
             await engine.wait(run_id, timeout="250ms")
     assert info.value.timeout == 0.25
+
+
+async def test_list_runs_takes_datetimes_and_the_ms_spelling_warns(
+    virtual_clock: VirtualClock, make_engine: Callable[..., wf.Engine]
+) -> None:
+    """since/until are aware datetimes; since_ms=/until_ms= keep their meaning with a warning."""
+
+    async def quick(ctx: Any) -> str:
+        return "ok"
+
+    async with make_engine({"quick": quick}, _flow("quick")) as engine:
+        run_id = await engine.start("flow")
+        started = (await engine.get_run(run_id))["started_at"]
+        at = _clock.datetime_of_ms(started)
+        assert _clock.ms_of(at) == started
+        ids = [r["id"] for r in await engine.list_runs(since=at, until=at + timedelta(seconds=1))]
+        assert ids == [run_id]
+        assert await engine.list_runs(since=at + timedelta(milliseconds=1)) == []
+        assert await engine.list_runs(until=at) == []  # until is exclusive
+        with pytest.warns(DeprecationWarning, match=r"list_runs\(since_ms=…\) is deprecated"):
+            old = await engine.list_runs(since_ms=started, until_ms=started + 1)
+        assert [r["id"] for r in old] == [run_id]

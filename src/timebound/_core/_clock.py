@@ -16,8 +16,9 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
-__all__ = ["earliest", "now", "real_io", "sleep", "wall", "wall_ms"]
+__all__ = ["datetime_of_ms", "earliest", "ms_of", "now", "real_io", "sleep", "wall", "wall_ms"]
 
 #: Current time in seconds on the monotonic scheduling clock. Rebound by virtual time.
 now: Callable[[], float] = time.monotonic
@@ -44,3 +45,22 @@ def earliest(*bounds: int | None) -> int | None:
     """The earliest of the bounds that are present (``None`` is "no bound"), or ``None``."""
     present = [b for b in bounds if b is not None]
     return min(present) if present else None
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MS = timedelta(milliseconds=1)
+
+
+def ms_of(when: datetime) -> int:
+    """An aware instant as whole epoch milliseconds, exactly (integer arithmetic on the
+    ``timedelta``, never float seconds), rounded down within the millisecond; a naive one is
+    read as UTC."""
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return (when - _EPOCH) // _MS
+
+
+def datetime_of_ms(ms: int) -> datetime:
+    """Whole epoch milliseconds as an aware UTC ``datetime``, exactly: ``ms_of`` reads it back
+    unchanged."""
+    return _EPOCH + ms * _MS

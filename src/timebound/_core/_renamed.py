@@ -32,11 +32,17 @@ def from_ms(value: Any) -> Any:
     return value  # let the new keyword's own check name what is wrong
 
 
+#: What the warning says the new keyword takes, unless the rename says otherwise.
+DURATION_HINT = "a duration such as '250ms', seconds or a timedelta"
+
+
 class Renamed(NamedTuple):
-    """An old keyword: the new keyword it became and how its value converts."""
+    """An old keyword: the new keyword it became, how its value converts, and what the warning
+    says the new keyword takes (``hint``)."""
 
     new: str
     convert: Callable[[Any], Any] = same
+    hint: str = DURATION_HINT
 
 
 def renamed(**old: Renamed) -> Callable[[Callable[P, R]], Callable[P, R]]:
@@ -60,8 +66,7 @@ def renamed(**old: Renamed) -> Callable[[Callable[P, R]], Callable[P, R]]:
                         option=spec.new,
                     )
                 warnings.warn(
-                    f"{owner}({name}=…) is deprecated; pass {spec.new}= (a duration such as "
-                    "'250ms', seconds or a timedelta)",
+                    f"{owner}({name}=…) is deprecated; pass {spec.new}= ({spec.hint})",
                     DeprecationWarning,
                     stacklevel=3,
                 )

@@ -4,6 +4,9 @@ stored definitions.
 ``open_store(url)`` picks the backend: ``sqlite:///path.db`` (embedded, WAL, one writer process;
 ``?synchronous=NORMAL`` trades power-loss durability for speed) or ``postgresql://…`` (many
 workers on many machines; ``?schema=NAME`` selects a schema).
+
+Engines on a store run their loop and hold their tasks with :func:`run_rounds`, :class:`Wake`
+and :class:`Detached` (``_wake.py``, D12.1, D12.2).
 """
 
 from __future__ import annotations
@@ -11,8 +14,20 @@ from __future__ import annotations
 from urllib.parse import parse_qs, urlsplit
 
 from ._base import Store, StoreBusy, StoreError, Tx, wake_delay
+from ._wake import Detached, Wake, run_rounds, sleep_until_set
 
-__all__ = ["Store", "StoreBusy", "StoreError", "Tx", "open_store", "wake_delay"]
+__all__ = [
+    "Detached",
+    "Store",
+    "StoreBusy",
+    "StoreError",
+    "Tx",
+    "Wake",
+    "open_store",
+    "run_rounds",
+    "sleep_until_set",
+    "wake_delay",
+]
 
 
 def open_store(url: str) -> Store:

@@ -4,6 +4,11 @@ Engines write SQL with ``?`` placeholders once; each backend adapts it. Everythi
 needs beyond plain rows is here and engine-neutral: a timer is a row keyed by what it guards
 (re-armed from storage at start-up, D6.6), an event is appended to a stream in the same
 transaction as the change it records, and a lease is an owner and an expiry on a work row.
+
+The workflow engine's timers are rows of ``tb_timers``. A deferred operation's next poll and
+expiry are columns of its own row instead, written by the statement that stores its status
+(D7.14); both engines sleep until their next stored instant through the same loop (``_wake.py``,
+D12.1).
 """
 
 from __future__ import annotations

@@ -37,7 +37,11 @@ class _Command:
 _COMMANDS: tuple[_Command, ...] = (
     _Command("demo", "timebound.cli._demo", "nested deadlines, a retry and a fallback, live"),
     _Command("run", "timebound.cli._dsl", "run a Constellation program", "dsl"),
-    _Command("check", "timebound.cli._dsl", "check a Constellation program", "dsl"),
+    _Command(
+        "check",
+        "timebound.cli._check",
+        "check the worst-case time of programs, policies, plans and workflows",
+    ),
     _Command(
         "pipeline", "timebound.cli._pipeline", "compile, validate and run pipelines", "pipeline"
     ),
@@ -59,7 +63,7 @@ _COMMANDS: tuple[_Command, ...] = (
 
 # Options whose value may start with "-" (a negative duration is a mistake worth a clear error,
 # not argparse's "expected one argument").
-_VALUE_OPTIONS = ("--timeout",)
+_VALUE_OPTIONS = ("--timeout", "--budget")
 
 # 128 + SIGPIPE, what a shell reports for a program cut off by `| head`.
 _BROKEN_PIPE = 141

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import json
 import os
-import pathlib
 import re
 import sys
 from typing import Any, TextIO
@@ -38,6 +36,7 @@ from ..dsl import (
     format_failure,
     to_json_value,
 )
+from ..lowlevel import load_module
 from ._render import call_json, call_timeline
 
 __all__ = ["register"]
@@ -48,7 +47,8 @@ class _Usage(Exception):
 
 
 def register(subparsers: Any) -> None:
-    """Add the ``run`` and ``check`` commands."""
+    """Add the ``run`` command (``check`` is ``cli/_check.py``'s, which calls
+    :func:`check_program` for a program's diagnostics)."""
     run = subparsers.add_parser(
         "run",
         help="run a Constellation program",
@@ -78,15 +78,6 @@ def register(subparsers: Any) -> None:
     run.add_argument("--trace", action="store_true", help="print a timeline of the calls")
     run.set_defaults(handler=_run)
 
-    check = subparsers.add_parser(
-        "check",
-        help="type-check a Constellation program",
-        description="Parse and type-check a Constellation program; print its diagnostics. "
-        "Without --modules, module calls are not checked (their types are unknown).",
-    )
-    _common(check, modules_required=False)
-    check.set_defaults(handler=_check)
-
 
 def _common(p: argparse.ArgumentParser, *, modules_required: bool = True) -> None:
     p.add_argument("file", metavar="FILE.cst", help="the program")
@@ -113,29 +104,10 @@ def _read(path: str) -> str:
 
 def _import(mod_name: str) -> Any:
     """Import ``mod_name``, a dotted module name or the path of a ``.py`` file."""
-    if mod_name.endswith(".py") or "/" in mod_name or os.sep in mod_name:
-        path = pathlib.Path(mod_name)
-        if path.suffix != ".py" or not path.is_file():
-            raise _Usage(
-                f"--modules {mod_name}: no such Python file; give a file such as shop.py or "
-                f"./lib/shop.py, or a module name such as shop"
-            )
-        # A file is imported by its module name from its own directory, as `python shop.py`
-        # would see its neighbours: `--modules ./lib/shop.py` is `--modules shop` run from lib.
-        directory = str(path.resolve().parent)
-        if directory not in sys.path:
-            sys.path.insert(0, directory)
-        mod_name = path.stem
-    else:
-        cwd = os.getcwd()
-        # The current directory must be importable (as with `python -m`), whatever the entry
-        # point.
-        if cwd not in sys.path and "" not in sys.path:
-            sys.path.insert(0, cwd)
     try:
-        return importlib.import_module(mod_name)
-    except Exception as exc:  # ImportError, but also whatever the module raises as it loads
-        raise _Usage(f"cannot import modules {mod_name!r}: {type(exc).__name__}: {exc}") from None
+        return load_module(mod_name, what="--modules")
+    except ConfigurationError as exc:
+        raise _Usage(str(exc)) from None
 
 
 def _registry(spec: str) -> ModuleRegistry:
@@ -183,28 +155,55 @@ def _compile(
 # check --------------------------------------------------------------------------------------
 
 
-def _check(args: argparse.Namespace) -> int:
+def check_program(args: argparse.Namespace, *, quiet: bool) -> tuple[int, dict[str, Any] | None]:
+    """Type-check the program ``args.file`` (``args.modules``: its registry) for ``check``.
+
+    Prints its diagnostics unless ``quiet``; returns the exit code so far (2: unusable input,
+    then ``None``) and what the report adds: ``parsed`` (whether the time check can go on),
+    ``compile_errors``, ``diagnostics`` and the ``summary`` line.
+    """
+    out = open(os.devnull, "w") if quiet else sys.stdout  # noqa: SIM115 - closed below
     try:
-        program, source, diagnostics = _compile(args, sys.stdout, checking=True)
-    except _Usage as exc:
-        print(f"timebound check: {exc}", file=sys.stderr)
-        return 2
-    if program is None:
-        if any(d.severity == "error" for d in diagnostics):
-            return 1
-        # Only unknown modules stood in the way: syntax and everything checkable are fine.
-        print(
-            f"{args.file}: ok without modules ({len(diagnostics)} warnings; module calls not "
-            f"checked: add --modules MODULE to check them)"
+        try:
+            program, source, diagnostics = _compile(args, out, checking=True)
+        except _Usage as exc:
+            print(f"timebound check: {exc}", file=sys.stderr)
+            return 2, None
+        errors = sum(1 for d in diagnostics if d.severity == "error")
+        info: dict[str, Any] = {
+            "parsed": errors == 0,
+            "compile_errors": errors,
+            "diagnostics": [_diagnostic_json(d) for d in diagnostics],
+        }
+        if program is None:
+            if errors:
+                return 1, info
+            # Only unknown modules stood in the way: syntax and everything checkable are fine.
+            info["summary"] = (
+                f"{args.file}: ok without modules ({len(diagnostics)} warnings; module calls "
+                f"not checked: add --modules MODULE to check them)"
+            )
+            return 0, info
+        for d in program.warnings:
+            print(format_diagnostic(d, source, args.file), file=out)
+        info["summary"] = (
+            f"{args.file}: ok ({len(program.inputs)} inputs, {len(program.outputs)} outputs, "
+            f"{len(program.warnings)} warnings)"
         )
-        return 0
-    for d in program.warnings:
-        print(format_diagnostic(d, source, args.file))
-    print(
-        f"{args.file}: ok ({len(program.inputs)} inputs, {len(program.outputs)} outputs, "
-        f"{len(program.warnings)} warnings)"
-    )
-    return 0
+        return 0, info
+    finally:
+        if out is not sys.stdout:
+            out.close()
+
+
+def _diagnostic_json(d: Diagnostic) -> dict[str, Any]:
+    return {
+        "code": d.code,
+        "severity": d.severity,
+        "message": d.message,
+        "line": d.line,
+        "column": d.column,
+    }
 
 
 # run ----------------------------------------------------------------------------------------

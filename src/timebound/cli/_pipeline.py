@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
 import json
-import os
 import pathlib
 import sys
 from collections.abc import Callable
@@ -19,7 +17,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from timebound import ConfigurationError
 from timebound import pipeline as pl
+from timebound.lowlevel import load_module
 
 from ._render import span_timeline
 
@@ -114,20 +114,10 @@ def _attr(spec: str, what: str) -> Any:
     mod_name, sep, name = spec.rpartition(":")
     if not sep or not name.isidentifier():
         raise _Usage(f"{what} {spec!r}: write MODULE:NAME, e.g. ranking:plan or ./ranking.py:plan")
-    if mod_name.endswith(".py") or "/" in mod_name or os.sep in mod_name:
-        path = pathlib.Path(mod_name)
-        if path.suffix != ".py" or not path.is_file():
-            raise _Usage(f"{what} {spec!r}: no such Python file {mod_name!r}")
-        directory = str(path.resolve().parent)
-        if directory not in sys.path:
-            sys.path.insert(0, directory)
-        mod_name = path.stem
-    elif os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(mod_name)
-    except Exception as exc:  # whatever the module raises as it loads
-        raise _Usage(f"cannot import {mod_name!r}: {type(exc).__name__}: {exc}") from None
+        module = load_module(mod_name, what=what)
+    except ConfigurationError as exc:
+        raise _Usage(str(exc)) from None
     if not hasattr(module, name):
         raise _Usage(f"module {mod_name!r} has no {name!r}")
     return getattr(module, name)

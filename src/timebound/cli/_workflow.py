@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import importlib
-import importlib.util
 import json
 import signal
 import sys
@@ -20,6 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from .. import ConfigurationError, to_seconds
+from ..lowlevel import load_module
 from ..telemetry import Event, Timeline, add_listener
 from ..workflow import DefinitionError, Engine, StoreError, parse_definition, schema
 
@@ -78,19 +77,9 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _load_actions(spec: str) -> types.ModuleType:
     try:
-        if spec.endswith(".py"):
-            path = Path(spec)
-            loader_spec = importlib.util.spec_from_file_location(path.stem, path)
-            if loader_spec is None or loader_spec.loader is None or not path.is_file():
-                raise _Usage(f"--actions: cannot load {spec!r}")
-            module = importlib.util.module_from_spec(loader_spec)
-            loader_spec.loader.exec_module(module)
-            return module
-        return importlib.import_module(spec)
-    except _Usage:
-        raise
-    except Exception as exc:
-        raise _Usage(f"--actions: cannot import {spec!r}: {type(exc).__name__}: {exc}") from exc
+        return load_module(spec, what="--actions")
+    except ConfigurationError as exc:
+        raise _Usage(str(exc)) from None
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -177,8 +166,9 @@ def _worker(args: argparse.Namespace) -> int:
                     # Unreachable (a server restarting, a network partition): a worker started
                     # meanwhile waits for it, as a running worker's turns do (D6.22).
                     print(f"timebound worker: {exc}; trying again", file=sys.stderr, flush=True)
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), pause)
+                    with contextlib.suppress(TimeoutError):  # never wait_for (D12.1)
+                        async with asyncio.timeout(pause):
+                            await stop.wait()
                     pause = min(pause * 2, 2.0)
                     continue
                 async with engine:

@@ -11,14 +11,12 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from .._core._errors import TimeboundError
 from .._store import Store, Tx
 from ._contract import TERMINAL, digest
-
-if TYPE_CHECKING:
-    from ._registry import Operation
+from ._rows import Operation, append_history, check_continuation, fetch_row, now_ms, row_op
 
 __all__ = [
     "ContinuationRefused",
@@ -55,24 +53,16 @@ class Resumption:
 
 Resumer = Callable[[Tx, Resumption], Awaitable[None]]
 #: Told, in the transaction that records it, that an operation's continuation was refused.
-RefusalHook = Callable[[Tx, "Operation", str], Awaitable[None]]
+RefusalHook = Callable[[Tx, Operation, str], Awaitable[None]]
 
 
 class Continuations:
     """How a registry resumes its operations' continuations (a part of
-    :class:`~timebound.deferred.Registry`, which provides the store, rows and history)."""
+    :class:`~timebound.deferred.Registry`, which provides the store)."""
 
     _store: Store
     _resumers: dict[str, Resumer]
     _on_refused: RefusalHook | None
-
-    async def _row(self, tx: Tx, op_id: str, *, lock: bool = False) -> dict[str, Any] | None:
-        raise NotImplementedError
-
-    async def _history(
-        self, tx: Tx, op_id: str, at: int, status: str, doc_digest: str | None, code: str | None
-    ) -> None:
-        raise NotImplementedError
 
     def on_resume(self, resume_kind: str, resumer: Resumer) -> None:
         """Register how continuations of ``resume_kind`` resume.
@@ -92,7 +82,9 @@ class Continuations:
 
     async def resume_due(self, limit: int = 100) -> int:
         """Resume every terminal operation whose continuation has not resumed yet."""
-        async with self._store.transaction() as tx:
+        # Found in committed state; each is resumed in a transaction that locks it and reads
+        # it again, so one resumed meanwhile (by another host) is skipped there.
+        async with self._store.read() as tx:
             rows = await tx.fetch(
                 # status first: the (status, expires_ms) index skips the live rows.
                 "SELECT id FROM tb_deferred_ops WHERE status IN "
@@ -111,12 +103,10 @@ class Continuations:
         return done
 
     async def _resume_one(self, op_id: str) -> int:
-        from ._registry import _row_op, now_ms
-
         refusal: str | None = None
         try:
             async with self._store.transaction() as tx:
-                row = await self._row(tx, op_id, lock=True)
+                row = await fetch_row(tx, self._store, op_id, lock=True)
                 if row is None or row["resumed_ms"] is not None or row["resume_error"] is not None:
                     return 0
                 refusal, resumption = self._resumption(row)
@@ -138,11 +128,11 @@ class Continuations:
             await tx.execute(
                 "UPDATE tb_deferred_ops SET resume_error = ? WHERE id = ?", refusal, op_id
             )
-            await self._history(tx, op_id, now_ms(), "refused", None, refusal)
+            await append_history(tx, op_id, now_ms(), "refused", None, refusal)
             if self._on_refused is not None:
-                row = await self._row(tx, op_id, lock=True)
+                row = await fetch_row(tx, self._store, op_id, lock=True)
                 assert row is not None and refusal is not None
-                await self._on_refused(tx, _row_op(row), refusal)
+                await self._on_refused(tx, row_op(row), refusal)
         return 0
 
     async def _resume_in(self, tx: Tx, op_id: str) -> None:
@@ -150,7 +140,7 @@ class Continuations:
         (D7.10): the end and its effect commit together, so no restart between them can let a
         timer decide first. A continuation that cannot resume here (refused, no resumer yet) is
         left to :meth:`resume_due`, which records a refusal in a transaction of its own."""
-        row = await self._row(tx, op_id, lock=True)
+        row = await fetch_row(tx, self._store, op_id, lock=True)
         if row is None or row["continuation"] is None or row["status"] not in TERMINAL:
             return
         if row["resumed_ms"] is not None or row["resume_error"] is not None:
@@ -168,15 +158,11 @@ class Continuations:
         await self._resumed(tx, row)
 
     async def _resumed(self, tx: Tx, row: dict[str, Any]) -> None:
-        from ._registry import now_ms
-
         at = now_ms()
         await tx.execute("UPDATE tb_deferred_ops SET resumed_ms = ? WHERE id = ?", at, row["id"])
-        await self._history(tx, row["id"], at, row["status"], None, "resumed")
+        await append_history(tx, row["id"], at, row["status"], None, "resumed")
 
     def _resumption(self, row: dict[str, Any]) -> tuple[str | None, Resumption | None]:
-        from ._registry import _row_op, check_continuation
-
         try:
             continuation = json.loads(row["continuation"])
         except ValueError:
@@ -187,7 +173,7 @@ class Continuations:
             check_continuation(continuation)
         except ValueError:
             return "continuation-version", None
-        op = _row_op(row)
+        op = row_op(row)
         result = json.loads(row["result"]) if row["status"] == "completed" else None
         error = json.loads(row["error"]) if row["error"] is not None else None
         return None, Resumption(op, continuation, result, error)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import math
 from collections.abc import Mapping
@@ -23,7 +22,7 @@ from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError, DeadlineExceeded, TimeboundError
 from .._core._renamed import Renamed, renamed
 from .._core._scopes import fail_after
-from .._store import wake_delay
+from .._store import Detached, Wake, run_rounds, sleep_until_set, wake_delay
 from ..telemetry._tracing import poll_span
 from ._contract import TERMINAL
 from ._registry import Operation, Registry, StatusOutcome, now_ms
@@ -32,7 +31,9 @@ __all__ = ["Connector", "PollRefused", "Poller", "TransientPollError"]
 
 _log = logging.getLogger("timebound.deferred")
 
-#: The shortest time between two rounds of the loop (see Poller.run).
+#: The shortest time between two rounds of the loop (see Poller.run): at thousands of polls a
+#: second, a round per finished poll cost as much CPU as the polls; a poll may start up to the
+#: gap late, never early.
 _ROUND_GAP_S = 0.005
 
 
@@ -152,27 +153,25 @@ class Poller:
         self._window = _RateWindow(policy.poll_rate_cap)
         self._inflight: collections.Counter[str] = collections.Counter()
         self._polling: set[str] = set()
-        self._wake = asyncio.Event()  # the loop's alone: only the loop clears it
+        self._wake = Wake()  # the loop's alone: only the loop clears it
         # Set when a poll ends (a slot frees): what an operator's "poll now" waits for. Its own
         # event, because clearing the loop's while waiting could swallow a wake-up the loop needs
         # (the lost-resume bug of clearing after a round, by another path).
         self._slot_freed = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._polls: set[asyncio.Task[Any]] = set()
+        # The loop, the polls in flight and the answers' writer, cancelled together by stop().
+        self._tasks = Detached()
         # Answers waiting to be written, and the task writing them (see _record).
         self._answers: list[tuple[str, object, asyncio.Future[StatusOutcome]]] = []
         self._writer: asyncio.Task[None] | None = None
         #: How many polls started (for tests and metrics).
         self.polls_started = 0
-        # The epoch-ms instant the loop sleeps until (inf: until woken; None: not asleep).
-        self._asleep_until: float | None = None
 
     # Lifecycle ---------------------------------------------------------------------------
 
     async def __aenter__(self) -> Poller:
         self.registry.on_change = self._changed
         await self.registry.expire_due(startup=True)
-        self._task = asyncio.get_running_loop().create_task(self.run())
+        self._tasks.spawn(self.run(), name="timebound-deferred-poller")
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -180,56 +179,29 @@ class Poller:
 
     async def stop(self) -> None:
         """Stop the loop and every poll in flight (their rows stay due: nothing is lost)."""
-        task, self._task = self._task, None
-        tasks = [t for t in (task, *self._polls, self._writer) if t is not None]
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await self._tasks.cancel()
         self.registry.on_change = None
 
     async def run(self) -> None:
-        """The loop (``__aenter__`` runs it in a task)."""
-        last = -math.inf
-        while True:
-            # Rounds at least _ROUND_GAP_S apart: at thousands of polls a second, a round per
-            # finished poll cost as much CPU as the polls; a poll may start up to the gap late,
-            # never early.
-            gap = last + _ROUND_GAP_S - _clock.now()
-            if gap > 0:
-                await asyncio.sleep(gap)
-            last = _clock.now()
-            # Cleared before the round, never after it: a poll that ends while the round still
-            # runs (its own last query) sets it again, and the resume it calls for must not be
-            # lost. Cleared after, the loop slept forever with a completed operation unresumed
-            # (found by 200 kill -9 runs on PostgreSQL).
-            self._wake.clear()
-            try:
-                delay = await self.step()
-            except Exception as exc:  # a failed round (a lost connection): log, pause, retry
-                _log.warning("deferred poller round failed (%s); retrying", type(exc).__name__)
-                delay = 1.0
-            if delay is None or delay > 0:
-                self._asleep_until = math.inf if delay is None else now_ms() + delay * 1000
-                try:
-                    await self._sleep(delay)
-                finally:
-                    self._asleep_until = None
+        """The loop (``__aenter__`` runs it in a task): rounds of :meth:`step`, asleep between
+        them until the next stored instant or a wake-up (the store's wake loop, D12.1). The wake
+        is cleared before a round, never after it: a poll that ends while the round still runs
+        (its own last query) sets it again, and the resume it calls for is not lost (cleared
+        after, the loop slept forever with a completed operation unresumed: found by 200 kill -9
+        runs on PostgreSQL)."""
+        await run_rounds(self._wake, self._round, min_gap=_ROUND_GAP_S)
+
+    async def _round(self) -> float | None:
+        try:
+            return await self.step()
+        except Exception as exc:  # a failed round (a lost connection): log, pause, retry
+            _log.warning("deferred poller round failed (%s); retrying", type(exc).__name__)
+            return 1.0
 
     def _changed(self, at_ms: int | None) -> None:
         # The registry's callback: wake the loop unless it already sleeps until before ``at_ms``
         # (its round then finds the change through next_instant).
-        until = self._asleep_until
-        if until is None or at_ms is None or at_ms < until:
-            self._wake.set()
-
-    async def _sleep(self, delay: float | None, event: asyncio.Event | None = None) -> None:
-        # Not asyncio.wait_for: on Python 3.11 it can swallow a cancellation that arrives as
-        # the wait ends (cpython#86296), and stop() would then wait for the loop forever.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(delay):
-                await (event or self._wake).wait()
+        self._wake.news_at(at_ms)
 
     async def step(self) -> float | None:
         """One round: expire, resume, start due polls. Returns how long to wait at most."""
@@ -271,9 +243,7 @@ class Poller:
         self.polls_started += 1
         self._inflight[op.module] += 1
         self._polling.add(op.id)
-        task = asyncio.get_running_loop().create_task(self._poll(op))
-        self._polls.add(task)
-        task.add_done_callback(self._polls.discard)
+        self._tasks.spawn(self._poll(op), name=f"timebound-deferred-poll-{op.id}")
 
     async def _poll(self, op: Operation) -> StatusOutcome:
         assert op.module is not None
@@ -311,7 +281,7 @@ class Poller:
         future: asyncio.Future[StatusOutcome] = asyncio.get_running_loop().create_future()
         self._answers.append((op_id, doc, future))
         if self._writer is None:
-            self._writer = asyncio.get_running_loop().create_task(self._write_answers())
+            self._writer = self._tasks.spawn(self._write_answers())
         return await future
 
     async def _write_answers(self) -> None:
@@ -365,7 +335,7 @@ class Poller:
         ):
             wait = self._window.wait_s()
             self._slot_freed.clear()
-            await self._sleep(wait if wait > 0 else None, self._slot_freed)
+            await sleep_until_set(self._slot_freed, wait if wait > 0 else None)
         self._window.reserve()
         self.polls_started += 1
         self._inflight[op.module] += 1

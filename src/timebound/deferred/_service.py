@@ -8,8 +8,6 @@ task bounded by the operation's lifetime, and its return value or failure become
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import math
 import uuid
 from collections.abc import Awaitable, Callable
@@ -22,6 +20,7 @@ from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError, DeadlineExceeded, TimeboundError
 from .._core._renamed import Renamed, renamed
 from .._core._scopes import fail_at
+from .._store import Detached
 from ._contract import OPERATION_SCHEMA, format_time
 from ._registry import Registry, now_ms
 
@@ -83,7 +82,7 @@ class Service:
         self.max_running = max_running
         self.base_path = base_path.rstrip("/")
         self._offers: dict[str, _Offer] = {}
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._tasks = Detached()  # the operations running, by id
 
     @renamed(retry_after_s=Renamed("retry_after"), ttl_s=Renamed("ttl"))
     def operation(
@@ -165,11 +164,7 @@ class Service:
         # The registry's instants are the ones its status documents show.
         doc["created_at"] = format_time(op.created_ms)
         doc["expires_at"] = format_time(op.expires_ms)
-        task = asyncio.get_running_loop().create_task(
-            self._run(op_id, offer, payload, op.expires_ms)
-        )
-        self._tasks[op_id] = task
-        task.add_done_callback(lambda _: self._tasks.pop(op_id, None))
+        self._tasks.spawn(self._run(op_id, offer, payload, op.expires_ms), key=op_id)
         return doc
 
     async def _run(self, op_id: str, offer: _Offer, payload: Any, expires_ms: int) -> None:
@@ -209,9 +204,4 @@ class Service:
 
     async def aclose(self) -> None:
         """Stop every running task (their rows stay; after a restart they expire on time)."""
-        tasks = list(self._tasks.values())
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await self._tasks.cancel()

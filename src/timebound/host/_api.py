@@ -1,4 +1,4 @@
-"""The JSON API under ``/v1`` (routes fixed by the host's issue; OpenAPI in ``_openapi``)."""
+"""The JSON API under ``/v1`` (the routes of docs/host.md; OpenAPI in ``_openapi``)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import asyncio
 import base64
 import binascii
 import json
-import math
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -116,13 +115,18 @@ BOUNDS = ("any", "workflow", "node", "synchronization")
 DEPRECATED_BOUNDS = {"execution": "node"}
 
 
-def _instant(params: dict[str, str], name: str) -> int | None:
+def _instant(params: dict[str, str], name: str) -> datetime | None:
     """An instant of the list's time range: epoch ms, or ISO 8601 (UTC when no offset)."""
     text = params.get(name, "").strip()
     if not text:
         return None
     if text.isdigit():
-        return int(text)
+        try:
+            if len(text) > 16:
+                raise OverflowError
+            return _clock.datetime_of_ms(int(text))
+        except OverflowError:
+            raise Problem(400, f"{name}: {text[:40]!r} is past the year 9999") from None
     try:
         when = datetime.fromisoformat(text)
     except ValueError:
@@ -131,7 +135,7 @@ def _instant(params: dict[str, str], name: str) -> int | None:
         ) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
-    return math.floor(when.timestamp() * 1000)
+    return when
 
 
 def _input_field(params: dict[str, str]) -> tuple[str, Any] | None:
@@ -166,8 +170,8 @@ async def list_page(host: Host, params: dict[str, str]) -> tuple[list[dict[str, 
         after=after,
         limit=size + 1,
         bound=bound,
-        since_ms=_instant(params, "since"),
-        until_ms=_instant(params, "until"),
+        since=_instant(params, "since"),
+        until=_instant(params, "until"),
         id_prefix=params.get("q", "").strip() or None,
         input_field=_input_field(params),
     )

@@ -7,14 +7,16 @@ process share nothing.
 from __future__ import annotations
 
 import hmac
-import importlib
 import math
+import types
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from .._core._errors import ConfigurationError
+from .._core._modules import load_module
 from ..workflow import Definition, DefinitionError, Engine
 from ._config import Config, ConfigError
 from ._metrics import Metrics
@@ -31,12 +33,7 @@ def load_actions(modules: tuple[str, ...]) -> dict[str, Callable[..., Any]]:
     handlers: dict[str, Callable[..., Any]] = {}
     origin: dict[str, str] = {}
     for name in modules:
-        try:
-            module = importlib.import_module(name)
-        except Exception as exc:
-            raise ConfigError(
-                f"actions: cannot import {name!r}: {type(exc).__name__}: {exc}"
-            ) from None
+        module = _load(name, "actions")
         for attr, obj in vars(module).items():
             if attr.startswith("_") or not callable(obj) or isinstance(obj, type):
                 continue
@@ -55,12 +52,7 @@ def load_connectors(modules: tuple[str, ...]) -> dict[str, Any]:
     found: dict[str, Any] = {}
     origin: dict[str, str] = {}
     for name in modules:
-        try:
-            module = importlib.import_module(name)
-        except Exception as exc:
-            raise ConfigError(
-                f"connectors: cannot import {name!r}: {type(exc).__name__}: {exc}"
-            ) from None
+        module = _load(name, "connectors")
         factory = getattr(module, "connectors", None)
         if not callable(factory):
             raise ConfigError(
@@ -91,6 +83,15 @@ def load_connectors(modules: tuple[str, ...]) -> dict[str, Any]:
                 )
             found[key], origin[key] = connector, name
     return found
+
+
+def _load(spec: str, setting: str) -> types.ModuleType:
+    """The module of a setting: a dotted name (found from the current directory too) or a
+    ``.py`` file, imported as every ``timebound`` command imports one (D12.3)."""
+    try:
+        return load_module(spec, what=setting)
+    except ConfigurationError as exc:
+        raise ConfigError(str(exc), option=setting) from None
 
 
 def load_definitions(engine: Engine, directory: str | None) -> dict[str, Definition]:

@@ -102,6 +102,9 @@ Operation = TypedDict(
         "created_at": str,
         "updated_at": str,
         "expires_at": str,
+        # Where the lifetime was set: connector, action, caller or host policy (None for an
+        # operation stored before this was recorded).
+        "expires_set_by": str | None,
         "next_poll_at": str | None,
         "attempts": int,
         "cancelable": bool,

@@ -25,8 +25,14 @@ MAX_ARTIFACT_BYTES = 16 * 1024 * 1024
 
 
 def canonical(doc: Any) -> bytes:
-    """RFC 8785 canonical JSON: the bytes digests are computed over and artifacts are written as."""
-    return rfc8785.dumps(doc)
+    """RFC 8785 canonical JSON: the bytes digests are computed over and artifacts are written as.
+
+    A number RFC 8785 cannot write (an integer past 2^53, which a hostile artifact may hold) is
+    a ``schema`` ValidationError, not the encoder's own exception."""
+    try:
+        return rfc8785.dumps(doc)
+    except rfc8785.CanonicalizationError as exc:
+        raise ValidationError("schema", f"not canonical JSON: {str(exc)[:200]}") from None
 
 
 def digest_of(doc: Any) -> str:

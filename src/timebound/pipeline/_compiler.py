@@ -1,5 +1,5 @@
-"""``pl.compile``: lower a plan to an artifact (branches lifted into content-addressed fragments,
-RFC 0002 §5.3), then validate it (§5.5) exactly as the engine will."""
+"""``pl.compile``: lower a plan to an artifact (branches lifted into content-addressed fragments),
+then validate it exactly as the engine will."""
 
 from __future__ import annotations
 

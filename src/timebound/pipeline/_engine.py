@@ -22,6 +22,7 @@ import pyarrow as pa
 from .._core import _clock
 from .._core._deadline import Deadline
 from .._core._errors import ConfigurationError
+from .._core._renamed import renamed
 from .._core._scopes import checkpoint, current_deadline, fail_after
 from .._engine import DagPlan, Group, Node
 from ..telemetry._tracing import run_span
@@ -29,7 +30,7 @@ from . import _expr
 from ._artifact import Artifact
 from ._bounded import await_abandonable, run_in_worker
 from ._errors import TaskError, ValidationError
-from ._model import Catalog, TaskSpec, deprecated_registry, evaluate, renamed_catalog
+from ._model import REGISTRY_KEYWORD, Catalog, TaskSpec, deprecated_registry, evaluate
 from ._region import RegionState, region_group
 from ._rowset import RowSet
 from ._trace import Trace
@@ -112,20 +113,19 @@ class Engine:
     """Runs artifacts against ``catalog``'s tasks. ``env`` is ``"prod"`` or ``"dev"`` (D5.6);
     ``capabilities`` restricts what the engine enables (default: everything it supports).
 
-    Validated plans are cached on the engine, keyed by plan digest and capabilities digest
-    (RFC §5.9); the ``plan_cache_size`` most recently used are kept.
+    Validated plans are cached on the engine, keyed by plan digest and capabilities digest;
+    the ``plan_cache_size`` most recently used are kept.
     """
 
+    @renamed(registry=REGISTRY_KEYWORD)
     def __init__(
         self,
-        catalog: Catalog | None = None,
+        catalog: Catalog,
         *,
         env: Literal["prod", "dev"] = "prod",
         capabilities: Collection[str] | None = None,
         plan_cache_size: int = 128,
-        registry: Catalog | None = None,
     ) -> None:
-        catalog = renamed_catalog(catalog, registry, "Engine")
         if not isinstance(catalog, Catalog):
             raise ConfigurationError(f"catalog must be a pl.Catalog, got {catalog!r}")
         if env not in ("prod", "dev"):
@@ -338,8 +338,8 @@ class _Builder:
             reads, writes = self._effects(node)
             deps: list[str] = []
             if parent is not None:
-                # A wrapper branch runs its steps in order (RFC 0002 §5.3: sequential branch
-                # execution; region-local parallelism is the RFC's open question OQ3).
+                # A wrapper branch runs its steps in order, one after the other (RFC 0002
+                # leaves parallelism inside a region an open question: we do not take it).
                 deps = keys[-1:]
             else:
                 for j in range(len(keys) - 1, -1, -1):

@@ -8,7 +8,8 @@ from .._core._errors import DeadlineExceeded, InvalidInput, TimeboundError
 
 __all__ = ["PlanTimeout", "TaskError", "ValidationError"]
 
-# The rules of RFC 0002 §5.5 (names fixed by issue 11), plus the engine's own reference checks.
+# The validation rules of a plan (stable codes, listed in docs/pipeline.md), plus the engine's
+# own reference checks.
 RULES = frozenset(
     {
         "closure",
@@ -104,7 +105,7 @@ class PlanTimeout(DeadlineExceeded):
     """A ``timeout_wrapper`` with ``on_timeout="fail_plan"`` ran out of its region budget.
 
     ``node_id``/``op`` name the wrapper, ``timeout_ms`` is the budget it computed, ``trace`` the
-    run's :class:`~timebound.pipeline.Trace` up to the failure (RFC §5.8: its wrapper entry says
+    run's :class:`~timebound.pipeline.Trace` up to the failure (its wrapper entry says
     ``chosen_branch: "fail_plan"``).
     """
 

@@ -13,6 +13,7 @@ import pyarrow as pa
 
 from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError
+from .._core._renamed import Renamed
 
 __all__ = [
     "ORIGINS",
@@ -20,16 +21,16 @@ __all__ = [
     "KeyDef",
     "P",
     "ParamDef",
+    "REGISTRY_KEYWORD",
     "Catalog",
     "deprecated_registry",
-    "renamed_catalog",
     "Switch",
     "TaskSpec",
     "Union",
     "Unknown",
 ]
 
-# Where a resolved param value came from (RFC §5.8 override_origin).
+# Where a resolved param value came from (a wrapper record's ``override_origin``).
 ORIGINS = ("plan", "fragment", "request", "source", "default")
 Rowset = Literal["preserve", "mutate", "unknown"]
 
@@ -346,21 +347,11 @@ class Catalog:
         return decorate
 
 
-def renamed_catalog(catalog: Catalog | None, registry: Catalog | None, owner: str) -> Catalog:
-    """``catalog``, or the deprecated keyword ``registry`` given in its place (with a warning)."""
-    if registry is None:
-        if catalog is None:
-            raise ConfigurationError(f"{owner} needs a catalog: {owner}(..., catalog=pl.Catalog())")
-        return catalog
-    if catalog is not None:
-        raise ConfigurationError(f"{owner} takes catalog= (registry= is its old name), not both")
-    warnings.warn(
-        f"{owner}(registry=...) is now {owner}(catalog=...)", DeprecationWarning, stacklevel=3
-    )
-    return registry
-
-
 def deprecated_registry(catalog: Catalog, owner: str) -> Catalog:
     """The value of the deprecated ``.registry`` attribute, with its warning."""
     warnings.warn(f"{owner}.registry is now {owner}.catalog", DeprecationWarning, stacklevel=3)
     return catalog
+
+
+#: ``registry=``, the catalog's keyword before it was renamed (D11.3).
+REGISTRY_KEYWORD = Renamed("catalog", hint="a pl.Catalog, which pl.Registry was renamed to")

@@ -9,8 +9,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._core._errors import ConfigurationError
+from .._core._renamed import renamed
 from ._expr import Expr
-from ._model import Catalog, P, _json_scalar, deprecated_registry, renamed_catalog
+from ._model import REGISTRY_KEYWORD, Catalog, P, _json_scalar, deprecated_registry
 
 __all__ = ["Chain", "Plan"]
 
@@ -101,7 +102,7 @@ class Chain:
         return self._add("dedupe", {"key": key})
 
     def fill_defaults(self, keys: Iterable[str]) -> Chain:
-        """Overwrite ``keys``: null when nullable, else the registry default (RFC §5.7)."""
+        """Overwrite ``keys``: null when nullable, else the catalog's default."""
         if isinstance(keys, str):
             keys = [keys]
         return self._add("fill_defaults", {"keys": sorted(set(keys))})
@@ -148,15 +149,11 @@ class _Foreign(Chain):
 class Plan(Chain):
     """A named plan over a catalog; ``params`` are link-time constants of origin ``plan``."""
 
+    @renamed(registry=REGISTRY_KEYWORD)
     def __init__(
-        self,
-        name: str,
-        *,
-        catalog: Catalog | None = None,
-        params: Mapping[str, Any] | None = None,
-        registry: Catalog | None = None,
+        self, name: str, *, catalog: Catalog, params: Mapping[str, Any] | None = None
     ) -> None:
-        super().__init__(renamed_catalog(catalog, registry, "Plan"))
+        super().__init__(catalog)
         if not isinstance(name, str) or not name:
             raise ConfigurationError(f"a plan needs a name, got {name!r}")
         self.name = name

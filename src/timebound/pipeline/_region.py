@@ -123,7 +123,8 @@ def region_group(
 
 
 def check_preserved(rs: RowSet, state: RegionState, node_id: str, branch: str) -> None:
-    """RFC §5.5.2's runtime assert: the branch left row count, selection and order alone."""
+    """The run-time half of the ``preserve`` contract: the branch left the row count, the
+    selection and the order alone (validation checks the other half before the run)."""
     if rs.index is not state.index or rs.active_count != state.nrows:
         raise ValidationError(
             "preserve",

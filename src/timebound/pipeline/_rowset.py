@@ -98,8 +98,8 @@ class RowSet:
     def _compact(self) -> None:
         """Make the active rows the base rows (after filter/sort/take/dedupe, before a write)."""
         if self.depth:
-            # Inside an overlay the rowset is preserved (RFC §5.5.2), so the index never
-            # changes there; compaction happens at begin().
+            # Inside an overlay the rowset is preserved (``_region.check_preserved``), so the
+            # index never changes there; compaction happens at begin().
             raise AssertionError("a rowset is compacted only outside overlays")
         index = self.index
         assert index is not None

@@ -1,5 +1,5 @@
-"""The run's trace: a span per node nested under its wrapper, one record per wrapper (RFC 0002
-§5.8), the critical path, JSON export and OpenTelemetry spans."""
+"""The run's trace: a span per node nested under its wrapper, one record per wrapper (its fields
+listed in docs/pipeline.md), the critical path, JSON export and OpenTelemetry spans."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from .._engine import Span
 
 __all__ = ["Trace", "critical_path"]
 
-# The wrapper fields RFC §5.8 lists, in the order they are reported.
+# A wrapper record's fields, in the order they are reported.
 WRAPPER_FIELDS = (
     "timeout_ms",
     "nrows",
@@ -28,7 +28,7 @@ WRAPPER_FIELDS = (
 class Trace:
     """``spans``: one dict per node (``node_id``, ``op``, ``name``, ``parent``, ``ready_ms``,
     ``start_ms``, ``end_ms``, ``outcome``, ``deps``), times in ms from the run's start;
-    ``wrappers``: by wrapper node id, one dict per ``timeout_wrapper`` with exactly RFC §5.8's
+    ``wrappers``: by wrapper node id, one dict per ``timeout_wrapper`` with exactly these
     fields;
     ``late_discarded``: results that arrived after their region's deadline and were dropped."""
 

@@ -1,4 +1,5 @@
-"""Validation of an artifact against a registry (RFC 0002 §5.5; fail-closed).
+"""Validation of an artifact against a catalog, fail-closed (what is not known to be safe is
+refused).
 
 One implementation, run by ``pl.compile`` and again by the engine against the tasks it will
 actually run. Facts recorded in the artifact are never trusted: writes, rowset effects and

@@ -314,9 +314,23 @@ class RetryPlan:
         ``max_delay``. Jitter is additive: it never shortens the computed delay and never pushes
         it past ``max_delay`` (so at the cap there is no room for it).
         """
+        shortest, spread = self._delay_parts(attempt)
+        if spread == 0.0:
+            return shortest
+        return min(shortest + _rng.uniform(0.0, spread), self.max_delay)
+
+    def delay_bounds(self, attempt: int) -> tuple[float, float]:
+        """The shortest and the longest wait :meth:`delay_after` can give after failed attempt
+        ``attempt``: without jitter and with the most jitter can add (capped at ``max_delay``).
+        The worst-case time check (``timebound.analysis``, D14.2) reads the schedule here."""
+        shortest, spread = self._delay_parts(attempt)
+        return shortest, min(shortest + spread, self.max_delay)
+
+    def _delay_parts(self, attempt: int) -> tuple[float, float]:
+        """(the computed delay, the most jitter may add to it): the one backoff formula."""
         d = self.delay
         if d is None:
-            return 0.0
+            return 0.0, 0.0
         backoff = self.backoff
         if backoff == "fixed":
             base = d
@@ -327,12 +341,11 @@ class RetryPlan:
             base = d * 2.0 ** min(attempt - 1, 1023)
         cap = self.max_delay
         if base >= cap:
-            return cap
+            return cap, 0.0
         jitter = self.jitter
-        if jitter is not False:
-            spread = base if jitter is True else float(jitter)
-            base = min(base + _rng.uniform(0.0, spread), cap)
-        return base
+        if jitter is False:
+            return base, 0.0
+        return base, base if jitter is True else float(jitter)
 
     # Errors ------------------------------------------------------------------------------
 

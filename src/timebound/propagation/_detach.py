@@ -1,5 +1,5 @@
-"""Work that outlives the response: :func:`detached` (issue: background tasks inherit the
-request's deadline).
+"""Work that outlives the response: :func:`detached` (the problem it solves: background tasks
+inherit the request's deadline).
 
 A server adapter runs the whole request — in Starlette and FastAPI also the response's
 ``BackgroundTasks``, which run after the body is sent but inside the same ASGI call — under the

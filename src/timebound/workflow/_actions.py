@@ -28,8 +28,8 @@ from .._json import loads as loads_json
 
 __all__ = ["ActionContext", "Outcome", "handlers", "is_deferral", "run_http", "run_python"]
 
-#: The schema a connector's deferred answer names (P055 §3); its payload, not the HTTP status,
-#: makes an answer a deferral.
+#: The schema a connector's deferred answer names (docs/deferred.md); its payload, not the HTTP
+#: status, makes an answer a deferral.
 DEFERRED_SCHEMA = "deferred-operation.v1"
 
 

@@ -11,7 +11,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, NamedTuple
 
 from .._core._deadline import Deadline
-from .._store import Store, Tx
+from .._store import Detached, Store, Tx, Wake
 from ..telemetry import correlation
 from ..telemetry._tracing import attempt_span
 from ._actions import ActionContext, Outcome, freeze, run_python
@@ -52,8 +52,8 @@ class Attempts:
     _definitions: dict[tuple[str, int], Definition]
     _latest: dict[str, int]
     _inflight: InFlight
-    _wake: asyncio.Event
-    _background: set[asyncio.Task[None]]
+    _wake: Wake
+    _background: Detached
     _outcomes: list[Report]
 
     def _txn(self) -> AbstractAsyncContextManager[Tx]:
@@ -165,9 +165,7 @@ class Attempts:
             return Outcome("error", error=f"no python handler named {implementation['handler']!r}")
 
         def late() -> None:
-            task = asyncio.ensure_future(self._late(ctx.run_id, ctx.token_id, attempt))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._background.spawn(self._late(ctx.run_id, ctx.token_id, attempt))
 
         return await run_python(handler, ctx, what=what, on_late=late)
 

@@ -14,14 +14,13 @@ needs and checks: run, token, node, output binding, deadline, idempotency key an
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 from .._core._scopes import move_on_after
-from .._store import Store, Tx
+from .._store import Detached, Store, Tx
 from ..deferred._http import origin_of, same_origin
 from ._actions import ActionContext, Outcome, is_deferral, run_http, run_python
 from ._bounds import call_key
@@ -119,7 +118,7 @@ class Deferrals:
         self._registry: Any = None
         self.poller: Any = None
         self._open = False
-        self._starting: set[asyncio.Task[None]] = set()
+        self._starting = Detached()  # a poller starting for a definition registered late
 
     @property
     def registry(self) -> Any:
@@ -144,9 +143,7 @@ class Deferrals:
             fresh |= self._connect(*http_module(action.implementation["url"]))
         if fresh and self.poller is None:
             # Registered while the engine runs: start polling on the engine's loop.
-            task = asyncio.get_running_loop().create_task(self._start_poller())
-            self._starting.add(task)
-            task.add_done_callback(self._starting.discard)
+            self._starting.spawn(self._start_poller())
 
     def _connect(self, module: str, origin: str) -> bool:
         """Make the HttpConnector of an ``http_request`` origin; whether one was made."""
@@ -190,9 +187,7 @@ class Deferrals:
 
     async def close(self) -> None:
         self._open = False
-        for task in list(self._starting):
-            task.cancel()
-        await asyncio.gather(*self._starting, return_exceptions=True)
+        await self._starting.cancel()
         if self.poller is not None:
             await self.poller.stop()
             self.poller = None

@@ -35,6 +35,7 @@ __all__ = [
     "RetryBlock",
     "Synchronization",
     "Transition",
+    "default_sync_timeout_ms",
     "parse_definition",
     "schema",
 ]
@@ -115,7 +116,7 @@ class Action:
     implementation: dict[str, Any]
     timeout_ms: int | None = None
     on_timeout: Literal["fail", "retry"] | None = None
-    #: ``sync-only`` | ``either`` | ``async-only`` (P055 §2, see ``_modes``).
+    #: ``sync-only`` | ``either`` | ``async-only`` (see ``_modes``).
     execution_mode_support: str = "sync-only"
     #: ``{preferred_retry_after_seconds, preferred_max_ttl_seconds}``: hints the host policy clamps.
     deferred_profile: dict[str, int] | None = None
@@ -231,8 +232,17 @@ class Definition:
                 looped.update(component)
         return frozenset(looped)
 
+    @functools.cached_property
+    def _outgoing(self) -> dict[str, tuple[Transition, ...]]:
+        by_source: dict[str, list[Transition]] = {}
+        for t in self.transitions.values():
+            by_source.setdefault(t.source, []).append(t)
+        return {source: tuple(ts) for source, ts in by_source.items()}
+
     def outgoing(self, node_id: str) -> list[Transition]:
-        return [t for t in self.transitions.values() if t.source == node_id]
+        """The transitions leaving ``node_id``, in definition order (an index built once: a
+        walk over a large definition asks for every node)."""
+        return list(self._outgoing.get(node_id, ()))
 
     def join_for_group(self, fan_out_id: str) -> Transition | None:
         for t in self.transitions.values():
@@ -255,17 +265,33 @@ class Definition:
         assert sync is not None
         if sync.timeout_ms is not None:
             return sync.timeout_ms
-        # The branch: nodes reachable from the fan-out's target without crossing this join.
+        basis = self.sync_timeout_basis(join)
+        return default_sync_timeout_ms(None if basis is None else basis[0], spawned)
+
+    def sync_timeout_basis(self, join: Transition) -> tuple[int, str] | None:
+        """D6.2's ``maxActionTimeout``: the largest node timeout of the join's branch (the nodes
+        reachable from the fan-out's target without crossing this join) and the node that has
+        it; ``None`` when no node of the branch has one."""
+        sync = join.synchronization
+        assert sync is not None
         branch, todo = set(), [self.transitions[sync.sibling_group].target]
         while todo:
             node_id = todo.pop()
             if node_id not in branch:
                 branch.add(node_id)
                 todo += [t.target for t in self.outgoing(node_id) if t.id != join.id]
-        timeouts = [t for n in branch if (t := self.node_timeout_ms(self.nodes[n])) is not None]
-        if not timeouts:
-            return SYNC_TIMEOUT_CAP_MS
-        return min(math.floor(max(timeouts) * spawned * 1.5), SYNC_TIMEOUT_CAP_MS)
+        timeouts = [
+            (t, n) for n in sorted(branch) if (t := self.node_timeout_ms(self.nodes[n])) is not None
+        ]
+        return max(timeouts, key=lambda tn: tn[0]) if timeouts else None
+
+
+def default_sync_timeout_ms(max_action_timeout_ms: int | None, spawned: int) -> int:
+    """D6.2: ``min(maxActionTimeout * spawnCount * 1.5, 30 min)``, or the cap with no action
+    timeout to compute it from (the same formula in docs/workflows.md)."""
+    if max_action_timeout_ms is None:
+        return SYNC_TIMEOUT_CAP_MS
+    return min(math.floor(max_action_timeout_ms * spawned * 1.5), SYNC_TIMEOUT_CAP_MS)
 
 
 @cache

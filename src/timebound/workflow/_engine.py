@@ -25,7 +25,7 @@ from .._core._renamed import Renamed, from_ms, renamed
 from .._core._scopes import fail_after
 from .._json import TooDeep
 from .._json import check as check_json
-from .._store import Store, Tx, open_store
+from .._store import Detached, Store, Tx, Wake, open_store
 from ..telemetry._tracing import caller_traceparent
 from ._actions import handlers
 from ._attempts import Report
@@ -109,7 +109,7 @@ class Engine(Turns, RunReads, OperatorActions):
         self._operator = Operator(self._machine, self._store.lock_clause, ms_of(cap))
         self._open = False
         self._lock = asyncio.Lock()
-        self._wake = asyncio.Event()
+        self._wake = Wake()
         self._loop_task: asyncio.Task[None] | None = None
         self._inflight = InFlight(self._now, self._wake.set, record=self._store.shared)
         self._attempts = self._inflight.tasks
@@ -119,7 +119,7 @@ class Engine(Turns, RunReads, OperatorActions):
         self._presence = Presence(self._store, self.worker_id, self._handlers, sweep_ms)
         self._drain_waiter: asyncio.Future[None] | None = None
         self._drain_ended = False
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = Detached()  # the retention loop, late results' writes
         self._finished: dict[str, asyncio.Event] = {}
         self._outcomes: list[Report] = []
         self._starts: list[Start] = []
@@ -250,9 +250,7 @@ class Engine(Turns, RunReads, OperatorActions):
         await self._store.open()
         self._open = True
         if self._retention is not None:  # only ended runs: safe from any process (D8.13)
-            pruning = asyncio.create_task(self._retention.run(), name="timebound-retention")
-            self._background.add(pruning)
-            pruning.add_done_callback(self._background.discard)
+            self._background.spawn(self._retention.run(), name="timebound-retention")
         if not self._worker:
             return
         shared = self._store.shared
@@ -313,10 +311,10 @@ class Engine(Turns, RunReads, OperatorActions):
                 waiter.cancel()
         await self._deferrals.close()
         task, self._loop_task = self._loop_task, None
-        pending = [t for t in (task, *self._attempts.values(), *self._background) if t is not None]
+        pending = [t for t in (task, *self._attempts.values()) if t is not None]
         for t in pending:
             t.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
+        await asyncio.gather(*pending, self._background.cancel(), return_exceptions=True)
         self._inflight.clear()
         starts, self._starts = self._starts, []
         for start in starts:

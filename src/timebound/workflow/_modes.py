@@ -1,4 +1,4 @@
-"""Execution modes of workflow actions (P055 §2): which nodes may defer, checked statically.
+"""Execution modes of workflow actions (D7): which nodes may defer, checked statically.
 
 An action's ``execution_mode_support`` says what its connector may do: ``sync-only`` (the safe
 default: it answers with a result), ``async-only`` (the default of kind ``deferred``: it answers

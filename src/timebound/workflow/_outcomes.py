@@ -15,7 +15,19 @@ from ._limits import RunLimitExceeded, check_growth
 from ._rows import PRIORITY_TOKEN, decode, encode
 from ._runs import RunMoves
 
-__all__ = ["Outcomes", "retry_delay_ms"]
+__all__ = ["Outcomes", "retry_delay_ms", "retry_plan"]
+
+
+def retry_plan(block: RetryBlock, what: str) -> RetryPlan:
+    """The retry decision core's plan for a node's ``retry`` block (D3.1-D3.2): what the
+    engine decides each retry with, and what the worst-case time check reads (D14.6)."""
+    return RetryPlan(
+        what,
+        retry=block.max_attempts - 1,
+        delay=block.delay_ms / 1000,
+        backoff=block.backoff,
+        max_delay=block.max_delay_ms / 1000,
+    )
 
 
 def retry_delay_ms(block: RetryBlock, attempts_done: int, error: str, what: str) -> int | None:
@@ -25,13 +37,7 @@ def retry_delay_ms(block: RetryBlock, attempts_done: int, error: str, what: str)
     counting and backoff; the engine persists the delay as the token's ``not_before`` instead of
     sleeping.
     """
-    plan = RetryPlan(
-        what,
-        retry=block.max_attempts - 1,
-        delay=block.delay_ms / 1000,
-        backoff=block.backoff,
-        max_delay=block.max_delay_ms / 1000,
-    )
+    plan = retry_plan(block, what)
     _, decision = plan.failed(RetryState(attempt=attempts_done - 1), RuntimeError(error))
     return round(decision.delay * 1000) if isinstance(decision, RetryAt) else None
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 import json
 import warnings
 from contextlib import AbstractAsyncContextManager
+from datetime import datetime
 from typing import Any
 
 from .._core import _clock
+from .._core._renamed import Renamed, renamed
 from .._store import Store, Tx
 from .._store._tally import read_off_loop, read_tallies
 from ._machine import Machine
@@ -59,6 +61,10 @@ class RunReads:
             run = await _run_row(self._machine, tx, run_id)
             return run, await _token_rows(tx, run_id), await tx.events(run_id)
 
+    @renamed(
+        since_ms=Renamed("since", _clock.datetime_of_ms, "an aware datetime"),
+        until_ms=Renamed("until", _clock.datetime_of_ms, "an aware datetime"),
+    )
     async def list_runs(
         self,
         *,
@@ -67,8 +73,8 @@ class RunReads:
         after: tuple[int, str] | None = None,
         limit: int = 50,
         bound: str | None = None,
-        since_ms: int | None = None,
-        until_ms: int | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
         id_prefix: str | None = None,
         input_field: tuple[str, Any] | None = None,
     ) -> list[dict[str, Any]]:
@@ -77,10 +83,10 @@ class RunReads:
 
         ``bound``: runs where a bound of that layer (``workflow``, ``node``,
         ``synchronization``, or ``any``; ``execution`` is the deprecated name of ``node``,
-        D2.7) fired for good, whatever the run's status (a node
-        timeout ends the run ``failed``); ``since_ms``/``until_ms``: started in ``[since,
-        until)``; ``id_prefix``: the run id starts so; ``input_field``: the input has the
-        top-level field with that JSON value."""
+        D2.7) fired for good, whatever the run's status (a node timeout ends the run
+        ``failed``); ``since``/``until`` (aware ``datetime``; naive is UTC): started in
+        ``[since, until)``; ``id_prefix``: the run id starts so; ``input_field``: the input has
+        the top-level field with that JSON value."""
         where: list[str] = ["1 = 1"]
         args: list[Any] = []
         if bound == "execution":
@@ -100,12 +106,12 @@ class RunReads:
             )
             if layer:
                 args.append(layer)
-        if since_ms is not None:
+        if since is not None:
             where.append("started_at >= ?")
-            args.append(since_ms)
-        if until_ms is not None:
+            args.append(_clock.ms_of(since))
+        if until is not None:
             where.append("started_at < ?")
-            args.append(until_ms)
+            args.append(_clock.ms_of(until))
         if id_prefix:
             where.append("id LIKE ? ESCAPE '!'")
             args.append(_like(id_prefix) + "%")

@@ -133,7 +133,7 @@ class TokenMoves(HeldRows):
             self._cancel_attempt(tok["id"])
             if tok["child_run_id"] is not None:
                 await self.children.cancel_children(tx, tok["id"], now)
-        if status != "timed_out":  # token_timed_out carries the seed's richer shape
+        if status != "timed_out":  # token_timed_out is written with the bound that fired
             await tx.append_event(
                 tok["run_id"],
                 f"token_{status}",

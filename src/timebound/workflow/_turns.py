@@ -19,7 +19,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from .._core import _clock
-from .._store import Tx, wake_delay
+from .._store import Tx, run_rounds, wake_delay
 from ._attempts import Attempts, Plan, Report
 from ._faults import RunFault, attribute, isolate
 from ._rows import RUN_TERMINAL
@@ -56,9 +56,12 @@ class Turns(Attempts):
     # The loop -------------------------------------------------------------------------------
 
     async def _loop(self) -> None:
+        """Turns, asleep between them until the next timer, a sweep or a wake-up (the store's
+        wake loop, D12.1)."""
         renew_at = house_at = 0
-        while True:
-            self._wake.clear()
+
+        async def turn() -> float | None:
+            nonlocal renew_at, house_at
             self._poked = False
             outcomes, self._outcomes = self._outcomes, []
             starts, self._starts = self._starts, []
@@ -93,7 +96,7 @@ class Turns(Attempts):
                 self._starts[:0] = [s for s in starts if s is not fault.start]
                 self._stored.clear()
                 await isolate(self, fault)
-                continue
+                return 0.0
             except Exception:
                 # A failed turn is rolled back (on PostgreSQL, a deadlock between two workers'
                 # batches, or the server restarting and dropping every connection): keep its
@@ -104,28 +107,24 @@ class Turns(Attempts):
                 self._stored.clear()
                 _log.exception("workflow engine turn failed; retrying")
                 await asyncio.sleep(self._sweep_ms / 1000)
-                continue
-            self._wake.clear()  # our own transaction set it
+                return 0.0
+            # Our own transaction set the wake-up; news that came during the turn is in the
+            # checks below, which the turn may not have seen.
+            self._wake.clear()
             for plan in plans:
                 task = asyncio.create_task(self._attempt(*plan), name=f"workflow-token-{plan[0]}")
                 self._inflight.add(plan[0], task, plan[3].attempt, plan[3].run_id)
                 task.add_done_callback(functools.partial(self._attempt_done, plan[0]))
             if self._outcomes or self._starts or self._poked or self._inflight.suspects:
-                continue  # news that came during the turn: the turn may not have seen it
-            delay = None
-            if next_ms is not None:
-                delay = wake_delay(next_ms)
+                return 0.0
+            delay = None if next_ms is None else wake_delay(next_ms)
             if self._store.shared:
                 # The sweep catches other workers' changes; leases are renewed well before expiry.
                 renew = max(min(renew_at, house_at) - self._now(), 0) / 1000
                 delay = min(delay or math.inf, self._sweep_ms / 1000, renew)
-            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation that
-            # races with the event being set (cpython#86296), and close() would hang.
-            try:
-                async with asyncio.timeout(delay):
-                    await self._wake.wait()
-            except TimeoutError:
-                pass
+            return delay
+
+        await run_rounds(self._wake, turn)
 
     async def _turn(
         self, starts: list[Start], outcomes: list[Report]

@@ -1,4 +1,4 @@
-"""The issue's scenario end to end: HTTP (300 ms) → HTTP → PostgreSQL, cut by the server.
+"""HTTP (300 ms) → HTTP → PostgreSQL end to end, cut by the server (docs/databases.md).
 
 Service A (FastAPI behind ``DeadlineMiddleware``) receives ``X-YaTaxi-Client-TimeoutMs: 300``
 and calls service B over httpx (``AsyncDeadlineTransport``, static timeout 5 s). B runs

@@ -5,3 +5,5 @@
 its module. Users import them by their public names, :mod:`timebound.propagation.asyncpg`,
 :mod:`timebound.propagation.psycopg` and :mod:`timebound.propagation.redis`.
 """
+
+__all__: list[str] = []  # a room: its names are public through the modules beside it

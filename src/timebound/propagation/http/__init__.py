@@ -6,3 +6,5 @@ attempts from :mod:`timebound.propagation._client`. Users import them by their p
 :mod:`timebound.propagation.asgi`, :mod:`timebound.propagation.httpx` and so on; the wire format
 they share with gRPC is :mod:`timebound.propagation._codec`.
 """
+
+__all__: list[str] = []  # a room: its names are public through the modules beside it
