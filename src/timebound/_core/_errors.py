@@ -123,7 +123,7 @@ def deadline_message(source: str, timeout: float | None, what: str | None) -> st
     return f"{source} deadline exceeded"
 
 
-def bound_origin(source: str, what: str | None) -> str | None:
+def set_by_of(source: str, what: str | None) -> str | None:
     """Where a scope's bound was set, from the scope's own ``source`` and ``what`` (D2.8): a
     policy's attempt or total budget is ``policy <name>``; any other scope is its ``what`` (the
     engines name theirs: ``task fetch``, ``workflow node 'A'``, ``group 'r1'``); an unnamed

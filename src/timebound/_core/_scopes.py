@@ -48,9 +48,9 @@ from ._errors import (
     SOURCES,
     ConfigurationError,
     DeadlineExceeded,
-    bound_origin,
     deadline_message,
     new_deadline_exceeded,
+    set_by_of,
 )
 
 __all__ = [
@@ -141,7 +141,7 @@ class _Frame:
         key = (source, timeout, what)
         texts = _messages.get(key)
         if texts is None:
-            texts = (deadline_message(source, timeout, what), bound_origin(source, what))
+            texts = (deadline_message(source, timeout, what), set_by_of(source, what))
             if len(_messages) >= _MESSAGES_MAX:
                 del _messages[next(iter(_messages))]
             _messages[key] = texts

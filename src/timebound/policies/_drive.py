@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final
 from .._core import _clock
 from .._core._breakdown import MARKS_MAX, add_mark, build
 from .._core._deadline import Deadline
-from .._core._errors import DeadlineExceeded, bound_origin
+from .._core._errors import DeadlineExceeded, set_by_of
 from .._core._scopes import (
     _ROOT,
     CancelScope,
@@ -367,7 +367,7 @@ def spent_now(policy: Policy[Any]) -> DeadlineExceeded:
         timeout=policy.timeout,
         deadline=current_deadline(),
         what=policy.name,
-        set_by=bound_origin(source, policy.name) if source in ("attempt", "total") else None,
+        set_by=set_by_of(source, policy.name) if source in ("attempt", "total") else None,
     )
 
 
@@ -523,7 +523,7 @@ def _between(policy: Policy[Any], state: RetryState) -> AbstractContextManager[A
         Deadline(total_at.when),
         source="total",
         timeout=policy.plan.total_timeout,
-        set_by=bound_origin("total", policy.name),
+        set_by=set_by_of("total", policy.name),
     )
 
 

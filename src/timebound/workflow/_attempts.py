@@ -76,13 +76,25 @@ class Attempts:
         if not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]  # a bug: surface it in the loop's log
 
-    async def _begin(self, tx: Tx, tok: dict[str, Any], now: int) -> Plan | None:
+    async def _begin(
+        self,
+        tx: Tx,
+        tok: dict[str, Any],
+        now: int,
+        *,
+        hand_off: tuple[str, int] | None = None,
+    ) -> Plan | None:
         """``dispatched`` → ``executing``; the attempt to run, or ``None`` if there is none. The
-        claim, not yet written, goes with begin_attempt's UPDATE; any other way out writes it."""
+        claim, not yet written, goes with begin_attempt's UPDATE; any other way out writes it.
+
+        ``hand_off`` (owner, lease): a token this transaction made, claimed here too and only
+        while still pending (D6.29); the caller has checked that its run is live and held."""
         machine = self._machine
         run = await machine.run(tx, tok["run_id"], lock=self._store.lock_clause())
         token_due = tok["timeout_at"] is not None and now >= tok["timeout_at"]
-        if run is None or token_due or not machine.run_live(run, now):
+        if hand_off is not None:
+            assert run is not None and not token_due and machine.run_live(run, now)
+        elif run is None or token_due or not machine.run_live(run, now):
             await machine.write_claim(tx, tok, now)
             if run is None or await machine.check_run_deadline(tx, run, now):
                 return None
@@ -91,7 +103,12 @@ class Attempts:
         definition = await machine.definition(tx, run)
         node = definition.nodes[tok["node_id"]]
         action = definition.actions[node.action_id]
-        timeout_at = await machine.begin_attempt(tx, tok, definition, now)
+        if hand_off is None:
+            timeout_at = await machine.begin_attempt(tx, tok, definition, now)
+        else:
+            taken, timeout_at = await machine.hand_off(tx, tok, *hand_off, definition, now)
+            if not taken:
+                return None
         if action.kind == "workflow_call":
             await self._start_child(tx, run, tok, definition, now)
             return None

@@ -14,6 +14,7 @@ from ._joins import Joins
 from ._limits import RunLimitExceeded, check_growth
 from ._rows import PRIORITY_TOKEN, decode, encode
 from ._runs import RunMoves
+from ._schedule import made_pending
 
 __all__ = ["Outcomes", "retry_delay_ms", "retry_plan"]
 
@@ -106,6 +107,7 @@ class Outcomes(RunMoves):
                 now,
                 tok["id"],
             )
+            made_pending(tx, now)
             if duration is not None:
                 await tx.set_timer(
                     f"tok:{tok['id']}", "token", run["id"], now + duration, PRIORITY_TOKEN
@@ -160,6 +162,7 @@ class Outcomes(RunMoves):
                 now,
                 tok["id"],
             )
+            made_pending(tx, now + delay)
             await tx.clear_timer(f"tok:{tok['id']}")
             await tx.append_event(
                 run["id"],

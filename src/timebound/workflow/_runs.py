@@ -13,7 +13,7 @@ from .._store import Tx
 from ..telemetry._tracing import open_run
 from ._bounds import WORKFLOW_TIMEOUT, WORKFLOW_TIMEOUT_ERROR, run_bound, stored_bound
 from ._definition import Definition
-from ._rows import LIVE_SQL, PRIORITY_RUN, TERMINAL, decode, encode
+from ._rows import LIVE_SQL, PRIORITY_RUN, TERMINAL, RunEnd, decode, encode
 from ._tokens import TokenMoves
 
 __all__ = ["BULK_CANCEL_AFTER", "RunMoves"]
@@ -23,10 +23,10 @@ BULK_CANCEL_AFTER = 100
 
 
 class RunMoves(TokenMoves):
-    """Run transitions. The machine provides ``_on_run_finished(run_id)``, called after the
-    commit that ended a run."""
+    """Run transitions. The machine provides ``_on_run_finished(run_id, ended)``, called after
+    the commit that ended a run (``ended``: how, when this transaction holds the run's row)."""
 
-    _on_run_finished: Callable[[str], None]
+    _on_run_finished: Callable[[str, RunEnd | None], None]
 
     async def start_run(
         self,
@@ -132,7 +132,12 @@ class RunMoves(TokenMoves):
         )
         # After the commit: a waiter woken earlier reads the run still running (committed state)
         # and, on a shared store, would then wait for the sweep (its own NOTIFY is ignored).
-        tx.after_commit(functools.partial(self._on_run_finished, run_id))
+        # The run's row as this transaction holds it is current (_run_changed keeps it so): a
+        # waiter in this process takes how it ended from here, without reading it back.
+        ended = None
+        if tx.held.get(("run", run_id)) is run:
+            ended = RunEnd(status, run["state"], error)
+        tx.after_commit(functools.partial(self._on_run_finished, run_id, ended))
         if run["parent_token_id"] is not None and status != "cancelled":
             await self.children.child_finished(tx, run, status, now, error)
         return True

@@ -35,6 +35,7 @@ from ..._core._errors import DeadlineExceeded
 from ..._core._request import RequestState, _request
 from ..._core._scopes import _spawn_detached, current_breakdown, inherit_deadline
 from ...telemetry._events import counters, emit, enabled
+from ...telemetry._tracing import CallSpan, call_span
 from .._absolute import DEFAULT_SKEW, check_clock_skew, time_left
 from .._breakdown_wire import (
     BREAKDOWN_HEADER,
@@ -743,6 +744,33 @@ def _caller_breakdown(attempt: Attempt, status: str) -> Any:
     return current_breakdown((mark,), name, attempt.t0, seconds)
 
 
+def _rpc_span(method: str | bytes, clamp: _Clamp | None) -> CallSpan | None:
+    """The client span of one call (D10.8), with OpenTelemetry's RPC attributes and the budget
+    grpc sends as ``grpc-timeout``; ``None`` when nothing is traced."""
+    name = _method_name(method).lstrip("/")
+    service, _, rpc = name.rpartition("/")
+    span = call_span(name, **{"rpc.system": "grpc", "rpc.service": service, "rpc.method": rpc})
+    if span is not None and clamp is not None and clamp.timeout is not None:
+        span.set("timebound.deadline.propagated_ms", ceil_ms(clamp.timeout))
+    return span
+
+
+def _end_rpc_span(span: CallSpan, code: Any) -> None:
+    """End a call's span with its status code (``rpc.grpc.status_code``; an error unless OK)."""
+    if isinstance(code, grpc.StatusCode):
+        span.set("rpc.grpc.status_code", code.value[0])
+        span.end(None if code is grpc.StatusCode.OK else code.name)
+    else:
+        span.end()
+
+
+def _sync_code(call: Any) -> Any:
+    try:
+        return call.code()
+    except Exception:  # an outcome that is not a call has no code
+        return None
+
+
 def _metadata(metadata: Any) -> tuple[tuple[str, Any], ...]:
     """A call's metadata (``None``, a sequence of pairs or ``grpc.aio.Metadata``) as pairs."""
     return tuple((key, value) for key, value in metadata or ())
@@ -860,19 +888,36 @@ class _SyncClientInterceptor(
         except AttributeError:  # a streaming call: ends through add_callback instead
             outcome.add_callback(lambda: done(outcome))
 
-    def _unary(self, continuation: Callable[[Any, Any], Any], details: Any, request: Any) -> Any:
+    def _start(
+        self, continuation: Callable[[Any, Any], Any], details: Any, request: Any
+    ) -> tuple[Any, _Clamp | None]:
+        """Send the call, inside its span when tracing (ended when the call ends, D10.8)."""
         new, clamp = self._details(details)
-        outcome = continuation(new, request)
+        span = _rpc_span(details.method, clamp)
+        if span is None:
+            outcome = continuation(new, request)
+        else:
+            new = self._with(new, new.timeout, (*_metadata(new.metadata), *span.carrier().items()))
+            try:
+                outcome = continuation(new, request)
+            except BaseException as exc:
+                span.end(type(exc).__name__)
+                raise
+            try:
+                outcome.add_done_callback(lambda call: _end_rpc_span(span, _sync_code(call)))
+            except AttributeError:  # a streaming call: ends through add_callback instead
+                outcome.add_callback(lambda: _end_rpc_span(span, _sync_code(outcome)))
         self._watch(outcome, clamp)
+        return outcome, clamp
+
+    def _unary(self, continuation: Callable[[Any, Any], Any], details: Any, request: Any) -> Any:
+        outcome, clamp = self._start(continuation, details, request)
         if clamp is None or not clamp.propagated:
             return outcome
         return _PropagatingOutcome(outcome, clamp)
 
     def _stream(self, continuation: Callable[[Any, Any], Any], details: Any, request: Any) -> Any:
-        new, clamp = self._details(details)
-        outcome = continuation(new, request)
-        self._watch(outcome, clamp)
-        return outcome
+        return self._start(continuation, details, request)[0]
 
     # grpc calls these positionally (continuation, details, request or request iterator); a
     # unary-response call can be re-typed on failure, a response stream only watched.
@@ -888,20 +933,32 @@ class _AioClientBase(_ClientBase):
         # grpc.aio's ClientCallDetails is a namedtuple, and its metadata a Metadata object.
         return details._replace(timeout=timeout, metadata=grpc.aio.Metadata.from_tuple(metadata))
 
+    def _traced(self, new: Any, span: CallSpan | None) -> Any:
+        if span is None:
+            return new
+        return self._with(new, new.timeout, (*_metadata(new.metadata), *span.carrier().items()))
+
     async def _unary(
         self, continuation: Callable[[Any, Any], Awaitable[Any]], details: Any, request: Any
     ) -> Any:
         new, clamp = self._details(details)
-        call = await continuation(new, request)
-        if clamp is None or not clamp.lowered:
-            return call
-        attempt = clamp.attempt
+        span = _rpc_span(details.method, clamp)
         try:
+            call = await continuation(self._traced(new, span), request)
+            if span is None and (clamp is None or not clamp.lowered):
+                return call
             await call
         except grpc.aio.AioRpcError as err:
-            # D13: the call is a part of our breakdown, the callee's own inside it.
-            attempt.answered(err.code().name, _trailer_value(err.trailing_metadata()))
-            if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+            if span is not None:
+                _end_rpc_span(span, err.code())
+            if clamp is not None and clamp.lowered:
+                # D13: the call is a part of our breakdown, the callee's own inside it.
+                clamp.attempt.answered(err.code().name, _trailer_value(err.trailing_metadata()))
+            if (
+                clamp is None
+                or not clamp.lowered
+                or err.code() != grpc.StatusCode.DEADLINE_EXCEEDED
+            ):
                 raise
             self._spent(clamp)
             if not clamp.propagated:
@@ -909,9 +966,16 @@ class _AioClientBase(_ClientBase):
             conv = _propagated_from(
                 AioPropagatedDeadlineExceeded, err, clamp.timeout, clamp.destination
             )
-            conv.breakdown = _caller_breakdown(attempt, err.code().name)
+            conv.breakdown = _caller_breakdown(clamp.attempt, err.code().name)
             raise conv from err
-        attempt.answered("OK", _trailer_value(await call.trailing_metadata()))
+        except BaseException as exc:
+            if span is not None:
+                span.end(type(exc).__name__)
+            raise
+        if span is not None:
+            _end_rpc_span(span, grpc.StatusCode.OK)
+        if clamp is not None and clamp.lowered:
+            clamp.attempt.answered("OK", _trailer_value(await call.trailing_metadata()))
         # The call is finished; returning it keeps code(), details() and metadata available.
         return call
 
@@ -919,18 +983,30 @@ class _AioClientBase(_ClientBase):
         self, continuation: Callable[[Any, Any], Awaitable[Any]], details: Any, request: Any
     ) -> Any:
         new, clamp = self._details(details)
-        call = await continuation(new, request)
-        if clamp is not None and clamp.lowered:
-            call.add_done_callback(lambda finished: _aio_stream_done(self, finished, clamp))
+        span = _rpc_span(details.method, clamp)
+        try:
+            call = await continuation(self._traced(new, span), request)
+        except BaseException as exc:
+            if span is not None:
+                span.end(type(exc).__name__)
+            raise
+        if span is not None or (clamp is not None and clamp.lowered):
+            call.add_done_callback(lambda finished: _aio_stream_done(self, finished, clamp, span))
         return call
 
 
-def _aio_stream_done(client: _ClientBase, call: Any, clamp: _Clamp) -> None:
-    """Count and mark a response stream that ended ``DEADLINE_EXCEEDED`` under our deadline."""
+def _aio_stream_done(
+    client: _ClientBase, call: Any, clamp: _Clamp | None, span: CallSpan | None
+) -> None:
+    """Count and mark a response stream that ended ``DEADLINE_EXCEEDED`` under our deadline;
+    end its span with its status."""
 
     async def check() -> None:
         # The call is done, so code() answers at once; it is a coroutine in grpc.aio.
-        if await call.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        code = await call.code()
+        if span is not None:
+            _end_rpc_span(span, code)
+        if clamp is not None and clamp.lowered and code == grpc.StatusCode.DEADLINE_EXCEEDED:
             client._spent(clamp)
 
     _spawn_detached(check())
