@@ -73,6 +73,13 @@ def _bound_attributes(event: Event) -> dict[str, Any]:
     out: dict[str, Any] = {"timebound.bound.source": bound.source}
     if bound.timeout is not None:
         out["timebound.bound.timeout_ms"] = round(bound.timeout * 1000)
+    # D13.7: where the budget went, as the one-line summary and the capped JSON tree.
+    bd = getattr(bound, "breakdown", None)
+    if bd is not None:
+        out["timebound.bound.breakdown"] = bd.summary()
+        tree = bd.capped(4096)
+        if tree is not None:
+            out["timebound.bound.breakdown_json"] = tree
     if bound.set_by is not None:
         out["timebound.bound.set_by"] = bound.set_by
     return out

@@ -184,12 +184,14 @@ class TokenMoves(HeldRows):
         *,
         set_by: str | None = None,
         set_by_id: str | None = None,
+        breakdown: dict[str, Any] | None = None,
     ) -> None:
         """Record the bound that fired: its layer, length, policy, deadline and (D6.17) where
         it was set: ``definition``, ``caller``, ``parent``, ``node``, ``action``, ``join`` or
         ``propagated``, with the id of that definition, node, action or join transition
-        (``bound_set_by_id``, D2.8)."""
+        (``bound_set_by_id``, D2.8); and (D13) where its budget went, when known."""
         lag = None if deadline_at is None else now - deadline_at
+        extra = {} if breakdown is None else {"breakdown": breakdown}
         await tx.append_event(
             tok["run_id"],
             "token_timed_out",
@@ -204,6 +206,7 @@ class TokenMoves(HeldRows):
             policy_applied=policy,
             deadline_at=deadline_at,
             detection_lag_ms=lag,
+            **extra,
         )
         if timeout_type != "synchronization":  # a fan-in counts once, as its join (D6.17)
             tally_timeout(
