@@ -13,8 +13,9 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
+from .._core import _clock
 from .._core._errors import DeadlineExceeded, RetryExhausted
-from .._core._scopes import current_bound_error
+from .._core._scopes import current_bound_error, record
 from ..telemetry import enabled as _telemetry_enabled
 from ._cache import CacheBackend, Uncacheable, canonical_arguments
 from ._cache import cache_key as _encode_key
@@ -112,13 +113,16 @@ async def _end_async(
     report_fallback(policy, ending, tele, observer)
     fb = policy.fallback
     if policy._fallback_callable:
+        t0 = _clock.now()
         try:
             fb = fb(*args, **kwargs)
             if inspect.isawaitable(fb):
                 fb = await fb
         except BaseException as exc:
+            record("fallback", policy.name, t0, _clock.now(), None, type(exc).__name__)
             _in_context_of(exc, ending.error)
             raise
+        record("fallback", policy.name, t0, _clock.now(), None, "ok")  # D13
     return fell_back(policy, fb, tele, observer)
 
 
@@ -185,11 +189,14 @@ def _end_sync(
     report_fallback(policy, ending, tele, observer)
     fb = policy.fallback
     if policy._fallback_callable:
+        t0 = _clock.now()
         try:
             fb = fb(*args, **kwargs)
         except BaseException as exc:
+            record("fallback", policy.name, t0, _clock.now(), None, type(exc).__name__)
             _in_context_of(exc, ending.error)
             raise
+        record("fallback", policy.name, t0, _clock.now(), None, "ok")  # D13
         if inspect.isawaitable(fb):
             discard(fb)
             raise TypeError(
