@@ -30,7 +30,7 @@ from typing import Any, Final, NamedTuple
 from ..._core import _clock
 from ..._core._classify import bound_origin
 from ..._core._deadline import Deadline
-from ..._core._durations import ceil_ms
+from ..._core._durations import Duration, ceil_ms
 from ..._core._errors import DeadlineExceeded
 from ..._core._request import RequestState, _request
 from ..._core._scopes import _spawn_detached, current_breakdown, inherit_deadline
@@ -288,7 +288,7 @@ class _ServerBase:
         enabled: bool,
         destination: Destination | None,
         absolute_metadata: str | None = ABSOLUTE_METADATA,
-        clock_skew: float = DEFAULT_SKEW,
+        clock_skew: Duration = DEFAULT_SKEW,
         expose_breakdown: bool = False,
         breakdown_max_bytes: int = MAX_HEADER_BYTES,
     ) -> None:
@@ -558,7 +558,7 @@ def server_interceptor(
     enabled: bool = True,
     destination: Destination | None = None,
     absolute_metadata: str | None = ABSOLUTE_METADATA,
-    clock_skew: float = DEFAULT_SKEW,
+    clock_skew: Duration = DEFAULT_SKEW,
     expose_breakdown: bool = False,
     breakdown_max_bytes: int = MAX_HEADER_BYTES,
 ) -> grpc.ServerInterceptor:
@@ -591,7 +591,7 @@ def aio_server_interceptor(
     enabled: bool = True,
     destination: Destination | None = None,
     absolute_metadata: str | None = ABSOLUTE_METADATA,
-    clock_skew: float = DEFAULT_SKEW,
+    clock_skew: Duration = DEFAULT_SKEW,
     expose_breakdown: bool = False,
     breakdown_max_bytes: int = MAX_HEADER_BYTES,
 ) -> grpc.aio.ServerInterceptor:

@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from ..._core._breakdown import add_mark, build
+from ..._core._durations import Duration
 from ..._core._errors import DeadlineExceeded
 from ..._core._request import RequestState, _request
 from ..._core._scopes import _Frame, inherit_deadline, move_on_at
@@ -115,7 +116,7 @@ class DeadlineMiddleware:
         grpc_timeout_header: str | None = GRPC_TIMEOUT_HEADER,
         envoy_timeout_header: str | None = ENVOY_TIMEOUT_HEADER,
         absolute_header: str | None = ABSOLUTE_HEADER,
-        clock_skew: float = DEFAULT_SKEW,
+        clock_skew: Duration = DEFAULT_SKEW,
         cancel_on_expiry: bool = False,
         enabled: bool = True,
         expose_breakdown: bool = False,

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator
 from types import TracebackType
 from typing import Any
 
+from ..._core._durations import Duration
 from ..._core._errors import DeadlineExceeded
 from ..._core._request import RequestState, _request, current_request
 from ..._core._scopes import inherit_deadline
@@ -101,7 +102,7 @@ class DeadlineMiddleware:
         grpc_timeout_header: str | None = GRPC_TIMEOUT_HEADER,
         envoy_timeout_header: str | None = ENVOY_TIMEOUT_HEADER,
         absolute_header: str | None = ABSOLUTE_HEADER,
-        clock_skew: float = DEFAULT_SKEW,
+        clock_skew: Duration = DEFAULT_SKEW,
         enabled: bool = True,
     ) -> None:
         self.app = app
