@@ -50,6 +50,7 @@ import collections
 import contextvars
 import json
 import math
+import os
 import sys
 import threading
 import time
@@ -412,15 +413,17 @@ def build_app(
         else Forward(role, mode, next_url or "", save_connections)
     )
     cancel = mode in ("M3", "M5")
+    # bench/breakdown.py: every middleware attaches its breakdown (D13.5).
+    extra = {"expose_breakdown": True} if os.environ.get("TB_BENCH_EXPOSE_BREAKDOWN") else {}
     if mode in ("M4", "M5") and role == "C":
         # Admission where the overload is: C, the bottleneck, with the default (adaptive) limit.
         from timebound.propagation.asgi import AdmissionMiddleware
 
-        handler = AdmissionMiddleware(handler, cancel_on_expiry=cancel)
+        handler = AdmissionMiddleware(handler, cancel_on_expiry=cancel, **extra)
     elif mode in ("M2", "M3", "M4", "M5"):
         from timebound.propagation.asgi import DeadlineMiddleware
 
-        handler = DeadlineMiddleware(handler, cancel_on_expiry=cancel)
+        handler = DeadlineMiddleware(handler, cancel_on_expiry=cancel, **extra)
     return BenchApp(handler)
 
 

@@ -11,7 +11,9 @@ they are cancelled (``_workers_actions.py``).
   sibling's cancellation on the other worker.
 - ``dead_worker_rerun.*``: ``kill -9`` of the worker running a step; the time to the step's
   handler starting again on the survivor, for a node with a deadline (60 s) and without.
-- ``steps_per_s.postgres_{1,2,4}_workers``: the ten-step workflow, many runs at once.
+- ``steps_per_s.postgres_{1,2,4}_workers``: the ten-step workflow, many runs at once; with the
+  CPU each step cost the workers, this host and PostgreSQL (``steps_cpu_ms.*``, from ``/proc``)
+  and the ceiling that puts on steps/s with this machine's cores (``*.cpu_ceiling``).
 """
 
 from __future__ import annotations
@@ -223,9 +225,52 @@ def rows(new_url: Any, drop: Any, tmp: str, quick: bool) -> list[Row]:
         out.append(Row(f"dead_worker_rerun.{label}.max", max(lags), "ms",
                        target="<= 5000 (lease 30 s)", passed=max(lags) <= 5000))  # fmt: skip
     base = None
+    runs = 100 if quick else 300
     for k in (1, 2, 4):
-        rate = run(lambda url: _steps(url, 100 if quick else 300), *([()] * k))
+        url = new_url()
+        procs = [_Worker(url, log_path) for _ in range(k)]
+        try:
+            before = _cpu([p.proc.pid for p in procs])
+            rate = asyncio.run(_steps(url, runs))
+            spent = [b - a for a, b in zip(before, _cpu([p.proc.pid for p in procs]), strict=True)]
+        finally:
+            for p in procs:
+                p.end()
+            drop(url)
         base = base or rate
         out.append(Row(f"steps_per_s.postgres_{k}_workers", rate, "steps/s",
                        "1 worker process", base))  # fmt: skip
+        # Where a step's CPU goes (D6.31): the workers, this host (starts and waits), and
+        # PostgreSQL's processes; the cores divided by their sum bound the steps/s.
+        per_step = [1000 * x / (runs * 10) for x in spent]
+        for name, ms in zip(("workers", "host", "postgres"), per_step, strict=True):
+            out.append(Row(f"steps_cpu_ms.postgres_{k}_workers.{name}", ms, "ms/step"))
+        cores = os.cpu_count() or 1
+        out.append(Row(f"steps_per_s.postgres_{k}_workers.cpu_ceiling", cores * 1000 / sum(per_step),
+                       "steps/s"))  # fmt: skip
     return out
+
+
+def _cpu(workers: list[int]) -> tuple[float, float, float]:
+    """CPU seconds spent so far by the worker processes, this process and every process
+    named ``postgres`` on the machine (the server's backends: on a shared server, other
+    clients' work too, so the ceiling derived from it is a lower bound)."""
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def of(pid: int) -> float:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / tick
+
+    server = 0.0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().strip() == "postgres":
+                    server += of(int(entry.name))
+            except OSError:
+                pass
+    mine = os.times()
+    return sum(of(pid) for pid in workers), mine.user + mine.system, server

@@ -7,12 +7,13 @@ rows and ``dbos`` (the ``bench`` extra) for the baseline; rows that cannot run a
 missing, never invented.
 
 Rows:
-- ``steps_per_s.*``: the same 10-step workflow (each step a trivial python action), many runs
-  started at once, on SQLite with ``synchronous=FULL`` and ``NORMAL`` and on PostgreSQL (one worker).
-  Baseline: DBOS running the same 10-step workflow on SQLite in a child process, with the same
-  number of runs in flight (threads, as DBOS runs sync workflows).
-- ``steps_per_s.sqlite_full_one_run``: a single run at a time (every step waits for its own
-  commit): the latency-bound case, for reference.
+- ``steps_per_s.*``: the same 10-step workflow (each step a trivial python action), on SQLite
+  with ``synchronous=FULL`` and ``NORMAL`` and on PostgreSQL (one worker), two ways: many runs
+  started at once (``RUNS`` in flight), and ``*_one_run``: one run at a time, each started and
+  waited for before the next (a request that starts a run and waits for it: every step waits
+  for its own commit). Baseline: DBOS (the ``dbos`` package) running the same 10-step workflow
+  on the same PostgreSQL server, in a child process, the same two ways (``dbos.*`` rows; all at
+  once with as many executor threads as runs in flight), measured in every repeat.
 - ``timeout_lag.*``: 1,000 node timeouts at instants spread over two seconds (SQLite, FULL); lag
   from each deadline to its stored ``timed_out`` and event (the engine records it in the event),
   p50 and p99; ``early`` counts detections before the deadline (must be 0).
@@ -96,8 +97,9 @@ async def _sequential(url: str, runs: int) -> float:
     return runs * 10 / elapsed
 
 
-def _dbos_child(db_path: str, runs: int) -> None:
-    """In a child process (DBOS is a process-wide singleton): steps/s of the same workflow."""
+def _dbos_child(db_url: str, runs: int) -> None:
+    """In a child process (DBOS is a process-wide singleton): steps/s of the same workflow,
+    ``SEQUENTIAL`` runs one at a time, then ``runs`` at once."""
     from dbos import DBOS
 
     @DBOS.step()
@@ -111,20 +113,26 @@ def _dbos_child(db_path: str, runs: int) -> None:
             x = dbos_step(x)
         return x
 
-    DBOS(config={"name": "bench", "system_database_url": f"sqlite:///{db_path}",
+    DBOS(config={"name": "bench", "system_database_url": db_url,
                  "run_admin_server": False, "max_executor_threads": runs})  # fmt: skip
     DBOS.launch()
     ten()  # warm up
     started = time.perf_counter()
+    for _ in range(SEQUENTIAL):
+        ten()
+    one = SEQUENTIAL * 10 / (time.perf_counter() - started)
+    started = time.perf_counter()
     handles = [DBOS.start_workflow(ten) for _ in range(runs)]
     for h in handles:
         h.get_result()
-    elapsed = time.perf_counter() - started
+    many = runs * 10 / (time.perf_counter() - started)
     DBOS.destroy()
-    print(json.dumps({"steps_per_s": runs * 10 / elapsed}))
+    print(json.dumps({"one_run": one, "all_at_once": many}))
 
 
-def _dbos(runs: int, tmp: str) -> float | None:
+def _dbos(runs: int) -> dict[str, float] | None:
+    """DBOS's steps/s on the PostgreSQL server the PostgreSQL rows use, in a database of its
+    own (one run at a time and ``runs`` at once)."""
     try:
         import dbos  # noqa: F401
     except ImportError:
@@ -132,15 +140,47 @@ def _dbos(runs: int, tmp: str) -> float | None:
             "dbos is not installed (pip install 'timebound[bench]'): no baseline", file=sys.stderr
         )
         return None
-    proc = subprocess.run(
-        [sys.executable, __file__, "--dbos-child", f"{tmp}/dbos.sqlite", str(runs)],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    if _pg_url() is None:
+        return None
+    import asyncpg
+
+    name = f"tbbench_dbos_{uuid.uuid4().hex[:10]}"
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(PG_DSN)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    try:
+        proc = subprocess.run(
+            [sys.executable, __file__, "--dbos-child", f"{PG_DSN.rsplit('/', 1)[0]}/{name}",
+             str(runs), str(SEQUENTIAL)],
+            capture_output=True, text=True, timeout=1200,
+        )  # fmt: skip
+    finally:
+        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     for line in proc.stdout.splitlines():
         if line.startswith("{"):
-            return float(json.loads(line)["steps_per_s"])
+            return {k: float(v) for k, v in json.loads(line).items()}
     print(proc.stderr[-2000:], file=sys.stderr)
     return None
+
+
+def _rate(name: str, rate: float, dbos: float | None, ratio: float, floor: float | None) -> Row:
+    """A steps/s row against DBOS on the same PostgreSQL, with its targets."""
+    checks, targets = [], []
+    if floor is not None:
+        checks.append(rate >= floor)
+        targets.append(f">= {floor:g}")
+    if dbos is not None:
+        checks.append(rate >= ratio * dbos)
+        targets.append(f">= {ratio:g}x DBOS")
+    base = None if dbos is None else "DBOS, same PostgreSQL, same workflow"
+    return Row(f"steps_per_s.{name}", rate, "steps/s", base, dbos,
+               "; ".join(targets) or None, all(checks) if checks else None)  # fmt: skip
 
 
 async def _timeout_lags(url: str, n: int) -> list[int]:
@@ -244,17 +284,21 @@ def measure(args: argparse.Namespace) -> list[Row]:
         args, (200, 1000, 20, 100), (50, 200, 20, 100), (5, 10, 2, 5)
     )
     rows: list[Row] = []
+    dbos = None if args.smoke else _dbos(RUNS)
+    many = None if dbos is None else dbos["all_at_once"]
+    one = None if dbos is None else dbos["one_run"]
+    if dbos is not None:
+        rows.append(Row("dbos.steps_per_s.all_at_once", many or 0.0, "steps/s"))
+        rows.append(Row("dbos.steps_per_s.one_run", one or 0.0, "steps/s"))
     with tempfile.TemporaryDirectory() as tmp:
-        dbos_rate = None if args.smoke else _dbos(RUNS, tmp)
-        base = "DBOS, SQLite, same workflow" if dbos_rate is not None else None
-        full = asyncio.run(_throughput(f"sqlite:///{tmp}/full.db?synchronous=FULL", RUNS))
-        rows.append(Row("steps_per_s.sqlite_full", full, "steps/s", base, dbos_rate,
-                        ">= 1000", full >= 1000))  # fmt: skip
-        normal = asyncio.run(_throughput(f"sqlite:///{tmp}/normal.db?synchronous=NORMAL", RUNS))
-        rows.append(Row("steps_per_s.sqlite_normal", normal, "steps/s", base, dbos_rate,
-                        ">= 5000", normal >= 5000))  # fmt: skip
-        one = asyncio.run(_sequential(f"sqlite:///{tmp}/one.db?synchronous=FULL", SEQUENTIAL))
-        rows.append(Row("steps_per_s.sqlite_full_one_run", one, "steps/s"))
+        for sync, floor in (("FULL", 1000.0), ("NORMAL", 5000.0)):
+            mode = sync.lower()
+            rate = asyncio.run(_throughput(f"sqlite:///{tmp}/{mode}.db?synchronous={sync}", RUNS))
+            rows.append(_rate(f"sqlite_{mode}", rate, many, 20.0, floor))
+            rate = asyncio.run(
+                _sequential(f"sqlite:///{tmp}/one{mode}.db?synchronous={sync}", SEQUENTIAL)
+            )
+            rows.append(_rate(f"sqlite_{mode}_one_run", rate, one, 10.0, None))
         lags = asyncio.run(_timeout_lags(f"sqlite:///{tmp}/lag.db", TIMEOUTS))
         rows.append(Row("timeout_lag.p50", percentile(lags, 50), "ms", target="<= 20",
                         passed=percentile(lags, 50) <= 20))  # fmt: skip
@@ -269,8 +313,14 @@ def measure(args: argparse.Namespace) -> list[Row]:
     if pg is not None:
         try:
             rate = asyncio.run(_throughput(pg, RUNS))
-            rows.append(Row("steps_per_s.postgres_one_worker", rate, "steps/s",
-                            target=">= 1000", passed=rate >= 1000))  # fmt: skip
+            rows.append(_rate("postgres_one_worker", rate, many, 20.0, 1000.0))
+        finally:
+            _drop(pg)
+        pg = _pg_url()
+        assert pg is not None
+        try:
+            rate = asyncio.run(_sequential(pg, SEQUENTIAL))
+            rows.append(_rate("postgres_one_run", rate, one, 10.0, None))
         finally:
             _drop(pg)
         pg = _pg_url()
@@ -291,6 +341,7 @@ def measure(args: argparse.Namespace) -> list[Row]:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--dbos-child"]:
+        SEQUENTIAL = int(sys.argv[4])
         _dbos_child(sys.argv[2], int(sys.argv[3]))
     else:
         os.chdir(Path(__file__).resolve().parent)

@@ -14,6 +14,7 @@ from ._version import __version__ as __version__
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ._core._body import TooLarge as TooLarge
+    from ._core._breakdown import Breakdown as Breakdown
     from ._core._deadline import Deadline as Deadline
     from ._core._durations import Duration as Duration
     from ._core._durations import format_duration as format_duration
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AbandonedThreadWarning",
+    "Breakdown",
     "CancelScope",
     "CircuitOpen",
     "ConfigurationError",
@@ -84,6 +86,7 @@ __all__ = [
 # `--version` (the CLI is a sub-package, so the root package loads first) pays for nothing.
 _LOCATIONS: dict[str, str] = {
     "AbandonedThreadWarning": "._core._preempt",
+    "Breakdown": "._core._breakdown",
     "CancelScope": "._core._scopes",
     "CircuitOpen": "._core._errors",
     "ConfigurationError": "._core._errors",

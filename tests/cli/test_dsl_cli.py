@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import pathlib
+import re
 import sys
 import textwrap
 
@@ -560,3 +561,22 @@ def test_check_without_modules_syntax_error(
     _setup(workdir, "in who: String\ng = Greet(who\nout g\n")
     assert main(["check", "prog.cst"]) == 1
     assert "E001" in capsys.readouterr().out
+
+
+def test_failed_run_with_trace_shows_where_the_budget_went(
+    workdir: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--trace on a run cut by its --timeout prints the breakdown tree (D13.7)."""
+    program = "in x: Int\ny = Hang(x) with timeout: 30ms, retry: 9, delay: 10ms\nout y\n"
+    file, mod = _setup(workdir, program)
+    argv = ["run", file, "--modules", mod, "--input", "x=1", "--timeout", "150ms", "--trace"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "where the budget went:" in err
+    tree = err.split("where the budget went:")[1]
+    # Real time on a busy machine: how many attempts fit varies, each one's budget does not.
+    assert re.search(r"attempt Hang \((timeout|cancelled)\): [\d.]+m?s of 30ms", tree), tree
+    assert main([*argv, "--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    kinds = {p["k"] for p in doc["breakdown"]["p"]}
+    assert "attempt" in kinds

@@ -90,7 +90,7 @@ def test_set_by_survives_a_pickle_and_is_optional() -> None:
 def test_a_deferred_lifetime_says_which_bound_set_it(
     kwargs: dict[str, float], expected: tuple[float, str]
 ) -> None:
-    policy = HostPolicy(max_ttl_s=300)
+    policy = HostPolicy(max_ttl=300)
     assert policy.lifetime_bound(10_000, **kwargs) == expected  # type: ignore[arg-type]
     assert policy.lifetime_s(10_000, **kwargs) == expected[0]  # type: ignore[arg-type]
 

@@ -80,3 +80,29 @@ async def test_offer_spans_take_whole_second_durations_and_old_spellings(
         doc = await service.start("a", {}, wait="30s")
         await asyncio.gather(*service._tasks)
     assert parse_time(doc["expires_at"]) - parse_time(doc["created_at"]) == 30_000
+
+
+async def test_an_expired_operation_says_where_its_lifetime_went(
+    store_url: str, clock: Any
+) -> None:
+    """The deferred bound of an expiry carries the operation's states as parts (D13)."""
+    from timebound.telemetry import Event, add_listener
+
+    seen: list[Event] = []
+    remove = add_listener(seen.append)
+    try:
+
+        async def work(payload: Any) -> Any:
+            await asyncio.sleep(3600)
+
+        op, _ = await _run_to_end(store_url, work, ttl_s=5)
+    finally:
+        remove()
+    assert op.status == "expired"
+    (expired,) = [e for e in seen if e.name == "deferred.expired"]
+    bd = expired.bound.breakdown
+    assert bd is not None and bd.name == "deferred"
+    assert bd.elapsed_ms == 5000
+    states = [p for p in bd.parts if p.kind == "state"]
+    assert states and sum(p.elapsed_ms for p in bd.parts) == 5000
+    assert "went to:" in str(expired.bound)

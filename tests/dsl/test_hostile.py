@@ -350,3 +350,11 @@ def test_lambda_parameter_scan_is_linear() -> None:
     """A 20 000-parameter lambda-like tuple is rejected quickly and once."""
     source = "in x: List<Int>\ny = filter(x, (" + ", ".join(["a"] * 20_000) + ") => true)\nout y"
     assert _codes(source) == ["E008"]
+
+
+def test_an_example_on_an_output_is_one_diagnostic_not_a_crash() -> None:
+    """Found by the token-soup property: `@example` before `out` reached an assertion."""
+    with pytest.raises(CompileError) as info:
+        build("x = 1 @example(1)\nout x")
+    assert [d.code for d in info.value.diagnostics] == ["E020"]
+    assert "belongs on an 'in' declaration" in str(info.value)

@@ -147,6 +147,8 @@ def test_run_deadline_failure_has_no_timeout_hint() -> None:
         clock.run(program.run({"x": 1}, timeout=5))
     assert format_failure(info.value, source, "prog.cst") == (
         "prog.cst: run failed: DeadlineExceeded: run timed out after 5s (scope deadline)"
+        # Where the run's 5 s went (D13.7): the call's one attempt, cut by the run's deadline.
+        f" [5s went to: attempt {name} 5s]"
     )
 
 

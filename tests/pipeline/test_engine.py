@@ -309,7 +309,7 @@ def test_time_remaining_ms_warns_and_still_counts_milliseconds() -> None:
             seen.append(ctx.time_remaining_ms())
         return {"f_lsr": pa.nulls(rows.num_rows, type=pa.float64())}
 
-    plan = pl.Plan("probe", registry=reg)
+    plan = pl.Plan("probe", catalog=reg)
     plan.task("probe")
     VirtualClock().run(pl.Engine(reg).run(pl.compile(plan), sample.rows(1)))
     assert seen == [pytest.approx(20.0)]

@@ -178,13 +178,13 @@ async def test_an_expired_operation_names_who_set_its_lifetime(
     """The lifetime's origin is stored with the operation (expires_set_by) and its expiry's
     bound carries it with the lifetime's length and instant (D2.8)."""
     registry = Registry(
-        f"sqlite:///{tmp_path / 'd.db'}", policy=HostPolicy(jitter=False, max_ttl_s=600)
+        f"sqlite:///{tmp_path / 'd.db'}", policy=HostPolicy(jitter=False, max_ttl=600)
     )
     await registry.open()
     try:
         by_connector = await registry.register(operation_doc("deferred:a.b:c", ttl_s=30))
         by_action = await registry.register(
-            operation_doc("deferred:a.b:d", ttl_s=30), action_max_ttl_s=20
+            operation_doc("deferred:a.b:d", ttl_s=30), action_max_ttl=20
         )
         virtual_clock.advance(31)
         assert await registry.expire_due() == 2

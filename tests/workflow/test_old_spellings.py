@@ -114,6 +114,11 @@ async def test_list_runs_takes_datetimes_and_the_ms_spelling_warns(
         assert ids == [run_id]
         assert await engine.list_runs(since=at + timedelta(milliseconds=1)) == []
         assert await engine.list_runs(until=at) == []  # until is exclusive
-        with pytest.warns(DeprecationWarning, match=r"list_runs\(since_ms=…\) is deprecated"):
+        with pytest.warns(DeprecationWarning) as caught:
             old = await engine.list_runs(since_ms=started, until_ms=started + 1)
         assert [r["id"] for r in old] == [run_id]
+        # Each old keyword warns once, naming the public class and the new keyword (D1.12).
+        assert [str(w.message).split(" (")[0] for w in caught] == [
+            "Engine.list_runs(since_ms=…) is deprecated; pass since=",
+            "Engine.list_runs(until_ms=…) is deprecated; pass until=",
+        ]

@@ -12,14 +12,14 @@ an absolute UTC instant in epoch milliseconds (D1.10): :meth:`Deadline.to_epoch_
 from __future__ import annotations
 
 import math
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Final
 
 from . import _clock
 from ._durations import ceil_ms, to_seconds
 from ._errors import ConfigurationError
 
-__all__ = ["Deadline"]
+__all__ = ["Deadline", "instant_epoch_ms"]
 
 _INF: Final = math.inf
 
@@ -184,3 +184,23 @@ class Deadline:
 
 
 _NEVER: Final = Deadline(_INF)
+
+
+def instant_epoch_ms(value: object, *, option: str) -> int | None:
+    """An instant a caller names, as whole UTC epoch milliseconds rounded **up** (D1.13): a
+    :class:`Deadline` (``None`` for never) or an aware ``datetime``. Anything else, a naive
+    ``datetime`` included, is a :class:`ConfigurationError` naming ``option``."""
+    if isinstance(value, Deadline):
+        return value.to_epoch_ms()
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ConfigurationError(
+                f"{option}=datetime must be aware (e.g. tzinfo=UTC): a naive datetime names no "
+                "instant",
+                option=option,
+            )
+        return math.ceil(round(value.timestamp() * 1000, 3))
+    raise ConfigurationError(
+        f"{option} takes a timebound.Deadline or an aware datetime, not {type(value).__name__}",
+        option=option,
+    )

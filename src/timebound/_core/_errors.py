@@ -123,7 +123,7 @@ def deadline_message(source: str, timeout: float | None, what: str | None) -> st
     return f"{source} deadline exceeded"
 
 
-def bound_origin(source: str, what: str | None) -> str | None:
+def set_by_of(source: str, what: str | None) -> str | None:
     """Where a scope's bound was set, from the scope's own ``source`` and ``what`` (D2.8): a
     policy's attempt or total budget is ``policy <name>``; any other scope is its ``what`` (the
     engines name theirs: ``task fetch``, ``workflow node 'A'``, ``group 'r1'``); an unnamed
@@ -170,15 +170,59 @@ class DeadlineExceeded(TimeboundError, TimeoutError):
         if set_by is not None:
             self.set_by = set_by
 
+    @property
+    def breakdown(self) -> Any:
+        """Where the budget went (D13): a :class:`~timebound.Breakdown` tree from the bound's
+        start to its firing, or ``None`` when the error was not raised by a bound that records
+        one. Built on first read."""
+        state = self.__dict__
+        if "_breakdown" in state:
+            return state["_breakdown"]
+        from ._scopes import error_breakdown
+
+        bd = error_breakdown(self)
+        state["_breakdown"] = bd
+        return bd
+
+    @breakdown.setter
+    def breakdown(self, value: Any) -> None:
+        self.__dict__["_breakdown"] = value
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        bd = self.breakdown
+        if bd is None or not _worth_showing(bd):
+            return text
+        summary = f" [{bd.summary()}]"
+        # A Constellation call site (D3.10) stays the message's last words.
+        site = self.__dict__.get("call_site")
+        where = None if site is None else f" [at {site}]"
+        if where is not None and where in text:
+            head, _, tail = text.partition(where)
+            return f"{head}{summary}{where}{tail}"
+        return f"{text}{summary}"
+
     def __reduce__(self) -> tuple[Any, ...]:
+        self.breakdown  # noqa: B018 -- built now: the live frames it reads do not pickle
         state = _extra_state(self)
         if state is not None:
             state.pop("set_by", None)
         return (
             _rebuild_deadline_exceeded,
-            (str(self), self.source, self.timeout, self.deadline, self.set_by),
+            (
+                self.args[0] if self.args else "",
+                self.source,
+                self.timeout,
+                self.deadline,
+                self.set_by,
+            ),
             state or None,
         )
+
+
+def _worth_showing(bd: Any) -> bool:
+    """A breakdown whose only part is the code of the bound itself says nothing new."""
+    return any(p.kind != "self" for p in bd.parts)
 
 
 def new_deadline_exceeded(

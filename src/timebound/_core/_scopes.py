@@ -40,15 +40,17 @@ from types import TracebackType
 from typing import Any, Final, TypeVar
 
 from . import _clock
+from ._breakdown import Breakdown, add_mark, build
+from ._breakdown import _frame_start as frame_start
 from ._deadline import Deadline
 from ._durations import Duration, to_seconds
 from ._errors import (
     SOURCES,
     ConfigurationError,
     DeadlineExceeded,
-    bound_origin,
     deadline_message,
     new_deadline_exceeded,
+    set_by_of,
 )
 
 __all__ = [
@@ -91,8 +93,10 @@ class _Frame:
     """
 
     __slots__ = (
+        "_marks",
         "_own",
         "_source",
+        "_t0",
         "_timeout",
         "_ts",
         "_what",
@@ -108,6 +112,8 @@ class _Frame:
     _source: str
     _timeout: float | None
     _what: str | None
+    _marks: list[Any] | None  # where the budget went (D13): parts recorded while innermost
+    _t0: float | None  # when this frame's budget started (entry; a request's arrival)
     _ts: _TaskTimer | None  # the task timer, while this frame of an asyncio task is entered
     eff: float
     binder: _Frame | None
@@ -135,7 +141,7 @@ class _Frame:
         key = (source, timeout, what)
         texts = _messages.get(key)
         if texts is None:
-            texts = (deadline_message(source, timeout, what), bound_origin(source, what))
+            texts = (deadline_message(source, timeout, what), set_by_of(source, what))
             if len(_messages) >= _MESSAGES_MAX:
                 del _messages[next(iter(_messages))]
             _messages[key] = texts
@@ -144,7 +150,43 @@ class _Frame:
             message = f"{context} stopped: {message}"
         err = new_deadline_exceeded(message, source, timeout, Deadline._at(self._own), set_by)
         err._timebound_binder = self  # type: ignore[attr-defined]
+        # D13: what the breakdown needs, built only when read: when it fired, which frames
+        # were still entered, how many of this frame's parts existed then.
+        marks = self._marks
+        err._timebound_bd = (  # type: ignore[attr-defined]
+            _clock.now(),
+            _frame.get(),
+            0 if marks is None else len(marks),
+        )
         return err
+
+    def _fold(self, exc: BaseException | None, now: float) -> None:
+        """D13: this frame recorded parts; they become one part of the enclosing frame.
+
+        A policy's attempt scope is not folded: the retry driver records the attempt itself,
+        with these parts inside it.
+        """
+        parent: _Frame = self._parent  # type: ignore[attr-defined]
+        if parent is _ROOT:
+            return
+        source = self._source
+        if source == "attempt" or source == "total":
+            return
+        marks = self._marks
+        if isinstance(self, _Bound):
+            # A visible bound adds no part of its own (a request's, the one between attempts).
+            for m in marks or ():
+                add_mark(parent, m)
+            return
+        if now >= self._own:
+            outcome = "timeout"
+        elif exc is None:
+            outcome = "ok"
+        else:
+            outcome = type(exc).__name__
+        kind = "scope" if source == "scope" else source
+        t0 = now if self._t0 is None else self._t0
+        add_mark(parent, (kind, self._what, t0, now, self._timeout, outcome, marks))
 
 
 # Formatted DeadlineExceeded messages and origins (D2.8) by (source, timeout, what); see
@@ -161,6 +203,8 @@ class _Root(_Frame):
         self._source = "scope"
         self._timeout = None
         self._what = None
+        self._marks = None
+        self._t0 = None
         self.eff = _INF
         self.binder = None
         self.c_task = None
@@ -329,6 +373,7 @@ class CancelScope(_Frame):
         # -1 not entered; 0 sync or non-binding asyncio; 1 asyncio timer-linked; 2 trio;
         # 3 asyncio, binding in no sense (kept out of the context)
         self._mode = -1
+        self._marks = None
         self.expired = False
 
     # Public attributes -------------------------------------------------------------------
@@ -354,7 +399,7 @@ class CancelScope(_Frame):
     def __enter__(self) -> CancelScope:
         if self._mode >= 0:
             raise RuntimeError("a timebound scope can be entered only once")
-        now = _clock.now()
+        self._t0 = now = _clock.now()
         if self._timeout is not None:
             self._own = now + self._timeout
         own = self._own
@@ -516,7 +561,10 @@ class CancelScope(_Frame):
         mode = self._mode
         if mode == 1:  # asyncio, timer-linked: the common case first
             _frame.set(self._parent)
-            self.expired = own_expired = _clock.now() >= self._own
+            now = _clock.now()
+            self.expired = own_expired = now >= self._own
+            if self._marks is not None:
+                self._fold(exc, now)
             return self._exit_asyncio(exc_type, exc, own_expired)
         if mode == 3:
             # Out of the context, never a binder, never fired: only its own deadline matters.
@@ -525,7 +573,10 @@ class CancelScope(_Frame):
                 raise self._deadline_error()
             return False
         _frame.set(self._parent)
-        self.expired = own_expired = _clock.now() >= self._own
+        now = _clock.now()
+        self.expired = own_expired = now >= self._own
+        if self._marks is not None:
+            self._fold(exc, now)
         if not mode:
             self.c_task = self.catcher = None  # no path from a self-cycle into the task
             # Sync code, or a non-binding asyncio scope (never fired: nothing to withdraw).
@@ -674,6 +725,8 @@ class _Bound(_Frame):
         self._blocker = blocker
         self._ts = None
         self._trio_scope = None
+        self._marks = None
+        self._t0 = None
         self._set_by = set_by
 
     def _deadline_error(self, context: str | None = None) -> DeadlineExceeded:
@@ -753,6 +806,8 @@ class _Bound(_Frame):
         tb: TracebackType | None,
     ) -> None:
         _frame.set(self._parent)
+        if self._marks is not None:
+            self._fold(exc, 0.0)
         self.c_task = self.catcher = self.c_binder = None  # see CancelScope._exit_asyncio
         scope = self._trio_scope
         if scope is not None:
@@ -808,6 +863,12 @@ class _Reserve(_Frame):
             message, self._base_source, None, Deadline._at(self._own), f"reserve of {self._label}"
         )
         err._timebound_binder = self  # type: ignore[attr-defined]
+        marks = self._marks
+        err._timebound_bd = (  # type: ignore[attr-defined]  # D13, as _Frame._deadline_error
+            _clock.now(),
+            _frame.get(),
+            0 if marks is None else len(marks),
+        )
         return err
 
 
@@ -815,7 +876,7 @@ def _reserve_label(source: str, what: str | None, set_by: str | None = None) -> 
     """What a reserve belongs to, as its error's ``set_by`` names it: ``reserve of <this>``."""
     if set_by is not None:
         return set_by
-    origin = bound_origin(source, what)
+    origin = set_by_of(source, what)
     return "scope" if origin is None else origin
 
 
@@ -850,8 +911,10 @@ def _push_reserve(reserve: float, label: str, refuse: bool = True) -> _Reserve |
     r._own = at
     r._source = base_source
     r._timeout = None
-    r._what = None
+    r._what = f"reserve of {label}"  # how the breakdown (D13) names it as a part
     r._ts = None
+    r._marks = None
+    r._t0 = now
     r._reserve = reserve
     r._label = label
     r._base_source = base_source
@@ -868,6 +931,13 @@ def _push_reserve(reserve: float, label: str, refuse: bool = True) -> _Reserve |
 
 def _pop_reserve(r: _Reserve) -> None:
     _frame.set(r._parent)
+    marks = r._marks
+    if marks is not None:
+        # D13: the parts recorded under the reserve are the enclosing frame's (it adds none of
+        # its own, as a visible bound does not).
+        r._marks = None
+        for m in marks:
+            add_mark(r._parent, m)
     r.binder = r.c_binder = None  # no self-cycle left behind (see CancelScope._exit_asyncio)
 
 
@@ -964,6 +1034,7 @@ def _with_reserve(s: CancelScope, reserve: Duration | None) -> CancelScope:
     r._source = s._source
     r._what = s._what
     r._mode = -1
+    r._marks = None
     r.expired = False
     r._reserve = seconds
     r._rframe = None
@@ -1023,6 +1094,7 @@ def _new_scope(
     s._source = source
     s._what = what
     s._mode = -1
+    s._marks = None
     s.expired = False
     return s
 
@@ -1173,6 +1245,87 @@ def current_bound_error(what: str | None = None) -> DeadlineExceeded | None:
     binder = f.binder
     assert binder is not None
     return binder._deadline_error(context=what)
+
+
+def record(
+    kind: str,
+    name: str | None,
+    t0: float,
+    t1: float,
+    budget: float | None = None,
+    outcome: str | None = None,
+    sub: Any = None,
+) -> None:
+    """D13: record a part of where the budget went on the innermost frame (nothing outside
+    every frame). ``t0``/``t1`` on the monotonic clock, ``budget`` in seconds, ``sub`` the marks
+    of a nested frame or a callee's :class:`~timebound.Breakdown`."""
+    f = _frame.get()
+    if f is not _ROOT:
+        add_mark(f, (kind, name, t0, t1, budget, outcome, sub))
+
+
+def current_breakdown(
+    parts: tuple[Any, ...], name: str, t0: float, budget: float | None
+) -> Breakdown:
+    """D13: the breakdown of the bound that binds here, up to now. With no bound (a call bounded
+    by its own static timeout), a tree of ``parts`` (marks) from ``t0``."""
+    f = _frame.get()
+    binder = f.binder
+    now = _clock.now()
+    if binder is None:
+        return build("bound", name, t0, now, budget, "timeout", list(parts), len(parts))
+    return frame_breakdown(binder, now, f)
+
+
+def error_breakdown(err: DeadlineExceeded) -> Breakdown | None:
+    """D13: the tree of where the budget of the bound that raised ``err`` went (built now)."""
+    state = err.__dict__
+    binder = state.get("_timebound_binder")
+    snap = state.get("_timebound_bd")
+    if binder is None or snap is None:
+        return None
+    return frame_breakdown(binder, *snap, source=err.source)
+
+
+def frame_breakdown(
+    frame: _Frame,
+    t_end: float,
+    current: _Frame | None = None,
+    n_marks: int | None = None,
+    *,
+    source: str | None = None,
+    outcome: str = "timeout",
+) -> Breakdown:
+    """The breakdown of ``frame`` from its start to ``t_end``; ``current`` is the innermost frame
+    entered at ``t_end`` (its enclosing frames up to ``frame`` were still open)."""
+    open_frames: list[_Frame] = []
+    f: Any = current
+    while f is not None and f is not frame and f is not _ROOT:
+        open_frames.append(f)
+        f = getattr(f, "_parent", None)
+    if f is not frame:
+        open_frames = []  # ``current`` was not inside ``frame`` (another task's bound)
+    open_frames.reverse()
+    marks = frame._marks
+    if n_marks is None:
+        n_marks = 0 if marks is None else len(marks)
+    src = frame._source if source is None else source
+    name = src if frame._what is None else f"{src} {frame._what}"
+    t0 = frame_start(frame, t_end)
+    budget = frame._timeout
+    if budget is None and frame._own != _INF:
+        budget = frame._own - t0  # an absolute bound: what was left of it at entry
+    return build(
+        "bound",
+        name,
+        t0,
+        t_end,
+        budget,
+        outcome,
+        marks,
+        n_marks,
+        open_frames,
+    )
 
 
 def current_bound_source() -> str | None:

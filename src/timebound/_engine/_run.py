@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, NamedTuple, TypeVar
 
 from .._core import _clock
+from .._core._breakdown import Breakdown, build
 from .._core._deadline import Deadline
 from .._core._errors import DeadlineExceeded
 from .._core._scopes import CancelScope, move_on_at
@@ -333,10 +334,35 @@ class _Execution(Generic[_C]):
     async def _fallback(self, group: Group[_C], ctx: _C) -> Any:
         on_timeout = group.on_timeout
         assert callable(on_timeout)
-        value = on_timeout(ctx)
-        if inspect.isawaitable(value):
-            value = await value
+        try:
+            value = on_timeout(ctx)
+            if inspect.isawaitable(value):
+                value = await value
+        except DeadlineExceeded as err:
+            # D13: a fallback that reports the region's timeout (a pipeline's fail_plan) says
+            # where the region's budget went.
+            if err.breakdown is None:
+                err.breakdown = self._region_breakdown(group)
+            raise
         return value
+
+    def _region_breakdown(self, group: Group[_C]) -> Breakdown:
+        """D13: a timed-out region's time from its entry to now, its members as parts (they
+        may run side by side: such parts overlap)."""
+        g = self.plan.groups.index(group)
+        timeout = self.g_timeout[g]
+        now = _clock.now()
+        t0 = self.g_deadline[g] - (timeout or 0.0) if timeout is not None else now
+        marks: list[Any] = []
+        for span in self.spans or ():
+            if span.group != group.key or span.start <= 0.0 or span.start < t0:
+                continue
+            end = span.end if span.end > span.start else now
+            kind = "region" if span.is_group else "node"
+            outcome = span.outcome if span.outcome != "pending" else "cut"
+            marks.append((kind, str(span.key)[:120], span.start, end, None, outcome, None))
+        name = f"region {str(group.key)[:100]}"
+        return build("bound", name, t0, now, timeout, "timeout", marks, len(marks))
 
     def _exit_group(self, ctx: _C, i: int, fallback: tuple[bool, Any] | None) -> bool:
         """Settle group ``i``; ``fallback`` is (True, its value) when one ran, or (False,
@@ -374,6 +400,7 @@ class _Execution(Generic[_C]):
             set_by=f"{group.source} {group.key}",
         )
         _mark(error, group.key)
+        error.breakdown = self._region_breakdown(group)  # D13
         self._end(i, "timed_out")
         if group.on_timeout == "collect":
             assert self.errors is not None

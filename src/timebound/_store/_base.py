@@ -14,6 +14,7 @@ D12.1).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
@@ -24,6 +25,9 @@ from ..telemetry._events import Event, enabled
 from ._tally import flush_tallies
 
 __all__ = ["Store", "StoreBusy", "StoreError", "Tx", "wake_delay"]
+
+# The table a write statement changes (a statement it does not match counts as any table).
+_WRITTEN_TABLE = re.compile(r"\s*(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+(\w+)", re.IGNORECASE)
 
 # Waking a hair after a stored instant makes the floored epoch-ms reading reach it, so a timer is
 # seen due at its own millisecond, never one empty loop turn early (D7.6).
@@ -67,6 +71,9 @@ class Tx:
     """
 
     wake_others = False
+    #: With :attr:`wake_others`: the news is for waiters only (a run ended), no work for other
+    #: processes' loops; :meth:`Store.listen`'s ``on_news`` hears it instead of ``callback``.
+    news_only = False
     exclusive = False
 
     def __init__(self) -> None:
@@ -85,10 +92,37 @@ class Tx:
         self._written: set[Hashable] = set()  # the rows the deferred writes touch
         self._tallies: dict[tuple[str, str, str], int] = {}
         self.held: dict[Any, Any] = {}
+        #: The earliest due instant of the timers this transaction set (``None``: it set none).
+        self.timers_set_min: int | None = None
+        # Write marks (see rows_unchanged): a serial per write, the last one per deferred row
+        # and per table written by a statement.
+        self._serial = 0
+        self._row_marks: dict[Hashable, int] = {}
+        self._table_marks: dict[str, int] = {}
 
     async def execute(self, sql: str, *args: Any) -> int:
         await self.flush_writes()
+        self._mark_table(sql)
         return await self._execute(sql, *args)
+
+    def _mark_table(self, sql: str) -> None:
+        self._serial += 1
+        found = _WRITTEN_TABLE.match(sql)
+        self._table_marks[found.group(1) if found else "*"] = self._serial
+
+    def write_mark(self) -> int:
+        """A mark of this transaction's writes so far, for :meth:`rows_unchanged`."""
+        return self._serial
+
+    def rows_unchanged(self, mark: int, key: Hashable, table: str) -> bool:
+        """Whether nothing written since ``mark`` may have changed the row ``key`` of ``table``:
+        no deferred write of that row, no statement writing that table (or one whose table is
+        not known): a row read at ``mark`` still holds."""
+        return (
+            self._row_marks.get(key, -1) <= mark
+            and self._table_marks.get(table, -1) <= mark
+            and self._table_marks.get("*", -1) <= mark
+        )
 
     async def fetch(self, sql: str, *args: Any) -> list[dict[str, Any]]:
         await self.flush_writes()
@@ -119,6 +153,8 @@ class Tx:
         ``sql`` changes only the row ``key`` names, and nobody reads its row count."""
         self._writes.append((key, sql, args))
         self._written.add(key)
+        self._serial += 1
+        self._row_marks[key] = self._serial
 
     async def fetch_row(self, key: Hashable, sql: str, *args: Any) -> dict[str, Any] | None:
         """Read the one row ``key`` names (``sql`` reads nothing else), sending first only the
@@ -171,6 +207,8 @@ class Tx:
     async def set_timer(
         self, key: str, kind: str, stream: str, due_ms: int, priority: int = 0
     ) -> None:
+        if self.timers_set_min is None or due_ms < self.timers_set_min:
+            self.timers_set_min = due_ms
         await self.execute(
             "INSERT INTO tb_timers (key, kind, stream, due_ms, priority) VALUES (?, ?, ?, ?, ?) "
             "ON CONFLICT (key) DO UPDATE SET due_ms = excluded.due_ms, "
@@ -252,6 +290,7 @@ class Tx:
 
     async def execute_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         await self.flush_writes()
+        self._mark_table(sql)
         await self._execute_many(sql, rows)
 
     async def _execute_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
@@ -275,6 +314,9 @@ class Store:
     url: str
     #: Whether several processes may work on this store at once (PostgreSQL: yes).
     shared: bool
+    #: How many write transactions this store object has committed (an engine's loop tells
+    #: from it whether anything but its own turn wrote since its last turn).
+    commits = 0
 
     async def open(self) -> None:
         raise NotImplementedError
@@ -301,8 +343,10 @@ class Store:
         *,
         on_stop: Callable[[int, list[str]], None] | None = None,
         session_key: int | None = None,
+        on_news: Callable[[], None] | None = None,
     ) -> None:
-        """Call ``callback`` when another process commits a ``wake_others`` transaction, and
+        """Call ``callback`` when another process commits a ``wake_others`` transaction (or
+        ``on_news``, if given, when that transaction is :attr:`Tx.news_only`), and
         ``on_stop(stopped_at_ms, ids)`` when one commits a transaction that stopped work rows
         (:attr:`Tx.stopped`). ``session_key``: hold a session lock under that key while this
         process is connected (see :meth:`session_alive`), taken again after a reconnect."""

@@ -28,6 +28,8 @@ _SCHEMA = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 _MIGRATION_LOCK = 0x74627374
 # The class of the workers' session locks (two-key advisory locks: class, worker key; "tbwk").
 _SESSION_LOCK_CLASS = 0x7462776B
+# The payload of a wake-up that is news for waiters only (Tx.news_only).
+_NEWS = "news"
 # A NOTIFY payload must stay under 8000 bytes: stopped ids go in chunks.
 _PAYLOAD_BYTES = 7000
 
@@ -141,6 +143,7 @@ class PostgresStore(Store):
         *,
         on_stop: Callable[[int, list[str]], None] | None = None,
         session_key: int | None = None,
+        on_news: Callable[[], None] | None = None,
     ) -> None:
         """One connection of its own, kept open: LISTEN on the wake-up (and stop) channels,
         and the session lock held on it. A dropped connection (the server restarted) is opened
@@ -149,7 +152,8 @@ class PostgresStore(Store):
             return
         connected = asyncio.get_running_loop().create_future()
         self._listening = asyncio.create_task(
-            self._listen(callback, on_stop, session_key, connected), name="timebound-store-listen"
+            self._listen(callback, on_stop, session_key, connected, on_news),
+            name="timebound-store-listen",
         )
         await connected
 
@@ -159,6 +163,7 @@ class PostgresStore(Store):
         on_stop: Callable[[int, list[str]], None] | None,
         session_key: int | None,
         connected: asyncio.Future[None],
+        on_news: Callable[[], None] | None = None,
     ) -> None:
         import asyncpg
 
@@ -167,8 +172,12 @@ class PostgresStore(Store):
             if on_stop is not None and ids and pid not in self._own:
                 on_stop(int(at), ids.split(","))
 
-        def wake(_conn: Any, pid: int, _channel: str, _payload: str) -> None:
-            if pid not in self._own:
+        def wake(_conn: Any, pid: int, _channel: str, payload: str) -> None:
+            if pid in self._own:
+                return
+            if payload == _NEWS and on_news is not None:
+                on_news()
+            else:
                 callback()
 
         while True:
@@ -255,9 +264,11 @@ class PostgresStore(Store):
                             f"{tx.stopped_at} {chunk}",
                         )
                     if tx.wake_others:
-                        await conn.execute(f'NOTIFY "{self._channel}"')
+                        news = f", '{_NEWS}'" if tx.news_only else ""
+                        await conn.execute(f'NOTIFY "{self._channel}"{news}')
                 # At once after the commit returned, before the connection goes back to the
                 # pool (an await a cancellation could interrupt); never after a rollback (D10.3).
+                self.commits += 1
                 tx.committed()
 
     @asynccontextmanager

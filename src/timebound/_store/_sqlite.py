@@ -136,6 +136,7 @@ class SqliteStore(Store):
             conn.execute("ROLLBACK")
             raise
         conn.execute("COMMIT")
+        self.commits += 1
         tx.committed()
 
     @asynccontextmanager

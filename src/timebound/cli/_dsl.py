@@ -310,14 +310,20 @@ def _run(args: argparse.Namespace) -> int:
         print(f"timebound run: {exc}", file=sys.stderr)
         return 2
     except Exception as exc:
+        breakdown = getattr(exc, "breakdown", None) if args.trace else None
         if args.json:
             failure: dict[str, Any] = {"error": _error_json(exc, args.file)}
             if args.trace:
                 failure["trace"] = [call_json(t) for t in trace]
+                if breakdown is not None:
+                    failure["breakdown"] = breakdown.to_dict()  # D13.7
             print(json.dumps(failure, ensure_ascii=False, indent=2))
             return 1
         if args.trace:
             call_timeline(trace, None, sys.stderr)
+            if breakdown is not None:
+                # D13.7: where the run's budget went, the tree under the one-line summary.
+                print(f"\nwhere the budget went:\n{breakdown.render()}", file=sys.stderr)
         _print_failure(exc, source, args.file)
         return 1
     outputs = to_json_value(raw)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from timebound import ConfigurationError
+from timebound import ConfigurationError, format_duration
 from timebound import pipeline as pl
 from timebound.lowlevel import load_module
 
@@ -247,7 +247,7 @@ def _run_cmd(args: argparse.Namespace) -> int:
 
 
 def _ms(span: dict[str, Any]) -> str:
-    return f"{span['end_ms'] - span['start_ms']:.3f} ms"
+    return format_duration((span["end_ms"] - span["start_ms"]) / 1000)
 
 
 def _table(rows: pa.Table) -> str:

@@ -13,6 +13,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TextIO
 
+from .. import format_duration
 from ..dsl import CallTrace
 
 __all__ = ["BAR_WIDTH", "bar", "call_json", "call_timeline", "span_timeline"]
@@ -95,7 +96,7 @@ def _call_notes(t: CallTrace) -> list[str]:
     if failed:
         notes.append(f"{failed} failed")
     if t.delays:
-        notes.append("waited " + ", ".join(f"{d * 1000:.0f}ms" for d in t.delays))
+        notes.append("waited " + ", ".join(format_duration(d) for d in t.delays))
     if t.fallback:
         notes.append("fallback used")
     if t.cache_hit:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from .._core._deadline import Deadline
+from .._core._deadline import Deadline, instant_epoch_ms
 from .._core._durations import Duration, format_duration, to_seconds
 from .._core._errors import ConfigurationError, DeadlineExceeded
 from .._core._renamed import Renamed, renamed
@@ -267,17 +267,9 @@ class HostPolicy:
 def _caller_epoch_ms(caller_deadline: object) -> int | None:
     """A caller deadline as whole epoch ms (``None``: never), or a ConfigurationError saying
     what to pass."""
-    if isinstance(caller_deadline, Deadline):
-        return caller_deadline.to_epoch_ms()
-    if isinstance(caller_deadline, datetime):
-        if caller_deadline.tzinfo is None or caller_deadline.utcoffset() is None:
-            raise ConfigurationError(
-                "HostPolicy caller_deadline=datetime must be aware (e.g. tzinfo=UTC): a naive "
-                "datetime names no instant",
-                option="caller_deadline",
-            )
+    if isinstance(caller_deadline, Deadline | datetime):
         # Rounded up, as Deadline.to_epoch_ms rounds: the operation never ends before it (D1.3).
-        return math.ceil(round(caller_deadline.timestamp() * 1000, 3))
+        return instant_epoch_ms(caller_deadline, option="caller_deadline")
     if isinstance(caller_deadline, int) and not isinstance(caller_deadline, bool):
         return caller_deadline
     raise ConfigurationError(

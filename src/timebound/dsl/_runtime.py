@@ -199,7 +199,10 @@ def attach_site(exc: BaseException, site: CallSite) -> None:
     args = exc.args
     # Only where str() is the message itself (BaseException's or a one-argument OSError's,
     # which covers TimeoutError/DeadlineExceeded and ConnectionError); other types get a note.
-    if type(exc).__str__ in (BaseException.__str__, OSError.__str__) and len(args) <= 1:
+    if (
+        type(exc).__str__ in (BaseException.__str__, OSError.__str__, DeadlineExceeded.__str__)
+        and len(args) <= 1
+    ):
         text = args[0] if args else type(exc).__name__
         if isinstance(text, str):
             head, sep, tail = text.partition("\n")

@@ -26,7 +26,7 @@ from ..workflow._definition import MAX_DEFINITION_BYTES
 from ..workflow._rows import RUN_TERMINAL
 from ._host import Host
 from ._problems import Problem
-from ._timeline import attempts, bound_fired, timeline, timeouts
+from ._timeline import attempts, bound_fired, budget_rows, timeline, timeouts
 
 __all__ = ["api_routes", "decode_cursor", "encode_cursor", "read_json"]
 
@@ -268,12 +268,14 @@ async def list_runs(request: Request) -> Response:
     return JSONResponse({"runs": page, "next_cursor": cursor})
 
 
-async def run_detail(host: Host, run_id: str) -> dict[str, Any]:
+async def run_detail(host: Host, run_id: str, *, ui: bool = False) -> dict[str, Any]:
+    """A run's detail (``GET /v1/runs/{id}``); ``ui`` adds what only the UI's page shows."""
     try:
         run, tokens, events = await host.engine.snapshot(run_id)
     except KeyError:
         raise Problem(404, f"no run {run_id!r}") from None
-    return {
+    extra = {"budget": budget_rows(events)} if ui else {}
+    return extra | {
         "run": run,
         "tokens": tokens,
         "timeouts": timeouts(events),

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["at_percent", "bound_fired", "lay_out", "timeline", "timeouts"]
+from .._core._breakdown import as_breakdown
+
+__all__ = ["at_percent", "bound_fired", "budget_rows", "lay_out", "timeline", "timeouts"]
 
 _TERMINAL = {"token_completed", "token_failed", "token_timed_out", "token_cancelled"}
 _TIMEOUT_KINDS = ("token_timed_out", "join_timed_out")
@@ -29,6 +31,41 @@ def timeouts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         | {k: e[k] for k in _TIMEOUT_FIELDS if k in e}
         for e in events
         if e["kind"] in _TIMEOUT_KINDS
+    ]
+
+
+def budget_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """D13: where the budget of the bound that fired went, as rows of its tree (``depth``,
+    ``label``, ``elapsed_ms``, ``budget_ms``, ``offset_ms``), or ``None`` when none was stored.
+
+    The tree is the fired timeout's own, or the ``attempt_breakdown`` its cut attempt reported.
+    """
+    fired = [
+        e for e in events if e["kind"] in _TIMEOUT_KINDS and e.get("policy_applied") != "retry"
+    ]
+    if not fired:
+        return None
+    last = fired[-1]
+    stored = last.get("breakdown")
+    if stored is None:
+        token = last.get("token_id")
+        later = [
+            e for e in events if e["kind"] == "attempt_breakdown" and e.get("token_id") == token
+        ]
+        stored = later[-1].get("breakdown") if later else None
+    tree = as_breakdown(stored)
+    if tree is None:
+        return None
+    return [
+        {
+            "depth": depth,
+            "label": p.label(),
+            "elapsed_ms": p.elapsed_ms,
+            "budget_ms": p.budget_ms,
+            "offset_ms": p.offset_ms,
+            "kind": p.kind,
+        }
+        for depth, p in tree.walk()
     ]
 
 

@@ -214,7 +214,7 @@ def _bars(detail: dict[str, Any]) -> list[dict[str, Any]]:
 
 async def run_page(request: Request) -> Response:
     host = _host(request)
-    detail = await run_detail(host, request.path_params["run_id"])
+    detail = await run_detail(host, request.path_params["run_id"], ui=True)
     run, tl = detail["run"], detail["timeline"]
     # Ready tokens no live worker can run (D6.15): the run waits for one, or its deadline.
     unrunnable = [t for t in await host.engine.unrunnable() if t["run_id"] == run["id"]]

@@ -13,8 +13,15 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
-from .._core._errors import DeadlineExceeded, RetryExhausted, bound_origin
-from .._core._scopes import current_bound_error, enter_reserve, exit_reserve, fail_after
+from .._core import _clock
+from .._core._errors import DeadlineExceeded, RetryExhausted, set_by_of
+from .._core._scopes import (
+    current_bound_error,
+    enter_reserve,
+    exit_reserve,
+    fail_after,
+    record,
+)
 from ..telemetry import enabled as _telemetry_enabled
 from ._cache import CacheBackend, Uncacheable, canonical_arguments
 from ._cache import cache_key as _encode_key
@@ -114,7 +121,7 @@ async def _retry_async(
     if not reserve:
         return await retry_async(policy, fn, args, kwargs, tele, observer)
     try:
-        frame = enter_reserve(reserve, bound_origin("attempt", policy.name) or policy.name)
+        frame = enter_reserve(reserve, set_by_of("attempt", policy.name) or policy.name)
     except DeadlineExceeded as refused:
         return False, _reserve_ending(policy, refused)  # D1.21: no attempt, the fallback may
     try:
@@ -144,7 +151,7 @@ def _retry_sync(
     if not reserve:
         return retry_sync(policy, fn, args, kwargs, tele, observer)
     try:
-        frame = enter_reserve(reserve, bound_origin("attempt", policy.name) or policy.name)
+        frame = enter_reserve(reserve, set_by_of("attempt", policy.name) or policy.name)
     except DeadlineExceeded as refused:
         return False, _reserve_ending(policy, refused)
     try:
@@ -197,13 +204,16 @@ async def _end_async(
     report_fallback(policy, ending, tele, observer)
     fb = policy.fallback
     if policy._fallback_callable:
+        t0 = _clock.now()
         try:
             fb = fb(*args, **kwargs)
             if inspect.isawaitable(fb):
                 fb = await fb
         except BaseException as exc:
+            record("fallback", policy.name, t0, _clock.now(), None, type(exc).__name__)
             _in_context_of(exc, ending.error)
             raise
+        record("fallback", policy.name, t0, _clock.now(), None, "ok")  # D13
     return fell_back(policy, fb, tele, observer)
 
 
@@ -270,11 +280,14 @@ def _end_sync(
     report_fallback(policy, ending, tele, observer)
     fb = policy.fallback
     if policy._fallback_callable:
+        t0 = _clock.now()
         try:
             fb = fb(*args, **kwargs)
         except BaseException as exc:
+            record("fallback", policy.name, t0, _clock.now(), None, type(exc).__name__)
             _in_context_of(exc, ending.error)
             raise
+        record("fallback", policy.name, t0, _clock.now(), None, "ok")  # D13
         if inspect.isawaitable(fb):
             discard(fb)
             raise TypeError(

@@ -18,16 +18,20 @@ from types import CoroutineType
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core import _clock
+from .._core._breakdown import MARKS_MAX, add_mark, build
 from .._core._deadline import Deadline
-from .._core._errors import DeadlineExceeded, bound_origin
+from .._core._errors import DeadlineExceeded, set_by_of
 from .._core._scopes import (
+    _ROOT,
     CancelScope,
+    _frame,
     current_bound_error,
     current_bound_source,
     current_deadline,
     fail_after,
     fail_at,
     inherit_deadline,
+    record,
     remaining,
 )
 from ._hedge import hedged_async
@@ -58,14 +62,20 @@ async def retry_async(
     plain = policy._plain
     scoped = policy._scoped
     name = policy.name
+    # D13: attempts, delays and waits are parts of the enclosing frame's breakdown (none
+    # outside every frame); a call with a total budget keeps its own for that budget's error.
+    trail = _Trail.of(_frame.get(), state.total_at, policy)
     try:
         while True:
             decision = plan.begin(state)
             if type(decision) is not AttemptNow:
+                if trail is not None:
+                    trail.ending(decision)
                 return False, decision
             attempt = decision.attempt
             if tele:
                 policy.emit(observer, "attempt.start", attempt=attempt)
+            t0 = 0.0 if trail is None else _clock.now()
             try:
                 if plain:
                     value = fn(*args, **kwargs)
@@ -73,14 +83,16 @@ async def retry_async(
                         value = await value
                 elif scoped:
                     # The common "timeout, no admission" attempt, inlined: one coroutine less.
-                    with _attempt_scope(policy, state):
+                    with _attempt_scope(policy, state) as sc:
+                        if trail is not None:
+                            trail.scope = sc
                         value = fn(*args, **kwargs)
                         if type(value) is CoroutineType or inspect.isawaitable(value):
                             value = await value
                         else:
                             _raise_if_late(name)
                 elif policy._hedge is None:
-                    value = await _attempt_async(policy, state, fn, args, kwargs)
+                    value = await _attempt_async(policy, state, fn, args, kwargs, trail)
                 else:
                     # D3.14: the attempt races its hedges; each is a whole attempt of its own.
                     value = await hedged_async(
@@ -92,22 +104,33 @@ async def retry_async(
                         observer,
                     )
             except Exception as exc:
+                if trail is not None:
+                    trail.attempt(t0, exc)
                 _attempt_failed(policy, attempt, exc, tele, observer)
                 state, next_step = plan.failed(state, exc)
                 if type(next_step) is not RetryAt:
                     if tele:
                         _refused(policy, attempt, next_step, observer)
+                    if trail is not None:
+                        trail.ending(next_step)
                     return False, next_step
+                t0 = 0.0 if trail is None else _clock.now()
                 with _between(policy, state):
                     if tele:
                         policy.emit(observer, "retry.delay", attempt=attempt, delay=next_step.delay)
                     if next_step.delay > 0:
                         await _asleep(next_step.delay)
+                if trail is not None:
+                    trail.add("backoff", None, t0, _clock.now(), next_step.delay, "ok", None)
                 continue
             except BaseException as exc:
+                if trail is not None:
+                    trail.attempt(t0, exc)
                 if tele:
                     policy.cancelled("attempt", attempt, exc, observer)
                 raise
+            if trail is not None:
+                trail.attempt(t0, None)
             if tele:
                 policy.emit(observer, "attempt.end", attempt=attempt, outcome="ok", error=None)
             return True, value
@@ -128,6 +151,7 @@ async def _attempt_async(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
+    trail: _Trail | None = None,
 ) -> Any:
     """An attempt with admission (throttle and/or concurrency)."""
     slots = policy._slots
@@ -137,8 +161,11 @@ async def _attempt_async(
     # D3.13: the breaker sees the attempt from outside its scope (its own timeout included).
     with (
         _NULL_CONTEXT if breaker is None else breaker.guard(policy.plan),
-        _NULL_CONTEXT if policy._attempt_timeout is None else _attempt_scope(policy, state),
+        _NULL_CONTEXT if policy._attempt_timeout is None else _attempt_scope(policy, state) as sc,
     ):
+        if trail is not None:
+            # D13: the driver reads the parts recorded inside the attempt from its scope.
+            trail.scope = sc
         start = 0.0 if policy._latencies is None else _clock.now()
         await _admit_async(policy)
         try:
@@ -162,19 +189,27 @@ async def _admit_async(policy: Policy[Any]) -> None:
     if bucket is not None:
         wait = bucket.reserve()
         if wait > 0:
+            t0 = _clock.now()
             try:
                 await _asleep(wait)
             except BaseException:
                 bucket.refund()
+                record("throttle", policy.name, t0, _clock.now(), wait, "cut", None)
                 raise
+            record("throttle", policy.name, t0, _clock.now(), wait, "ok", None)
     if slots is not None:
+        t0 = _clock.now()
         try:
             await slots.acquire()
         except BaseException:
             # No call was made: the attempt's token goes back to the bucket.
             if bucket is not None:
                 bucket.refund()
+            record("concurrency", policy.name, t0, _clock.now(), None, "cut", None)
             raise
+        t1 = _clock.now()
+        if t1 > t0:
+            record("concurrency", policy.name, t0, t1, None, "ok", None)
 
 
 # Sync driver ---------------------------------------------------------------------------------
@@ -198,37 +233,52 @@ def retry_sync(
     state = plan.start()
     plain = policy._plain
     name = policy.name
+    trail = _Trail.of(_frame.get(), state.total_at, policy)  # D13, as in retry_async
     try:
         while True:
             decision = plan.begin(state)
             if type(decision) is not AttemptNow:
+                if trail is not None:
+                    trail.ending(decision)
                 return False, decision
             attempt = decision.attempt
             if tele:
                 policy.emit(observer, "attempt.start", attempt=attempt)
+            t0 = 0.0 if trail is None else _clock.now()
             try:
                 value = (
                     _call_sync(name, fn, args, kwargs)
                     if plain
-                    else _attempt_sync(policy, state, fn, args, kwargs)
+                    else _attempt_sync(policy, state, fn, args, kwargs, trail)
                 )
             except Exception as exc:
+                if trail is not None:
+                    trail.attempt(t0, exc)
                 _attempt_failed(policy, attempt, exc, tele, observer)
                 state, next_step = plan.failed(state, exc)
                 if type(next_step) is not RetryAt:
                     if tele:
                         _refused(policy, attempt, next_step, observer)
+                    if trail is not None:
+                        trail.ending(next_step)
                     return False, next_step
+                t0 = 0.0 if trail is None else _clock.now()
                 with _between(policy, state):
                     if tele:
                         policy.emit(observer, "retry.delay", attempt=attempt, delay=next_step.delay)
                     if next_step.delay > 0:
                         _clock.sleep(next_step.delay)
+                if trail is not None:
+                    trail.add("backoff", None, t0, _clock.now(), next_step.delay, "ok", None)
                 continue
             except BaseException as exc:
+                if trail is not None:
+                    trail.attempt(t0, exc)
                 if tele:
                     policy.cancelled("attempt", attempt, exc, observer)
                 raise
+            if trail is not None:
+                trail.attempt(t0, None)
             if tele:
                 policy.emit(observer, "attempt.end", attempt=attempt, outcome="ok", error=None)
             return True, value
@@ -249,14 +299,17 @@ def _attempt_sync(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     kwargs: Mapping[str, Any],
+    trail: _Trail | None = None,
 ) -> Any:
     """An attempt with a scope and/or admission, run to its end (cooperative)."""
     slots = policy._slots
     breaker = policy._breaker
     with (
         _NULL_CONTEXT if breaker is None else breaker.guard(policy.plan),
-        _NULL_CONTEXT if policy._attempt_timeout is None else _attempt_scope(policy, state),
+        _NULL_CONTEXT if policy._attempt_timeout is None else _attempt_scope(policy, state) as sc,
     ):
+        if trail is not None:
+            trail.scope = sc
         start = 0.0 if policy._latencies is None else _clock.now()
         if not policy._scoped:  # a scope alone needs no admission (and no call for it)
             _admit_sync(policy)
@@ -284,13 +337,20 @@ def _admit_sync(policy: Policy[Any]) -> None:
             left = remaining()
             # The wait counts against the attempt: sleep at most to the deadline, then fail
             # there, exactly when an asyncio attempt would be cancelled.
+            t0 = _clock.now()
             _clock.sleep(min(wait, left))
+            record("throttle", policy.name, t0, _clock.now(), wait, "ok" if wait < left else "cut")
             if wait >= left:
                 bucket.refund()
                 raise spent_now(policy)
     if slots is not None:
         left = remaining()
-        if not slots.acquire_sync(None if left == _INF else left):
+        t0 = _clock.now()
+        got = slots.acquire_sync(None if left == _INF else left)
+        t1 = _clock.now()
+        if t1 > t0:
+            record("concurrency", policy.name, t0, t1, None, "ok" if got else "cut")
+        if not got:
             if bucket is not None:
                 bucket.refund()
             raise spent_now(policy)
@@ -307,11 +367,100 @@ def spent_now(policy: Policy[Any]) -> DeadlineExceeded:
         timeout=policy.timeout,
         deadline=current_deadline(),
         what=policy.name,
-        set_by=bound_origin(source, policy.name) if source in ("attempt", "total") else None,
+        set_by=set_by_of(source, policy.name) if source in ("attempt", "total") else None,
     )
 
 
 # Shared pieces ------------------------------------------------------------------------------
+
+
+class _Trail:
+    """D13: the parts of one policy call (attempts, delays) as they happen.
+
+    Each part goes to the frame the call runs in, so a bound around the call that fires shows
+    them; a call with a total budget also keeps them, for the breakdown of that budget's error
+    (the total is no frame of its own, see :func:`_attempt_scope`). A call outside every frame
+    and without a total has no trail at all.
+    """
+
+    __slots__ = ("frame", "marks", "policy", "scope", "t_call")
+
+    frame: Any
+    marks: list[Any] | None
+    policy: Policy[Any]
+    scope: CancelScope | None
+    t_call: float
+
+    @staticmethod
+    def of(frame: Any, total_at: Deadline | None, policy: Policy[Any]) -> _Trail | None:
+        if frame is _ROOT and total_at is None:
+            return None
+        t: _Trail = _new(_Trail)
+        t.frame = None if frame is _ROOT else frame
+        t.policy = policy
+        t.scope = None
+        if total_at is None:
+            t.marks = None
+            t.t_call = 0.0
+        else:
+            t.marks = []
+            t.t_call = total_at.when - (policy.plan.total_timeout or 0.0)
+        return t
+
+    def add(
+        self,
+        kind: str,
+        name: str | None,
+        t0: float,
+        t1: float,
+        budget: float | None,
+        outcome: str | None,
+        sub: Any,
+    ) -> None:
+        m = (kind, name, t0, t1, budget, outcome, sub)
+        if self.frame is not None:
+            add_mark(self.frame, m)
+        marks = self.marks
+        if marks is not None and len(marks) < MARKS_MAX:
+            marks.append(m)
+
+    def attempt(self, t0: float, exc: BaseException | None) -> None:
+        sc = self.scope
+        self.scope = None
+        if exc is None:
+            outcome = "ok"
+        elif isinstance(exc, DeadlineExceeded):
+            outcome = "timeout"
+        elif isinstance(exc, Exception):
+            outcome = type(exc).__name__
+        else:
+            outcome = "cancelled"
+        if sc is None:
+            self.add("attempt", self.policy.name, t0, _clock.now(), None, outcome, None)
+        else:
+            budget = sc._timeout
+            self.add("attempt", self.policy.name, t0, _clock.now(), budget, outcome, sc._marks)
+
+    def ending(self, decision: Any) -> None:
+        """The call ends without a value: a total budget's error gets the call's breakdown."""
+        err = getattr(decision, "error", None)
+        marks = self.marks
+        if marks is None or not isinstance(err, DeadlineExceeded) or err.source != "total":
+            return
+        total = self.policy.plan.total_timeout
+        err.breakdown = build(
+            "bound",
+            f"total {self.policy.name}",
+            self.t_call,
+            _clock.now(),
+            total,
+            "timeout",
+            marks,
+            len(marks),
+        )
+
+
+_new = object.__new__
 
 
 def _attempt_failed(
@@ -374,7 +523,7 @@ def _between(policy: Policy[Any], state: RetryState) -> AbstractContextManager[A
         Deadline(total_at.when),
         source="total",
         timeout=policy.plan.total_timeout,
-        set_by=bound_origin("total", policy.name),
+        set_by=set_by_of("total", policy.name),
     )
 
 

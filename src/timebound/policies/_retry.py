@@ -26,7 +26,7 @@ from .._core import _clock
 from .._core._classify import classify, mark_enclosing
 from .._core._deadline import Deadline
 from .._core._durations import format_duration
-from .._core._errors import DeadlineExceeded, RetryExhausted, bound_origin
+from .._core._errors import DeadlineExceeded, RetryExhausted, set_by_of
 from .._core._request import mark_spent
 from .._core._scopes import current_bound_error, current_bound_source, current_deadline, remaining
 from ._budget import RetryBudget
@@ -368,7 +368,7 @@ class RetryPlan:
             timeout=self.total_timeout,
             deadline=Deadline(total_at),
             what=self.what,
-            set_by=bound_origin("total", self.what),
+            set_by=set_by_of("total", self.what),
         )
 
     def _no_room(self, next_attempt: int, wait: float, total_at: float) -> DeadlineExceeded:
@@ -411,7 +411,7 @@ class RetryPlan:
             timeout=timeout,
             deadline=deadline,
             what=self.what,
-            set_by=bound_origin(source, self.what) if source == "total" else None,
+            set_by=set_by_of(source, self.what) if source == "total" else None,
         )
 
 

@@ -15,9 +15,10 @@ clock. Every server adapter combines the two here, so the rule has one implement
 from __future__ import annotations
 
 import math
-from typing import Final
+from typing import Final, cast
 
 from .._core import _clock
+from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError
 from ..telemetry._events import counters
 from ._codec import MAX_TIMEOUT_SECONDS
@@ -29,17 +30,14 @@ DEFAULT_SKEW: Final = 1.0
 
 
 def check_clock_skew(clock_skew: object) -> float:
-    """``clock_skew`` as seconds, or :class:`~timebound.ConfigurationError` naming the option."""
-    if (
-        isinstance(clock_skew, bool)
-        or not isinstance(clock_skew, int | float)
-        or not 0 <= clock_skew < math.inf
-    ):
+    """``clock_skew`` (a duration: seconds, a ``timedelta`` or ``"500ms"``, D1.11) as seconds,
+    or :class:`~timebound.ConfigurationError` naming the option."""
+    seconds = to_seconds(cast(Duration, clock_skew), option="clock_skew")
+    if math.isinf(seconds):
         raise ConfigurationError(
-            f"clock_skew must be a finite number of seconds >= 0, not {clock_skew!r}",
-            option="clock_skew",
+            f"clock_skew must be a finite duration, not {clock_skew!r}", option="clock_skew"
         )
-    return float(clock_skew)
+    return seconds
 
 
 def time_left(

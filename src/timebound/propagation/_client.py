@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from .._core import _clock
+from .._core._breakdown import Breakdown
 from .._core._classify import bound_origin
 from .._core._deadline import Deadline
 from .._core._errors import DeadlineExceeded
@@ -55,11 +56,14 @@ from .._core._request import RequestState, _request
 from .._core._scopes import (
     current_bound_error,
     current_bound_source,
+    current_breakdown,
     current_deadline,
     move_on_at,
+    record,
 )
 from ..telemetry._events import counters, emit, enabled
 from . import _config
+from ._breakdown_wire import parse as parse_breakdown
 from ._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER, format_absolute_us
 from ._state import ClampedTimeout, clamp_timeout
 
@@ -191,6 +195,30 @@ class Attempt:
     state: RequestState | None
     #: The absolute deadline header's value (``None``: send none), beside ``header_value``.
     absolute_value: str | None = None
+    #: When the attempt began (D13: its part of the breakdown starts here).
+    t0: float = 0.0
+    #: The attempt's part was recorded (once: an answer, a cut or a cancellation).
+    parted: bool = False
+    #: What the part is called (``GET host/path``); ``None``: ``options.what``.
+    name: str | None = None
+    #: The callee's own breakdown, when it sent one (D13.5).
+    remote: Breakdown | None = None
+
+    def part(self, outcome: str, remote: Breakdown | None = None) -> None:
+        """D13: record this call as a part of the caller's breakdown: the budget it was sent,
+        what it used, how it ended and the callee's own breakdown when it sent one."""
+        if self.parted:
+            return
+        self.parted = True
+        record(
+            "call",
+            self.name or self.options.what,
+            self.t0,
+            _clock.now(),
+            self.clamped.seconds,
+            outcome,
+            remote,
+        )
 
     def headers(self) -> list[tuple[str, str]]:
         """The deadline headers to send with this attempt (none when propagation is off)."""
@@ -229,6 +257,7 @@ class Attempt:
         """The error for an exchange that ran past :attr:`end`."""
         what = self.options.what
         seconds = self.clamped.seconds
+        self.part("cut" if self.lowered else "timeout")
         if self.lowered:
             self.spent()
             err = current_bound_error(what)
@@ -261,6 +290,7 @@ class Attempt:
         try:
             yield
         except (DeadlineExceeded, asyncio.CancelledError):
+            self.part("cut")
             if self.expired():
                 self.spent()
             raise
@@ -282,26 +312,48 @@ class Attempt:
         # Reached only when our own scope moved on: the attempt's end passed.
         raise self.cut()
 
+    def answered(self, status: int | str, breakdown: str | bytes | None) -> None:
+        """D13: the callee answered; its ``X-Timebound-Breakdown`` (if any) joins our part."""
+        if not self.parted:
+            self.remote = parse_breakdown(breakdown)
+            self.part(str(status), self.remote)
+
     def refusal(self, status: int, header: str | None) -> BaseException | None:
         """The error for a response ``>= 400`` marked "deadline expired" (D4.5), else ``None``."""
         if status < 400 or not header or not _config.is_enabled():
             return None
         what = self.options.what
+        err: DeadlineExceeded
         if self.propagated:
             self.spent()
-            return DeadlineExceeded(
+            err = DeadlineExceeded(
                 f"{what} answered {status} deadline expired: our deadline is spent"
                 " (propagated deadline)",
                 source="propagated",
                 timeout=self.clamped.seconds,
                 deadline=None if self.end is None else Deadline(self.end),
             )
-        return self.make(
-            f"{what} answered {status} deadline expired within the attempt's own timeout"
-            " (attempt deadline)",
-            remote=True,
-            timeout=self.clamped.seconds,
+        else:
+            made = self.make(
+                f"{what} answered {status} deadline expired within the attempt's own timeout"
+                " (attempt deadline)",
+                remote=True,
+                timeout=self.clamped.seconds,
+            )
+            if not isinstance(made, DeadlineExceeded):
+                return made
+            err = made
+        # D13: the breakdown of the bound that ran out here, this call (and the callee's own
+        # breakdown) among its parts.
+        name = self.name or what
+        seconds = self.clamped.seconds
+        err.breakdown = current_breakdown(
+            (("call", name, self.t0, _clock.now(), seconds, str(status), self.remote),),
+            name,
+            self.t0,
+            seconds,
         )
+        return err
 
 
 def absolute_wire_value(end: float) -> str:
@@ -356,4 +408,5 @@ def begin(
         timeouts,
         _request.get(),
         absolute_value,
+        _clock.now(),
     )

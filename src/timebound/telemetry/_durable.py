@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .._core import _clock
+from .._core._breakdown import as_breakdown
 from .._core._deadline import Deadline
 from .._core._errors import DeadlineExceeded
 from ._events import Event, emit_event
@@ -58,6 +59,8 @@ def workflow_event(stream: str, kind: str, at_ms: int, data: Mapping[str, Any]) 
             what=_what(source, data),
             set_by=_set_by(data),
         )
+        # D13: the stored breakdown of the timed-out node or run, as the error's.
+        bound.breakdown = as_breakdown(data.get("breakdown"))
     return Event(f"workflow.{kind}", _at(at_ms), dict(data), ids, at_ms, bound)
 
 

@@ -73,9 +73,45 @@ def _bound_attributes(event: Event) -> dict[str, Any]:
     out: dict[str, Any] = {"timebound.bound.source": bound.source}
     if bound.timeout is not None:
         out["timebound.bound.timeout_ms"] = round(bound.timeout * 1000)
+    # D13.7: where the budget went, as the one-line summary and the capped JSON tree.
+    bd = getattr(bound, "breakdown", None)
+    if bd is not None:
+        out["timebound.bound.breakdown"] = bd.summary()
+        tree = bd.capped(4096)
+        if tree is not None:
+            out["timebound.bound.breakdown_json"] = tree
     if bound.set_by is not None:
         out["timebound.bound.set_by"] = bound.set_by
     return out
+
+
+class _CallSpan:
+    """An outgoing gRPC call's or database query's span (see ``_tracing.call_span``)."""
+
+    __slots__ = ("_ended", "_lock", "_span")
+
+    def __init__(self, span: Span) -> None:
+        self._span = span
+        self._ended = False
+        self._lock = threading.Lock()  # a gRPC done-callback may run on grpc's thread
+
+    def set(self, key: str, value: Any) -> None:
+        self._span.set_attribute(key, value)
+
+    def carrier(self) -> dict[str, str]:
+        carrier: dict[str, str] = {}
+        _W3C.inject(carrier, context=trace.set_span_in_context(self._span))
+        return carrier
+
+    def end(self, error_type: str | None = None) -> None:
+        with self._lock:
+            if self._ended:
+                return
+            self._ended = True
+        if error_type is not None:
+            self._span.set_attribute("error.type", error_type)
+            self._span.set_status(Status(StatusCode.ERROR))
+        self._span.end()
 
 
 class SpanMaker:
@@ -224,6 +260,13 @@ class SpanMaker:
             except BaseException as exc:
                 span.set_attribute("error.type", type(exc).__name__)
                 raise
+
+    def call(self, name: str, attributes: Mapping[str, Any]) -> _CallSpan:
+        attrs = dict(attributes)
+        remaining = current_deadline().remaining()
+        if math.isfinite(remaining):
+            attrs["timebound.deadline.remaining_ms"] = max(0, round(remaining * 1000))
+        return _CallSpan(self._tracer.start_span(name, kind=SpanKind.CLIENT, attributes=attrs))
 
     def wsgi(
         self,

@@ -16,9 +16,11 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 __all__ = [
+    "CallSpan",
     "Tracer",
     "active",
     "attempt_span",
+    "call_span",
     "caller_traceparent",
     "client_span",
     "open_run",
@@ -29,8 +31,24 @@ __all__ = [
 ]
 
 
+class CallSpan(Protocol):
+    """The client span of one outgoing call that is not HTTP (a gRPC call, a database query):
+    started by :func:`call_span`, ended once by whoever sees the call end (D10.8)."""
+
+    def set(self, key: str, value: Any) -> None:
+        """Add an attribute (the budget propagated, the answer's status)."""
+
+    def carrier(self) -> dict[str, str]:
+        """This span's W3C trace context (``traceparent``), to send with the call."""
+
+    def end(self, error_type: str | None = None) -> None:
+        """End the span (once; later calls do nothing); ``error_type`` marks it failed."""
+
+
 class Tracer(Protocol):
     """What an exporter implements to make spans at the engines' hook points."""
+
+    def call(self, name: str, attributes: Mapping[str, Any]) -> CallSpan: ...
 
     def current_traceparent(self) -> str | None: ...
 
@@ -164,6 +182,15 @@ def client_span(
     ``answered(status, propagated_timeout_ms)`` to record the answer and the budget sent."""
     tracer = _tracer
     return _NO_CLIENT if tracer is None else tracer.client(method, url, headers)
+
+
+def call_span(name: str, **attributes: Any) -> CallSpan | None:
+    """Start the client span of an outgoing gRPC call or database query, a child of the current
+    span, with the caller's budget (``timebound.deadline.remaining_ms``); ``None`` when nothing
+    is traced. It is not made current: a gRPC call may end after the code that started it
+    returned (a future, a stream), so the adapter ends it where it sees the call end."""
+    tracer = _tracer
+    return None if tracer is None else tracer.call(name, attributes)
 
 
 def wsgi_span(

@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal
 
+from .._core import _clock
 from .._core._body import DEFAULT_MAX_BYTES, TooLarge, read_capped
+from .._core._breakdown import BREAKDOWN_MAX_NODES, summarised
 from .._core._classify import classify
 from .._core._deadline import Deadline
 from .._core._durations import ceil_ms
 from .._core._errors import ConfigurationError, DeadlineExceeded
-from .._core._scopes import fail_at
+from .._core._scopes import fail_at, frame_breakdown
 from .._json import JSONError, TooDeep
 from .._json import check as check_json
 from .._json import loads as loads_json
@@ -65,6 +67,17 @@ class Outcome:
     #: A ``timeout`` that a called service reported: our whole remaining budget, sent with the
     #: request, is spent (D4.5); its length in ms. The node times out with that bound (D6.17).
     propagated_ms: int | None = None
+    #: A ``timeout``'s breakdown (D13): where the attempt's budget went, stored with its event.
+    breakdown: dict[str, Any] | None = None
+
+
+#: Where a cancelled attempt's breakdown travels on its CancelledError (see run_python).
+CUT_BREAKDOWN = "_timebound_breakdown"
+
+
+def _breakdown_of(exc: BaseException) -> dict[str, Any] | None:
+    bd = getattr(exc, "breakdown", None) if isinstance(exc, DeadlineExceeded) else None
+    return None if bd is None else summarised(bd, BREAKDOWN_MAX_NODES).to_dict()
 
 
 def is_deferral(value: Any) -> bool:
@@ -210,13 +223,21 @@ async def run_python(
     """
     try:
         if inspect.iscoroutinefunction(handler):
-            async with fail_at(ctx.deadline, source="node", what=what):
-                value = await handler(ctx)
+            scope = fail_at(ctx.deadline, source="node", what=what)
+            try:
+                async with scope:
+                    value = await handler(ctx)
+            except asyncio.CancelledError as exc:
+                if scope.expired:
+                    # D13: the engine stopped the attempt at the node's deadline (its timer
+                    # came first): the cancellation carries where the attempt's budget went.
+                    exc.__dict__[CUT_BREAKDOWN] = frame_breakdown(scope, _clock.now())
+                raise
         else:
             value = await _in_thread(handler, ctx, what=what, on_late=on_late)
     except Exception as exc:
         if _timed_out(exc, ctx.deadline):
-            return Outcome("timeout", error=str(exc))
+            return Outcome("timeout", error=str(exc), breakdown=_breakdown_of(exc))
         return Outcome("error", error=_describe(exc))
     return _json_value(value, what)
 
@@ -294,13 +315,15 @@ async def run_http(implementation: Mapping[str, Any], ctx: ActionContext, *, wha
     except (DeadlineExceeded, httpx.HTTPError) as exc:
         # An attempt timeout is both: the classification, not the except clause, decides.
         if _timed_out(exc, ctx.deadline):
-            return Outcome("timeout", error=str(exc))
+            return Outcome("timeout", error=str(exc), breakdown=_breakdown_of(exc))
         if isinstance(exc, DeadlineExceeded) and exc.source == "propagated":
             # The request carried the node's whole remaining budget and the service says it
             # is spent (an expired answer, D4.5): the chain is out of time, so the node times
             # out with that bound, never retried (D6.17), even if our clock still shows time.
             sent = None if exc.timeout is None else ceil_ms(exc.timeout)
-            return Outcome("timeout", error=str(exc), propagated_ms=sent)
+            return Outcome(
+                "timeout", error=str(exc), propagated_ms=sent, breakdown=_breakdown_of(exc)
+            )
         return Outcome("error", error=_describe(exc))
     if response.status_code >= 400:
         return Outcome("error", error=f"{what}: HTTP {response.status_code}")

@@ -10,11 +10,12 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any, NamedTuple
 
+from .._core._breakdown import BREAKDOWN_MAX_NODES, summarised
 from .._core._deadline import Deadline
 from .._store import Detached, Store, Tx, Wake
 from ..telemetry import correlation
 from ..telemetry._tracing import attempt_span
-from ._actions import ActionContext, Outcome, freeze, run_python
+from ._actions import CUT_BREAKDOWN, ActionContext, Outcome, freeze, run_python
 from ._bounds import call_key
 from ._deferral import Deferrals, plan_attempt
 from ._definition import Definition
@@ -75,13 +76,25 @@ class Attempts:
         if not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]  # a bug: surface it in the loop's log
 
-    async def _begin(self, tx: Tx, tok: dict[str, Any], now: int) -> Plan | None:
+    async def _begin(
+        self,
+        tx: Tx,
+        tok: dict[str, Any],
+        now: int,
+        *,
+        hand_off: tuple[str, int] | None = None,
+    ) -> Plan | None:
         """``dispatched`` → ``executing``; the attempt to run, or ``None`` if there is none. The
-        claim, not yet written, goes with begin_attempt's UPDATE; any other way out writes it."""
+        claim, not yet written, goes with begin_attempt's UPDATE; any other way out writes it.
+
+        ``hand_off`` (owner, lease): a token this transaction made, claimed here too and only
+        while still pending (D6.29); the caller has checked that its run is live and held."""
         machine = self._machine
         run = await machine.run(tx, tok["run_id"], lock=self._store.lock_clause())
         token_due = tok["timeout_at"] is not None and now >= tok["timeout_at"]
-        if run is None or token_due or not machine.run_live(run, now):
+        if hand_off is not None:
+            assert run is not None and not token_due and machine.run_live(run, now)
+        elif run is None or token_due or not machine.run_live(run, now):
             await machine.write_claim(tx, tok, now)
             if run is None or await machine.check_run_deadline(tx, run, now):
                 return None
@@ -90,7 +103,12 @@ class Attempts:
         definition = await machine.definition(tx, run)
         node = definition.nodes[tok["node_id"]]
         action = definition.actions[node.action_id]
-        timeout_at = await machine.begin_attempt(tx, tok, definition, now)
+        if hand_off is None:
+            timeout_at = await machine.begin_attempt(tx, tok, definition, now)
+        else:
+            taken, timeout_at = await machine.hand_off(tx, tok, *hand_off, definition, now)
+            if not taken:
+                return None
         if action.kind == "workflow_call":
             await self._start_child(tx, run, tok, definition, now)
             return None
@@ -144,6 +162,17 @@ class Attempts:
                 outcome = await self._run_action(kind, implementation, ctx, what, ctx.attempt)
             except Exception as exc:  # a failing action runner fails the node, never strands it
                 outcome = Outcome("error", error=f"{type(exc).__name__}: {exc}")
+            except asyncio.CancelledError as exc:
+                bd = exc.__dict__.get(CUT_BREAKDOWN)
+                if bd is not None:
+                    # D13: stopped at the node's deadline by the engine's timer: the report
+                    # only stores where the attempt's budget went (see _report).
+                    tree = summarised(bd, BREAKDOWN_MAX_NODES).to_dict()
+                    cut = Outcome("timeout", breakdown=tree)
+                    began = ctx.deadline.to_epoch_ms()
+                    self._outcomes.append(Report(ctx.run_id, token_id, ctx.attempt, cut, began))
+                    self._wake.set()
+                raise
             ended(outcome.kind, outcome.error)
         began = ctx.deadline.to_epoch_ms()
         self._outcomes.append(Report(ctx.run_id, token_id, ctx.attempt, outcome, began))
@@ -185,6 +214,18 @@ class Attempts:
         if tok["status"] != "executing" or tok["attempt"] != attempt:
             if produced:
                 await machine.late_result(tx, tok["run_id"], token_id, attempt, now)
+            elif outcome.breakdown is not None and tok["attempt"] == attempt:
+                # D13: the node's timer recorded the timeout first; the attempt cut by it
+                # reports where its budget went, stored beside that event.
+                await tx.append_event(
+                    tok["run_id"],
+                    "attempt_breakdown",
+                    now,
+                    token_id=token_id,
+                    node_id=tok["node_id"],
+                    attempt=attempt,
+                    breakdown=outcome.breakdown,
+                )
             return
         run = await machine.run(tx, tok["run_id"], lock=self._store.lock_clause())
         assert run is not None
@@ -206,10 +247,16 @@ class Attempts:
                 await machine.late_result(tx, run["id"], token_id, attempt, now)
             if outcome.propagated_ms is not None and not deadline_reached:
                 await machine.token_timeout(
-                    tx, run, tok, now, duration=outcome.propagated_ms, set_by="propagated"
+                    tx,
+                    run,
+                    tok,
+                    now,
+                    duration=outcome.propagated_ms,
+                    set_by="propagated",
+                    breakdown=outcome.breakdown,
                 )
             else:
-                await machine.token_timeout(tx, run, tok, now)
+                await machine.token_timeout(tx, run, tok, now, breakdown=outcome.breakdown)
         elif outcome.kind == "reject":
             await machine.fail_run(tx, run, outcome.error or "deferred-not-accepted", now)
         elif outcome.kind == "deferred":

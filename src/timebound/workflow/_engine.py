@@ -36,7 +36,8 @@ from ._operator import Operator, OperatorActions, ms_of
 from ._published import store_definition
 from ._reads import RunReads
 from ._retention import Retention
-from ._rows import RUN_TERMINAL, RunResult
+from ._rows import RUN_TERMINAL, RunEnd, RunResult
+from ._schedule import Schedule
 from ._starts import (
     Start,
     StartConflict,
@@ -117,10 +118,13 @@ class Engine(Turns, RunReads, OperatorActions):
         self._reporting: set[str] = set()  # tokens whose own outcome this turn stores
         self._poked = False  # another process committed news since the loop's turn began
         self._presence = Presence(self._store, self.worker_id, self._handlers, sweep_ms)
+        self._schedule = Schedule()  # what the loop knows between its turns (D6.29)
         self._drain_waiter: asyncio.Future[None] | None = None
         self._drain_ended = False
         self._background = Detached()  # the retention loop, late results' writes
         self._finished: dict[str, asyncio.Event] = {}
+        # How a waited-for run ended, handed over by the commit that ended it (no read back).
+        self._ended: dict[str, RunEnd] = {}
         self._outcomes: list[Report] = []
         self._starts: list[Start] = []
         self._stored: set[tuple[str, int]] = set()  # definitions this engine has written
@@ -255,7 +259,12 @@ class Engine(Turns, RunReads, OperatorActions):
             return
         shared = self._store.shared
         key = self._presence.lock_key if shared else None
-        await self._store.listen(self._wake_all, on_stop=self._inflight.on_stop, session_key=key)
+        await self._store.listen(
+            self._wake_all,
+            on_stop=self._inflight.on_stop,
+            session_key=key,
+            on_news=self._wake_waiters,
+        )
         if shared:
             async with self._txn() as tx:
                 await self._presence.register(tx, self._now())
@@ -487,8 +496,12 @@ class Engine(Turns, RunReads, OperatorActions):
                 else:
                     await event.wait()
                 event.clear()
+                ended = self._ended.pop(run_id, None)
+                if ended is not None:  # this process ended it: its commit told how
+                    return ended.result()
         finally:
             self._finished.pop(run_id, None)
+            self._ended.pop(run_id, None)
 
     async def cancel(self, run_id: str) -> bool:
         """Cancel a running run, its live tokens and child runs; ``False`` if it had ended."""
@@ -540,13 +553,21 @@ class Engine(Turns, RunReads, OperatorActions):
     def _wake_all(self) -> None:
         """Another process changed the store: re-read it (the loop, and every waiter)."""
         self._poked = True
+        self._schedule.forget()
         self._wake.set()
         for event in self._finished.values():
             event.set()
 
-    def _run_finished(self, run_id: str) -> None:
+    def _wake_waiters(self) -> None:
+        """Another process ended a run: the waiters look (the loop has nothing new to do)."""
+        for event in self._finished.values():
+            event.set()
+
+    def _run_finished(self, run_id: str, ended: RunEnd | None = None) -> None:
         event = self._finished.get(run_id)
         if event is not None:
+            if ended is not None:
+                self._ended[run_id] = ended
             event.set()
 
     def _cancel_attempt(self, token_id: str) -> None:

@@ -62,9 +62,28 @@ class HeldRows:
             held.update(fields)
 
     async def token(self, tx: Tx, token_id: str) -> dict[str, Any] | None:
+        """The token's row: the one :meth:`hold_tokens` read, if nothing may have changed it
+        since; else read now."""
+        ahead = tx.held.pop(("tok-ahead", token_id), None)
+        if ahead is not None:
+            mark, row = ahead
+            if tx.rows_unchanged(mark, ("tok", token_id), "tb_wf_tokens"):
+                return row  # type: ignore[no-any-return]
         return await tx.fetch_row(
             ("tok", token_id), "SELECT * FROM tb_wf_tokens WHERE id = ?", token_id
         )
+
+    async def hold_tokens(self, tx: Tx, token_ids: Iterable[str]) -> None:
+        """Read the tokens a turn is about to handle one by one, one statement per 500; each is
+        answered by :meth:`token` once, while no write since may have changed it. The caller
+        holds their runs' locks (a token changes only under its run's lock)."""
+        wanted = sorted(set(token_ids))
+        mark = tx.write_mark()
+        for i in range(0, len(wanted), 500):
+            chunk = wanted[i : i + 500]
+            marks = ", ".join("?" * len(chunk))
+            for row in await tx.fetch(f"SELECT * FROM tb_wf_tokens WHERE id IN ({marks})", *chunk):
+                tx.held[("tok-ahead", row["id"])] = (mark, row)
 
     async def definition(self, tx: Tx, run: dict[str, Any]) -> Definition:
         """The definition a run started with (runs keep their version), cached by the engine."""

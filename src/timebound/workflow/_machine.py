@@ -21,6 +21,7 @@ from ._children import Children
 from ._definition import Definition
 from ._joins import Joins
 from ._outcomes import Outcomes, retry_delay_ms
+from ._rows import RunEnd
 from ._runs import BULK_CANCEL_AFTER
 
 __all__ = ["BULK_CANCEL_AFTER", "Machine", "retry_delay_ms"]
@@ -33,7 +34,7 @@ class Machine(Outcomes):
         self,
         definitions: dict[tuple[str, int], Definition],
         cancel_attempt: Callable[[str], None],
-        on_run_finished: Callable[[str], None],
+        on_run_finished: Callable[[str, RunEnd | None], None],
     ) -> None:
         self.definitions = definitions
         self._cancel_attempt = cancel_attempt

@@ -14,6 +14,7 @@ from ._joins import Joins
 from ._limits import RunLimitExceeded, check_growth
 from ._rows import PRIORITY_TOKEN, decode, encode
 from ._runs import RunMoves
+from ._schedule import made_pending
 
 __all__ = ["Outcomes", "retry_delay_ms", "retry_plan"]
 
@@ -58,6 +59,7 @@ class Outcomes(RunMoves):
         cause: str | None = None,
         set_by: str | None = None,
         set_by_id: str | None = None,
+        breakdown: dict[str, Any] | None = None,
     ) -> None:
         """The node's deadline was reached: its ``on_timeout`` policy (D6.1).
 
@@ -93,6 +95,7 @@ class Outcomes(RunMoves):
                 now,
                 set_by=set_by,
                 set_by_id=set_by_id,
+                breakdown=breakdown,
             )
             self._cancel_attempt(tok["id"])
             await self.children.cancel_children(tx, tok["id"], now)
@@ -104,6 +107,7 @@ class Outcomes(RunMoves):
                 now,
                 tok["id"],
             )
+            made_pending(tx, now)
             if duration is not None:
                 await tx.set_timer(
                     f"tok:{tok['id']}", "token", run["id"], now + duration, PRIORITY_TOKEN
@@ -119,7 +123,16 @@ class Outcomes(RunMoves):
             return
         await self._set_token(tx, tok, "timed_out", now, reason="node_timeout")
         await self._timed_out_event(
-            tx, tok, "node", duration, "fail", deadline_at, now, set_by=set_by, set_by_id=set_by_id
+            tx,
+            tok,
+            "node",
+            duration,
+            "fail",
+            deadline_at,
+            now,
+            set_by=set_by,
+            set_by_id=set_by_id,
+            breakdown=breakdown,
         )
         error = f"timed out: {cause}" if cause else f"timed out after {duration}ms"
         await self._token_ended_badly(
@@ -149,6 +162,7 @@ class Outcomes(RunMoves):
                 now,
                 tok["id"],
             )
+            made_pending(tx, now + delay)
             await tx.clear_timer(f"tok:{tok['id']}")
             await tx.append_event(
                 run["id"],

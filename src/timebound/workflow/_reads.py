@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from .._core import _clock
 from .._core._renamed import Renamed, renamed
@@ -22,6 +23,16 @@ from ._metrics import TimeoutTallies, read_timeout_tallies
 from ._workers import unrunnable_tokens
 
 __all__ = ["RunReads"]
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _as_engine(func: _F) -> _F:
+    """Name ``func`` as users call it (``Engine.list_runs``), so that the warnings for its old
+    keywords (D1.12) name the public class, not this part of it."""
+    func.__qualname__ = f"Engine.{func.__name__}"
+    return func
 
 
 class RunReads:
@@ -65,6 +76,7 @@ class RunReads:
         since_ms=Renamed("since", _clock.datetime_of_ms, "an aware datetime"),
         until_ms=Renamed("until", _clock.datetime_of_ms, "an aware datetime"),
     )
+    @_as_engine
     async def list_runs(
         self,
         *,

@@ -11,6 +11,7 @@ __all__ = [
     "PRIORITY_RUN",
     "PRIORITY_TOKEN",
     "RUN_TERMINAL",
+    "RunEnd",
     "TERMINAL",
     "RunResult",
     "decode",
@@ -29,6 +30,19 @@ class RunResult(NamedTuple):
     status: str
     output: Any
     error: str | None
+
+
+class RunEnd(NamedTuple):
+    """How a run ended, as the transaction that ended it holds it: its ``state`` still encoded
+    (decoded only for a waiter)."""
+
+    status: str
+    state: str
+    error: str | None
+
+    def result(self) -> RunResult:
+        output = decode(self.state) if self.status == "completed" else None
+        return RunResult(self.status, output, self.error)
 
 
 # Timer priorities at one instant: the workflow timeout is handled first (D6.4).

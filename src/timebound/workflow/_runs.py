@@ -8,11 +8,12 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from .._core._breakdown import build
 from .._store import Tx
 from ..telemetry._tracing import open_run
 from ._bounds import WORKFLOW_TIMEOUT, WORKFLOW_TIMEOUT_ERROR, run_bound, stored_bound
 from ._definition import Definition
-from ._rows import LIVE_SQL, PRIORITY_RUN, decode, encode
+from ._rows import LIVE_SQL, PRIORITY_RUN, TERMINAL, RunEnd, decode, encode
 from ._tokens import TokenMoves
 
 __all__ = ["BULK_CANCEL_AFTER", "RunMoves"]
@@ -22,10 +23,10 @@ BULK_CANCEL_AFTER = 100
 
 
 class RunMoves(TokenMoves):
-    """Run transitions. The machine provides ``_on_run_finished(run_id)``, called after the
-    commit that ended a run."""
+    """Run transitions. The machine provides ``_on_run_finished(run_id, ended)``, called after
+    the commit that ended a run (``ended``: how, when this transaction holds the run's row)."""
 
-    _on_run_finished: Callable[[str], None]
+    _on_run_finished: Callable[[str, RunEnd | None], None]
 
     async def start_run(
         self,
@@ -131,7 +132,12 @@ class RunMoves(TokenMoves):
         )
         # After the commit: a waiter woken earlier reads the run still running (committed state)
         # and, on a shared store, would then wait for the sweep (its own NOTIFY is ignored).
-        tx.after_commit(functools.partial(self._on_run_finished, run_id))
+        # The run's row as this transaction holds it is current (_run_changed keeps it so): a
+        # waiter in this process takes how it ended from here, without reading it back.
+        ended = None
+        if tx.held.get(("run", run_id)) is run:
+            ended = RunEnd(status, run["state"], error)
+        tx.after_commit(functools.partial(self._on_run_finished, run_id, ended))
         if run["parent_token_id"] is not None and status != "cancelled":
             await self.children.child_finished(tx, run, status, now, error)
         return True
@@ -216,6 +222,7 @@ class RunMoves(TokenMoves):
         definition = await self.definition(tx, run)
         policy = definition.on_timeout
         bound = stored_bound(run, definition)
+        breakdown = await self._run_breakdown(tx, run, bound["duration_ms"], now)
         for tok in await tx.fetch(
             f"SELECT * FROM tb_wf_tokens WHERE run_id = ? AND status IN {LIVE_SQL} ORDER BY seq",
             run["id"],
@@ -231,9 +238,32 @@ class RunMoves(TokenMoves):
                 now,
                 set_by=bound["set_by"],
                 set_by_id=run["definition_id"] if bound["set_by"] == "definition" else None,
+                breakdown=breakdown,
             )
         status = "failed" if policy == "fail" else "timed_out"
         await self._finish_run(tx, run, status, now, WORKFLOW_TIMEOUT_ERROR, WORKFLOW_TIMEOUT)
+
+    @staticmethod
+    async def _run_breakdown(
+        tx: Tx, run: dict[str, Any], duration_ms: int | None, now: int
+    ) -> dict[str, Any]:
+        """D13: where a timed-out run's budget went: each node's tokens from their creation to
+        their end (the live ones to now), side by side where they overlapped."""
+        marks: list[Any] = []
+        for tok in await tx.fetch(
+            "SELECT node_id, status, created_at, updated_at FROM tb_wf_tokens WHERE run_id = ? "
+            "ORDER BY seq LIMIT 256",
+            run["id"],
+        ):
+            live = tok["status"] not in TERMINAL
+            end = now if live else tok["updated_at"]
+            outcome = "cut" if live else tok["status"]
+            t0 = tok["created_at"] / 1000.0
+            marks.append(("node", str(tok["node_id"])[:120], t0, end / 1000.0, None, outcome, None))
+        budget = None if duration_ms is None else duration_ms / 1000.0
+        start = run["started_at"] / 1000.0
+        bd = build("bound", "workflow", start, now / 1000.0, budget, "timeout", marks, len(marks))
+        return bd.to_dict()
 
     @staticmethod
     def run_live(run: dict[str, Any], now: int) -> bool:

@@ -13,8 +13,23 @@ from ._definition import Definition
 from ._held import HeldRows
 from ._metrics import tally_timeout
 from ._rows import PRIORITY_TOKEN, TERMINAL, decode, encode
+from ._schedule import made_pending
 
 __all__ = ["TokenMoves"]
+
+#: The columns a new token is inserted with, in the order :meth:`TokenMoves._new_token` gives.
+_COLUMNS = (
+    "id, run_id, node_id, status, seq, branch_index, branch_total, branch_item, branch_output, "
+    "fan_out_transition_id, group_key, outer_branch, lineage, timeout_at, not_before, "
+    "state_data, created_at, updated_at"
+)
+_BEGIN = (
+    "UPDATE tb_wf_tokens SET status = 'executing', attempt = ?, timeout_at = ?, "
+    "state_data = ?, updated_at = ?, lease_owner = ?, lease_until = ? WHERE id = ?"
+)
+_INSERT = (
+    f"INSERT INTO tb_wf_tokens ({_COLUMNS}) VALUES ({', '.join('?' * (_COLUMNS.count(',') + 1))})"
+)
 
 
 class TokenMoves(HeldRows):
@@ -45,29 +60,42 @@ class TokenMoves(HeldRows):
         # A token stuck in pending/dispatched longer than its node timeout times out (fail).
         timeout_ms = definition.node_timeout_ms(definition.nodes[node_id])
         timeout_at = None if timeout_ms is None else now + timeout_ms
+        row = {
+            "id": token_id,
+            "run_id": run_id,
+            "node_id": node_id,
+            "status": "pending",
+            "seq": seq,
+            "branch_index": b.get("branch_index"),
+            "branch_total": b.get("branch_total"),
+            "branch_item": None if branch is None else encode(b.get("branch_item")),
+            "branch_output": None if branch is None else encode(b.get("branch_output")),
+            "fan_out_transition_id": b.get("fan_out_transition_id"),
+            "group_key": b.get("group_key"),
+            "outer_branch": b.get("outer_branch"),
+            "lineage": b.get("lineage", ""),
+            "timeout_at": timeout_at,
+            "not_before": now,
+            "state_data": "{}",
+            "created_at": now,
+            "updated_at": now,
+        }
         tx.defer(
             ("tok", token_id),
-            "INSERT INTO tb_wf_tokens (id, run_id, node_id, status, seq, branch_index, "
-            "branch_total, branch_item, branch_output, fan_out_transition_id, group_key, "
-            "outer_branch, lineage, timeout_at, not_before, state_data, created_at, updated_at) "
-            "VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, '{}', ?, ?)",
-            token_id,
-            run_id,
-            node_id,
-            seq,
-            b.get("branch_index"),
-            b.get("branch_total"),
-            None if branch is None else encode(b.get("branch_item")),
-            None if branch is None else encode(b.get("branch_output")),
-            b.get("fan_out_transition_id"),
-            b.get("group_key"),
-            b.get("outer_branch"),
-            b.get("lineage", ""),
-            timeout_at,
-            now,
-            now,
-            now,
+            _INSERT,
+            *row.values(),
         )
+        # The loop may begin it in this transaction without looking for it (D6.29).
+        row.update(
+            child_run_id=None,
+            retry_count=0,
+            attempt=0,
+            output=None,
+            error=None,
+            lease_owner=None,
+            lease_until=None,
+        )
+        made_pending(tx, now, row)
         if timeout_at is not None:
             await tx.set_timer(f"tok:{token_id}", "token", run_id, timeout_at, PRIORITY_TOKEN)
         await tx.append_event(
@@ -156,12 +184,14 @@ class TokenMoves(HeldRows):
         *,
         set_by: str | None = None,
         set_by_id: str | None = None,
+        breakdown: dict[str, Any] | None = None,
     ) -> None:
         """Record the bound that fired: its layer, length, policy, deadline and (D6.17) where
         it was set: ``definition``, ``caller``, ``parent``, ``node``, ``action``, ``join`` or
         ``propagated``, with the id of that definition, node, action or join transition
-        (``bound_set_by_id``, D2.8)."""
+        (``bound_set_by_id``, D2.8); and (D13) where its budget went, when known."""
         lag = None if deadline_at is None else now - deadline_at
+        extra = {} if breakdown is None else {"breakdown": breakdown}
         await tx.append_event(
             tok["run_id"],
             "token_timed_out",
@@ -176,6 +206,7 @@ class TokenMoves(HeldRows):
             policy_applied=policy,
             deadline_at=deadline_at,
             detection_lag_ms=lag,
+            **extra,
         )
         if timeout_type != "synchronization":  # a fan-in counts once, as its join (D6.17)
             tally_timeout(
@@ -232,6 +263,57 @@ class TokenMoves(HeldRows):
 
         The token's lease (its claim, ``tok["lease_owner"]`` and ``tok["lease_until"]``) is
         written with it, so a claim made without its own write is stored here."""
+        attempt, timeout_at, state_data = self._next_attempt(tok, definition, now)
+        tx.defer(
+            ("tok", tok["id"]),
+            _BEGIN,
+            attempt,
+            timeout_at,
+            state_data,
+            now,
+            tok["lease_owner"],
+            tok["lease_until"],
+            tok["id"],
+        )
+        await self._began(tx, tok, attempt, timeout_at, state_data, now)
+        return timeout_at
+
+    async def hand_off(
+        self,
+        tx: Tx,
+        tok: dict[str, Any],
+        owner: str,
+        lease_until: int,
+        definition: Definition,
+        now: int,
+    ) -> tuple[bool, int | None]:
+        """Claim and begin a token this transaction made, without looking for it (D6.29): what
+        :meth:`claim` (``write=False``) and :meth:`begin_attempt` write, in one statement that
+        takes it only while it is still ``pending`` (a join decided in this transaction may
+        have cancelled it). ``(False, None)`` and nothing written or recorded when it was not;
+        else ``(True, deadline)``."""
+        attempt, timeout_at, state_data = self._next_attempt(tok, definition, now)
+        taken = await tx.execute(
+            _BEGIN + " AND status = 'pending'",
+            attempt,
+            timeout_at,
+            state_data,
+            now,
+            owner,
+            lease_until,
+            tok["id"],
+        )
+        if not taken:
+            return False, None
+        await self.claim(tx, tok, owner, lease_until, now, write=False)
+        await self._began(tx, tok, attempt, timeout_at, state_data, now)
+        return True, timeout_at
+
+    @staticmethod
+    def _next_attempt(
+        tok: dict[str, Any], definition: Definition, now: int
+    ) -> tuple[int, int | None, str]:
+        """The attempt a token begins: its number, its deadline and its ``state_data``."""
         state_data = tok["state_data"]
         timeout_ms = definition.node_timeout_ms(definition.nodes[tok["node_id"]])
         timeout_at = tok["timeout_at"]
@@ -244,19 +326,18 @@ class TokenMoves(HeldRows):
             state_data = encode(data)
         if not resume:
             timeout_at = None if timeout_ms is None else now + timeout_ms
-        attempt = tok["attempt"] + 1
-        tx.defer(
-            ("tok", tok["id"]),
-            "UPDATE tb_wf_tokens SET status = 'executing', attempt = ?, timeout_at = ?, "
-            "state_data = ?, updated_at = ?, lease_owner = ?, lease_until = ? WHERE id = ?",
-            attempt,
-            timeout_at,
-            state_data,
-            now,
-            tok["lease_owner"],
-            tok["lease_until"],
-            tok["id"],
-        )
+        return tok["attempt"] + 1, timeout_at, state_data
+
+    @staticmethod
+    async def _began(
+        tx: Tx,
+        tok: dict[str, Any],
+        attempt: int,
+        timeout_at: int | None,
+        state_data: str,
+        now: int,
+    ) -> None:
+        """What beginning an attempt records besides the token's row: its timer and event."""
         if timeout_at is not None:
             await tx.set_timer(
                 f"tok:{tok['id']}", "token", tok["run_id"], timeout_at, PRIORITY_TOKEN
@@ -274,7 +355,6 @@ class TokenMoves(HeldRows):
         tok.update(
             status="executing", attempt=attempt, timeout_at=timeout_at, state_data=state_data
         )
-        return timeout_at  # type: ignore[no-any-return]
 
     async def late_result(self, tx: Tx, run_id: str, token_id: str, attempt: int, now: int) -> None:
         """A result nobody will read (D6.10): discarded, counted and recorded."""

@@ -19,10 +19,12 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from .._core import _clock
+from .._core._clock import earliest
 from .._store import Tx, run_rounds, wake_delay
 from ._attempts import Attempts, Plan, Report
 from ._faults import RunFault, attribute, isolate
 from ._rows import RUN_TERMINAL
+from ._schedule import Schedule, new_tokens, pending_floor
 from ._starts import Start, StartConflict, start_keyed
 from ._workers import Presence, housekeeping
 
@@ -49,6 +51,7 @@ class Turns(Attempts):
     _poked: bool
     _starts: list[Start]
     _stored: set[tuple[str, int]]
+    _schedule: Schedule
 
     def _read(self) -> AbstractAsyncContextManager[Tx]:
         raise NotImplementedError
@@ -86,12 +89,14 @@ class Turns(Attempts):
                 plans, next_ms = await self._turn(starts, outcomes)
             except asyncio.CancelledError:
                 # close() stopped the loop mid-turn (rolled back): close() stores these itself.
+                self._schedule.forget()
                 self._outcomes[:0] = outcomes
                 self._starts[:0] = starts
                 raise
             except RunFault as fault:
                 # One run's work raised (D6.22): the turn was rolled back; that run alone fails
                 # and the rest runs again at once.
+                self._schedule.forget()
                 self._outcomes[:0] = outcomes
                 self._starts[:0] = [s for s in starts if s is not fault.start]
                 self._stored.clear()
@@ -102,6 +107,7 @@ class Turns(Attempts):
                 # batches, or the server restarting and dropping every connection): keep its
                 # work and try again after a pause. The lease renewal is part of the turn, so
                 # a renewal that meets a dropped connection is retried, not the loop's end.
+                self._schedule.forget()
                 self._outcomes[:0] = outcomes
                 self._starts[:0] = starts
                 self._stored.clear()
@@ -139,15 +145,20 @@ class Turns(Attempts):
         now = self._now()
         started: list[tuple[Start, str]] = []
         later: list[Report] = []
+        schedule = self._schedule
+        token = schedule.begin(self._store.commits)
+        known = schedule.known  # D6.29: no scheduling question whose answer the loop knows
         async with self._txn() as tx:
-            for timer in await tx.due_timers(now, limit=1000):
-                try:
-                    await self._fire(tx, timer, now)
-                except Exception as exc:
-                    raise attribute(exc, timer["stream"]) from exc
-                await tx.execute(
-                    "DELETE FROM tb_timers WHERE key = ? AND due_ms <= ?", timer["key"], now
-                )
+            timers_asked = schedule.timers_due(now)
+            if timers_asked:
+                for timer in await tx.due_timers(now, limit=1000):
+                    try:
+                        await self._fire(tx, timer, now)
+                    except Exception as exc:
+                        raise attribute(exc, timer["stream"]) from exc
+                    await tx.execute(
+                        "DELETE FROM tb_timers WHERE key = ? AND due_ms <= ?", timer["key"], now
+                    )
             for start in starts:
                 try:
                     run_id = await start_keyed(
@@ -170,6 +181,8 @@ class Turns(Attempts):
                 started.append((start, run_id))
             lock = self._store.lock_clause()  # the reports' runs: read and locked at once, by id
             await self._machine.hold_runs(tx, (r.run_id for r in outcomes), lock=lock)
+            if len(outcomes) > 1:  # their tokens in one statement, not one each
+                await self._machine.hold_tokens(tx, (r.token_id for r in outcomes))
             self._reporting = {r.token_id for r in outcomes}  # their attempts ran here
             # D6.24: a turn stores outcomes for at most _TURN_SLICE_S; the rest go to the next
             # turn, which fires the timers due by then first (one outcome may fan out 10,000).
@@ -183,22 +196,33 @@ class Turns(Attempts):
                     await self._report(tx, report, now)
                 except Exception as exc:
                     raise attribute(exc, report.run_id) from exc
-            plans = await self._dispatch(tx, now)
-            next_ms = await tx.next_timer_ms()
-            row = await tx.fetchone(
-                "SELECT MIN(not_before) AS t FROM tb_wf_tokens WHERE status = 'pending'"
-            )
-            if row is not None and row["t"] is None and not tx.kinds & _RUN_ENDS:
-                # No token is left for others to claim (this turn claimed what it made) and no
-                # run ended: waking every worker would only cost each an empty turn (D6.14a).
-                tx.wake_others = False
+            plans, pending_ms = await self._dispatch(tx, now, known)
+            if timers_asked:
+                next_ms = await tx.next_timer_ms()
+            else:  # none was due: the earliest is the known one, or one this turn set
+                next_ms = earliest(schedule.timer_ms, tx.timers_set_min)
+            if pending_ms is _UNKNOWN:
+                row = await tx.fetchone(
+                    "SELECT MIN(not_before) AS t FROM tb_wf_tokens WHERE status = 'pending'"
+                )
+                pending_ms = None if row is None else row["t"]
+            if pending_ms is None:
+                # No token is left for others to claim (this turn claimed what it made): waking
+                # every worker would only cost each an empty turn (D6.14a). A run that ended is
+                # news for waiters only, not for the other workers' loops (D6.30).
+                if tx.kinds & _RUN_ENDS:
+                    tx.news_only = True
+                else:
+                    tx.wake_others = False
+        assert not isinstance(pending_ms, _Unknown)
+        schedule.learn(token, self._store.commits, next_ms, pending_ms)
         self._outcomes[:0] = later  # committed: what is left is stored by the next turn
         for start, run_id in started:  # committed: the runs exist
             start.settle(run_id)
         # Ready tokens wake the loop only while it may claim them (not while a stop drains).
         free = len(self._attempts) < self._concurrency and self._claiming
-        if row is not None and row["t"] is not None and free:
-            next_ms = row["t"] if next_ms is None else min(next_ms, row["t"])
+        if pending_ms is not None and free:
+            next_ms = earliest(next_ms, pending_ms)
         return plans, next_ms
 
     async def _renew_leases(self) -> None:
@@ -229,14 +253,32 @@ class Turns(Attempts):
         elif timer["kind"] == "join":
             await self._machine.joins.join_timeout(tx, run, timer["key"], now)
 
-    async def _dispatch(self, tx: Tx, now: int) -> list[Plan]:
-        """Claim ready tokens (a lease each) and begin their attempts."""
+    async def _dispatch(
+        self, tx: Tx, now: int, known: bool
+    ) -> tuple[list[Plan], int | _Unknown | None]:
+        """Claim ready tokens (a lease each) and begin their attempts; answers them, and the
+        earliest ``not_before`` of the tokens left pending if the loop knows it (``known``: it
+        knew it when the turn began, D6.29), else ``_UNKNOWN``."""
+        schedule = self._schedule
         free = self._concurrency - len(self._attempts)
+        made = new_tokens(tx)
+        floor = pending_floor(tx)
+        if known:
+            if free <= 0 or not self._claiming:
+                return [], earliest(schedule.pending_ms, floor, now if made else None)
+            before = earliest(schedule.pending_ms, floor)
+            if before is None or before > now:  # nothing was ready but what this turn made
+                if not made:
+                    return [], before
+                plans = await self._hand_off(tx, made[:free], now)
+                if plans is not None:
+                    return plans, earliest(before, now if len(made) > free else None)
         if free <= 0 or not self._claiming:
-            return []
-        if self._store.shared:
+            return [], _UNKNOWN
+        if self._store.shared and not known:
             # Not this worker's own attempts in flight or just ended: it is late renewing them,
             # not gone (a stalled loop re-ran its own step beside the running one). Others may.
+            # Looked for when the loop asks the store again (at least once a sweep, D6.29).
             mine = sorted(
                 {*self._attempts, *self._reporting, *(r.token_id for r in self._outcomes)}
             )
@@ -273,4 +315,44 @@ class Turns(Attempts):
                 raise attribute(exc, tok["run_id"]) from exc
             if plan is not None:
                 plans.append(plan)
+        return plans, _UNKNOWN
+
+    async def _hand_off(self, tx: Tx, made: list[dict[str, Any]], now: int) -> list[Plan] | None:
+        """Begin tokens this turn made, without looking for them (D6.29), when nothing else is
+        ready: each is taken only if still pending. ``None`` (nothing done) unless every one is
+        a plain case: its run live, its node one this worker runs, not a child run."""
+        machine = self._machine
+        checked = []
+        for tok in made:
+            # Held already (a report's run), or read and locked now (a run this turn started).
+            run = await machine.run(tx, tok["run_id"], lock=self._store.lock_clause())
+            due = tok["timeout_at"] is not None and now >= tok["timeout_at"]
+            if run is None or due or not machine.run_live(run, now):
+                return None
+            definition = await machine.definition(tx, run)
+            node = definition.nodes[tok["node_id"]]
+            action = definition.actions[node.action_id]
+            handler = action.implementation.get("handler")
+            if action.kind == "workflow_call" or (
+                self._presence.needs(definition).get(node.id) is not None
+                and handler not in self._handlers
+            ):
+                return None
+            checked.append(tok)
+        plans = []
+        for tok in checked:
+            lease = now + self._lease_ms
+            try:
+                plan = await self._begin(tx, tok, now, hand_off=(self.worker_id, lease))
+            except Exception as exc:
+                raise attribute(exc, tok["run_id"]) from exc
+            if plan is not None:
+                plans.append(plan)
         return plans
+
+
+class _Unknown:
+    """Not known without asking the store."""
+
+
+_UNKNOWN = _Unknown()

@@ -22,6 +22,7 @@ from .._store import Store, Tx
 from .._version import __version__
 from ._definition import Definition, parse_definition
 from ._metrics import tally_stop
+from ._schedule import made_pending
 
 __all__ = [
     "InFlight",
@@ -81,6 +82,15 @@ class Presence:
         self.lock_key = random.SystemRandom().randrange(1, 2**31)
         self._flagged: set[str] = set()  # tokens reported as runnable by no live worker
         self._unrunnable_at = 0  # the next look for them (every few seconds: a scan)
+        self._needs: dict[tuple[str, int], dict[str, str | None]] = {}
+
+    def needs(self, definition: Definition) -> dict[str, str | None]:
+        """:func:`node_needs` of a definition, worked out once per (id, version)."""
+        key = (definition.id, definition.version)
+        found = self._needs.get(key)
+        if found is None:
+            found = self._needs[key] = node_needs(definition)
+        return found
 
     def claim_filter(self) -> tuple[str, list[Any]]:
         """The claim's condition on a node's need (alias ``n``): only what this worker runs."""
@@ -334,6 +344,7 @@ async def requeue(
             now,
             tok["id"],
         )
+        made_pending(tx, now)
         await tx.append_event(
             tok["run_id"],
             "token_redispatched",

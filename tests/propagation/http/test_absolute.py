@@ -121,6 +121,17 @@ async def test_wider_skew_accepts_a_farther_absolute(virtual_clock: VirtualClock
     assert app.remaining == 2.0
 
 
+def test_clock_skew_is_a_duration() -> None:
+    """clock_skew takes any duration form (D1.11)."""
+    from datetime import timedelta
+
+    from timebound.propagation._absolute import check_clock_skew
+
+    assert check_clock_skew("500ms") == 0.5
+    assert check_clock_skew(timedelta(seconds=2)) == 2.0
+    assert check_clock_skew(0) == 0.0
+
+
 @pytest.mark.parametrize("skew", [-1, float("nan"), float("inf"), True, "1"])
 def test_bad_clock_skew_is_refused(skew: Any) -> None:
     """A negative, non-finite or non-numeric skew raises ConfigurationError naming it."""

@@ -9,8 +9,9 @@ from types import TracebackType
 from typing import Any, Final, TypeVar
 
 from ..._core._errors import ConfigurationError, DeadlineExceeded
+from ...telemetry._tracing import CallSpan
 from .._client import Attempt, AttemptTimeoutBase, begin
-from ._common import Guard, options, run_guarded
+from ._common import Guard, options, query_span, run_guarded, traced
 from ._postgres import NARROW_ASYNCPG, RESTORE_ASYNCPG, begin_narrowed
 
 try:
@@ -89,6 +90,16 @@ class DeadlineConnection(asyncpg.Connection):  # type: ignore[misc]
     ) -> _T:
         if self._timebound_bypass or _TX_CONTROL.match(query):
             return await call(timeout)
+        span = query_span("postgresql", query)
+        return await traced(span, self._timebound_bounded(query, call, timeout, span))
+
+    async def _timebound_bounded(
+        self,
+        query: str,
+        call: Callable[[float | None], Awaitable[_T]],
+        timeout: float | None,
+        span: CallSpan | None,
+    ) -> _T:
         attempt = begin(timeout, _QUERY, AttemptTimeoutBase)
         clamped = attempt.clamped
         if not clamped.lowered or clamped.seconds is None:
@@ -96,6 +107,8 @@ class DeadlineConnection(asyncpg.Connection):  # type: ignore[misc]
             return await call(timeout)
         ms = clamped.ms
         assert ms is not None
+        if span is not None:  # the budget the statement_timeout carries to the server
+            span.set("timebound.deadline.propagated_ms", ms)
         backstop = clamped.seconds + self._timebound_grace
 
         def run() -> Awaitable[_T]:

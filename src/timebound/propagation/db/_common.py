@@ -12,12 +12,45 @@ particular to a database lives here: the options an adapter passes to ``begin``,
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
+from ...telemetry._tracing import CallSpan, active, call_span
 from .._client import Attempt, ClientOptions, CounterReport
 
 _T = TypeVar("_T")
+
+
+_OPERATION = re.compile(r"\s*([A-Za-z]+)")
+
+
+def query_span(system: str, query: Any) -> CallSpan | None:
+    """The client span of one query (D10.8): ``db.system`` and, from the statement's first
+    word, ``db.operation.name`` (``SELECT``, ``INSERT``…; never the statement's text, which may
+    hold values), named after it; ``None`` when nothing is traced."""
+    if not active():
+        return None
+    if isinstance(query, bytes):
+        query = query.decode("utf-8", "replace")
+    match = _OPERATION.match(query) if isinstance(query, str) else None
+    if match is None:
+        return call_span(system, **{"db.system": system})
+    operation = match.group(1).upper()
+    return call_span(operation, **{"db.system": system, "db.operation.name": operation})
+
+
+async def traced(span: CallSpan | None, run: Awaitable[_T]) -> _T:
+    """Await ``run``, ending ``span`` (when there is one) with how it ended."""
+    if span is None:
+        return await run
+    try:
+        result = await run
+    except BaseException as exc:
+        span.end(type(exc).__name__)
+        raise
+    span.end()
+    return result
 
 
 def options(client: str, what: str, *, user: bool = True) -> ClientOptions:

@@ -8,8 +8,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Final, TypeVar
 
+from ...telemetry._tracing import CallSpan
 from .._client import Attempt, AttemptTimeoutBase, begin
-from ._common import Guard, options, run_guarded
+from ._common import Guard, options, query_span, run_guarded, traced
 from ._postgres import NARROW_PSYCOPG, RESTORE_PSYCOPG, begin_narrowed
 
 try:
@@ -118,10 +119,24 @@ class DeadlineCursor(psycopg.Cursor[Row]):
     """
 
     def _bounded(self, query: Any, run: Callable[[], _T]) -> _T:
+        span = query_span("postgresql", query)
+        if span is None:
+            return self._run_bounded(query, run, None)
+        try:
+            result = self._run_bounded(query, run, span)
+        except BaseException as exc:
+            span.end(type(exc).__name__)
+            raise
+        span.end()
+        return result
+
+    def _run_bounded(self, query: Any, run: Callable[[], _T], span: CallSpan | None) -> _T:
         plan = _plan(query, self.connection)
         if plan is None:
             return run()
         attempt, ms, own = plan
+        if span is not None:  # the budget the statement_timeout carries to the server
+            span.set("timebound.deadline.propagated_ms", ms)
         conn = self.connection
         helper: psycopg.Cursor[Any] = psycopg.Cursor(conn)
         if own:
@@ -180,10 +195,18 @@ class AsyncDeadlineCursor(psycopg.AsyncCursor[Row]):
     """
 
     async def _bounded(self, query: Any, run: Callable[[], Awaitable[_T]]) -> _T:
+        span = query_span("postgresql", query)
+        return await traced(span, self._run_bounded(query, run, span))
+
+    async def _run_bounded(
+        self, query: Any, run: Callable[[], Awaitable[_T]], span: CallSpan | None
+    ) -> _T:
         plan = _plan(query, self.connection)
         if plan is None:
             return await run()
         attempt, ms, own = plan
+        if span is not None:  # the budget the statement_timeout carries to the server
+            span.set("timebound.deadline.propagated_ms", ms)
         conn = self.connection
 
         async def guarded(guard: Guard) -> _T:

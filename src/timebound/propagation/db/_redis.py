@@ -11,10 +11,12 @@ back in use; the next command gets a fresh connection and its own reply.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Final
 
 from ..._core._errors import DeadlineExceeded
+from ...telemetry._tracing import CallSpan, active, call_span
 from .._client import Attempt, AttemptTimeoutBase, begin
 from ._common import options, run_guarded
 
@@ -98,10 +100,39 @@ class _GuardedRetry:
 
 
 class _ReadAttempt:
-    """Connection mixin: the attempt a reply's wait runs under."""
+    """Connection mixin: the attempt a reply's wait runs under, and the spans of the commands
+    whose replies are due (D10.8)."""
 
     socket_timeout: float | None
     _timebound_setup: bool = False
+    _timebound_spans: deque[CallSpan] | None = None
+
+    def _timebound_command_span(self, args: tuple[Any, ...]) -> CallSpan | None:
+        """The span of a command about to be sent (``None`` when nothing is traced, or for the
+        connection's own handshake): named after the command, ended when its reply is read."""
+        if not active() or self._timebound_setup or not args:
+            return None
+        name = args[0]
+        if isinstance(name, bytes):
+            name = name.decode("utf-8", "replace")
+        operation = str(name).split(" ", 1)[0].upper()
+        return call_span(operation, **{"db.system": "redis", "db.operation.name": operation})
+
+    def _timebound_sent(self, span: CallSpan) -> None:
+        if self._timebound_spans is None:
+            self._timebound_spans = deque()
+        self._timebound_spans.append(span)
+
+    def _timebound_reply_span(self) -> CallSpan | None:
+        """The span of the command whose reply is read next."""
+        spans = self._timebound_spans
+        return spans.popleft() if spans else None
+
+    def _timebound_drop_spans(self) -> None:
+        """The connection closes: the replies still due will never be read."""
+        spans, self._timebound_spans = self._timebound_spans, None
+        for span in spans or ():
+            span.end("ConnectionClosed")
 
     def _timebound_read(self) -> Attempt:
         """The read's attempt: the connection's ``socket_timeout`` clamped by the deadline (the
@@ -156,7 +187,7 @@ class DeadlineConnection(_GuardedRetry, _ReadAttempt, redis.Connection):
             # The handshake sends several commands before reading their replies: cut part-way
             # (a spent deadline fails the next send fast), replies are still due, and redis-py
             # would keep the connection. Closed, so none reaches a later command.
-            self.disconnect()  # type: ignore[no-untyped-call]
+            self.disconnect()
             raise
         finally:
             self._timebound_setup = False
@@ -166,6 +197,22 @@ class DeadlineConnection(_GuardedRetry, _ReadAttempt, redis.Connection):
         _fail_fast()
         super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
 
+    def send_command(self, *args: Any, **kwargs: Any) -> None:
+        """Send one command; with spans on, its span runs until its reply is read."""
+        span = self._timebound_command_span(args)
+        try:
+            super().send_command(*args, **kwargs)  # type: ignore[no-untyped-call]
+        except BaseException as exc:
+            if span is not None:
+                span.end(type(exc).__name__)
+            raise
+        if span is not None:
+            self._timebound_sent(span)
+
+    def disconnect(self, *args: Any, **kwargs: Any) -> None:
+        self._timebound_drop_spans()
+        super().disconnect(*args, **kwargs)  # type: ignore[no-untyped-call]
+
     def read_response(
         self,
         disable_decoding: bool = False,
@@ -174,14 +221,44 @@ class DeadlineConnection(_GuardedRetry, _ReadAttempt, redis.Connection):
         disconnect_on_error: bool = True,
         push_request: bool = False,
     ) -> Any:
-        """Read a reply, waiting no longer than the deadline allows."""
+        """Read a reply, waiting no longer than the deadline allows (and end its command's
+        span)."""
+        span = self._timebound_reply_span()
+        if span is None:
+            return self._timebound_read_response(
+                disable_decoding,
+                timeout=timeout,
+                disconnect_on_error=disconnect_on_error,
+                push_request=push_request,
+            )
+        try:
+            reply = self._timebound_read_response(
+                disable_decoding,
+                timeout=timeout,
+                disconnect_on_error=disconnect_on_error,
+                push_request=push_request,
+            )
+        except BaseException as exc:
+            span.end(type(exc).__name__)
+            raise
+        span.end()
+        return reply
+
+    def _timebound_read_response(
+        self,
+        disable_decoding: bool = False,
+        *,
+        timeout: Any = _SENTINEL,
+        disconnect_on_error: bool = True,
+        push_request: bool = False,
+    ) -> Any:
         attempt = None
         if timeout is _SENTINEL:
             try:
                 attempt = self._timebound_read()
             except DeadlineExceeded:
                 # Spent since the send: the reply is still due, so the connection is closed.
-                self.disconnect()  # type: ignore[no-untyped-call]
+                self.disconnect()
                 raise
         if attempt is None or not attempt.lowered:
             return super().read_response(
@@ -201,7 +278,7 @@ class DeadlineConnection(_GuardedRetry, _ReadAttempt, redis.Connection):
         except _TIMEOUTS:
             # The reply may still be on its way: this connection must never serve another
             # command (redis-py#2624, CVE-2023-28858). Closed here, reconnected on next use.
-            self.disconnect()  # type: ignore[no-untyped-call]
+            self.disconnect()
             raise
 
 
@@ -236,6 +313,28 @@ class AsyncDeadlineConnection(_GuardedRetry, _ReadAttempt, redis.asyncio.Connect
         _fail_fast()
         await super().send_packed_command(command, check_health)
 
+    async def send_command(self, *args: Any, **kwargs: Any) -> None:
+        """Send one command; with spans on, its span runs until its reply is read."""
+        span = self._timebound_command_span(args)
+        try:
+            await super().send_command(*args, **kwargs)
+        except BaseException as exc:
+            if span is not None:
+                span.end(type(exc).__name__)
+            raise
+        if span is not None:
+            self._timebound_sent(span)
+
+    async def disconnect(
+        self,
+        nowait: bool = False,
+        error: Exception | None = None,
+        failure_count: int | None = None,
+        health_check_failed: bool = False,
+    ) -> None:
+        self._timebound_drop_spans()
+        await super().disconnect(nowait, error, failure_count, health_check_failed)
+
     async def read_response(
         self,
         disable_decoding: bool = False,
@@ -244,7 +343,37 @@ class AsyncDeadlineConnection(_GuardedRetry, _ReadAttempt, redis.asyncio.Connect
         disconnect_on_error: bool = True,
         push_request: bool | None = False,
     ) -> Any:
-        """Read a reply, waiting no longer than the deadline allows."""
+        """Read a reply, waiting no longer than the deadline allows (and end its command's
+        span)."""
+        span = self._timebound_reply_span()
+        if span is None:
+            return await self._timebound_read_response(
+                disable_decoding,
+                timeout,
+                disconnect_on_error=disconnect_on_error,
+                push_request=push_request,
+            )
+        try:
+            reply = await self._timebound_read_response(
+                disable_decoding,
+                timeout,
+                disconnect_on_error=disconnect_on_error,
+                push_request=push_request,
+            )
+        except BaseException as exc:
+            span.end(type(exc).__name__)
+            raise
+        span.end()
+        return reply
+
+    async def _timebound_read_response(
+        self,
+        disable_decoding: bool = False,
+        timeout: float | None = None,
+        *,
+        disconnect_on_error: bool = True,
+        push_request: bool | None = False,
+    ) -> Any:
         attempt = None
         if timeout is None:
             try:

@@ -27,6 +27,7 @@ import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Final, NamedTuple
 
+from ..._core import _clock
 from ..._core._classify import bound_origin
 from ..._core._deadline import Deadline
 from ..._core._durations import Duration, ceil_ms
@@ -34,13 +35,22 @@ from ..._core._errors import DeadlineExceeded
 from ..._core._request import RequestState, _request
 from ..._core._scopes import (
     _spawn_detached,
+    current_breakdown,
     enter_reserve,
     exit_reserve,
     inherit_deadline,
     reserve_seconds,
 )
 from ...telemetry._events import counters, emit, enabled
+from ...telemetry._tracing import CallSpan, call_span
 from .._absolute import DEFAULT_SKEW, check_clock_skew, time_left
+from .._breakdown_wire import (
+    BREAKDOWN_HEADER,
+    MAX_HEADER_BYTES,
+    asked,
+    check_max_bytes,
+    server_value,
+)
 from .._client import Attempt, AttemptTimeoutBase, ClientOptions, absolute_wire_value, begin
 from .._codec import parse_absolute_us
 from .._config import is_enabled
@@ -85,6 +95,10 @@ SERVER_COMPONENT: Final = "grpc-server"
 CLIENT_COMPONENT: Final = "grpc-client"
 
 Destination = Callable[[str], str]
+
+
+#: The trailing metadata key of a callee's breakdown (gRPC keys are lower case).
+BREAKDOWN_KEY: Final = BREAKDOWN_HEADER.lower()
 
 
 def _default_destination(method: str) -> str:
@@ -259,6 +273,14 @@ class _CallBound:
         self._bound = inherit_deadline(
             deadline, source="inherited", timeout=self.budget, set_by=SET_BY
         )
+        self._bound._t0 = deadline.when - budget  # D13: the budget started at the call's arrival
+
+    def breakdown(self, outcome: str, max_bytes: int) -> tuple[tuple[str, str], ...]:
+        """D13.5: trailing metadata with this call's breakdown (empty without a deadline)."""
+        if self._bound is None:
+            return ()
+        value = server_value(self._bound, outcome, max_bytes)
+        return () if value is None else ((BREAKDOWN_KEY, value),)
 
     def enter(self) -> contextvars.Token[RequestState | None]:
         token = _request.set(self.state)
@@ -285,10 +307,14 @@ class _ServerBase:
         enabled: bool,
         destination: Destination | None,
         absolute_metadata: str | None = ABSOLUTE_METADATA,
-        clock_skew: float = DEFAULT_SKEW,
+        clock_skew: Duration = DEFAULT_SKEW,
+        expose_breakdown: bool = False,
+        breakdown_max_bytes: int = MAX_HEADER_BYTES,
         reserve: Duration | None = None,
     ) -> None:
         self._reserve = reserve_seconds(reserve)
+        self._expose = bool(expose_breakdown)
+        self._bd_max = check_max_bytes(breakdown_max_bytes)
         self._enabled = enabled
         self._destination = destination or _default_destination
         self._absolute = absolute_metadata.lower() if absolute_metadata else None
@@ -328,6 +354,13 @@ class _ServerBase:
         if expired:
             self._finished_cancelled(method)
         return call, expired
+
+    def _trailer(self, call: _CallBound, outcome: str) -> tuple[tuple[str, str], ...]:
+        """The breakdown as trailing metadata, when this interceptor exposes it (D13.5)."""
+        return call.breakdown(outcome, self._bd_max) if self._expose else ()
+
+    def _asked(self, context: Any) -> bool:
+        return self._expose and asked(context.invocation_metadata() or ())
 
     def _finished_cancelled(self, method: str) -> None:
         dest = self._destination(method)
@@ -405,7 +438,7 @@ class _SyncServerInterceptor(_ServerBase, grpc.ServerInterceptor):  # type: igno
             # here, around the handler, so nothing leaks into the pooled thread.
             call, expired = self._start(method, context)
             if expired:
-                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, EXPIRED_DETAILS)
+                _sync_abort(context, self._trailer(call, "timeout"))
             token = call.enter()
             try:
                 try:
@@ -420,7 +453,9 @@ class _SyncServerInterceptor(_ServerBase, grpc.ServerInterceptor):  # type: igno
                 # A nested call gave up because this request's deadline was spent (D4.5): the
                 # answer is DEADLINE_EXCEEDED even if the handler swallowed the error.
                 self._finished_cancelled(method)
-                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, EXPIRED_DETAILS)
+                _sync_abort(context, self._trailer(call, "timeout"))
+            if self._asked(context):
+                context.set_trailing_metadata(self._trailer(call, "ok"))
             return response
 
         return wrapped
@@ -486,7 +521,11 @@ class _AioServerInterceptor(_ServerBase, grpc.aio.ServerInterceptor):  # type: i
             # to this call.
             call, expired = self._start(method, context)
             if expired:
-                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, EXPIRED_DETAILS)
+                await context.abort(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    EXPIRED_DETAILS,
+                    trailing_metadata=self._trailer(call, "timeout"),
+                )
             token = call.enter()
             try:
                 try:
@@ -499,7 +538,13 @@ class _AioServerInterceptor(_ServerBase, grpc.aio.ServerInterceptor):  # type: i
                 call.exit(token)
             if call.state.cancelled_by_deadline:
                 self._finished_cancelled(method)
-                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, EXPIRED_DETAILS)
+                await context.abort(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    EXPIRED_DETAILS,
+                    trailing_metadata=self._trailer(call, "timeout"),
+                )
+            if self._asked(context):
+                context.set_trailing_metadata(self._trailer(call, "ok"))
             return response
 
         return wrapped
@@ -535,7 +580,9 @@ def server_interceptor(
     enabled: bool = True,
     destination: Destination | None = None,
     absolute_metadata: str | None = ABSOLUTE_METADATA,
-    clock_skew: float = DEFAULT_SKEW,
+    clock_skew: Duration = DEFAULT_SKEW,
+    expose_breakdown: bool = False,
+    breakdown_max_bytes: int = MAX_HEADER_BYTES,
     reserve: Duration | None = None,
 ) -> grpc.ServerInterceptor:
     """A ``grpc.ServerInterceptor`` that makes the client's deadline the handler's deadline.
@@ -548,6 +595,9 @@ def server_interceptor(
     it) and ``clock_skew`` (seconds, default 1): the absolute deadline in the call's metadata
     counts beside ``grpc-timeout`` when the two agree within the skew, as over HTTP (D4.12,
     D9.3); a call whose deadline has passed is refused without running the handler.
+    ``expose_breakdown``: a unary call answered ``DEADLINE_EXCEEDED`` (and any unary call whose
+    metadata has ``x-timebound-breakdown: 1``) carries this service's breakdown in its trailing
+    metadata ``x-timebound-breakdown``, at most ``breakdown_max_bytes`` (D13.5; off by default).
     ``reserve`` (a duration): the handler sees the call's deadline less it, keeping time to
     answer (D1.19); a call with no more than the reserve left is refused, and a handler that
     lets the reserve's ``DeadlineExceeded`` escape is answered ``DEADLINE_EXCEEDED``.
@@ -557,6 +607,8 @@ def server_interceptor(
         destination=destination,
         absolute_metadata=absolute_metadata,
         clock_skew=clock_skew,
+        expose_breakdown=expose_breakdown,
+        breakdown_max_bytes=breakdown_max_bytes,
         reserve=reserve,
     )
 
@@ -566,7 +618,9 @@ def aio_server_interceptor(
     enabled: bool = True,
     destination: Destination | None = None,
     absolute_metadata: str | None = ABSOLUTE_METADATA,
-    clock_skew: float = DEFAULT_SKEW,
+    clock_skew: Duration = DEFAULT_SKEW,
+    expose_breakdown: bool = False,
+    breakdown_max_bytes: int = MAX_HEADER_BYTES,
     reserve: Duration | None = None,
 ) -> grpc.aio.ServerInterceptor:
     """The ``grpc.aio`` twin of :func:`server_interceptor`: the bound is set in the call's task.
@@ -579,6 +633,8 @@ def aio_server_interceptor(
         destination=destination,
         absolute_metadata=absolute_metadata,
         clock_skew=clock_skew,
+        expose_breakdown=expose_breakdown,
+        breakdown_max_bytes=breakdown_max_bytes,
         reserve=reserve,
     )
 
@@ -690,6 +746,58 @@ class _ClientBase:
         """Our deadline cut a call short: count it and mark the request it belongs to (when
         the bound that cut it is the request's own deadline)."""
         clamp.attempt.spent()
+
+
+def _sync_abort(context: Any, trailer: tuple[tuple[str, str], ...]) -> None:
+    if trailer:
+        context.set_trailing_metadata(trailer)
+    context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, EXPIRED_DETAILS)
+
+
+def _trailer_value(metadata: Any) -> str | bytes | None:
+    """The callee's breakdown in a call's trailing metadata (``None``: it sent none)."""
+    try:
+        for key, value in metadata or ():
+            if key == BREAKDOWN_KEY:
+                return value  # type: ignore[no-any-return]
+    except Exception:  # metadata of a half-built error: no breakdown, never a failure
+        return None
+    return None
+
+
+def _caller_breakdown(attempt: Attempt, status: str) -> Any:
+    """The breakdown of the bound that ran out here, with this call in it (D13.5)."""
+    name = attempt.name or attempt.options.what
+    seconds = attempt.clamped.seconds
+    mark = ("call", name, attempt.t0, _clock.now(), seconds, status, attempt.remote)
+    return current_breakdown((mark,), name, attempt.t0, seconds)
+
+
+def _rpc_span(method: str | bytes, clamp: _Clamp | None) -> CallSpan | None:
+    """The client span of one call (D10.8), with OpenTelemetry's RPC attributes and the budget
+    grpc sends as ``grpc-timeout``; ``None`` when nothing is traced."""
+    name = _method_name(method).lstrip("/")
+    service, _, rpc = name.rpartition("/")
+    span = call_span(name, **{"rpc.system": "grpc", "rpc.service": service, "rpc.method": rpc})
+    if span is not None and clamp is not None and clamp.timeout is not None:
+        span.set("timebound.deadline.propagated_ms", ceil_ms(clamp.timeout))
+    return span
+
+
+def _end_rpc_span(span: CallSpan, code: Any) -> None:
+    """End a call's span with its status code (``rpc.grpc.status_code``; an error unless OK)."""
+    if isinstance(code, grpc.StatusCode):
+        span.set("rpc.grpc.status_code", code.value[0])
+        span.end(None if code is grpc.StatusCode.OK else code.name)
+    else:
+        span.end()
+
+
+def _sync_code(call: Any) -> Any:
+    try:
+        return call.code()
+    except Exception:  # an outcome that is not a call has no code
+        return None
 
 
 def _metadata(metadata: Any) -> tuple[tuple[str, Any], ...]:
@@ -809,19 +917,36 @@ class _SyncClientInterceptor(
         except AttributeError:  # a streaming call: ends through add_callback instead
             outcome.add_callback(lambda: done(outcome))
 
-    def _unary(self, continuation: Callable[[Any, Any], Any], details: Any, request: Any) -> Any:
+    def _start(
+        self, continuation: Callable[[Any, Any], Any], details: Any, request: Any
+    ) -> tuple[Any, _Clamp | None]:
+        """Send the call, inside its span when tracing (ended when the call ends, D10.8)."""
         new, clamp = self._details(details)
-        outcome = continuation(new, request)
+        span = _rpc_span(details.method, clamp)
+        if span is None:
+            outcome = continuation(new, request)
+        else:
+            new = self._with(new, new.timeout, (*_metadata(new.metadata), *span.carrier().items()))
+            try:
+                outcome = continuation(new, request)
+            except BaseException as exc:
+                span.end(type(exc).__name__)
+                raise
+            try:
+                outcome.add_done_callback(lambda call: _end_rpc_span(span, _sync_code(call)))
+            except AttributeError:  # a streaming call: ends through add_callback instead
+                outcome.add_callback(lambda: _end_rpc_span(span, _sync_code(outcome)))
         self._watch(outcome, clamp)
+        return outcome, clamp
+
+    def _unary(self, continuation: Callable[[Any, Any], Any], details: Any, request: Any) -> Any:
+        outcome, clamp = self._start(continuation, details, request)
         if clamp is None or not clamp.propagated:
             return outcome
         return _PropagatingOutcome(outcome, clamp)
 
     def _stream(self, continuation: Callable[[Any, Any], Any], details: Any, request: Any) -> Any:
-        new, clamp = self._details(details)
-        outcome = continuation(new, request)
-        self._watch(outcome, clamp)
-        return outcome
+        return self._start(continuation, details, request)[0]
 
     # grpc calls these positionally (continuation, details, request or request iterator); a
     # unary-response call can be re-typed on failure, a response stream only watched.
@@ -837,24 +962,49 @@ class _AioClientBase(_ClientBase):
         # grpc.aio's ClientCallDetails is a namedtuple, and its metadata a Metadata object.
         return details._replace(timeout=timeout, metadata=grpc.aio.Metadata.from_tuple(metadata))
 
+    def _traced(self, new: Any, span: CallSpan | None) -> Any:
+        if span is None:
+            return new
+        return self._with(new, new.timeout, (*_metadata(new.metadata), *span.carrier().items()))
+
     async def _unary(
         self, continuation: Callable[[Any, Any], Awaitable[Any]], details: Any, request: Any
     ) -> Any:
         new, clamp = self._details(details)
-        call = await continuation(new, request)
-        if clamp is None or not clamp.lowered:
-            return call
+        span = _rpc_span(details.method, clamp)
         try:
+            call = await continuation(self._traced(new, span), request)
+            if span is None and (clamp is None or not clamp.lowered):
+                return call
             await call
         except grpc.aio.AioRpcError as err:
-            if err.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+            if span is not None:
+                _end_rpc_span(span, err.code())
+            if clamp is not None and clamp.lowered:
+                # D13: the call is a part of our breakdown, the callee's own inside it.
+                clamp.attempt.answered(err.code().name, _trailer_value(err.trailing_metadata()))
+            if (
+                clamp is None
+                or not clamp.lowered
+                or err.code() != grpc.StatusCode.DEADLINE_EXCEEDED
+            ):
                 raise
             self._spent(clamp)
             if not clamp.propagated:
                 raise
-            raise _propagated_from(
+            conv = _propagated_from(
                 AioPropagatedDeadlineExceeded, err, clamp.timeout, clamp.destination
-            ) from err
+            )
+            conv.breakdown = _caller_breakdown(clamp.attempt, err.code().name)
+            raise conv from err
+        except BaseException as exc:
+            if span is not None:
+                span.end(type(exc).__name__)
+            raise
+        if span is not None:
+            _end_rpc_span(span, grpc.StatusCode.OK)
+        if clamp is not None and clamp.lowered:
+            clamp.attempt.answered("OK", _trailer_value(await call.trailing_metadata()))
         # The call is finished; returning it keeps code(), details() and metadata available.
         return call
 
@@ -862,18 +1012,30 @@ class _AioClientBase(_ClientBase):
         self, continuation: Callable[[Any, Any], Awaitable[Any]], details: Any, request: Any
     ) -> Any:
         new, clamp = self._details(details)
-        call = await continuation(new, request)
-        if clamp is not None and clamp.lowered:
-            call.add_done_callback(lambda finished: _aio_stream_done(self, finished, clamp))
+        span = _rpc_span(details.method, clamp)
+        try:
+            call = await continuation(self._traced(new, span), request)
+        except BaseException as exc:
+            if span is not None:
+                span.end(type(exc).__name__)
+            raise
+        if span is not None or (clamp is not None and clamp.lowered):
+            call.add_done_callback(lambda finished: _aio_stream_done(self, finished, clamp, span))
         return call
 
 
-def _aio_stream_done(client: _ClientBase, call: Any, clamp: _Clamp) -> None:
-    """Count and mark a response stream that ended ``DEADLINE_EXCEEDED`` under our deadline."""
+def _aio_stream_done(
+    client: _ClientBase, call: Any, clamp: _Clamp | None, span: CallSpan | None
+) -> None:
+    """Count and mark a response stream that ended ``DEADLINE_EXCEEDED`` under our deadline;
+    end its span with its status."""
 
     async def check() -> None:
         # The call is done, so code() answers at once; it is a coroutine in grpc.aio.
-        if await call.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        code = await call.code()
+        if span is not None:
+            _end_rpc_span(span, code)
+        if clamp is not None and clamp.lowered and code == grpc.StatusCode.DEADLINE_EXCEEDED:
             client._spent(clamp)
 
     _spawn_detached(check())

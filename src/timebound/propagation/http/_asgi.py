@@ -36,10 +36,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from ..._core._breakdown import add_mark, build
 from ..._core._durations import Duration
 from ..._core._errors import DeadlineExceeded
 from ..._core._request import RequestState, _request
 from ..._core._scopes import (
+    _Frame,
     enter_reserve,
     exit_reserve,
     inherit_deadline,
@@ -57,6 +59,14 @@ from ...admission._waiting import (
 from ...telemetry import correlation
 from ...telemetry._tracing import active as tracing_active
 from ...telemetry._tracing import server_span
+from .._breakdown_wire import (
+    BREAKDOWN_HEADER,
+    MAX_HEADER_BYTES,
+    asked,
+    check_max_bytes,
+    encode,
+    server_value,
+)
 from .._codec import (
     ABSOLUTE_HEADER,
     ENVOY_TIMEOUT_HEADER,
@@ -102,6 +112,10 @@ class DeadlineMiddleware:
     ``cancel_on_expiry``: cancel the handler at the deadline and answer 498 (off by default, as in
     userver). ``enabled=False`` is the static kill switch;
     :func:`timebound.propagation.set_enabled` is the runtime one.
+    ``expose_breakdown``: attach this service's breakdown (where the request's budget went) to
+    a "Deadline expired" answer, and to any answer whose request carries
+    ``X-Timebound-Breakdown: 1``, in the ``X-Timebound-Breakdown`` header of at most
+    ``breakdown_max_bytes`` (D13.5). Off by default: it tells the caller what this service calls.
     ``reserve`` (a duration): the app sees the request's deadline less it, keeping time to answer
     (D1.19); a handler failing with that reserve's ``DeadlineExceeded`` is answered 498.
     """
@@ -116,13 +130,17 @@ class DeadlineMiddleware:
         grpc_timeout_header: str | None = GRPC_TIMEOUT_HEADER,
         envoy_timeout_header: str | None = ENVOY_TIMEOUT_HEADER,
         absolute_header: str | None = ABSOLUTE_HEADER,
-        clock_skew: float = DEFAULT_SKEW,
+        clock_skew: Duration = DEFAULT_SKEW,
         cancel_on_expiry: bool = False,
         enabled: bool = True,
+        expose_breakdown: bool = False,
+        breakdown_max_bytes: int = MAX_HEADER_BYTES,
         reserve: Duration | None = None,
     ) -> None:
         self.app = app
         self.reserve = reserve_seconds(reserve)
+        self.expose_breakdown = bool(expose_breakdown)
+        self._bd_max = check_max_bytes(breakdown_max_bytes)
         self._config = ServerConfig.build(
             expired_status=expired_status,
             timeout_header=timeout_header,
@@ -179,28 +197,60 @@ class DeadlineMiddleware:
         if arrival.deadline.expired:
             # Already spent when read: answer without calling the app (D4.4).
             self._expired_answer(scope, arrival.state, None)
-            await self._send_expired(send)
+            await self._send_expired(send, self._spent_breakdown(arrival, start))
             return
-        await self._handle(arrival, scope, receive, send)
+        await self._handle(arrival, scope, receive, send, start)
+
+    def _spent_breakdown(
+        self, arrival: Arrival, start: float, *, queued: bool = False
+    ) -> str | None:
+        """D13.5: the breakdown of a request spent before the app ran (its queue, if any)."""
+        if not self.expose_breakdown:
+            return None
+        t = now()
+        marks: list[Any] | None = (
+            [("queue", None, start, t, None, "hopeless", None)] if queued else None
+        )
+        bd = build("bound", "inherited", start, t, arrival.seconds, "timeout", marks, 1)
+        return encode(bd, self._bd_max)
 
     def _expired_answer(self, scope: Scope, state: RequestState, size: int | None) -> None:
         self._answers.record(state, size, str(scope.get("method", "")), str(scope.get("path", "")))
 
-    async def _send_expired(self, send: Send) -> None:
-        await send(dict(self._expired_start))
+    async def _send_expired(self, send: Send, breakdown: str | None = None) -> None:
+        start = dict(self._expired_start)
+        if breakdown is not None:
+            start["headers"] = [*start["headers"], (_BD_KEY, breakdown.encode("ascii"))]
+        await send(start)
         await send({"type": "http.response.body", "body": EXPIRED_BODY, "more_body": False})
 
-    async def _handle(self, arrival: Arrival, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _handle(
+        self,
+        arrival: Arrival,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        start: float,
+        queued: float | None = None,
+    ) -> None:
         response = _HeldResponse(send, arrival, self, scope)
         receive = _body_receiver(receive, arrival)
         token = _request.set(arrival.state)
+        bound = inherit_deadline(arrival.deadline, set_by=SET_BY)
+        bound._t0 = start  # D13.1: the request's budget started when it arrived (D4.2)
+        if queued is not None and queued > start:
+            # D13: the admission queue is the first part of the request's budget.
+            add_mark(bound, ("queue", None, start, queued, None, "admitted", None))
+        if self.expose_breakdown:
+            response.bound = bound
+            response.asked = asked(scope.get("headers", ()))
         try:
-            with inherit_deadline(arrival.deadline, set_by=SET_BY):
+            with bound:
                 try:
                     if self.cancel_on_expiry:
                         # The inherited bound is the binding one, so a firing scope reports
                         # source="inherited" (DeadlineExceeded), handled just below.
-                        with move_on_at(arrival.deadline):
+                        with move_on_at(arrival.deadline, what="handler"):
                             await self._app(scope, receive, response.send)
                     else:
                         await self._app(scope, receive, response.send)
@@ -264,6 +314,8 @@ class _HeldResponse:
         "_mw",
         "_scope",
         "_send",
+        "asked",
+        "bound",
         "dropped",
         "expired_sent",
         "pending",
@@ -281,6 +333,17 @@ class _HeldResponse:
         self.replaced = False
         self.expired_sent = False
         self.dropped = 0
+        self.bound: _Frame | None = None  # set when the middleware exposes breakdowns
+        self.asked = False
+
+    def _breakdown(self, outcome: str) -> str | None:
+        bound = self.bound
+        if bound is None:
+            return None
+        return server_value(bound, outcome, self._mw._bd_max)
+
+    async def _expired(self) -> None:
+        await self._mw._send_expired(self._send, self._breakdown("timeout"))
 
     def replace_pending(self) -> None:
         """Mark the response for replacement (sent by :meth:`finish`)."""
@@ -306,12 +369,12 @@ class _HeldResponse:
             if message.get("type") == "http.response.body":
                 self.dropped += len(message.get("body", b""))
             self.expired_sent = True
-            await self._mw._send_expired(self._send)
+            await self._expired()
             return
         self.started = True
         if self.pending is not None:
             pending, self.pending = self.pending, None
-            await self._send(pending)
+            await self._send(self._with_breakdown(pending))
         await self._send(message)
 
     async def finish(self) -> None:
@@ -319,7 +382,7 @@ class _HeldResponse:
         state = self._arrival.state
         if self.replaced:
             if not self.expired_sent:
-                await self._mw._send_expired(self._send)
+                await self._expired()
             self._mw._expired_answer(self._scope, state, self.dropped)
             return
         if self.started:
@@ -329,18 +392,30 @@ class _HeldResponse:
             # The app returned after the start without any body message.
             if self._arrival.late():
                 self.pending = None
-                await self._mw._send_expired(self._send)
+                await self._expired()
                 self._mw._expired_answer(self._scope, state, 0)
                 return
             self.started = True
             pending, self.pending = self.pending, None
-            await self._send(pending)
+            await self._send(self._with_breakdown(pending))
             await self._send({"type": "http.response.body", "body": b"", "more_body": False})
             return
         if self._arrival.late():
             # The app sent nothing and the deadline passed (e.g. it swallowed a cancellation).
-            await self._mw._send_expired(self._send)
+            await self._expired()
             self._mw._expired_answer(self._scope, state, None)
+
+    def _with_breakdown(self, start: Message) -> Message:
+        """A normal answer to a request that asked for the breakdown carries it (D13.5)."""
+        if not self.asked:
+            return start
+        value = self._breakdown("ok")
+        if value is None:
+            return start
+        return {**start, "headers": [*start.get("headers", ()), (_BD_KEY, value.encode("ascii"))]}
+
+
+_BD_KEY = BREAKDOWN_HEADER.lower().encode("latin-1")
 
 
 class AdmissionMiddleware(DeadlineMiddleware):
@@ -397,7 +472,7 @@ class AdmissionMiddleware(DeadlineMiddleware):
         arrival = arrive(found, self._config.names, start, self._config.skew) if found else None
         if arrival is not None and arrival.deadline.expired:
             self._expired_answer(scope, arrival.state, None)
-            await self._send_expired(send)
+            await self._send_expired(send, self._spent_breakdown(arrival, start))
             return
         route = (
             self._route(scope)
@@ -410,7 +485,7 @@ class AdmissionMiddleware(DeadlineMiddleware):
         outcome = await enter_async(self.admission, ticket)
         if outcome is Verdict.HOPELESS and arrival is not None:
             self._expired_answer(scope, arrival.state, None)
-            await self._send_expired(send)
+            await self._send_expired(send, self._spent_breakdown(arrival, start, queued=True))
             return
         if outcome is not Verdict.ADMIT:
             await send(dict(self._overloaded_start))
@@ -420,7 +495,7 @@ class AdmissionMiddleware(DeadlineMiddleware):
             if arrival is None:
                 await self.app(scope, receive, send)
             else:
-                await self._handle(arrival, scope, receive, send)
+                await self._handle(arrival, scope, receive, send, start, queued=now())
         finally:
             late = arrival is not None and arrival.late()
             self.admission.release(ticket, now(), late=late)

@@ -58,6 +58,7 @@ from ..._core._durations import Duration, to_seconds
 from ..._core._scopes import _clean_context, _spawn_detached, move_on_at, spawn_background
 from ...telemetry._tracing import active as tracing_active
 from ...telemetry._tracing import client_span
+from .._breakdown_wire import BREAKDOWN_HEADER
 from .._client import Attempt, AttemptTimeoutBase, ClientOptions, begin
 from .._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER
 
@@ -140,8 +141,10 @@ class _Base:
         absolute_header: str | None,
         expired_header: str,
         what: str,
+        ask_breakdown: bool = False,
     ) -> None:
         self._timeout = None if timeout is None else to_seconds(timeout, option="timeout")
+        self._ask_breakdown = bool(ask_breakdown)
         self._options = ClientOptions(
             propagate_header=propagate_header,
             timeout_header=timeout_header,
@@ -151,9 +154,14 @@ class _Base:
         )
 
     def _begin(self, request: httpx.Request, static: float | None) -> Attempt:
-        return begin(
+        attempt = begin(
             static, self._options, functools.partial(AttemptTimeout, request=request), _TIMEOUTS
         )
+        url = request.url
+        attempt.name = f"{request.method} {url.host}{url.path}"[:120]  # D13: the call's part
+        if self._ask_breakdown:
+            request.headers[BREAKDOWN_HEADER] = "1"
+        return attempt
 
     def _static(self, request: httpx.Request) -> float | None:
         return _static_timeout(self._timeout, request)
@@ -167,6 +175,8 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
     ``X-YaTaxi-Client-TimeoutMs`` (userver's ``set-deadline-propagation-header: false``).
     ``absolute_header``: the absolute deadline header sent beside it (``X-Request-Deadline``,
     epoch microseconds, D9.3); ``None`` for peers that do not know it.
+    ``ask_breakdown``: ask every callee for its breakdown (``X-Timebound-Breakdown: 1``); one
+    that a callee sends is folded into the call's part whether asked or not (D13.5).
     """
 
     def __init__(
@@ -179,6 +189,7 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
         absolute_header: str | None = ABSOLUTE_HEADER,
         expired_header: str = EXPIRED_HEADER,
         what: str = "http request",
+        ask_breakdown: bool = False,
     ) -> None:
         super().__init__(
             timeout=timeout,
@@ -187,6 +198,7 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
             absolute_header=absolute_header,
             expired_header=expired_header,
             what=what,
+            ask_breakdown=ask_breakdown,
         )
         self._inner = inner if inner is not None else httpx.HTTPTransport()
         size = _pool_size(self._inner)
@@ -215,6 +227,7 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
                 if self._slots is not None:
                     release = _admit(self._slots, request, attempt.end)
                 response = self._inner.handle_request(request)
+            attempt.answered(response.status_code, response.headers.get(BREAKDOWN_HEADER))
             refusal = attempt.refusal(
                 response.status_code, response.headers.get(self._options.expired_header)
             )
@@ -229,7 +242,8 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
                 finally:
                     response.close()
                 raise refusal
-        except BaseException:
+        except BaseException as exc:
+            attempt.part(type(exc).__name__)
             release()
             raise
         if attempt.end is not None or release is not _RELEASED:
@@ -397,6 +411,7 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
         expired_header: str = EXPIRED_HEADER,
         what: str = "http request",
         save_connections: bool = True,
+        ask_breakdown: bool = False,
     ) -> None:
         super().__init__(
             timeout=timeout,
@@ -405,6 +420,7 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
             absolute_header=absolute_header,
             expired_header=expired_header,
             what=what,
+            ask_breakdown=ask_breakdown,
         )
         self._inner = inner if inner is not None else httpx.AsyncHTTPTransport()
         self._save_connections = bool(save_connections)
@@ -433,7 +449,13 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
         seconds = attempt.clamped.seconds
         if attempt.end is None:
             _prepare(request, attempt, phases_to=None, pool_to=None)
-            return await self._inner.handle_async_request(request)
+            try:
+                response = await self._inner.handle_async_request(request)
+            except BaseException as exc:
+                attempt.part(type(exc).__name__)
+                raise
+            attempt.answered(response.status_code, response.headers.get(BREAKDOWN_HEADER))
+            return response
         # The pool wait is never shortened to our deadline: httpcore's pool timeout leaks a
         # connection just as a cancel does (encode/httpcore#1093); the caller leaves at the
         # cut anyway.
@@ -441,6 +463,33 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
         keep = (
             loop is not None and self._save_connections and attempt.lowered and static is not None
         )
+        try:
+            response = await self._exchange(request, attempt, static, seconds, loop, keep)
+        except BaseException as exc:
+            attempt.part(type(exc).__name__)
+            raise
+        attempt.answered(response.status_code, response.headers.get(BREAKDOWN_HEADER))
+        refusal = attempt.refusal(
+            response.status_code, response.headers.get(self._options.expired_header)
+        )
+        if refusal is not None:
+            try:
+                await attempt.run(response.aread)
+            finally:
+                await response.aclose()
+            raise refusal
+        response.stream = _AsyncStream(response.stream, attempt)
+        return response
+
+    async def _exchange(
+        self,
+        request: httpx.Request,
+        attempt: Attempt,
+        static: float | None,
+        seconds: float | None,
+        loop: asyncio.AbstractEventLoop | None,
+        keep: bool,
+    ) -> httpx.Response:
         exchange: _Exchange
         if not self._pooled and not keep:
             # Nothing to save and no pool to wedge: the exchange may be cancelled at any await,
@@ -459,16 +508,6 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
             keep_until = _clock.now() + static if keep and static is not None else None
             exchange = _AsyncioExchange(self._inner, request, self._slots, loop, gated=self._pooled)
             response = await exchange.wait(attempt, keep_until)
-        refusal = attempt.refusal(
-            response.status_code, response.headers.get(self._options.expired_header)
-        )
-        if refusal is not None:
-            try:
-                await attempt.run(response.aread)
-            finally:
-                await response.aclose()
-            raise refusal
-        response.stream = _AsyncStream(response.stream, attempt)
         return response
 
     async def aclose(self) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ..._core import _clock
 from ..._core._deadline import Deadline
+from ..._core._durations import Duration
 from ..._core._errors import ConfigurationError, DeadlineExceeded
 from ...telemetry._events import counters, emit, enabled
 from .. import _config
@@ -69,7 +70,7 @@ class ServerConfig:
         envoy_timeout_header: str | None,
         enabled: bool,
         absolute_header: str | None = ABSOLUTE_HEADER,
-        clock_skew: float = DEFAULT_SKEW,
+        clock_skew: Duration = DEFAULT_SKEW,
     ) -> ServerConfig:
         if not isinstance(expired_status, int) or not 400 <= expired_status <= 599:
             # userver: the marker "must follow an HTTP status code in the range 400-599".

@@ -105,7 +105,7 @@ class DeadlineMiddleware:
         grpc_timeout_header: str | None = GRPC_TIMEOUT_HEADER,
         envoy_timeout_header: str | None = ENVOY_TIMEOUT_HEADER,
         absolute_header: str | None = ABSOLUTE_HEADER,
-        clock_skew: float = DEFAULT_SKEW,
+        clock_skew: Duration = DEFAULT_SKEW,
         enabled: bool = True,
         reserve: Duration | None = None,
     ) -> None:
