@@ -90,6 +90,7 @@ def test_policy_signature_matches_the_contract() -> None:
         "breaker": None,
         "hedge": None,
         "timeout_floor": None,
+        "reserve": None,
     }
     execute = inspect.signature(policies.Policy.execute).parameters
     assert list(execute) == ["self", "fn", "args", "kwargs", "observer"]

@@ -833,6 +833,214 @@ class _Bound(_Frame):
         self.__exit__(exc_type, exc, tb)
 
 
+class _Reserve(_Frame):
+    """The visible deadline under a scope with a reserve (D1.19): its effective deadline less it.
+
+    Its cancellation chain belongs to no task (``c_task`` is ``None``), like a deadline inherited
+    from another task: code directly in the scope's body is cancelled only at the scope's own
+    deadline, while the first scope entered under this frame, in any task, computes its base
+    from ``eff`` and catches the reserved instant itself. So the fast non-binding path of
+    ``CancelScope.__enter__`` (which needs ``parent.c_task is task``) never skips such a scope.
+    """
+
+    __slots__ = ("_base_source", "_label", "_parent", "_reserve")
+
+    _parent: _Frame
+    _reserve: float
+    _label: str
+    _base_source: str
+
+    def _deadline_error(self, context: str | None = None) -> DeadlineExceeded:
+        from ._durations import format_duration
+
+        message = (
+            f"{self._label} reached its reserve: the work under it was stopped "
+            f"{format_duration(self._reserve)} before its deadline, kept for the answer"
+        )
+        if context is not None:
+            message = f"{context} stopped: {message}"
+        err = new_deadline_exceeded(
+            message, self._base_source, None, Deadline._at(self._own), f"reserve of {self._label}"
+        )
+        err._timebound_binder = self  # type: ignore[attr-defined]
+        marks = self._marks
+        err._timebound_bd = (  # type: ignore[attr-defined]  # D13, as _Frame._deadline_error
+            _clock.now(),
+            _frame.get(),
+            0 if marks is None else len(marks),
+        )
+        return err
+
+
+def _reserve_label(source: str, what: str | None, set_by: str | None = None) -> str:
+    """What a reserve belongs to, as its error's ``set_by`` names it: ``reserve of <this>``."""
+    if set_by is not None:
+        return set_by
+    origin = set_by_of(source, what)
+    return "scope" if origin is None else origin
+
+
+def _push_reserve(reserve: float, label: str, refuse: bool = True) -> _Reserve | None:
+    """Push the visible frame of a reserve over the current one (D1.19).
+
+    Returns ``None`` when there is no deadline to keep a reserve from. Raises the refusal (a
+    :class:`DeadlineExceeded` saying the reserve did it) when no more than the reserve is left.
+    """
+    parent = _frame.get()
+    eff = parent.eff
+    if eff == _INF:
+        return None
+    at = eff - reserve
+    binder = parent.binder
+    base_source = "scope" if binder is None else binder._source
+    now = _clock.now()
+    if at <= now and refuse:
+        from ._durations import format_duration
+
+        left = eff - now
+        err = new_deadline_exceeded(
+            f"{label} refused the work: {format_duration(max(0.0, left))} left, "
+            f"no more than its reserve of {format_duration(reserve)}",
+            base_source,
+            None,
+            Deadline._at(eff),
+            f"reserve of {label}",
+        )
+        raise err
+    r: _Reserve = _new(_Reserve)
+    r._own = at
+    r._source = base_source
+    r._timeout = None
+    r._what = f"reserve of {label}"  # how the breakdown (D13) names it as a part
+    r._ts = None
+    r._marks = None
+    r._t0 = now
+    r._reserve = reserve
+    r._label = label
+    r._base_source = base_source
+    r.eff = at
+    r.binder = r
+    r.c_task = None
+    r.c_at = at
+    r.c_binder = r
+    r.catcher = None
+    r._parent = parent
+    _frame.set(r)
+    return r
+
+
+def _pop_reserve(r: _Reserve) -> None:
+    _frame.set(r._parent)
+    marks = r._marks
+    if marks is not None:
+        # D13: the parts recorded under the reserve are the enclosing frame's (it adds none of
+        # its own, as a visible bound does not).
+        r._marks = None
+        for m in marks:
+            add_mark(r._parent, m)
+    r.binder = r.c_binder = None  # no self-cycle left behind (see CancelScope._exit_asyncio)
+
+
+class _ReservedScope(CancelScope):
+    """A scope with a reserve (D1.19): it ends at its own deadline; everything under it sees that
+    deadline less the reserve. Its own class, so scopes without one pay nothing for the option."""
+
+    __slots__ = ("_reserve", "_rframe")
+
+    _reserve: float
+    _rframe: _Reserve | None
+
+    def __enter__(self) -> CancelScope:
+        CancelScope.__enter__(self)
+        try:
+            self._rframe = _push_reserve(self._reserve, _reserve_label(self._source, self._what))
+        except DeadlineExceeded as err:
+            # Refused at once: leave the scope entered above as if its body had raised this.
+            self._rframe = None
+            CancelScope.__exit__(self, type(err), err, None)
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        r = self._rframe
+        if r is None:
+            return CancelScope.__exit__(self, exc_type, exc, tb)
+        self._rframe = None
+        _pop_reserve(r)
+        handled = CancelScope.__exit__(self, exc_type, exc, tb)
+        if not handled and exc is not None and getattr(exc, "_timebound_binder", None) is r:
+            # The reserve stopped the body: this scope's bound, so a move_on_* scope ends
+            # quietly and either kind says it expired (D1.20).
+            self.expired = True
+            return not self._raise
+        return handled
+
+    async def __aenter__(self) -> CancelScope:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        return self.__exit__(exc_type, exc, tb)
+
+
+def reserve_seconds(reserve: Duration | None, *, option: str = "reserve") -> float:
+    """A reserve as seconds, ``0.0`` for none; negative, NaN, infinite or bad input is a
+    :class:`ConfigurationError` naming ``option`` (D1.21)."""
+    if reserve is None:
+        return 0.0
+    seconds = to_seconds(reserve, option=option)
+    if seconds == _INF:
+        raise ConfigurationError(f"{option} must be finite, not {reserve!r}", option=option)
+    return seconds
+
+
+def enter_reserve(reserve: float, set_by: str, *, refuse: bool = True) -> _Reserve | None:
+    """For adapters that take a ``reserve=`` (the server middleware, D1.19): make the current
+    effective deadline less ``reserve`` visible from here on, in this context; exit it with
+    :func:`exit_reserve`. ``None`` (nothing entered) for no reserve or no deadline. Raises the
+    refusal when no more than ``reserve`` is left (D1.21); its ``set_by`` is ``reserve of
+    <set_by>``. With ``refuse=False`` (an adapter that refused already, a moment before) the
+    frame is entered even then, already spent: the work under it stops at once."""
+    if reserve <= 0.0:
+        return None
+    return _push_reserve(reserve, set_by, refuse)
+
+
+def exit_reserve(frame: _Reserve | None) -> None:
+    """Leave what :func:`enter_reserve` entered."""
+    if frame is not None:
+        _pop_reserve(frame)
+
+
+def _with_reserve(s: CancelScope, reserve: Duration | None) -> CancelScope:
+    """``s`` as a :class:`_ReservedScope` keeping ``reserve`` (validated here, D1.19)."""
+    seconds = reserve_seconds(reserve)
+    if seconds == 0.0:
+        return s
+    r: _ReservedScope = _new(_ReservedScope)
+    r._own = s._own
+    r._timeout = s._timeout
+    r._raise = s._raise
+    r._shield = s._shield
+    r._source = s._source
+    r._what = s._what
+    r._mode = -1
+    r._marks = None
+    r.expired = False
+    r._reserve = seconds
+    r._rframe = None
+    return r
+
+
 def _methods_code(*classes: type) -> frozenset[Any]:
     return frozenset(
         f.__code__ for cls in classes for f in vars(cls).values() if hasattr(f, "__code__")
@@ -842,7 +1050,9 @@ def _methods_code(*classes: type) -> frozenset[Any]:
 #: The code of every method that pushes, pops or arms a frame. An asynchronous exception (the
 #: signal tier's SIGALRM) raised inside one would leave the context or a timer half-updated, so
 #: the signal tier defers delivery while any of them is running (see _preempt._protected).
-bookkeeping_code: Final = _methods_code(CancelScope, _Bound, _TaskTimer, _Frame)
+bookkeeping_code: Final = _methods_code(
+    CancelScope, _Bound, _TaskTimer, _Frame, _Reserve, _ReservedScope
+) | {_push_reserve.__code__, _pop_reserve.__code__}
 
 
 # Public constructors ---------------------------------------------------------------------
@@ -904,18 +1114,27 @@ def fail_after(
     shield: bool = False,
     source: str = "scope",
     what: str | None = None,
+    reserve: Duration | None = None,
 ) -> CancelScope:
     """A scope that raises :class:`DeadlineExceeded` when ``seconds`` (from entry) run out.
 
     ``with`` and ``async with`` both work. ``source`` and ``what`` shape the error report; engines
     pass ``"attempt"``, ``"region"``, ``"node"`` … and the call's name. ``None`` means no bound
     of its own (as ``asyncio.timeout(None)``); a negative budget is already over (D1.9).
+    ``reserve`` keeps time for the answer: everything under the scope sees the effective deadline
+    earlier by it, while the scope itself ends at its own (D1.19).
     """
-    return _new_scope(_INF, _INF if seconds is None else seconds, True, shield, source, what)
+    s = _new_scope(_INF, _INF if seconds is None else seconds, True, shield, source, what)
+    return s if reserve is None else _with_reserve(s, reserve)
 
 
 def fail_at(
-    deadline: Deadline, *, shield: bool = False, source: str = "scope", what: str | None = None
+    deadline: Deadline,
+    *,
+    shield: bool = False,
+    source: str = "scope",
+    what: str | None = None,
+    reserve: Duration | None = None,
 ) -> CancelScope:
     """A scope that raises :class:`DeadlineExceeded` at the absolute ``deadline``."""
     if not isinstance(deadline, Deadline):
@@ -924,7 +1143,8 @@ def fail_at(
             "use fail_after(seconds) for a relative budget",
             option="deadline",
         )
-    return _new_scope(deadline.when, None, True, shield, source, what)
+    s = _new_scope(deadline.when, None, True, shield, source, what)
+    return s if reserve is None else _with_reserve(s, reserve)
 
 
 def move_on_after(
@@ -933,17 +1153,25 @@ def move_on_after(
     shield: bool = False,
     source: str = "scope",
     what: str | None = None,
+    reserve: Duration | None = None,
 ) -> CancelScope:
     """A scope that stops its body quietly when ``seconds`` (from entry) run out.
 
     ``.expired`` tells afterwards whether the deadline passed before the scope exited (D1.7).
-    ``None`` means no bound of its own; a negative budget is already over (D1.9).
+    ``None`` means no bound of its own; a negative budget is already over (D1.9). ``reserve``:
+    as for :func:`fail_after` (D1.19); the reserve stopping the body also ends it quietly.
     """
-    return _new_scope(_INF, _INF if seconds is None else seconds, False, shield, source, what)
+    s = _new_scope(_INF, _INF if seconds is None else seconds, False, shield, source, what)
+    return s if reserve is None else _with_reserve(s, reserve)
 
 
 def move_on_at(
-    deadline: Deadline, *, shield: bool = False, source: str = "scope", what: str | None = None
+    deadline: Deadline,
+    *,
+    shield: bool = False,
+    source: str = "scope",
+    what: str | None = None,
+    reserve: Duration | None = None,
 ) -> CancelScope:
     """A scope that stops its body quietly at the absolute ``deadline``; see ``.expired``."""
     if not isinstance(deadline, Deadline):
@@ -952,7 +1180,8 @@ def move_on_at(
             "use move_on_after(seconds) for a relative budget",
             option="deadline",
         )
-    return _new_scope(deadline.when, None, False, shield, source, what)
+    s = _new_scope(deadline.when, None, False, shield, source, what)
+    return s if reserve is None else _with_reserve(s, reserve)
 
 
 def no_deadline() -> _Bound:

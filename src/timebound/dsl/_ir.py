@@ -46,6 +46,7 @@ class CallOptions:
     concurrency: int | None = None
     hedge: float | str | None = None
     on_error: str = "propagate"
+    reserve: float | None = None
     lazy: bool = False
     priority: int = 50
     fallback: bool = False

@@ -14,8 +14,14 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from .._core import _clock
-from .._core._errors import DeadlineExceeded, RetryExhausted
-from .._core._scopes import current_bound_error, record
+from .._core._errors import DeadlineExceeded, RetryExhausted, set_by_of
+from .._core._scopes import (
+    current_bound_error,
+    enter_reserve,
+    exit_reserve,
+    fail_after,
+    record,
+)
 from ..telemetry import enabled as _telemetry_enabled
 from ._cache import CacheBackend, Uncacheable, canonical_arguments
 from ._cache import cache_key as _encode_key
@@ -70,7 +76,7 @@ async def execute_async(
     flights = policy._flights
     key = None if flights is None else call_key(policy, fn, args, kwargs)
     if key is None:
-        ok, result = await retry_async(policy, fn, args, kwargs, tele, observer)
+        ok, result = await _retry_async(policy, fn, args, kwargs, tele, observer)
         if ok:
             if not tele and not policy._wrap:
                 return result
@@ -90,13 +96,98 @@ async def execute_async(
             return await _end_async(policy, shared, args, kwargs, tele, observer)
     ending: FallBack | Stop | None = None
     try:
-        ok, result = await retry_async(policy, fn, args, kwargs, tele, observer)
+        ok, result = await _retry_async(policy, fn, args, kwargs, tele, observer)
         if ok:
             return succeeded(policy, key, result, tele, observer)
         ending = result
     finally:
         flights.finish(key, _shared_failure(policy, ending))
     return await _end_async(policy, result, args, kwargs, tele, observer)
+
+
+# A reserve for the fallback (D1.19) --------------------------------------------------------------
+
+
+async def _retry_async(
+    policy: Policy[Any],
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    tele: bool,
+    observer: Observer | None,
+) -> tuple[bool, Any]:
+    """``retry_async``, under the policy's reserve when it has one."""
+    reserve = policy._reserve
+    if not reserve:
+        return await retry_async(policy, fn, args, kwargs, tele, observer)
+    try:
+        frame = enter_reserve(reserve, set_by_of("attempt", policy.name) or policy.name)
+    except DeadlineExceeded as refused:
+        return False, _reserve_ending(policy, refused)  # D1.21: no attempt, the fallback may
+    try:
+        # The frame only shows the reserved instant; this scope (no deadline of its own) is the
+        # first of this task under it, so it ends the attempts and delays there (D1.19).
+        with fail_after(None):
+            ok, result = await retry_async(policy, fn, args, kwargs, tele, observer)
+    except DeadlineExceeded as err:
+        if frame is None or getattr(err, "_timebound_binder", None) is not frame:
+            raise
+        return False, _reserve_ending(policy, err)
+    finally:
+        exit_reserve(frame)
+    return ok, result if ok else _reserved_ending(policy, result)
+
+
+def _retry_sync(
+    policy: Policy[Any],
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    tele: bool,
+    observer: Observer | None,
+) -> tuple[bool, Any]:
+    """``retry_sync``, under the policy's reserve when it has one."""
+    reserve = policy._reserve
+    if not reserve:
+        return retry_sync(policy, fn, args, kwargs, tele, observer)
+    try:
+        frame = enter_reserve(reserve, set_by_of("attempt", policy.name) or policy.name)
+    except DeadlineExceeded as refused:
+        return False, _reserve_ending(policy, refused)
+    try:
+        with fail_after(None):  # as in _retry_async (cooperative here, D1.6)
+            ok, result = retry_sync(policy, fn, args, kwargs, tele, observer)
+    except DeadlineExceeded as err:
+        if frame is None or getattr(err, "_timebound_binder", None) is not frame:
+            raise
+        return False, _reserve_ending(policy, err)
+    finally:
+        exit_reserve(frame)
+    return ok, result if ok else _reserved_ending(policy, result)
+
+
+def _reserved_ending(policy: Policy[Any], ending: FallBack | Stop) -> FallBack | Stop:
+    """The ending of a call that ran under the reserve, seen from outside it.
+
+    Inside, the reserve's instant is the caller's deadline, so a call it stopped (or a retry it
+    left no room for) ended as "the caller's deadline is spent": no fallback, no ``on_error``
+    (D2.5). Outside, the caller still has the reserve: that is what the fallback keeps it for.
+    """
+    if (
+        isinstance(ending, Stop)
+        and not ending.absorbable
+        and isinstance(ending.error, DeadlineExceeded)
+        and current_bound_error() is None
+    ):
+        return _reserve_ending(policy, ending.error)
+    return ending
+
+
+def _reserve_ending(policy: Policy[Any], error: DeadlineExceeded) -> FallBack | Stop:
+    plan = policy.plan
+    if plan.fallback and plan._fallback_applies(error, False):
+        return FallBack(error)
+    return Stop(error, True)
 
 
 async def _end_async(
@@ -140,7 +231,7 @@ def execute_sync(
     flights = policy._flights
     key = None if flights is None else call_key(policy, fn, args, kwargs)
     if key is None:
-        ok, result = retry_sync(policy, fn, args, kwargs, tele, observer)
+        ok, result = _retry_sync(policy, fn, args, kwargs, tele, observer)
         if ok:
             if not tele and not policy._wrap:
                 return result
@@ -166,7 +257,7 @@ def execute_sync(
             )
     ending: FallBack | Stop | None = None
     try:
-        ok, result = retry_sync(policy, fn, args, kwargs, tele, observer)
+        ok, result = _retry_sync(policy, fn, args, kwargs, tele, observer)
         if ok:
             return succeeded(policy, key, result, tele, observer)
         ending = result

@@ -69,6 +69,7 @@ class PolicyOptions(TypedDict, total=False):
     retry_budget: RetryBudget | None
     breaker: CircuitBreaker | None
     hedge: Hedge | Duration | str | None
+    reserve: Duration | None
 
 
 def check_positive(value: Duration | None, option: str) -> float | None:

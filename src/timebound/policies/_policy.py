@@ -19,6 +19,7 @@ from typing import Any, Final, Generic, Literal, TypeVar, Unpack, overload
 from .._core import _clock
 from .._core._durations import Duration
 from .._core._errors import ConfigurationError, DeadlineExceeded
+from .._core._scopes import reserve_seconds
 from ..telemetry import Event, current_correlation, emit
 from . import _call
 from ._breaker import CircuitBreaker
@@ -80,7 +81,9 @@ class Policy(Generic[_Mode]):
     encoding. ``on_error``: ``propagate`` | ``skip`` | ``log`` | ``wrap``, returning ``zero``
     for skip/log. ``throttle``: ``"N/duration"`` token bucket; ``concurrency``: slots; each of
     this policy's own unless a :class:`TokenBucket` / :class:`Slots` object is passed to share.
-    ``total_timeout``: a budget over every attempt and delay. ``retry_budget``: a
+    ``reserve``: time kept from the caller's deadline for the fallback: the attempts and delays
+    see that deadline less it, and when it runs out the fallback (or ``on_error``) still has it
+    (D1.19). ``total_timeout``: a budget over every attempt and delay. ``retry_budget``: a
     :class:`RetryBudget` capping retries as a share of calls (D3.12). ``breaker``: a
     :class:`CircuitBreaker` failing attempts fast while the dependency fails (D3.13).
     ``hedge``: a delay (``"20ms"``, ``"p95"``) or a :class:`Hedge`: a slow attempt gets a
@@ -100,6 +103,7 @@ class Policy(Generic[_Mode]):
         "_key_fn",
         "_latencies",
         "_plain",
+        "_reserve",
         "_scoped",
         "_slots",
         "_timeout_floor",
@@ -174,10 +178,14 @@ class Policy(Generic[_Mode]):
         breaker: CircuitBreaker | None = None,
         hedge: Hedge | Duration | str | None = None,
         timeout_floor: Duration | None = None,
+        reserve: Duration | None = None,
     ) -> None:
         if not isinstance(name, str) or not name:
             raise ConfigurationError("a policy needs a non-empty name", option="name")
         self.name = name
+        # D1.19: the attempts and delays see the caller's deadline less this; the fallback and
+        # on_error keep it.
+        self._reserve = reserve_seconds(reserve)
         # D3.15: timeout="p99" is learned from this policy's recent latencies.
         self._timeout_q = parse_percentile(timeout, "timeout") if isinstance(timeout, str) else None
         self.timeout = None if self._timeout_q is not None else check_positive(timeout, "timeout")
@@ -324,6 +332,11 @@ class Policy(Generic[_Mode]):
     @property
     def total_timeout(self) -> float | None:
         return self.plan.total_timeout
+
+    @property
+    def reserve(self) -> float:
+        """Seconds of the caller's deadline kept for the fallback (D1.19); ``0.0`` for none."""
+        return self._reserve
 
     @property
     def retry_budget(self) -> RetryBudget | None:

@@ -33,7 +33,14 @@ from ..._core._deadline import Deadline
 from ..._core._durations import Duration, ceil_ms
 from ..._core._errors import DeadlineExceeded
 from ..._core._request import RequestState, _request
-from ..._core._scopes import _spawn_detached, current_breakdown, inherit_deadline
+from ..._core._scopes import (
+    _spawn_detached,
+    current_breakdown,
+    enter_reserve,
+    exit_reserve,
+    inherit_deadline,
+    reserve_seconds,
+)
 from ...telemetry._events import counters, emit, enabled
 from ...telemetry._tracing import CallSpan, call_span
 from .._absolute import DEFAULT_SKEW, check_clock_skew, time_left
@@ -243,12 +250,18 @@ def _propagated_from(
 # Server side ---------------------------------------------------------------------------------
 
 
+#: Where a call's inherited deadline (and the interceptor's reserve) was set (D2.8).
+SET_BY: Final = "gRPC interceptor"
+
+
 class _CallBound:
     """The inherited deadline and request state of one server call, entered in one Context."""
 
-    __slots__ = ("_bound", "budget", "state")
+    __slots__ = ("_bound", "_reserve", "_reserved", "budget", "state")
 
-    def __init__(self, received: float | None, budget: float | None) -> None:
+    def __init__(self, received: float | None, budget: float | None, reserve: float = 0.0) -> None:
+        self._reserve = reserve
+        self._reserved: Any = None
         if received is None or budget is None:
             self.state = RequestState()
             self._bound = None
@@ -258,7 +271,7 @@ class _CallBound:
         deadline = Deadline.after(budget)
         self.state = RequestState(deadline_received_ms=max(0, ceil_ms(received)), deadline=deadline)
         self._bound = inherit_deadline(
-            deadline, source="inherited", timeout=self.budget, set_by="gRPC interceptor"
+            deadline, source="inherited", timeout=self.budget, set_by=SET_BY
         )
         self._bound._t0 = deadline.when - budget  # D13: the budget started at the call's arrival
 
@@ -273,10 +286,16 @@ class _CallBound:
         token = _request.set(self.state)
         if self._bound is not None:
             self._bound.__enter__()
+            # D1.19: the handler sees the call's deadline less the reserve. A call with no more
+            # than the reserve left was refused in _start; one that crossed that line since
+            # enters it spent, and its handler's first bounded wait ends at once.
+            self._reserved = enter_reserve(self._reserve, SET_BY, refuse=False)
         return token
 
     def exit(self, token: contextvars.Token[RequestState | None]) -> None:
         if self._bound is not None:
+            exit_reserve(self._reserved)
+            self._reserved = None
             self._bound.__exit__(None, None, None)
         _request.reset(token)
 
@@ -291,7 +310,9 @@ class _ServerBase:
         clock_skew: Duration = DEFAULT_SKEW,
         expose_breakdown: bool = False,
         breakdown_max_bytes: int = MAX_HEADER_BYTES,
+        reserve: Duration | None = None,
     ) -> None:
+        self._reserve = reserve_seconds(reserve)
         self._expose = bool(expose_breakdown)
         self._bd_max = check_max_bytes(breakdown_max_bytes)
         self._enabled = enabled
@@ -318,7 +339,7 @@ class _ServerBase:
             if received is None:
                 received = budget
         dest = self._destination(method)
-        call = _CallBound(received, budget)
+        call = _CallBound(received, budget, self._reserve)
         if received is not None:
             counters.inc(SERVER_PROPAGATED, grpc_destination=dest)
             if enabled():
@@ -328,7 +349,8 @@ class _ServerBase:
                     grpc_destination=dest,
                     deadline_received_ms=call.state.deadline_received_ms,
                 )
-        expired = call.budget is not None and call.budget <= 0.0
+        # D1.21: no more than the reserve left is refused as a spent deadline is.
+        expired = call.budget is not None and call.budget <= self._reserve
         if expired:
             self._finished_cancelled(method)
         return call, expired
@@ -561,6 +583,7 @@ def server_interceptor(
     clock_skew: Duration = DEFAULT_SKEW,
     expose_breakdown: bool = False,
     breakdown_max_bytes: int = MAX_HEADER_BYTES,
+    reserve: Duration | None = None,
 ) -> grpc.ServerInterceptor:
     """A ``grpc.ServerInterceptor`` that makes the client's deadline the handler's deadline.
 
@@ -575,6 +598,9 @@ def server_interceptor(
     ``expose_breakdown``: a unary call answered ``DEADLINE_EXCEEDED`` (and any unary call whose
     metadata has ``x-timebound-breakdown: 1``) carries this service's breakdown in its trailing
     metadata ``x-timebound-breakdown``, at most ``breakdown_max_bytes`` (D13.5; off by default).
+    ``reserve`` (a duration): the handler sees the call's deadline less it, keeping time to
+    answer (D1.19); a call with no more than the reserve left is refused, and a handler that
+    lets the reserve's ``DeadlineExceeded`` escape is answered ``DEADLINE_EXCEEDED``.
     """
     return _SyncServerInterceptor(
         enabled=enabled,
@@ -583,6 +609,7 @@ def server_interceptor(
         clock_skew=clock_skew,
         expose_breakdown=expose_breakdown,
         breakdown_max_bytes=breakdown_max_bytes,
+        reserve=reserve,
     )
 
 
@@ -594,6 +621,7 @@ def aio_server_interceptor(
     clock_skew: Duration = DEFAULT_SKEW,
     expose_breakdown: bool = False,
     breakdown_max_bytes: int = MAX_HEADER_BYTES,
+    reserve: Duration | None = None,
 ) -> grpc.aio.ServerInterceptor:
     """The ``grpc.aio`` twin of :func:`server_interceptor`: the bound is set in the call's task.
 
@@ -607,6 +635,7 @@ def aio_server_interceptor(
         clock_skew=clock_skew,
         expose_breakdown=expose_breakdown,
         breakdown_max_bytes=breakdown_max_bytes,
+        reserve=reserve,
     )
 
 

@@ -25,6 +25,10 @@ Rules, in the order a request meets them:
    whole body, so "by the end of handling" (userver's rule) is exactly when we check. A streaming
    response is committed at its first chunk: after that nothing can be replaced, and a deadline
    that passes mid-stream is only recorded (span tag ``dp_response_already_started``).
+5. ``reserve=`` (D1.19) keeps time for the answer: the app sees the request's deadline less the
+   reserve, so a downstream call ends early enough for the handler to answer its fallback, or,
+   when the handler lets that ``DeadlineExceeded`` escape, for the middleware to answer 498 before
+   the caller gives up. A request with no more than the reserve left is answered 498 at once.
 """
 
 from __future__ import annotations
@@ -36,7 +40,14 @@ from ..._core._breakdown import add_mark, build
 from ..._core._durations import Duration
 from ..._core._errors import DeadlineExceeded
 from ..._core._request import RequestState, _request
-from ..._core._scopes import _Frame, inherit_deadline, move_on_at
+from ..._core._scopes import (
+    _Frame,
+    enter_reserve,
+    exit_reserve,
+    inherit_deadline,
+    move_on_at,
+    reserve_seconds,
+)
 from ...admission._controller import Admission, Ticket, Verdict
 from ...admission._waiting import (
     OVERLOADED_BODY,
@@ -74,6 +85,7 @@ from ._server import (
     log_late_failure,
     now,
     record_started_late,
+    spent_reserve,
 )
 
 __all__ = ["AdmissionMiddleware", "DeadlineMiddleware"]
@@ -104,6 +116,8 @@ class DeadlineMiddleware:
     a "Deadline expired" answer, and to any answer whose request carries
     ``X-Timebound-Breakdown: 1``, in the ``X-Timebound-Breakdown`` header of at most
     ``breakdown_max_bytes`` (D13.5). Off by default: it tells the caller what this service calls.
+    ``reserve`` (a duration): the app sees the request's deadline less it, keeping time to answer
+    (D1.19); a handler failing with that reserve's ``DeadlineExceeded`` is answered 498.
     """
 
     def __init__(
@@ -121,8 +135,10 @@ class DeadlineMiddleware:
         enabled: bool = True,
         expose_breakdown: bool = False,
         breakdown_max_bytes: int = MAX_HEADER_BYTES,
+        reserve: Duration | None = None,
     ) -> None:
         self.app = app
+        self.reserve = reserve_seconds(reserve)
         self.expose_breakdown = bool(expose_breakdown)
         self._bd_max = check_max_bytes(breakdown_max_bytes)
         self._config = ServerConfig.build(
@@ -235,17 +251,29 @@ class DeadlineMiddleware:
                         # The inherited bound is the binding one, so a firing scope reports
                         # source="inherited" (DeadlineExceeded), handled just below.
                         with move_on_at(arrival.deadline, what="handler"):
-                            await self.app(scope, receive, response.send)
+                            await self._app(scope, receive, response.send)
                     else:
-                        await self.app(scope, receive, response.send)
+                        await self._app(scope, receive, response.send)
                 except Exception as exc:
-                    if response.started or not arrival.late():
+                    if response.started or not (arrival.late() or spent_reserve(exc, SET_BY)):
                         raise
                     log_late_failure(exc, self._config.expired_status)
                     response.replace_pending()
         finally:
             _request.reset(token)
         await response.finish()
+
+    async def _app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The app, under the reserve when there is one (entered inside the cancel scope of
+        ``cancel_on_expiry``, which keeps ending the handler at the request's own deadline)."""
+        if not self.reserve:
+            await self.app(scope, receive, send)
+            return
+        frame = enter_reserve(self.reserve, SET_BY)  # D1.21: refused here, answered 498
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            exit_reserve(frame)
 
 
 def _body_receiver(receive: Receive, arrival: Arrival) -> Receive:

@@ -32,7 +32,7 @@ from typing import Any
 from ..._core._durations import Duration
 from ..._core._errors import DeadlineExceeded
 from ..._core._request import RequestState, _request, current_request
-from ..._core._scopes import inherit_deadline
+from ..._core._scopes import enter_reserve, inherit_deadline, reserve_seconds
 from ...admission._controller import Admission, Ticket, Verdict
 from ...admission._waiting import OVERLOADED_BODY, criticality, enter_blocking, route_key
 from ...telemetry import correlation
@@ -56,6 +56,7 @@ from ._server import (
     log_late_failure,
     now,
     record_started_late,
+    spent_reserve,
 )
 
 __all__ = ["AdmissionMiddleware", "DeadlineMiddleware"]
@@ -85,6 +86,8 @@ class DeadlineMiddleware:
     """WSGI middleware that reads, enforces and exposes the caller's deadline (D4.1-D4.5).
 
     Options as for the ASGI middleware, except ``cancel_on_expiry`` (sync code is cooperative).
+    ``reserve`` (a duration): the app sees the request's deadline less it (D1.19); a handler
+    failing with that reserve's ``DeadlineExceeded`` is answered "Deadline expired".
 
     Wrapping a Flask app's ``wsgi_app`` also registers a Flask error handler for
     :class:`~timebound.DeadlineExceeded` (unless the app has its own): Flask would otherwise log
@@ -104,8 +107,10 @@ class DeadlineMiddleware:
         absolute_header: str | None = ABSOLUTE_HEADER,
         clock_skew: Duration = DEFAULT_SKEW,
         enabled: bool = True,
+        reserve: Duration | None = None,
     ) -> None:
         self.app = app
+        self.reserve = reserve_seconds(reserve)
         self._config = ServerConfig.build(
             expired_status=expired_status,
             timeout_header=timeout_header,
@@ -179,6 +184,13 @@ class DeadlineMiddleware:
         _request.set(state)
         # Entered in ``ctx`` and never exited: the context is discarded with the request.
         inherit_deadline(arrival.deadline, set_by=SET_BY).__enter__()
+        if self.reserve:
+            try:
+                enter_reserve(self.reserve, SET_BY)  # in ``ctx`` too, never exited (D1.19)
+            except DeadlineExceeded:
+                # No more than the reserve left: refused before the app runs (D1.21).
+                self._expired_answer(environ, state, None)
+                return self._expired(start_response)
         stream = environ.get("wsgi.input")
         if stream is not None:
             environ["wsgi.input"] = _BodyInput(stream, arrival, environ.get("CONTENT_LENGTH"))
@@ -205,7 +217,7 @@ class DeadlineMiddleware:
                         break
         except Exception as exc:
             _close(result)
-            if not arrival.late():
+            if not (arrival.late() or spent_reserve(exc, SET_BY)):
                 raise
             log_late_failure(exc, self._config.expired_status)
             self._expired_answer(environ, state, None)
@@ -250,6 +262,10 @@ def _quiet_flask(app: WSGIApp, status: int) -> None:
         late = state is not None and (
             state.cancelled_by_deadline or (state.deadline is not None and state.deadline.expired)
         )
+        if state is not None and spent_reserve(err, SET_BY):
+            # The middleware's reserve ran out (D1.19): the request is out of time as the
+            # handler sees it, and the middleware answers it as such.
+            state.cancelled_by_deadline = late = True
         if late:
             return EXPIRED_BODY, status
         for cls in type(err).__mro__:
