@@ -1,4 +1,4 @@
-"""A reserve for the answer (D1.19-D1.21): under ``fail_after(2, reserve=...)`` everything sees the
+"""A reserve for the answer (D1.18-D1.20): under ``fail_after(2, reserve=...)`` everything sees the
 deadline earlier by the reserve, while the scope itself ends at its own deadline."""
 
 from __future__ import annotations

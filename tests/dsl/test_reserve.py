@@ -1,4 +1,4 @@
-"""The ``reserve`` call option (D1.19): the module's attempts see the deadline less the reserve,
+"""The ``reserve`` call option (D1.18): the module's attempts see the deadline less the reserve,
 and the fallback answers in the time kept back."""
 
 from __future__ import annotations

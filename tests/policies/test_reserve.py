@@ -1,4 +1,4 @@
-"""A policy's reserve (D1.19): the attempts and delays see the caller's deadline less the reserve,
+"""A policy's reserve (D1.18): the attempts and delays see the caller's deadline less the reserve,
 and the fallback (or on_error) still has the reserve when they run out."""
 
 from __future__ import annotations

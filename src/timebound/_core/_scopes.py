@@ -834,7 +834,7 @@ class _Bound(_Frame):
 
 
 class _Reserve(_Frame):
-    """The visible deadline under a scope with a reserve (D1.19): its effective deadline less it.
+    """The visible deadline under a scope with a reserve (D1.18): its effective deadline less it.
 
     Its cancellation chain belongs to no task (``c_task`` is ``None``), like a deadline inherited
     from another task: code directly in the scope's body is cancelled only at the scope's own
@@ -881,7 +881,7 @@ def _reserve_label(source: str, what: str | None, set_by: str | None = None) -> 
 
 
 def _push_reserve(reserve: float, label: str, refuse: bool = True) -> _Reserve | None:
-    """Push the visible frame of a reserve over the current one (D1.19).
+    """Push the visible frame of a reserve over the current one (D1.18).
 
     Returns ``None`` when there is no deadline to keep a reserve from. Raises the refusal (a
     :class:`DeadlineExceeded` saying the reserve did it) when no more than the reserve is left.
@@ -942,7 +942,7 @@ def _pop_reserve(r: _Reserve) -> None:
 
 
 class _ReservedScope(CancelScope):
-    """A scope with a reserve (D1.19): it ends at its own deadline; everything under it sees that
+    """A scope with a reserve (D1.18): it ends at its own deadline; everything under it sees that
     deadline less the reserve. Its own class, so scopes without one pay nothing for the option."""
 
     __slots__ = ("_reserve", "_rframe")
@@ -975,7 +975,7 @@ class _ReservedScope(CancelScope):
         handled = CancelScope.__exit__(self, exc_type, exc, tb)
         if not handled and exc is not None and getattr(exc, "_timebound_binder", None) is r:
             # The reserve stopped the body: this scope's bound, so a move_on_* scope ends
-            # quietly and either kind says it expired (D1.20).
+            # quietly and either kind says it expired (D1.19).
             self.expired = True
             return not self._raise
         return handled
@@ -994,7 +994,7 @@ class _ReservedScope(CancelScope):
 
 def reserve_seconds(reserve: Duration | None, *, option: str = "reserve") -> float:
     """A reserve as seconds, ``0.0`` for none; negative, NaN, infinite or bad input is a
-    :class:`ConfigurationError` naming ``option`` (D1.21)."""
+    :class:`ConfigurationError` naming ``option`` (D1.20)."""
     if reserve is None:
         return 0.0
     seconds = to_seconds(reserve, option=option)
@@ -1004,10 +1004,10 @@ def reserve_seconds(reserve: Duration | None, *, option: str = "reserve") -> flo
 
 
 def enter_reserve(reserve: float, set_by: str, *, refuse: bool = True) -> _Reserve | None:
-    """For adapters that take a ``reserve=`` (the server middleware, D1.19): make the current
+    """For adapters that take a ``reserve=`` (the server middleware, D1.18): make the current
     effective deadline less ``reserve`` visible from here on, in this context; exit it with
     :func:`exit_reserve`. ``None`` (nothing entered) for no reserve or no deadline. Raises the
-    refusal when no more than ``reserve`` is left (D1.21); its ``set_by`` is ``reserve of
+    refusal when no more than ``reserve`` is left (D1.20); its ``set_by`` is ``reserve of
     <set_by>``. With ``refuse=False`` (an adapter that refused already, a moment before) the
     frame is entered even then, already spent: the work under it stops at once."""
     if reserve <= 0.0:
@@ -1022,7 +1022,7 @@ def exit_reserve(frame: _Reserve | None) -> None:
 
 
 def _with_reserve(s: CancelScope, reserve: Duration | None) -> CancelScope:
-    """``s`` as a :class:`_ReservedScope` keeping ``reserve`` (validated here, D1.19)."""
+    """``s`` as a :class:`_ReservedScope` keeping ``reserve`` (validated here, D1.18)."""
     seconds = reserve_seconds(reserve)
     if seconds == 0.0:
         return s
@@ -1122,7 +1122,7 @@ def fail_after(
     pass ``"attempt"``, ``"region"``, ``"node"`` … and the call's name. ``None`` means no bound
     of its own (as ``asyncio.timeout(None)``); a negative budget is already over (D1.9).
     ``reserve`` keeps time for the answer: everything under the scope sees the effective deadline
-    earlier by it, while the scope itself ends at its own (D1.19).
+    earlier by it, while the scope itself ends at its own (D1.18).
     """
     s = _new_scope(_INF, _INF if seconds is None else seconds, True, shield, source, what)
     return s if reserve is None else _with_reserve(s, reserve)
@@ -1159,7 +1159,7 @@ def move_on_after(
 
     ``.expired`` tells afterwards whether the deadline passed before the scope exited (D1.7).
     ``None`` means no bound of its own; a negative budget is already over (D1.9). ``reserve``:
-    as for :func:`fail_after` (D1.19); the reserve stopping the body also ends it quietly.
+    as for :func:`fail_after` (D1.18); the reserve stopping the body also ends it quietly.
     """
     s = _new_scope(_INF, _INF if seconds is None else seconds, False, shield, source, what)
     return s if reserve is None else _with_reserve(s, reserve)

@@ -81,7 +81,7 @@ OPTIONS: Final[dict[str, OptionSpec]] = {
             positive=True,
         ),
         OptionSpec("on_error", "choice", "one of " + ", ".join(ON_ERROR_MODES), ON_ERROR_MODES),
-        # D1.19: the attempts see the call's deadline less this; the fallback keeps it.
+        # D1.18: the attempts see the call's deadline less this; the fallback keeps it.
         OptionSpec("reserve", "duration", _DURATION, positive=True),
         OptionSpec("lazy", "flag", "true or false", policy=None),
         OptionSpec(

@@ -105,7 +105,7 @@ async def execute_async(
     return await _end_async(policy, result, args, kwargs, tele, observer)
 
 
-# A reserve for the fallback (D1.19) --------------------------------------------------------------
+# A reserve for the fallback (D1.18) --------------------------------------------------------------
 
 
 async def _retry_async(
@@ -123,10 +123,10 @@ async def _retry_async(
     try:
         frame = enter_reserve(reserve, set_by_of("attempt", policy.name) or policy.name)
     except DeadlineExceeded as refused:
-        return False, _reserve_ending(policy, refused)  # D1.21: no attempt, the fallback may
+        return False, _reserve_ending(policy, refused)  # D1.20: no attempt, the fallback may
     try:
         # The frame only shows the reserved instant; this scope (no deadline of its own) is the
-        # first of this task under it, so it ends the attempts and delays there (D1.19).
+        # first of this task under it, so it ends the attempts and delays there (D1.18).
         with fail_after(None):
             ok, result = await retry_async(policy, fn, args, kwargs, tele, observer)
     except DeadlineExceeded as err:

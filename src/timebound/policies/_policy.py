@@ -83,7 +83,7 @@ class Policy(Generic[_Mode]):
     this policy's own unless a :class:`TokenBucket` / :class:`Slots` object is passed to share.
     ``reserve``: time kept from the caller's deadline for the fallback: the attempts and delays
     see that deadline less it, and when it runs out the fallback (or ``on_error``) still has it
-    (D1.19). ``total_timeout``: a budget over every attempt and delay. ``retry_budget``: a
+    (D1.18). ``total_timeout``: a budget over every attempt and delay. ``retry_budget``: a
     :class:`RetryBudget` capping retries as a share of calls (D3.12). ``breaker``: a
     :class:`CircuitBreaker` failing attempts fast while the dependency fails (D3.13).
     ``hedge``: a delay (``"20ms"``, ``"p95"``) or a :class:`Hedge`: a slow attempt gets a
@@ -183,7 +183,7 @@ class Policy(Generic[_Mode]):
         if not isinstance(name, str) or not name:
             raise ConfigurationError("a policy needs a non-empty name", option="name")
         self.name = name
-        # D1.19: the attempts and delays see the caller's deadline less this; the fallback and
+        # D1.18: the attempts and delays see the caller's deadline less this; the fallback and
         # on_error keep it.
         self._reserve = reserve_seconds(reserve)
         # D3.15: timeout="p99" is learned from this policy's recent latencies.
@@ -335,7 +335,7 @@ class Policy(Generic[_Mode]):
 
     @property
     def reserve(self) -> float:
-        """Seconds of the caller's deadline kept for the fallback (D1.19); ``0.0`` for none."""
+        """Seconds of the caller's deadline kept for the fallback (D1.18); ``0.0`` for none."""
         return self._reserve
 
     @property

@@ -1,4 +1,4 @@
-"""The gRPC server interceptor's reserve (D1.19), over real grpc.aio servers on 127.0.0.1: the
+"""The gRPC server interceptor's reserve (D1.18), over real grpc.aio servers on 127.0.0.1: the
 handler sees the call's deadline less the reserve and answers its fallback in time; a call with
 no more than the reserve left is refused without running the handler."""
 

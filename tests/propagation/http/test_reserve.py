@@ -1,4 +1,4 @@
-"""The server middleware's reserve (D1.19): the handler sees the request's deadline less the
+"""The server middleware's reserve (D1.18): the handler sees the request's deadline less the
 reserve, so it has time to answer its fallback, or the middleware to answer 498, before the
 caller gives up."""
 

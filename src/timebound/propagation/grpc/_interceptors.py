@@ -286,7 +286,7 @@ class _CallBound:
         token = _request.set(self.state)
         if self._bound is not None:
             self._bound.__enter__()
-            # D1.19: the handler sees the call's deadline less the reserve. A call with no more
+            # D1.18: the handler sees the call's deadline less the reserve. A call with no more
             # than the reserve left was refused in _start; one that crossed that line since
             # enters it spent, and its handler's first bounded wait ends at once.
             self._reserved = enter_reserve(self._reserve, SET_BY, refuse=False)
@@ -349,7 +349,7 @@ class _ServerBase:
                     grpc_destination=dest,
                     deadline_received_ms=call.state.deadline_received_ms,
                 )
-        # D1.21: no more than the reserve left is refused as a spent deadline is.
+        # D1.20: no more than the reserve left is refused as a spent deadline is.
         expired = call.budget is not None and call.budget <= self._reserve
         if expired:
             self._finished_cancelled(method)
@@ -599,7 +599,7 @@ def server_interceptor(
     metadata has ``x-timebound-breakdown: 1``) carries this service's breakdown in its trailing
     metadata ``x-timebound-breakdown``, at most ``breakdown_max_bytes`` (D13.5; off by default).
     ``reserve`` (a duration): the handler sees the call's deadline less it, keeping time to
-    answer (D1.19); a call with no more than the reserve left is refused, and a handler that
+    answer (D1.18); a call with no more than the reserve left is refused, and a handler that
     lets the reserve's ``DeadlineExceeded`` escape is answered ``DEADLINE_EXCEEDED``.
     """
     return _SyncServerInterceptor(

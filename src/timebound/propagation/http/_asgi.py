@@ -25,7 +25,7 @@ Rules, in the order a request meets them:
    whole body, so "by the end of handling" (userver's rule) is exactly when we check. A streaming
    response is committed at its first chunk: after that nothing can be replaced, and a deadline
    that passes mid-stream is only recorded (span tag ``dp_response_already_started``).
-5. ``reserve=`` (D1.19) keeps time for the answer: the app sees the request's deadline less the
+5. ``reserve=`` (D1.18) keeps time for the answer: the app sees the request's deadline less the
    reserve, so a downstream call ends early enough for the handler to answer its fallback, or,
    when the handler lets that ``DeadlineExceeded`` escape, for the middleware to answer 498 before
    the caller gives up. A request with no more than the reserve left is answered 498 at once.
@@ -117,7 +117,7 @@ class DeadlineMiddleware:
     ``X-Timebound-Breakdown: 1``, in the ``X-Timebound-Breakdown`` header of at most
     ``breakdown_max_bytes`` (D13.5). Off by default: it tells the caller what this service calls.
     ``reserve`` (a duration): the app sees the request's deadline less it, keeping time to answer
-    (D1.19); a handler failing with that reserve's ``DeadlineExceeded`` is answered 498.
+    (D1.18); a handler failing with that reserve's ``DeadlineExceeded`` is answered 498.
     """
 
     def __init__(
@@ -269,7 +269,7 @@ class DeadlineMiddleware:
         if not self.reserve:
             await self.app(scope, receive, send)
             return
-        frame = enter_reserve(self.reserve, SET_BY)  # D1.21: refused here, answered 498
+        frame = enter_reserve(self.reserve, SET_BY)  # D1.20: refused here, answered 498
         try:
             await self.app(scope, receive, send)
         finally:

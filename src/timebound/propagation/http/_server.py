@@ -224,7 +224,7 @@ def log_late_failure(exc: BaseException, status: int) -> None:
 
 
 def spent_reserve(exc: BaseException, set_by: str) -> bool:
-    """``exc`` says the middleware's reserve ran out (D1.19): the handler had only the reserve
+    """``exc`` says the middleware's reserve ran out (D1.18): the handler had only the reserve
     left and failed, so the request is answered "Deadline expired" as if its deadline had
     passed. A reserve the handler's own code keeps has another ``set_by`` and is its business."""
     return isinstance(exc, DeadlineExceeded) and exc.set_by == f"reserve of {set_by}"

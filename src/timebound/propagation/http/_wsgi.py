@@ -86,7 +86,7 @@ class DeadlineMiddleware:
     """WSGI middleware that reads, enforces and exposes the caller's deadline (D4.1-D4.5).
 
     Options as for the ASGI middleware, except ``cancel_on_expiry`` (sync code is cooperative).
-    ``reserve`` (a duration): the app sees the request's deadline less it (D1.19); a handler
+    ``reserve`` (a duration): the app sees the request's deadline less it (D1.18); a handler
     failing with that reserve's ``DeadlineExceeded`` is answered "Deadline expired".
 
     Wrapping a Flask app's ``wsgi_app`` also registers a Flask error handler for
@@ -186,9 +186,9 @@ class DeadlineMiddleware:
         inherit_deadline(arrival.deadline, set_by=SET_BY).__enter__()
         if self.reserve:
             try:
-                enter_reserve(self.reserve, SET_BY)  # in ``ctx`` too, never exited (D1.19)
+                enter_reserve(self.reserve, SET_BY)  # in ``ctx`` too, never exited (D1.18)
             except DeadlineExceeded:
-                # No more than the reserve left: refused before the app runs (D1.21).
+                # No more than the reserve left: refused before the app runs (D1.20).
                 self._expired_answer(environ, state, None)
                 return self._expired(start_response)
         stream = environ.get("wsgi.input")
@@ -263,7 +263,7 @@ def _quiet_flask(app: WSGIApp, status: int) -> None:
             state.cancelled_by_deadline or (state.deadline is not None and state.deadline.expired)
         )
         if state is not None and spent_reserve(err, SET_BY):
-            # The middleware's reserve ran out (D1.19): the request is out of time as the
+            # The middleware's reserve ran out (D1.18): the request is out of time as the
             # handler sees it, and the middleware answers it as such.
             state.cancelled_by_deadline = late = True
         if late:
