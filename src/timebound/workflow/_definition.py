@@ -133,6 +133,8 @@ class Node:
     inherit_deadline: bool = False
     retry: RetryBlock | None = None
     timing_mode: Literal["sync", "async"] | None = None  # ``timing.mode``; None: the action's
+    #: Kept for the answer (D6.33): the handler runs seeing its deadline less this; 0: none.
+    reserve_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -284,6 +286,27 @@ class Definition:
             (t, n) for n in sorted(branch) if (t := self.node_timeout_ms(self.nodes[n])) is not None
         ]
         return max(timeouts, key=lambda tn: tn[0]) if timeouts else None
+
+
+def _check_reserve(node: Node, action: Action, i: int) -> None:
+    """A node's reserve (D6.33) keeps time for a python handler's answer within the node's bound:
+    one no shorter than the node's timeout would leave the handler nothing."""
+    if not node.reserve_ms:
+        return
+    where = f"nodes[{i}].reserve_ms"
+    if action.kind != "python":
+        raise DefinitionError(
+            f"a reserve is kept for a python handler's answer; action {action.id!r} is "
+            f"{action.kind}",
+            path=where,
+        )
+    timeout = node.timeout_ms if node.timeout_set else action.timeout_ms
+    if timeout is not None and node.reserve_ms >= timeout:
+        raise DefinitionError(
+            f"the reserve of {node.reserve_ms} ms leaves nothing of the node's timeout of "
+            f"{timeout} ms: a reserve must be shorter than the timeout",
+            path=where,
+        )
 
 
 def default_sync_timeout_ms(max_action_timeout_ms: int | None, spawned: int) -> int:
@@ -438,6 +461,7 @@ def _build(data: dict[str, Any]) -> Definition:
             max_retries=n.get("max_retries", DEFAULT_MAX_RETRIES),
             inherit_deadline=n.get("inherit_deadline", False),
             timing_mode=n.get("timing", {}).get("mode"),
+            reserve_ms=n.get("reserve_ms", 0),
             retry=None
             if r is None
             else RetryBlock(
@@ -447,6 +471,7 @@ def _build(data: dict[str, Any]) -> Definition:
                 r.get("max_delay_ms", 30_000),
             ),
         )
+        _check_reserve(node, actions[node.action_id], i)
         nodes[node.id] = node
     check_modes(data, DefinitionError)
     if data["initial_node"] not in nodes:
