@@ -164,3 +164,33 @@ def test_workflow_validate_names_the_reserve(tmp_path: Path, capsys: Any) -> Non
     assert main(["workflow", "validate", str(bad)]) == 1
     err = capsys.readouterr().err
     assert "nodes[0].reserve_ms" in err and "1000 ms" in err
+
+
+async def test_an_actions_reserve_applies_to_its_nodes_unless_a_node_sets_its_own(
+    virtual_clock: VirtualClock, make_engine: Any
+) -> None:
+    """execution.reserve_ms is the default of every node running the action; a node's own wins."""
+    seen: dict[str, float] = {}
+
+    async def h(ctx: wf.ActionContext) -> Any:
+        seen[ctx.node_id] = tb.remaining()
+        return None
+
+    d = _definition()
+    d["actions"][0]["execution"] = {"reserve_ms": 250}
+    d["nodes"].append({"id": "B", "action_id": "act", "timeout_ms": 1000, "reserve_ms": 0})
+    d["transitions"] = [{"id": "t", "from": "A", "to": "B"}]
+    async with make_engine({"h": h}, d) as engine:
+        result = await engine.wait(await engine.start("wf", {}))
+    assert result.status == "completed"
+    assert seen == {"A": pytest.approx(0.75), "B": pytest.approx(1.0)}
+
+
+def test_an_actions_reserve_too_long_for_a_node_names_the_actions_field() -> None:
+    """A reserve a node takes from its action, no shorter than its timeout, names the action's."""
+    data = _definition(timeout_ms=100)
+    data["actions"].insert(0, {"id": "other", "kind": "python", "implementation": {"handler": "x"}})
+    data["actions"][1]["execution"] = {"reserve_ms": 100}
+    with pytest.raises(wf.DefinitionError) as info:
+        wf.parse_definition(data)
+    assert info.value.path == "actions[1].execution.reserve_ms"

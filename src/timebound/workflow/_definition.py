@@ -120,6 +120,8 @@ class Action:
     execution_mode_support: str = "sync-only"
     #: ``{preferred_retry_after_seconds, preferred_max_ttl_seconds}``: hints the host policy clamps.
     deferred_profile: dict[str, int] | None = None
+    #: The reserve of the nodes that run it and set none of their own (D6.33).
+    reserve_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -288,12 +290,12 @@ class Definition:
         return max(timeouts, key=lambda tn: tn[0]) if timeouts else None
 
 
-def _check_reserve(node: Node, action: Action, i: int) -> None:
-    """A node's reserve (D6.33) keeps time for a python handler's answer within the node's bound:
-    one no shorter than the node's timeout would leave the handler nothing."""
+def _check_reserve(node: Node, action: Action, where: str) -> None:
+    """A node's reserve (D6.33), its own or its action's ``execution.reserve_ms``, keeps time
+    for a python handler's answer within the node's bound: one no shorter than the node's timeout
+    would leave the handler nothing. ``where`` names the field that set the reserve."""
     if not node.reserve_ms:
         return
-    where = f"nodes[{i}].reserve_ms"
     if action.kind != "python":
         raise DefinitionError(
             f"a reserve is kept for a python handler's answer; action {action.id!r} is "
@@ -442,8 +444,10 @@ def _build(data: dict[str, Any]) -> Definition:
             execution.get("on_timeout"),
             a.get("execution_mode_support", default_support(a["kind"])),
             a.get("deferred_profile"),
+            execution.get("reserve_ms", 0),
         )
     nodes: dict[str, Node] = {}
+    position = {a: j for j, a in enumerate(actions)}  # where an action is, for its errors
     for i, n in enumerate(data["nodes"]):
         if n["id"] in nodes:
             raise DefinitionError(f"duplicate node id {n['id']!r}", path=f"nodes[{i}].id")
@@ -461,7 +465,7 @@ def _build(data: dict[str, Any]) -> Definition:
             max_retries=n.get("max_retries", DEFAULT_MAX_RETRIES),
             inherit_deadline=n.get("inherit_deadline", False),
             timing_mode=n.get("timing", {}).get("mode"),
-            reserve_ms=n.get("reserve_ms", 0),
+            reserve_ms=n.get("reserve_ms", actions[n["action_id"]].reserve_ms),
             retry=None
             if r is None
             else RetryBlock(
@@ -471,7 +475,11 @@ def _build(data: dict[str, Any]) -> Definition:
                 r.get("max_delay_ms", 30_000),
             ),
         )
-        _check_reserve(node, actions[node.action_id], i)
+        if "reserve_ms" in n:
+            _check_reserve(node, actions[node.action_id], f"nodes[{i}].reserve_ms")
+        elif node.reserve_ms:
+            at = f"actions[{position[node.action_id]}].execution.reserve_ms"
+            _check_reserve(node, actions[node.action_id], at)
         nodes[node.id] = node
     check_modes(data, DefinitionError)
     if data["initial_node"] not in nodes:
