@@ -76,6 +76,7 @@ __all__ = [
     "Report",
     "absolute_wire_value",
     "begin",
+    "call_name",
 ]
 
 COMPONENT = "http-client"
@@ -354,6 +355,11 @@ class Attempt:
             seconds,
         )
         return err
+
+
+def call_name(method: str, host: str, path: str) -> str:
+    """D13: what an HTTP call's part is called (``GET host/path``, at most 120 characters)."""
+    return f"{method} {host}{path}"[:120]
 
 
 def absolute_wire_value(end: float) -> str:

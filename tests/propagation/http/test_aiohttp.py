@@ -10,6 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 from multidict import CIMultiDict
+from yarl import URL
 
 import timebound as tb
 from timebound._core._request import _request
@@ -233,7 +234,9 @@ async def test_own_read_timeout_at_the_attempt_end_is_the_attempt_timeout(
         virtual_clock.jump_to(5.0)  # aiohttp's socket timer and ours are due at the same instant
         raise aiohttp.ServerTimeoutError("Timeout on reading data from socket")
 
-    request = SimpleNamespace(headers=CIMultiDict[str]())
+    request = SimpleNamespace(
+        method="GET", url=URL("http://127.0.0.1/slow"), headers=CIMultiDict[str]()
+    )
     with pytest.raises(AttemptTimeout) as info:
         await DeadlineMiddleware(timeout=5)(request, handler)  # type: ignore[arg-type]
     assert (virtual_clock.now(), info.value.timeout, info.value.remote) == (5.0, 5.0, False)

@@ -6,14 +6,18 @@ import asyncio
 from collections.abc import Iterator
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
+import requests
 
 import timebound as tb
 from timebound import Breakdown
 from timebound.policies import Policy
+from timebound.propagation.aiohttp import DeadlineMiddleware as AiohttpMiddleware
 from timebound.propagation.asgi import DeadlineMiddleware
 from timebound.propagation.httpx import AsyncDeadlineTransport, DeadlineTransport
+from timebound.propagation.requests import DeadlineAdapter as RequestsAdapter
 
 from .conftest import ASGIApp, Receive, Scope, Send, ServerThread
 
@@ -161,6 +165,121 @@ def test_a_malformed_header_is_ignored(value: bytes, caplog: pytest.LogCaptureFi
             with pytest.raises(tb.DeadlineExceeded) as info:
                 with tb.fail_after(5):
                     client.get(s.url)
+    bd = info.value.breakdown
+    assert bd is not None
+    assert hops(bd) == []  # the call is there, the callee's tree is not
+    assert next(p.kind for p in bd.parts) == "call"
+
+
+def test_a_requests_caller_sees_a_b_and_c(chain: str) -> None:
+    """The requests adapter folds a callee's breakdown into the call's part like httpx."""
+    with requests.Session() as session:
+        session.mount("http://", RequestsAdapter())
+        with pytest.raises(tb.DeadlineExceeded) as info:
+            with tb.fail_after(1.5):
+                session.get(chain)
+    err = info.value
+    assert err.source == "propagated"
+    bd = err.breakdown
+    assert bd is not None
+    adds_up(bd)
+    assert len(hops(bd)) == 3, bd.render()
+    calls = [p for _, p in bd.walk() if p.kind == "call"]
+    assert len(calls) == 3 and calls[0].name is not None
+    assert calls[0].name.startswith("GET 127.0.0.1/a"), bd.render()
+    assert calls[0].outcome == "498"
+
+
+def test_requests_asks_for_the_breakdown_when_told() -> None:
+    seen: list[str | None] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        headers = dict(scope["headers"])
+        seen.append(headers.get(HEADER.encode(), b"").decode() or None)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    with ServerThread(app) as s:
+        for ask in (False, True):
+            with requests.Session() as session:
+                session.mount("http://", RequestsAdapter(ask_breakdown=ask))
+                with tb.fail_after(5):
+                    assert session.get(s.url).status_code == 200
+    assert seen == [None, "1"]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"{", b"[]", b'{"k":"bound","ms":-1}', b'{"k":"bound","ms":1,"p":' + b"[" * 500, b"x" * 3000],
+)
+def test_requests_ignores_a_malformed_header(value: bytes) -> None:
+    with ServerThread(_answering(value)) as s:
+        with requests.Session() as session:
+            session.mount("http://", RequestsAdapter())
+            with pytest.raises(tb.DeadlineExceeded) as info:
+                with tb.fail_after(5):
+                    session.get(s.url)
+    bd = info.value.breakdown
+    assert bd is not None
+    assert hops(bd) == []  # the call is there, the callee's tree is not
+    assert next(p.kind for p in bd.parts) == "call"
+
+
+def _aiohttp_session(**kw: Any) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(middlewares=(AiohttpMiddleware(**kw),))
+
+
+@pytest.mark.asyncio_real
+async def test_an_aiohttp_caller_sees_a_b_and_c(chain: str) -> None:
+    """The aiohttp middleware folds a callee's breakdown into the call's part like httpx."""
+    async with _aiohttp_session() as session:
+        with pytest.raises(tb.DeadlineExceeded) as info:
+            with tb.fail_after(1.5):
+                async with session.get(chain) as r:
+                    await r.read()
+    err = info.value
+    assert err.source == "propagated"
+    bd = err.breakdown
+    assert bd is not None
+    adds_up(bd)
+    assert len(hops(bd)) == 3, bd.render()
+    calls = [p for _, p in bd.walk() if p.kind == "call"]
+    assert len(calls) == 3 and calls[0].name is not None
+    assert calls[0].name.startswith("GET 127.0.0.1/a"), bd.render()
+    assert calls[0].outcome == "498"
+
+
+@pytest.mark.asyncio_real
+async def test_aiohttp_asks_for_the_breakdown_when_told() -> None:
+    seen: list[str | None] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        headers = dict(scope["headers"])
+        seen.append(headers.get(HEADER.encode(), b"").decode() or None)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    with ServerThread(app) as s:
+        for ask in (False, True):
+            async with _aiohttp_session(ask_breakdown=ask) as session:
+                with tb.fail_after(5):
+                    async with session.get(s.url) as r:
+                        assert r.status == 200
+    assert seen == [None, "1"]
+
+
+@pytest.mark.asyncio_real
+@pytest.mark.parametrize(
+    "value",
+    [b"{", b"[]", b'{"k":"bound","ms":-1}', b'{"k":"bound","ms":1,"p":' + b"[" * 500, b"x" * 3000],
+)
+async def test_aiohttp_ignores_a_malformed_header(value: bytes) -> None:
+    with ServerThread(_answering(value)) as s:
+        async with _aiohttp_session() as session:
+            with pytest.raises(tb.DeadlineExceeded) as info:
+                with tb.fail_after(5):
+                    async with session.get(s.url) as r:
+                        await r.read()
     bd = info.value.breakdown
     assert bd is not None
     assert hops(bd) == []  # the call is there, the callee's tree is not

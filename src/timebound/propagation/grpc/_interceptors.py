@@ -773,6 +773,24 @@ def _caller_breakdown(attempt: Attempt, status: str) -> Any:
     return current_breakdown((mark,), name, attempt.t0, seconds)
 
 
+def _sync_answered(outcome: Any, clamp: _Clamp) -> None:
+    """D13: a finished unary call is a part of our breakdown, the callee's own inside it.
+
+    A blocking call (``stub(request)``, ``with_call``) has finished when the interceptor gets
+    its outcome back, in the caller's thread and scopes. A ``future()`` finishes later in
+    grpc's own thread, outside the caller's scopes: it is not recorded.
+    """
+    try:
+        if not outcome.done():
+            return
+        code = outcome.code()
+        metadata = outcome.trailing_metadata()
+    except Exception:  # an outcome that is not a finished call: nothing to record
+        return
+    status = code.name if isinstance(code, grpc.StatusCode) else str(code)
+    clamp.attempt.answered(status, _trailer_value(metadata))
+
+
 def _rpc_span(method: str | bytes, clamp: _Clamp | None) -> CallSpan | None:
     """The client span of one call (D10.8), with OpenTelemetry's RPC attributes and the budget
     grpc sends as ``grpc-timeout``; ``None`` when nothing is traced."""
@@ -828,6 +846,7 @@ class _PropagatingOutcome(grpc.Call, grpc.Future):  # type: ignore[misc]
             conv = _propagated_from(
                 PropagatedDeadlineExceeded, err, self._clamp.timeout, self._clamp.destination
             )
+            conv.breakdown = _caller_breakdown(self._clamp.attempt, "DEADLINE_EXCEEDED")
             conv.__cause__ = err
             self._converted = conv
         return self._converted
@@ -941,6 +960,8 @@ class _SyncClientInterceptor(
 
     def _unary(self, continuation: Callable[[Any, Any], Any], details: Any, request: Any) -> Any:
         outcome, clamp = self._start(continuation, details, request)
+        if clamp is not None:
+            _sync_answered(outcome, clamp)
         if clamp is None or not clamp.propagated:
             return outcome
         return _PropagatingOutcome(outcome, clamp)

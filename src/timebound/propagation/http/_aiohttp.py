@@ -34,7 +34,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from ..._core._durations import Duration, to_seconds
 from ...telemetry._tracing import active as tracing_active
 from ...telemetry._tracing import client_span
-from .._client import Attempt, AttemptTimeoutBase, ClientOptions, begin
+from .._breakdown_wire import BREAKDOWN_HEADER
+from .._client import Attempt, AttemptTimeoutBase, ClientOptions, begin, call_name
 from .._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER
 
 __all__ = ["AttemptTimeout", "DeadlineMiddleware"]
@@ -52,7 +53,11 @@ class AttemptTimeout(AttemptTimeoutBase, aiohttp.ServerTimeoutError):
 
 
 class DeadlineMiddleware:
-    """An aiohttp client middleware that clamps, propagates and enforces the deadline."""
+    """An aiohttp client middleware that clamps, propagates and enforces the deadline.
+
+    ``ask_breakdown``: ask every callee for its breakdown (``X-Timebound-Breakdown: 1``); one
+    that a callee sends is folded into the call's part whether asked or not (D13.5).
+    """
 
     def __init__(
         self,
@@ -63,8 +68,10 @@ class DeadlineMiddleware:
         absolute_header: str | None = ABSOLUTE_HEADER,
         expired_header: str = EXPIRED_HEADER,
         what: str = "http request",
+        ask_breakdown: bool = False,
     ) -> None:
         self._timeout = None if timeout is None else to_seconds(timeout, option="timeout")
+        self._ask_breakdown = bool(ask_breakdown)
         self._options = ClientOptions(
             propagate_header=propagate_header,
             timeout_header=timeout_header,
@@ -98,12 +105,24 @@ class DeadlineMiddleware:
 
     async def _call(self, request: aiohttp.ClientRequest, handler: Any) -> aiohttp.ClientResponse:
         attempt = begin(self._static(request), self._options, AttemptTimeout, _TIMEOUTS)
+        attempt.name = call_name(request.method, request.url.host or "", request.url.path)  # D13
         for name, value in attempt.headers():
             request.headers[name] = value
+        if self._ask_breakdown:
+            request.headers[BREAKDOWN_HEADER] = "1"
+        response: aiohttp.ClientResponse
+        try:
+            if attempt.end is None:
+                response = await handler(request)
+            else:
+                response = await attempt.run(handler, request)
+        except BaseException as exc:
+            attempt.part(type(exc).__name__)  # D13: a call that got no answer
+            raise
+        # D13: the call is a part of our breakdown, the callee's own (if it sent one) inside it.
+        attempt.answered(response.status, response.headers.get(BREAKDOWN_HEADER))
         if attempt.end is None:
-            response: aiohttp.ClientResponse = await handler(request)
             return response
-        response = await attempt.run(handler, request)
         refusal = attempt.refusal(
             response.status, response.headers.get(self._options.expired_header)
         )

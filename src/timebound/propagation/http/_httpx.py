@@ -59,7 +59,7 @@ from ..._core._scopes import _clean_context, _spawn_detached, move_on_at, spawn_
 from ...telemetry._tracing import active as tracing_active
 from ...telemetry._tracing import client_span
 from .._breakdown_wire import BREAKDOWN_HEADER
-from .._client import Attempt, AttemptTimeoutBase, ClientOptions, begin
+from .._client import Attempt, AttemptTimeoutBase, ClientOptions, begin, call_name
 from .._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER
 
 __all__ = ["AsyncDeadlineTransport", "AttemptTimeout", "DeadlineTransport"]
@@ -157,8 +157,7 @@ class _Base:
         attempt = begin(
             static, self._options, functools.partial(AttemptTimeout, request=request), _TIMEOUTS
         )
-        url = request.url
-        attempt.name = f"{request.method} {url.host}{url.path}"[:120]  # D13: the call's part
+        attempt.name = call_name(request.method, request.url.host, request.url.path)  # D13
         if self._ask_breakdown:
             request.headers[BREAKDOWN_HEADER] = "1"
         return attempt

@@ -25,6 +25,7 @@ import functools
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 try:
     import requests
@@ -39,7 +40,8 @@ from ..._core._durations import Duration, to_seconds
 from ..._core._errors import DeadlineExceeded
 from ...telemetry._tracing import active as tracing_active
 from ...telemetry._tracing import client_span
-from .._client import Attempt, AttemptTimeoutBase, ClientOptions, begin
+from .._breakdown_wire import BREAKDOWN_HEADER
+from .._client import Attempt, AttemptTimeoutBase, ClientOptions, begin, call_name
 from .._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER
 
 __all__ = ["AttemptTimeout", "DeadlineAdapter"]
@@ -91,6 +93,8 @@ class DeadlineAdapter(HTTPAdapter):
 
     ``timeout``: a total per attempt (seconds, timedelta or ``"5s"``); other keyword arguments go
     to :class:`requests.adapters.HTTPAdapter` (``pool_maxsize``, ``max_retries`` …).
+    ``ask_breakdown``: ask every callee for its breakdown (``X-Timebound-Breakdown: 1``); one
+    that a callee sends is folded into the call's part whether asked or not (D13.5).
     """
 
     def __init__(
@@ -102,10 +106,12 @@ class DeadlineAdapter(HTTPAdapter):
         absolute_header: str | None = ABSOLUTE_HEADER,
         expired_header: str = EXPIRED_HEADER,
         what: str = "http request",
+        ask_breakdown: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self._timeout = None if timeout is None else to_seconds(timeout, option="timeout")
+        self._ask_breakdown = bool(ask_breakdown)
         self._options = ClientOptions(
             propagate_header=propagate_header,
             timeout_header=timeout_header,
@@ -154,23 +160,33 @@ class DeadlineAdapter(HTTPAdapter):
             functools.partial(AttemptTimeout, request=request),
             _TIMEOUTS,
         )
+        url = urlsplit(request.url or "")
+        attempt.name = call_name(request.method or "GET", url.hostname or "", url.path)  # D13
         for name, value in attempt.headers():
             request.headers[name] = value
+        if self._ask_breakdown:
+            request.headers[BREAKDOWN_HEADER] = "1"
         seconds = attempt.clamped.seconds
         if seconds is not None:
             timeout = (
                 seconds if connect is None else min(connect, seconds),
                 seconds if read is None else min(read, seconds),
             )
-        with attempt.boundary():
-            response = super().send(
-                request,
-                stream=stream,
-                timeout=timeout,
-                verify=verify,
-                cert=cert,
-                proxies=dict(proxies) if proxies is not None else None,
-            )
+        try:
+            with attempt.boundary():
+                response = super().send(
+                    request,
+                    stream=stream,
+                    timeout=timeout,
+                    verify=verify,
+                    cert=cert,
+                    proxies=dict(proxies) if proxies is not None else None,
+                )
+        except BaseException as exc:
+            attempt.part(type(exc).__name__)  # D13: a call that got no answer
+            raise
+        # D13: the call is a part of our breakdown, the callee's own (if it sent one) inside it.
+        attempt.answered(response.status_code, response.headers.get(BREAKDOWN_HEADER))
         refusal = attempt.refusal(
             response.status_code, response.headers.get(self._options.expired_header)
         )
