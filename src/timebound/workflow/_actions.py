@@ -55,6 +55,9 @@ class ActionContext:
     idempotency_key: str | None = None
     #: The W3C ``traceparent`` of the run's span when spans are exported, else None (D10.5).
     traceparent: str | None = None
+    #: The node's reserve in seconds (D6.33): the handler runs seeing ``deadline`` less it, while
+    #: the attempt is cut only at ``deadline``; ``None``: no reserve.
+    reserve: float | None = None
 
 
 @dataclass(frozen=True)
@@ -215,7 +218,8 @@ async def run_python(
     what: str,
     on_late: Callable[[], None],
 ) -> Outcome:
-    """Call ``handler(ctx)`` inside ``fail_at(ctx.deadline, source="node")``.
+    """Call ``handler(ctx)`` inside ``fail_at(ctx.deadline, source="node")``, keeping the node's
+    reserve (D6.33): the handler sees the deadline less it and may still answer after it fires.
 
     Async handlers are cancelled at the deadline. A sync handler runs in a worker thread, so the
     loop is never blocked; it cannot be interrupted, so when the engine gives up on it, its result
@@ -223,7 +227,7 @@ async def run_python(
     """
     try:
         if inspect.iscoroutinefunction(handler):
-            scope = fail_at(ctx.deadline, source="node", what=what)
+            scope = fail_at(ctx.deadline, source="node", what=what, reserve=ctx.reserve)
             try:
                 async with scope:
                     value = await handler(ctx)
@@ -250,7 +254,7 @@ async def _in_thread(
     on_late: Callable[[], None],
 ) -> Any:
     def call() -> Any:
-        with fail_at(ctx.deadline, source="node", what=what):
+        with fail_at(ctx.deadline, source="node", what=what, reserve=ctx.reserve):
             return handler(ctx)
 
     loop = asyncio.get_running_loop()

@@ -134,6 +134,7 @@ class Attempts:
             timing=timing,
             idempotency_key=call_key(tok),
             traceparent=run.get("traceparent"),
+            reserve=node.reserve_ms / 1000 if node.reserve_ms else None,
         )
         return (tok["id"], action.kind, implementation, ctx)
 

@@ -120,6 +120,8 @@ class Action:
     execution_mode_support: str = "sync-only"
     #: ``{preferred_retry_after_seconds, preferred_max_ttl_seconds}``: hints the host policy clamps.
     deferred_profile: dict[str, int] | None = None
+    #: The reserve of the nodes that run it and set none of their own (D6.33).
+    reserve_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,8 @@ class Node:
     inherit_deadline: bool = False
     retry: RetryBlock | None = None
     timing_mode: Literal["sync", "async"] | None = None  # ``timing.mode``; None: the action's
+    #: Kept for the answer (D6.33): the handler runs seeing its deadline less this; 0: none.
+    reserve_ms: int = 0
 
 
 @dataclass(frozen=True)
@@ -286,6 +290,27 @@ class Definition:
         return max(timeouts, key=lambda tn: tn[0]) if timeouts else None
 
 
+def _check_reserve(node: Node, action: Action, where: str) -> None:
+    """A node's reserve (D6.33), its own or its action's ``execution.reserve_ms``, keeps time
+    for a python handler's answer within the node's bound: one no shorter than the node's timeout
+    would leave the handler nothing. ``where`` names the field that set the reserve."""
+    if not node.reserve_ms:
+        return
+    if action.kind != "python":
+        raise DefinitionError(
+            f"a reserve is kept for a python handler's answer; action {action.id!r} is "
+            f"{action.kind}",
+            path=where,
+        )
+    timeout = node.timeout_ms if node.timeout_set else action.timeout_ms
+    if timeout is not None and node.reserve_ms >= timeout:
+        raise DefinitionError(
+            f"the reserve of {node.reserve_ms} ms leaves nothing of the node's timeout of "
+            f"{timeout} ms: a reserve must be shorter than the timeout",
+            path=where,
+        )
+
+
 def default_sync_timeout_ms(max_action_timeout_ms: int | None, spawned: int) -> int:
     """D6.2: ``min(maxActionTimeout * spawnCount * 1.5, 30 min)``, or the cap with no action
     timeout to compute it from (the same formula in docs/workflows.md)."""
@@ -419,8 +444,10 @@ def _build(data: dict[str, Any]) -> Definition:
             execution.get("on_timeout"),
             a.get("execution_mode_support", default_support(a["kind"])),
             a.get("deferred_profile"),
+            execution.get("reserve_ms", 0),
         )
     nodes: dict[str, Node] = {}
+    position = {a: j for j, a in enumerate(actions)}  # where an action is, for its errors
     for i, n in enumerate(data["nodes"]):
         if n["id"] in nodes:
             raise DefinitionError(f"duplicate node id {n['id']!r}", path=f"nodes[{i}].id")
@@ -438,6 +465,7 @@ def _build(data: dict[str, Any]) -> Definition:
             max_retries=n.get("max_retries", DEFAULT_MAX_RETRIES),
             inherit_deadline=n.get("inherit_deadline", False),
             timing_mode=n.get("timing", {}).get("mode"),
+            reserve_ms=n.get("reserve_ms", actions[n["action_id"]].reserve_ms),
             retry=None
             if r is None
             else RetryBlock(
@@ -447,6 +475,11 @@ def _build(data: dict[str, Any]) -> Definition:
                 r.get("max_delay_ms", 30_000),
             ),
         )
+        if "reserve_ms" in n:
+            _check_reserve(node, actions[node.action_id], f"nodes[{i}].reserve_ms")
+        elif node.reserve_ms:
+            at = f"actions[{position[node.action_id]}].execution.reserve_ms"
+            _check_reserve(node, actions[node.action_id], at)
         nodes[node.id] = node
     check_modes(data, DefinitionError)
     if data["initial_node"] not in nodes:
