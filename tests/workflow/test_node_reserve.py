@@ -1,4 +1,4 @@
-"""A node's reserve (D6.33): the handler sees its node deadline less ``reserve_ms`` and can still
+"""A node's reserve (D6.32): the handler sees its node deadline less ``reserve_ms`` and can still
 answer after the reserve fires; the attempt itself is cut only at the node's deadline."""
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ class ActionContext:
     idempotency_key: str | None = None
     #: The W3C ``traceparent`` of the run's span when spans are exported, else None (D10.5).
     traceparent: str | None = None
-    #: The node's reserve in seconds (D6.33): the handler runs seeing ``deadline`` less it, while
+    #: The node's reserve in seconds (D6.32): the handler runs seeing ``deadline`` less it, while
     #: the attempt is cut only at ``deadline``; ``None``: no reserve.
     reserve: float | None = None
 
@@ -219,7 +219,7 @@ async def run_python(
     on_late: Callable[[], None],
 ) -> Outcome:
     """Call ``handler(ctx)`` inside ``fail_at(ctx.deadline, source="node")``, keeping the node's
-    reserve (D6.33): the handler sees the deadline less it and may still answer after it fires.
+    reserve (D6.32): the handler sees the deadline less it and may still answer after it fires.
 
     Async handlers are cancelled at the deadline. A sync handler runs in a worker thread, so the
     loop is never blocked; it cannot be interrupted, so when the engine gives up on it, its result

@@ -120,7 +120,7 @@ class Action:
     execution_mode_support: str = "sync-only"
     #: ``{preferred_retry_after_seconds, preferred_max_ttl_seconds}``: hints the host policy clamps.
     deferred_profile: dict[str, int] | None = None
-    #: The reserve of the nodes that run it and set none of their own (D6.33).
+    #: The reserve of the nodes that run it and set none of their own (D6.32).
     reserve_ms: int = 0
 
 
@@ -135,7 +135,7 @@ class Node:
     inherit_deadline: bool = False
     retry: RetryBlock | None = None
     timing_mode: Literal["sync", "async"] | None = None  # ``timing.mode``; None: the action's
-    #: Kept for the answer (D6.33): the handler runs seeing its deadline less this; 0: none.
+    #: Kept for the answer (D6.32): the handler runs seeing its deadline less this; 0: none.
     reserve_ms: int = 0
 
 
@@ -291,7 +291,7 @@ class Definition:
 
 
 def _check_reserve(node: Node, action: Action, where: str) -> None:
-    """A node's reserve (D6.33), its own or its action's ``execution.reserve_ms``, keeps time
+    """A node's reserve (D6.32), its own or its action's ``execution.reserve_ms``, keeps time
     for a python handler's answer within the node's bound: one no shorter than the node's timeout
     would leave the handler nothing. ``where`` names the field that set the reserve."""
     if not node.reserve_ms:
