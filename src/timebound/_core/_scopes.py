@@ -1335,6 +1335,7 @@ def frame_breakdown(
         marks,
         n_marks,
         open_frames,
+        frame._own if frame._own != _INF else None,
     )
 
 
