@@ -122,6 +122,10 @@ class _Frame:
     c_binder: _Frame | None
     catcher: CancelScope | None
 
+    def _origin(self) -> str | None:
+        """Where this frame's bound was set (D2.8), as :meth:`_deadline_error` says it."""
+        return set_by_of(self._source, self._what)
+
     def _deadline_error(self, context: str | None = None) -> DeadlineExceeded:
         """The error that reports this frame's own deadline.
 
@@ -729,6 +733,9 @@ class _Bound(_Frame):
         self._t0 = None
         self._set_by = set_by
 
+    def _origin(self) -> str | None:
+        return self._set_by if self._set_by is not None else super()._origin()
+
     def _deadline_error(self, context: str | None = None) -> DeadlineExceeded:
         err = super()._deadline_error(context)
         if self._set_by is not None:
@@ -849,6 +856,9 @@ class _Reserve(_Frame):
     _reserve: float
     _label: str
     _base_source: str
+
+    def _origin(self) -> str | None:
+        return f"reserve of {self._label}"
 
     def _deadline_error(self, context: str | None = None) -> DeadlineExceeded:
         from ._durations import format_duration
@@ -1325,6 +1335,7 @@ def frame_breakdown(
         marks,
         n_marks,
         open_frames,
+        frame._own if frame._own != _INF else None,
     )
 
 
@@ -1332,6 +1343,13 @@ def current_bound_source() -> str | None:
     """The ``source`` of the bound that sets the effective deadline, or ``None`` without one."""
     binder = _frame.get().binder
     return None if binder is None else binder._source
+
+
+def current_bound_set_by() -> str | None:
+    """Where the bound that sets the effective deadline was set (D2.8), as its own error would
+    say: a callee that reports that deadline spent reports *this* bound spent."""
+    binder = _frame.get().binder
+    return None if binder is None else binder._origin()
 
 
 def checkpoint() -> None:

@@ -132,7 +132,7 @@ class DeadlineMiddleware:
                 await attempt.run(response.read)
             finally:
                 response.release()
-            raise refusal
+            raise attempt.refused(refusal)
         response.content = _BoundedContent(response.content, attempt)  # type: ignore[assignment]
         return response
 

@@ -240,7 +240,7 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
                     pass
                 finally:
                     response.close()
-                raise refusal
+                raise attempt.refused(refusal)
         except BaseException as exc:
             attempt.part(type(exc).__name__)
             release()
@@ -476,7 +476,7 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
                 await attempt.run(response.aread)
             finally:
                 await response.aclose()
-            raise refusal
+            raise attempt.refused(refusal)
         response.stream = _AsyncStream(response.stream, attempt)
         return response
 
@@ -536,9 +536,10 @@ class _Exchange:
     own: the caller's scope always ends first. Subclasses supply the task (asyncio, trio).
     """
 
-    __slots__ = ("_cancel_asked", "_connected", "_error", "_left", "_response")
+    __slots__ = ("_attempt", "_cancel_asked", "_connected", "_error", "_left", "_response")
 
     def __init__(self, request: httpx.Request, *, gated: bool) -> None:
+        self._attempt: Attempt | None = None
         self._connected = not gated
         self._cancel_asked = False
         self._left = False
@@ -600,6 +601,10 @@ class _Exchange:
             raise
         if release is not _RELEASED:
             response.stream = _AsyncReleasing(response.stream, release)
+        if self._attempt is not None:
+            # D13: the callee's side reaches the call's part even when the caller's deadline
+            # cuts it in this very step (the answer is here; the caller has not run yet).
+            self._attempt.arrived(response.headers.get(BREAKDOWN_HEADER))
         if self._left:
             self._wake()
             await _release(response)
@@ -613,6 +618,7 @@ class _Exchange:
         ``keep_until``: at a cut by our deadline, leave the exchange running until then (D4.8)
         and release its response; ``None``: cancel it at the cut.
         """
+        self._attempt = attempt
         try:
             return await attempt.run(self._result)
         except BaseException:

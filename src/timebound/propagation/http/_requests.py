@@ -196,7 +196,7 @@ class DeadlineAdapter(HTTPAdapter):
                 _ = response.content
             finally:
                 response.close()
-            raise refusal
+            raise attempt.refused(refusal)
         if attempt.end is not None:
             response.raw = _BoundedRaw(response.raw, attempt)
         return response
