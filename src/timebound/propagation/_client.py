@@ -33,6 +33,9 @@ query carries it as ``statement_timeout``, a Redis command as the reply's read t
 ``propagate_header=False``; the database adapters then map their drivers' own signal of the
 end (see :class:`Attempt`) to the same :meth:`Attempt.cut`.
 
+The HTTP adapters are built from :func:`http_client_setup` (their one constructor block: the
+static timeout, the options, and a ``policy=`` checked by ``_resilience``, D3.17).
+
 Telemetry goes through the options' :class:`Report`. :class:`CounterReport` is userver's
 (``timeout-updated-by-deadline``, ``cancelled-by-deadline`` and the matching ``span.tags``
 events) for any component label: ``http-client`` for the HTTP clients, the driver's name for

@@ -47,6 +47,8 @@ _TIMEOUTS: tuple[type[BaseException], ...] = (aiohttp.ServerTimeoutError,)
 #: The errors of an attempt that say the dependency failed (D3.17): the connection broke or
 #: timed out (``ServerTimeoutError`` is one).
 _FAILURES: tuple[type[BaseException], ...] = (aiohttp.ClientConnectionError,)
+#: What an attempt raises to the policy as it is (D3.17); any other error is handed back.
+_RAISED: tuple[type[BaseException], ...] = (DeadlineExceeded, *_FAILURES)
 #: Why the middleware refuses a hedged policy (D3.18).
 _NO_HEDGING = (
     "an aiohttp middleware is handed one ClientRequest, which two attempts cannot send side by "
@@ -68,6 +70,9 @@ class DeadlineMiddleware:
 
     ``ask_breakdown``: ask every callee for its breakdown (``X-Timebound-Breakdown: 1``); one
     that a callee sends is folded into the call's part whether asked or not (D13.5).
+    ``policy`` and ``retry_statuses``: as for httpx's
+    :class:`~timebound.propagation.httpx.DeadlineTransport` (D3.17); a hedged policy is
+    refused (D3.18).
     """
 
     def __init__(
@@ -143,7 +148,7 @@ class DeadlineMiddleware:
         """One attempt under the policy (see ``propagation._resilience``)."""
         try:
             response = await self._send(request, handler)
-        except (DeadlineExceeded, *_FAILURES):
+        except _RAISED:
             raise
         except Exception as exc:
             return Passed(exc)

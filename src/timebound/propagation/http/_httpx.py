@@ -154,6 +154,8 @@ _FAILURES: tuple[type[BaseException], ...] = (
     httpx.NetworkError,
     httpx.RemoteProtocolError,
 )
+#: What an attempt raises to the policy as it is (D3.17); any other error is handed back.
+_RAISED: tuple[type[BaseException], ...] = (DeadlineExceeded, *_FAILURES)
 
 
 def _copy(request: httpx.Request) -> httpx.Request:
@@ -205,6 +207,11 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
     epoch microseconds, D9.3); ``None`` for peers that do not know it.
     ``ask_breakdown``: ask every callee for its breakdown (``X-Timebound-Breakdown: 1``); one
     that a callee sends is folded into the call's part whether asked or not (D13.5).
+    ``policy``: a :class:`~timebound.policies.Policy` each request runs under — attempts,
+    breaker, retry budget, server hints (D3.17); a response whose status is in
+    ``retry_statuses`` (429, 502, 503, 504) is a failure, and the last one is returned as it
+    is. A hedged policy is refused here (D3.18); :class:`AsyncDeadlineTransport` hedges the
+    ``hedge_methods`` (GET, HEAD, OPTIONS; PUT and DELETE when named).
     """
 
     def __init__(
@@ -254,7 +261,7 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
         """One attempt of a request under the policy (see ``propagation._resilience``)."""
         try:
             response = self._send(_copy(request))
-        except (DeadlineExceeded, *_FAILURES):
+        except _RAISED:
             raise
         except Exception as exc:
             return Passed(exc)
@@ -519,7 +526,7 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
         """One attempt of a request under the policy (see ``propagation._resilience``)."""
         try:
             response = await self._send(_copy(request))
-        except (DeadlineExceeded, *_FAILURES):
+        except _RAISED:
             raise
         except Exception as exc:
             return Passed(exc)

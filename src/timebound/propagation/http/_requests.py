@@ -62,6 +62,8 @@ _FAILURES: tuple[type[BaseException], ...] = (
     requests.exceptions.Timeout,
     requests.exceptions.ChunkedEncodingError,
 )
+#: What an attempt raises to the policy as it is (D3.17); any other error is handed back.
+_RAISED: tuple[type[BaseException], ...] = (DeadlineExceeded, *_FAILURES)
 
 
 class AttemptTimeout(AttemptTimeoutBase, requests.exceptions.Timeout):
@@ -110,6 +112,9 @@ class DeadlineAdapter(HTTPAdapter):
     to :class:`requests.adapters.HTTPAdapter` (``pool_maxsize``, ``max_retries`` …).
     ``ask_breakdown``: ask every callee for its breakdown (``X-Timebound-Breakdown: 1``); one
     that a callee sends is folded into the call's part whether asked or not (D13.5).
+    ``policy`` and ``retry_statuses``: as for httpx's
+    :class:`~timebound.propagation.httpx.DeadlineTransport` (D3.17); a hedged policy is
+    refused (D3.18).
     """
 
     def __init__(
@@ -186,7 +191,7 @@ class DeadlineAdapter(HTTPAdapter):
         copy, as each attempt writes its own deadline headers."""
         try:
             response = self._one(request.copy(), stream, timeout, verify, cert, proxies)
-        except (DeadlineExceeded, *_FAILURES):
+        except _RAISED:
             raise
         except Exception as exc:
             return Passed(exc)
