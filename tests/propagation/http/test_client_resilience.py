@@ -425,3 +425,32 @@ async def test_the_policys_attempt_timeout_cuts_a_slow_attempt_and_retries(
     assert sent == ["100", "100"]
     outcomes = [e.attrs["outcome"] for e in events if e.name == "attempt.end"]
     assert outcomes == ["timeout", "ok"]
+
+
+async def test_a_learned_attempt_timeout_cuts_a_stuck_attempt(
+    virtual_clock: VirtualClock, events: list[Event]
+) -> None:
+    """timeout="p99" (D3.15) over the client: once 20 answers of 10 ms are known, an attempt
+    gets the floor (50 ms, above the learned p99), is sent that budget, and a stuck one is cut
+    there and retried."""
+    sent: list[str | None] = []
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request.headers.get(TIMEOUT))
+        await asyncio.sleep(60 if len(sent) == 21 else 0.01)
+        return httpx.Response(200)
+
+    policy = Policy("inventory", retry=1, timeout="p99", timeout_floor="50ms")
+    transport = AsyncDeadlineTransport(httpx.MockTransport(handler), policy=policy)
+    async with httpx.AsyncClient(transport=transport) as client:
+        for _ in range(20):
+            assert (await client.get("http://inventory/")).status_code == 200
+        assert sent[:20] == ["5000"] * 20  # nothing learned yet: httpx's own 5 s
+        t0 = virtual_clock.now()
+        with tb.fail_after(10):
+            response = await client.get("http://inventory/")
+    assert response.status_code == 200
+    assert sent[20:] == ["50", "50"]
+    assert virtual_clock.now() - t0 == pytest.approx(0.06)
+    outcomes = [e.attrs["outcome"] for e in events if e.name == "attempt.end"]
+    assert outcomes[-2:] == ["timeout", "ok"]
