@@ -33,6 +33,9 @@ query carries it as ``statement_timeout``, a Redis command as the reply's read t
 ``propagate_header=False``; the database adapters then map their drivers' own signal of the
 end (see :class:`Attempt`) to the same :meth:`Attempt.cut`.
 
+The HTTP adapters are built from :func:`http_client_setup` (their one constructor block: the
+static timeout, the options, and a ``policy=`` checked by ``_resilience``, D3.17).
+
 Telemetry goes through the options' :class:`Report`. :class:`CounterReport` is userver's
 (``timeout-updated-by-deadline``, ``cancelled-by-deadline`` and the matching ``span.tags``
 events) for any component label: ``http-client`` for the HTTP clients, the driver's name for
@@ -42,7 +45,7 @@ a database adapter (whose own bookkeeping commands are not counted as lowered, D
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -51,6 +54,7 @@ from .._core import _clock
 from .._core._breakdown import Breakdown
 from .._core._classify import bound_origin
 from .._core._deadline import Deadline
+from .._core._durations import Duration, to_seconds
 from .._core._errors import DeadlineExceeded
 from .._core._request import RequestState, _request
 from .._core._scopes import (
@@ -62,10 +66,12 @@ from .._core._scopes import (
     move_on_at,
     record,
 )
+from ..policies._policy import Policy
 from ..telemetry._events import counters, emit, enabled
 from . import _config
 from ._breakdown_wire import parse as parse_breakdown
 from ._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER, format_absolute_us
+from ._resilience import Resilience, check_http_methods, check_policy, check_statuses
 from ._state import ClampedTimeout, clamp_timeout
 
 __all__ = [
@@ -74,10 +80,12 @@ __all__ = [
     "AttemptTimeoutBase",
     "ClientOptions",
     "CounterReport",
+    "HttpClientSetup",
     "Report",
     "absolute_wire_value",
     "begin",
     "call_name",
+    "http_client_setup",
 ]
 
 COMPONENT = "http-client"
@@ -133,6 +141,56 @@ class ClientOptions:
     expired_header: str = EXPIRED_HEADER
     what: str = "http request"
     report: Report = field(default_factory=lambda: CounterReport(COMPONENT))
+
+
+@dataclass(frozen=True, slots=True)
+class HttpClientSetup:
+    """What every HTTP client adapter is built from: its static ``timeout`` (seconds),
+    whether it asks callees for their breakdown, its :class:`ClientOptions`, and its policy
+    (``None``: one attempt per request, as without one; D3.17)."""
+
+    timeout: float | None
+    ask_breakdown: bool
+    options: ClientOptions
+    resilience: Resilience | None
+    #: The HTTP statuses that are the dependency's failure (D3.17).
+    retry_statuses: frozenset[int]
+
+
+def http_client_setup(
+    adapter: str,
+    *,
+    timeout: Duration | None,
+    propagate_header: bool,
+    timeout_header: str,
+    absolute_header: str | None,
+    expired_header: str,
+    what: str,
+    ask_breakdown: bool,
+    policy: Policy[Any] | None,
+    retry_statuses: Iterable[int],
+    hedge_methods: Iterable[str],
+    hedging: str | None = None,
+) -> HttpClientSetup:
+    """The constructor block of the HTTP client adapters (httpx, requests, aiohttp), once.
+
+    ``hedging``: why this adapter cannot hedge (a hedged policy is then refused), or ``None``.
+    """
+    return HttpClientSetup(
+        None if timeout is None else to_seconds(timeout, option="timeout"),
+        bool(ask_breakdown),
+        ClientOptions(
+            propagate_header=propagate_header,
+            timeout_header=timeout_header,
+            absolute_header=absolute_header,
+            expired_header=expired_header,
+            what=what,
+        ),
+        check_policy(
+            policy, adapter=adapter, hedged=check_http_methods(hedge_methods), hedging=hedging
+        ),
+        check_statuses(retry_statuses),
+    )
 
 
 class AttemptTimeoutBase(DeadlineExceeded):
