@@ -34,7 +34,7 @@ from .._core._scopes import (
     record,
     remaining,
 )
-from ._hedge import hedged_async
+from ._hedge import hedged_async, hedged_sync
 from ._retry import AttemptNow, FallBack, RetryAt, RetryState, Stop, misuse
 
 if TYPE_CHECKING:
@@ -224,11 +224,6 @@ def retry_sync(
     observer: Observer | None,
 ) -> tuple[bool, Any]:
     """(True, value), or (False, the plan's FallBack/Stop)."""
-    if policy._hedge is not None:
-        raise misuse(
-            f"{policy.name}: a hedged policy runs async calls only (await Policy.execute()); "
-            "a sync attempt cannot be cancelled when another one wins"
-        )
     plan = policy.plan
     state = plan.start()
     plain = policy._plain
@@ -246,11 +241,20 @@ def retry_sync(
                 policy.emit(observer, "attempt.start", attempt=attempt)
             t0 = 0.0 if trail is None else _clock.now()
             try:
-                value = (
-                    _call_sync(name, fn, args, kwargs)
-                    if plain
-                    else _attempt_sync(policy, state, fn, args, kwargs, trail)
-                )
+                if plain:
+                    value = _call_sync(name, fn, args, kwargs)
+                elif policy._hedge is None:
+                    value = _attempt_sync(policy, state, fn, args, kwargs, trail)
+                else:
+                    # D3.14: the attempts race in threads; the caller waits for the first success.
+                    value = hedged_sync(
+                        policy,
+                        state,
+                        partial(_attempt_sync, policy, state, fn, args, kwargs),
+                        attempt,
+                        tele,
+                        observer,
+                    )
             except Exception as exc:
                 if trail is not None:
                     trail.attempt(t0, exc)

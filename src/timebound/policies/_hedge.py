@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextvars
 import math
 import sys
 import threading
@@ -40,14 +41,14 @@ from typing import TYPE_CHECKING, Any
 from .._core import _clock
 from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError
-from .._core._scopes import remaining
+from .._core._scopes import CancelScope, current_bound_error, cut_short, fail_at, remaining
 from ._budget import RetryBudget
 
 if TYPE_CHECKING:
     from ._policy import Observer, Policy
     from ._retry import RetryState
 
-__all__ = ["Hedge", "LatencyWindow", "hedged_async", "parse_percentile"]
+__all__ = ["Hedge", "LatencyWindow", "hedged_async", "hedged_sync", "parse_percentile"]
 
 
 def parse_percentile(value: str, option: str) -> float | None:
@@ -579,3 +580,222 @@ class _TrioRace(_Race):
             outcome = await self._receive.receive()
             return outcome
         return None
+
+
+# The sync race ------------------------------------------------------------------------------------
+
+SyncAttempt = Callable[[], Any]
+
+
+def hedged_sync(
+    policy: Policy[Any],
+    state: RetryState,
+    attempt: SyncAttempt,
+    number: int,
+    tele: bool,
+    observer: Observer | None,
+) -> Any:
+    """Attempt ``number`` of the sync retry loop, hedged (see :class:`_ThreadRace`)."""
+    hedge = policy._hedge
+    latencies = policy._latencies
+    assert hedge is not None and latencies is not None
+    hedge.call_started()
+    delay = hedge.delay_for(latencies)
+    if delay is None:
+        return attempt()  # no delay learned yet: nothing to race, the caller runs it
+    return _ThreadRace(policy, state, attempt, number, delay, tele, observer).run()
+
+
+class _ThreadRace:
+    """sync: every attempt of the race — the primary too — runs in a thread the race starts and
+    owns, while the caller's thread waits for the first success.
+
+    The primary cannot run in the caller's thread: a sync call cannot be interrupted, so a
+    caller running a slow primary could return a hedge's answer only once the primary ended,
+    and the hedge would win nothing. Waiting instead, the caller returns the first success as
+    it arrives, stops waiting at its own deadline (and the policy's total budget), and sends
+    hedges when the delay passes. A thread per attempt, not a pool: the race is the only owner,
+    a call that no hedge follows costs one thread start, and no thread is kept for later.
+
+    When the caller leaves (a winner, its deadline, an error), every attempt still running is
+    a loser: it is asked to stop the way sync code is (:func:`cut_short`: its deadline becomes
+    now, so its checkpoints raise and its clamped clients send nothing more) and it stays bound
+    by its own attempt timeout and the caller's deadline. Its outcome is dropped unread; its
+    place among the hedges in flight (``max_concurrent``) is given back only when the last
+    attempt of the race has ended.
+    """
+
+    __slots__ = (
+        "attempt",
+        "changed",
+        "decided",
+        "delay",
+        "errors",
+        "hedge",
+        "latencies",
+        "lock",
+        "number",
+        "observer",
+        "policy",
+        "released",
+        "running",
+        "scopes",
+        "sent",
+        "state",
+        "tele",
+        "winner",
+    )
+
+    def __init__(
+        self,
+        policy: Policy[Any],
+        state: RetryState,
+        attempt: SyncAttempt,
+        number: int,
+        delay: float,
+        tele: bool,
+        observer: Observer | None,
+    ) -> None:
+        hedge = policy._hedge
+        latencies = policy._latencies
+        assert hedge is not None and latencies is not None
+        self.policy = policy
+        self.state = state
+        self.attempt = attempt
+        self.number = number
+        self.delay = delay
+        self.tele = tele
+        self.observer = observer
+        self.hedge = hedge
+        self.latencies = latencies
+        self.lock = threading.Lock()
+        self.changed = threading.Event()  # an attempt ended (set under the lock)
+        self.running = 0
+        self.sent = 0
+        self.decided = False  # the caller left: outcomes arriving now are dropped
+        self.released = False
+        self.winner: tuple[int, Any] | None = None
+        self.errors: dict[int, BaseException] = {}
+        self.scopes: dict[int, tuple[CancelScope, contextvars.Context]] = {}
+
+    def run(self) -> Any:
+        total_at = self.state.total_at
+        try:
+            if total_at is None:
+                return self._wait()
+            # The caller stops waiting at the total budget too, reported as the total's.
+            with fail_at(total_at, source="total", what=self.policy.name):
+                return self._wait()
+        finally:
+            self._leave()
+
+    def _wait(self) -> Any:
+        policy = self.policy
+        hedge = self.hedge
+        self._start(0)
+        next_at = _clock.now() + self.delay
+        may_hedge = True
+        while True:
+            with self.lock:
+                self.changed.clear()
+                winner = self.winner
+                running = self.running
+            if winner is not None:
+                index, value = winner
+                if index:
+                    hedge._won()
+                    if self.tele:
+                        policy.emit(self.observer, "hedge.won", attempt=self.number, hedge=index)
+                return value
+            late = current_bound_error(policy.name)
+            if late is not None:
+                raise late  # the caller's own bound, even when it is what made them all fail
+            if running == 0:
+                # Every attempt started failed: the primary's error (D3.14), as under asyncio.
+                raise self.errors[min(self.errors)]
+            now = _clock.now()
+            hedging = may_hedge and self.sent < hedge.max_hedges
+            if hedging and now >= next_at:
+                reason = hedge.try_send(self.latencies, policy.plan.budget, remaining())
+                if reason is not None:
+                    may_hedge = False  # D3.14: one refusal ends this attempt's hedging
+                    if self.tele:
+                        policy.emit(
+                            self.observer, "hedge.suppressed", attempt=self.number, reason=reason
+                        )
+                    continue
+                self.sent += 1
+                if self.tele:
+                    policy.emit(self.observer, "hedge.sent", attempt=self.number, hedge=self.sent)
+                self._start(self.sent)
+                next_at = now + self.delay
+                continue
+            until = remaining()
+            if hedging:
+                until = min(until, next_at - now)
+            _clock.wait(self.changed, None if until == math.inf else until)
+
+    def _start(self, index: int) -> None:
+        with self.lock:
+            self.running += 1
+        # The attempt sees the caller's deadlines (a copy of its context, as asyncio tasks do).
+        ctx = contextvars.copy_context()
+        thread = threading.Thread(
+            target=ctx.run,
+            args=(self._attempt_thread, index, ctx),
+            name=f"timebound hedge race {self.policy.name} #{index}",
+            daemon=True,  # a loser that never checks must not keep the process alive
+        )
+        try:
+            thread.start()
+        except BaseException:
+            with self.lock:
+                self.running -= 1
+            raise
+
+    def _attempt_thread(self, index: int, ctx: contextvars.Context) -> None:
+        # The frame the race cuts short when this attempt loses; no deadline of its own.
+        scope = CancelScope(raise_on_expiry=False, what=f"{self.policy.name} (lost the race)")
+        ok = False
+        value: Any = None
+        try:
+            with scope:
+                with self.lock:
+                    self.scopes[index] = (scope, ctx)
+                    if self.decided:
+                        cut_short(scope, ctx)  # lost before it began
+                try:
+                    value = self.attempt()
+                    ok = True
+                except BaseException as exc:  # reported to the caller, never lost in a thread
+                    value = exc
+        finally:
+            with self.lock:
+                self.running -= 1
+                self.scopes.pop(index, None)
+                if not self.decided:
+                    if ok:
+                        if self.winner is None:
+                            self.winner = (index, value)
+                    else:
+                        self.errors[index] = value
+                    self.changed.set()
+                elif self.running == 0:
+                    self._release()
+
+    def _leave(self) -> None:
+        """The caller leaves: the attempts still running lost; they are asked to stop."""
+        with self.lock:
+            self.decided = True
+            for scope, ctx in self.scopes.values():
+                cut_short(scope, ctx)
+            if self.running == 0:
+                self._release()
+
+    def _release(self) -> None:
+        # Under the lock, once: the race's last attempt has ended and the caller has left.
+        if self.released:
+            return
+        self.released = True
+        for _ in range(self.sent):
+            self.hedge.done()
