@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._core._errors import ConfigurationError
+from .._core._preempt import arun_in_thread
 from .._engine import Node
 from . import _ast as A
 from ._diagnostics import Diagnostic
@@ -140,12 +141,19 @@ class CallLowering(ExpressionForms):
     ) -> CE:
         """Build the runnable call of a checked node: its policy, its compiled call, and its
         place in the DAG (a node, a thunk, or a closure evaluated in place)."""
+        fn = self._callable(spec)
+        is_async = spec.is_async
+        policy = self.policy(node, spec, fallback, pos)
+        if policy is not None and policy.hedge is not None and not is_async:
+            # D3.16: a hedged sync module races in threads (D3.14); the race's caller waits in
+            # a thread of its own, so the event loop goes on while the attempts run.
+            fn, is_async, policy = _sync_race(policy, fn, spec.name), True, None
         cc = CompiledCall(
             node=node,
-            fn=self._callable(spec),
-            is_async=spec.is_async,
+            fn=fn,
+            is_async=is_async,
             args=[(a.is_async, a.fn, a.key) for a in args],
-            policy=self.policy(node, spec, fallback, pos),
+            policy=policy,
         )
         node_key = node.key
         deps = frozenset(node.deps)
@@ -200,14 +208,20 @@ class CallLowering(ExpressionForms):
                     f"Fallback type mismatch: module returns {ret} but fallback is {fallback.type}",
                     fo.value_pos,
                 )
-        if "hedge" in opts and spec is not None and not spec.is_async:
-            # D3.16: a sync module runs to its end; a hedge could neither start beside it nor
-            # cancel it.
+        if (
+            "hedge" in opts
+            and spec is not None
+            and not spec.is_async
+            and fallback is not None
+            and fallback.is_async
+        ):
+            # D3.16: a hedged sync module runs its whole policy in a thread (see _sync_race),
+            # where a fallback that calls an async module could not be awaited.
             self.error(
                 "E013",
-                f"Option 'hedge' needs an async module: '{spec.name}' is a sync function, and a "
-                "sync call cannot be raced or cancelled",
-                opts["hedge"].value_pos,
+                f"Option 'hedge' on the sync module '{spec.name}' needs a fallback that calls "
+                "no async module: the hedged call and its fallback run in a thread",
+                opts["fallback"].value_pos,
             )
         retry = opts["retry"].value if "retry" in opts else 0
         if "delay" in opts and retry == 0:
@@ -232,7 +246,14 @@ class CallLowering(ExpressionForms):
     def policy(self, node: CallNode, spec: ModuleSpec, fallback: CE | None, pos: A.Pos) -> Any:
         """One Policy per call site, or None for a call without resilience options."""
         options = node.options
-        needed = options.fallback or any(OPTIONS[n].policy is not None for n in options.declared)
+        # D3.20: a module registered with a breaker or a retry budget is never called around
+        # them, with or without options of its own.
+        shared = spec.breaker is not None or spec.retry_budget is not None
+        needed = (
+            shared
+            or options.fallback
+            or any(OPTIONS[n].policy is not None for n in options.declared)
+        )
         if not needed or any(d.severity == "error" for d in self.diags):
             return None  # no policy needed (or the program will not compile anyway)
         from ..policies import Policy
@@ -250,6 +271,10 @@ class CallLowering(ExpressionForms):
             kwargs["throttle"] = res.bucket(spec.name, count, per)
         if options.concurrency is not None:
             kwargs["concurrency"] = res.slots(spec.name, options.concurrency)
+        if spec.breaker is not None:
+            kwargs["breaker"] = spec.breaker
+        if spec.retry_budget is not None:
+            kwargs["retry_budget"] = spec.retry_budget
         if "on_error" in options.declared:
             kwargs["zero"] = zero_value(spec.returns)
         if fallback is not None:
@@ -284,6 +309,16 @@ class CallLowering(ExpressionForms):
                     f"one limiter, and line {line}, column {col} already declares a different one",
                     opt.value_pos,
                 )
+
+
+def _sync_race(policy: Any, fn: Callable[..., Any], module: str) -> Callable[..., Any]:
+    """A hedged sync module's call: its policy's sync race, awaited from a thread (D3.16)."""
+    execute_sync = policy.execute_sync
+
+    async def race(*args: Any) -> Any:
+        return await arun_in_thread(execute_sync, fn, args, what=module)
+
+    return race
 
 
 def _fallback_callable(fallback: CE) -> Callable[..., Any]:
