@@ -275,3 +275,16 @@ def test_a_retry_follows_a_failed_race(virtual_clock: VirtualClock) -> None:
     policy = Policy("Search", retry=1, hedge=Hedge("20ms", max_extra_load=1))
     assert policy.execute_sync(replica) == "second race"
     assert len(replica.started) == 3
+
+
+def test_the_total_budget_ends_the_wait_as_the_totals(virtual_clock: VirtualClock) -> None:
+    """With total_timeout and no answer, the caller stops waiting at the total, reported as
+    the total's (no retry follows), and both attempts stop."""
+    never = threading.Event()
+    replica = _Script(blocked(never), blocked(never))
+    policy = Policy("Search", retry=3, total_timeout="100ms", hedge=Hedge("20ms", max_extra_load=1))
+    with pytest.raises(tb.DeadlineExceeded) as info:
+        policy.execute_sync(replica)
+    assert info.value.source == "total" and _clock.now() == pytest.approx(0.1)
+    _join()
+    assert sorted(replica.stopped) == [0, 1] and len(replica.started) == 2

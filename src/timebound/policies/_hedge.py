@@ -18,7 +18,9 @@ A hedge is sent only when everything allows it, checked in this order, each refu
   ``maxExtraLoad``), or the policy's ``retry_budget`` when it has one (D3.12).
 
 Under asyncio the primary runs in the caller's task and a timer starts the hedges (see
-:class:`_InlineRace`); under trio every attempt runs in a nursery. Each attempt, hedges included,
+:class:`_InlineRace`); under trio every attempt runs in a nursery; a sync call races its attempts
+in threads while the caller waits, and asks the losers to stop through their deadline (see
+:class:`_ThreadRace`). Each attempt, hedges included,
 has its own attempt timeout, admission (throttle token,
 concurrency slot) and breaker guard (D3.13): a hedge cut by the caller's deadline or cancelled
 because another attempt won is not counted against the dependency. Hedging happens below the
