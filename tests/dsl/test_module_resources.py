@@ -1,4 +1,4 @@
-"""A module's breaker and retry budget (D3.19): given by the host that registers it, shared by
+"""A module's breaker and retry budget (D3.16): given by the host that registers it, shared by
 every call site of every program compiled against the registry, and by nothing else."""
 
 from __future__ import annotations

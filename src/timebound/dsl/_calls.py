@@ -246,7 +246,7 @@ class CallLowering(ExpressionForms):
     def policy(self, node: CallNode, spec: ModuleSpec, fallback: CE | None, pos: A.Pos) -> Any:
         """One Policy per call site, or None for a call without resilience options."""
         options = node.options
-        # D3.19: a module registered with a breaker or a retry budget is never called around
+        # D3.16: a module registered with a breaker or a retry budget is never called around
         # them, with or without options of its own.
         shared = spec.breaker is not None or spec.retry_budget is not None
         needed = (

@@ -58,7 +58,7 @@ class ModuleSpec:
     # or None when the value passes unchanged (the common, free case).
     arg_converters: tuple[Callable[[Any], Any] | None, ...]
     result_converter: Callable[[Any], Any] | None
-    # D3.19: the dependency's own breaker and retry budget, given by the host that registered
+    # D3.16: the dependency's own breaker and retry budget, given by the host that registered
     # it; every call site of the module runs under them.
     breaker: CircuitBreaker | None = None
     retry_budget: RetryBudget | None = None
@@ -285,7 +285,7 @@ class ModuleRegistry:
 
         ``breaker`` (a :class:`~timebound.policies.CircuitBreaker`) and ``retry_budget`` (a
         :class:`~timebound.policies.RetryBudget`) belong to the dependency the module stands
-        for (D3.19): every call of the module, at every call site of every program compiled
+        for (D3.16): every call of the module, at every call site of every program compiled
         against this registry, runs under them, with or without options of its own. The objects
         are shared by being passed here, never by a name; pass the same object to another
         module or a Python policy to share it further.
