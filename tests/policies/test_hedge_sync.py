@@ -288,3 +288,18 @@ def test_the_total_budget_ends_the_wait_as_the_totals(virtual_clock: VirtualCloc
     assert info.value.source == "total" and _clock.now() == pytest.approx(0.1)
     _join()
     assert sorted(replica.stopped) == [0, 1] and len(replica.started) == 2
+
+
+def test_up_to_max_hedges_are_sent_one_delay_apart(virtual_clock: VirtualClock) -> None:
+    """max_hedges 2 (Polly's MaxHedgedAttempts): with the primary and the first hedge stuck,
+    the second hedge starts one delay after the first and its answer wins; both stuck attempts
+    are asked to stop."""
+    never = threading.Event()
+    replica = _Script(blocked(never), blocked(never), answer("second hedge"))
+    hedge = Hedge("20ms", max_hedges=2, max_extra_load=2)
+    policy = Policy("Search", hedge=hedge)
+    assert policy.execute_sync(replica) == "second hedge"
+    assert replica.started == [0.0, pytest.approx(0.02), pytest.approx(0.04)]
+    _join()
+    assert sorted(replica.stopped) == [0, 1] and (hedge.sent, hedge.won) == (2, 1)
+    assert hedge._in_flight == 0
