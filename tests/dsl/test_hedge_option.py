@@ -26,10 +26,6 @@ def _registry(latencies: list[float]) -> ModuleRegistry:
     def Echo(x: int) -> int:
         return x
 
-    @registry.module
-    async def Twice(x: int) -> int:
-        return 2 * x
-
     return registry
 
 
@@ -135,18 +131,6 @@ def test_a_sync_module_is_hedged_in_threads() -> None:
             thread.join(10)
     assert answers == [41] * 19 + [42]
     assert stopped == [4]
-
-
-def test_a_hedged_sync_module_needs_a_sync_fallback() -> None:
-    """Its race runs in a thread, where an async fallback could not be awaited: E013 at the
-    fallback."""
-    assert _codes("in x: Int\ny = Echo(x) with hedge: 20ms, fallback: Twice(x)\nout y") == [
-        (
-            "E013",
-            "Option 'hedge' on the sync module 'Echo' needs a fallback that calls no async "
-            "module: the hedged call and its fallback run in a thread",
-        )
-    ]
 
 
 def test_duplicate_hedge_is_e018() -> None:

@@ -9,6 +9,7 @@ the hedges, a discarded result is never reported, every attempt failing fails th
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 import timebound as tb
 from timebound._core import _clock
 from timebound.policies import CircuitBreaker, Hedge, Policy, RetryBudget
+from timebound.policies._hedge import race_in_threads
 from timebound.telemetry import Event
 from timebound.testing import VirtualClock
 
@@ -303,3 +305,44 @@ def test_up_to_max_hedges_are_sent_one_delay_apart(virtual_clock: VirtualClock) 
     _join()
     assert sorted(replica.stopped) == [0, 1] and (hedge.sent, hedge.won) == (2, 1)
     assert hedge._in_flight == 0
+
+
+async def test_a_coroutine_awaits_a_race_in_threads(virtual_clock: VirtualClock) -> None:
+    """A sync callable marked race_in_threads (how Constellation calls a hedged sync module)
+    races in threads under ``await execute``: the hedge's answer at the delay, the stuck
+    primary asked to stop, the event loop free meanwhile."""
+    gate = threading.Event()
+    replica = _Script(blocked(gate), answer("hedge"))
+    policy = Policy("Search", hedge=Hedge("20ms", max_extra_load=1))
+    ticks: list[float] = []
+
+    async def ticker() -> None:  # ends by the delay: then no timer can move time on
+        for _ in range(3):
+            ticks.append(_clock.now())
+            await asyncio.sleep(0.005)
+
+    task = asyncio.ensure_future(ticker())
+    assert await policy.execute(race_in_threads(replica)) == "hedge"
+    await task
+    assert _clock.now() == pytest.approx(0.02)
+    assert ticks == [0.0, pytest.approx(0.005), pytest.approx(0.01)]
+    _join()
+    assert replica.stopped == [0] and not gate.is_set()
+
+
+async def test_cancelling_the_awaiting_coroutine_stops_every_attempt(
+    virtual_clock: VirtualClock,
+) -> None:
+    """The coroutine cancelled (its run failed elsewhere): the cancellation goes through and
+    every attempt still running is asked to stop."""
+    never = threading.Event()
+    replica = _Script(blocked(never), blocked(never))
+    hedge = Hedge("20ms", max_extra_load=1)
+    policy = Policy("Search", hedge=hedge)
+    call = asyncio.ensure_future(policy.execute(race_in_threads(replica)))
+    await asyncio.sleep(0.05)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    _join()
+    assert sorted(replica.stopped) == [0, 1] and hedge._in_flight == 0

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from typing import Any
 
 from .._core._errors import ConfigurationError
-from .._core._preempt import arun_in_thread
 from .._engine import Node
 from . import _ast as A
 from ._diagnostics import Diagnostic
@@ -145,9 +144,11 @@ class CallLowering(ExpressionForms):
         is_async = spec.is_async
         policy = self.policy(node, spec, fallback, pos)
         if policy is not None and policy.hedge is not None and not is_async:
-            # D3.16: a hedged sync module races in threads (D3.14); the race's caller waits in
-            # a thread of its own, so the event loop goes on while the attempts run.
-            fn, is_async, policy = _sync_race(policy, fn, spec.name), True, None
+            # D3.16: a hedged sync module races its attempts in threads (D3.14) while the call
+            # awaits them: the event loop goes on meanwhile.
+            from ..policies._hedge import race_in_threads
+
+            fn = race_in_threads(fn)
         cc = CompiledCall(
             node=node,
             fn=fn,
@@ -208,21 +209,6 @@ class CallLowering(ExpressionForms):
                     f"Fallback type mismatch: module returns {ret} but fallback is {fallback.type}",
                     fo.value_pos,
                 )
-        if (
-            "hedge" in opts
-            and spec is not None
-            and not spec.is_async
-            and fallback is not None
-            and fallback.is_async
-        ):
-            # D3.16: a hedged sync module runs its whole policy in a thread (see _sync_race),
-            # where a fallback that calls an async module could not be awaited.
-            self.error(
-                "E013",
-                f"Option 'hedge' on the sync module '{spec.name}' needs a fallback that calls "
-                "no async module: the hedged call and its fallback run in a thread",
-                opts["fallback"].value_pos,
-            )
         retry = opts["retry"].value if "retry" in opts else 0
         if "delay" in opts and retry == 0:
             self.warn("W001", "'delay' without 'retry' has no effect", opts["delay"].pos)
@@ -309,16 +295,6 @@ class CallLowering(ExpressionForms):
                     f"one limiter, and line {line}, column {col} already declares a different one",
                     opt.value_pos,
                 )
-
-
-def _sync_race(policy: Any, fn: Callable[..., Any], module: str) -> Callable[..., Any]:
-    """A hedged sync module's call: its policy's sync race, awaited from a thread (D3.16)."""
-    execute_sync = policy.execute_sync
-
-    async def race(*args: Any) -> Any:
-        return await arun_in_thread(execute_sync, fn, args, what=module)
-
-    return race
 
 
 def _fallback_callable(fallback: CE) -> Callable[..., Any]:

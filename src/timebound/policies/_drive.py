@@ -34,7 +34,7 @@ from .._core._scopes import (
     record,
     remaining,
 )
-from ._hedge import hedged_async, hedged_sync
+from ._hedge import hedged_async, hedged_sync, hedged_threads_async, races_in_threads
 from ._retry import AttemptNow, FallBack, RetryAt, RetryState, Stop, misuse
 
 if TYPE_CHECKING:
@@ -93,6 +93,16 @@ async def retry_async(
                             _raise_if_late(name)
                 elif policy._hedge is None:
                     value = await _attempt_async(policy, state, fn, args, kwargs, trail)
+                elif races_in_threads(fn):
+                    # D3.16: a sync callable raced in threads, awaited off the event loop.
+                    value = await hedged_threads_async(
+                        policy,
+                        state,
+                        partial(_attempt_sync, policy, state, fn, args, kwargs),
+                        attempt,
+                        tele,
+                        observer,
+                    )
                 else:
                     # D3.14: the attempt races its hedges; each is a whole attempt of its own.
                     value = await hedged_async(

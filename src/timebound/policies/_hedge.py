@@ -33,12 +33,14 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextvars
+import functools
 import math
 import sys
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Any, Final
 
 from .._core import _clock
 from .._core._durations import Duration, to_seconds
@@ -50,7 +52,15 @@ if TYPE_CHECKING:
     from ._policy import Observer, Policy
     from ._retry import RetryState
 
-__all__ = ["Hedge", "LatencyWindow", "hedged_async", "hedged_sync", "parse_percentile"]
+__all__ = [
+    "Hedge",
+    "LatencyWindow",
+    "hedged_async",
+    "hedged_sync",
+    "hedged_threads_async",
+    "parse_percentile",
+    "race_in_threads",
+]
 
 
 def parse_percentile(value: str, option: str) -> float | None:
@@ -608,6 +618,49 @@ def hedged_sync(
     return _ThreadRace(policy, state, attempt, number, delay, tele, observer).run()
 
 
+async def hedged_threads_async(
+    policy: Policy[Any],
+    state: RetryState,
+    attempt: SyncAttempt,
+    number: int,
+    tele: bool,
+    observer: Observer | None,
+) -> Any:
+    """Attempt ``number`` of a coroutine's retry loop over a sync callable marked with
+    :func:`race_in_threads`: its attempts race in threads while the coroutine awaits."""
+    hedge = policy._hedge
+    latencies = policy._latencies
+    assert hedge is not None and latencies is not None
+    hedge.call_started()
+    delay = hedge.delay_for(latencies)
+    race = _ThreadRace(
+        policy, state, attempt, number, 0.0 if delay is None else delay, tele, observer
+    )
+    if delay is None:
+        race.may_hedge = False  # no delay learned yet: one attempt, still off the event loop
+    return await race.arun()
+
+
+_IN_THREADS: Final = "_timebound_race_in_threads"
+
+
+def race_in_threads(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (sync), marked so that a hedged policy's ``execute`` races its attempts in threads
+    while the coroutine awaits (the event loop goes on); a Constellation sync module with
+    ``hedge`` is called this way (D3.16). Its name and signature stay ``fn``'s (cache keys)."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    setattr(call, _IN_THREADS, True)
+    return call
+
+
+def races_in_threads(fn: Callable[..., Any]) -> bool:
+    return getattr(fn, _IN_THREADS, False) is True
+
+
 class _ThreadRace:
     """sync: every attempt of the race — the primary too — runs in a thread the race starts and
     owns, while the caller's thread waits for the first success.
@@ -636,6 +689,9 @@ class _ThreadRace:
         "hedge",
         "latencies",
         "lock",
+        "loop",
+        "may_hedge",
+        "next_at",
         "number",
         "observer",
         "policy",
@@ -645,6 +701,7 @@ class _ThreadRace:
         "sent",
         "state",
         "tele",
+        "wake",
         "winner",
     )
 
@@ -679,24 +736,61 @@ class _ThreadRace:
         self.winner: tuple[int, Any] | None = None
         self.errors: dict[int, BaseException] = {}
         self.scopes: dict[int, tuple[CancelScope, contextvars.Context]] = {}
+        self.next_at = _clock.now() + delay  # when the next hedge is due
+        self.may_hedge = True
+        self.loop: asyncio.AbstractEventLoop | None = None  # a coroutine's race: its loop
+        self.wake: asyncio.Event | None = None
 
     def run(self) -> Any:
-        total_at = self.state.total_at
+        """The race for a sync caller: its thread waits (``_clock.wait``)."""
         try:
-            if total_at is None:
-                return self._wait()
-            # The caller stops waiting at the total budget too, reported as the total's.
-            with fail_at(total_at, source="total", what=self.policy.name):
-                return self._wait()
+            with self._total():
+                self._start(0)
+                while True:
+                    done, value = self._step()
+                    if done:
+                        return value
+                    _clock.wait(self.changed, value)
         finally:
             self._leave()
 
-    def _wait(self) -> Any:
+    async def arun(self) -> Any:
+        """The race for a coroutine (asyncio): the event loop goes on while it waits, and a
+        cancellation of the caller (its deadline, its run failing) ends the race at once."""
+        loop = asyncio.get_running_loop()
+        self.loop = loop
+        self.wake = asyncio.Event()
+        try:
+            with self._total():
+                self._start(0)
+                while True:
+                    self.wake.clear()
+                    done, value = self._step()
+                    if done:
+                        return value
+                    # asyncio.timeout, not wait_for (D12.1: no cancellation swallowed).
+                    waiting = asyncio.timeout(value)
+                    try:
+                        async with waiting:
+                            await self.wake.wait()
+                    except TimeoutError:
+                        if not waiting.expired():
+                            raise
+        finally:
+            self._leave()
+
+    def _total(self) -> AbstractContextManager[Any]:
+        # The caller stops waiting at the total budget too, reported as the total's.
+        total_at = self.state.total_at
+        if total_at is None:
+            return nullcontext()
+        return fail_at(total_at, source="total", what=self.policy.name)
+
+    def _step(self) -> tuple[bool, Any]:
+        """Look at the race: ``(True, the winner's value)``, or ``(False, how long to wait)``
+        (``None``: until an attempt ends); raises the race's error. Sends a hedge when due."""
         policy = self.policy
         hedge = self.hedge
-        self._start(0)
-        next_at = _clock.now() + self.delay
-        may_hedge = True
         while True:
             with self.lock:
                 self.changed.clear()
@@ -708,7 +802,7 @@ class _ThreadRace:
                     hedge._won()
                     if self.tele:
                         policy.emit(self.observer, "hedge.won", attempt=self.number, hedge=index)
-                return value
+                return True, value
             late = current_bound_error(policy.name)
             if late is not None:
                 raise late  # the caller's own bound, even when it is what made them all fail
@@ -716,11 +810,11 @@ class _ThreadRace:
                 # Every attempt started failed: the primary's error (D3.14), as under asyncio.
                 raise self.errors[min(self.errors)]
             now = _clock.now()
-            hedging = may_hedge and self.sent < hedge.max_hedges
-            if hedging and now >= next_at:
+            hedging = self.may_hedge and self.sent < hedge.max_hedges
+            if hedging and now >= self.next_at:
                 reason = hedge.try_send(self.latencies, policy.plan.budget, remaining())
                 if reason is not None:
-                    may_hedge = False  # D3.14: one refusal ends this attempt's hedging
+                    self.may_hedge = False  # D3.14: one refusal ends this attempt's hedging
                     if self.tele:
                         policy.emit(
                             self.observer, "hedge.suppressed", attempt=self.number, reason=reason
@@ -730,12 +824,12 @@ class _ThreadRace:
                 if self.tele:
                     policy.emit(self.observer, "hedge.sent", attempt=self.number, hedge=self.sent)
                 self._start(self.sent)
-                next_at = now + self.delay
+                self.next_at = now + self.delay
                 continue
             until = remaining()
             if hedging:
-                until = min(until, next_at - now)
-            _clock.wait(self.changed, None if until == math.inf else until)
+                until = min(until, self.next_at - now)
+            return False, None if until == math.inf else until
 
     def _start(self, index: int) -> None:
         with self.lock:
@@ -782,6 +876,11 @@ class _ThreadRace:
                     else:
                         self.errors[index] = value
                     self.changed.set()
+                    if self.loop is not None and self.wake is not None:
+                        try:
+                            self.loop.call_soon_threadsafe(self.wake.set)
+                        except RuntimeError:  # the loop is closed: nobody waits any more
+                            pass
                 elif self.running == 0:
                     self._release()
 
