@@ -267,16 +267,19 @@ def test_resilient_hedges_a_def(virtual_clock: VirtualClock) -> None:
 
 def test_a_retry_follows_a_failed_race(virtual_clock: VirtualClock) -> None:
     """A race whose attempts all failed is one failed attempt: the retry loop starts the next
-    race (hedges answer slowness, retries answer failures)."""
+    race (hedges answer slowness, retries answer failures), which its hedge wins."""
     hedge_failed = threading.Event()
+    never = threading.Event()
     replica = _Script(
         lambda: fail("primary", then=lambda: hedge_failed.wait())(),
         fail("hedge", then=hedge_failed.set),
+        blocked(never),
         answer("second race"),
     )
     policy = Policy("Search", retry=1, hedge=Hedge("20ms", max_extra_load=1))
     assert policy.execute_sync(replica) == "second race"
-    assert len(replica.started) == 3
+    _join()
+    assert len(replica.started) == 4 and replica.stopped == [2]
 
 
 def test_the_total_budget_ends_the_wait_as_the_totals(virtual_clock: VirtualClock) -> None:
