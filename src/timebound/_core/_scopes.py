@@ -1373,6 +1373,41 @@ async def acheckpoint() -> None:
             await trio.lowlevel.checkpoint()
 
 
+def cut_short(scope: CancelScope, ctx: contextvars.Context) -> None:
+    """Bring ``scope``'s deadline to now for the sync code running inside it in ``ctx``.
+
+    This is how one thread asks sync code in another to stop (a hedge that lost, D3.14): sync
+    cancellation is the deadline passing (D1.6), so the scope's deadline becomes now, and so does
+    the effective deadline of every frame the code entered inside it (each keeps a copy of it,
+    taken at entry). From then on ``checkpoint()`` raises there, ``remaining()`` is 0, a clamped
+    client sends nothing and fails fast, and the scope reports it expired. Frames inside a
+    ``no_deadline()`` block or a shielded scope keep their deadline: that work said it must not
+    be cut. ``ctx`` is the context the code runs in (``Context.run``); reading it from this
+    thread sees its innermost frame. A frame the code is entering at this very moment may miss
+    it; the code then sees the cut when that frame exits. Never early (D1.3): nothing that
+    already passed is moved, and nothing moves later.
+    """
+    now = _clock.now()
+    chain: list[_Frame] = []
+    f: Any = ctx.get(_frame, _ROOT)
+    while f is not None and f is not _ROOT and f is not scope:
+        chain.append(f)
+        f = getattr(f, "_parent", None)
+    if f is not scope:
+        chain = []  # the code has left the scope: only the scope itself is cut
+    for i in range(len(chain) - 1, -1, -1):  # outermost first
+        if getattr(chain[i], "_blocker", False) or getattr(chain[i], "_shield", False):
+            del chain[: i + 1]  # it and every frame inside it stay as they are
+            break
+    if scope._own > now:
+        scope._own = now
+    for frame in (scope, *reversed(chain)):
+        if frame.eff > now:
+            # The binder first: a reader between the two writes sees the old deadline.
+            frame.binder = scope
+            frame.eff = now
+
+
 # Background work ---------------------------------------------------------------------------
 
 # The one registry of detached tasks: the loop keeps only weak references to tasks, so every task
