@@ -28,7 +28,6 @@ only a call the user says is safe to send twice (idempotent) should be given ``h
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import math
 import sys
@@ -40,10 +39,14 @@ from typing import TYPE_CHECKING, Any
 from .._core import _clock
 from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError
-from .._core._scopes import remaining
+from .._core._scopes import remaining, running_loop
 from ._budget import RetryBudget
 
+# asyncio is imported where an asyncio race runs (its loop has imported it), never at module
+# level: every `resilient` imports this module, and sync callers need no asyncio (D15.5).
 if TYPE_CHECKING:
+    import asyncio
+
     from ._policy import Observer, Policy
     from ._retry import RetryState
 
@@ -286,7 +289,7 @@ async def hedged_async(
     delay = hedge.delay_for(latencies)
     if delay is None:
         return await attempt()
-    if asyncio._get_running_loop() is not None:
+    if running_loop() is not None:
         return await _InlineRace(policy, state, attempt, number, delay, tele, observer).run()
     race: _Race = _TrioRace()
     sent = [0]
@@ -436,6 +439,8 @@ class _InlineRace:
         self.observer = observer
         self.hedge = hedge
         self.latencies = latencies
+        import asyncio
+
         self.task = asyncio.current_task()
         self.hedges: list[asyncio.Task[tuple[int, bool, Any]]] = []
         self.winner: tuple[int, Any] | None = None
@@ -445,6 +450,8 @@ class _InlineRace:
         self.timer: asyncio.TimerHandle | None = None
 
     async def run(self) -> Any:
+        import asyncio
+
         loop = asyncio.get_running_loop()
         # The timer's callback runs in a copy of this context: the hedge sees every deadline.
         self.timer = loop.call_later(self.delay, self._fire)
@@ -481,6 +488,8 @@ class _InlineRace:
 
     async def _after_primary_failed(self, exc: Exception) -> Any:
         """The primary failed: the hedges in flight may still answer; else its error."""
+        import asyncio
+
         pending = {t for t in self.hedges if not t.done()}
         done = [t for t in self.hedges if t.done()]
         while True:
@@ -502,6 +511,8 @@ class _InlineRace:
         return value
 
     async def _end(self) -> None:
+        import asyncio
+
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -518,6 +529,8 @@ class _InlineRace:
 
     def _fire(self) -> None:
         """The hedging delay passed with the primary still running: send a hedge, if allowed."""
+        import asyncio
+
         self.timer = None
         if not self.primary_running or self.winner is not None:
             return
