@@ -7,7 +7,6 @@ happy path stays inline, and a call that succeeds at once allocates no decision.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import math
 import sys
@@ -33,6 +32,7 @@ from .._core._scopes import (
     inherit_deadline,
     record,
     remaining,
+    running_loop,
 )
 from ._hedge import hedged_async, hedged_sync, hedged_threads_async, races_in_threads
 from ._retry import AttemptNow, FallBack, RetryAt, RetryState, Stop, misuse
@@ -579,7 +579,9 @@ def in_trio() -> bool:
 
 
 async def _asleep(seconds: float) -> None:
-    if asyncio._get_running_loop() is not None:
+    if running_loop() is not None:
+        import asyncio  # imported: its loop runs (sync callers never import it, D15.5)
+
         await asyncio.sleep(seconds)
         return
     trio = sys.modules.get("trio")

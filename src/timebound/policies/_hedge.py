@@ -30,7 +30,6 @@ only a call the user says is safe to send twice (idempotent) should be given ``h
 
 from __future__ import annotations
 
-import asyncio
 import bisect
 import contextvars
 import functools
@@ -45,10 +44,21 @@ from typing import TYPE_CHECKING, Any, Final
 from .._core import _clock
 from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError
-from .._core._scopes import CancelScope, current_bound_error, cut_short, fail_at, remaining
+from .._core._scopes import (
+    CancelScope,
+    current_bound_error,
+    cut_short,
+    fail_at,
+    remaining,
+    running_loop,
+)
 from ._budget import RetryBudget
 
+# asyncio is imported where an asyncio race runs (its loop has imported it), never at module
+# level: every `resilient` imports this module, and sync callers need no asyncio (D15.5).
 if TYPE_CHECKING:
+    import asyncio
+
     from ._policy import Observer, Policy
     from ._retry import RetryState
 
@@ -299,7 +309,7 @@ async def hedged_async(
     delay = hedge.delay_for(latencies)
     if delay is None:
         return await attempt()
-    if asyncio._get_running_loop() is not None:
+    if running_loop() is not None:
         return await _InlineRace(policy, state, attempt, number, delay, tele, observer).run()
     race: _Race = _TrioRace()
     sent = [0]
@@ -449,6 +459,8 @@ class _InlineRace:
         self.observer = observer
         self.hedge = hedge
         self.latencies = latencies
+        import asyncio
+
         self.task = asyncio.current_task()
         self.hedges: list[asyncio.Task[tuple[int, bool, Any]]] = []
         self.winner: tuple[int, Any] | None = None
@@ -458,6 +470,8 @@ class _InlineRace:
         self.timer: asyncio.TimerHandle | None = None
 
     async def run(self) -> Any:
+        import asyncio
+
         loop = asyncio.get_running_loop()
         # The timer's callback runs in a copy of this context: the hedge sees every deadline.
         self.timer = loop.call_later(self.delay, self._fire)
@@ -494,6 +508,8 @@ class _InlineRace:
 
     async def _after_primary_failed(self, exc: Exception) -> Any:
         """The primary failed: the hedges in flight may still answer; else its error."""
+        import asyncio
+
         pending = {t for t in self.hedges if not t.done()}
         done = [t for t in self.hedges if t.done()]
         while True:
@@ -515,6 +531,8 @@ class _InlineRace:
         return value
 
     async def _end(self) -> None:
+        import asyncio
+
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -531,6 +549,8 @@ class _InlineRace:
 
     def _fire(self) -> None:
         """The hedging delay passed with the primary still running: send a hedge, if allowed."""
+        import asyncio
+
         self.timer = None
         if not self.primary_running or self.winner is not None:
             return
@@ -757,6 +777,8 @@ class _ThreadRace:
     async def arun(self) -> Any:
         """The race for a coroutine (asyncio): the event loop goes on while it waits, and a
         cancellation of the caller (its deadline, its run failing) ends the race at once."""
+        import asyncio
+
         loop = asyncio.get_running_loop()
         self.loop = loop
         self.wake = asyncio.Event()
