@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from timebound.host._runview import human_ms, pending
 from timebound.host._timeline import attempts
-from timebound.telemetry._durable import stored_run_events
+from timebound.telemetry import stored_run_events
 
 
 def test_durations_read_as_a_person_reads_them() -> None:

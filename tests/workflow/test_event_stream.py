@@ -16,8 +16,14 @@ from timebound import workflow as wf
 from timebound._store import open_store
 from timebound.deferred import HostPolicy, Registry
 from timebound.policies import Policy
-from timebound.telemetry import Event, add_listener, correlation, emit
-from timebound.telemetry._durable import stored_operation_events, stored_run_events
+from timebound.telemetry import (
+    Event,
+    add_listener,
+    correlation,
+    emit,
+    stored_operation_events,
+    stored_run_events,
+)
 
 from .test_engine import HANDLERS, definition
 

@@ -15,15 +15,14 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 
 from .. import ConfigurationError, DeadlineExceeded, InvalidInput, fail_after, format_duration
-from .._core._clock import datetime_of_ms
 from ..host import Client, HostError
-from ..telemetry import Timeline
-from ..telemetry._durable import stored_run_events
+from ..telemetry import Timeline, stored_run_events
 from ._render import stored_line
 
 __all__ = ["common_options", "register", "remote"]
@@ -113,7 +112,7 @@ def when(ms: Any) -> str:
     """Epoch milliseconds as local date-time (``-`` for none)."""
     if not isinstance(ms, int):
         return "-"
-    return datetime_of_ms(ms).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    return datetime.fromtimestamp(ms / 1000, UTC).astimezone().strftime("%Y-%m-%d %H:%M:%S")
 
 
 def table(rows: list[list[str]], header: list[str]) -> str:

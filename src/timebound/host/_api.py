@@ -21,7 +21,7 @@ from .._core._scopes import remaining
 from .._json import MAX_DEPTH, JSONError, TooDeep
 from .._json import check as check_json
 from .._json import loads as loads_json
-from ..telemetry._durable import stored_run_events
+from ..telemetry import stored_run_events
 from ..workflow import DefinitionConflict, DefinitionError, DefinitionTooLarge, StartConflict
 from ..workflow._definition import MAX_DEFINITION_BYTES
 from ..workflow._rows import RUN_TERMINAL

@@ -16,8 +16,7 @@ from starlette.routing import Route
 from .._core._errors import DeadlineExceeded
 from ..deferred import Gone, TransientPollError, status_app
 from ..deferred._contract import TERMINAL
-from ..telemetry import Event
-from ..telemetry._durable import stored_operation_events
+from ..telemetry import Event, stored_operation_events
 from ._api import decode_cursor, encode_cursor
 from ._host import Host
 from ._problems import Problem
