@@ -3,6 +3,8 @@ what the trace, its viewer and the CLI's timeline show."""
 
 from __future__ import annotations
 
+import pickle
+
 import pyarrow as pa
 
 from timebound import pipeline as pl
@@ -96,3 +98,13 @@ def test_the_trace_viewer_draws_what_the_listener_heard() -> None:
     for e in heard:
         start, end, _ = bars[e.attrs["node_id"]]
         assert (start, end) == (e.attrs["start_ms"], e.attrs["end_ms"])
+
+
+def test_a_trace_pickles_with_the_ids_of_the_run_it_served() -> None:
+    """A PlanTimeout carries its trace across processes: the trace, its correlation ids included,
+    pickles and reads back the same events."""
+    reg, artifact = _cut_region()
+    result, heard = _run(reg, artifact, sample.rows(3))
+    again = pickle.loads(pickle.dumps(result.trace))
+    assert again.spans == result.trace.spans
+    assert [dict(e.correlation) for e in again.events()] == [dict(e.correlation) for e in heard]

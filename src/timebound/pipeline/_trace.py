@@ -77,8 +77,9 @@ class Trace:
         # The executor's spans, one list per plan it ran (the main plan, each fail branch):
         # turned into dicts only when someone reads them, not on the run's path.
         self._recorded: list[list[Span]] = []
-        # The units of work the run belongs to (a request, a Constellation run), for its events.
-        self._correlation = current_correlation()
+        # The units of work the run belongs to (a request, a Constellation run), for its events;
+        # a plain dict, so a trace pickles (a PlanTimeout carries it out of a worker process).
+        self._correlation = dict(current_correlation())
 
     def recording(self) -> list[Span]:
         """A list for the executor to record one plan's spans in (engine use)."""
