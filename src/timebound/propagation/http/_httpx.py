@@ -56,7 +56,13 @@ from ..._core import _clock
 from ..._core._deadline import Deadline
 from ..._core._durations import Duration
 from ..._core._errors import DeadlineExceeded
-from ..._core._scopes import _clean_context, _spawn_detached, move_on_at, spawn_background
+from ..._core._scopes import (
+    _clean_context,
+    _spawn_detached,
+    current_bound_error,
+    move_on_at,
+    spawn_background,
+)
 from ...policies._policy import Policy
 from ...telemetry._tracing import active as tracing_active
 from ...telemetry._tracing import client_span
@@ -73,7 +79,6 @@ from .._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER
 from .._resilience import (
     DEFAULT_HEDGE_METHODS,
     DEFAULT_RETRY_STATUSES,
-    SYNC_HEDGING,
     FailedAnswer,
     Passed,
 )
@@ -210,8 +215,9 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
     ``policy``: a :class:`~timebound.policies.Policy` each request runs under — attempts,
     breaker, retry budget, server hints (D3.17); a response whose status is in
     ``retry_statuses`` (429, 502, 503, 504) is a failure, and the last one is returned as it
-    is. A hedged policy is refused here (D3.18); :class:`AsyncDeadlineTransport` hedges the
-    ``hedge_methods`` (GET, HEAD, OPTIONS; PUT and DELETE when named).
+    is. A hedged policy hedges the ``hedge_methods`` (GET, HEAD, OPTIONS; PUT and DELETE when
+    named): the attempts race in threads, a loser stops at its next step (it sends nothing
+    more, reads no body) and its answer is closed, its connection back to the pool (D3.18).
     """
 
     def __init__(
@@ -242,9 +248,9 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
                 policy=policy,
                 retry_statuses=retry_statuses,
                 hedge_methods=hedge_methods,
-                hedging=SYNC_HEDGING,
             )
         )
+        self._hedging = self._resilience is not None and self._resilience.policy.hedge is not None
         self._inner = inner if inner is not None else httpx.HTTPTransport()
         size = _pool_size(self._inner)
         self._slots = None if size is None else threading.BoundedSemaphore(size)
@@ -254,7 +260,9 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
         if resilience is None:
             return self._send(request)
         # D3.17: each attempt sends a copy (its own deadline headers and phase timeouts).
-        response: httpx.Response = resilience.run_sync(request.method, self._attempt, request)
+        response: httpx.Response = resilience.run_sync(
+            request.method, self._attempt, request, release=_close
+        )
         return response
 
     def _attempt(self, request: httpx.Request) -> httpx.Response | Passed:
@@ -288,7 +296,7 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
         # httpcore's pool timeout is not shortened to our deadline: it leaks the connection it
         # has just assigned (encode/httpcore#1093); our own slot wait ends at the deadline.
         _prepare(request, attempt, phases_to=attempt.clamped.seconds, pool_to=static)
-        if attempt.end is not None:
+        if attempt.end is not None or self._hedging:
             _gate_steps(request, attempt)
         release = _RELEASED
         try:
@@ -323,6 +331,15 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
         self._inner.close()
 
 
+def _close(response: httpx.Response) -> None:
+    """Release the answer of a hedge that lost (D3.18): closed unread, its connection is
+    dropped and its pool slot given back."""
+    try:
+        response.close()
+    except Exception:  # nobody to tell: the caller has its answer already
+        pass
+
+
 def _gate_steps(request: httpx.Request, attempt: Attempt) -> None:
     """Sync: bound every step after the pool wait by the time left.
 
@@ -332,20 +349,27 @@ def _gate_steps(request: httpx.Request, attempt: Attempt) -> None:
     timeouts — read by httpcore from the request's own ``timeout`` mapping at every I/O — are
     lowered to the time left, and a step that would start after the end raises :class:`_Spent`
     (mapped to the cut by the boundary); httpcore closes a connection that stops there.
+
+    A hedge that lost the race (D3.18) has its deadline cut short by the race while it runs:
+    the next step it would start raises that cut instead (nothing more is sent, no body read).
     """
     phases: dict[str, float | None] = request.extensions["timeout"]
     theirs = request.extensions.get("trace")
     end = attempt.end
-    assert end is not None
+    what = attempt.options.what
 
     def trace(name: str, info: dict[str, Any]) -> None:
         if name.partition(".")[2] in _STEPS:
-            left = end - _clock.now()
-            if left <= 0:
-                raise _Spent(name)
-            for phase in ("connect", "read", "write"):
-                value = phases.get(phase)
-                phases[phase] = left if value is None else min(value, left)
+            cut = current_bound_error(what)
+            if cut is not None and not attempt.expired():
+                raise cut  # cut short: a hedge that lost
+            if end is not None:
+                left = end - _clock.now()
+                if left <= 0:
+                    raise _Spent(name)
+                for phase in ("connect", "read", "write"):
+                    value = phases.get(phase)
+                    phases[phase] = left if value is None else min(value, left)
         if theirs is not None:
             theirs(name, info)
 
