@@ -339,6 +339,14 @@ class Attempt:
             timeout=seconds,
         )
 
+    def abandoned(self) -> BaseException | None:
+        """The error to stop with when the deadline this attempt runs under was cut short
+        before the attempt's own end — a sync hedge that lost the race (``cut_short``, D3.18):
+        its next step must not start. ``None`` otherwise."""
+        if self.expired():
+            return None
+        return current_bound_error(self.options.what)
+
     def check(self) -> None:
         """Raise :meth:`cut` once the end has passed (a sync read cannot be interrupted)."""
         if self.expired():

@@ -439,8 +439,9 @@ class SyncHedging:
         return r.status_code, r.text
 
     def post(self, url: str) -> tuple[int, str]:
-        r = self.client.post(url, content=b"order") if self.kind == "httpx" else None
-        if r is None:
+        if self.kind == "httpx":
+            r = self.client.post(url, content=b"order", timeout=10)
+        else:
             r = self.client.post(url, data=b"order", timeout=10)
         return r.status_code, r.text
 

@@ -56,13 +56,7 @@ from ..._core import _clock
 from ..._core._deadline import Deadline
 from ..._core._durations import Duration
 from ..._core._errors import DeadlineExceeded
-from ..._core._scopes import (
-    _clean_context,
-    _spawn_detached,
-    current_bound_error,
-    move_on_at,
-    spawn_background,
-)
+from ..._core._scopes import _clean_context, _spawn_detached, move_on_at, spawn_background
 from ...policies._policy import Policy
 from ...telemetry._tracing import active as tracing_active
 from ...telemetry._tracing import client_span
@@ -356,13 +350,12 @@ def _gate_steps(request: httpx.Request, attempt: Attempt) -> None:
     phases: dict[str, float | None] = request.extensions["timeout"]
     theirs = request.extensions.get("trace")
     end = attempt.end
-    what = attempt.options.what
 
     def trace(name: str, info: dict[str, Any]) -> None:
         if name.partition(".")[2] in _STEPS:
-            cut = current_bound_error(what)
-            if cut is not None and not attempt.expired():
-                raise cut  # cut short: a hedge that lost
+            lost = attempt.abandoned()
+            if lost is not None:
+                raise lost  # a hedge that lost the race
             if end is not None:
                 left = end - _clock.now()
                 if left <= 0:
