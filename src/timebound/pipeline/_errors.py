@@ -132,15 +132,3 @@ class PlanTimeout(DeadlineExceeded):
         self.op = op
         self.timeout_ms = timeout_ms
         self.trace = trace
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            _rebuild_plan_timeout,
-            (str(self), self.node_id, self.op, self.timeout_ms, self.trace),
-        )
-
-
-def _rebuild_plan_timeout(
-    message: str, node_id: str, op: str, timeout_ms: float, trace: Any
-) -> PlanTimeout:
-    return PlanTimeout(message, node_id=node_id, op=op, timeout_ms=timeout_ms, trace=trace)
