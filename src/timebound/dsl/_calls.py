@@ -181,10 +181,26 @@ def policy_keywords(node: I.CallNode, spec: ModuleSpec) -> dict[str, Any] | None
 def check_policy(c: Checker, node: I.CallNode, spec: ModuleSpec, pos: A.Pos) -> None:
     """The call site's options must make a policy: checked by building it once, as the lower
     pass will (Policy's own checks say what it accepts), with the cache backend the registry
-    names. Only in a program without errors so far (one that will be lowered)."""
-    kwargs = policy_keywords(node, spec)
-    if kwargs is None or c.failed():
+    names. Only in a program without errors so far (one that will be lowered); call sites of
+    one module with the same options share the answer."""
+    if c.failed():
         return
+    seen = (spec, node.options)
+    if seen not in c.refusals:
+        c.refusals[seen] = _refusal(c, node, spec)
+    exc = c.refusals[seen]
+    if exc is not None:
+        # Point at the option the policy refused (an unknown cache_backend...) when it
+        # says which one; otherwise at the call.
+        where = node.positions.get(getattr(exc, "option", None) or "", pos)
+        c.error("E013", f"Invalid options for '{spec.name}': {exc}", where)
+
+
+def _refusal(c: Checker, node: I.CallNode, spec: ModuleSpec) -> ConfigurationError | None:
+    """Why the call site's policy cannot be built (None: it can, or it needs none)."""
+    kwargs = policy_keywords(node, spec)
+    if kwargs is None:
+        return None
     from ..policies import Policy
 
     options = node.options
@@ -198,10 +214,8 @@ def check_policy(c: Checker, node: I.CallNode, spec: ModuleSpec, pos: A.Pos) -> 
             kwargs["cache_backend"] = resolve_cache_backend(c.registry, options.cache_backend)
         Policy(**kwargs)
     except ConfigurationError as exc:
-        # Point at the option the policy refused (an unknown cache_backend...) when it
-        # says which one; otherwise at the call.
-        where = node.positions.get(getattr(exc, "option", None) or "", pos)
-        c.error("E013", f"Invalid options for '{spec.name}': {exc}", where)
+        return exc
+    return None
 
 
 def check_shared_limits(c: Checker, module: str, e: A.Call) -> None:

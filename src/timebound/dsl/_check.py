@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .._core._errors import ConfigurationError
 from . import _ast as A
 from . import _ir as I
 from ._calls import check_call
@@ -73,6 +74,8 @@ class Checker:
         self.rebound: dict[str, int] = {}  # input name -> how many bindings it has had
         # (module, option) -> (value, position) of the first call site declaring a limit.
         self.limits: dict[tuple[str, str], tuple[Any, A.Pos]] = {}
+        # (module, options) -> why Policy refused them (None: it did not), see check_policy.
+        self.refusals: dict[tuple[ModuleSpec, I.CallOptions], ConfigurationError | None] = {}
         self.stdlib = standard_library()
         # `use ns` makes ns's functions callable by their simple names (upstream's wildcard).
         self.wildcards: list[str] = []
