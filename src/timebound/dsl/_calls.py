@@ -56,11 +56,9 @@ def check_call(c: Checker, e: A.Call, *, lifted: bool, key: str | None) -> I.Exp
 
     A lifted call reads as its own node's value (or its thunk's); an inline one as the call.
     """
-    from ._check_expr import check_expr, check_higher_order, start
-
     target = resolve_module(c, e)
     if isinstance(target, str):
-        return check_higher_order(c, e, target, lifted)
+        return c.higher_order(e, target, lifted)
     spec = target
     lazy_opt = e.options.get("lazy")
     # A lazy call's arguments are computed only when the call is: calls inside them are
@@ -71,10 +69,10 @@ def check_call(c: Checker, e: A.Call, *, lifted: bool, key: str | None) -> I.Exp
         # nothing to say about an unknown function: it is skipped).
         for arg in e.args:
             if not isinstance(arg, A.Lambda):
-                check_expr(c, arg, lifted=lift_args)
+                c.expr(arg, lifted=lift_args)
         check_options(c, e, None, ERROR)
         return None
-    args = tuple(check_expr(c, a, lifted=lift_args) for a in e.args)
+    args = tuple(c.expr(a, lifted=lift_args) for a in e.args)
     if len(args) != spec.arity:
         c.error(
             "E010",
@@ -88,7 +86,7 @@ def check_call(c: Checker, e: A.Call, *, lifted: bool, key: str | None) -> I.Exp
                 c.error(
                     "E011",
                     f"Argument {i} ('{pname}') of '{spec.name}' expects {pt}, got {a.type}",
-                    start(ae),
+                    A.start(ae),
                 )
     result_type = spec.returns
     fallback = check_options(c, e, spec, result_type)
@@ -119,13 +117,11 @@ def check_call(c: Checker, e: A.Call, *, lifted: bool, key: str | None) -> I.Exp
 
 def check_options(c: Checker, e: A.Call, spec: ModuleSpec | None, ret: Type) -> I.Expr | None:
     """D3.9 checks and warnings; checks the fallback (in a conditional position)."""
-    from ._check_expr import check_expr
-
     opts = e.options
     fallback: I.Expr | None = None
     if "fallback" in opts:
         fo = opts["fallback"]
-        fallback = check_expr(c, fo.value, lifted=False)
+        fallback = c.expr(fo.value, lifted=False)
         if spec is not None and not is_assignable(fallback.type, ret):
             c.error(
                 "E017",
@@ -159,13 +155,18 @@ def check_options(c: Checker, e: A.Call, spec: ModuleSpec | None, ret: Type) -> 
     return fallback
 
 
+def needs_policy(options: I.CallOptions) -> bool:
+    """Whether a call with ``options`` runs under a policy (a call without resilience options
+    is made directly)."""
+    return options.fallback or any(OPTIONS[n].policy is not None for n in options.declared)
+
+
 def policy_keywords(node: I.CallNode, spec: ModuleSpec) -> dict[str, Any] | None:
     """The keywords of the call site's Policy that its options give, through the option table's
-    converters (None: a call without resilience options needs no policy). The limiters, the
-    cache's backend and the fallback are the lowering's to add: they are run-time objects."""
+    converters (None: it needs no policy). The limiters, the cache's backend and the fallback
+    are the lowering's to add: they are run-time objects."""
     options = node.options
-    needed = options.fallback or any(OPTIONS[n].policy is not None for n in options.declared)
-    if not needed:
+    if not needs_policy(options):
         return None
     kwargs: dict[str, Any] = {"name": spec.name}
     for name in options.declared:
@@ -183,7 +184,7 @@ def check_policy(c: Checker, node: I.CallNode, spec: ModuleSpec, pos: A.Pos) -> 
     pass will (Policy's own checks say what it accepts), with the cache backend the registry
     names. Only in a program without errors so far (one that will be lowered); call sites of
     one module with the same options share the answer."""
-    if c.failed():
+    if not needs_policy(node.options) or c.failed():
         return
     seen = (spec, node.options)
     if seen not in c.refusals:

@@ -20,7 +20,7 @@ from .._core._errors import ConfigurationError
 from . import _ast as A
 from . import _ir as I
 from ._calls import check_call
-from ._check_expr import check_expr, merge_record_types, start
+from ._check_expr import check_expr, check_higher_order, merge_record_types
 from ._diagnostics import Diagnostic
 from ._registry import ModuleRegistry, ModuleSpec
 from ._stdlib import HIGHER_ORDER, standard_library
@@ -99,6 +99,14 @@ class Checker:
     def suggest(name: str, candidates: list[str]) -> str:
         close = difflib.get_close_matches(name, candidates, n=1)
         return f" (did you mean '{close[0]}'?)" if close else ""
+
+    def expr(self, e: A.Expr, *, lifted: bool) -> I.Expr:
+        """The typed form of ``e`` (see ``_check_expr.py``)."""
+        return check_expr(self, e, lifted=lifted)
+
+    def higher_order(self, e: A.Call, kind: str, lifted: bool) -> I.Expr:
+        """The typed ``filter``/``map``/``all``/``any`` call ``e``."""
+        return check_higher_order(self, e, kind, lifted)
 
     # Types ---------------------------------------------------------------------------------
 
@@ -317,7 +325,7 @@ class Checker:
                 self.error(
                     "E020",
                     f"The values of '@{a.name}' must be constants (literals, lists, records)",
-                    start(bad),
+                    A.start(bad),
                 )
                 continue
             values = tuple(check_expr(self, x, lifted=False) for x in a.args)
@@ -330,7 +338,7 @@ class Checker:
                     self.error(
                         "E011",
                         f"The '@example' of input '{name}' must be {t}, got {values[0].type}",
-                        start(a.args[0]),
+                        A.start(a.args[0]),
                     )
                     continue
                 # D3.16a: repeated @example: every one is kept in the annotations; the first is the

@@ -42,18 +42,9 @@ from ._types import (
 if TYPE_CHECKING:
     from ._check import Checker
 
-__all__ = ["check_expr", "merge_record_types", "start"]
+__all__ = ["check_expr", "check_higher_order", "merge_record_types"]
 
 _NONE: frozenset[str] = frozenset()
-
-
-def start(e: A.Expr) -> A.Pos:
-    """Where ``e`` begins in the source: a binary expression's and a field access's own position
-    is their operator's (for errors about the operator); errors about the whole value point here.
-    """
-    while isinstance(e, A.Binary | A.FieldAccess):
-        e = e.left if isinstance(e, A.Binary) else e.obj
-    return e.pos
 
 
 def merge_record_types(a: RecordType, b: RecordType) -> RecordType:
@@ -137,7 +128,7 @@ def _binary(c: Checker, e: A.Binary, lifted: bool) -> I.Expr:
     if op in ("and", "or"):
         for side, st in ((e.left, lt), (e.right, rt)):
             if not is_assignable(st, BOOLEAN):
-                c.error("E011", f"Operator '{op}' needs Boolean operands, got {st}", start(side))
+                c.error("E011", f"Operator '{op}' needs Boolean operands, got {st}", A.start(side))
         return I.Logic(BOOLEAN, deps, op, left, right)
     t: Type
     if op in ("==", "!=", "<", ">", "<=", ">="):
@@ -211,7 +202,7 @@ def _unary(c: Checker, e: A.Unary, lifted: bool) -> I.Expr:
 
 def _check_boolean(c: Checker, x: I.Expr, e: A.Expr, what: str) -> None:
     if not is_assignable(x.type, BOOLEAN):
-        c.error("E011", f"The condition of {what} must be Boolean, got {x.type}", start(e))
+        c.error("E011", f"The condition of {what} must be Boolean, got {x.type}", A.start(e))
 
 
 def _cond(c: Checker, e: A.Cond, lifted: bool) -> I.Expr:
@@ -451,11 +442,13 @@ def check_higher_order(c: Checker, e: A.Call, kind: str, lifted: bool) -> I.Expr
     elem = elements(it)
     if elem is None and not isinstance(it, ErrorType):
         c.error(
-            "E011", f"Argument 1 of '{e.module}' expects a List or Seq, got {it}", start(e.args[0])
+            "E011",
+            f"Argument 1 of '{e.module}' expects a List or Seq, got {it}",
+            A.start(e.args[0]),
         )
     if not isinstance(fn, A.Lambda):
         c.error(
-            "E011", f"Argument 2 of '{e.module}' must be a lambda such as (x) => ...", start(fn)
+            "E011", f"Argument 2 of '{e.module}' must be a lambda such as (x) => ...", A.start(fn)
         )
         return invalid()
     if len(fn.params) != 1:
@@ -483,7 +476,7 @@ def check_higher_order(c: Checker, e: A.Call, kind: str, lifted: bool) -> I.Expr
         c.error(
             "E011",
             f"The lambda given to '{e.module}' must return Boolean, got {body.type}",
-            start(fn.body),
+            A.start(fn.body),
         )
     result: Type
     if kind == "filter":
