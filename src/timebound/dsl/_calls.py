@@ -128,15 +128,6 @@ def check_options(c: Checker, e: A.Call, spec: ModuleSpec | None, ret: Type) -> 
                 f"Fallback type mismatch: module returns {ret} but fallback is {fallback.type}",
                 fo.value_pos,
             )
-    if "hedge" in opts and spec is not None and not spec.is_async:
-        # D3.16: a sync module runs to its end; a hedge could neither start beside it nor
-        # cancel it.
-        c.error(
-            "E013",
-            f"Option 'hedge' needs an async module: '{spec.name}' is a sync function, and a "
-            "sync call cannot be raced or cancelled",
-            opts["hedge"].value_pos,
-        )
     retry = opts["retry"].value if "retry" in opts else 0
     if "delay" in opts and retry == 0:
         c.warn("W001", "'delay' without 'retry' has no effect", opts["delay"].pos)
@@ -155,10 +146,14 @@ def check_options(c: Checker, e: A.Call, spec: ModuleSpec | None, ret: Type) -> 
     return fallback
 
 
-def needs_policy(options: I.CallOptions) -> bool:
-    """Whether a call with ``options`` runs under a policy (a call without resilience options
-    is made directly)."""
-    return options.fallback or any(OPTIONS[n].policy is not None for n in options.declared)
+def needs_policy(options: I.CallOptions, spec: ModuleSpec) -> bool:
+    """Whether a call of ``spec`` with ``options`` runs under a policy (a call without
+    resilience options is made directly). D3.16: a module registered with a breaker or a retry
+    budget is never called around them, with or without options of its own."""
+    shared = spec.breaker is not None or spec.retry_budget is not None
+    return (
+        shared or options.fallback or any(OPTIONS[n].policy is not None for n in options.declared)
+    )
 
 
 def policy_keywords(node: I.CallNode, spec: ModuleSpec) -> dict[str, Any] | None:
@@ -166,13 +161,17 @@ def policy_keywords(node: I.CallNode, spec: ModuleSpec) -> dict[str, Any] | None
     converters (None: it needs no policy). The limiters, the cache's backend and the fallback
     are the lowering's to add: they are run-time objects."""
     options = node.options
-    if not needs_policy(options):
+    if not needs_policy(options, spec):
         return None
     kwargs: dict[str, Any] = {"name": spec.name}
     for name in options.declared:
         to_policy = OPTIONS[name].policy
         if to_policy is not None:
             kwargs[name] = to_policy(getattr(options, name))
+    if spec.breaker is not None:
+        kwargs["breaker"] = spec.breaker
+    if spec.retry_budget is not None:
+        kwargs["retry_budget"] = spec.retry_budget
     if "on_error" in options.declared:
         kwargs["zero"] = zero_value(spec.returns)
     kwargs.pop("cache_backend", None)  # W004: no cache, no backend to look up
@@ -184,7 +183,7 @@ def check_policy(c: Checker, node: I.CallNode, spec: ModuleSpec, pos: A.Pos) -> 
     pass will (Policy's own checks say what it accepts), with the cache backend the registry
     names. Only in a program without errors so far (one that will be lowered); call sites of
     one module with the same options share the answer."""
-    if not needs_policy(node.options) or c.failed():
+    if not needs_policy(node.options, spec) or c.failed():
         return
     seen = (spec, node.options)
     if seen not in c.refusals:

@@ -77,12 +77,20 @@ class Lowering:
         spec = self.registry.get(node.module) or standard_library()[node.module]
         args = [lower_expr(self, a) for a in x.args]
         fallback = None if x.fallback is None else lower_expr(self, x.fallback)
+        fn = _callable(spec)
+        policy = self.policy(node, spec, fallback)
+        if policy is not None and policy.hedge is not None and not spec.is_async:
+            # D3.16: a hedged sync module races its attempts in threads (D3.14) while the call
+            # awaits them: the event loop goes on meanwhile.
+            from ..policies._hedge import race_in_threads
+
+            fn = race_in_threads(fn)
         cc = CompiledCall(
             node=node,
-            fn=_callable(spec),
+            fn=fn,
             is_async=spec.is_async,
             args=[(a.is_async, a.fn, a.key) for a in args],
-            policy=self.policy(node, spec, fallback),
+            policy=policy,
         )
         node_key = node.key
         if node.placement == "inline":
