@@ -140,12 +140,21 @@ class CallLowering(ExpressionForms):
     ) -> CE:
         """Build the runnable call of a checked node: its policy, its compiled call, and its
         place in the DAG (a node, a thunk, or a closure evaluated in place)."""
+        fn = self._callable(spec)
+        is_async = spec.is_async
+        policy = self.policy(node, spec, fallback, pos)
+        if policy is not None and policy.hedge is not None and not is_async:
+            # D3.16: a hedged sync module races its attempts in threads (D3.14) while the call
+            # awaits them: the event loop goes on meanwhile.
+            from ..policies._hedge import race_in_threads
+
+            fn = race_in_threads(fn)
         cc = CompiledCall(
             node=node,
-            fn=self._callable(spec),
-            is_async=spec.is_async,
+            fn=fn,
+            is_async=is_async,
             args=[(a.is_async, a.fn, a.key) for a in args],
-            policy=self.policy(node, spec, fallback, pos),
+            policy=policy,
         )
         node_key = node.key
         deps = frozenset(node.deps)
@@ -200,15 +209,6 @@ class CallLowering(ExpressionForms):
                     f"Fallback type mismatch: module returns {ret} but fallback is {fallback.type}",
                     fo.value_pos,
                 )
-        if "hedge" in opts and spec is not None and not spec.is_async:
-            # D3.16: a sync module runs to its end; a hedge could neither start beside it nor
-            # cancel it.
-            self.error(
-                "E013",
-                f"Option 'hedge' needs an async module: '{spec.name}' is a sync function, and a "
-                "sync call cannot be raced or cancelled",
-                opts["hedge"].value_pos,
-            )
         retry = opts["retry"].value if "retry" in opts else 0
         if "delay" in opts and retry == 0:
             self.warn("W001", "'delay' without 'retry' has no effect", opts["delay"].pos)
@@ -232,7 +232,14 @@ class CallLowering(ExpressionForms):
     def policy(self, node: CallNode, spec: ModuleSpec, fallback: CE | None, pos: A.Pos) -> Any:
         """One Policy per call site, or None for a call without resilience options."""
         options = node.options
-        needed = options.fallback or any(OPTIONS[n].policy is not None for n in options.declared)
+        # D3.16: a module registered with a breaker or a retry budget is never called around
+        # them, with or without options of its own.
+        shared = spec.breaker is not None or spec.retry_budget is not None
+        needed = (
+            shared
+            or options.fallback
+            or any(OPTIONS[n].policy is not None for n in options.declared)
+        )
         if not needed or any(d.severity == "error" for d in self.diags):
             return None  # no policy needed (or the program will not compile anyway)
         from ..policies import Policy
@@ -250,6 +257,10 @@ class CallLowering(ExpressionForms):
             kwargs["throttle"] = res.bucket(spec.name, count, per)
         if options.concurrency is not None:
             kwargs["concurrency"] = res.slots(spec.name, options.concurrency)
+        if spec.breaker is not None:
+            kwargs["breaker"] = spec.breaker
+        if spec.retry_budget is not None:
+            kwargs["retry_budget"] = spec.retry_budget
         if "on_error" in options.declared:
             kwargs["zero"] = zero_value(spec.returns)
         if fallback is not None:
