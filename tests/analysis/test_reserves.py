@@ -12,10 +12,10 @@ import pytest
 
 pytest.importorskip("jsonschema")
 
-from timebound.analysis import check_constellation, check_policy, check_workflow  # noqa: E402
-from timebound.policies import Policy  # noqa: E402
+from timebound.analysis import check_constellation, check_policy, check_workflow
+from timebound.policies import Policy
 
-from .test_cli import report, run  # noqa: E402
+from .test_cli import report, run
 
 FLOW: dict[str, Any] = {
     "id": "w",

@@ -118,7 +118,7 @@ async def test_the_continuation_resumes_in_the_reserve(
                 await asyncio.sleep(0.5)
         after = await reg.get(OP)
     assert after is not None and after.status == "expired"
-    (at, r), = resumed
+    ((at, r),) = resumed
     assert r.error is not None and r.error["code"] == "expired"
     if reserve:
         assert caller.when - at >= 1.9  # the reserve was left for the caller

@@ -378,8 +378,17 @@ class _Execution(Generic[_C]):
         name = f"region {str(group.key)[:100]}"
         if group.reserve:
             if fallback_at is not None and now > fallback_at:
-                marks.append(("fallback", f"reserve of {name}", fallback_at, now, group.reserve,
-                              "timeout", None))
+                marks.append(
+                    (
+                        "fallback",
+                        f"reserve of {name}",
+                        fallback_at,
+                        now,
+                        group.reserve,
+                        "timeout",
+                        None,
+                    )
+                )
             else:
                 name, timeout = f"reserve of {name}", self.g_cut[g] - t0
         for span in self.spans or ():
@@ -452,7 +461,9 @@ class _Execution(Generic[_C]):
             # the reserve; the scope under it (no deadline of its own) stops them there, and
             # the reserve's error makes the group's scope expired (D1.19).
             what = f"{group.source} {group.key}"
-            scopes.append((g, move_on_at(at, source=group.source, what=what, reserve=group.reserve)))
+            scopes.append(
+                (g, move_on_at(at, source=group.source, what=what, reserve=group.reserve))
+            )
             scopes.append((g, fail_after(None)))
         return scopes
 

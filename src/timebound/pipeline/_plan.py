@@ -10,8 +10,8 @@ from typing import Any
 
 from .._core._durations import Duration
 from .._core._errors import ConfigurationError
-from .._core._scopes import reserve_seconds
 from .._core._renamed import renamed
+from .._core._scopes import reserve_seconds
 from ._expr import Expr
 from ._model import REGISTRY_KEYWORD, Catalog, P, _json_scalar, deprecated_registry
 
