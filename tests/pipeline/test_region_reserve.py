@@ -193,3 +193,16 @@ def test_no_reserve_keeps_the_artifact_unchanged() -> None:
     reg = _catalog(0.0)
     assert "reserve_ms" not in _plan(reg).plan["nodes"][0]["params"]
     assert _plan(reg).digest == _plan(reg, reserve=0).digest
+
+
+def test_a_refused_region_with_fail_plan_raises_at_once() -> None:
+    reg = _catalog(0.001)
+    budget = {"base_ms": 0, "per_row_us": 400, "min_ms": 1, "max_ms": 200}
+    clock = VirtualClock()
+    with pytest.raises(pl.PlanTimeout) as info:
+        clock.run(pl.Engine(reg).run(_plan(reg, "fail_plan", reserve="50ms", budget=budget), ROWS))
+    err = info.value
+    assert clock.now() == 0.0
+    assert err.set_by == "reserve of region timeout_wrapper"
+    assert err.breakdown is not None and err.breakdown.budget_ms == 0.0
+    assert err.trace.wrappers["timeout_wrapper"]["chosen_branch"] == "fail_plan"

@@ -297,7 +297,14 @@ class _Execution(Generic[_C]):
         try:
             if chain:
                 scopes = self._scopes(chain)
-                value = _run_in_scopes(scopes, plan.nodes[i].action, ctx)
+                try:
+                    value = _run_in_scopes(scopes, plan.nodes[i].action, ctx)
+                except DeadlineExceeded as err:
+                    if not self._refused(scopes, err):
+                        raise
+                    self._end(i, "timed_out")
+                    self._complete(i)
+                    return False
                 if self._expired(scopes):
                     self._end(i, "late")
                     self._complete(i)
@@ -390,7 +397,8 @@ class _Execution(Generic[_C]):
                     )
                 )
             else:
-                name, timeout = f"reserve of {name}", self.g_cut[g] - t0
+                # Refused at entry (D1.20): no time before the reserve at all.
+                name, timeout = f"reserve of {name}", max(0.0, self.g_cut[g] - t0)
         for span in self.spans or ():
             if span.group != group.key or span.start <= 0.0 or span.start < t0:
                 continue
@@ -467,6 +475,18 @@ class _Execution(Generic[_C]):
             scopes.append((g, fail_after(None)))
         return scopes
 
+    def _refused(self, scopes: list[tuple[int, CancelScope]], err: DeadlineExceeded) -> bool:
+        """Whether ``err`` is a group's reserve refusing a member that started at or after the
+        reserved instant (D1.20; the check before it ran came a moment earlier): that is the
+        group's timeout, as if the member had been stopped there."""
+        plan = self.plan
+        for g, _ in scopes:
+            group = plan.groups[g]
+            if group.reserve and err.set_by == f"reserve of {group.source} {group.key}":
+                self.g_timed_out[g] = True
+                return True
+        return False
+
     def _expired(self, scopes: list[tuple[int, CancelScope]]) -> bool:
         # The scope itself reports whether ITS deadline fired (D2.2); the outermost one that
         # did is the region that timed out.
@@ -489,7 +509,12 @@ class _Execution(Generic[_C]):
         if not chain:
             return True, await action(ctx)
         scopes = self._scopes(chain)
-        value = await _arun_in_scopes(scopes, action, ctx)
+        try:
+            value = await _arun_in_scopes(scopes, action, ctx)
+        except DeadlineExceeded as err:
+            if not self._refused(scopes, err):
+                raise
+            return False, "timed_out"
         if self._expired(scopes):
             return False, "late" if value is not _NOTHING else "timed_out"
         return True, value

@@ -107,8 +107,8 @@ def region_group(
             raise PlanTimeout(
                 None
                 if reserve_ms is None
-                else f"timeout_wrapper {node_id} reached its reserve of {reserve_ms:g} ms "
-                f"({state.timeout_ms:g} ms budget): its success branch was stopped",
+                else f"timeout_wrapper {node_id}'s success branch ran out of time before its "
+                f"reserve of {reserve_ms:g} ms ({state.timeout_ms:g} ms budget)",
                 node_id=node_id,
                 timeout_ms=state.timeout_ms,
                 trace=run.trace,
