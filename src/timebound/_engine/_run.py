@@ -368,7 +368,10 @@ class _Execution(Generic[_C]):
             # D13: a fallback that reports the region's timeout (a pipeline's fail_plan) says
             # where the region's budget went.
             if err.breakdown is None:
-                err.breakdown = self._region_breakdown(group, began)
+                # With a reserve: either it fired (the fallback reports it at once) or the
+                # fallback ran in it until the group's own deadline.
+                fired = err.set_by == f"reserve of {group.source} {group.key}"
+                err.breakdown = self._region_breakdown(group, None if fired else began)
             raise
         return value
 
@@ -384,7 +387,7 @@ class _Execution(Generic[_C]):
         marks: list[Any] = []
         name = f"region {str(group.key)[:100]}"
         if group.reserve:
-            if fallback_at is not None and now > fallback_at:
+            if fallback_at is not None:
                 marks.append(
                     (
                         "fallback",
@@ -396,8 +399,7 @@ class _Execution(Generic[_C]):
                         None,
                     )
                 )
-            else:
-                # Refused at entry (D1.20): no time before the reserve at all.
+            else:  # refused at entry (D1.20), the time before the reserve is nothing
                 name, timeout = f"reserve of {name}", max(0.0, self.g_cut[g] - t0)
         for span in self.spans or ():
             if span.group != group.key or span.start <= 0.0 or span.start < t0:
