@@ -276,3 +276,23 @@ def test_thread_result_in_time_is_returned(virtual_clock: VirtualClock) -> None:
         return "ok"
 
     assert tb.run_in_thread(quick, timeout=1) == "ok"
+
+
+def _late_checkpoint() -> None:
+    time.sleep(0.02)  # past the inherited deadline below, whatever the machine's speed
+    tb.checkpoint()
+
+
+def test_process_child_reports_where_the_parent_bound_was_set() -> None:
+    """The subprocess's inherited bound keeps the parent's source, timeout and set_by (D2.8):
+    an error raised inside the child says where the bound came from, as in the parent."""
+    import pickle
+
+    receiver, sender = multiprocessing.Pipe(duplex=False)
+    _preempt._child(
+        sender, pickle.dumps(_late_checkpoint), (), {}, 0.001, "scope", 0.5, "job nightly"
+    )
+    ok, err = receiver.recv()
+    receiver.close()
+    assert not ok and isinstance(err, tb.DeadlineExceeded)
+    assert (err.source, err.timeout, err.set_by) == ("scope", 0.5, "job nightly")

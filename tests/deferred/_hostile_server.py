@@ -44,6 +44,17 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
             sent += len(CHUNK)
         await send({"type": "http.response.body", "body": b'"}'})
         return
+    if path.startswith("/gone"):
+        # What a timebound host answers for an operation past its retention (D7.5).
+        head = [(b"content-type", b"application/problem+json")]
+        body = b'{"status": 410, "title": "Gone", "detail": "operation op-1 is no longer retained"}'
+        await send({"type": "http.response.start", "status": 410, "headers": head})
+        await send({"type": "http.response.body", "body": body})
+        return
+    if path.startswith("/forbidden"):
+        await send({"type": "http.response.start", "status": 403, "headers": []})
+        await send({"type": "http.response.body", "body": b"no"})
+        return
     await send({"type": "http.response.start", "status": 404, "headers": []})
     await send({"type": "http.response.body", "body": b"{}"})
 

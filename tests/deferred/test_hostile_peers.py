@@ -127,3 +127,30 @@ async def test_the_poller_fails_an_operation_whose_answer_is_too_large(
     await connector.aclose()
     assert (op.status, op.last_error_code) == ("failed", "too-large")
     assert _peak_rss_mib() - before < 200
+
+
+async def test_a_status_answered_gone_or_unknown_ends_the_operation(peer: str) -> None:
+    """410 (the owner no longer retains the operation) and 404 (it never knew it) are answers no
+    later poll can change (D7.13): the poll is refused with its own code and the owner's detail,
+    never taken as a status document to reject and poll again until the operation expires."""
+    connector = HttpConnector(peer)
+    with pytest.raises(PollRefused) as gone:
+        await connector.status(_Op("/gone"))  # type: ignore[arg-type]
+    with pytest.raises(PollRefused) as unknown:
+        await connector.status(_Op("/nowhere"))  # type: ignore[arg-type]
+    await connector.aclose()
+    assert gone.value.code == "remote-gone"
+    assert "410" in str(gone.value) and "no longer retained" in str(gone.value)
+    assert unknown.value.code == "remote-unknown" and "404" in str(unknown.value)
+
+
+async def test_another_client_error_is_a_transient_poll_failure(peer: str) -> None:
+    """A 403 may be a credential being rotated: the poll backs off and tries again, with the
+    status in its code, until the operation's own expiry."""
+    from timebound.deferred import TransientPollError
+
+    connector = HttpConnector(peer)
+    with pytest.raises(TransientPollError) as err:
+        await connector.status(_Op("/forbidden"))  # type: ignore[arg-type]
+    await connector.aclose()
+    assert err.value.code == "poll-http-403"

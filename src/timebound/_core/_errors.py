@@ -202,22 +202,21 @@ class DeadlineExceeded(TimeboundError, TimeoutError):
             return f"{head}{summary}{where}{tail}"
         return f"{text}{summary}"
 
+    #: Attributes a subclass holds from the failed call's live objects (a request, call
+    #: metadata) that may not pickle: they arrive as ``None``; every other attribute travels.
+    _live_attributes: frozenset[str] = frozenset()
+
     def __reduce__(self) -> tuple[Any, ...]:
+        # One reduction for the class and every subclass, whatever its constructor takes: the
+        # rebuilt error gets its args and its attributes back, breakdown and set_by included.
         self.breakdown  # noqa: B018 -- built now: the live frames it reads do not pickle
-        state = _extra_state(self)
-        if state is not None:
-            state.pop("set_by", None)
-        return (
-            _rebuild_deadline_exceeded,
-            (
-                self.args[0] if self.args else "",
-                self.source,
-                self.timeout,
-                self.deadline,
-                self.set_by,
-            ),
-            state or None,
-        )
+        live = self._live_attributes
+        state = {
+            k: None if k in live else v
+            for k, v in vars(self).items()
+            if not k.startswith("_timebound")
+        }
+        return (_rebuild_deadline_exceeded, (type(self), self.args), state)
 
 
 def _worth_showing(bd: Any) -> bool:
@@ -247,11 +246,11 @@ _exception_new = DeadlineExceeded.__new__
 
 
 def _rebuild_deadline_exceeded(
-    message: str, source: str, timeout: float | None, deadline: Any, set_by: str | None = None
+    cls: type[DeadlineExceeded], args: tuple[Any, ...]
 ) -> DeadlineExceeded:
-    return DeadlineExceeded(
-        message, source=source, timeout=timeout, deadline=deadline, set_by=set_by
-    )
+    err = cls.__new__(cls)
+    err.args = args
+    return err
 
 
 class RetryExhausted(TimeboundError):

@@ -487,6 +487,7 @@ def _child(
     left: float,
     source: str,
     timeout: float | None,
+    set_by: str | None = None,
 ) -> None:
     """Subprocess entry: run ``fn`` under the parent's remaining budget, send the outcome."""
     import pickle
@@ -510,8 +511,11 @@ def _child(
             if left == _INF:
                 result = fn(*args, **kwargs)
             else:
-                # The same source and timeout as the bound that binds in the parent (D2.2).
-                with inherit_deadline(Deadline.after(left), source=source, timeout=timeout):
+                # The same source, timeout and origin as the bound that binds in the parent
+                # (D2.2, D2.8).
+                with inherit_deadline(
+                    Deadline.after(left), source=source, timeout=timeout, set_by=set_by
+                ):
                     result = fn(*args, **kwargs)
             message = (True, result)
         except BaseException as exc:
@@ -566,9 +570,10 @@ def run_in_process(
     left = _left(b) if b.error is not None else _INF
     source = b.error.source if b.error is not None else "scope"
     timeout_s = b.error.timeout if b.error is not None else None
+    set_by = b.error.set_by if b.error is not None else None
     proc = ctx.Process(
         target=_child,
-        args=(sender, fn_pickled, args, kwargs, left, source, timeout_s),
+        args=(sender, fn_pickled, args, kwargs, left, source, timeout_s, set_by),
         daemon=True,
     )
     try:

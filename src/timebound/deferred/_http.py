@@ -127,15 +127,38 @@ class HttpConnector:
                 data = await read_capped(
                     response.aiter_bytes(), self.max_bytes, what=f"the answer to {method} {href}"
                 )
+                status = response.status_code
         except TooLarge as exc:
             raise PollRefused(exc.code, str(exc)) from None
         except httpx.TransportError as exc:
             code = "poll-timeout" if isinstance(exc, httpx.TimeoutException) else "poll-unreachable"
             raise TransientPollError(code, f"{method} {href}: {type(exc).__name__}") from None
         try:
-            return loads_json(data, what=f"the answer to {method} {href}")
+            doc = loads_json(data, what=f"the answer to {method} {href}")
         except JSONError:
-            return None  # not JSON, or nested too deep: the registry rejects it (schema)
+            doc = None  # not JSON, or nested too deep: the registry rejects it (schema)
+        if status in _ENDED:
+            # No later poll can change these (D7.13): the owner pruned the operation after its
+            # retention (D7.5) or never knew it. Polling on until expiry would only hide that.
+            raise PollRefused(_ENDED[status], f"{method} {href}: {status}{_detail(doc)}")
+        if 400 <= status < 500 and method == "GET":
+            # Not a status document; maybe a credential being rotated: back off and try again.
+            raise TransientPollError(
+                f"poll-http-{status}", f"{method} {href}: {status}{_detail(doc)}"
+            )
+        return doc
+
+
+#: Answers that end an operation here, by HTTP status, with the code it fails with.
+_ENDED = {404: "remote-unknown", 410: "remote-gone"}
+
+
+def _detail(doc: object) -> str:
+    """A problem document's ``detail`` (RFC 9457), shortened, for the refusal's message."""
+    detail = doc.get("detail") if isinstance(doc, dict) else None
+    if not isinstance(detail, str) or not detail.isprintable():
+        return ""
+    return f" ({_short(detail)})"
 
 
 def _short(text: str) -> str:

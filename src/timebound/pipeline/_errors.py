@@ -136,22 +136,3 @@ class PlanTimeout(DeadlineExceeded):
         self.timeout_ms = timeout_ms
         self.trace = trace
         self.reserve_ms = reserve_ms
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            _rebuild_plan_timeout,
-            (str(self), self.node_id, self.op, self.timeout_ms, self.trace, self.reserve_ms),
-        )
-
-
-def _rebuild_plan_timeout(
-    message: str,
-    node_id: str,
-    op: str,
-    timeout_ms: float,
-    trace: Any,
-    reserve_ms: float | None = None,
-) -> PlanTimeout:
-    return PlanTimeout(
-        message, node_id=node_id, op=op, timeout_ms=timeout_ms, trace=trace, reserve_ms=reserve_ms
-    )

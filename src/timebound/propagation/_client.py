@@ -139,21 +139,15 @@ class AttemptTimeoutBase(DeadlineExceeded):
     a :class:`~timebound.DeadlineExceeded` with ``source="attempt"`` (retryable, D2.5).
 
     ``remote`` is true when the server answered "deadline expired" (D4.5 case 2) rather than
-    the clock running out here. Pickles as its own subclass, without the live request.
+    the clock running out here. Pickles as its own subclass, without the live request or
+    response the client library attached.
     """
+
+    _live_attributes = frozenset({"request", "response", "_request"})
 
     def __init__(self, message: str, *, remote: bool = False, timeout: float | None = None) -> None:
         DeadlineExceeded.__init__(self, message, source="attempt", timeout=timeout)
         self.remote = remote
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_attempt_timeout, (type(self), str(self), self.remote, self.timeout))
-
-
-def _rebuild_attempt_timeout(
-    cls: type[AttemptTimeoutBase], message: str, remote: bool, timeout: float | None
-) -> AttemptTimeoutBase:
-    return cls(message, remote=remote, timeout=timeout)
 
 
 @dataclass(slots=True)

@@ -163,6 +163,8 @@ class PropagatedDeadlineExceeded(DeadlineExceeded, grpc.RpcError):  # type: igno
     """
 
     code = _StatusCode("deadline-exceeded")
+    # The live call's metadata objects may not pickle; the details always do.
+    _live_attributes = frozenset({"_initial_metadata", "_trailing_metadata"})
 
     def __init__(
         self,
@@ -200,29 +202,12 @@ class PropagatedDeadlineExceeded(DeadlineExceeded, grpc.RpcError):  # type: igno
         """grpc's debug string for the failed call."""
         return self._debug_error_string
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Metadata objects of the live call may not pickle; the details always do.
-        return (
-            _rebuild_propagated,
-            (type(self), str(self), self._details, self.timeout, self.deadline),
-        )
-
 
 class AioPropagatedDeadlineExceeded(
     PropagatedDeadlineExceeded,
     grpc.aio.AioRpcError,  # type: ignore[misc]
 ):
     """:class:`PropagatedDeadlineExceeded` for ``grpc.aio``: also a ``grpc.aio.AioRpcError``."""
-
-
-def _rebuild_propagated(
-    cls: type[PropagatedDeadlineExceeded],
-    message: str,
-    details: str | None,
-    timeout: float | None,
-    deadline: Any,
-) -> PropagatedDeadlineExceeded:
-    return cls(message, details=details, timeout=timeout, deadline=deadline)
 
 
 def _propagated_from(
