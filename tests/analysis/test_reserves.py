@@ -139,3 +139,10 @@ def test_json_output_of_a_reserve_finding(tmp_path: pathlib.Path) -> None:
     assert f["where"]["path"] == "$.nodes[0].reserve_ms"
     assert f["numbers"] == {"reserve_ms": 6000.0, "budget_ms": 5000.0}
     assert f["fix"]
+
+
+def test_a_finding_under_a_reserve_names_the_budget_less_the_reserve() -> None:
+    kept = Policy("fetch", timeout="100ms", retry=2, fallback=None, reserve="200ms")
+    (f,) = [f for f in check_policy(kept, budget=0.4).findings if f.code == "TB-T002"]
+    assert "the caller's budget less the reserve" in f.message
+    assert f.numbers["budget"] == pytest.approx(0.2)

@@ -44,12 +44,16 @@ class LoopBound:
     source: str
 
 
+#: How findings name a loop's bound when it is the caller's budget.
+LOOP_CALLER = "the caller's budget"
+
+
 def budget_of(plan: RetryPlan, caller: float | None) -> LoopBound | None:
     total = plan.total_timeout
     if total is not None and (caller is None or total <= caller):
         return LoopBound(total, "total_timeout")
     if caller is not None:
-        return LoopBound(caller, "the caller's budget")
+        return LoopBound(caller, LOOP_CALLER)
     return None
 
 
@@ -259,6 +263,7 @@ def retry_findings(
             ]
         # What the loop sees; the fallback keeps the reserve, so it always has time (D1.18).
         caller, fallback = caller - reserve, False
+        budget_name = f"{budget_name or LOOP_CALLER} less the reserve"
     bound = budget_of(plan, caller)
     attempts = plan.retry + 1
     fallback = fallback and _falls_back_on_timeouts(plan)
