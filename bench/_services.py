@@ -299,8 +299,18 @@ async def _stamp(event: str, info: dict[str, Any]) -> None:
 class Forward:
     """A's and B's handler: call the next service, answer with its status."""
 
-    def __init__(self, role: str, mode: str, next_url: str, save_connections: bool = True) -> None:
+    def __init__(
+        self,
+        role: str,
+        mode: str,
+        next_url: str,
+        save_connections: bool = True,
+        escalate: bool = False,
+    ) -> None:
         self.url = next_url
+        #: Under a middleware reserve (D1.18) the handler lets a spent deadline escape, so the
+        #: middleware answers 498 (with its breakdown) while the caller still waits.
+        self.escalate = escalate
         self.budget = M1_BUDGET[role] if mode == "M1" else None
         self.retries = RETRIES[role]
         static = STATIC_TIMEOUT[role]
@@ -339,7 +349,9 @@ class Forward:
                     status = await self._call(fwd)
             else:
                 status = await self._call(fwd)
-        except (tb.DeadlineExceeded, httpx.TimeoutException):
+        except (tb.DeadlineExceeded, httpx.TimeoutException) as exc:
+            if self.escalate and isinstance(exc, tb.DeadlineExceeded):
+                raise
             status = 504
         except httpx.HTTPError:
             status = 502
@@ -407,14 +419,20 @@ def build_app(
     lifo: bool = False,
     save_connections: bool = True,
 ) -> Any:
+    # bench/breakdown.py: every middleware attaches its breakdown (D13.5), and A and B serve
+    # with a reserve (D1.18) when one is given: the pattern docs/breakdown.md recommends.
+    extra: dict[str, Any] = {}
+    if os.environ.get("TB_BENCH_EXPOSE_BREAKDOWN"):
+        extra["expose_breakdown"] = True
+    reserve = os.environ.get("TB_BENCH_RESERVE") if role in ("A", "B") else None
+    if reserve and mode in ("M2", "M3", "M4", "M5"):
+        extra["reserve"] = reserve
     handler: Any = (
         Work(iters, quanta, lifo)
         if role == "C"
-        else Forward(role, mode, next_url or "", save_connections)
+        else Forward(role, mode, next_url or "", save_connections, escalate="reserve" in extra)
     )
     cancel = mode in ("M3", "M5")
-    # bench/breakdown.py: every middleware attaches its breakdown (D13.5).
-    extra = {"expose_breakdown": True} if os.environ.get("TB_BENCH_EXPOSE_BREAKDOWN") else {}
     if mode in ("M4", "M5") and role == "C":
         # Admission where the overload is: C, the bottleneck, with the default (adaptive) limit.
         from timebound.propagation.asgi import AdmissionMiddleware

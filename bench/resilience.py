@@ -18,7 +18,10 @@ called by many concurrent asyncio clients in this process through httpx:
    <= 1.2 for the budget and the breaker.
 3. **Happy-path overhead** of ``resilient(hedge=...)`` and ``resilient(breaker=...)`` against
    ``resilient()``: over loopback HTTP (``/noop``; the target, <= 1.2x) and, for reference, around
-   an in-process coroutine that returns at once (the policy's own cost, no target).
+   an in-process coroutine that returns at once (the policy's own cost, no target). And the
+   cost of a hedged sync call that needs no hedge (``overhead.sync.hedge_us``: the race starts
+   its primary in a thread and the caller waits for it, D3.14) around a ``def`` that returns at
+   once, against the same ``def`` under ``resilient()``: for reference, no target.
 
 The machine may be shared: the load average is recorded at the start and the end, and every
 comparison is a ratio within the same run. ``--quick`` is a short run (about a minute a repeat).
@@ -342,6 +345,40 @@ def overhead(server: Server, tier: str) -> list[Row]:
             )
     loop.run_until_complete(client.aclose())
     loop.close()
+
+    def sync_noop() -> None:
+        return None
+
+    n = {"full": 5000, "quick": 1000, "smoke": 100}[tier]
+    # A fixed delay, so that every call races (a learned one races nothing until it is known).
+    sync_calls = {
+        "plain": tb.resilient()(sync_noop),
+        "hedge": tb.resilient(hedge=Hedge("1s", max_extra_load=1))(sync_noop),
+    }
+
+    def sync_timer(f: Callable[[], None]) -> Callable[[], float]:
+        def many() -> float:
+            start = time.perf_counter()
+            for _ in range(n):
+                f()
+            return time.perf_counter() - start
+
+        return many
+
+    times = interleave(
+        {name: sync_timer(f) for name, f in sync_calls.items()},
+        rounds={"full": 7, "quick": 3, "smoke": 1}[tier],
+        n=n,
+    )
+    rows.append(
+        Row(
+            "overhead.sync.hedge_us",
+            times["hedge"] * US,
+            "us/call",
+            "resilient() (sync)",
+            times["plain"] * US,
+        )
+    )
     return rows
 
 

@@ -14,15 +14,24 @@ rounds:
 - the first ``resilient`` call (decorating and calling one function) against the cheapest of
   ``import tenacity``, ``import stamina`` and ``import backoff``, each measured in the same rounds.
 
+Every command runs with every module's bytecode cached, as in an installed package (pip compiles
+it at install): the environment's ``PYTHONDONTWRITEBYTECODE`` is dropped and ``PYTHONPYCACHEPREFIX``
+points at a directory of this run, which the warm-up runs fill and which is removed at the end.
+Otherwise a checkout's sources, under a shell that forbids writing bytecode, are compiled again in
+every process while the peers' installed modules load from their cache.
+
 ``python -X importtime -c "import timebound; timebound.fail_after(1)"`` shows where the time goes.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from _common import MS, Row, now, pick, run_bench
@@ -37,6 +46,10 @@ PEERS = ("startup.import_tenacity", "startup.import_stamina", "startup.import_ba
 FIRST_FAIL_AFTER = "import timebound as tb\nwith tb.fail_after(1):\n    pass"
 FIRST_RESILIENT = (
     "import timebound as tb\n@tb.resilient(retry=3)\ndef f():\n    return 1\nassert f() == 1"
+)
+ARGPARSE_HELP = (
+    "import re, argparse\np = argparse.ArgumentParser(prog='floor')\n"
+    "p.add_argument('--version', action='version', version='floor 1')\np.parse_args(['--help'])"
 )
 
 # (metric, command, baseline metric or None, target ratio or None)
@@ -55,6 +68,9 @@ COMMANDS: list[tuple[str, list[str], str | None, float | None]] = [
     # The floor of any console script with an argparse CLI: pip's script imports re, then
     # argparse (with enum, gettext, locale, ...). A reference row.
     ("startup.argparse_floor", [PY, "-c", "import re, argparse"], "startup.python_pass", None),
+    # The floor of any argparse --help: a parser with one option printing its help (argparse
+    # formats it with textwrap and translates it through gettext, which imports locale).
+    ("startup.argparse_help_floor", [PY, "-c", ARGPARSE_HELP], "startup.python_pass", None),
     # --help and --version import no command: argparse is most of what remains.
     ("startup.cli_help", [SCRIPT, "--help"], "startup.python_pass", 2.0),
     ("startup.cli_version", [SCRIPT, "--version"], "startup.python_pass", 2.0),
@@ -63,21 +79,33 @@ COMMANDS: list[tuple[str, list[str], str | None, float | None]] = [
 ]
 
 
-def _once(command: list[str]) -> float:
+def _once(command: list[str], env: dict[str, str]) -> float:
     start = now()
-    subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    subprocess.run(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True, env=env
+    )
     return now() - start
 
 
 def measure(args: argparse.Namespace) -> list[Row]:
+    cache = tempfile.mkdtemp(prefix="timebound-startup-pyc-")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = cache
+    try:
+        return _measure(args, env)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def _measure(args: argparse.Namespace, env: dict[str, str]) -> list[Row]:
     warmup, rounds = pick(args, (5, 40), (2, 10), (1, 2))
     for _ in range(warmup):
         for _metric, command, _base, _target in COMMANDS:
-            _once(command)
+            _once(command, env)
     samples: dict[str, list[float]] = {metric: [] for metric, *_ in COMMANDS}
     for _ in range(rounds):
         for metric, command, _base, _target in COMMANDS:
-            samples[metric].append(_once(command))
+            samples[metric].append(_once(command, env))
     medians = {metric: statistics.median(values) for metric, values in samples.items()}
     cheapest = min(PEERS, key=lambda m: medians[m])
     rows = []

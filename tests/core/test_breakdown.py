@@ -75,7 +75,8 @@ async def _clock_sleep(s: float) -> None:
 
 
 def test_sync_checkpoint_shows_the_frames_still_open(virtual_clock: VirtualClock) -> None:
-    """A sync bound reported from inside nested scopes shows them as parts cut at the firing."""
+    """A sync bound reported from inside nested scopes shows them as parts cut at its deadline;
+    the 100 ms the body overran it are the bound's lateness (D13.9)."""
     with pytest.raises(tb.DeadlineExceeded) as info:
         with tb.fail_after(1):
             virtual_clock.advance(0.25)
@@ -89,10 +90,11 @@ def test_sync_checkpoint_shows_the_frames_still_open(virtual_clock: VirtualClock
     assert bd is not None
     assert bd.elapsed_ms == pytest.approx(1100)
     adds_up(bd)
-    assert kinds(bd) == ["scope", "self"]
+    assert kinds(bd) == ["scope", "self", "late"]
+    assert bd.parts[2].elapsed_ms == pytest.approx(100)
     inner = bd.parts[0]
     assert inner.name == "inner" and inner.outcome == "cut"
-    assert inner.elapsed_ms == pytest.approx(850)
+    assert inner.elapsed_ms == pytest.approx(750)
     assert [p.kind for p in inner.parts] == ["call", "self"]
     assert inner.parts[0].budget_ms == pytest.approx(750)
 
@@ -108,8 +110,9 @@ def test_a_finished_nested_scope_is_one_part(virtual_clock: VirtualClock) -> Non
     bd = info.value.breakdown
     assert bd is not None
     adds_up(bd)
-    assert kinds(bd) == ["scope", "self"]
+    assert kinds(bd) == ["scope", "self", "late"]
     assert bd.parts[0].outcome == "timeout" and bd.parts[0].elapsed_ms == pytest.approx(500)
+    assert bd.parts[2].elapsed_ms == pytest.approx(200)
 
 
 def test_a_total_budget_error_covers_the_whole_call(virtual_clock: VirtualClock) -> None:
@@ -148,8 +151,9 @@ def test_fallback_is_a_part(virtual_clock: VirtualClock) -> None:
     bd = info.value.breakdown
     assert bd is not None
     adds_up(bd)
-    assert kinds(bd) == ["attempt", "fallback", "self"]
+    assert kinds(bd) == ["attempt", "fallback", "self", "late"]
     assert bd.parts[1].elapsed_ms == pytest.approx(400)
+    assert bd.parts[3].elapsed_ms == pytest.approx(100)
 
 
 def test_bounded_in_size(virtual_clock: VirtualClock) -> None:
@@ -191,8 +195,10 @@ def test_str_is_one_line_with_the_biggest_parts(virtual_clock: VirtualClock) -> 
             virtual_clock.advance(0.5)
     text = str(info.value)
     assert "\n" not in text
-    assert text == "scope deadline of 1s exceeded [1.1s went to: call GET /slow 600ms, self 500ms]"
-    # A bound whose only part is its own code keeps its plain message.
+    assert text == (
+        "scope deadline of 1s exceeded [1.1s went to: call GET /slow 600ms, self 400ms, late 100ms]"
+    )
+    # A bound whose only parts are its own code (and its lateness) keeps its plain message.
     with pytest.raises(tb.DeadlineExceeded) as plain:
         with tb.fail_after(1):
             virtual_clock.advance(2)
@@ -252,3 +258,51 @@ def test_a_part_built_by_hand_takes_durations() -> None:
     assert (part.elapsed_ms, part.budget_ms, part.offset_ms) == (250.0, 1000.0, 500.0)
     with pytest.raises(tb.ConfigurationError, match="kind"):
         Breakdown("nope", 1)
+
+
+async def test_a_bound_reported_late_says_how_late(virtual_clock: VirtualClock) -> None:
+    """D13.9: the loop was busy past the deadline (sync code ran 30 ms over it): the parts end at
+    the deadline, the 20 ms after it until the bound was reported is a ``late`` part, and the
+    whole still adds up to the time the caller observed."""
+    start = virtual_clock.now()
+    with pytest.raises(tb.DeadlineExceeded) as info:
+        with tb.fail_after(0.1):
+            await asyncio.sleep(0.09)
+            virtual_clock.advance(0.03)  # a CPU-bound stretch the deadline cannot interrupt
+            await asyncio.sleep(1)
+    observed_ms = (virtual_clock.now() - start) * 1000
+    bd = info.value.breakdown
+    assert bd is not None
+    assert observed_ms == pytest.approx(120)
+    assert bd.elapsed_ms == pytest.approx(observed_ms)
+    assert [(p.kind, p.elapsed_ms) for p in bd.parts] == [
+        ("self", pytest.approx(100)),
+        ("late", pytest.approx(20)),
+    ]
+    adds_up(bd)
+    assert str(info.value) == "scope deadline of 100ms exceeded"  # nothing new to show
+
+
+async def test_a_cut_part_ends_at_the_deadline_when_the_bound_fired_late(
+    virtual_clock: VirtualClock,
+) -> None:
+    """A policy attempt still running when the bound fired 10 ms late ran until the deadline;
+    the 10 ms after it are the bound's lateness, not the attempt's."""
+
+    async def stall() -> None:
+        await asyncio.sleep(0.05)
+        virtual_clock.advance(0.06)  # busy past the deadline
+        await asyncio.sleep(10)
+
+    policy = Policy("fetch", timeout="1s")
+    with pytest.raises(tb.DeadlineExceeded) as info:
+        with tb.fail_after(0.1):
+            await policy.execute(stall)
+    bd = info.value.breakdown
+    assert bd is not None
+    assert [(p.kind, p.elapsed_ms) for p in bd.parts] == [
+        ("attempt", pytest.approx(100)),
+        ("self", pytest.approx(0)),
+        ("late", pytest.approx(10)),
+    ]
+    adds_up(bd)

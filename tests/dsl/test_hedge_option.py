@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
+import timebound as tb
 from timebound._core import _clock
 from timebound.dsl import CompileError, ModuleRegistry, compile
+from timebound.telemetry import Event, add_listener
 from timebound.testing import VirtualClock
 
 
@@ -82,15 +85,52 @@ def test_bad_hedge_values_have_stable_diagnostics(value: str, code: str, message
     assert _codes(f"in q: String\nr = Search(q) with hedge: {value}\nout r") == [(code, message)]
 
 
-def test_a_sync_module_cannot_be_hedged() -> None:
-    """A sync module runs to its end: hedging it is a compile error naming the module."""
-    assert _codes("in x: Int\ny = Echo(x) with hedge: 20ms\nout y") == [
-        (
-            "E013",
-            "Option 'hedge' needs an async module: 'Echo' is a sync function, and a sync call "
-            "cannot be raced or cancelled",
-        )
-    ]
+def test_a_sync_module_is_hedged_in_threads() -> None:
+    """A sync module with `hedge` compiles (it was E013) and races in threads (D3.14): once the
+    extra-load budget allows a hedge, the hedge answers while the primary is stuck, and the
+    primary is then asked to stop. Who answers is decided by events, never by timing: a primary
+    waits until its hedge is suppressed (then it answers) or it is stopped."""
+    lock = threading.Lock()
+    stuck: list[threading.Event] = []  # the primary now waiting, if any
+    stopped: list[int] = []
+    registry = ModuleRegistry()
+
+    @registry.module
+    def Lookup(x: int) -> int:
+        with lock:
+            if stuck:
+                return x * 10 + 2  # a hedge: the primary of this call is waiting
+            gate = threading.Event()
+            stuck.append(gate)
+        try:
+            while not gate.wait(0.001):
+                tb.checkpoint()
+            return x * 10 + 1
+        except tb.DeadlineExceeded:
+            stopped.append(x)
+            raise
+        finally:
+            with lock:
+                stuck.remove(gate)
+
+    def on_event(event: Event) -> None:
+        if event.name == "hedge.suppressed":
+            with lock:
+                stuck[0].set()  # no hedge for this call: its primary answers
+
+    program = compile("in x: Int\ny = Lookup(x) with hedge: 1ms\nout y", modules=registry)
+    remove = add_listener(on_event)
+    try:
+        answers = [program.run_sync({"x": 4})["y"] for _ in range(19)]
+        # 5 % extra load: the 20th call earns the first hedge.
+        answers.append(program.run_sync({"x": 4})["y"])
+    finally:
+        remove()
+    for thread in threading.enumerate():
+        if thread.name.startswith("timebound hedge race"):
+            thread.join(10)
+    assert answers == [41] * 19 + [42]
+    assert stopped == [4]
 
 
 def test_duplicate_hedge_is_e018() -> None:

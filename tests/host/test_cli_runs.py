@@ -7,6 +7,7 @@ import asyncio
 import getpass
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -60,6 +61,11 @@ def test_start_show_list_and_events(secured: Server) -> None:
     events = tb("runs", "events", run_id, url=secured.url).stdout.splitlines()
     assert events[0].split()[:2] == ["1", "run_started"]
     assert events[-1].split()[1] == "run_completed"
+    timeline = tb("runs", "events", run_id, "--timeline", url=secured.url).stdout.splitlines()
+    # The one timeline of `timebound workflow run`: what each event means, offset from the first.
+    assert timeline[0] == "  +    0.0 ms  run: started"
+    assert timeline[-1].endswith("ms  run: completed")
+    assert any(re.fullmatch(r"  \+ *[0-9.]+ ms  token \S+: executing", line) for line in timeline)
     followed = tb("runs", "events", run_id, "--follow", "--json", url=secured.url).stdout
     assert [json.loads(line)["seq"] for line in followed.splitlines()] == list(
         range(1, len(events) + 1)

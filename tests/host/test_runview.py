@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from timebound.host._runview import human_ms, pending
 from timebound.host._timeline import attempts
+from timebound.telemetry import stored_run_events
 
 
 def test_durations_read_as_a_person_reads_them() -> None:
@@ -54,7 +55,10 @@ def test_attempts_split_a_token_into_work_delay_and_waiting() -> None:
         {"kind": "token_waiting_for_siblings", "at_epoch_ms": 20, "token_id": "t"},
         {"kind": "token_completed", "at_epoch_ms": 40, "token_id": "t"},
     ]  # fmt: skip
-    got = [(s["kind"], s["start_ms"], s["end_ms"], s.get("outcome")) for s in attempts(ev)]
+    got = [
+        (s["kind"], s["start_ms"], s["end_ms"], s.get("outcome"))
+        for s in attempts(stored_run_events("r", ev))
+    ]
     assert got == [
         ("queued", 0, 1, None),
         ("attempt", 1, 5, "failed"),
@@ -62,4 +66,7 @@ def test_attempts_split_a_token_into_work_delay_and_waiting() -> None:
         ("attempt", 15, 20, "completed"),
         ("waiting", 20, 40, None),
     ]
-    assert attempts(ev)[1]["error"] == "boom" and attempts(ev)[1]["branch_index"] == 2
+    assert (
+        attempts(stored_run_events("r", ev))[1]["error"] == "boom"
+        and attempts(stored_run_events("r", ev))[1]["branch_index"] == 2
+    )

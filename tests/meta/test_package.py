@@ -102,8 +102,10 @@ def test_root_package_loads_its_names_on_first_use() -> None:
 
 #: Standard-library modules that a first deadline or a first policy call has no use for; each
 #: is imported by the code path that needs it (run_in_process, an HTTP-date Retry-After, a cache
-#: key of such a value). The first use costs a new process that much less (bench/startup.py).
+#: key of such a value; asyncio by whoever runs its loop). The first use costs a new process that
+#: much less (bench/startup.py).
 _NOT_ON_FIRST_USE = (
+    "asyncio",
     "multiprocessing",
     "pickle",
     "email",
@@ -134,6 +136,29 @@ def test_first_use_imports_only_what_it_needs(first_use: str) -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.strip()
     assert out == "[]", f"imported on first use: {out}"
+
+
+def test_asyncio_imported_after_a_first_sync_use_is_used_by_later_scopes() -> None:
+    """A sync scope and a sync policy call first, asyncio imported afterwards: an asyncio scope
+    then still cancels its task at its (spent) deadline and reports its own bound."""
+    code = (
+        "import sys, timebound as tb\n"
+        "with tb.fail_after(5):\n    pass\n"
+        "assert tb.resilient(retry=2)(lambda: 1)() == 1\n"
+        "assert 'asyncio' not in sys.modules\n"
+        "import asyncio\n"
+        "async def main():\n"
+        "    try:\n"
+        "        async with tb.fail_after(0) as scope:\n"
+        "            await asyncio.sleep(30)\n"
+        "    except tb.DeadlineExceeded as exc:\n"
+        "        return scope.expired, exc.source\n"
+        "print(asyncio.run(main()))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.strip()
+    assert out == "(True, 'scope')"
 
 
 def test_root_names_are_listed_once() -> None:

@@ -231,18 +231,6 @@ def test_trio_callers_deadline_cuts_the_race() -> None:
         assert trio.run(main, clock=clock.trio_clock()) == "scope"
 
 
-def test_sync_functions_cannot_be_hedged() -> None:
-    """hedge= on a def is refused when decorating; execute_sync of a hedged policy too."""
-    with pytest.raises(tb.ConfigurationError, match="async def") as info:
-
-        @tb.resilient(hedge="20ms")
-        def lookup() -> None: ...
-
-    assert info.value.option == "hedge"
-    with pytest.raises(TypeError, match="async calls only"):
-        Policy("Search", hedge="20ms").execute_sync(lambda: None)
-
-
 @pytest.mark.parametrize(
     ("value", "option"),
     [

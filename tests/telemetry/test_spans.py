@@ -2,18 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-import os
-import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
-import uvicorn
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -21,16 +14,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from timebound import workflow as wf
-from timebound.deferred import HostPolicy, HttpConnector
 from timebound.policies import Policy
-from timebound.propagation.asgi import DeadlineMiddleware
-from timebound.propagation.httpx import AsyncDeadlineTransport
 from timebound.telemetry import _tracing
 from timebound.telemetry.otel import OpenTelemetryExporter
 from timebound.testing import VirtualClock
 
-ROOT = Path(__file__).resolve().parents[2]
+from ._trace_scenario import deferred_service as serve_deferred
+from ._trace_scenario import request_through_a_node_to_an_operation
 
 
 @pytest.fixture
@@ -149,47 +139,11 @@ def test_a_pipeline_run_is_a_span_over_its_regions_and_tasks(
     assert run.attributes["timebound.plan_digest"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def deferred_service(tmp_path: Path) -> Iterator[str]:
     """The deferred-operation service running in a uvicorn process of its own."""
-    port = _free_port()
-    env = {**os.environ, "TB_SERVICE_DB": str(tmp_path / "service.db")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "tests.telemetry._deferred_service:app",
-         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
-        cwd=ROOT, env=env,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(600):  # until it answers (a loaded machine starts it slowly)
-            try:
-                httpx.get(f"{url}/v1/operations/none", timeout=1)
-                break
-            except httpx.TransportError:
-                if proc.poll() is not None:
-                    raise AssertionError("the service process exited") from None
-                import time
-
-                time.sleep(0.05)
+    with serve_deferred(tmp_path) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
-_DEFINITION = {
-    "id": "report",
-    "initial_node": "A",
-    "actions": [{"id": "render", "kind": "deferred",
-                 "implementation": {"handler": "start_render", "module": "svc"}}],
-    "nodes": [{"id": "A", "action_id": "render", "timeout_ms": 60_000}],
-}  # fmt: skip
 
 
 @pytest.mark.asyncio_real
@@ -199,43 +153,7 @@ async def test_one_trace_from_a_request_through_a_node_to_its_deferred_operation
     """A request served by uvicorn starts a run; its node defers to another process's operation:
     the request, the run, the node attempt, its outgoing call (with the budget it propagated),
     the operation and its polls are one trace."""
-
-    async def start_render(ctx: Any) -> Any:
-        transport = AsyncDeadlineTransport(timeout=30)
-        async with httpx.AsyncClient(base_url=deferred_service, transport=transport) as client:
-            r = await client.post("/v1/operations/report.render", json={"pages": 3})
-            return r.json()
-
-    engine = wf.Engine(
-        db=f"sqlite:///{tmp_path / 'runs.db'}",
-        actions={"start_render": start_render},
-        deferred_policy=HostPolicy(jitter=False),
-        deferred_connectors={"svc": HttpConnector(deferred_service)},
-    )
-    engine.register(_DEFINITION)
-
-    async def front(scope: Any, receive: Any, send: Any) -> None:
-        run_id = await engine.start("report", {})
-        await send({"type": "http.response.start", "status": 202, "headers": []})
-        await send({"type": "http.response.body", "body": run_id.encode()})
-
-    port = _free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(DeadlineMiddleware(front), port=port, log_level="warning", lifespan="off")
-    )
-    async with engine:
-        serving = asyncio.create_task(server.serve())
-        try:
-            while not server.started:
-                await asyncio.sleep(0.01)
-            async with httpx.AsyncClient() as client:
-                answer = await client.post(f"http://127.0.0.1:{port}/reports")
-            run_id = answer.text
-            result = await engine.wait(run_id, timeout=60)
-        finally:
-            server.should_exit = True
-            await serving
-    assert result.status == "completed", result
+    run_id = await request_through_a_node_to_an_operation(tmp_path, deferred_service)
 
     done = spans.get_finished_spans()
     by_name: dict[str, list[ReadableSpan]] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,16 @@ from timebound import workflow as wf
 from timebound._store import open_store
 from timebound.deferred import HostPolicy, Registry
 from timebound.policies import Policy
-from timebound.telemetry import Event, add_listener, correlation, emit
+from timebound.telemetry import (
+    Event,
+    add_listener,
+    correlation,
+    emit,
+    stored_operation_events,
+    stored_run_events,
+)
+
+from .test_engine import HANDLERS, definition
 
 
 @pytest.fixture
@@ -233,3 +243,83 @@ def test_a_policy_observer_gets_the_same_record(virtual_clock: Any) -> None:
     Policy("Observed", timeout=1, on_error="skip").execute_sync(late, observer=seen.append)
     (end,) = [e for e in seen if e.name == "attempt.end"]
     assert end.bound is not None and end.bound.source == "attempt" and end.epoch_ms is not None
+
+
+# The stored read-back (D10.9): what a page draws from the store is what a listener heard. -----
+
+
+def _record(event: Event) -> tuple[Any, ...]:
+    """Everything an event says but its monotonic instant (a read-back places it by its stored
+    epoch instant); attributes as stored, JSON, which is what the live ones are written as."""
+    bound = event.bound
+    said = None
+    if bound is not None:
+        deadline = None if bound.deadline is None else bound.deadline.to_epoch_ms()
+        tree = None if bound.breakdown is None else bound.breakdown.to_dict()
+        said = (bound.source, bound.timeout, deadline, bound.set_by, str(bound), tree)
+    attrs = json.loads(json.dumps(dict(event.attrs)))
+    return (event.name, attrs, dict(event.correlation), event.epoch_ms, said)
+
+
+async def test_a_runs_stored_events_read_back_as_the_events_its_listeners_heard(
+    virtual_clock: Any, make_engine: Any, events: list[Event]
+) -> None:
+    """A run with a completed node, a node timeout retried, another cut by the run's timeout
+    (each with its bound and breakdown): its stored rows, read back as events, are the live
+    stream, field by field."""
+    d = definition(
+        [{"id": "A"}, {"id": "B", "timeout_ms": 1000, "on_timeout": "retry"}],
+        [{"id": "t", "from": "A", "to": "B"}],
+        timeout_ms=3500,
+    )
+    async with make_engine(HANDLERS, d) as engine:
+        run_id = await engine.start("wf", {"A": 0.1, "B": 60})
+        result = await engine.wait(run_id)
+        await _heard(events, "workflow.run_timed_out")
+        stored = await engine.events(run_id)
+    assert result.status == "timed_out"
+    live = [e for e in events if e.kind == "workflow" and e.correlation.get("run") == run_id]
+    read_back = stored_run_events(run_id, stored)
+    assert len(read_back) == len(stored)
+    assert [_record(e) for e in read_back] == [_record(e) for e in live]
+    sources = [e.bound.source for e in read_back if e.bound is not None]
+    assert sources.count("node") >= 2 and sources[-1] == "workflow", sources
+
+
+async def test_an_operations_stored_history_reads_back_as_its_events(
+    tmp_path: Path, virtual_clock: Any, events: list[Event]
+) -> None:
+    """Registered, a status applied, expired: the history rows with the operation's stored
+    lifetime read back as the live events, the expiry's bound and breakdown included."""
+    registry = Registry(
+        f"sqlite:///{tmp_path / 'd.db'}", policy=HostPolicy(jitter=False, max_ttl=600)
+    )
+    await registry.open()
+    try:
+        op = await registry.register(operation_doc("deferred:a.b:c", ttl_s=30), action_max_ttl=20)
+        virtual_clock.advance(5)
+        await registry.apply_status(op.id, status_doc(status="running"))
+        virtual_clock.advance(16)
+        assert await registry.expire_due() == 1
+        history = await registry.history(op.id)
+        row = await registry.get(op.id)
+    finally:
+        await registry.close()
+    assert row is not None
+    lifetime = {
+        "created_ms": row.created_ms,
+        "expires_ms": row.expires_ms,
+        "expires_set_by": row.expires_set_by,
+    }
+    live = [e for e in events if e.kind == "deferred"]
+    read_back = stored_operation_events(op.id, history, lifetime)
+    names = [e.name for e in read_back]
+    assert names[0] == "deferred.pending" and names[-1] == "deferred.expired", names
+    assert len(names) == 3, names  # registered, the status applied, expired
+    assert [_record(e) for e in read_back] == [_record(e) for e in live]
+    expired = read_back[-1].bound
+    assert expired is not None and (expired.source, expired.timeout, expired.set_by) == (
+        "deferred",
+        20.0,
+        "action",
+    )

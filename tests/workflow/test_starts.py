@@ -136,3 +136,39 @@ async def test_two_engines_racing_for_one_key_store_one_run(virtual_clock, pg_st
         )
         stored = await _stored(host)
     assert len(set(ids)) == 1 and stored == set(ids)
+
+
+@pytest.mark.postgres
+@pytest.mark.asyncio_real
+async def test_an_engine_without_a_worker_commits_concurrent_starts_together(
+    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """worker=False (``timebound serve --no-worker``): concurrent starts share a commit, as the
+    worker loop's turn batches them, instead of one commit each; every start is answered with a
+    stored run, a conflicting key fails that start alone, and nothing is left waiting."""
+    from timebound._store import Tx
+
+    commits: list[int] = []
+    committed = Tx.committed
+
+    def counting(self: Tx) -> None:
+        commits.append(1)
+        committed(self)
+
+    host = wf.Engine(db=pg_store_url, actions=HANDLERS, worker=False)
+    host.register(definition([{"id": "A"}]))
+    async with host:
+        first = await host.start("wf", {"A": 0}, idempotency_key="taken")
+        monkeypatch.setattr(Tx, "committed", counting)
+        results = await asyncio.gather(
+            *(host.start("wf", {"A": i}) for i in range(30)),
+            host.start("wf", {"A": 99}, idempotency_key="taken"),  # another input: a conflict
+            return_exceptions=True,
+        )
+        monkeypatch.undo()
+        stored = await _stored(host)
+    ids, conflict = results[:30], results[30]
+    assert isinstance(conflict, wf.StartConflict) and conflict.run_id == first
+    assert all(isinstance(i, str) for i in ids) and len(set(ids)) == 30
+    assert set(ids) | {first} == stored
+    assert len(commits) < 10, commits  # one commit each was 30

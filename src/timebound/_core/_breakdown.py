@@ -12,7 +12,8 @@ A mark is ``(kind, name, t0, t1, budget, outcome, sub)`` on the monotonic clock,
 service. Kinds: ``scope`` (a nested scope that recorded something), ``attempt``, ``backoff``,
 ``throttle``, ``concurrency``, ``queue`` (server admission), ``fallback``, ``call`` (an outgoing
 call), ``remote`` (the callee's own breakdown of a call), ``self`` (the code of the frame
-itself: the time no other part covers), ``more`` (parts summarised away).
+itself: the time no other part covers), ``late`` (from the bound's deadline to the moment it was
+reported: the event loop or the process was busy elsewhere), ``more`` (parts summarised away).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ KINDS: Final = frozenset(
         "call",
         "remote",
         "self",
+        "late",
         "more",
         "state",
         "policy",
@@ -356,11 +358,14 @@ def build(
     marks: list[Mark] | None,
     n_marks: int,
     open_frames: list[Any] = (),  # type: ignore[assignment]
+    deadline: float | None = None,
 ) -> Breakdown:
     """The tree of a frame that started at ``t0`` and fired at ``t_end``.
 
     ``marks[:n_marks]`` are its finished parts; ``open_frames`` are nested frames still entered
-    when it fired (innermost last), each shown as a part that ran to ``t_end``.
+    when it fired (innermost last), each shown as a part that ran to ``t_end``. With the frame's
+    ``deadline`` passed before ``t_end`` (a timer that fired late, a task that got the loop late),
+    the parts end at the deadline and the rest is one ``late`` part (D13.9).
     """
     parts: list[Any] = list(marks[:n_marks]) if marks else []
     nested: Any = None
@@ -371,10 +376,21 @@ def build(
         nested = ("scope", f._what, _frame_start(f, t_end), t_end, f._timeout, "cut", sub)
     if nested is not None:
         parts.append(nested)
-    root = _node(kind, name, t0, t_end, budget, outcome, parts, t0, 0)
+    due = t_end if deadline is None or not t0 <= deadline < t_end else deadline
+    root = _node(kind, name, t0, due, budget, outcome, parts, t0, 0)
     if not root.parts:
         # Nothing recorded: all of it was the bound's own code (a root always has its parts).
         root = _with_parts(root, (_mk("self", root.elapsed_ms),))
+    if due < t_end:
+        late = _mk("late", (t_end - due) * 1000.0, offset_ms=root.elapsed_ms)
+        root = _mk(
+            kind,
+            root.elapsed_ms + late.elapsed_ms,
+            name=name,
+            budget_ms=root.budget_ms,
+            outcome=root.outcome,
+            parts=(*root.parts, late),
+        )
     return summarised(root, BREAKDOWN_MAX_NODES)
 
 

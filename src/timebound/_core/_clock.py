@@ -14,17 +14,38 @@ from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
-__all__ = ["datetime_of_ms", "earliest", "ms_of", "now", "real_io", "sleep", "wall", "wall_ms"]
+__all__ = [
+    "datetime_of_ms",
+    "earliest",
+    "ms_of",
+    "now",
+    "real_io",
+    "sleep",
+    "wait",
+    "wall",
+    "wall_ms",
+]
 
 #: Current time in seconds on the monotonic scheduling clock. Rebound by virtual time.
 now: Callable[[], float] = time.monotonic
 
 #: Blocking sleep on the scheduling clock. Rebound by virtual time.
 sleep: Callable[[float], None] = time.sleep
+
+
+def _wait(event: threading.Event, seconds: float | None) -> bool:
+    return event.wait(seconds)
+
+
+#: Block until ``event`` is set or ``seconds`` pass on the scheduling clock (``None``: no limit);
+#: True when the event was set. Rebound by virtual time, where the wait moves the clock instead
+#: of letting real time pass (a thread waiting for other threads, D3.14).
+wait: Callable[[threading.Event, float | None], bool] = _wait
 
 #: Wall-clock seconds since the Unix epoch (UTC), for durable forms only. Rebound by virtual time.
 wall: Callable[[], float] = time.time

@@ -220,8 +220,9 @@ class DeadlineExceeded(TimeboundError, TimeoutError):
 
 
 def _worth_showing(bd: Any) -> bool:
-    """A breakdown whose only part is the code of the bound itself says nothing new."""
-    return any(p.kind != "self" for p in bd.parts)
+    """A breakdown whose only parts are the code of the bound itself (and how late it fired)
+    says nothing new."""
+    return any(p.kind != "self" and p.kind != "late" for p in bd.parts)
 
 
 def new_deadline_exceeded(

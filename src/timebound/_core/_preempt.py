@@ -24,7 +24,6 @@ These tiers use real OS timers and waits; under virtual time only their arithmet
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import signal
 import sys
@@ -33,14 +32,17 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from . import _clock
 from ._deadline import Deadline
 from ._durations import Duration, to_seconds
 from ._errors import ConfigurationError, DeadlineExceeded
-from ._scopes import _frame, inherit_deadline
+from ._scopes import _frame, inherit_deadline, running_loop
 from ._scopes import bookkeeping_code as _scope_bookkeeping
+
+if TYPE_CHECKING:
+    import asyncio  # imported where a loop runs (D15.5)
 
 __all__ = [
     "AbandonedThreadWarning",
@@ -400,7 +402,7 @@ async def arun_in_thread(
     """
     name = f"timebound:{what or getattr(fn, '__name__', 'call')}"
     ctx = contextvars.copy_context()
-    loop = asyncio._get_running_loop()
+    loop = running_loop()
     if loop is None:  # trio: its own thread runner abandons the thread on cancellation
         trio = sys.modules["trio"]
         state = {"finished": False}
@@ -419,6 +421,8 @@ async def arun_in_thread(
             if not state["finished"]:
                 _abandon(name, what, on_abandon)
             raise
+    import asyncio  # imported: its loop runs
+
     future: asyncio.Future[tuple[bool, Any]] = loop.create_future()
 
     def settle(outcome: tuple[bool, Any]) -> None:

@@ -31,13 +31,12 @@ explicit cancel, an outer deadline and its own deadline are never confused (D2.2
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import math
 import sys
 from collections.abc import Coroutine
 from types import TracebackType
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from . import _clock
 from ._breakdown import Breakdown, add_mark, build
@@ -68,17 +67,52 @@ __all__ = [
     "spawn_background",
 ]
 
+if TYPE_CHECKING:
+    import asyncio
+
 _T = TypeVar("_T")
 _INF: Final = math.inf
-_get_running_loop = asyncio._get_running_loop
-# Before 3.12 ``asyncio.current_task`` is a Python function around a dict lookup; every scope
-# entry asks it, so read the same dict directly there (~0.1 µs per scope).
-_current_tasks = getattr(asyncio.tasks, "_current_tasks", None)
-if sys.version_info < (3, 12) and isinstance(_current_tasks, dict):
-    _current_task: Any = _current_tasks.get
-else:
-    _current_task = asyncio.current_task
-_CancelledError = asyncio.CancelledError
+
+
+# asyncio is imported by whoever runs its event loop, never by this module: sync code (the first
+# call of a `resilient` function, a script's `with fail_after(...)`) should not pay for it (D15.5).
+# Until asyncio is imported no loop can be running anywhere, so the answer is None; the first
+# call that finds it imported binds asyncio's own functions in place of these two, and every
+# later scope entry calls them directly.
+def _get_running_loop() -> asyncio.AbstractEventLoop | None:
+    if getattr(sys.modules.get("asyncio.events"), "_get_running_loop", None) is None:
+        return None
+    _bind_asyncio()
+    return _get_running_loop()
+
+
+def _current_task(loop: asyncio.AbstractEventLoop) -> Any:
+    _bind_asyncio()
+    return _current_task(loop)
+
+
+_CancelledError: type[BaseException] = BaseException  # asyncio.CancelledError once bound
+
+
+def _bind_asyncio() -> None:
+    global _get_running_loop, _current_task, _CancelledError
+    import asyncio  # waits for an import under way in another thread to complete
+
+    _get_running_loop = asyncio._get_running_loop
+    # Before 3.12 ``asyncio.current_task`` is a Python function around a dict lookup; every
+    # scope entry asks it, so read the same dict directly there (~0.1 µs per scope).
+    current_tasks: Any = getattr(asyncio.tasks, "_current_tasks", None)
+    if sys.version_info < (3, 12) and isinstance(current_tasks, dict):
+        _current_task = current_tasks.get  # type: ignore[assignment]  # dict.get is overloaded
+    else:
+        _current_task = asyncio.current_task
+    _CancelledError = asyncio.CancelledError
+
+
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    """The running asyncio event loop, or None; imports no asyncio for a caller that runs none."""
+    return _get_running_loop()
+
 
 # Marks the one cancel request a scope made, so it can be told apart from any other.
 _CANCEL_MSG: Final = "timebound: deadline reached"
@@ -121,6 +155,10 @@ class _Frame:
     c_at: float
     c_binder: _Frame | None
     catcher: CancelScope | None
+
+    def _origin(self) -> str | None:
+        """Where this frame's bound was set (D2.8), as :meth:`_deadline_error` says it."""
+        return set_by_of(self._source, self._what)
 
     def _deadline_error(self, context: str | None = None) -> DeadlineExceeded:
         """The error that reports this frame's own deadline.
@@ -219,7 +257,11 @@ _frame: contextvars.ContextVar[_Frame] = contextvars.ContextVar("timebound.frame
 
 
 class _TaskTimer:
-    """One loop timer per asyncio task, shared by all its scopes."""
+    """One loop timer per asyncio task, shared by all its scopes.
+
+    The timer itself is the loop callback (``__call__``): a bound method would be one more
+    object per armed timer, held as long as the task waits (bench/core.py, memory per scope).
+    """
 
     __slots__ = ("armed_at", "handle", "loop", "task", "top")
 
@@ -238,11 +280,12 @@ class _TaskTimer:
         if when <= now:
             # Already due: call_soon, as asyncio.timeout does (cpython#95051). A past call_at
             # would run after the task's own next step, so its first await would complete.
-            self.handle = self.loop.call_soon(self._fire)
+            self.handle = self.loop.call_soon(self)
         else:
-            self.handle = self.loop.call_at(when, self._fire)
+            self.handle = self.loop.call_at(when, self)
 
-    def _fire(self) -> None:
+    def __call__(self) -> None:
+        """The deadline the timer was armed for may have come: cancel the task, or re-arm."""
         self.handle = None
         self.armed_at = _INF
         top = self.top
@@ -332,10 +375,8 @@ class CancelScope(_Frame):
     __slots__ = (
         "_cancelling",
         "_fired",
-        "_fired_binder",
         "_mode",
         "_parent",
-        "_pending_cancel",
         "_prev_top",
         "_raise",
         "_shield",
@@ -343,11 +384,13 @@ class CancelScope(_Frame):
         "expired",
     )
 
+    # The task's cancel count at entry; -1 when a cancel was requested and not yet delivered
+    # then (it wins over our own expiry, see _enter_asyncio).
     _cancelling: int
-    _fired: bool
-    _fired_binder: _Frame | None
+    # None until the task timer fires at this scope; then the frame whose deadline it caught
+    # (the scope itself for its own), and _ROOT once exit has read it.
+    _fired: _Frame | None
     _mode: int
-    _pending_cancel: bool
     _parent: _Frame
     _prev_top: _Frame
     _trio_scope: Any
@@ -480,7 +523,7 @@ class CancelScope(_Frame):
         now: float,
     ) -> None:
         self._mode = 1
-        self._fired = False
+        self._fired = None
         if self._shield:
             base_at, base_binder, base_catcher = _INF, None, None
         elif parent.c_task is task:
@@ -508,8 +551,9 @@ class CancelScope(_Frame):
         # handled before (a fired scope's cleanup, a caught CancelledError) leaves a count that
         # is not ours to judge. Only a cancel requested and not yet delivered (cpython#134471)
         # must win over our own expiry.
-        self._cancelling = cancelling = task.cancelling()
-        self._pending_cancel = cancelling > 0 and getattr(task, "_must_cancel", True)
+        cancelling = task.cancelling()
+        pending = cancelling > 0 and getattr(task, "_must_cancel", True)
+        self._cancelling = -1 if pending else cancelling
         self._parent = parent
         _frame.set(self)
         ts = parent._ts if parent.c_task is task else None  # _timer_for(), inlined: hot path
@@ -544,10 +588,9 @@ class CancelScope(_Frame):
 
     def _fire(self, binder: _Frame | None) -> None:
         """Called by the task timer: this scope catches the deadline of ``binder``."""
-        if self._fired:
+        if self._fired is not None:
             return
-        self._fired = True
-        self._fired_binder = binder
+        self._fired = self if binder is None else binder
         task = self.c_task
         if task is not None:
             task.cancel(_CANCEL_MSG)
@@ -628,7 +671,8 @@ class CancelScope(_Frame):
         # task that still sees this frame reads only ``eff``/``binder``.
         task = self.c_task
         self._ts = self.c_task = self.catcher = self.c_binder = None
-        if not self._fired:
+        binder = self._fired
+        if binder is None:
             if exc is None:
                 if own_expired and self._raise:
                     raise self._deadline_error()
@@ -640,15 +684,14 @@ class CancelScope(_Frame):
 
         # We asked for a cancellation: withdraw it, then decide whose it is.
         assert task is not None
-        ours = task.uncancel() <= self._cancelling and not self._pending_cancel
-        binder = self._fired_binder
-        self._fired_binder = None
+        ours = task.uncancel() <= self._cancelling  # -1: a cancel was pending at entry
+        self._fired = _ROOT  # fired, and no link to the binder any more
         if exc_type is not None and issubclass(exc_type, _CancelledError):
             if not ours:
                 # Someone else cancelled too (or a cancel was pending before we were entered,
                 # cpython#134471): their cancellation wins and propagates unchanged.
                 return False
-            if binder is self or binder is None:
+            if binder is self:
                 self.expired = True
                 if self._raise:
                     raise self._deadline_error() from exc
@@ -660,7 +703,7 @@ class CancelScope(_Frame):
             # The body swallowed our CancelledError (cpython#111379) and returned late.
             if own_expired and self._raise:
                 raise self._deadline_error()
-            if binder is not self and binder is not None:
+            if binder is not self:
                 raise binder._deadline_error()
             return False
         if getattr(exc, "_timebound_binder", None) is self:
@@ -728,6 +771,9 @@ class _Bound(_Frame):
         self._marks = None
         self._t0 = None
         self._set_by = set_by
+
+    def _origin(self) -> str | None:
+        return self._set_by if self._set_by is not None else super()._origin()
 
     def _deadline_error(self, context: str | None = None) -> DeadlineExceeded:
         err = super()._deadline_error(context)
@@ -849,6 +895,9 @@ class _Reserve(_Frame):
     _reserve: float
     _label: str
     _base_source: str
+
+    def _origin(self) -> str | None:
+        return f"reserve of {self._label}"
 
     def _deadline_error(self, context: str | None = None) -> DeadlineExceeded:
         from ._durations import format_duration
@@ -1325,6 +1374,7 @@ def frame_breakdown(
         marks,
         n_marks,
         open_frames,
+        frame._own if frame._own != _INF else None,
     )
 
 
@@ -1332,6 +1382,13 @@ def current_bound_source() -> str | None:
     """The ``source`` of the bound that sets the effective deadline, or ``None`` without one."""
     binder = _frame.get().binder
     return None if binder is None else binder._source
+
+
+def current_bound_set_by() -> str | None:
+    """Where the bound that sets the effective deadline was set (D2.8), as its own error would
+    say: a callee that reports that deadline spent reports *this* bound spent."""
+    binder = _frame.get().binder
+    return None if binder is None else binder._origin()
 
 
 def checkpoint() -> None:
@@ -1348,11 +1405,48 @@ async def acheckpoint() -> None:
     checkpoint()
     loop = _get_running_loop()
     if loop is not None:
+        import asyncio  # imported: its loop runs
+
         await asyncio.sleep(0)
     else:
         trio = _trio_module()
         if trio is not None:
             await trio.lowlevel.checkpoint()
+
+
+def cut_short(scope: CancelScope, ctx: contextvars.Context) -> None:
+    """Bring ``scope``'s deadline to now for the sync code running inside it in ``ctx``.
+
+    This is how one thread asks sync code in another to stop (a hedge that lost, D3.14): sync
+    cancellation is the deadline passing (D1.6), so the scope's deadline becomes now, and so does
+    the effective deadline of every frame the code entered inside it (each keeps a copy of it,
+    taken at entry). From then on ``checkpoint()`` raises there, ``remaining()`` is 0, a clamped
+    client sends nothing and fails fast, and the scope reports it expired. Frames inside a
+    ``no_deadline()`` block or a shielded scope keep their deadline: that work said it must not
+    be cut. ``ctx`` is the context the code runs in (``Context.run``); reading it from this
+    thread sees its innermost frame. A frame the code is entering at this very moment may miss
+    it; the code then sees the cut when that frame exits. Never early (D1.3): nothing that
+    already passed is moved, and nothing moves later.
+    """
+    now = _clock.now()
+    chain: list[_Frame] = []
+    f: Any = ctx.get(_frame, _ROOT)
+    while f is not None and f is not _ROOT and f is not scope:
+        chain.append(f)
+        f = getattr(f, "_parent", None)
+    if f is not scope:
+        chain = []  # the code has left the scope: only the scope itself is cut
+    for i in range(len(chain) - 1, -1, -1):  # outermost first
+        if getattr(chain[i], "_blocker", False) or getattr(chain[i], "_shield", False):
+            del chain[: i + 1]  # it and every frame inside it stay as they are
+            break
+    if scope._own > now:
+        scope._own = now
+    for frame in (scope, *reversed(chain)):
+        if frame.eff > now:
+            # The binder first: a reader between the two writes sees the old deadline.
+            frame.binder = scope
+            frame.eff = now
 
 
 # Background work ---------------------------------------------------------------------------
@@ -1381,6 +1475,8 @@ def _spawn_detached(
 
     ``eager`` (Python 3.12+, else ignored) runs its first step at once, within the caller's step.
     """
+    import asyncio  # imported: only code on its loop starts a task
+
     if loop is None:
         loop = asyncio.get_running_loop()
     task: asyncio.Task[_T]

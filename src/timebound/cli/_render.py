@@ -1,10 +1,12 @@
 """The CLI's text timelines, in one place (D10.7): a lane per unit of work drawn with one bar
 painter, for a Constellation run's calls (``timebound run --trace``) and a pipeline run's regions
 and tasks (``timebound pipeline run``). Events themselves print through
-:class:`timebound.telemetry.Timeline` (``timebound demo``, ``timebound workflow run``).
+:class:`timebound.telemetry.Timeline` (``timebound demo``, ``timebound workflow run``), and so do
+a stored run's events read back from a host (``timebound runs events --timeline``, D10.9).
 
-A call's record (:class:`timebound.dsl.CallTrace`) is built from its policy's events, the one
-event record every engine emits; a pipeline's spans come from its trace.
+Everything drawn here is the one event record every engine emits: a call's record
+(:class:`timebound.dsl.CallTrace`) is built from its policy's events, a pipeline's spans are its
+trace's events (D10.10), a stored run's rows are read back as the events its listeners heard.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from typing import Any, TextIO
 
 from .. import format_duration
 from ..dsl import CallTrace
+from ..telemetry import Event, Timeline, describe
 
-__all__ = ["BAR_WIDTH", "bar", "call_json", "call_timeline", "span_timeline"]
+__all__ = ["BAR_WIDTH", "bar", "call_json", "call_timeline", "span_timeline", "stored_line"]
 
 BAR_WIDTH = 40
 
@@ -175,3 +178,15 @@ def span_timeline(spans: Sequence[Mapping[str, Any]], out: TextIO) -> None:
             f"{s['end_ms']:>9.3f}  {s['outcome']!s:<9}  {lane}",
             file=out,
         )
+
+
+# A stored run's events ----------------------------------------------------------------------
+
+
+def stored_line(timeline: Timeline, event: Event) -> None:
+    """An event read back from a store on ``timeline``, the one text line every timeline prints
+    (:func:`timebound.telemetry.describe`), offset on its stored epoch instant: a read-back has
+    no monotonic instant of its own."""
+    text = describe(event)
+    if text is not None and event.epoch_ms is not None:
+        timeline.line(event.epoch_ms / 1000.0, text)

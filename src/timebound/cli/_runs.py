@@ -22,6 +22,8 @@ import httpx
 
 from .. import ConfigurationError, DeadlineExceeded, InvalidInput, fail_after, format_duration
 from ..host import Client, HostError
+from ..telemetry import Timeline, stored_run_events
+from ._render import stored_line
 
 __all__ = ["common_options", "register", "remote"]
 
@@ -264,6 +266,14 @@ def _event_line(event: Any) -> str:
 
 def _events(client: Client, args: argparse.Namespace) -> None:
     events = client.follow(args.run_id) if args.follow else iter(client.events(args.run_id))
+    if args.timeline and not args.json:
+        # The stored rows as the events the run's listeners heard, in the one timeline (D10.9).
+        timeline = Timeline(sys.stdout)
+        for event in events:
+            for heard in stored_run_events(args.run_id, [{"kind": event["kind"], **event["data"]}]):
+                stored_line(timeline, heard)
+            sys.stdout.flush()
+        return
     for event in events:
         print(json.dumps(event, sort_keys=True) if args.json else _event_line(event), flush=True)
 
@@ -331,4 +341,10 @@ def register(sub: Any) -> None:
     common_options(v)
     v.add_argument("run_id")
     v.add_argument("--follow", "-f", action="store_true", help="stream events until the run ends")
+    v.add_argument(
+        "--timeline",
+        action="store_true",
+        help="print what each event means, offset from the first (the timeline of "
+        "'timebound workflow run')",
+    )
     v.set_defaults(handler=remote("runs events", _events))

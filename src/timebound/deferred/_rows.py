@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from .._core import _clock
-from .._core._breakdown import Breakdown, build
+from .._core._breakdown import Breakdown
 from .._core._errors import TimeboundError
 from .._store import Store, Tx
-from ..telemetry._durable import deferred_event
+from ..telemetry._durable import MAX_STATES, deferred_event, lifetime_breakdown
 from ..telemetry._events import enabled
 from ._contract import TERMINAL, format_time
 
@@ -198,7 +198,7 @@ async def append_history(
         code,
     )
     if enabled():  # heard by telemetry listeners once the commit succeeded (D10.3)
-        event = deferred_event(op_id, at, status, code, lifetime=lifetime)
+        event = deferred_event(op_id, at, status, code, digest=doc_digest, lifetime=lifetime)
         if event.bound is not None:
             # D13: an expired operation's lifetime by the states it spent it in.
             event.bound.breakdown = await _lifetime_breakdown(tx, op_id, at)
@@ -208,12 +208,8 @@ async def append_history(
 async def _lifetime_breakdown(tx: Tx, op_id: str, end: int) -> Breakdown:
     """Where an operation's lifetime went: each stored status until the next one (D13)."""
     rows = await tx.fetch(
-        "SELECT at_ms, status FROM tb_deferred_history WHERE op_id = ? ORDER BY seq LIMIT 64",
+        "SELECT at_ms, status FROM tb_deferred_history WHERE op_id = ? ORDER BY seq LIMIT ?",
         op_id,
+        MAX_STATES,
     )
-    marks: list[Any] = []
-    for i, r in enumerate(rows[:-1] if rows else ()):
-        t0, t1 = r["at_ms"] / 1e3, rows[i + 1]["at_ms"] / 1e3
-        marks.append(("state", str(r["status"])[:120], t0, t1, None, None, None))
-    start = (rows[0]["at_ms"] if rows else end) / 1e3
-    return build("bound", "deferred", start, end / 1e3, None, "timeout", marks, len(marks))
+    return lifetime_breakdown(rows, end)

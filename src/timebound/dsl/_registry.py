@@ -18,7 +18,7 @@ import types
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from .._core._errors import ConfigurationError
 from ._types import (
@@ -34,6 +34,9 @@ from ._types import (
     Type,
     union_of,
 )
+
+if TYPE_CHECKING:
+    from ..policies import CircuitBreaker, RetryBudget
 
 __all__ = ["ModuleRegistry", "ModuleSpec"]
 
@@ -55,6 +58,10 @@ class ModuleSpec:
     # or None when the value passes unchanged (the common, free case).
     arg_converters: tuple[Callable[[Any], Any] | None, ...]
     result_converter: Callable[[Any], Any] | None
+    # D3.16: the dependency's own breaker and retry budget, given by the host that registered
+    # it; every call site of the module runs under them.
+    breaker: CircuitBreaker | None = None
+    retry_budget: RetryBudget | None = None
 
     @property
     def arity(self) -> int:
@@ -238,27 +245,62 @@ class ModuleRegistry:
     def module(self, fn: _F, /) -> _F: ...
 
     @overload
-    def module(self, *, name: str | None = None) -> Callable[[_F], _F]: ...
+    def module(
+        self,
+        *,
+        name: str | None = None,
+        breaker: CircuitBreaker | None = None,
+        retry_budget: RetryBudget | None = None,
+    ) -> Callable[[_F], _F]: ...
 
     def module(  # type: ignore[misc]
-        self, fn: _F | None = None, /, *, name: str | None = None
+        self,
+        fn: _F | None = None,
+        /,
+        *,
+        name: str | None = None,
+        breaker: CircuitBreaker | None = None,
+        retry_budget: RetryBudget | None = None,
     ) -> _F | Callable[[_F], _F]:
-        """Decorator registering a function as a module (optionally under ``name``)."""
+        """Decorator registering a function as a module (optionally under ``name``, with the
+        dependency's ``breaker`` and ``retry_budget``: see :meth:`register`)."""
 
         def decorate(f: _F) -> _F:
-            self.register(name or f.__name__, f)
+            self.register(name or f.__name__, f, breaker=breaker, retry_budget=retry_budget)
             return f
 
         if fn is not None:
             return decorate(fn)
         return decorate
 
-    def register(self, name: str, fn: Callable[..., Any]) -> None:
-        """Register ``fn`` as module ``name``; a name may be registered once."""
+    def register(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *,
+        breaker: CircuitBreaker | None = None,
+        retry_budget: RetryBudget | None = None,
+    ) -> None:
+        """Register ``fn`` as module ``name``; a name may be registered once.
+
+        ``breaker`` (a :class:`~timebound.policies.CircuitBreaker`) and ``retry_budget`` (a
+        :class:`~timebound.policies.RetryBudget`) belong to the dependency the module stands
+        for (D3.16): every call of the module, at every call site of every program compiled
+        against this registry, runs under them, with or without options of its own. The objects
+        are shared by being passed here, never by a name; pass the same object to another
+        module or a Python policy to share it further.
+        """
+        from ..policies._options import check_breaker, check_retry_budget
+
         _check_name(name)
         if name in self._modules:
             raise ConfigurationError(f"module {name!r} is already registered", option="name")
-        self._modules[name] = _build_spec(name, fn)
+        breaker = check_breaker(breaker)
+        retry_budget = check_retry_budget(retry_budget)
+        spec = _build_spec(name, fn)
+        if breaker is not None or retry_budget is not None:
+            spec = dataclasses.replace(spec, breaker=breaker, retry_budget=retry_budget)
+        self._modules[name] = spec
 
     def register_cache_backend(self, name: str, backend: Any) -> None:
         """Make ``backend`` the cache of every program compiled against this registry that says

@@ -21,6 +21,7 @@ from .._core._scopes import remaining
 from .._json import MAX_DEPTH, JSONError, TooDeep
 from .._json import check as check_json
 from .._json import loads as loads_json
+from ..telemetry import stored_run_events
 from ..workflow import DefinitionConflict, DefinitionError, DefinitionTooLarge, StartConflict
 from ..workflow._definition import MAX_DEFINITION_BYTES
 from ..workflow._rows import RUN_TERMINAL
@@ -271,9 +272,11 @@ async def list_runs(request: Request) -> Response:
 async def run_detail(host: Host, run_id: str, *, ui: bool = False) -> dict[str, Any]:
     """A run's detail (``GET /v1/runs/{id}``); ``ui`` adds what only the UI's page shows."""
     try:
-        run, tokens, events = await host.engine.snapshot(run_id)
+        run, tokens, rows = await host.engine.snapshot(run_id)
     except KeyError:
         raise Problem(404, f"no run {run_id!r}") from None
+    # The stored rows as the one event record the engine's listeners heard (D10.9).
+    events = stored_run_events(run_id, rows)
     extra = {"budget": budget_rows(events)} if ui else {}
     return extra | {
         "run": run,

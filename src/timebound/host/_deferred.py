@@ -16,6 +16,7 @@ from starlette.routing import Route
 from .._core._errors import DeadlineExceeded
 from ..deferred import Gone, TransientPollError, status_app
 from ..deferred._contract import TERMINAL
+from ..telemetry import Event, stored_operation_events
 from ._api import decode_cursor, encode_cursor
 from ._host import Host
 from ._problems import Problem
@@ -24,6 +25,7 @@ __all__ = [
     "DEFERRED_STATUSES",
     "cancel_now",
     "deferred_detail",
+    "deferred_events",
     "deferred_list",
     "deferred_routes",
     "poll_now",
@@ -104,9 +106,23 @@ async def cancel_now(host: Host, op_id: str) -> dict[str, Any]:
 
 
 async def deferred_detail(host: Host, op_id: str) -> dict[str, Any]:
+    """An operation and its stored history (``GET /v1/deferred/{id}``)."""
     op = await _operation(host, op_id)
     history = await host.engine.deferred_registry.history(op_id)
     return {"operation": op.describe(), "history": history}
+
+
+async def deferred_events(host: Host, op_id: str) -> tuple[dict[str, Any], list[Event]]:
+    """An operation (described) and its stored history as the one event record its listeners
+    heard (D10.9), for the operation's page."""
+    op = await _operation(host, op_id)
+    history = await host.engine.deferred_registry.history(op_id)
+    lifetime = {
+        "created_ms": op.created_ms,
+        "expires_ms": op.expires_ms,
+        "expires_set_by": op.expires_set_by,
+    }
+    return op.describe(), stored_operation_events(op_id, history, lifetime)
 
 
 async def list_operations(request: Request) -> Response:

@@ -4,9 +4,9 @@ next, and which actions apply to the run as it is."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
+from .._core._clock import datetime_of_ms
 from .._core._durations import format_duration
 from ._timeline import lay_out
 
@@ -29,7 +29,7 @@ def iso(ms: int | None) -> str:
     the reader's time zone, with how long ago)."""
     if ms is None:
         return ""
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+    return datetime_of_ms(ms).isoformat(timespec="milliseconds")
 
 
 def lanes_of(stretches: list[dict[str, Any]], start_ms: int, end_ms: int) -> list[dict[str, Any]]:

@@ -1,11 +1,17 @@
-"""A run's token timeline and the bound that fired, computed from its stored events; and the
-layout both timelines of the UI share (a run's tokens, a pipeline trace's spans)."""
+"""A run's token timeline and the bound that fired, computed from its events; and the layout
+both timelines of the UI share (a run's tokens, a pipeline trace's spans).
+
+The events are the one record every engine emits (:class:`timebound.telemetry.Event`), read back
+from the store by :func:`timebound.telemetry._durable.stored_run_events` (D10.9): the page draws
+what a telemetry listener heard, not rows of its own reading."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from .._core._breakdown import as_breakdown
+from ..telemetry import Event
 
 __all__ = ["at_percent", "bound_fired", "budget_rows", "lay_out", "timeline", "timeouts"]
 
@@ -24,36 +30,45 @@ _TIMEOUT_FIELDS = (
 )
 
 
-def timeouts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _kind(event: Event) -> str:
+    """A workflow event's stored kind (``token_created``): its name without the engine."""
+    return event.name.removeprefix("workflow.")
+
+
+def _bound_fields(event: Event) -> dict[str, Any]:
+    return {k: event.attrs[k] for k in _TIMEOUT_FIELDS if k in event.attrs}
+
+
+def timeouts(events: Sequence[Event]) -> list[dict[str, Any]]:
     """Every timeout of the run, with its layer (workflow, node, synchronization)."""
     return [
-        {"kind": e["kind"], "at_epoch_ms": e["at_epoch_ms"]}
-        | {k: e[k] for k in _TIMEOUT_FIELDS if k in e}
+        {"kind": _kind(e), "at_epoch_ms": e.epoch_ms} | _bound_fields(e)
         for e in events
-        if e["kind"] in _TIMEOUT_KINDS
+        if _kind(e) in _TIMEOUT_KINDS
     ]
 
 
-def budget_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+def budget_rows(events: Sequence[Event]) -> list[dict[str, Any]] | None:
     """D13: where the budget of the bound that fired went, as rows of its tree (``depth``,
     ``label``, ``elapsed_ms``, ``budget_ms``, ``offset_ms``), or ``None`` when none was stored.
 
     The tree is the fired timeout's own, or the ``attempt_breakdown`` its cut attempt reported.
     """
     fired = [
-        e for e in events if e["kind"] in _TIMEOUT_KINDS and e.get("policy_applied") != "retry"
+        e for e in events if _kind(e) in _TIMEOUT_KINDS and e.attrs.get("policy_applied") != "retry"
     ]
     if not fired:
         return None
     last = fired[-1]
-    stored = last.get("breakdown")
-    if stored is None:
-        token = last.get("token_id")
+    tree = None if last.bound is None else last.bound.breakdown
+    if tree is None:
+        token = last.correlation.get("token")
         later = [
-            e for e in events if e["kind"] == "attempt_breakdown" and e.get("token_id") == token
+            e
+            for e in events
+            if _kind(e) == "attempt_breakdown" and e.correlation.get("token") == token
         ]
-        stored = later[-1].get("breakdown") if later else None
-    tree = as_breakdown(stored)
+        tree = as_breakdown(later[-1].attrs.get("breakdown")) if later else None
     if tree is None:
         return None
     return [
@@ -69,7 +84,7 @@ def budget_rows(events: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
     ]
 
 
-def bound_fired(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+def bound_fired(events: Sequence[Event]) -> dict[str, Any] | None:
     """The bound that decided the run's course: its last timeout whose policy was applied for
     good (a node timeout that was retried decided nothing; a join that proceeded with what had
     arrived did, even if the run then completed)."""
@@ -77,19 +92,19 @@ def bound_fired(events: list[dict[str, Any]]) -> dict[str, Any] | None:
     return fired[-1] if fired else None
 
 
-def timeline(run: dict[str, Any], events: list[dict[str, Any]], now_ms: int) -> dict[str, Any]:
+def timeline(run: dict[str, Any], events: Sequence[Event], now_ms: int) -> dict[str, Any]:
     """Tokens as bars from creation to their end (``end_ms`` is ``None`` while live), and joins
     as markers; instants are epoch milliseconds as stored."""
     bars: dict[str, dict[str, Any]] = {}
     markers: list[dict[str, Any]] = []
     for e in events:
-        kind, at = e["kind"], e["at_epoch_ms"]
-        token_id = e.get("token_id")
+        kind, at, attrs = _kind(e), e.epoch_ms, e.attrs
+        token_id = e.correlation.get("token")
         if kind == "token_created" and token_id is not None:
             bars[token_id] = {
                 "token_id": token_id,
-                "node_id": e.get("node_id"),
-                "branch_index": e.get("branch_index"),
+                "node_id": attrs.get("node_id"),
+                "branch_index": attrs.get("branch_index"),
                 "start_ms": at,
                 "end_ms": None,
                 "status": "pending",
@@ -101,15 +116,15 @@ def timeline(run: dict[str, Any], events: list[dict[str, Any]], now_ms: int) -> 
             if kind in _TERMINAL:
                 bar["end_ms"] = at
             if kind == "token_timed_out":
-                bar["timeout"] = {k: e[k] for k in _TIMEOUT_FIELDS if k in e}
+                bar["timeout"] = _bound_fields(e)
         elif kind in ("join_decided", "join_timed_out"):
             markers.append(
                 {
                     "kind": kind,
                     "at_ms": at,
-                    "transition_id": e.get("transition_id"),
-                    "timeout_type": e.get("timeout_type"),
-                    "branches": e.get("branches"),
+                    "transition_id": attrs.get("transition_id"),
+                    "timeout_type": attrs.get("timeout_type"),
+                    "branches": attrs.get("branches"),
                 }
             )
     start = run["started_at"]
@@ -169,7 +184,7 @@ _ATTEMPT_ENDS = {
 }
 
 
-def attempts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def attempts(events: Sequence[Event]) -> list[dict[str, Any]]:
     """Each token's stretches in order (D8.21): ``queued`` (created, not yet running),
     ``attempt`` (one per execution: start, end, outcome, error and the bound that cut it),
     ``delay`` (a retry's wait before the next attempt) and ``waiting`` (done, waiting for its
@@ -178,25 +193,25 @@ def attempts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     open_: dict[str, dict[str, Any]] = {}  # token id -> its open stretch
     info: dict[str, dict[str, Any]] = {}
 
-    def begin(token_id: str, kind: str, at: int, **more: Any) -> None:
+    def begin(token_id: str, kind: str, at: int | None, **more: Any) -> None:
         item = {**info[token_id], "kind": kind, "start_ms": at, "end_ms": None, **more}
         out.append(item)
         open_[token_id] = item
 
-    def close(token_id: str, at: int, **more: Any) -> None:
+    def close(token_id: str, at: int | None, **more: Any) -> None:
         item = open_.pop(token_id, None)
         if item is not None:
             item.update(end_ms=at, **more)
 
     for e in events:
-        kind, at, token_id = e["kind"], e["at_epoch_ms"], e.get("token_id")
+        kind, at, attrs, token_id = _kind(e), e.epoch_ms, e.attrs, e.correlation.get("token")
         if token_id is None:
             continue
         if kind == "token_created":
             info[token_id] = {
                 "token_id": token_id,
-                "node_id": e.get("node_id"),
-                "branch_index": e.get("branch_index"),
+                "node_id": attrs.get("node_id"),
+                "branch_index": attrs.get("branch_index"),
             }
             begin(token_id, "queued", at)
             continue
@@ -209,19 +224,17 @@ def attempts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 token_id,
                 "attempt",
                 at,
-                attempt=e.get("attempt"),
-                deadline_ms=e.get("timeout_at"),
+                attempt=attrs.get("attempt"),
+                deadline_ms=attrs.get("timeout_at"),
                 outcome=None,
                 error=None,
                 bound=None,
             )
         elif current is not None and current["kind"] == "attempt" and kind in _ATTEMPT_ENDS:
-            bound = None
-            if kind == "token_timed_out":
-                bound = {k: e[k] for k in _TIMEOUT_FIELDS if k in e}
-            close(token_id, at, outcome=_ATTEMPT_ENDS[kind], error=e.get("error"), bound=bound)
+            bound = _bound_fields(e) if kind == "token_timed_out" else None
+            close(token_id, at, outcome=_ATTEMPT_ENDS[kind], error=attrs.get("error"), bound=bound)
             if kind == "token_retry_scheduled":
-                begin(token_id, "delay", at, until_ms=e.get("retry_at"))
+                begin(token_id, "delay", at, until_ms=attrs.get("retry_at"))
             elif kind == "token_pending":
                 begin(token_id, "delay", at, until_ms=at)
             elif kind == "token_waiting_for_siblings":
@@ -229,9 +242,7 @@ def attempts(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
             elif kind == "token_redispatched":
                 begin(token_id, "queued", at)
         elif kind in ("token_completed", "token_failed", "token_timed_out", "token_cancelled"):
-            bound = None
-            if kind == "token_timed_out":
-                bound = {k: e[k] for k in _TIMEOUT_FIELDS if k in e}
+            bound = _bound_fields(e) if kind == "token_timed_out" else None
             if current is not None:
                 current.setdefault("outcome", None)
             close(token_id, at, ended=_ATTEMPT_ENDS[kind], bound=bound)

@@ -27,7 +27,7 @@ from starlette.types import Message
 from .._core import _clock
 from .._core._body import TooLarge, declared_too_large, read_capped
 from ._api import BOUNDS, DEPRECATED_BOUNDS, LIST_FILTERS, decode_cursor, list_page, run_detail
-from ._deferred import DEFERRED_STATUSES, cancel_now, deferred_detail, deferred_list, poll_now
+from ._deferred import DEFERRED_STATUSES, cancel_now, deferred_events, deferred_list, poll_now
 from ._host import Host
 from ._problems import Problem
 from ._runview import actions_for, human_ms, iso, lanes_of, pending
@@ -347,9 +347,11 @@ async def deferred_page(request: Request) -> Response:
 
 async def operation_page(request: Request) -> Response:
     host = _host(request)
-    detail = await deferred_detail(host, request.path_params["op_id"])
+    operation, events = await deferred_events(host, request.path_params["op_id"])
     waiting = await host.engine.waiting_on(request.path_params["op_id"])
-    return _render(request, "operation.html", {**detail, "waiting": waiting})
+    return _render(
+        request, "operation.html", {"operation": operation, "events": events, "waiting": waiting}
+    )
 
 
 async def operation_poll(request: Request) -> Response:

@@ -25,6 +25,7 @@ from .._core._errors import ConfigurationError
 from .._core._renamed import renamed
 from .._core._scopes import checkpoint, current_deadline, fail_after
 from .._engine import DagPlan, Group, Node
+from ..telemetry._events import emit_event, enabled
 from ..telemetry._tracing import run_span
 from . import _expr
 from ._artifact import Artifact
@@ -216,6 +217,9 @@ class Engine:
                 raise
             finally:
                 export(trace)
+                if enabled():  # the trace's events to the listeners (D10.10)
+                    for event in trace.events():
+                        emit_event(event)
         present = set(rowset.keys())
         keys = [k for k in self.catalog.keys if k in present]
         return RunOutput(rowset.table(keys), trace)

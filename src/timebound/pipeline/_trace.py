@@ -1,15 +1,25 @@
 """The run's trace: a span per node nested under its wrapper, one record per wrapper (its fields
-listed in docs/pipeline.md), the critical path, JSON export and OpenTelemetry spans."""
+listed in docs/pipeline.md), the critical path, JSON export and OpenTelemetry spans.
+
+The trace is a view over telemetry events (D10.10): :meth:`Trace.events` turns what the executor
+recorded into one :class:`timebound.telemetry.Event` per task and region that ran, the record every
+engine emits, and :attr:`Trace.spans` reads its spans from those events. The engine emits the same
+events to the telemetry listeners when the run ends, so a listener, the trace viewer and the CLI's
+timeline see one account of the run.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Any
 
+from .._core._errors import DeadlineExceeded
 from .._engine import Span
+from ..telemetry import Event, current_correlation
 
-__all__ = ["Trace", "critical_path"]
+__all__ = ["SPAN_FIELDS", "Trace", "critical_path"]
 
 # A wrapper record's fields, in the order they are reported.
 WRAPPER_FIELDS = (
@@ -25,6 +35,20 @@ WRAPPER_FIELDS = (
     "w_success",
 )
 
+#: A span's fields, as :attr:`Trace.spans` and the JSON export carry them; a ``pipeline.*``
+#: event's attributes hold them all.
+SPAN_FIELDS = (
+    "node_id",
+    "op",
+    "name",
+    "parent",
+    "deps",
+    "ready_ms",
+    "start_ms",
+    "end_ms",
+    "outcome",
+)
+
 
 class Trace:
     """``spans``: one dict per node (``node_id``, ``op``, ``name``, ``parent``, ``ready_ms``,
@@ -33,7 +57,15 @@ class Trace:
     fields;
     ``late_discarded``: results that arrived after their region's deadline and were dropped."""
 
-    __slots__ = ("_meta", "_recorded", "base", "plan_digest", "started_epoch_ns", "wrappers")
+    __slots__ = (
+        "_correlation",
+        "_meta",
+        "_recorded",
+        "base",
+        "plan_digest",
+        "started_epoch_ns",
+        "wrappers",
+    )
 
     def __init__(
         self, plan_digest: str, started_epoch_ns: int, meta: Mapping[str, Mapping[str, Any]]
@@ -46,6 +78,9 @@ class Trace:
         # The executor's spans, one list per plan it ran (the main plan, each fail branch):
         # turned into dicts only when someone reads them, not on the run's path.
         self._recorded: list[list[Span]] = []
+        # The units of work the run belongs to (a request, a Constellation run), for its events;
+        # a plain dict, so a trace pickles (a PlanTimeout carries it out of a worker process).
+        self._correlation = dict(current_correlation())
 
     def recording(self) -> list[Span]:
         """A list for the executor to record one plan's spans in (engine use)."""
@@ -53,30 +88,68 @@ class Trace:
         self._recorded.append(spans)
         return spans
 
-    @property
-    def spans(self) -> list[dict[str, Any]]:
+    def events(self) -> list[Event]:
+        """The run as telemetry events (D10.10): one per task or region that ran, in the order
+        they were recorded, named ``pipeline.task`` or ``pipeline.region`` (a ``timeout_wrapper``).
+
+        Each is placed at the span's end (``at`` on the monotonic clock, ``epoch_ms`` on the
+        wall clock the run started at); its attributes are the span's fields (``node_id``, ``op``,
+        ``name``, ``parent``, ``deps``, ``ready_ms``, ``start_ms``, ``end_ms``, ``outcome``) and
+        the ``plan_digest``, a region's also its wrapper record (``wrapper``); its correlation is
+        the run's (the request or program run it served) with ``task``: the node id. A region
+        whose deadline fired carries that bound (source ``region``, its length, set by the
+        region)."""
         out = []
         base = self.base
+        started_ms = self.started_epoch_ns // 1_000_000
         for recorded in self._recorded:
             for span in recorded:
                 if span.outcome == "pending":
                     continue  # never ran
                 node_id = str(span.key)
                 m = self._meta[node_id]
+                attrs: dict[str, Any] = {
+                    "node_id": node_id,
+                    "op": m["op"],
+                    "name": m["name"],
+                    "parent": m["parent"],
+                    "deps": m["deps"],
+                    "ready_ms": (span.ready - base) * 1000.0,
+                    "start_ms": (span.start - base) * 1000.0,
+                    "end_ms": (span.end - base) * 1000.0,
+                    "outcome": span.outcome,
+                    "plan_digest": self.plan_digest,
+                }
+                region = m["op"] == "timeout_wrapper"
+                bound = None
+                record = self.wrappers.get(node_id)
+                if region and record is not None:
+                    attrs["wrapper"] = dict(record)
+                    if record.get("timed_out"):
+                        bound = DeadlineExceeded(
+                            f"timeout_wrapper {node_id} timed out after "
+                            f"{record['timeout_ms']:g} ms",
+                            source="region",
+                            timeout=record["timeout_ms"] / 1000.0,
+                            set_by=f"region {node_id}",
+                        )
                 out.append(
-                    {
-                        "node_id": node_id,
-                        "op": m["op"],
-                        "name": m["name"],
-                        "parent": m["parent"],
-                        "deps": m["deps"],
-                        "ready_ms": (span.ready - base) * 1000.0,
-                        "start_ms": (span.start - base) * 1000.0,
-                        "end_ms": (span.end - base) * 1000.0,
-                        "outcome": span.outcome,
-                    }
+                    Event(
+                        "pipeline.region" if region else "pipeline.task",
+                        span.end,
+                        attrs,
+                        {**self._correlation, "task": node_id},
+                        started_ms + math.floor(attrs["end_ms"]),
+                        bound,
+                    )
                 )
         return out
+
+    @property
+    def spans(self) -> list[dict[str, Any]]:
+        """One dict per task and region that ran (:data:`SPAN_FIELDS`), read from
+        :meth:`events`."""
+        return [{k: e.attrs[k] for k in SPAN_FIELDS} for e in self.events()]
 
     @property
     def late_discarded(self) -> int:

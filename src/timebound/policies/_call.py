@@ -6,7 +6,6 @@ The retry loop itself is ``_drive``'s; what follows a failure is the plan's (``_
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import inspect
 import logging
@@ -21,6 +20,7 @@ from .._core._scopes import (
     exit_reserve,
     fail_after,
     record,
+    running_loop,
 )
 from ..telemetry import enabled as _telemetry_enabled
 from ._cache import CacheBackend, Uncacheable, canonical_arguments
@@ -240,7 +240,7 @@ def execute_sync(
     assert flights is not None
     # A thread that runs an event loop must not block it waiting for a leader that may be a
     # task of that very loop: such a caller runs the call itself.
-    may_follow = asyncio._get_running_loop() is None and not in_trio()
+    may_follow = running_loop() is None and not in_trio()
     while True:
         found = _lookup(policy, key, tele, observer)
         if found is not _MISS:

@@ -133,13 +133,6 @@ def resilient(
         execute = _call.execute_async
         execute_sync = _call.execute_sync
 
-        if policy._hedge is not None and not inspect.iscoroutinefunction(fn):
-            # D3.14: a sync attempt cannot be cancelled when another wins.
-            raise ConfigurationError(
-                f"hedge needs an async def function: {fn.__qualname__} is sync, and a sync "
-                "attempt cannot be cancelled when another one wins",
-                option="hedge",
-            )
         if inspect.iscoroutinefunction(fn):
 
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:

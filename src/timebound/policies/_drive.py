@@ -7,7 +7,6 @@ happy path stays inline, and a call that succeeds at once allocates no decision.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import math
 import sys
@@ -33,8 +32,9 @@ from .._core._scopes import (
     inherit_deadline,
     record,
     remaining,
+    running_loop,
 )
-from ._hedge import hedged_async
+from ._hedge import hedged_async, hedged_sync, hedged_threads_async, races_in_threads
 from ._retry import AttemptNow, FallBack, RetryAt, RetryState, Stop, misuse
 
 if TYPE_CHECKING:
@@ -93,6 +93,16 @@ async def retry_async(
                             _raise_if_late(name)
                 elif policy._hedge is None:
                     value = await _attempt_async(policy, state, fn, args, kwargs, trail)
+                elif races_in_threads(fn):
+                    # D3.16: a sync callable raced in threads, awaited off the event loop.
+                    value = await hedged_threads_async(
+                        policy,
+                        state,
+                        partial(_attempt_sync, policy, state, fn, args, kwargs),
+                        attempt,
+                        tele,
+                        observer,
+                    )
                 else:
                     # D3.14: the attempt races its hedges; each is a whole attempt of its own.
                     value = await hedged_async(
@@ -224,11 +234,6 @@ def retry_sync(
     observer: Observer | None,
 ) -> tuple[bool, Any]:
     """(True, value), or (False, the plan's FallBack/Stop)."""
-    if policy._hedge is not None:
-        raise misuse(
-            f"{policy.name}: a hedged policy runs async calls only (await Policy.execute()); "
-            "a sync attempt cannot be cancelled when another one wins"
-        )
     plan = policy.plan
     state = plan.start()
     plain = policy._plain
@@ -246,11 +251,20 @@ def retry_sync(
                 policy.emit(observer, "attempt.start", attempt=attempt)
             t0 = 0.0 if trail is None else _clock.now()
             try:
-                value = (
-                    _call_sync(name, fn, args, kwargs)
-                    if plain
-                    else _attempt_sync(policy, state, fn, args, kwargs, trail)
-                )
+                if plain:
+                    value = _call_sync(name, fn, args, kwargs)
+                elif policy._hedge is None:
+                    value = _attempt_sync(policy, state, fn, args, kwargs, trail)
+                else:
+                    # D3.14: the attempts race in threads; the caller waits for the first success.
+                    value = hedged_sync(
+                        policy,
+                        state,
+                        partial(_attempt_sync, policy, state, fn, args, kwargs),
+                        attempt,
+                        tele,
+                        observer,
+                    )
             except Exception as exc:
                 if trail is not None:
                     trail.attempt(t0, exc)
@@ -565,7 +579,9 @@ def in_trio() -> bool:
 
 
 async def _asleep(seconds: float) -> None:
-    if asyncio._get_running_loop() is not None:
+    if running_loop() is not None:
+        import asyncio  # imported: its loop runs (sync callers never import it, D15.5)
+
         await asyncio.sleep(seconds)
         return
     trio = sys.modules.get("trio")

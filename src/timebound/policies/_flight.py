@@ -18,12 +18,11 @@ follower's own deadline (its scopes cancel the wait; a thread waits at most its 
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import threading
 from typing import Final
 
-from .._core._scopes import remaining
+from .._core._scopes import remaining, running_loop
 from ._limits import _AsyncioWaiter, _ThreadWaiter, _TrioWaiter, _Waiter
 
 __all__ = ["Flight", "Flights"]
@@ -89,7 +88,7 @@ class Flights:
 
     async def wait(self, flight: Flight) -> None:
         """Wait (asyncio or trio) until ``flight`` is done; cancellable."""
-        loop = asyncio._get_running_loop()
+        loop = running_loop()
         if loop is not None:
             aw = _AsyncioWaiter(loop)
             if not self._enqueue(flight, aw):

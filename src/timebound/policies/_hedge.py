@@ -18,7 +18,9 @@ A hedge is sent only when everything allows it, checked in this order, each refu
   ``maxExtraLoad``), or the policy's ``retry_budget`` when it has one (D3.12).
 
 Under asyncio the primary runs in the caller's task and a timer starts the hedges (see
-:class:`_InlineRace`); under trio every attempt runs in a nursery. Each attempt, hedges included,
+:class:`_InlineRace`); under trio every attempt runs in a nursery; a sync call races its attempts
+in threads while the caller waits, and asks the losers to stop through their deadline (see
+:class:`_ThreadRace`). Each attempt, hedges included,
 has its own attempt timeout, admission (throttle token,
 concurrency slot) and breaker guard (D3.13): a hedge cut by the caller's deadline or cancelled
 because another attempt won is not counted against the dependency. Hedging happens below the
@@ -28,26 +30,47 @@ only a call the user says is safe to send twice (idempotent) should be given ``h
 
 from __future__ import annotations
 
-import asyncio
 import bisect
+import contextvars
+import functools
 import math
 import sys
 import threading
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Any, Final
 
 from .._core import _clock
 from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError
-from .._core._scopes import remaining
+from .._core._scopes import (
+    CancelScope,
+    current_bound_error,
+    cut_short,
+    fail_at,
+    remaining,
+    running_loop,
+)
 from ._budget import RetryBudget
 
+# asyncio is imported where an asyncio race runs (its loop has imported it), never at module
+# level: every `resilient` imports this module, and sync callers need no asyncio (D15.5).
 if TYPE_CHECKING:
+    import asyncio
+
     from ._policy import Observer, Policy
     from ._retry import RetryState
 
-__all__ = ["Hedge", "LatencyWindow", "hedged_async", "parse_percentile"]
+__all__ = [
+    "Hedge",
+    "LatencyWindow",
+    "hedged_async",
+    "hedged_sync",
+    "hedged_threads_async",
+    "parse_percentile",
+    "race_in_threads",
+]
 
 
 def parse_percentile(value: str, option: str) -> float | None:
@@ -286,7 +309,7 @@ async def hedged_async(
     delay = hedge.delay_for(latencies)
     if delay is None:
         return await attempt()
-    if asyncio._get_running_loop() is not None:
+    if running_loop() is not None:
         return await _InlineRace(policy, state, attempt, number, delay, tele, observer).run()
     race: _Race = _TrioRace()
     sent = [0]
@@ -436,6 +459,8 @@ class _InlineRace:
         self.observer = observer
         self.hedge = hedge
         self.latencies = latencies
+        import asyncio
+
         self.task = asyncio.current_task()
         self.hedges: list[asyncio.Task[tuple[int, bool, Any]]] = []
         self.winner: tuple[int, Any] | None = None
@@ -445,6 +470,8 @@ class _InlineRace:
         self.timer: asyncio.TimerHandle | None = None
 
     async def run(self) -> Any:
+        import asyncio
+
         loop = asyncio.get_running_loop()
         # The timer's callback runs in a copy of this context: the hedge sees every deadline.
         self.timer = loop.call_later(self.delay, self._fire)
@@ -481,6 +508,8 @@ class _InlineRace:
 
     async def _after_primary_failed(self, exc: Exception) -> Any:
         """The primary failed: the hedges in flight may still answer; else its error."""
+        import asyncio
+
         pending = {t for t in self.hedges if not t.done()}
         done = [t for t in self.hedges if t.done()]
         while True:
@@ -502,6 +531,8 @@ class _InlineRace:
         return value
 
     async def _end(self) -> None:
+        import asyncio
+
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
@@ -518,6 +549,8 @@ class _InlineRace:
 
     def _fire(self) -> None:
         """The hedging delay passed with the primary still running: send a hedge, if allowed."""
+        import asyncio
+
         self.timer = None
         if not self.primary_running or self.winner is not None:
             return
@@ -579,3 +612,313 @@ class _TrioRace(_Race):
             outcome = await self._receive.receive()
             return outcome
         return None
+
+
+# The sync race ------------------------------------------------------------------------------------
+
+SyncAttempt = Callable[[], Any]
+
+
+def hedged_sync(
+    policy: Policy[Any],
+    state: RetryState,
+    attempt: SyncAttempt,
+    number: int,
+    tele: bool,
+    observer: Observer | None,
+) -> Any:
+    """Attempt ``number`` of the sync retry loop, hedged (see :class:`_ThreadRace`)."""
+    hedge = policy._hedge
+    latencies = policy._latencies
+    assert hedge is not None and latencies is not None
+    hedge.call_started()
+    delay = hedge.delay_for(latencies)
+    if delay is None:
+        return attempt()  # no delay learned yet: nothing to race, the caller runs it
+    return _ThreadRace(policy, state, attempt, number, delay, tele, observer).run()
+
+
+async def hedged_threads_async(
+    policy: Policy[Any],
+    state: RetryState,
+    attempt: SyncAttempt,
+    number: int,
+    tele: bool,
+    observer: Observer | None,
+) -> Any:
+    """Attempt ``number`` of a coroutine's retry loop over a sync callable marked with
+    :func:`race_in_threads`: its attempts race in threads while the coroutine awaits."""
+    hedge = policy._hedge
+    latencies = policy._latencies
+    assert hedge is not None and latencies is not None
+    hedge.call_started()
+    delay = hedge.delay_for(latencies)
+    race = _ThreadRace(
+        policy, state, attempt, number, 0.0 if delay is None else delay, tele, observer
+    )
+    if delay is None:
+        race.may_hedge = False  # no delay learned yet: one attempt, still off the event loop
+    return await race.arun()
+
+
+_IN_THREADS: Final = "_timebound_race_in_threads"
+
+
+def race_in_threads(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (sync), marked so that a hedged policy's ``execute`` races its attempts in threads
+    while the coroutine awaits (the event loop goes on); a Constellation sync module with
+    ``hedge`` is called this way (D3.16). Its name and signature stay ``fn``'s (cache keys)."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    setattr(call, _IN_THREADS, True)
+    return call
+
+
+def races_in_threads(fn: Callable[..., Any]) -> bool:
+    return getattr(fn, _IN_THREADS, False) is True
+
+
+class _ThreadRace:
+    """sync: every attempt of the race — the primary too — runs in a thread the race starts and
+    owns, while the caller's thread waits for the first success.
+
+    The primary cannot run in the caller's thread: a sync call cannot be interrupted, so a
+    caller running a slow primary could return a hedge's answer only once the primary ended,
+    and the hedge would win nothing. Waiting instead, the caller returns the first success as
+    it arrives, stops waiting at its own deadline (and the policy's total budget), and sends
+    hedges when the delay passes. A thread per attempt, not a pool: the race is the only owner,
+    a call that no hedge follows costs one thread start, and no thread is kept for later.
+
+    When the caller leaves (a winner, its deadline, an error), every attempt still running is
+    a loser: it is asked to stop the way sync code is (:func:`cut_short`: its deadline becomes
+    now, so its checkpoints raise and its clamped clients send nothing more) and it stays bound
+    by its own attempt timeout and the caller's deadline. Its outcome is dropped unread; its
+    place among the hedges in flight (``max_concurrent``) is given back only when the last
+    attempt of the race has ended.
+    """
+
+    __slots__ = (
+        "attempt",
+        "changed",
+        "decided",
+        "delay",
+        "errors",
+        "hedge",
+        "latencies",
+        "lock",
+        "loop",
+        "may_hedge",
+        "next_at",
+        "number",
+        "observer",
+        "policy",
+        "released",
+        "running",
+        "scopes",
+        "sent",
+        "state",
+        "tele",
+        "wake",
+        "winner",
+    )
+
+    def __init__(
+        self,
+        policy: Policy[Any],
+        state: RetryState,
+        attempt: SyncAttempt,
+        number: int,
+        delay: float,
+        tele: bool,
+        observer: Observer | None,
+    ) -> None:
+        hedge = policy._hedge
+        latencies = policy._latencies
+        assert hedge is not None and latencies is not None
+        self.policy = policy
+        self.state = state
+        self.attempt = attempt
+        self.number = number
+        self.delay = delay
+        self.tele = tele
+        self.observer = observer
+        self.hedge = hedge
+        self.latencies = latencies
+        self.lock = threading.Lock()
+        self.changed = threading.Event()  # an attempt ended (set under the lock)
+        self.running = 0
+        self.sent = 0
+        self.decided = False  # the caller left: outcomes arriving now are dropped
+        self.released = False
+        self.winner: tuple[int, Any] | None = None
+        self.errors: dict[int, BaseException] = {}
+        self.scopes: dict[int, tuple[CancelScope, contextvars.Context]] = {}
+        self.next_at = _clock.now() + delay  # when the next hedge is due
+        self.may_hedge = True
+        self.loop: asyncio.AbstractEventLoop | None = None  # a coroutine's race: its loop
+        self.wake: asyncio.Event | None = None
+
+    def run(self) -> Any:
+        """The race for a sync caller: its thread waits (``_clock.wait``)."""
+        try:
+            with self._total():
+                self._start(0)
+                while True:
+                    done, value = self._step()
+                    if done:
+                        return value
+                    _clock.wait(self.changed, value)
+        finally:
+            self._leave()
+
+    async def arun(self) -> Any:
+        """The race for a coroutine (asyncio): the event loop goes on while it waits, and a
+        cancellation of the caller (its deadline, its run failing) ends the race at once."""
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+        self.loop = loop
+        self.wake = asyncio.Event()
+        try:
+            with self._total():
+                self._start(0)
+                while True:
+                    self.wake.clear()
+                    done, value = self._step()
+                    if done:
+                        return value
+                    # asyncio.timeout, not wait_for (D12.1: no cancellation swallowed).
+                    waiting = asyncio.timeout(value)
+                    try:
+                        async with waiting:
+                            await self.wake.wait()
+                    except TimeoutError:
+                        if not waiting.expired():
+                            raise
+        finally:
+            self._leave()
+
+    def _total(self) -> AbstractContextManager[Any]:
+        # The caller stops waiting at the total budget too, reported as the total's.
+        total_at = self.state.total_at
+        if total_at is None:
+            return nullcontext()
+        return fail_at(total_at, source="total", what=self.policy.name)
+
+    def _step(self) -> tuple[bool, Any]:
+        """Look at the race: ``(True, the winner's value)``, or ``(False, how long to wait)``
+        (``None``: until an attempt ends); raises the race's error. Sends a hedge when due."""
+        policy = self.policy
+        hedge = self.hedge
+        while True:
+            with self.lock:
+                self.changed.clear()
+                winner = self.winner
+                running = self.running
+            if winner is not None:
+                index, value = winner
+                if index:
+                    hedge._won()
+                    if self.tele:
+                        policy.emit(self.observer, "hedge.won", attempt=self.number, hedge=index)
+                return True, value
+            late = current_bound_error(policy.name)
+            if late is not None:
+                raise late  # the caller's own bound, even when it is what made them all fail
+            if running == 0:
+                # Every attempt started failed: the primary's error (D3.14), as under asyncio.
+                raise self.errors[min(self.errors)]
+            now = _clock.now()
+            hedging = self.may_hedge and self.sent < hedge.max_hedges
+            if hedging and now >= self.next_at:
+                reason = hedge.try_send(self.latencies, policy.plan.budget, remaining())
+                if reason is not None:
+                    self.may_hedge = False  # D3.14: one refusal ends this attempt's hedging
+                    if self.tele:
+                        policy.emit(
+                            self.observer, "hedge.suppressed", attempt=self.number, reason=reason
+                        )
+                    continue
+                self.sent += 1
+                if self.tele:
+                    policy.emit(self.observer, "hedge.sent", attempt=self.number, hedge=self.sent)
+                self._start(self.sent)
+                self.next_at = now + self.delay
+                continue
+            until = remaining()
+            if hedging:
+                until = min(until, self.next_at - now)
+            return False, None if until == math.inf else until
+
+    def _start(self, index: int) -> None:
+        with self.lock:
+            self.running += 1
+        # The attempt sees the caller's deadlines (a copy of its context, as asyncio tasks do).
+        ctx = contextvars.copy_context()
+        thread = threading.Thread(
+            target=ctx.run,
+            args=(self._attempt_thread, index, ctx),
+            name=f"timebound hedge race {self.policy.name} #{index}",
+            daemon=True,  # a loser that never checks must not keep the process alive
+        )
+        try:
+            thread.start()
+        except BaseException:
+            with self.lock:
+                self.running -= 1
+            raise
+
+    def _attempt_thread(self, index: int, ctx: contextvars.Context) -> None:
+        # The frame the race cuts short when this attempt loses; no deadline of its own.
+        scope = CancelScope(raise_on_expiry=False, what=f"{self.policy.name} (lost the race)")
+        ok = False
+        value: Any = None
+        try:
+            with scope:
+                with self.lock:
+                    self.scopes[index] = (scope, ctx)
+                    if self.decided:
+                        cut_short(scope, ctx)  # lost before it began
+                try:
+                    value = self.attempt()
+                    ok = True
+                except BaseException as exc:  # reported to the caller, never lost in a thread
+                    value = exc
+        finally:
+            with self.lock:
+                self.running -= 1
+                self.scopes.pop(index, None)
+                if not self.decided:
+                    if ok:
+                        if self.winner is None:
+                            self.winner = (index, value)
+                    else:
+                        self.errors[index] = value
+                    self.changed.set()
+                    if self.loop is not None and self.wake is not None:
+                        try:
+                            self.loop.call_soon_threadsafe(self.wake.set)
+                        except RuntimeError:  # the loop is closed: nobody waits any more
+                            pass
+                elif self.running == 0:
+                    self._release()
+
+    def _leave(self) -> None:
+        """The caller leaves: the attempts still running lost; they are asked to stop."""
+        with self.lock:
+            self.decided = True
+            for scope, ctx in self.scopes.values():
+                cut_short(scope, ctx)
+            if self.running == 0:
+                self._release()
+
+    def _release(self) -> None:
+        # Under the lock, once: the race's last attempt has ended and the caller has left.
+        if self.released:
+            return
+        self.released = True
+        for _ in range(self.sent):
+            self.hedge.done()

@@ -13,16 +13,19 @@ grant and its wake-up hands the slot on instead of leaking it.
 
 from __future__ import annotations
 
-import asyncio
 import re
 import sys
 import threading
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._core import _clock
 from .._core._durations import Duration, to_seconds
 from .._core._errors import ConfigurationError
+from .._core._scopes import running_loop
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["Slots", "TokenBucket", "parse_throttle"]
 
@@ -122,7 +125,7 @@ class _AsyncioWaiter(_Waiter):
         self.fut: asyncio.Future[None] = loop.create_future()
 
     def wake(self) -> None:
-        if asyncio._get_running_loop() is self.loop:
+        if running_loop() is self.loop:
             _set_future(self.fut)
             return
         # Another thread or loop: hand over thread-safely; a closed loop took the waiter with it.
@@ -237,7 +240,7 @@ class Slots:
         """Wait for a slot (asyncio or trio). Cancellation leaves the count intact."""
         if self.try_acquire():
             return
-        loop = asyncio._get_running_loop()
+        loop = running_loop()
         if loop is not None:
             aw = _AsyncioWaiter(loop)
             if self._enqueue(aw):

@@ -12,6 +12,7 @@ async retry drivers (``_drive``) only call, await and sleep.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final, Generic, Literal, TypeVar, Unpack, overload
@@ -349,6 +350,19 @@ class Policy(Generic[_Mode]):
     @property
     def hedge(self) -> Hedge | None:
         return self._hedge
+
+    def unhedged(self) -> Policy[_Mode]:
+        """This policy without hedging, for calls that must not be sent twice (D3.18).
+
+        The copy shares everything else with this policy — breaker, retry budget, limits,
+        latency window — so a client's idempotent and non-idempotent requests to one
+        dependency are counted, limited and learned from together. ``self`` when not hedged.
+        """
+        if self._hedge is None:
+            return self
+        twin = copy.copy(self)
+        twin._hedge = None
+        return twin
 
     def learned_timeout(self) -> float | None:
         """The attempt timeout a ``timeout="p99"`` policy gives its next attempt: the

@@ -28,7 +28,13 @@ from .._core._deadline import Deadline
 from .._core._durations import format_duration
 from .._core._errors import DeadlineExceeded, RetryExhausted, set_by_of
 from .._core._request import mark_spent
-from .._core._scopes import current_bound_error, current_bound_source, current_deadline, remaining
+from .._core._scopes import (
+    current_bound_error,
+    current_bound_set_by,
+    current_bound_source,
+    current_deadline,
+    remaining,
+)
 from ._budget import RetryBudget
 from ._hints import retry_hint
 
@@ -386,7 +392,15 @@ class RetryPlan:
                 next_attempt, wait, "total", total_at - now, Deadline(total_at), self.total_timeout
             )
         err = self._stopped(
-            next_attempt, wait, current_bound_source() or "scope", remaining(), enclosing, None
+            next_attempt,
+            wait,
+            current_bound_source() or "scope",
+            remaining(),
+            enclosing,
+            None,
+            # Where the enclosing bound was set (D2.8): a server's reserve (D1.18) that leaves
+            # no room is the server's to answer "deadline expired" for, as when it fires.
+            current_bound_set_by(),
         )
         # The enclosing bound has not passed yet, so the classification needs to be told; and
         # when that bound is the request's own deadline, the server must answer "Deadline
@@ -402,6 +416,7 @@ class RetryPlan:
         left: float,
         deadline: Deadline,
         timeout: float | None,
+        set_by: str | None = None,
     ) -> DeadlineExceeded:
         return DeadlineExceeded(
             f"{self.what}: stopped before attempt {next_attempt}: the {source} deadline leaves "
@@ -411,7 +426,7 @@ class RetryPlan:
             timeout=timeout,
             deadline=deadline,
             what=self.what,
-            set_by=set_by_of(source, self.what) if source == "total" else None,
+            set_by=set_by_of(source, self.what) if source == "total" else set_by,
         )
 
 

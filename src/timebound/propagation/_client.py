@@ -33,6 +33,9 @@ query carries it as ``statement_timeout``, a Redis command as the reply's read t
 ``propagate_header=False``; the database adapters then map their drivers' own signal of the
 end (see :class:`Attempt`) to the same :meth:`Attempt.cut`.
 
+The HTTP adapters are built from :func:`http_client_setup` (their one constructor block: the
+static timeout, the options, and a ``policy=`` checked by ``_resilience``, D3.17).
+
 Telemetry goes through the options' :class:`Report`. :class:`CounterReport` is userver's
 (``timeout-updated-by-deadline``, ``cancelled-by-deadline`` and the matching ``span.tags``
 events) for any component label: ``http-client`` for the HTTP clients, the driver's name for
@@ -42,7 +45,7 @@ a database adapter (whose own bookkeeping commands are not counted as lowered, D
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
@@ -51,20 +54,24 @@ from .._core import _clock
 from .._core._breakdown import Breakdown
 from .._core._classify import bound_origin
 from .._core._deadline import Deadline
+from .._core._durations import Duration, to_seconds
 from .._core._errors import DeadlineExceeded
 from .._core._request import RequestState, _request
 from .._core._scopes import (
     current_bound_error,
+    current_bound_set_by,
     current_bound_source,
     current_breakdown,
     current_deadline,
     move_on_at,
     record,
 )
+from ..policies._policy import Policy
 from ..telemetry._events import counters, emit, enabled
 from . import _config
 from ._breakdown_wire import parse as parse_breakdown
 from ._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER, format_absolute_us
+from ._resilience import Resilience, check_http_methods, check_policy, check_statuses
 from ._state import ClampedTimeout, clamp_timeout
 
 __all__ = [
@@ -73,10 +80,12 @@ __all__ = [
     "AttemptTimeoutBase",
     "ClientOptions",
     "CounterReport",
+    "HttpClientSetup",
     "Report",
     "absolute_wire_value",
     "begin",
     "call_name",
+    "http_client_setup",
 ]
 
 COMPONENT = "http-client"
@@ -132,6 +141,56 @@ class ClientOptions:
     expired_header: str = EXPIRED_HEADER
     what: str = "http request"
     report: Report = field(default_factory=lambda: CounterReport(COMPONENT))
+
+
+@dataclass(frozen=True, slots=True)
+class HttpClientSetup:
+    """What every HTTP client adapter is built from: its static ``timeout`` (seconds),
+    whether it asks callees for their breakdown, its :class:`ClientOptions`, and its policy
+    (``None``: one attempt per request, as without one; D3.17)."""
+
+    timeout: float | None
+    ask_breakdown: bool
+    options: ClientOptions
+    resilience: Resilience | None
+    #: The HTTP statuses that are the dependency's failure (D3.17).
+    retry_statuses: frozenset[int]
+
+
+def http_client_setup(
+    adapter: str,
+    *,
+    timeout: Duration | None,
+    propagate_header: bool,
+    timeout_header: str,
+    absolute_header: str | None,
+    expired_header: str,
+    what: str,
+    ask_breakdown: bool,
+    policy: Policy[Any] | None,
+    retry_statuses: Iterable[int],
+    hedge_methods: Iterable[str],
+    hedging: str | None = None,
+) -> HttpClientSetup:
+    """The constructor block of the HTTP client adapters (httpx, requests, aiohttp), once.
+
+    ``hedging``: why this adapter cannot hedge (a hedged policy is then refused), or ``None``.
+    """
+    return HttpClientSetup(
+        None if timeout is None else to_seconds(timeout, option="timeout"),
+        bool(ask_breakdown),
+        ClientOptions(
+            propagate_header=propagate_header,
+            timeout_header=timeout_header,
+            absolute_header=absolute_header,
+            expired_header=expired_header,
+            what=what,
+        ),
+        check_policy(
+            policy, adapter=adapter, hedged=check_http_methods(hedge_methods), hedging=hedging
+        ),
+        check_statuses(retry_statuses),
+    )
 
 
 class AttemptTimeoutBase(DeadlineExceeded):
@@ -198,6 +257,11 @@ class Attempt:
     name: str | None = None
     #: The callee's own breakdown, when it sent one (D13.5).
     remote: Breakdown | None = None
+    #: The part recorded for this call (D13), once it is.
+    mark: tuple[Any, ...] | None = None
+    #: Where the bound that lowered the timeout was set (D2.8): a callee answering "deadline
+    #: expired" reports that bound spent (a middleware's reserve, D1.18, answers 498 for it).
+    set_by: str | None = None
 
     def part(self, outcome: str, remote: Breakdown | None = None) -> None:
         """D13: record this call as a part of the caller's breakdown: the budget it was sent,
@@ -205,15 +269,16 @@ class Attempt:
         if self.parted:
             return
         self.parted = True
-        record(
+        self.mark = mark = (
             "call",
             self.name or self.options.what,
             self.t0,
             _clock.now(),
             self.clamped.seconds,
             outcome,
-            remote,
+            self.remote if remote is None else remote,
         )
+        record(*mark)
 
     def headers(self) -> list[tuple[str, str]]:
         """The deadline headers to send with this attempt (none when propagation is off)."""
@@ -307,11 +372,19 @@ class Attempt:
         # Reached only when our own scope moved on: the attempt's end passed.
         raise self.cut()
 
+    def arrived(self, breakdown: str | bytes | None) -> None:
+        """D13: an answer reached the exchange; its callee's breakdown (if any) is kept for this
+        call's part. An answer that arrives in the very step our deadline cuts the call (the
+        exchange had it, the caller had not yet run) is still the callee's side of the call: the
+        call ends ``cut``, with that side in it. Once the part is recorded, nothing changes."""
+        if not self.parted and self.remote is None and breakdown is not None:
+            self.remote = parse_breakdown(breakdown)
+
     def answered(self, status: int | str, breakdown: str | bytes | None) -> None:
         """D13: the callee answered; its ``X-Timebound-Breakdown`` (if any) joins our part."""
         if not self.parted:
-            self.remote = parse_breakdown(breakdown)
-            self.part(str(status), self.remote)
+            self.arrived(breakdown)
+            self.part(str(status))
 
     def refusal(self, status: int, header: str | None) -> BaseException | None:
         """The error for a response ``>= 400`` marked "deadline expired" (D4.5), else ``None``."""
@@ -327,6 +400,7 @@ class Attempt:
                 source="propagated",
                 timeout=self.clamped.seconds,
                 deadline=None if self.end is None else Deadline(self.end),
+                set_by=self.set_by,
             )
         else:
             made = self.make(
@@ -338,16 +412,20 @@ class Attempt:
             if not isinstance(made, DeadlineExceeded):
                 return made
             err = made
-        # D13: the breakdown of the bound that ran out here, this call (and the callee's own
-        # breakdown) among its parts.
-        name = self.name or what
-        seconds = self.clamped.seconds
-        err.breakdown = current_breakdown(
-            (("call", name, self.t0, _clock.now(), seconds, str(status), self.remote),),
-            name,
-            self.t0,
-            seconds,
-        )
+        return err
+
+    def refused(self, err: BaseException) -> BaseException:
+        """The :meth:`refusal` error as the caller gets it, once the answer's body was read.
+
+        D13.9: its breakdown is the bound's up to this moment, this call (with the callee's own
+        breakdown) among the parts: the time spent reading the refusal's body, and any wait for
+        the event loop on the way, is in the tree (the bound's own ``self``), so the parts add up
+        to the time the caller observed."""
+        if isinstance(err, DeadlineExceeded):
+            name = self.name or self.options.what
+            seconds = self.clamped.seconds
+            parts = () if self.mark is None else (self.mark,)
+            err.breakdown = current_breakdown(parts, name, self.t0, seconds)
         return err
 
 
@@ -393,8 +471,10 @@ def begin(
         header_value = str(clamped.ms)
         if options.absolute_header and end is not None:
             absolute_value = absolute_wire_value(end)
+    set_by = None
     if clamped.lowered:
         source = current_bound_source() or "scope"
+        set_by = current_bound_set_by()
         options.report.lowered(clamped.ms)
     else:
         source = "attempt"
@@ -409,4 +489,5 @@ def begin(
         _request.get(),
         absolute_value,
         _clock.now(),
+        set_by=set_by,
     )

@@ -4,6 +4,7 @@ Exporters live behind extras: :mod:`timebound.telemetry.otel` (``timebound[otel]
 :mod:`timebound.telemetry.prometheus` (``timebound[prometheus]``).
 """
 
+from ._durable import stored_operation_events, stored_run_events
 from ._events import (
     Counters,
     Event,
@@ -31,4 +32,6 @@ __all__ = [
     "emit",
     "enabled",
     "remove_listener",
+    "stored_operation_events",
+    "stored_run_events",
 ]

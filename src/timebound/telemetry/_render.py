@@ -75,6 +75,17 @@ def _deferred(event: Event) -> str | None:
     return f"operation {event.attrs.get('operation_id')}: {status}" + (f" ({code})" if code else "")
 
 
+def _pipeline(event: Event) -> str:
+    attrs = event.attrs
+    node = attrs.get("node_id")
+    if event.name == "pipeline.region" and event.bound is not None:
+        chosen = (attrs.get("wrapper") or {}).get("chosen_branch")
+        then = f" -> {chosen} branch" if chosen else ""
+        return f"region {node}: timed out (region bound, {_length(event).rstrip(', ')}){then}"
+    what = "region" if event.name == "pipeline.region" else "task"
+    return f"{what} {node}: {attrs.get('outcome')}"
+
+
 def describe(event: Event) -> str | None:
     """One line saying what ``event`` means, or None for an event a timeline does not show
     (a metric, span tags, a token's dispatch)."""
@@ -83,6 +94,8 @@ def describe(event: Event) -> str | None:
         return _workflow(event)
     if kind == "deferred":
         return _deferred(event)
+    if kind == "pipeline":
+        return _pipeline(event)
     return _policy(event)
 
 

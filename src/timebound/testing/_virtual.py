@@ -48,7 +48,7 @@ class VirtualClock:
         self._wall_offset = float(wall_start) - self._now
         self._lock = threading.Lock()
         self.autojump_threshold = autojump_threshold
-        self._saved: tuple[Any, Any, Any, Any] | None = None
+        self._saved: tuple[Any, Any, Any, Any, Any] | None = None
         self._jumps = 0
         self._io = 0  # real_io() blocks open
         self._io_progress = 0.0  # real time of the last sign of life of real I/O
@@ -80,6 +80,23 @@ class VirtualClock:
         """A blocking sleep on virtual time: returns at once, ``seconds`` later."""
         if seconds > 0:
             self.advance(seconds)
+
+    def wait(self, event: threading.Event, seconds: float | None) -> bool:
+        """A thread's wait for ``event`` on virtual time: ``autojump_threshold`` real seconds
+        for it to be set, then time jumps ``seconds`` ahead (``None``: wait for it however
+        long). True when the event was set.
+
+        Tests that wait on threads decide by events who answers first, so that whether a wait
+        jumps never depends on how fast the machine is.
+        """
+        if event.wait(self.autojump_threshold):
+            return True
+        if seconds is None:
+            return event.wait()
+        with self._lock:
+            self._now += max(0.0, seconds)
+            self._jumps += 1
+        return event.is_set()
 
     @property
     def jumps(self) -> int:
@@ -123,17 +140,18 @@ class VirtualClock:
         """Make timebound read this clock (``now``) and sleep on it (``sleep``)."""
         if self._saved is not None:
             raise RuntimeError("this VirtualClock is already installed")
-        self._saved = (_clock.now, _clock.sleep, _clock.wall, _clock.real_io)
+        self._saved = (_clock.now, _clock.sleep, _clock.wall, _clock.real_io, _clock.wait)
         _clock.now = self.now
         _clock.sleep = self.sleep
         _clock.wall = self.wall
         _clock.real_io = self.real_io
+        _clock.wait = self.wait
 
     def uninstall(self) -> None:
         """Restore the clock that was in place before :meth:`install`."""
         if self._saved is None:
             return
-        _clock.now, _clock.sleep, _clock.wall, _clock.real_io = self._saved
+        _clock.now, _clock.sleep, _clock.wall, _clock.real_io, _clock.wait = self._saved
         self._saved = None
 
     def __enter__(self) -> VirtualClock:

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import socket
@@ -22,7 +23,7 @@ from .._core._deadline import Deadline
 from .._core._durations import Duration, to_ms, to_seconds
 from .._core._errors import ConfigurationError
 from .._core._renamed import Renamed, from_ms, renamed
-from .._core._scopes import fail_after
+from .._core._scopes import fail_after, spawn_background
 from .._json import TooDeep
 from .._json import check as check_json
 from .._store import Detached, Store, Tx, Wake, open_store
@@ -127,6 +128,8 @@ class Engine(Turns, RunReads, OperatorActions):
         self._ended: dict[str, RunEnd] = {}
         self._outcomes: list[Report] = []
         self._starts: list[Start] = []
+        # worker=False: the task committing the waiting starts together (D6.33).
+        self._batching: asyncio.Task[None] | None = None
         self._stored: set[tuple[str, int]] = set()  # definitions this engine has written
         self._claiming = True  # False once a stop is coming (stop_claiming)
         # Deferred operations (docs/deferred.md): the registry is made on first use (a worker
@@ -324,6 +327,9 @@ class Engine(Turns, RunReads, OperatorActions):
         for t in pending:
             t.cancel()
         await asyncio.gather(*pending, self._background.cancel(), return_exceptions=True)
+        if self._batching is not None:  # one transaction: the starts it took are answered
+            await asyncio.wait([self._batching])
+            self._batching = None
         self._inflight.clear()
         starts, self._starts = self._starts, []
         for start in starts:
@@ -433,16 +439,55 @@ class Engine(Turns, RunReads, OperatorActions):
             caller_traceparent(),  # the caller's span, parent of the run's (D10.5)
         )
         assert start.settled is not None
-        if not self._worker:  # no loop to batch with: one transaction; its commit wakes workers
-            task: asyncio.Future[str] = asyncio.ensure_future(self._start_alone(start))
-            task.add_done_callback(lambda t: settle_from(t, start))
-            awaited: asyncio.Future[str] = asyncio.shield(task)
-        else:
-            # Started by the loop's next transaction: concurrent starts share one commit.
-            self._starts.append(start)
+        # Started by the next transaction: concurrent starts share one commit, the loop's turn
+        # or, with no loop here (``worker=False``), a batch of their own; its commit wakes the
+        # workers. Awaited directly: no extra loop turn before we return.
+        self._starts.append(start)
+        if self._worker:
             self._wake.set()
-            awaited = start.future  # awaited directly: no extra loop turn before we return
-        return await await_start(start, awaited, lambda: self._starts)
+        elif self._batching is None or self._batching.done():
+            self._batching = spawn_background(self._start_batches(), name="timebound-starts")
+        return await await_start(start, start.future, lambda: self._starts)
+
+    async def _start_batches(self) -> None:
+        """The starts of an engine without a worker loop, committed together: those that
+        arrive while one batch commits share the next (group commit, as the loop's turn does)."""
+        while self._starts:
+            starts, self._starts = self._starts, []
+            started: list[tuple[Start, str]] = []
+            try:
+                async with self._txn() as tx:
+                    now = self._now()
+                    for start in starts:
+                        try:
+                            run_id = await start_keyed(
+                                self._machine,
+                                tx,
+                                start.definition,
+                                start.input,
+                                now,
+                                deadline_at=start.deadline_at,
+                                run_id=start.run_id,
+                                idempotency_key=start.idempotency_key,
+                                digest=start.digest,
+                                traceparent=start.traceparent,
+                            )
+                        except StartConflict as exc:  # found in this transaction: nothing written
+                            start.settle(error=exc)
+                            continue
+                        started.append((start, run_id))
+            except Exception:
+                # The batch was rolled back (a keyed start that lost its key to another
+                # process, a store error): each start runs alone, which answers a lost race by
+                # a second look and fails only the start at fault.
+                for start in starts:
+                    if not start.future.done():
+                        task = asyncio.ensure_future(self._start_alone(start))
+                        task.add_done_callback(functools.partial(settle_from, start=start))
+                        await asyncio.wait([task])
+                continue
+            for start, run_id in started:
+                start.settle(run_id)
 
     async def _start_alone(self, start: Start) -> str:
         """A start in a transaction of its own (an engine without a worker loop). A keyed start

@@ -187,3 +187,64 @@ def test_uvicorn_handler_answers_its_fallback_before_the_caller_deadline() -> No
     assert (response.status_code, response.text) == (200, "fallback: reserve of ASGI middleware")
     sent = [s.timeout_ms for s in down.seen]
     assert len(sent) == 1 and sent[0] is not None and sent[0] <= 1500
+
+
+async def test_a_downstream_498_escaping_under_the_reserve_is_answered_498(
+    virtual_clock: VirtualClock,
+) -> None:
+    """The downstream was sent the reserved deadline and answered 498: the handler's budget,
+    the request's deadline less the reserve, is spent. The error it lets escape says so
+    (``set_by``), and the middleware answers 498 in time, with its breakdown, instead of
+    failing the request with a 500."""
+    seen: list[tuple[str, str | None]] = []
+
+    def expired(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(498, headers={"X-YaTaxi-Deadline-Expired": "1"}, content=b"late")
+
+    client = httpx.AsyncClient(transport=AsyncDeadlineTransport(httpx.MockTransport(expired)))
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await client.get("http://downstream/x")
+        except tb.DeadlineExceeded as exc:
+            seen.append((exc.source, exc.set_by))
+            raise
+        await _answer(send, 200, b"fresh")
+
+    mw = DeadlineMiddleware(app, reserve="100ms", expose_breakdown=True)
+    result = await call_asgi(mw, {H: "1000"})
+    assert seen == [("propagated", "reserve of ASGI middleware")]
+    assert result.status == 498
+    tree = tb.Breakdown.from_json(result.headers["x-timebound-breakdown"])
+    assert [p.kind for p in tree.parts] == ["call", "self"]
+
+
+async def test_a_retry_stopped_early_under_the_reserve_is_answered_498(
+    virtual_clock: VirtualClock,
+) -> None:
+    """A policy in the handler stops retrying because the handler's budget (the request's
+    deadline less the reserve) cannot fit another delay and attempt (D3.3). That bound is the
+    middleware's reserve: the error names it (``set_by``), and the middleware answers 498 early
+    with its breakdown (D4.10), not a 500."""
+    from timebound.policies import Policy
+
+    policy = Policy("database", retry=5, delay="300ms")
+    seen: list[tuple[str, str | None]] = []
+
+    async def down() -> None:
+        await asyncio.sleep(0.05)
+        raise ConnectionError("database unreachable")
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await policy.execute(down)
+        except tb.DeadlineExceeded as exc:
+            seen.append((exc.source, exc.set_by))
+            raise
+        await _answer(send, 200, b"fresh")
+
+    mw = DeadlineMiddleware(app, reserve="100ms", expose_breakdown=True)
+    result = await call_asgi(mw, {H: "1000"})
+    assert seen and seen[0][1] == "reserve of ASGI middleware"
+    assert result.status == 498
+    assert "x-timebound-breakdown" in result.headers

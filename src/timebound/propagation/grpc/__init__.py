@@ -15,6 +15,7 @@ from __future__ import annotations
 from ._admission import OVERLOADED_DETAILS, admission_interceptor, aio_admission_interceptor
 from ._interceptors import (
     ABSOLUTE_METADATA,
+    DEFAULT_RETRY_CODES,
     EXPIRED_DETAILS,
     AioPropagatedDeadlineExceeded,
     PropagatedDeadlineExceeded,
@@ -28,6 +29,7 @@ from ._interceptors import (
 __all__ = [
     "ABSOLUTE_METADATA",
     "AioPropagatedDeadlineExceeded",
+    "DEFAULT_RETRY_CODES",
     "EXPIRED_DETAILS",
     "OVERLOADED_DETAILS",
     "admission_interceptor",

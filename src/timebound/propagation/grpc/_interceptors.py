@@ -24,14 +24,14 @@ from __future__ import annotations
 import contextvars
 import inspect
 import warnings
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator
 from typing import Any, Final, NamedTuple
 
 from ..._core import _clock
 from ..._core._classify import bound_origin
 from ..._core._deadline import Deadline
 from ..._core._durations import Duration, ceil_ms
-from ..._core._errors import DeadlineExceeded
+from ..._core._errors import ConfigurationError, DeadlineExceeded
 from ..._core._request import RequestState, _request
 from ..._core._scopes import (
     _spawn_detached,
@@ -41,6 +41,7 @@ from ..._core._scopes import (
     inherit_deadline,
     reserve_seconds,
 )
+from ...policies._policy import Policy
 from ...telemetry._events import counters, emit, enabled
 from ...telemetry._tracing import CallSpan, call_span
 from .._absolute import DEFAULT_SKEW, check_clock_skew, time_left
@@ -54,6 +55,14 @@ from .._breakdown_wire import (
 from .._client import Attempt, AttemptTimeoutBase, ClientOptions, absolute_wire_value, begin
 from .._codec import parse_absolute_us
 from .._config import is_enabled
+from .._resilience import (
+    SYNC_HEDGING,
+    FailedAnswer,
+    Passed,
+    Resilience,
+    check_grpc_methods,
+    check_policy,
+)
 
 try:
     import grpc
@@ -66,6 +75,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 __all__ = [
     "ABSOLUTE_METADATA",
     "AioPropagatedDeadlineExceeded",
+    "DEFAULT_RETRY_CODES",
     "EXPIRED_DETAILS",
     "PropagatedDeadlineExceeded",
     "aio_client_interceptor",
@@ -691,10 +701,45 @@ class _Report:
             )
 
 
+#: The status codes that are the dependency's failure by default (D3.17): gRPC's retry policy
+#: examples and Polly's gRPC guidance; a shedding timebound host answers UNAVAILABLE.
+DEFAULT_RETRY_CODES: Final = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED}
+)
+
+
+def _check_codes(codes: Iterable[grpc.StatusCode]) -> frozenset[grpc.StatusCode]:
+    if isinstance(codes, (str, bytes)) or not isinstance(codes, Iterable):
+        raise ConfigurationError(
+            f"retry_codes must be a collection of grpc.StatusCode, got {codes!r}",
+            option="retry_codes",
+        )
+    out = frozenset(codes)
+    for code in out:
+        if not isinstance(code, grpc.StatusCode) or code is grpc.StatusCode.OK:
+            raise ConfigurationError(
+                f"retry_codes: a failure is a grpc.StatusCode other than OK, got {code!r}",
+                option="retry_codes",
+            )
+    return out
+
+
 class _ClientBase:
-    def __init__(self, *, enabled: bool, destination: Destination | None) -> None:
+    def __init__(
+        self,
+        *,
+        enabled: bool,
+        destination: Destination | None,
+        resilience: Resilience | None = None,
+        retry_codes: frozenset[grpc.StatusCode] = DEFAULT_RETRY_CODES,
+    ) -> None:
         self._enabled = enabled
         self._destination = destination or _default_destination
+        self._resilience = resilience
+        self._retry_codes = retry_codes
+
+    def _what(self, method: str | bytes) -> str:
+        return f"gRPC {self._destination(_method_name(method))}"
 
     def _clamp(self, method: str | bytes, timeout: float | None) -> _Clamp:
         """The call's attempt (shared with the HTTP clients); with no time left it raises and
@@ -954,9 +999,39 @@ class _SyncClientInterceptor(
     def _stream(self, continuation: Callable[[Any, Any], Any], details: Any, request: Any) -> Any:
         return self._start(continuation, details, request)[0]
 
+    def _unary_unary(
+        self, continuation: Callable[[Any, Any], Any], details: Any, request: Any
+    ) -> Any:
+        resilience = self._resilience
+        if resilience is None:
+            return self._unary(continuation, details, request)
+        # D3.17: the call's attempts under the policy, each blocking until its outcome is
+        # known (a ``future()`` call too); the outcome the call ended on is returned.
+        return resilience.run_sync(
+            _method_name(details.method), self._attempt, continuation, details, request
+        )
+
+    def _attempt(self, continuation: Callable[[Any, Any], Any], details: Any, request: Any) -> Any:
+        """One attempt under the policy (see ``propagation._resilience``)."""
+        outcome = self._unary(continuation, details, request)
+        err = outcome.exception()
+        if err is None:
+            return outcome
+        if isinstance(err, DeadlineExceeded):
+            raise err
+        if _sync_code(outcome) in self._retry_codes:
+            trailing = getattr(err, "trailing_metadata", None)
+            raise FailedAnswer(
+                outcome,
+                self._what(details.method),
+                trailing=trailing() if callable(trailing) else None,
+            )
+        return outcome  # another error: the outcome raises it, as without a policy
+
     # grpc calls these positionally (continuation, details, request or request iterator); a
-    # unary-response call can be re-typed on failure, a response stream only watched.
-    intercept_unary_unary = _unary
+    # unary-response call can be re-typed on failure, a response stream only watched. Only a
+    # unary call is sent again under a policy: a request stream cannot be replayed.
+    intercept_unary_unary = _unary_unary
     intercept_stream_unary = _unary
     intercept_unary_stream = _stream
     intercept_stream_stream = _stream
@@ -1050,7 +1125,41 @@ def _aio_stream_done(
 # grpc.aio dispatches on the interceptor's type, so each call kind needs its own class; grpc calls
 # the method positionally (continuation, details, request or request iterator).
 class _AioUnaryUnary(_AioClientBase, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
-    intercept_unary_unary = _AioClientBase._unary
+    """Unary calls, under the policy when given one (D3.17): a request stream cannot be
+    replayed, so only this kind is sent again."""
+
+    async def intercept_unary_unary(
+        self, continuation: Callable[[Any, Any], Awaitable[Any]], details: Any, request: Any
+    ) -> Any:
+        resilience = self._resilience
+        if resilience is None:
+            return await self._unary(continuation, details, request)
+        answer = await resilience.run(
+            _method_name(details.method), self._attempt, continuation, details, request
+        )
+        if isinstance(answer, BaseException):
+            raise answer  # the failure the call ended on, as grpc raises it without a policy
+        return answer
+
+    async def _attempt(
+        self, continuation: Callable[[Any, Any], Awaitable[Any]], details: Any, request: Any
+    ) -> Any:
+        """One attempt under the policy (see ``propagation._resilience``); a hedge that loses
+        is cancelled where it awaits its call, which cancels the RPC (the server sees it)."""
+        try:
+            call = await self._unary(continuation, details, request)
+            await call
+        except DeadlineExceeded:
+            raise
+        except grpc.aio.AioRpcError as err:
+            if err.code() not in self._retry_codes:
+                return Passed(err)
+            raise FailedAnswer(
+                err, self._what(details.method), trailing=err.trailing_metadata()
+            ) from None
+        except Exception as exc:
+            return Passed(exc)
+        return call
 
 
 class _AioStreamUnary(_AioClientBase, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
@@ -1065,8 +1174,20 @@ class _AioStreamStream(_AioClientBase, grpc.aio.StreamStreamClientInterceptor): 
     intercept_stream_stream = _AioClientBase._stream
 
 
-def client_interceptor(*, enabled: bool = True, destination: Destination | None = None) -> Any:
+def client_interceptor(
+    *,
+    enabled: bool = True,
+    destination: Destination | None = None,
+    policy: Policy[Any] | None = None,
+    retry_codes: Iterable[grpc.StatusCode] = DEFAULT_RETRY_CODES,
+) -> Any:
     """A client interceptor (all four kinds) that bounds every call by the current deadline.
+
+    ``policy``: a :class:`~timebound.policies.Policy` each unary call runs under — attempts,
+    breaker, retry budget, learned timeout (D3.17); a call that ends ``retry_codes``
+    (UNAVAILABLE, RESOURCE_EXHAUSTED) is the dependency's failure, and its
+    ``grpc-retry-pushback-ms`` is honoured. A hedged policy is refused: a sync call cannot be
+    cancelled when another wins (hedge through :func:`aio_client_interceptors`).
 
     ``grpc.intercept_channel(channel, client_interceptor())``. The call's ``timeout`` becomes
     ``min(timeout, remaining)``; with no time left the call raises
@@ -1075,11 +1196,24 @@ def client_interceptor(*, enabled: bool = True, destination: Destination | None 
     timeout raises :class:`PropagatedDeadlineExceeded` and marks the request; response streams
     keep grpc's own ``RpcError`` on iteration but are counted and mark the request too.
     """
-    return _SyncClientInterceptor(enabled=enabled, destination=destination)
+    resilience = check_policy(
+        policy, adapter="client_interceptor", hedged=frozenset(), hedging=SYNC_HEDGING
+    )
+    return _SyncClientInterceptor(
+        enabled=enabled,
+        destination=destination,
+        resilience=resilience,
+        retry_codes=_check_codes(retry_codes),
+    )
 
 
 def aio_client_interceptors(
-    *, enabled: bool = True, destination: Destination | None = None
+    *,
+    enabled: bool = True,
+    destination: Destination | None = None,
+    policy: Policy[Any] | None = None,
+    retry_codes: Iterable[grpc.StatusCode] = DEFAULT_RETRY_CODES,
+    hedge_methods: Iterable[str] = (),
 ) -> list[grpc.aio.ClientInterceptor]:
     """The ``grpc.aio`` client interceptors: a list, one per call kind.
 
@@ -1087,9 +1221,24 @@ def aio_client_interceptors(
     ``interceptors=[*aio_client_interceptors(), other]``. grpc.aio files each interceptor under
     the first call kind its type matches, so one object cannot serve all four. Same rules as
     :func:`client_interceptor`; the unary-response error is :class:`AioPropagatedDeadlineExceeded`.
+
+    ``policy`` as for :func:`client_interceptor`; a hedged policy hedges only the methods in
+    ``hedge_methods`` (``/package.Service/Method``), which the caller says are idempotent
+    (D3.18); every other call runs unhedged.
     """
+    resilience = check_policy(
+        policy,
+        adapter="aio_client_interceptors",
+        hedged=check_grpc_methods(hedge_methods),
+        hedging=None,
+    )
     return [
-        _AioUnaryUnary(enabled=enabled, destination=destination),
+        _AioUnaryUnary(
+            enabled=enabled,
+            destination=destination,
+            resilience=resilience,
+            retry_codes=_check_codes(retry_codes),
+        ),
         _AioStreamUnary(enabled=enabled, destination=destination),
         _AioUnaryStream(enabled=enabled, destination=destination),
         _AioStreamStream(enabled=enabled, destination=destination),

@@ -20,7 +20,7 @@ end. Errors are as for :mod:`timebound.propagation.httpx`; :class:`AttemptTimeou
 
 from __future__ import annotations
 
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterable
 from typing import Any
 
 try:
@@ -31,16 +31,29 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "timebound.propagation.aiohttp needs aiohttp: pip install 'timebound[aiohttp]'"
     ) from exc
 
-from ..._core._durations import Duration, to_seconds
+from ..._core._durations import Duration
+from ..._core._errors import DeadlineExceeded
+from ...policies._policy import Policy
 from ...telemetry._tracing import active as tracing_active
 from ...telemetry._tracing import client_span
 from .._breakdown_wire import BREAKDOWN_HEADER
-from .._client import Attempt, AttemptTimeoutBase, ClientOptions, begin, call_name
+from .._client import Attempt, AttemptTimeoutBase, begin, call_name, http_client_setup
 from .._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER
+from .._resilience import DEFAULT_HEDGE_METHODS, DEFAULT_RETRY_STATUSES, FailedAnswer, Passed
 
 __all__ = ["AttemptTimeout", "DeadlineMiddleware"]
 
 _TIMEOUTS: tuple[type[BaseException], ...] = (aiohttp.ServerTimeoutError,)
+#: The errors of an attempt that say the dependency failed (D3.17): the connection broke or
+#: timed out (``ServerTimeoutError`` is one).
+_FAILURES: tuple[type[BaseException], ...] = (aiohttp.ClientConnectionError,)
+#: What an attempt raises to the policy as it is (D3.17); any other error is handed back.
+_RAISED: tuple[type[BaseException], ...] = (DeadlineExceeded, *_FAILURES)
+#: Why the middleware refuses a hedged policy (D3.18).
+_NO_HEDGING = (
+    "an aiohttp middleware is handed one ClientRequest, which two attempts cannot send side by "
+    "side (hedge through httpx's AsyncDeadlineTransport instead)"
+)
 
 
 class AttemptTimeout(AttemptTimeoutBase, aiohttp.ServerTimeoutError):
@@ -57,6 +70,9 @@ class DeadlineMiddleware:
 
     ``ask_breakdown``: ask every callee for its breakdown (``X-Timebound-Breakdown: 1``); one
     that a callee sends is folded into the call's part whether asked or not (D13.5).
+    ``policy`` and ``retry_statuses``: as for httpx's
+    :class:`~timebound.propagation.httpx.DeadlineTransport` (D3.17); a hedged policy is
+    refused (D3.18).
     """
 
     def __init__(
@@ -69,16 +85,28 @@ class DeadlineMiddleware:
         expired_header: str = EXPIRED_HEADER,
         what: str = "http request",
         ask_breakdown: bool = False,
+        policy: Policy[Any] | None = None,
+        retry_statuses: Iterable[int] = DEFAULT_RETRY_STATUSES,
     ) -> None:
-        self._timeout = None if timeout is None else to_seconds(timeout, option="timeout")
-        self._ask_breakdown = bool(ask_breakdown)
-        self._options = ClientOptions(
+        setup = http_client_setup(
+            "DeadlineMiddleware",
+            timeout=timeout,
             propagate_header=propagate_header,
             timeout_header=timeout_header,
             absolute_header=absolute_header,
             expired_header=expired_header,
             what=what,
+            ask_breakdown=ask_breakdown,
+            policy=policy,
+            retry_statuses=retry_statuses,
+            hedge_methods=DEFAULT_HEDGE_METHODS,
+            hedging=_NO_HEDGING,
         )
+        self._timeout = setup.timeout
+        self._ask_breakdown = setup.ask_breakdown
+        self._options = setup.options
+        self._resilience = setup.resilience
+        self._retry_statuses = setup.retry_statuses
 
     def _static(self, request: aiohttp.ClientRequest) -> float | None:
         if self._timeout is not None:
@@ -91,10 +119,48 @@ class DeadlineMiddleware:
     def __call__(
         self, request: aiohttp.ClientRequest, handler: Any
     ) -> Coroutine[Any, Any, aiohttp.ClientResponse]:
+        if self._resilience is not None:
+            return self._resilient(request, handler)
+        return self._send(request, handler)
+
+    def _send(
+        self, request: aiohttp.ClientRequest, handler: Any
+    ) -> Coroutine[Any, Any, aiohttp.ClientResponse]:
         # Not a coroutine of its own: the untraced call costs no extra frame per request.
         if not tracing_active():
             return self._call(request, handler)
         return self._traced(request, handler)
+
+    async def _resilient(
+        self, request: aiohttp.ClientRequest, handler: Any
+    ) -> aiohttp.ClientResponse:
+        """The request under the policy (D3.17): aiohttp lets a middleware send its request
+        again (its retry middleware does); each attempt rewrites the deadline headers."""
+        assert self._resilience is not None
+        response: aiohttp.ClientResponse = await self._resilience.run(
+            request.method, self._attempt, request, handler
+        )
+        return response
+
+    async def _attempt(
+        self, request: aiohttp.ClientRequest, handler: Any
+    ) -> aiohttp.ClientResponse | Passed:
+        """One attempt under the policy (see ``propagation._resilience``)."""
+        try:
+            response = await self._send(request, handler)
+        except _RAISED:
+            raise
+        except Exception as exc:
+            return Passed(exc)
+        if response.status not in self._retry_statuses:
+            return response
+        try:
+            await response.read()  # the short answer is kept; its connection is released
+        finally:
+            response.release()
+        raise FailedAnswer(
+            response, self._options.what, status=response.status, headers=response.headers
+        )
 
     async def _traced(self, request: aiohttp.ClientRequest, handler: Any) -> aiohttp.ClientResponse:
         # With spans exported, a client span carrying the budget sent (D10.4).
@@ -132,7 +198,7 @@ class DeadlineMiddleware:
                 await attempt.run(response.read)
             finally:
                 response.release()
-            raise refusal
+            raise attempt.refused(refusal)
         response.content = _BoundedContent(response.content, attempt)  # type: ignore[assignment]
         return response
 

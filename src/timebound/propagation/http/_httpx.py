@@ -41,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Iterator
 from typing import Any
 
 try:
@@ -54,13 +54,29 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from ..._core import _clock
 from ..._core._deadline import Deadline
-from ..._core._durations import Duration, to_seconds
+from ..._core._durations import Duration
+from ..._core._errors import DeadlineExceeded
 from ..._core._scopes import _clean_context, _spawn_detached, move_on_at, spawn_background
+from ...policies._policy import Policy
 from ...telemetry._tracing import active as tracing_active
 from ...telemetry._tracing import client_span
 from .._breakdown_wire import BREAKDOWN_HEADER
-from .._client import Attempt, AttemptTimeoutBase, ClientOptions, begin, call_name
+from .._client import (
+    Attempt,
+    AttemptTimeoutBase,
+    HttpClientSetup,
+    begin,
+    call_name,
+    http_client_setup,
+)
 from .._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER
+from .._resilience import (
+    DEFAULT_HEDGE_METHODS,
+    DEFAULT_RETRY_STATUSES,
+    SYNC_HEDGING,
+    FailedAnswer,
+    Passed,
+)
 
 __all__ = ["AsyncDeadlineTransport", "AttemptTimeout", "DeadlineTransport"]
 
@@ -131,27 +147,42 @@ def _prepare(
     request.extensions = {**request.extensions, "timeout": phases}
 
 
+#: The errors of an attempt that say the dependency failed (D3.17): the connection broke or
+#: timed out. Any other error of httpx (a bad URL, a consumed stream) is the caller's.
+_FAILURES: tuple[type[BaseException], ...] = (
+    httpx.TimeoutException,
+    httpx.NetworkError,
+    httpx.RemoteProtocolError,
+)
+#: What an attempt raises to the policy as it is (D3.17); any other error is handed back.
+_RAISED: tuple[type[BaseException], ...] = (DeadlineExceeded, *_FAILURES)
+
+
+def _copy(request: httpx.Request) -> httpx.Request:
+    """A request to send as one attempt: the same body, its own headers and extensions (an
+    attempt writes its deadline headers and phase timeouts into them; hedges run side by
+    side). A streamed body that cannot be read twice fails the second attempt with httpx's
+    ``StreamConsumed``."""
+    return httpx.Request(
+        request.method,
+        request.url,
+        headers=httpx.Headers(request.headers),
+        stream=request.stream,
+        extensions={**request.extensions},
+    )
+
+
+def _failed(response: httpx.Response, what: str) -> FailedAnswer:
+    return FailedAnswer(response, what, status=response.status_code, headers=response.headers)
+
+
 class _Base:
-    def __init__(
-        self,
-        *,
-        timeout: Duration | None,
-        propagate_header: bool,
-        timeout_header: str,
-        absolute_header: str | None,
-        expired_header: str,
-        what: str,
-        ask_breakdown: bool = False,
-    ) -> None:
-        self._timeout = None if timeout is None else to_seconds(timeout, option="timeout")
-        self._ask_breakdown = bool(ask_breakdown)
-        self._options = ClientOptions(
-            propagate_header=propagate_header,
-            timeout_header=timeout_header,
-            absolute_header=absolute_header,
-            expired_header=expired_header,
-            what=what,
-        )
+    def __init__(self, setup: HttpClientSetup) -> None:
+        self._timeout = setup.timeout
+        self._ask_breakdown = setup.ask_breakdown
+        self._options = setup.options
+        self._resilience = setup.resilience
+        self._retry_statuses = setup.retry_statuses
 
     def _begin(self, request: httpx.Request, static: float | None) -> Attempt:
         attempt = begin(
@@ -176,6 +207,11 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
     epoch microseconds, D9.3); ``None`` for peers that do not know it.
     ``ask_breakdown``: ask every callee for its breakdown (``X-Timebound-Breakdown: 1``); one
     that a callee sends is folded into the call's part whether asked or not (D13.5).
+    ``policy``: a :class:`~timebound.policies.Policy` each request runs under — attempts,
+    breaker, retry budget, server hints (D3.17); a response whose status is in
+    ``retry_statuses`` (429, 502, 503, 504) is a failure, and the last one is returned as it
+    is. A hedged policy is refused here (D3.18); :class:`AsyncDeadlineTransport` hedges the
+    ``hedge_methods`` (GET, HEAD, OPTIONS; PUT and DELETE when named).
     """
 
     def __init__(
@@ -189,21 +225,55 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
         expired_header: str = EXPIRED_HEADER,
         what: str = "http request",
         ask_breakdown: bool = False,
+        policy: Policy[Any] | None = None,
+        retry_statuses: Iterable[int] = DEFAULT_RETRY_STATUSES,
+        hedge_methods: Iterable[str] = DEFAULT_HEDGE_METHODS,
     ) -> None:
         super().__init__(
-            timeout=timeout,
-            propagate_header=propagate_header,
-            timeout_header=timeout_header,
-            absolute_header=absolute_header,
-            expired_header=expired_header,
-            what=what,
-            ask_breakdown=ask_breakdown,
+            http_client_setup(
+                "DeadlineTransport",
+                timeout=timeout,
+                propagate_header=propagate_header,
+                timeout_header=timeout_header,
+                absolute_header=absolute_header,
+                expired_header=expired_header,
+                what=what,
+                ask_breakdown=ask_breakdown,
+                policy=policy,
+                retry_statuses=retry_statuses,
+                hedge_methods=hedge_methods,
+                hedging=SYNC_HEDGING,
+            )
         )
         self._inner = inner if inner is not None else httpx.HTTPTransport()
         size = _pool_size(self._inner)
         self._slots = None if size is None else threading.BoundedSemaphore(size)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
+        resilience = self._resilience
+        if resilience is None:
+            return self._send(request)
+        # D3.17: each attempt sends a copy (its own deadline headers and phase timeouts).
+        response: httpx.Response = resilience.run_sync(request.method, self._attempt, request)
+        return response
+
+    def _attempt(self, request: httpx.Request) -> httpx.Response | Passed:
+        """One attempt of a request under the policy (see ``propagation._resilience``)."""
+        try:
+            response = self._send(_copy(request))
+        except _RAISED:
+            raise
+        except Exception as exc:
+            return Passed(exc)
+        if response.status_code not in self._retry_statuses:
+            return response
+        try:
+            response.read()  # the short answer is kept; its connection goes back to the pool
+        finally:
+            response.close()
+        raise _failed(response, self._options.what)
+
+    def _send(self, request: httpx.Request) -> httpx.Response:
         if not tracing_active():
             return self._handle_request(request)
         # With spans exported, a client span carrying the budget sent (D10.4).
@@ -240,7 +310,7 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
                     pass
                 finally:
                     response.close()
-                raise refusal
+                raise attempt.refused(refusal)
         except BaseException as exc:
             attempt.part(type(exc).__name__)
             release()
@@ -411,15 +481,24 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
         what: str = "http request",
         save_connections: bool = True,
         ask_breakdown: bool = False,
+        policy: Policy[Any] | None = None,
+        retry_statuses: Iterable[int] = DEFAULT_RETRY_STATUSES,
+        hedge_methods: Iterable[str] = DEFAULT_HEDGE_METHODS,
     ) -> None:
         super().__init__(
-            timeout=timeout,
-            propagate_header=propagate_header,
-            timeout_header=timeout_header,
-            absolute_header=absolute_header,
-            expired_header=expired_header,
-            what=what,
-            ask_breakdown=ask_breakdown,
+            http_client_setup(
+                "AsyncDeadlineTransport",
+                timeout=timeout,
+                propagate_header=propagate_header,
+                timeout_header=timeout_header,
+                absolute_header=absolute_header,
+                expired_header=expired_header,
+                what=what,
+                ask_breakdown=ask_breakdown,
+                policy=policy,
+                retry_statuses=retry_statuses,
+                hedge_methods=hedge_methods,
+            )
         )
         self._inner = inner if inner is not None else httpx.AsyncHTTPTransport()
         self._save_connections = bool(save_connections)
@@ -430,6 +509,36 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
         self._slots = None if size is None else anyio.Semaphore(size)
 
     def handle_async_request(self, request: httpx.Request) -> Coroutine[Any, Any, httpx.Response]:
+        if self._resilience is not None:
+            return self._resilient(request)
+        return self._send(request)
+
+    async def _resilient(self, request: httpx.Request) -> httpx.Response:
+        assert self._resilience is not None
+        # D3.17: each attempt (hedges too) sends a copy: its own deadline headers and phase
+        # timeouts, the same deadline.
+        response: httpx.Response = await self._resilience.run(
+            request.method, self._attempt, request
+        )
+        return response
+
+    async def _attempt(self, request: httpx.Request) -> httpx.Response | Passed:
+        """One attempt of a request under the policy (see ``propagation._resilience``)."""
+        try:
+            response = await self._send(_copy(request))
+        except _RAISED:
+            raise
+        except Exception as exc:
+            return Passed(exc)
+        if response.status_code not in self._retry_statuses:
+            return response
+        try:
+            await response.aread()  # the short answer is kept; its connection is released
+        finally:
+            await response.aclose()
+        raise _failed(response, self._options.what)
+
+    def _send(self, request: httpx.Request) -> Coroutine[Any, Any, httpx.Response]:
         # Not a coroutine of its own: the untraced call costs no extra frame per request.
         if not tracing_active():
             return self._handle_async_request(request)
@@ -476,7 +585,7 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
                 await attempt.run(response.aread)
             finally:
                 await response.aclose()
-            raise refusal
+            raise attempt.refused(refusal)
         response.stream = _AsyncStream(response.stream, attempt)
         return response
 
@@ -536,9 +645,10 @@ class _Exchange:
     own: the caller's scope always ends first. Subclasses supply the task (asyncio, trio).
     """
 
-    __slots__ = ("_cancel_asked", "_connected", "_error", "_left", "_response")
+    __slots__ = ("_attempt", "_cancel_asked", "_connected", "_error", "_left", "_response")
 
     def __init__(self, request: httpx.Request, *, gated: bool) -> None:
+        self._attempt: Attempt | None = None
         self._connected = not gated
         self._cancel_asked = False
         self._left = False
@@ -600,6 +710,10 @@ class _Exchange:
             raise
         if release is not _RELEASED:
             response.stream = _AsyncReleasing(response.stream, release)
+        if self._attempt is not None:
+            # D13: the callee's side reaches the call's part even when the caller's deadline
+            # cuts it in this very step (the answer is here; the caller has not run yet).
+            self._attempt.arrived(response.headers.get(BREAKDOWN_HEADER))
         if self._left:
             self._wake()
             await _release(response)
@@ -613,6 +727,7 @@ class _Exchange:
         ``keep_until``: at a cut by our deadline, leave the exchange running until then (D4.8)
         and release its response; ``None``: cancel it at the cut.
         """
+        self._attempt = attempt
         try:
             return await attempt.run(self._result)
         except BaseException:

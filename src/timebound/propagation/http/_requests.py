@@ -22,7 +22,7 @@ also a ``requests.exceptions.Timeout``.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 from urllib.parse import urlsplit
@@ -36,17 +36,34 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "timebound.propagation.requests needs requests: pip install 'timebound[requests]'"
     ) from exc
 
-from ..._core._durations import Duration, to_seconds
+from ..._core._durations import Duration
 from ..._core._errors import DeadlineExceeded
+from ...policies._policy import Policy
 from ...telemetry._tracing import active as tracing_active
 from ...telemetry._tracing import client_span
 from .._breakdown_wire import BREAKDOWN_HEADER
-from .._client import Attempt, AttemptTimeoutBase, ClientOptions, begin, call_name
+from .._client import Attempt, AttemptTimeoutBase, begin, call_name, http_client_setup
 from .._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER
+from .._resilience import (
+    DEFAULT_HEDGE_METHODS,
+    DEFAULT_RETRY_STATUSES,
+    SYNC_HEDGING,
+    FailedAnswer,
+    Passed,
+)
 
 __all__ = ["AttemptTimeout", "DeadlineAdapter"]
 
 _TIMEOUTS: tuple[type[BaseException], ...] = (requests.exceptions.Timeout, ReadTimeoutError)
+#: The errors of an attempt that say the dependency failed (D3.17): the connection broke or
+#: timed out. Any other error (a bad URL, a body that cannot be read twice) is the caller's.
+_FAILURES: tuple[type[BaseException], ...] = (
+    requests.exceptions.ConnectionError,
+    requests.exceptions.Timeout,
+    requests.exceptions.ChunkedEncodingError,
+)
+#: What an attempt raises to the policy as it is (D3.17); any other error is handed back.
+_RAISED: tuple[type[BaseException], ...] = (DeadlineExceeded, *_FAILURES)
 
 
 class AttemptTimeout(AttemptTimeoutBase, requests.exceptions.Timeout):
@@ -95,6 +112,9 @@ class DeadlineAdapter(HTTPAdapter):
     to :class:`requests.adapters.HTTPAdapter` (``pool_maxsize``, ``max_retries`` …).
     ``ask_breakdown``: ask every callee for its breakdown (``X-Timebound-Breakdown: 1``); one
     that a callee sends is folded into the call's part whether asked or not (D13.5).
+    ``policy`` and ``retry_statuses``: as for httpx's
+    :class:`~timebound.propagation.httpx.DeadlineTransport` (D3.17); a hedged policy is
+    refused (D3.18).
     """
 
     def __init__(
@@ -107,18 +127,30 @@ class DeadlineAdapter(HTTPAdapter):
         expired_header: str = EXPIRED_HEADER,
         what: str = "http request",
         ask_breakdown: bool = False,
+        policy: Policy[Any] | None = None,
+        retry_statuses: Iterable[int] = DEFAULT_RETRY_STATUSES,
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
-        self._timeout = None if timeout is None else to_seconds(timeout, option="timeout")
-        self._ask_breakdown = bool(ask_breakdown)
-        self._options = ClientOptions(
+        setup = http_client_setup(
+            "DeadlineAdapter",
+            timeout=timeout,
             propagate_header=propagate_header,
             timeout_header=timeout_header,
             absolute_header=absolute_header,
             expired_header=expired_header,
             what=what,
+            ask_breakdown=ask_breakdown,
+            policy=policy,
+            retry_statuses=retry_statuses,
+            hedge_methods=DEFAULT_HEDGE_METHODS,
+            hedging=SYNC_HEDGING,
         )
+        super().__init__(**kwargs)
+        self._timeout = setup.timeout
+        self._ask_breakdown = setup.ask_breakdown
+        self._options = setup.options
+        self._resilience = setup.resilience
+        self._retry_statuses = setup.retry_statuses
 
     def send(
         self,
@@ -129,7 +161,62 @@ class DeadlineAdapter(HTTPAdapter):
         cert: Any = None,
         proxies: Mapping[str, str] | None = None,
     ) -> requests.Response:
-        """Send one attempt under the effective deadline (see the module docstring)."""
+        """Send the request under the effective deadline (see the module docstring): one
+        attempt, or the policy's attempts when built with ``policy=`` (D3.17)."""
+        resilience = self._resilience
+        if resilience is None:
+            return self._one(request, stream, timeout, verify, cert, proxies)
+        response: requests.Response = resilience.run_sync(
+            request.method or "GET",
+            self._attempt,
+            request,
+            stream,
+            timeout,
+            verify,
+            cert,
+            proxies,
+        )
+        return response
+
+    def _attempt(
+        self,
+        request: requests.PreparedRequest,
+        stream: bool,
+        timeout: Any,
+        verify: bool | str,
+        cert: Any,
+        proxies: Mapping[str, str] | None,
+    ) -> requests.Response | Passed:
+        """One attempt of a request under the policy (see ``propagation._resilience``): a
+        copy, as each attempt writes its own deadline headers."""
+        try:
+            response = self._one(request.copy(), stream, timeout, verify, cert, proxies)
+        except _RAISED:
+            raise
+        except Exception as exc:
+            return Passed(exc)
+        if response.status_code not in self._retry_statuses:
+            return response
+        try:
+            _ = response.content  # the short answer is kept; its connection goes back
+        finally:
+            response.close()
+        raise FailedAnswer(
+            response,
+            self._options.what,
+            status=response.status_code,
+            headers=response.headers,
+        )
+
+    def _one(
+        self,
+        request: requests.PreparedRequest,
+        stream: bool,
+        timeout: Any,
+        verify: bool | str,
+        cert: Any,
+        proxies: Mapping[str, str] | None,
+    ) -> requests.Response:
         if not tracing_active():
             return self._send(request, stream, timeout, verify, cert, proxies)
         # With spans exported, a client span carrying the budget sent (D10.4).
@@ -196,7 +283,7 @@ class DeadlineAdapter(HTTPAdapter):
                 _ = response.content
             finally:
                 response.close()
-            raise refusal
+            raise attempt.refused(refusal)
         if attempt.end is not None:
             response.raw = _BoundedRaw(response.raw, attempt)
         return response
