@@ -579,3 +579,78 @@ def test_a_group_is_never_entered_after_its_enclosing_region_ran_out(run: Runner
     run(main)
     assert log == []
     assert list(errors) == ["outer"]
+
+
+def test_a_group_reserve_stops_its_members_early_and_keeps_time_for_the_fallback(
+    run: Runner,
+) -> None:
+    """D1.18 on a group (D5.9): members see the deadline less the reserve; the fallback runs
+    with the reserve left."""
+    log: list[tuple[str, float]] = []
+    cancelled: list[tuple[str, float]] = []
+
+    async def fallback(ctx: Any) -> str:
+        log.append(("fallback", _clock.now()))
+        log.append(("left", tb.current_deadline().when - _clock.now()))
+        return "defaults"
+
+    def visible(ctx: Any) -> None:
+        log.append(("visible", tb.current_deadline().when))
+
+    results: dict[Any, Any] = {}
+    plan: DagPlan[dict[str, Any]] = DagPlan(
+        [
+            Node("see", visible, group="r", is_async=False),
+            Node("slow", hang(cancelled, "slow"), ("see",), group="r"),
+        ],
+        [Group("r", timeout=4, reserve=1, on_timeout=fallback)],
+    )
+
+    async def main() -> None:
+        with tb.move_on_after(100):
+            await plan.execute(results, results=results)
+
+    run(main)
+    assert log == [("visible", 3.0), ("fallback", 3.0), ("left", pytest.approx(97.0))]
+    assert cancelled == [("slow", 3.0)]
+    assert results["r"] == "defaults"
+
+
+def test_a_member_refused_by_the_reserve_counts_as_the_groups_timeout(
+    run: Runner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member that starts at or after the reserved instant (its check passed a moment
+    before, here forced) is refused by the reserve: the group times out, the run does not fail."""
+    from timebound._engine._run import _Execution
+
+    monkeypatch.setattr(_Execution, "_blocked", lambda self, i: None)
+    log: list[str] = []
+
+    def advance(ctx: Any) -> None:
+        log.append("advance")
+
+    async def late(ctx: Any) -> None:
+        log.append("late ran")
+
+    async def fallback(ctx: Any) -> str:
+        return "defaults"
+
+    async def first(ctx: Any) -> None:
+        await anyio.sleep(3.5)  # past the reserved instant (3); the next member starts after it
+
+    results: dict[Any, Any] = {}
+    plan: DagPlan[dict[str, Any]] = DagPlan(
+        [
+            Node("first", first, group="r"),
+            Node("late", late, ("first",), group="r"),
+            Node("sync", advance, ("first",), group="r", is_async=False),
+        ],
+        [Group("r", timeout=4, reserve=1, on_timeout=fallback)],
+    )
+
+    async def main() -> None:
+        await plan.execute(results, results=results)
+
+    run(main)
+    assert results["r"] == "defaults"
+    assert "late ran" not in log and "advance" not in log

@@ -159,11 +159,14 @@ def _run(server: Server, run_id: str) -> dict:  # type: ignore[type-arg]
     return json.loads(tb("runs", "show", run_id, "--json", url=server.url).stdout)["run"]
 
 
+# Seventeen CLI processes: on a busy machine each can take seconds to start (a hang guard only).
+@pytest.mark.timeout(300)
 def test_terminate_retry_and_extend(secured: Server) -> None:
     """terminate fails the run, naming the local user as operator; retry runs it again from the
     failed node, or --from-start; extend --by 90s moves the deadline; the store says so after
     each; refusals are one line with the refusal's code, exit 1."""
-    run_id = tb("runs", "start", "quick", "--input", '{"sleep_s": 30}', url=secured.url).stdout
+    # Node "a" sleeps past the test however slow the machine, so it is the node terminated.
+    run_id = tb("runs", "start", "quick", "--input", '{"sleep_s": 3600}', url=secured.url).stdout
     run_id = run_id.strip()
     before = _run(secured, run_id)["timeout_at"]
     done = tb("runs", "extend", run_id, "--by", "90s", "--reason", "slow", url=secured.url)

@@ -31,9 +31,10 @@ def test_run_page_shows_where_the_budget_went(host: Server, page: Any) -> None:
     assert first[0] == "bound node workflow node 'a'"
     took, budget = _ms(first[1]), _ms(first[2])
     assert 0 < budget <= 200 and took >= budget
-    # The handler only slept: its own code is the one part, and it is indented under the bound.
+    # The handler only slept: its own code is the one part, and it is indented under the bound;
+    # how late the bound fired after its deadline, if at all, is a part of its own (D13.9).
     kinds = [c.split()[-1] for c in rows.evaluate_all("rs => rs.map(r => r.className)")]
-    assert kinds == ["bound", "self"]
+    assert kinds in (["bound", "self"], ["bound", "self", "late"])
     pad = [
         rows.nth(i).locator("td").first.evaluate("td => getComputedStyle(td).paddingLeft")
         for i in range(2)

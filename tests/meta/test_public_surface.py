@@ -69,7 +69,10 @@ ALLOWED: dict[str, dict[str, str]] = {
     # A workflow definition's document field, named by its source design (D6).
     "timebound.workflow.Definition": {"timeout_ms": "definition document field"},
     # A pipeline plan's region budget, named as the plan document names it (base_ms, D5).
-    "timebound.pipeline.PlanTimeout": {"timeout_ms": "plan document's region budget, ms"},
+    "timebound.pipeline.PlanTimeout": {
+        "timeout_ms": "plan document's region budget, ms",
+        "reserve_ms": "plan document's region reserve, ms",
+    },
     # A pipeline trace's field, as its JSON document (the trace viewer's input) names it.
     "timebound.pipeline.Trace": {"started_epoch_ns": "trace document field"},
 }

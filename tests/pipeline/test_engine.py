@@ -169,6 +169,7 @@ def test_the_sample_plan_times_out_and_falls_back() -> None:
         "fail_elapsed_ms": 0.0,
         "override_applied": True,
         "override_origin": "plan",
+        "reserve_ms": None,
         "w_success": ["f_esr", "score_model"],
     }
 

@@ -99,6 +99,35 @@ async def test_a_workflow_run_emits_its_events_with_run_token_and_node(
     assert mine[-1].name == "workflow.run_completed"
 
 
+async def test_an_event_inside_a_handler_names_its_run_token_and_node(
+    virtual_clock: Any, make_engine: Any, events: list[Event]
+) -> None:
+    """What a handler emits belongs to its run, token and node (and not to the request that
+    started the run: the attempt runs in the worker loop's task); a node id as long as a
+    definition allows (200 characters, past what correlation() takes from callers) runs like
+    any other (it once failed the attempt's task and stranded the run)."""
+    node_id = "n" * 200
+
+    async def act(ctx: wf.ActionContext) -> Any:
+        emit("call.start")
+        return None
+
+    d = {**_definition(), "initial_node": node_id, "nodes": [{"id": node_id, "action_id": "act"}]}
+    async with make_engine({"act": act}, d) as engine:
+        with correlation("request", "req-1"):
+            run_id = await engine.start("wf", {})
+            result = await engine.wait(run_id, timeout=60)
+        stored = await engine.events(run_id)
+    assert result.status == "completed"
+    (call,) = [e for e in events if e.name == "call.start"]
+    token_id = next(e["token_id"] for e in stored if e["kind"] == "token_executing")
+    assert dict(call.correlation) == {
+        "run": run_id,
+        "token": token_id,
+        "node": node_id,
+    }
+
+
 async def test_a_node_timeout_event_carries_the_node_bound(
     virtual_clock: Any, make_engine: Any, events: list[Event]
 ) -> None:

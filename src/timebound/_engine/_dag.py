@@ -94,6 +94,9 @@ class Group(Generic[_C]):
     depend on a group: it waits for the group to settle). ``on_enter(ctx)`` runs when the group
     is entered (before ``timeout`` is computed); ``on_success(ctx)`` when it settled in time
     (every member done before its deadline) -- e.g. to begin and commit a transaction.
+    ``reserve`` (seconds, D1.18) is kept for the fallback: the members see the group's
+    effective deadline less it, and reaching that instant (or entering with no more than the
+    reserve left) is the group's timeout, with the reserve still left for ``on_timeout``.
     """
 
     key: Hashable
@@ -105,6 +108,7 @@ class Group(Generic[_C]):
     deps: tuple[Hashable, ...] = ()
     on_enter: Callable[[_C], None] | None = None
     on_success: Callable[[_C], None] | None = None
+    reserve: float = 0.0
 
 
 class DagPlan(Generic[_C]):

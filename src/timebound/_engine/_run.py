@@ -21,7 +21,7 @@ from .._core import _clock
 from .._core._breakdown import Breakdown, build
 from .._core._deadline import Deadline
 from .._core._errors import DeadlineExceeded
-from .._core._scopes import CancelScope, move_on_at
+from .._core._scopes import CancelScope, current_deadline, fail_after, move_on_at
 
 if TYPE_CHECKING:
     from ._dag import DagPlan, Group
@@ -75,6 +75,7 @@ class _Execution(Generic[_C]):
         "errors",
         "failure",
         "finished",
+        "g_cut",
         "g_deadline",
         "g_timed_out",
         "g_timeout",
@@ -120,6 +121,7 @@ class _Execution(Generic[_C]):
         self.loop: asyncio.AbstractEventLoop | None = None
         self.poisoned: set[int] | None = None
         self.g_deadline: list[float] = []
+        self.g_cut: list[float] = []  # what the members see: the deadline, or less a reserve
         self.g_timeout: list[float | None] = []
         self.g_timed_out: list[bool] = []
         if not plan._plain:
@@ -127,6 +129,7 @@ class _Execution(Generic[_C]):
             self.poisoned = set()
             ng = len(plan.groups)
             self.g_deadline = [_INF] * ng
+            self.g_cut = [_INF] * ng
             self.g_timeout = [None] * ng
             self.g_timed_out = [False] * ng
         if record is not False or sink is not None:
@@ -249,7 +252,7 @@ class _Execution(Generic[_C]):
             for g in chain:
                 if self.g_timed_out[g]:
                     return "skipped"
-                if now >= self.g_deadline[g]:  # never early: reached only at clock() >= deadline
+                if now >= self.g_cut[g]:  # never early: reached only at clock() >= deadline
                     self.g_timed_out[g] = True
                     return "timed_out"
         return None
@@ -294,7 +297,14 @@ class _Execution(Generic[_C]):
         try:
             if chain:
                 scopes = self._scopes(chain)
-                value = _run_in_scopes(scopes, plan.nodes[i].action, ctx)
+                try:
+                    value = _run_in_scopes(scopes, plan.nodes[i].action, ctx)
+                except DeadlineExceeded as err:
+                    if not self._refused(scopes, err):
+                        raise
+                    self._end(i, "timed_out")
+                    self._complete(i)
+                    return False
                 if self._expired(scopes):
                     self._end(i, "late")
                     self._complete(i)
@@ -327,13 +337,29 @@ class _Execution(Generic[_C]):
             return self._fail(i, exc)
         if seconds is not None:
             self.g_timeout[g] = seconds
-            self.g_deadline[g] = _clock.now() + max(0.0, seconds)
+            now = _clock.now()
+            self.g_deadline[g] = self.g_cut[g] = now + max(0.0, seconds)
+            if group.reserve:
+                self.g_cut[g] = cut = self._visible(g, plan._chain[i]) - group.reserve
+                if cut <= now:
+                    # D1.20: no more than the reserve left refuses the members; the group's
+                    # on_timeout runs at once, with what is left (they are skipped).
+                    self.g_timed_out[g] = True
         self._complete(i)
         return False
+
+    def _visible(self, g: int, chain: tuple[int, ...]) -> float:
+        """The effective deadline of group ``g``'s members before its reserve: its own, the
+        run's and what its enclosing groups show their members (D1.5, D1.18)."""
+        eff = min(self.g_deadline[g], current_deadline().when)
+        for h in chain:
+            eff = min(eff, self.g_cut[h])
+        return eff
 
     async def _fallback(self, group: Group[_C], ctx: _C) -> Any:
         on_timeout = group.on_timeout
         assert callable(on_timeout)
+        began = _clock.now()
         try:
             value = on_timeout(ctx)
             if inspect.isawaitable(value):
@@ -342,18 +368,39 @@ class _Execution(Generic[_C]):
             # D13: a fallback that reports the region's timeout (a pipeline's fail_plan) says
             # where the region's budget went.
             if err.breakdown is None:
-                err.breakdown = self._region_breakdown(group)
+                # With a reserve: either it fired (the fallback reports it at once) or the
+                # fallback ran in it until the group's own deadline.
+                fired = err.set_by == f"reserve of {group.source} {group.key}"
+                err.breakdown = self._region_breakdown(group, None if fired else began)
             raise
         return value
 
-    def _region_breakdown(self, group: Group[_C]) -> Breakdown:
+    def _region_breakdown(self, group: Group[_C], fallback_at: float | None = None) -> Breakdown:
         """D13: a timed-out region's time from its entry to now, its members as parts (they
-        may run side by side: such parts overlap)."""
+        may run side by side: such parts overlap). A group with a reserve: the fallback that ran
+        in the reserve (from ``fallback_at``) is a part of its own; a bound reported when the
+        reserve was reached is named ``reserve of …``, its budget the time before the reserve."""
         g = self.plan.groups.index(group)
         timeout = self.g_timeout[g]
         now = _clock.now()
         t0 = self.g_deadline[g] - (timeout or 0.0) if timeout is not None else now
         marks: list[Any] = []
+        name = f"region {str(group.key)[:100]}"
+        if group.reserve:
+            if fallback_at is not None:
+                marks.append(
+                    (
+                        "fallback",
+                        f"reserve of {name}",
+                        fallback_at,
+                        now,
+                        group.reserve,
+                        "timeout",
+                        None,
+                    )
+                )
+            else:  # refused at entry (D1.20), the time before the reserve is nothing
+                name, timeout = f"reserve of {name}", max(0.0, self.g_cut[g] - t0)
         for span in self.spans or ():
             if span.group != group.key or span.start <= 0.0 or span.start < t0:
                 continue
@@ -361,7 +408,6 @@ class _Execution(Generic[_C]):
             kind = "region" if span.is_group else "node"
             outcome = span.outcome if span.outcome != "pending" else "cut"
             marks.append((kind, str(span.key)[:120], span.start, end, None, outcome, None))
-        name = f"region {str(group.key)[:100]}"
         return build("bound", name, t0, now, timeout, "timeout", marks, len(marks))
 
     def _exit_group(self, ctx: _C, i: int, fallback: tuple[bool, Any] | None) -> bool:
@@ -412,11 +458,36 @@ class _Execution(Generic[_C]):
 
     def _scopes(self, chain: tuple[int, ...]) -> list[tuple[int, CancelScope]]:
         plan = self.plan
-        return [
-            (g, move_on_at(Deadline(self.g_deadline[g]), source=plan.groups[g].source))
-            for g in chain
-            if self.g_deadline[g] != _INF
-        ]
+        scopes: list[tuple[int, CancelScope]] = []
+        for g in chain:
+            if self.g_deadline[g] == _INF:
+                continue
+            group = plan.groups[g]
+            at = Deadline(self.g_deadline[g])
+            if not group.reserve:
+                scopes.append((g, move_on_at(at, source=group.source)))
+                continue
+            # D1.18: the group's scope ends at its deadline and shows its members that less
+            # the reserve; the scope under it (no deadline of its own) stops them there, and
+            # the reserve's error makes the group's scope expired (D1.19).
+            what = f"{group.source} {group.key}"
+            scopes.append(
+                (g, move_on_at(at, source=group.source, what=what, reserve=group.reserve))
+            )
+            scopes.append((g, fail_after(None)))
+        return scopes
+
+    def _refused(self, scopes: list[tuple[int, CancelScope]], err: DeadlineExceeded) -> bool:
+        """Whether ``err`` is a group's reserve refusing a member that started at or after the
+        reserved instant (D1.20; the check before it ran came a moment earlier): that is the
+        group's timeout, as if the member had been stopped there."""
+        plan = self.plan
+        for g, _ in scopes:
+            group = plan.groups[g]
+            if group.reserve and err.set_by == f"reserve of {group.source} {group.key}":
+                self.g_timed_out[g] = True
+                return True
+        return False
 
     def _expired(self, scopes: list[tuple[int, CancelScope]]) -> bool:
         # The scope itself reports whether ITS deadline fired (D2.2); the outermost one that
@@ -440,7 +511,12 @@ class _Execution(Generic[_C]):
         if not chain:
             return True, await action(ctx)
         scopes = self._scopes(chain)
-        value = await _arun_in_scopes(scopes, action, ctx)
+        try:
+            value = await _arun_in_scopes(scopes, action, ctx)
+        except DeadlineExceeded as err:
+            if not self._refused(scopes, err):
+                raise
+            return False, "timed_out"
         if self._expired(scopes):
             return False, "late" if value is not _NOTHING else "timed_out"
         return True, value

@@ -6,6 +6,7 @@ plans), so that the draft, the format checks, the regular-expression dialect, wh
 reported first and how its place is written never drift apart between them.
 """
 
+from ._encode import dumps
 from ._schema import SchemaProblem, SchemaValidator, json_path
 from ._strict import MAX_DEPTH, JSONError, TooDeep, check, loads
 
@@ -16,6 +17,7 @@ __all__ = [
     "SchemaValidator",
     "TooDeep",
     "check",
+    "dumps",
     "json_path",
     "loads",
 ]

@@ -13,6 +13,7 @@ D12.1).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Hashable, Sequence
@@ -20,6 +21,7 @@ from typing import Any
 
 from .._core._deadline import Deadline
 from .._core._errors import TimeboundError
+from .._json import dumps
 from ..telemetry import _durable
 from ..telemetry._events import Event, enabled
 from ._tally import flush_tallies
@@ -28,6 +30,15 @@ __all__ = ["Store", "StoreBusy", "StoreError", "Tx", "wake_delay"]
 
 # The table a write statement changes (a statement it does not match counts as any table).
 _WRITTEN_TABLE = re.compile(r"\s*(?:INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+(\w+)", re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=1024)
+def _written_table(sql: str) -> str:
+    """The table a statement writes, ``*`` if not known (a statement's text is made once and
+    sent many times: matched once)."""
+    found = _WRITTEN_TABLE.match(sql)
+    return found.group(1) if found else "*"
+
 
 # Waking a hair after a stored instant makes the floored epoch-ms reading reach it, so a timer is
 # seen due at its own millisecond, never one empty loop turn early (D7.6).
@@ -107,8 +118,7 @@ class Tx:
 
     def _mark_table(self, sql: str) -> None:
         self._serial += 1
-        found = _WRITTEN_TABLE.match(sql)
-        self._table_marks[found.group(1) if found else "*"] = self._serial
+        self._table_marks[_written_table(sql)] = self._serial
 
     def write_mark(self) -> int:
         """A mark of this transaction's writes so far, for :meth:`rows_unchanged`."""
@@ -244,7 +254,7 @@ class Tx:
     async def append_event(self, stream: str, kind: str, at_ms: int, **data: Any) -> None:
         """Record an event; written with the transaction's other events at commit, in order,
         and then (only if the commit succeeded) emitted to the telemetry listeners."""
-        self._events.append((stream, kind, at_ms, json.dumps(data)))
+        self._events.append((stream, kind, at_ms, dumps(data)))
         self.kinds.add(kind)
         if enabled():
             self._announced.append(_durable.workflow_event(stream, kind, at_ms, data))

@@ -27,7 +27,7 @@ from ._retries import retry_findings, worst_case
 __all__ = ["check_constellation"]
 
 # The options that shape a call's time; the others (cache, throttle, …) do not bound it.
-_TIMING = ("timeout", "retry", "delay", "backoff")
+_TIMING = ("timeout", "retry", "delay", "backoff", "reserve")
 
 
 def _policy(call: A.Call, options: CallOptions) -> Policy[Any]:
@@ -90,6 +90,8 @@ class _Timing:
                 where=_at(self.file, call, "retry"),
                 timeout_where=_at(self.file, call, "timeout"),
                 site=Location(file=self.file, line=line, column=column),
+                reserve=policy.reserve,
+                reserve_where=_at(self.file, call, "reserve"),
             )
         took = worst_case(policy.plan, policy.timeout, None)
         fallback = call.options.get("fallback")

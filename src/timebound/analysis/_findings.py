@@ -57,6 +57,9 @@ CODES: Final[Mapping[str, Code]] = {
         Code("TB-T022", "error", "a task timeout that its region's deadline always cuts"),
         Code("TB-T030", "info", "the worst-case time of a composition"),
         Code("TB-T031", "warning", "a worst-case time above the caller's budget"),
+        Code("TB-T032", "error", "a node reserve that the workflow's bound always refuses"),
+        Code("TB-T033", "error", "a region reserve that leaves its success branch no time"),
+        Code("TB-T034", "error", "a policy reserve that takes the caller's whole budget"),
     )
 }
 

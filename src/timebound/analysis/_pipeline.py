@@ -150,6 +150,9 @@ class _Walk:
                         frozenset({"rows"}),
                     )
                 )
+        reserve = params.get("reserve_ms")
+        if reserve:
+            self.reserve(node, path, float(reserve), hi, hi_at, around, around_name)
         inner = hi if around is None else min(hi, around)
         for branch in ("success", "fail"):
             digest = params[branch]["fragment_digest"]
@@ -170,6 +173,38 @@ class _Walk:
                 self.nodes(
                     fragment["nodes"], ["fragments", digest, "nodes"], around, around_name, None
                 )
+
+    def reserve(
+        self,
+        node: Mapping[str, Any],
+        path: list[str | int],
+        reserve: float,
+        hi: float,
+        hi_at: list[str | int],
+        around: float | None,
+        around_name: str,
+    ) -> None:
+        """TB-T033: a reserve at or above the most the region's deadline (or the bound around
+        it) can leave refuses the success branch at every entry (D1.20, D5.9)."""
+        if around is not None and around <= hi:
+            limit, limit_name = around, around_name
+        else:
+            limit, limit_name = hi, f"the region's longest budget ({'.'.join(map(str, hi_at[1:]))})"
+        if reserve < limit:
+            return
+        self.findings.append(
+            Finding(
+                "TB-T033",
+                f"region {node['node_id']}",
+                f"the reserve of {shown(reserve / 1000)} is at least {limit_name} "
+                f"({shown(limit / 1000)}): the success branch is refused at every entry and "
+                f"the region always goes straight to its on_timeout "
+                f"({node['params'].get('on_timeout', 'fail_plan')}) (D1.20, D5.9)",
+                self.at([*path, "params", "reserve_ms"]),
+                f"lower reserve_ms below {limit:g}, or raise {limit_name}",
+                {"reserve": reserve / 1000, "budget": limit / 1000},
+            )
+        )
 
     def task(
         self,

@@ -66,6 +66,8 @@ def _findings(
         subject=subject,
         where=Location(where.file, where.line, where.column, parameter="retry"),
         timeout_where=Location(where.file, where.line, where.column, parameter="timeout"),
+        reserve=policy.reserve,
+        reserve_where=Location(where.file, where.line, where.column, parameter="reserve"),
     )
 
 

@@ -44,12 +44,16 @@ class LoopBound:
     source: str
 
 
+#: How findings name a loop's bound when it is the caller's budget.
+LOOP_CALLER = "the caller's budget"
+
+
 def budget_of(plan: RetryPlan, caller: float | None) -> LoopBound | None:
     total = plan.total_timeout
     if total is not None and (caller is None or total <= caller):
         return LoopBound(total, "total_timeout")
     if caller is not None:
-        return LoopBound(caller, "the caller's budget")
+        return LoopBound(caller, LOOP_CALLER)
     return None
 
 
@@ -234,9 +238,32 @@ def retry_findings(
     site: Location | None = None,
     budget_name: str | None = None,
     timeouts_retried: bool | None = None,
+    reserve: float = 0.0,
+    reserve_where: Location | None = None,
 ) -> list[Finding]:
-    """TB-T001..TB-T005 and the loop's worst-case time (TB-T030/TB-T031) for one policy."""
+    """TB-T001..TB-T005 and the loop's worst-case time (TB-T030/TB-T031) for one policy.
+
+    With a ``reserve`` (D1.18) the attempts and waits see the caller's budget less it, and the
+    fallback runs in the reserve: one at or above the caller's budget leaves no attempt
+    (TB-T034, D1.20)."""
     out: list[Finding] = []
+    if reserve and caller is not None:
+        if reserve >= caller:
+            return [
+                Finding(
+                    "TB-T034",
+                    subject,
+                    f"the reserve of {shown(reserve)} is at least the caller's budget "
+                    f"({shown(caller)}): the call is refused at once every time and no attempt "
+                    "ever runs (D1.20)",
+                    reserve_where or where,
+                    f"lower the reserve well below {shown(caller)}",
+                    {"reserve": reserve, "budget": caller},
+                )
+            ]
+        # What the loop sees; the fallback keeps the reserve, so it always has time (D1.18).
+        caller, fallback = caller - reserve, False
+        budget_name = f"{budget_name or LOOP_CALLER} less the reserve"
     bound = budget_of(plan, caller)
     attempts = plan.retry + 1
     fallback = fallback and _falls_back_on_timeouts(plan)

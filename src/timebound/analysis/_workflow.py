@@ -71,11 +71,38 @@ def _workflow_bound(
     return float(own), set_by, where
 
 
+def _reserve_finding(
+    node_id: str, reserve: float, bound: float, name: str, places: _Places
+) -> Finding:
+    """TB-T032: a node starts at or after the run does, so a reserve at or above the run's
+    bound is at least what is left whenever its handler starts: refused every time (D1.20,
+    D6.32). The definition already refuses one at or above the node's own timeout."""
+    i = places.nodes[node_id]
+    node_raw = places.raw["nodes"][i]
+    if "reserve_ms" in node_raw:
+        where = places.at("nodes", i, "reserve_ms")
+    else:
+        action = places.actions[node_raw["action_id"]]
+        where = places.at("actions", action, "execution", "reserve_ms")
+    return Finding(
+        "TB-T032",
+        f"node {node_id}",
+        f"the reserve of {shown(_s(reserve))} is at least {name} ({shown(_s(bound))}): the "
+        "handler is refused at once every time it starts, and the node never runs it "
+        "(D1.20, D6.32)",
+        where,
+        f"lower the reserve well below {shown(_s(bound))}, or raise {name}",
+        {"reserve": _s(reserve), "budget": _s(bound)},
+    )
+
+
 def _nodes(definition: Definition, bound: float, name: str, places: _Places) -> list[Finding]:
     out: list[Finding] = []
     for node_id, node in definition.nodes.items():
         timeout = definition.node_timeout_ms(node)
         subject = f"node {node_id}"
+        if node.reserve_ms and node.reserve_ms >= bound:
+            out.append(_reserve_finding(node_id, node.reserve_ms, bound, name, places))
         if timeout is not None and timeout >= bound:
             out.append(
                 Finding(

@@ -19,6 +19,7 @@ from .._core._deadline import Deadline, instant_epoch_ms
 from .._core._durations import Duration, format_duration, to_seconds
 from .._core._errors import ConfigurationError, DeadlineExceeded
 from .._core._renamed import Renamed, renamed
+from .._core._scopes import reserve_seconds
 from ..policies._retry import RetryPlan
 
 __all__ = ["HostPolicy"]
@@ -67,6 +68,10 @@ class HostPolicy:
 
     ``min_retry_after``, ``max_retry_after``, ``max_ttl`` and ``retain`` are durations of whole
     seconds (``5``, ``"2min"``, ``timedelta(hours=1)``) and read back as ``int`` seconds.
+    ``reserve`` (any duration, read back as seconds, D7.16) is the time the host keeps before a
+    caller's deadline to record an operation's end and resume its continuation: an operation
+    bounded by its caller expires that much earlier, and a caller with no more than it left
+    creates nothing.
     """
 
     min_retry_after: int
@@ -77,6 +82,7 @@ class HostPolicy:
     per_module_inflight: int
     jitter: bool
     retain: int
+    reserve: float
     #: The random source of the jitter (a test may pass a seeded one).
     rng: random.Random = field(repr=False, compare=False)
 
@@ -97,6 +103,7 @@ class HostPolicy:
         jitter: bool = True,
         retain: Duration = 86400,
         rng: random.Random = _rng,
+        reserve: Duration | None = None,
     ) -> None:
         spans = {
             "min_retry_after": min_retry_after,
@@ -117,6 +124,7 @@ class HostPolicy:
             raise ConfigurationError(f"HostPolicy(jitter=...) takes a bool, not {jitter!r}")
         object.__setattr__(self, "jitter", jitter)
         object.__setattr__(self, "rng", rng)
+        object.__setattr__(self, "reserve", reserve_seconds(reserve))
         if self.min_retry_after > self.max_retry_after:
             raise ConfigurationError(
                 f"HostPolicy: min_retry_after ({format_duration(self.min_retry_after)}) is above "
@@ -194,8 +202,9 @@ class HostPolicy:
         caller_deadline: Deadline | datetime | int | None = None,
     ) -> tuple[float, str]:
         """:meth:`lifetime_s` and where it was set (D2.8): ``connector`` (its ``expires_at``),
-        ``action`` (its max TTL), ``caller`` (its deadline) or ``host policy`` (``max_ttl``);
-        at a tie the larger scope (host policy, caller, action, connector), as D6.4."""
+        ``action`` (its max TTL), ``caller`` (its deadline), ``reserve of caller`` (its deadline
+        less the policy's ``reserve``, D7.16) or ``host policy`` (``max_ttl``); at a tie the
+        larger scope (host policy, caller, action, connector), as D6.4."""
         present: list[tuple[float, int, str]] = []
         for rank, name, value in (
             (3, "fail_after", fail_after),
@@ -221,7 +230,21 @@ class HostPolicy:
                         else Deadline.from_epoch_ms(until_ms),
                         set_by="caller",
                     )
-                present.append((left, 1, "caller"))
+                if self.reserve:
+                    if left <= self.reserve:
+                        # D1.20: an operation created now could only expire before the host
+                        # had time to record its end and resume its caller.
+                        raise DeadlineExceeded(
+                            f"the caller had {format_duration(left)} left, no more than the "
+                            f"host's reserve of {format_duration(self.reserve)}: no deferred "
+                            "operation was created",
+                            source="deferred",
+                            deadline=Deadline.from_epoch_ms(until_ms),
+                            set_by="reserve of caller",
+                        )
+                    present.append((left - self.reserve, 1, "reserve of caller"))
+                else:
+                    present.append((left, 1, "caller"))
         max_ttl = float(self.max_ttl)
         if not present or min(present)[0] >= max_ttl:
             return max_ttl, "host policy"
@@ -261,6 +284,7 @@ class HostPolicy:
             "per_module_inflight": self.per_module_inflight,
             "jitter": self.jitter,
             "retain_s": self.retain,
+            "reserve_ms": round(self.reserve * 1000),
         }
 
 

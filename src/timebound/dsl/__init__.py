@@ -68,8 +68,7 @@ def compile(source: str, *, modules: ModuleRegistry | None = None) -> Program:
     Raises :class:`CompileError` whose ``.diagnostics`` lists every error (with line and
     column); warnings of a program that compiles are in ``Program.warnings``.
     """
-    from ._compiler import compile_program
-    from ._parser import ParseFailure, parse
+    from ._compiler import compile_source
 
     if not isinstance(source, str):
         raise TypeError(f"source must be a str, not {type(source).__name__}")
@@ -77,24 +76,7 @@ def compile(source: str, *, modules: ModuleRegistry | None = None) -> Program:
         modules = ModuleRegistry()
     elif not isinstance(modules, ModuleRegistry):
         raise TypeError(f"modules must be a ModuleRegistry, not {type(modules).__name__}")
-    # A UTF-8 byte order mark (Windows editors write one) is not part of the program; dropping
-    # it keeps line 1's columns as an editor shows them.
-    source = source.removeprefix("\ufeff")
-    diags: list[Diagnostic] = []
-    try:
-        tree = parse(source, diags)
-        program = compile_program(tree, modules, diags, source)
-    except ParseFailure as exc:
-        diags.append(exc.diag)
-        program = None
-    except RecursionError:
-        # The nesting limits (E004) normally stop a hostile program long before this.
-        diags.append(Diagnostic("E004", "error", "Program nested too deeply", 1, 1))
-        program = None
-    if program is None:
-        diags.sort(key=lambda d: (d.line, d.column, d.severity != "error"))
-        raise CompileError(diags, source)
-    return program
+    return compile_source(source, modules)
 
 
 def __getattr__(name: str) -> object:

@@ -43,6 +43,7 @@ __all__ = [
     "TypeExpr",
     "Unary",
     "UseDecl",
+    "start",
 ]
 
 Pos = tuple[int, int]
@@ -290,3 +291,12 @@ class Assign(Decl):
 @dataclass(slots=True)
 class Program:
     decls: list[Decl]
+
+
+def start(e: Expr) -> Pos:
+    """Where ``e`` begins in the source: a binary expression's and a field access's own position
+    is their operator's (for errors about the operator); errors about the whole value point here.
+    """
+    while isinstance(e, Binary | FieldAccess):
+        e = e.left if isinstance(e, Binary) else e.obj
+    return e.pos

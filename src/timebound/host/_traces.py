@@ -33,7 +33,7 @@ _BAR = {
     "cancelled": "cancelled",
     "skipped": "cancelled",
 }
-_NUMBER_OR_NULL = ("success_elapsed_ms", "fail_elapsed_ms")
+_NUMBER_OR_NULL = ("success_elapsed_ms", "fail_elapsed_ms", "reserve_ms")
 
 
 class TraceError(InvalidInput):

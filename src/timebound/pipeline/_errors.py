@@ -23,6 +23,7 @@ RULES = frozenset(
         "reference",  # an unknown key, param, task or fragment
         "type",  # an expression, param value or input column of the wrong type
         "fill_defaults",  # a non-nullable key without a default
+        "reserve",  # a region reserve no shorter than the longest budget it can get (D5.9)
     }
 )
 
@@ -106,7 +107,8 @@ class PlanTimeout(DeadlineExceeded):
 
     ``node_id``/``op`` name the wrapper, ``timeout_ms`` is the budget it computed, ``trace`` the
     run's :class:`~timebound.pipeline.Trace` up to the failure (its wrapper entry says
-    ``chosen_branch: "fail_plan"``).
+    ``chosen_branch: "fail_plan"``). ``reserve_ms`` is the wrapper's reserve when the bound that
+    fired is that reserve's (D5.9; ``set_by`` then says ``reserve of region <id>``).
     """
 
     code = "pipeline-plan-timeout"
@@ -120,15 +122,17 @@ class PlanTimeout(DeadlineExceeded):
         timeout_ms: float,
         trace: Any = None,
         deadline: Any = None,
+        reserve_ms: float | None = None,
     ) -> None:
         super().__init__(
             message or f"timeout_wrapper {node_id} timed out after {timeout_ms:g} ms",
             source="region",
             timeout=timeout_ms / 1000.0,
             deadline=deadline,
-            set_by=f"region {node_id}",
+            set_by=f"region {node_id}" if reserve_ms is None else f"reserve of region {node_id}",
         )
         self.node_id = node_id
         self.op = op
         self.timeout_ms = timeout_ms
         self.trace = trace
+        self.reserve_ms = reserve_ms

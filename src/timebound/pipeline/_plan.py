@@ -8,8 +8,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._core._durations import Duration
 from .._core._errors import ConfigurationError
 from .._core._renamed import renamed
+from .._core._scopes import reserve_seconds
 from ._expr import Expr
 from ._model import REGISTRY_KEYWORD, Catalog, P, _json_scalar, deprecated_registry
 
@@ -115,9 +117,14 @@ class Chain:
         budget: Mapping[str, Any],
         override: Mapping[str, Any] | None = None,
         on_timeout: str = "fail_plan",
+        reserve: Duration | None = None,
     ) -> Chain:
         """Run ``if_success`` under a region deadline; on its timeout roll back and either fail
-        the plan or run ``if_fail`` from the original rows (RFC 0002)."""
+        the plan or run ``if_fail`` from the original rows (RFC 0002).
+
+        ``reserve`` (a duration, D5.9) is kept for the region's answer: the success branch sees
+        the region's deadline less it, and the rollback and ``if_fail`` run in it, bounded by
+        the region's own deadline. Stored as ``reserve_ms``."""
         branches: dict[str, Chain] = {}
         for which, build in (("success", if_success), ("fail", if_fail)):
             if not callable(build):
@@ -134,6 +141,9 @@ class Chain:
         }
         if override is not None:
             params["override"] = dict(override) if isinstance(override, Mapping) else override
+        seconds = reserve_seconds(reserve)
+        if seconds:
+            params["reserve_ms"] = round(seconds * 1000.0, 6)
         return self._add("timeout_wrapper", params, **branches)
 
 

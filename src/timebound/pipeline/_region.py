@@ -7,6 +7,12 @@ finished in time it commits the overlay; on its own timeout it rolls the overlay
 the plan or runs the fail branch, outside the expired region and under every enclosing bound
 (D5.2), in an overlay of its own. Either branch must leave the rows, their selection and their
 order as they were (:func:`check_preserved`).
+
+A wrapper's ``reserve_ms`` (D5.9) is the group's reserve: the success branch sees the region's
+effective deadline less it, and reaching that instant (or entering with no more than the reserve
+left) is the region's timeout; the rollback and the fail branch then run in the reserve, bounded
+by the region's own deadline, which fails the plan with :class:`PlanTimeout` if the fallback
+does not end by it.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from .._core import _clock
 from .._core._deadline import Deadline
+from .._core._errors import DeadlineExceeded
+from .._core._scopes import fail_at
 from .._engine import DagPlan, Group
 from ._errors import PlanTimeout, ValidationError
 from ._rowset import RowSet
@@ -53,6 +61,7 @@ def region_group(
     budget = p["budget"]
     override = p.get("override")
     on_timeout = p["on_timeout"]
+    reserve_ms: float | None = p.get("reserve_ms") or None
     node_id = key
 
     def enter(run: _Run) -> None:
@@ -72,6 +81,7 @@ def region_group(
             "fail_elapsed_ms": None,
             "override_applied": applied,
             "override_origin": origin,
+            "reserve_ms": reserve_ms,
             "w_success": w_success,
         }
 
@@ -91,19 +101,43 @@ def region_group(
         record = run.trace.wrappers[node_id]
         record["success_elapsed_ms"] = (now - state.start) * 1000.0
         record["timed_out"] = True
+        own = Deadline(state.start + state.timeout_ms / 1000.0)
         if on_timeout == "fail_plan":
             record["chosen_branch"] = "fail_plan"
             raise PlanTimeout(
+                None
+                if reserve_ms is None
+                else f"timeout_wrapper {node_id}'s success branch ran out of time before its "
+                f"reserve of {reserve_ms:g} ms ({state.timeout_ms:g} ms budget)",
                 node_id=node_id,
                 timeout_ms=state.timeout_ms,
                 trace=run.trace,
-                deadline=Deadline(state.start + state.timeout_ms / 1000.0),
+                deadline=own if reserve_ms is None else None,
+                reserve_ms=reserve_ms,
             )
         record["chosen_branch"] = "fail"
         depth = run.rowset.begin()
         try:
-            await fail_plan.execute(run, record=run.trace.recording())
+            if reserve_ms is None:
+                await fail_plan.execute(run, record=run.trace.recording())
+            else:
+                # D5.9: the fallback runs in the reserve, and the region ends at its deadline.
+                with fail_at(own, source="region", what=f"region {node_id}"):
+                    await fail_plan.execute(run, record=run.trace.recording())
             check_preserved(run.rowset, state, node_id, "fail")
+        except DeadlineExceeded as err:
+            run.rowset.rollback_to(depth)
+            if reserve_ms is None or err.set_by != f"region {node_id}":
+                raise
+            record["fail_elapsed_ms"] = (_clock.now() - now) * 1000.0
+            raise PlanTimeout(
+                f"timeout_wrapper {node_id}'s fallback did not end within the region's "
+                f"{state.timeout_ms:g} ms (its reserve: {reserve_ms:g} ms)",
+                node_id=node_id,
+                timeout_ms=state.timeout_ms,
+                trace=run.trace,
+                deadline=own,
+            ) from err
         except BaseException:
             # Cut by an enclosing region (or failed): its writes never leak.
             run.rowset.rollback_to(depth)
@@ -113,6 +147,7 @@ def region_group(
 
     return Group(
         key,
+        reserve=0.0 if reserve_ms is None else reserve_ms / 1000.0,
         timeout=lambda run: run.wrappers[node_id].timeout_ms / 1000.0,
         parent=parent,
         on_timeout=fallback,

@@ -31,6 +31,7 @@ WRAPPER_FIELDS = (
     "fail_elapsed_ms",
     "override_applied",
     "override_origin",
+    "reserve_ms",
     "w_success",
 )
 

@@ -322,6 +322,28 @@ class _Validator:
         if b["min_ms"] > b["max_ms"]:
             raise self.error("schema", node, path, "budget min_ms is larger than max_ms")
         override = p.get("override")
+        reserve = p.get("reserve_ms")
+        if reserve is not None:
+            if not math.isfinite(reserve):
+                raise self.error("schema", node, path, "reserve_ms must be finite")
+            most, where = float(b["max_ms"]), "budget max_ms"
+            if (
+                override is not None
+                and override.get("combine") == "replace"
+                and override.get("max_ms", 0) > most
+            ):
+                most, where = float(override["max_ms"]), "override max_ms"
+            if reserve >= most:
+                # D5.9: the success branch would never run (D1.20 at every entry).
+                raise self.error(
+                    "reserve",
+                    node,
+                    path,
+                    f"reserve_ms ({reserve:g}) is not shorter than the longest budget the region "
+                    f"can get ({where} {most:g}): its success branch would never run",
+                    reserve_ms=reserve,
+                    max_ms=most,
+                )
         if override is not None:
             if "min_ms" not in override or "max_ms" not in override:
                 raise self.error(

@@ -104,6 +104,24 @@ def correlation(kind: str, id: str | None = None) -> Iterator[str]:
         _correlation.reset(token)
 
 
+class correlated:
+    """Mark the code inside as belonging to the units of work ``ids`` (kind → id) at once, with
+    one change of the context: what nested :func:`correlation` blocks would do, for an engine
+    whose kinds are fixed and whose ids it made or validated itself (a workflow attempt's run,
+    token and node). One instance per ``with`` block."""
+
+    __slots__ = ("_ids", "_token")
+
+    def __init__(self, ids: Mapping[str, str]) -> None:
+        self._ids = ids
+
+    def __enter__(self) -> None:
+        self._token = _correlation.set(MappingProxyType({**_correlation.get(), **self._ids}))
+
+    def __exit__(self, *exc: object) -> None:
+        _correlation.reset(self._token)
+
+
 Listener = Callable[[Event], None]
 
 _listeners: list[Listener] = []

@@ -13,7 +13,7 @@ from typing import Any, NamedTuple
 from .._core._breakdown import BREAKDOWN_MAX_NODES, summarised
 from .._core._deadline import Deadline
 from .._store import Detached, Store, Tx, Wake
-from ..telemetry import correlation
+from ..telemetry._events import correlated
 from ..telemetry._tracing import attempt_span
 from ._actions import CUT_BREAKDOWN, ActionContext, Outcome, freeze, run_python
 from ._bounds import call_key
@@ -71,8 +71,8 @@ class Attempts:
         raise NotImplementedError
 
     def _attempt_done(self, token_id: str, task: asyncio.Task[None]) -> None:
-        self._inflight.done(token_id, task)
-        self._wake.set()
+        if self._inflight.done(token_id, task):  # a place is free: the loop may claim more
+            self._wake.set()
         if not task.cancelled() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]  # a bug: surface it in the loop's log
 
@@ -153,12 +153,8 @@ class Attempts:
         )
         # Events emitted inside (the action's policies, a deferred registration) name the run,
         # the token and the node they belong to (D10.1).
-        with (
-            correlation("run", ctx.run_id),
-            correlation("token", token_id),
-            correlation("node", ctx.node_id),
-            span as ended,
-        ):
+        ids = {"run": ctx.run_id, "token": token_id, "node": ctx.node_id}
+        with correlated(ids), span as ended:
             try:
                 outcome = await self._run_action(kind, implementation, ctx, what, ctx.attempt)
             except Exception as exc:  # a failing action runner fails the node, never strands it

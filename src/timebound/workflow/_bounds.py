@@ -28,7 +28,9 @@ def call_key(tok: dict[str, Any]) -> str:
     """The idempotency key of a token's current call (D7.11): run, token and node, the same
     when a crash re-runs the call; a deliberate retry (an action error's retry block, an
     ``on_timeout: retry``) is a new call and gets ``:<n>``, its number among them."""
-    reruns = (decode(tok["state_data"]) or {}).get("reruns", 0) if tok["state_data"] else 0
+    state_data = tok["state_data"]
+    # Decoded only when it may count re-runs (most tokens never re-ran: "{}").
+    reruns = (decode(state_data) or {}).get("reruns", 0) if '"reruns"' in (state_data or "") else 0
     retries = tok["attempt"] - 1 - reruns
     key = f"{tok['run_id']}:{tok['id']}:{tok['node_id']}"
     return key if retries <= 0 else f"{key}:{retries}"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple
 
+from .._json import dumps
+
 __all__ = [
     "LIVE_SQL",
     "PRIORITY_RUN",
@@ -54,4 +56,4 @@ def decode(text: str | None) -> Any:
 
 
 def encode(value: Any) -> str:
-    return json.dumps(value)  # no options: json's cached C encoder is several times faster
+    return dumps(value)  # json.dumps with no options, without its per-call cost

@@ -67,6 +67,7 @@ class Turns(Attempts):
             nonlocal renew_at, house_at
             self._poked = False
             outcomes, self._outcomes = self._outcomes, []
+            self._inflight.reported(r.token_id for r in outcomes)
             starts, self._starts = self._starts, []
             try:
                 if self._store.shared and self._now() >= renew_at:

@@ -278,14 +278,26 @@ class InFlight:
         for token_id in await presence.lost(tx, attempts):
             self.stop(token_id, suspects[token_id], "notify")
 
-    def done(self, token_id: str, task: asyncio.Task[None]) -> None:
+    def reported(self, token_ids: Iterable[str]) -> None:
+        """These tokens' attempts reported their outcomes: those whose task has ended free
+        their place now, before their tasks' done callbacks run (a turn that stores the
+        outcomes of every attempt in flight may then begin the tokens they made at once)."""
+        for token_id in token_ids:
+            task = self.tasks.get(token_id)
+            if task is not None and task.done():
+                self.done(token_id, task)
+
+    def done(self, token_id: str, task: asyncio.Task[None]) -> bool:
+        """The attempt's task ended: forget it; whether it was still held (not yet freed by
+        :meth:`reported`)."""
         if self.tasks.get(token_id) is not task:
-            return
+            return False
         del self.tasks[token_id]
         running = self._running.pop(token_id, None)
         stopped = self._stopping.pop(token_id, None)
         if self._record and stopped is not None and running is not None and task.cancelled():
             self.stops.append((running[2], token_id, self._now() - stopped[0], stopped[1]))
+        return True
 
     def clear(self) -> None:
         self.tasks.clear()
