@@ -291,7 +291,7 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
         # has just assigned (encode/httpcore#1093); our own slot wait ends at the deadline.
         _prepare(request, attempt, phases_to=attempt.clamped.seconds, pool_to=static)
         if attempt.end is not None or self._hedging:
-            _gate_steps(request, attempt)
+            _gate_steps(request, attempt, hedged=self._hedging)
         release = _RELEASED
         try:
             with attempt.boundary():
@@ -334,7 +334,7 @@ def _close(response: httpx.Response) -> None:
         pass
 
 
-def _gate_steps(request: httpx.Request, attempt: Attempt) -> None:
+def _gate_steps(request: httpx.Request, attempt: Attempt, *, hedged: bool) -> None:
     """Sync: bound every step after the pool wait by the time left.
 
     A sync pool wait cannot be interrupted, and its timeout must not be our deadline (see
@@ -344,8 +344,9 @@ def _gate_steps(request: httpx.Request, attempt: Attempt) -> None:
     lowered to the time left, and a step that would start after the end raises :class:`_Spent`
     (mapped to the cut by the boundary); httpcore closes a connection that stops there.
 
-    A hedge that lost the race (D3.18) has its deadline cut short by the race while it runs:
-    the next step it would start raises that cut instead (nothing more is sent, no body read).
+    ``hedged``: the transport hedges (D3.18); a hedge that lost the race has its deadline cut
+    short by the race while it runs, and the next step it would start raises that cut instead
+    (nothing more is sent, no body read).
     """
     phases: dict[str, float | None] = request.extensions["timeout"]
     theirs = request.extensions.get("trace")
@@ -353,7 +354,7 @@ def _gate_steps(request: httpx.Request, attempt: Attempt) -> None:
 
     def trace(name: str, info: dict[str, Any]) -> None:
         if name.partition(".")[2] in _STEPS:
-            lost = attempt.abandoned()
+            lost = attempt.abandoned() if hedged else None
             if lost is not None:
                 raise lost  # a hedge that lost the race
             if end is not None:
