@@ -92,7 +92,7 @@ async def test_a_step_costs_one_commit_and_no_scheduling_question(
     and the token's reads, four writes, the events): none of the four scheduling questions a
     turn used to ask every time (eleven statements per step before)."""
     # No housekeeping sweep during the measure: it is a transaction of its own (D6.29).
-    engine = make_engine({"step": step}, chain(5), chain(15), sweep_ms=600_000)
+    engine = make_engine({"step": step}, chain(5), chain(15), sweep="10min")
     with counting(monkeypatch) as sent:
         async with engine:
             await _cost(engine, sent, 15)  # warm: definitions stored, the schedule learned

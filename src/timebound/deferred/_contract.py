@@ -16,6 +16,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from .._core._clock import datetime_of_ms, ms_of
 from .._core._errors import InvalidInput
 from .._json import JSONError, SchemaValidator, TooDeep
 from .._json import check as check_json
@@ -155,7 +156,7 @@ def parse_time(text: str) -> int:
         int(whole[17:19]),
         tzinfo=UTC,
     )
-    ms = int(base.timestamp()) * 1000
+    ms = ms_of(base)
     if frac:
         # Rounded up: a stored instant is never earlier than the one on the wire (D1.3).
         nanos = int(frac.ljust(9, "0"))
@@ -165,9 +166,8 @@ def parse_time(text: str) -> int:
 
 def format_time(epoch_ms: int) -> str:
     """Epoch milliseconds as an RFC 3339 UTC timestamp with ``Z``."""
-    dt = datetime.fromtimestamp(epoch_ms // 1000, tz=UTC)
-    text = dt.strftime("%Y-%m-%dT%H:%M:%S")
     rest = epoch_ms % 1000
+    text = datetime_of_ms(epoch_ms - rest).strftime("%Y-%m-%dT%H:%M:%S")
     return f"{text}.{rest:03d}Z" if rest else f"{text}Z"
 
 

@@ -12,9 +12,10 @@ import math
 import random
 import warnings
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
+from .._core._clock import datetime_of_ms, ms_of
 from .._core._deadline import Deadline, instant_epoch_ms
 from .._core._durations import Duration, format_duration, to_seconds
 from .._core._errors import ConfigurationError, DeadlineExceeded
@@ -264,14 +265,14 @@ class HostPolicy:
         max_ttl)``."""
         if now.tzinfo is None:
             raise ConfigurationError("HostPolicy.expires_at(now=...) takes an aware datetime (UTC)")
-        now_ms = math.floor(now.timestamp() * 1000)
+        now_ms = ms_of(now)  # exact (float seconds could land a millisecond off)
         life = self.lifetime_s(
             now_ms,
             fail_after=fail_after,
             action_max_ttl=action_max_ttl,
             caller_deadline=caller_deadline,
         )
-        return datetime.fromtimestamp((now_ms + math.floor(life * 1000)) / 1000, tz=UTC)
+        return datetime_of_ms(now_ms + math.floor(life * 1000))
 
     def describe(self) -> dict[str, Any]:
         """The policy as plain data (for operator views; the ``*_s`` keys are whole seconds)."""

@@ -460,18 +460,7 @@ class Engine(Turns, RunReads, OperatorActions):
                     now = self._now()
                     for start in starts:
                         try:
-                            run_id = await start_keyed(
-                                self._machine,
-                                tx,
-                                start.definition,
-                                start.input,
-                                now,
-                                deadline_at=start.deadline_at,
-                                run_id=start.run_id,
-                                idempotency_key=start.idempotency_key,
-                                digest=start.digest,
-                                traceparent=start.traceparent,
-                            )
+                            run_id = await start_keyed(self._machine, tx, start, now)
                         except StartConflict as exc:  # found in this transaction: nothing written
                             start.settle(error=exc)
                             continue
@@ -495,18 +484,7 @@ class Engine(Turns, RunReads, OperatorActions):
         for again in (True, False):
             try:
                 async with self._txn() as tx:
-                    run_id = await start_keyed(
-                        self._machine,
-                        tx,
-                        start.definition,
-                        start.input,
-                        self._now(),
-                        deadline_at=start.deadline_at,
-                        run_id=start.run_id,
-                        idempotency_key=start.idempotency_key,
-                        digest=start.digest,
-                        traceparent=start.traceparent,
-                    )
+                    run_id = await start_keyed(self._machine, tx, start, self._now())
                 return run_id
             except StartConflict:
                 raise

@@ -207,38 +207,28 @@ async def keyed_run(tx: Tx, key: str | None, run_id: str | None, digest: str) ->
     return row["id"]  # type: ignore[no-any-return]
 
 
-async def start_keyed(
-    machine: Machine,
-    tx: Tx,
-    definition: Definition,
-    input: Any,
-    now: int,
-    *,
-    deadline_at: int | None,
-    run_id: str,
-    idempotency_key: str | None,
-    digest: str | None,
-    traceparent: str | None = None,
-) -> str:
+async def start_keyed(machine: Machine, tx: Tx, start: Start, now: int) -> str:
     """A start asked of the engine: the run an earlier start with the same key or id stored
     (D6.18), else a new one under the caller's deadline (D6.17)."""
+    digest = start.digest
     if digest is not None:
         found = None
-        if idempotency_key is not None:
-            found = await keyed_run(tx, idempotency_key, None, digest)
+        if start.idempotency_key is not None:
+            found = await keyed_run(tx, start.idempotency_key, None, digest)
         if found is None:
-            found = await keyed_run(tx, None, run_id, digest)
+            found = await keyed_run(tx, None, start.run_id, digest)
         if found is not None:
             return found
+    definition = start.definition
     return await machine.start_run(
         tx,
         definition,
-        input,
+        start.input,
         now,
         timeout_ms=definition.timeout_ms,
-        inherited_deadline_at=deadline_at,
-        run_id=run_id,
-        idempotency_key=idempotency_key,
+        inherited_deadline_at=start.deadline_at,
+        run_id=start.run_id,
+        idempotency_key=start.idempotency_key,
         request_digest=digest,
-        traceparent=traceparent,
+        traceparent=start.traceparent,
     )

@@ -162,18 +162,7 @@ class Turns(Attempts):
                     )
             for start in starts:
                 try:
-                    run_id = await start_keyed(
-                        self._machine,
-                        tx,
-                        start.definition,
-                        start.input,
-                        now,
-                        deadline_at=start.deadline_at,
-                        run_id=start.run_id,
-                        idempotency_key=start.idempotency_key,
-                        digest=start.digest,
-                        traceparent=start.traceparent,
-                    )
+                    run_id = await start_keyed(self._machine, tx, start, now)
                 except StartConflict as exc:  # found in this transaction: nothing written
                     start.settle(error=exc)
                     continue
