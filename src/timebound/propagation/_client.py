@@ -222,7 +222,8 @@ class Attempt:
       :meth:`cut` (``raise ... from`` the original); a ``DeadlineExceeded`` or a cancellation
       passes unchanged (never converted, D2.3), the cut only recorded;
     * :meth:`run` — the async form: awaits under a timebound scope ending at :attr:`end`,
-      inside the boundary; :meth:`check` — the sync form's clock check between reads;
+      inside the boundary; :meth:`check` — the sync form's clock check between reads, and
+      :meth:`abandoned` its check for a deadline cut short (a sync hedge that lost, D3.18);
     * :meth:`refusal` — the error for a response marked "deadline expired" (D4.5), or ``None``.
 
     A database adapter puts :attr:`clamped` into the query or the read timeout itself, so the
@@ -338,6 +339,14 @@ class Attempt:
             remote=False,
             timeout=seconds,
         )
+
+    def abandoned(self) -> BaseException | None:
+        """The error to stop with when the deadline this attempt runs under was cut short
+        before the attempt's own end — a sync hedge that lost the race (``cut_short``, D3.18):
+        its next step must not start. ``None`` otherwise."""
+        if self.expired():
+            return None
+        return current_bound_error(self.options.what)
 
     def check(self) -> None:
         """Raise :meth:`cut` once the end has passed (a sync read cannot be interrupted)."""

@@ -28,13 +28,17 @@ spent deadline's ``DeadlineExceeded`` as they are.
 
 Hedging (D3.18) is chosen per request: a request whose method the user marked idempotent runs
 under the policy, any other under :meth:`Policy.unhedged` (the same breaker, budget and latency
-window, never hedged).
+window, never hedged). A sync client's hedged request races its attempts in threads
+(``policies._hedge._ThreadRace``): the race cuts a loser's deadline short, and
+:meth:`Resilience.run_sync` releases every answer that did not win (its ``release``), whenever
+it arrives, so no loser keeps a pooled connection.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from threading import Lock
 from typing import Any, Final
 
 from .._core._errors import ConfigurationError, RetryExhausted
@@ -47,18 +51,12 @@ __all__ = [
     "FailedAnswer",
     "Passed",
     "Resilience",
-    "SYNC_HEDGING",
     "check_grpc_methods",
     "check_http_methods",
     "check_policy",
     "check_statuses",
 ]
 
-#: Why a sync client refuses a hedged policy (D3.18).
-SYNC_HEDGING: Final = (
-    "a sync client's attempt cannot be cancelled when another one wins (hedge through the "
-    "async client instead)"
-)
 #: HTTP answers that are the dependency's failure by default (Polly v8's HttpClient handler:
 #: 429, and the 5xx of a gateway or a shedding server).
 DEFAULT_RETRY_STATUSES: Final = frozenset({429, 502, 503, 504})
@@ -140,13 +138,65 @@ class Resilience:
             return _answer_of(exc)
         return _settle(value)
 
-    def run_sync(self, method: str, attempt: Callable[..., Any], *args: Any) -> Any:
-        """:meth:`run` for a sync client (never hedged: refused when built)."""
+    def run_sync(
+        self,
+        method: str,
+        attempt: Callable[..., Any],
+        *args: Any,
+        release: Callable[[Any], None] | None = None,
+    ) -> Any:
+        """:meth:`run` for a sync client. A hedged request's attempts race in threads; every
+        answer but the one returned is given to ``release`` (its connection back to the pool),
+        at once or, for a loser still running, when it ends (D3.18)."""
+        policy = self.policy_for(method)
+        losers = None if release is None or policy is self.unhedged else _Losers(release)
         try:
-            value = self.unhedged.execute_sync(attempt, args)
+            if losers is None:
+                value = policy.execute_sync(attempt, args)
+            else:
+                value = policy.execute_sync(losers.attempt, (attempt, *args))
         except Exception as exc:
+            if losers is not None:
+                losers.decide(None)
             return _answer_of(exc)
+        if losers is not None:
+            losers.decide(value)
         return _settle(value)
+
+
+class _Losers:
+    """The answers of one hedged sync request: once the call returned, each one that is not
+    the result is released, those still to come as they arrive (the race drops them unread)."""
+
+    __slots__ = ("_answers", "_decided", "_lock", "_release", "_result")
+
+    def __init__(self, release: Callable[[Any], None]) -> None:
+        self._release = release
+        self._lock = Lock()
+        self._answers: list[Any] = []
+        self._decided = False
+        self._result: Any = None
+
+    def attempt(self, attempt: Callable[..., Any], *args: Any) -> Any:
+        value = attempt(*args)
+        if isinstance(value, Passed):
+            return value
+        with self._lock:
+            late = self._decided and value is not self._result
+            if not late:
+                self._answers.append(value)
+        if late:
+            self._release(value)
+        return value
+
+    def decide(self, result: Any) -> None:
+        with self._lock:
+            self._decided = True
+            self._result = result
+            answers, self._answers = self._answers, []
+        for value in answers:
+            if value is not result:
+                self._release(value)
 
 
 def check_policy(

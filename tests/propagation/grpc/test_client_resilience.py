@@ -2,7 +2,8 @@
 
 The aio server's handlers record each call; ``Flaky`` fails with its configured codes and
 pushback before answering, ``FirstHangs`` keeps its first call until the client cancels it
-(recorded), ``Spent`` answers DEADLINE_EXCEEDED. Assertions are on events, counts and ordering.
+(recorded), ``Spent`` answers DEADLINE_EXCEEDED; the sync server's ``FirstWaits`` keeps its
+first call until the test lets it answer. Assertions are on events, counts and ordering.
 """
 
 from __future__ import annotations
@@ -273,10 +274,74 @@ def test_the_sync_channel_retries_and_returns_the_last_outcome(events: Events) -
         server.stop(None)
 
 
-def test_the_sync_interceptor_refuses_a_hedged_policy() -> None:
-    with pytest.raises(ConfigurationError, match="cannot hedge") as info:
-        client_interceptor(policy=Policy("inventory", hedge="10ms"))
-    assert info.value.option == "policy"
+class FirstWaits:
+    """A sync handler that keeps its first call until ``go`` is set and records whether that
+    call was still live when it answered; every other call answers at once."""
+
+    def __init__(self) -> None:
+        self.go = threading.Event()
+        self.first_done = threading.Event()
+        self.first_live: list[bool] = []
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def handle(self, request: bytes, context: Any) -> bytes:
+        with self.lock:
+            n = self.calls
+            self.calls += 1
+        if n:
+            return b"hedge"
+        self.go.wait(30)
+        self.first_live.append(bool(context.is_active()))
+        self.first_done.set()
+        return b"first"
+
+
+WAITS = "/test.Svc/Waits"
+
+
+def _race_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("timebound hedge race")]
+
+
+def test_a_sync_hedge_wins_and_the_losing_call_runs_on_to_its_answer(events: Events) -> None:
+    """The sync interceptor hedges the methods marked idempotent: the caller returns the
+    hedge's answer while the first call is unanswered. The losing call is a blocking grpc call
+    that cannot be cancelled: it stays live until its server answers (or the deadline it was
+    sent with), and its answer is dropped."""
+    svc = FirstWaits()
+    server, port = start_sync_server(
+        {"Waits": grpc.unary_unary_rpc_method_handler(svc.handle)}, interceptors=[]
+    )
+    policy = Policy("inventory", hedge=Hedge("50ms", max_extra_load=1.0))
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as raw:
+            channel = grpc.intercept_channel(
+                raw, client_interceptor(policy=policy, hedge_methods=[WAITS])
+            )
+            with tb.fail_after(30):
+                assert channel.unary_unary(WAITS)(b"") == b"hedge"
+            assert not svc.go.is_set()  # answered with the first call unanswered
+            hedging = events.names("hedge.")
+            assert hedging[0] == "hedge.sent"  # won by whichever call the server saw second
+            svc.go.set()
+            assert svc.first_done.wait(10)  # hang guard only
+            assert svc.first_live == [True]  # pinned: the loser was not cancelled
+            for thread in _race_threads():
+                thread.join(10)
+            assert not _race_threads()
+            # An unmarked method is never hedged.
+            svc.calls, svc.first_done = 0, threading.Event()
+            with tb.fail_after(30):
+                unmarked = grpc.intercept_channel(
+                    raw, client_interceptor(policy=policy, hedge_methods=["/test.Svc/Other"])
+                )
+                assert unmarked.unary_unary(WAITS)(b"") == b"first"
+            assert svc.calls == 1
+            assert events.names("hedge.") == hedging
+    finally:
+        svc.go.set()
+        server.stop(None)
 
 
 @pytest.mark.parametrize(

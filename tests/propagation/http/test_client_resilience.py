@@ -36,13 +36,20 @@ TIMEOUT = "x-yataxi-client-timeoutms"
 class Service:
     """An ASGI app recording each request; ``/answers/A,B,...`` answers the n-th request with
     status A, B, … (the last one repeats); ``/first-hangs`` keeps the first request until its
-    client goes away (recorded) and answers the others at once; ``/expired`` answers 498
-    "deadline expired"; ``/slow-post`` answers after a short sleep."""
+    client goes away (recorded) and answers the others at once; ``/first-waits`` keeps the
+    first request until ``go`` is set, then sends its headers and waits for its client to go
+    (recorded); ``/alternate`` answers even-numbered requests after ``slow`` seconds, the others
+    at once (``active``: those being answered); ``/first-slow`` answers the first request after
+    ``slow`` seconds, the others at once; ``/expired`` answers 498 "deadline expired";
+    ``/slow-post`` answers after a short sleep."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.hits: list[tuple[str, str, dict[str, str]]] = []
         self.disconnected = threading.Event()
+        self.go = threading.Event()
+        self.slow = 0.5
+        self.active = 0
 
     def count(self, path: str) -> int:
         with self.lock:
@@ -71,6 +78,35 @@ class Service:
                 self.disconnected.set()
                 return
             body = b"hedge"
+        elif path == "/first-waits":
+            if n == 0:
+                await asyncio.to_thread(self.go.wait, 30)
+                await send({"type": "http.response.start", "status": 200, "headers": []})
+                await send({"type": "http.response.body", "body": b"slow", "more_body": True})
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                self.disconnected.set()
+                return
+            body = b"hedge"
+        elif path == "/first-slow":
+            if n == 0:
+                await asyncio.sleep(self.slow)
+            body = b"first" if n == 0 else b"hedge"
+        elif path == "/alternate":
+            with self.lock:
+                self.active += 1
+            try:
+                if n % 2 == 0:
+                    await asyncio.sleep(self.slow)
+                    body = b"slow"
+                else:
+                    body = b"fast"
+                await send({"type": "http.response.start", "status": 200, "headers": []})
+                await send({"type": "http.response.body", "body": body})
+            finally:
+                with self.lock:
+                    self.active -= 1
+            return
         elif path == "/expired":
             status, extra = 498, [(b"x-yataxi-deadline-expired", b"1")]
             body = b"Deadline expired"
@@ -345,7 +381,175 @@ def test_hedging_follows_the_methods_marked_idempotent() -> None:
     assert twin._latencies is both._latencies
 
 
+# Hedging the sync clients (D3.18): the attempts race in threads ---------------------------------
+
+
+def _race_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("timebound hedge race")]
+
+
+@pytest.fixture
+def race_threads_end() -> Iterator[None]:
+    """Every sync hedging test ends with its losers ended (daemon threads of the race)."""
+    yield
+    for thread in _race_threads():
+        thread.join(10)
+    assert not _race_threads()
+
+
+def _open_sockets_to(port: int) -> int:
+    """This process's TCP connections to ``port`` not yet closed on our side (ESTABLISHED or
+    CLOSE_WAIT), from the kernel's table: what a leaked pooled connection would hold."""
+    count = 0
+    with open("/proc/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            remote_port = int(fields[2].split(":")[1], 16)
+            if remote_port == port and fields[3] in ("01", "08"):
+                count += 1
+    return count
+
+
+def _wait_until(check: Any, seconds: float = 10.0) -> bool:
+    """Hang guard only: poll ``check`` until it holds or ``seconds`` passed."""
+    gate = threading.Event()
+    for _ in range(int(seconds / 0.02)):
+        if check():
+            return True
+        gate.wait(0.02)
+    return bool(check())
+
+
+class SyncHedging:
+    """One sync client kind with a hedged policy: ``get``/``post`` return (status, body)."""
+
+    def __init__(self, kind: str, policy: Policy[Any], *, connections: int = 4) -> None:
+        self.kind = kind
+        self.connections = connections
+        if kind == "httpx":
+            inner = httpx.HTTPTransport(limits=httpx.Limits(max_connections=connections))
+            self.client: Any = httpx.Client(transport=DeadlineTransport(inner, policy=policy))
+        else:
+            self.client = requests.Session()
+            adapter = DeadlineAdapter(policy=policy, pool_maxsize=connections)
+            self.client.mount("http://", adapter)
+
+    def get(self, url: str) -> tuple[int, str]:
+        r = self.client.get(url, timeout=10)
+        return r.status_code, r.text
+
+    def post(self, url: str) -> tuple[int, str]:
+        if self.kind == "httpx":
+            r = self.client.post(url, content=b"order", timeout=10)
+        else:
+            r = self.client.post(url, data=b"order", timeout=10)
+        return r.status_code, r.text
+
+    def close(self) -> None:
+        self.client.close()
+
+
+@pytest.mark.usefixtures("race_threads_end")
+@pytest.mark.parametrize("kind", ["httpx", "requests"])
+def test_a_sync_hedge_wins_on_a_slow_first_answer_and_the_losers_answer_is_closed(
+    kind: str, service: tuple[Service, str], events: list[Event]
+) -> None:
+    """The caller returns the hedge's answer while the first request is still unanswered; the
+    loser, blocked reading its answer, cannot be interrupted: once the server answers, the
+    answer is closed unread, so its connection goes (the server sees it) and is not pooled."""
+    svc, url = service
+    client = SyncHedging(kind, Policy("inventory", hedge=Hedge("50ms", max_extra_load=1.0)))
+    try:
+        with tb.fail_after(30):
+            assert client.get(f"{url}/first-waits") == (200, "hedge")
+        assert names(events, "hedge.")[0] == "hedge.sent"
+        assert not svc.go.is_set()  # the caller had its answer with the first one unanswered
+        svc.go.set()
+        assert svc.disconnected.wait(10)  # hang guard only
+        first, second = (h for _, p, h in svc.hits if p == "/first-waits")
+        assert ABSOLUTE in first and ABSOLUTE in second
+        with tb.fail_after(30):  # the pool still serves
+            assert client.get(f"{url}/answers/200")[0] == 200
+    finally:
+        svc.go.set()
+        client.close()
+
+
+@pytest.mark.usefixtures("race_threads_end")
+def test_an_httpx_hedge_that_lost_before_sending_sends_nothing(
+    service: tuple[Service, str], events: list[Event]
+) -> None:
+    """One pooled connection: the hedge waits for it while the first request holds it, so the
+    first answer wins; the hedge, cut short by the race, then gets the connection and stops at
+    its first step without sending anything."""
+    svc, url = service
+    client = SyncHedging(
+        "httpx", Policy("inventory", hedge=Hedge("20ms", max_extra_load=1.0)), connections=1
+    )
+    try:
+        with tb.fail_after(30):
+            assert client.get(f"{url}/first-slow") == (200, "first")
+        assert names(events, "hedge.") == ["hedge.sent"]
+        for thread in _race_threads():
+            thread.join(10)  # the loser ended (hang guard only)
+        assert svc.count("/first-slow") == 1
+        with tb.fail_after(30):  # its slot came back: the one connection still serves
+            assert client.get(f"{url}/answers/200")[0] == 200
+    finally:
+        client.close()
+
+
+@pytest.mark.usefixtures("race_threads_end")
+@pytest.mark.parametrize("kind", ["httpx", "requests"])
+def test_a_sync_post_is_never_hedged(
+    kind: str, service: tuple[Service, str], events: list[Event]
+) -> None:
+    svc, url = service
+    client = SyncHedging(kind, Policy("inventory", hedge=Hedge("1ms", max_extra_load=1.0)))
+    try:
+        with tb.fail_after(30):
+            assert client.post(f"{url}/slow-post")[0] == 200
+    finally:
+        client.close()
+    assert names(events, "hedge.") == []
+    assert svc.count("/slow-post") == 1
+
+
+@pytest.mark.usefixtures("race_threads_end")
+@pytest.mark.parametrize("kind", ["httpx", "requests"])
+def test_fifty_sync_hedged_calls_leak_no_connection(
+    kind: str, service: tuple[Service, str], events: list[Event]
+) -> None:
+    """Every other request is slow, so a call is won by whichever of its two attempts is fast
+    and leaves a loser running; with 4 pooled connections, 50 calls leave the pool serving and
+    at most 4 connections open once the losers ended."""
+    svc, url = service
+    port = int(url.rsplit(":", 1)[1])
+    hedge = Hedge("20ms", max_extra_load=1.0, max_concurrent=100)
+    client = SyncHedging(kind, Policy("inventory", hedge=hedge))
+    try:
+        with tb.fail_after(120):
+            answers = [client.get(f"{url}/alternate") for _ in range(50)]
+        # No call waited for a slow answer: each one's fast attempt found a connection (a
+        # leaked loser would keep its connection, and the calls behind it would wait).
+        assert answers == [(200, "fast")] * 50
+        assert _wait_until(lambda: svc.active == 0)  # every loser's server side ended
+        assert _wait_until(lambda: _open_sockets_to(port) <= client.connections)
+        with tb.fail_after(30):  # the pool still serves
+            assert client.get(f"{url}/answers/200")[0] == 200
+        assert _open_sockets_to(port) <= client.connections
+    finally:
+        client.close()
+
+
 # Refusals at construction ----------------------------------------------------------------------
+
+
+def test_aiohttp_refuses_a_hedged_policy() -> None:
+    """aiohttp's middleware is handed one ClientRequest, which cannot be sent twice at once."""
+    with pytest.raises(ConfigurationError, match="cannot hedge") as info:
+        DeadlineMiddleware(policy=Policy("inventory", hedge="10ms"))
+    assert info.value.option == "policy"
 
 
 @pytest.mark.parametrize(
@@ -353,14 +557,14 @@ def test_hedging_follows_the_methods_marked_idempotent() -> None:
     [
         lambda p: DeadlineTransport(policy=p),
         lambda p: DeadlineAdapter(policy=p),
-        lambda p: DeadlineMiddleware(policy=p),
     ],
-    ids=["httpx-sync", "requests", "aiohttp"],
+    ids=["httpx-sync", "requests"],
 )
-def test_a_client_that_cannot_hedge_refuses_a_hedged_policy(build: Any) -> None:
-    with pytest.raises(ConfigurationError, match="cannot hedge") as info:
-        build(Policy("inventory", hedge="10ms"))
-    assert info.value.option == "policy"
+def test_a_sync_client_hedges_only_the_methods_marked_idempotent(build: Any) -> None:
+    resilience = build(Policy("inventory", hedge="10ms"))._resilience
+    assert resilience.policy_for("GET").hedge is not None
+    for method in ("POST", "PATCH", "PUT", "DELETE"):
+        assert resilience.policy_for(method).hedge is None
 
 
 @pytest.mark.parametrize(

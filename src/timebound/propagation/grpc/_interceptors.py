@@ -56,7 +56,6 @@ from .._client import Attempt, AttemptTimeoutBase, ClientOptions, absolute_wire_
 from .._codec import parse_absolute_us
 from .._config import is_enabled
 from .._resilience import (
-    SYNC_HEDGING,
     FailedAnswer,
     Passed,
     Resilience,
@@ -1180,14 +1179,17 @@ def client_interceptor(
     destination: Destination | None = None,
     policy: Policy[Any] | None = None,
     retry_codes: Iterable[grpc.StatusCode] = DEFAULT_RETRY_CODES,
+    hedge_methods: Iterable[str] = (),
 ) -> Any:
     """A client interceptor (all four kinds) that bounds every call by the current deadline.
 
     ``policy``: a :class:`~timebound.policies.Policy` each unary call runs under — attempts,
     breaker, retry budget, learned timeout (D3.17); a call that ends ``retry_codes``
     (UNAVAILABLE, RESOURCE_EXHAUSTED) is the dependency's failure, and its
-    ``grpc-retry-pushback-ms`` is honoured. A hedged policy is refused: a sync call cannot be
-    cancelled when another wins (hedge through :func:`aio_client_interceptors`).
+    ``grpc-retry-pushback-ms`` is honoured. A hedged policy hedges only the methods in
+    ``hedge_methods`` (``/package.Service/Method``), which the caller says are idempotent: the
+    attempts race in threads, and a losing attempt runs on to its end, bounded by the timeout
+    it was sent with (a blocking grpc call cannot be cancelled; D3.18).
 
     ``grpc.intercept_channel(channel, client_interceptor())``. The call's ``timeout`` becomes
     ``min(timeout, remaining)``; with no time left the call raises
@@ -1197,7 +1199,10 @@ def client_interceptor(
     keep grpc's own ``RpcError`` on iteration but are counted and mark the request too.
     """
     resilience = check_policy(
-        policy, adapter="client_interceptor", hedged=frozenset(), hedging=SYNC_HEDGING
+        policy,
+        adapter="client_interceptor",
+        hedged=check_grpc_methods(hedge_methods),
+        hedging=None,
     )
     return _SyncClientInterceptor(
         enabled=enabled,

@@ -73,7 +73,6 @@ from .._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER
 from .._resilience import (
     DEFAULT_HEDGE_METHODS,
     DEFAULT_RETRY_STATUSES,
-    SYNC_HEDGING,
     FailedAnswer,
     Passed,
 )
@@ -210,8 +209,9 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
     ``policy``: a :class:`~timebound.policies.Policy` each request runs under — attempts,
     breaker, retry budget, server hints (D3.17); a response whose status is in
     ``retry_statuses`` (429, 502, 503, 504) is a failure, and the last one is returned as it
-    is. A hedged policy is refused here (D3.18); :class:`AsyncDeadlineTransport` hedges the
-    ``hedge_methods`` (GET, HEAD, OPTIONS; PUT and DELETE when named).
+    is. A hedged policy hedges the ``hedge_methods`` (GET, HEAD, OPTIONS; PUT and DELETE when
+    named): the attempts race in threads, a loser stops at its next step (it sends nothing
+    more, reads no body) and its answer is closed, its connection back to the pool (D3.18).
     """
 
     def __init__(
@@ -242,9 +242,9 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
                 policy=policy,
                 retry_statuses=retry_statuses,
                 hedge_methods=hedge_methods,
-                hedging=SYNC_HEDGING,
             )
         )
+        self._hedging = self._resilience is not None and self._resilience.policy.hedge is not None
         self._inner = inner if inner is not None else httpx.HTTPTransport()
         size = _pool_size(self._inner)
         self._slots = None if size is None else threading.BoundedSemaphore(size)
@@ -254,7 +254,9 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
         if resilience is None:
             return self._send(request)
         # D3.17: each attempt sends a copy (its own deadline headers and phase timeouts).
-        response: httpx.Response = resilience.run_sync(request.method, self._attempt, request)
+        response: httpx.Response = resilience.run_sync(
+            request.method, self._attempt, request, release=_close
+        )
         return response
 
     def _attempt(self, request: httpx.Request) -> httpx.Response | Passed:
@@ -288,8 +290,8 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
         # httpcore's pool timeout is not shortened to our deadline: it leaks the connection it
         # has just assigned (encode/httpcore#1093); our own slot wait ends at the deadline.
         _prepare(request, attempt, phases_to=attempt.clamped.seconds, pool_to=static)
-        if attempt.end is not None:
-            _gate_steps(request, attempt)
+        if attempt.end is not None or self._hedging:
+            _gate_steps(request, attempt, hedged=self._hedging)
         release = _RELEASED
         try:
             with attempt.boundary():
@@ -323,7 +325,16 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
         self._inner.close()
 
 
-def _gate_steps(request: httpx.Request, attempt: Attempt) -> None:
+def _close(response: httpx.Response) -> None:
+    """Release the answer of a hedge that lost (D3.18): closed unread, its connection is
+    dropped and its pool slot given back."""
+    try:
+        response.close()
+    except Exception:  # nobody to tell: the caller has its answer already
+        pass
+
+
+def _gate_steps(request: httpx.Request, attempt: Attempt, *, hedged: bool) -> None:
     """Sync: bound every step after the pool wait by the time left.
 
     A sync pool wait cannot be interrupted, and its timeout must not be our deadline (see
@@ -332,20 +343,27 @@ def _gate_steps(request: httpx.Request, attempt: Attempt) -> None:
     timeouts — read by httpcore from the request's own ``timeout`` mapping at every I/O — are
     lowered to the time left, and a step that would start after the end raises :class:`_Spent`
     (mapped to the cut by the boundary); httpcore closes a connection that stops there.
+
+    ``hedged``: the transport hedges (D3.18); a hedge that lost the race has its deadline cut
+    short by the race while it runs, and the next step it would start raises that cut instead
+    (nothing more is sent, no body read).
     """
     phases: dict[str, float | None] = request.extensions["timeout"]
     theirs = request.extensions.get("trace")
     end = attempt.end
-    assert end is not None
 
     def trace(name: str, info: dict[str, Any]) -> None:
         if name.partition(".")[2] in _STEPS:
-            left = end - _clock.now()
-            if left <= 0:
-                raise _Spent(name)
-            for phase in ("connect", "read", "write"):
-                value = phases.get(phase)
-                phases[phase] = left if value is None else min(value, left)
+            lost = attempt.abandoned() if hedged else None
+            if lost is not None:
+                raise lost  # a hedge that lost the race
+            if end is not None:
+                left = end - _clock.now()
+                if left <= 0:
+                    raise _Spent(name)
+                for phase in ("connect", "read", "write"):
+                    value = phases.get(phase)
+                    phases[phase] = left if value is None else min(value, left)
         if theirs is not None:
             theirs(name, info)
 

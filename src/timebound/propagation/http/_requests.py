@@ -47,7 +47,6 @@ from .._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER
 from .._resilience import (
     DEFAULT_HEDGE_METHODS,
     DEFAULT_RETRY_STATUSES,
-    SYNC_HEDGING,
     FailedAnswer,
     Passed,
 )
@@ -113,8 +112,9 @@ class DeadlineAdapter(HTTPAdapter):
     ``ask_breakdown``: ask every callee for its breakdown (``X-Timebound-Breakdown: 1``); one
     that a callee sends is folded into the call's part whether asked or not (D13.5).
     ``policy`` and ``retry_statuses``: as for httpx's
-    :class:`~timebound.propagation.httpx.DeadlineTransport` (D3.17); a hedged policy is
-    refused (D3.18).
+    :class:`~timebound.propagation.httpx.DeadlineTransport` (D3.17). A hedged policy hedges
+    the ``hedge_methods`` (GET, HEAD, OPTIONS; PUT and DELETE when named): the attempts race in
+    threads and a loser's answer is closed, its connection released, when it arrives (D3.18).
     """
 
     def __init__(
@@ -129,6 +129,7 @@ class DeadlineAdapter(HTTPAdapter):
         ask_breakdown: bool = False,
         policy: Policy[Any] | None = None,
         retry_statuses: Iterable[int] = DEFAULT_RETRY_STATUSES,
+        hedge_methods: Iterable[str] = DEFAULT_HEDGE_METHODS,
         **kwargs: Any,
     ) -> None:
         setup = http_client_setup(
@@ -142,8 +143,7 @@ class DeadlineAdapter(HTTPAdapter):
             ask_breakdown=ask_breakdown,
             policy=policy,
             retry_statuses=retry_statuses,
-            hedge_methods=DEFAULT_HEDGE_METHODS,
-            hedging=SYNC_HEDGING,
+            hedge_methods=hedge_methods,
         )
         super().__init__(**kwargs)
         self._timeout = setup.timeout
@@ -175,6 +175,7 @@ class DeadlineAdapter(HTTPAdapter):
             verify,
             cert,
             proxies,
+            release=_close,
         )
         return response
 
@@ -287,6 +288,15 @@ class DeadlineAdapter(HTTPAdapter):
         if attempt.end is not None:
             response.raw = _BoundedRaw(response.raw, attempt)
         return response
+
+
+def _close(response: requests.Response) -> None:
+    """Release the answer of a hedge that lost (D3.18): its body unread, the connection is
+    closed and its pool slot given back."""
+    try:
+        response.close()
+    except Exception:  # nobody to tell: the caller has its answer already
+        pass
 
 
 class _BoundedRaw:
