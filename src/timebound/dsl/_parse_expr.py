@@ -17,7 +17,7 @@ from ._parse_base import TokenParser
 
 __all__ = ["ExpressionParser"]
 
-# `hedge: p95`: a whole percentile, p0 (refused as E016) to p99.
+# `hedge: p95`, `timeout: p99`: a whole percentile, p0 (refused as E016) to p99.
 _PERCENTILE: Final = re.compile(r"p[0-9]{1,2}")
 
 
@@ -528,7 +528,7 @@ class ExpressionParser(TokenParser):
             self.advance()
             n, unit = vt.value
             return n * DURATION_UNITS_MS[unit] / 1000, vt.text, n == 0
-        if kind == "hedge":
+        if kind == "learnable":
             if vt.kind == "duration":
                 self.advance()
                 n, unit = vt.value
