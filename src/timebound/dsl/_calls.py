@@ -161,7 +161,9 @@ def check_learned_timeout(c: Checker, opts: Mapping[str, A.Option]) -> None:
             "timeout_floor: 50ms'",
             timeout.value_pos,
         )
-    if floor is not None and not learned:
+    # A refused `timeout` value is not stored: with an error already reported, "no timeout"
+    # may be that one, and one mistake gets one diagnostic.
+    if floor is not None and not learned and (timeout is not None or not c.failed()):
         why = "a fixed timeout" if timeout is not None else "no timeout"
         c.error(
             "E013",
