@@ -54,7 +54,9 @@ def test_a_percentile_timeout_reaches_the_ir_and_the_policy() -> None:
 
 def test_a_fixed_timeout_is_unchanged() -> None:
     """A duration is seconds, as before the percentile form."""
-    program = compile("in q: String\nr = Search(q) with timeout: 2s\nout r", modules=_registry([], []))
+    program = compile(
+        "in q: String\nr = Search(q) with timeout: 2s\nout r", modules=_registry([], [])
+    )
     assert program.ir.call("r").options.timeout == 2.0
 
 

@@ -37,9 +37,10 @@ class OptionSpec:
     ``choice`` (one of ``choices``), ``flag`` (true/false; bare ``lazy`` means true),
     ``priority`` (a level name or an integer), ``string`` (a plain string literal), ``rate``
     (``COUNT/DURATION``), ``learnable`` (a duration, or a whole percentile ``pNN`` of the call
-    site's recent latencies) or ``expression`` (``fallback``). ``expects`` ends the E013 message for a
-    value of the wrong form; ``positive`` makes zero and negative values E016; ``policy`` turns
-    the parsed value into the Policy keyword of the same name (None: not a Policy option).
+    site's recent latencies) or ``expression`` (``fallback``). ``expects`` ends the E013
+    message for a value of the wrong form; ``positive`` makes zero and negative values E016;
+    ``policy`` turns the parsed value into the Policy keyword of the same name (None: not a
+    Policy option).
     """
 
     name: str
