@@ -494,7 +494,7 @@ class ExpressionParser(TokenParser):
             self._store(call, A.Option(name, value, name_tok.pos, vt.pos, "expression"))
             return
         negative = vt.kind == "op" and vt.text == "-" and self.peek().kind in ("int", "duration")
-        if negative and spec.kind in ("count", "duration", "rate"):
+        if negative and spec.kind in ("count", "duration", "learnable", "rate"):
             # `timeout: -5s`, `retry: -1`: one precise error, the value consumed with it.
             self.advance()
             text = f"-{self.advance().text}"
