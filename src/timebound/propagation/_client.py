@@ -193,6 +193,12 @@ def http_client_setup(
     )
 
 
+#: The most of a refusal's body ("deadline expired", D4.5) a client reads to keep its connection
+#: for the next request (D4.8); a longer body is not read: the connection is closed with it, so a
+#: peer answering 498 with gigabytes costs this much memory at most.
+REFUSAL_BODY_MAX = 64 * 1024
+
+
 class AttemptTimeoutBase(DeadlineExceeded):
     """What every adapter's ``AttemptTimeout`` is besides the client library's own timeout:
     a :class:`~timebound.DeadlineExceeded` with ``source="attempt"`` (retryable, D2.5).

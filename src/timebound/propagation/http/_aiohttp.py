@@ -37,7 +37,14 @@ from ...policies._policy import Policy
 from ...telemetry._tracing import active as tracing_active
 from ...telemetry._tracing import client_span
 from .._breakdown_wire import BREAKDOWN_HEADER
-from .._client import Attempt, AttemptTimeoutBase, begin, call_name, http_client_setup
+from .._client import (
+    REFUSAL_BODY_MAX,
+    Attempt,
+    AttemptTimeoutBase,
+    begin,
+    call_name,
+    http_client_setup,
+)
 from .._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER
 from .._resilience import DEFAULT_HEDGE_METHODS, DEFAULT_RETRY_STATUSES, FailedAnswer, Passed
 
@@ -193,9 +200,10 @@ class DeadlineMiddleware:
             response.status, response.headers.get(self._options.expired_header)
         )
         if refusal is not None:
-            # Read the short body so the connection returns to the pool intact (D4.8).
+            # Read the short body so the connection returns to the pool intact (D4.8); a long
+            # one is closed unread.
             try:
-                await attempt.run(response.read)
+                await attempt.run(_read_short, response)
             finally:
                 response.release()
             raise attempt.refused(refusal)
@@ -256,3 +264,14 @@ class _BoundedContent:
 
     def iter_chunks(self) -> ChunkTupleAsyncStreamIterator:
         return ChunkTupleAsyncStreamIterator(self)  # type: ignore[arg-type]
+
+
+async def _read_short(response: aiohttp.ClientResponse) -> None:
+    """Read a refusal's body to its end if it is short; past ``REFUSAL_BODY_MAX`` the
+    connection is closed unread."""
+    got = 0
+    async for chunk in response.content.iter_any():
+        got += len(chunk)
+        if got > REFUSAL_BODY_MAX:
+            response.close()
+            return

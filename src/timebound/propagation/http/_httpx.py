@@ -62,6 +62,7 @@ from ...telemetry._tracing import active as tracing_active
 from ...telemetry._tracing import client_span
 from .._breakdown_wire import BREAKDOWN_HEADER
 from .._client import (
+    REFUSAL_BODY_MAX,
     Attempt,
     AttemptTimeoutBase,
     HttpClientSetup,
@@ -307,7 +308,7 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
                 # past the attempt's end the step gate refuses the read: close it unread (the
                 # refusal is the error, never the gate's own _Spent).
                 try:
-                    response.read()
+                    _read_short(response)
                 except _TIMEOUTS:
                     pass
                 finally:
@@ -600,7 +601,7 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
         )
         if refusal is not None:
             try:
-                await attempt.run(response.aread)
+                await attempt.run(_aread_short, response)
             finally:
                 await response.aclose()
             raise attempt.refused(refusal)
@@ -891,6 +892,29 @@ def _start(coro: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop) -> 
     # The one registry of detached tasks holds it until it ends (the loop keeps only weak
     # references to tasks).
     return _spawn_detached(coro, loop=loop, name=_EXCHANGE, eager=True)
+
+
+def _read_short(response: httpx.Response) -> None:
+    """Read a refusal's body to its end if it is short; stop past ``REFUSAL_BODY_MAX`` (the
+    response is then closed unread, and its connection with it)."""
+    if response.is_stream_consumed:  # read already (a transport that answers in memory)
+        return
+    got = 0
+    for chunk in response.iter_raw():
+        got += len(chunk)
+        if got > REFUSAL_BODY_MAX:
+            return
+
+
+async def _aread_short(response: httpx.Response) -> None:
+    """:func:`_read_short` for an async response."""
+    if response.is_stream_consumed:
+        return
+    got = 0
+    async for chunk in response.aiter_raw():
+        got += len(chunk)
+        if got > REFUSAL_BODY_MAX:
+            return
 
 
 async def _release(response: httpx.Response) -> None:

@@ -42,7 +42,14 @@ from ...policies._policy import Policy
 from ...telemetry._tracing import active as tracing_active
 from ...telemetry._tracing import client_span
 from .._breakdown_wire import BREAKDOWN_HEADER
-from .._client import Attempt, AttemptTimeoutBase, begin, call_name, http_client_setup
+from .._client import (
+    REFUSAL_BODY_MAX,
+    Attempt,
+    AttemptTimeoutBase,
+    begin,
+    call_name,
+    http_client_setup,
+)
 from .._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER
 from .._resilience import (
     DEFAULT_HEDGE_METHODS,
@@ -279,9 +286,14 @@ class DeadlineAdapter(HTTPAdapter):
             response.status_code, response.headers.get(self._options.expired_header)
         )
         if refusal is not None:
-            # Read the short body so the connection returns to the pool intact (D4.8).
+            # Read the short body so the connection returns to the pool intact (D4.8); a long
+            # one is closed unread.
             try:
-                _ = response.content
+                got = 0
+                for chunk in response.iter_content(65536):
+                    got += len(chunk)
+                    if got > REFUSAL_BODY_MAX:
+                        break
             finally:
                 response.close()
             raise attempt.refused(refusal)
