@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from timebound.analysis import check_constellation
+from timebound.analysis import Report, check_constellation
 from timebound.dsl import CompileError
 
 
@@ -89,3 +89,19 @@ def test_huge_durations_and_counts() -> None:
     with pytest.raises(CompileError) as info:  # past the language's own integer limit
         check_constellation("y = F(1) with retry: 99999999999999999999\nout y\n")
     assert info.value.diagnostics[0].code == "E003"
+
+
+def _program_worst_case(report: Report) -> list[float]:
+    return [f.numbers["worst_case"] for f in report.findings if f.subject == "the program"]
+
+
+@pytest.mark.parametrize("floor", [", timeout_floor: 50ms", ""])
+def test_a_learned_timeout_is_bounded_by_the_deadline_only(floor: str) -> None:
+    """`timeout: p99` (D3.16) is learned at run time: the check bounds those attempts by the
+    run's deadline only, so the chain through them has no stated worst case, where a fixed
+    timeout gives one. A missing floor is the compiler's error, not a crash of the check."""
+    fixed = "in x: Int\na = F(x) with timeout: 1s, retry: 2\nb = G(a) with timeout: 1s\nout b\n"
+    assert _program_worst_case(check_constellation(fixed)) == [pytest.approx(4.0)]
+    learned = fixed.replace("timeout: 1s, retry", f"timeout: p99{floor}, retry")
+    assert _program_worst_case(check_constellation(learned)) == []
+    assert check_constellation(learned, budget="10s").ok

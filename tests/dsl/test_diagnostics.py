@@ -163,7 +163,8 @@ CASES = [
         "y = Echo(1) with timeout: 5\nout y",
         1,
         27,
-        "Option 'timeout' expects a duration literal such as 250ms, 5s, 2min, 1h or 1d, found '5'",
+        "Option 'timeout' expects a duration literal such as 250ms, 5s, 2min, 1h or 1d, or a "
+        "percentile p1 to p99 such as p99, found '5'",
     ),
     (
         "E013",

@@ -66,6 +66,7 @@ async def test_a_percentile_hedge_learns(virtual_clock: VirtualClock) -> None:
     [
         ("0ms", "E016", "Invalid value for 'hedge': 0ms (must be > 0)"),
         ("p0", "E016", "Invalid value for 'hedge': p0 (must be > 0)"),
+        ("-20ms", "E016", "Invalid value for 'hedge': -20ms (must be > 0)"),
         (
             "p100",
             "E013",

@@ -37,6 +37,10 @@ def _policy(call: A.Call, options: CallOptions) -> Policy[Any]:
         to_policy = OPTIONS[name].policy
         if name in _TIMING and to_policy is not None:
             kwargs[name] = to_policy(getattr(options, name))
+    if isinstance(options.timeout, str):
+        # A learned timeout (`timeout: p99`, D3.16) is not known before the run: the attempt is
+        # bounded by the deadline it runs under only.
+        del kwargs["timeout"]
     if options.fallback:
         kwargs["fallback"] = None
     return Policy(call.module, **kwargs)

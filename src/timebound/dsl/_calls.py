@@ -6,6 +6,7 @@ validates and the lower pass builds the policy from).
 from __future__ import annotations
 
 import difflib
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._core._errors import ConfigurationError
@@ -128,6 +129,7 @@ def check_options(c: Checker, e: A.Call, spec: ModuleSpec | None, ret: Type) -> 
                 f"Fallback type mismatch: module returns {ret} but fallback is {fallback.type}",
                 fo.value_pos,
             )
+    check_learned_timeout(c, opts)
     retry = opts["retry"].value if "retry" in opts else 0
     if "delay" in opts and retry == 0:
         c.warn("W001", "'delay' without 'retry' has no effect", opts["delay"].pos)
@@ -144,6 +146,31 @@ def check_options(c: Checker, e: A.Call, spec: ModuleSpec | None, ret: Type) -> 
             opts["retry"].pos,
         )
     return fallback
+
+
+def check_learned_timeout(c: Checker, opts: Mapping[str, A.Option]) -> None:
+    """D3.16: a percentile timeout (``timeout: p99``) needs ``timeout_floor``, and
+    ``timeout_floor`` means nothing without one (E013 either way, as Policy refuses it)."""
+    timeout = opts.get("timeout")
+    learned = timeout is not None and isinstance(timeout.value, str)
+    floor = opts.get("timeout_floor")
+    if timeout is not None and learned and floor is None:
+        c.error(
+            "E013",
+            f"A learned timeout needs a floor: write 'timeout: {timeout.text}, "
+            "timeout_floor: 50ms'",
+            timeout.value_pos,
+        )
+    # A refused `timeout` value is not stored: with an error already reported, "no timeout"
+    # may be that one, and one mistake gets one diagnostic.
+    if floor is not None and not learned and (timeout is not None or not c.failed()):
+        why = "a fixed timeout" if timeout is not None else "no timeout"
+        c.error(
+            "E013",
+            f"'timeout_floor' applies to a learned timeout (a percentile such as p99) only; "
+            f"this call has {why}",
+            floor.pos,
+        )
 
 
 def needs_policy(options: I.CallOptions, spec: ModuleSpec) -> bool:

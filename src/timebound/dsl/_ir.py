@@ -57,14 +57,15 @@ Placement = Literal["node", "thunk", "inline"]
 class CallOptions:
     """A call's ``with`` options as checked values; ``declared`` names the ones written.
 
-    Durations are seconds; ``throttle`` is ``(count, per seconds, text as written)``; ``hedge``
-    is seconds or a percentile's text (``"p95"``);
+    Durations are seconds; ``throttle`` is ``(count, per seconds, text as written)``; ``timeout``
+    and ``hedge`` are seconds or a percentile's text (``"p99"``, ``"p95"``);
     ``fallback`` says whether one is declared (its expression is the call's ``fallback``).
     """
 
     declared: frozenset[str] = frozenset()
     retry: int = 0
-    timeout: float | None = None
+    timeout: float | str | None = None
+    timeout_floor: float | None = None
     delay: float | None = None
     backoff: str | None = None
     cache: float | None = None

@@ -36,10 +36,11 @@ class OptionSpec:
     ``kind`` says what its value is: ``duration`` (seconds), ``count`` (a whole number),
     ``choice`` (one of ``choices``), ``flag`` (true/false; bare ``lazy`` means true),
     ``priority`` (a level name or an integer), ``string`` (a plain string literal), ``rate``
-    (``COUNT/DURATION``), ``hedge`` (a duration or a percentile ``pNN``) or ``expression``
-    (``fallback``). ``expects`` ends the E013 message for a
-    value of the wrong form; ``positive`` makes zero and negative values E016; ``policy`` turns
-    the parsed value into the Policy keyword of the same name (None: not a Policy option).
+    (``COUNT/DURATION``), ``learnable`` (a duration, or a whole percentile ``pNN`` of the call
+    site's recent latencies) or ``expression`` (``fallback``). ``expects`` ends the E013
+    message for a value of the wrong form; ``positive`` makes zero and negative values E016;
+    ``policy`` turns the parsed value into the Policy keyword of the same name (None: not a
+    Policy option).
     """
 
     name: str
@@ -57,7 +58,16 @@ OPTIONS: Final[dict[str, OptionSpec]] = {
     spec.name: spec
     for spec in (
         OptionSpec("retry", "count", _COUNT),
-        OptionSpec("timeout", "duration", _DURATION, positive=True),
+        # A percentile (`p99`) is a timebound extension (D3.16): the attempt timeout is learned
+        # from the call site's recent latencies, never below `timeout_floor` (D3.15).
+        OptionSpec(
+            "timeout",
+            "learnable",
+            "a duration literal such as 250ms, 5s, 2min, 1h or 1d, or a percentile p1 to p99 "
+            "such as p99",
+            positive=True,
+        ),
+        OptionSpec("timeout_floor", "duration", _DURATION, positive=True),
         OptionSpec("delay", "duration", _DURATION, positive=True),
         OptionSpec("cache", "duration", _DURATION, positive=True),
         OptionSpec("backoff", "choice", "one of " + ", ".join(BACKOFFS), BACKOFFS),
@@ -76,7 +86,7 @@ OPTIONS: Final[dict[str, OptionSpec]] = {
         # call site's recent latencies; Policy reads either (seconds, or the text "p95").
         OptionSpec(
             "hedge",
-            "hedge",
+            "learnable",
             "a duration literal such as 20ms or a percentile p1 to p99 such as p95",
             positive=True,
         ),

@@ -17,7 +17,7 @@ from ._parse_base import TokenParser
 
 __all__ = ["ExpressionParser"]
 
-# `hedge: p95`: a whole percentile, p0 (refused as E016) to p99.
+# `hedge: p95`, `timeout: p99`: a whole percentile, p0 (refused as E016) to p99.
 _PERCENTILE: Final = re.compile(r"p[0-9]{1,2}")
 
 
@@ -494,7 +494,7 @@ class ExpressionParser(TokenParser):
             self._store(call, A.Option(name, value, name_tok.pos, vt.pos, "expression"))
             return
         negative = vt.kind == "op" and vt.text == "-" and self.peek().kind in ("int", "duration")
-        if negative and spec.kind in ("count", "duration", "rate"):
+        if negative and spec.kind in ("count", "duration", "learnable", "rate"):
             # `timeout: -5s`, `retry: -1`: one precise error, the value consumed with it.
             self.advance()
             text = f"-{self.advance().text}"
@@ -528,7 +528,7 @@ class ExpressionParser(TokenParser):
             self.advance()
             n, unit = vt.value
             return n * DURATION_UNITS_MS[unit] / 1000, vt.text, n == 0
-        if kind == "hedge":
+        if kind == "learnable":
             if vt.kind == "duration":
                 self.advance()
                 n, unit = vt.value
