@@ -35,3 +35,14 @@ def test_accepted_connections_have_nodelay() -> None:
     asyncio.run(main())
     assert sock.proto == socket.IPPROTO_TCP
     assert seen and seen[0] != 0, seen
+
+
+def test_the_socket_listens_before_the_address_is_printed() -> None:
+    """``serve`` prints "listening on" before uvicorn starts accepting: a client connecting at
+    once must be queued, not refused (a race a busy machine made visible)."""
+    sock = listening_socket(load_config({"host": "127.0.0.1", "port": "0"}, {}, None))
+    try:
+        with socket.create_connection(sock.getsockname()[:2], timeout=5):
+            pass  # accepted into the backlog: no server has run
+    finally:
+        sock.close()

@@ -178,6 +178,9 @@ def listening_socket(config: Config) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((config.host, config.port))
+    # Listening before "listening on" is printed: a client that connects at once is queued
+    # until the server accepts, not refused (uvicorn calls listen() again, which is harmless).
+    sock.listen(2048)
     return sock
 
 
