@@ -20,6 +20,7 @@ from ._bounds import call_key
 from ._deferral import Deferrals, plan_attempt
 from ._definition import Definition
 from ._machine import Machine
+from ._rows import decode_once
 from ._workers import InFlight
 
 __all__ = ["Attempts", "Plan", "Report"]
@@ -293,5 +294,5 @@ def _frozen(tx: Tx, text: str) -> Any:
     fan-out share their run's input (256 claims froze the same 1,000 items 256 times, D6.24)."""
     key = ("frozen", text)
     if key not in tx.held:
-        tx.held[key] = freeze(json.loads(text))
+        tx.held[key] = freeze(decode_once(tx, text))
     return tx.held[key]
