@@ -27,6 +27,7 @@ from .._core._scopes import fail_at, frame_breakdown
 from .._json import JSONError, TooDeep
 from .._json import check as check_json
 from .._json import loads as loads_json
+from ._rows import decode
 
 __all__ = ["ActionContext", "Outcome", "handlers", "is_deferral", "run_http", "run_python"]
 
@@ -176,7 +177,7 @@ def _json_value(value: Any, what: str) -> Outcome:
         check_json(
             value, what=f"the output of {what}", arrays=(list, tuple), objects=(dict, Mapping)
         )
-        return Outcome("ok", json.loads(_OUTPUT.encode(value)))
+        return Outcome("ok", decode(_OUTPUT.encode(value)))
     except TooDeep as exc:
         return Outcome("error", error=f"{exc.code}: {exc} (at {exc.path})")
     except (TypeError, ValueError) as exc:  # JSONError included

@@ -57,7 +57,10 @@ PRIORITY_RUN, PRIORITY_TOKEN = 0, 1
 
 
 def decode(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+    return None if text is None else _decode(text)
+
+
+_decode = json.JSONDecoder().decode  # json.loads without its per-call checks of bytes input
 
 
 def encode(value: Any) -> str:
@@ -87,7 +90,7 @@ def decode_once(tx: Tx, text: str) -> Any:
     """``text`` decoded: the value :func:`keep_decoded` left for it (taken: a second call
     decodes), else decoded now. The caller owns the value."""
     value = tx.held.pop((_DECODED, text), _NOTHING)
-    return json.loads(text) if value is _NOTHING else value
+    return _decode(text) if value is _NOTHING else value
 
 
 _NOTHING = object()
