@@ -231,6 +231,7 @@ def _propagated_from(
 ) -> PropagatedDeadlineExceeded:
     """The call's ``DEADLINE_EXCEEDED`` as ours: the attempt's timeout and deadline, and where
     the bound that lowered it was set (a reserve names itself, as over HTTP)."""
+
     def _get(name: str) -> Any:
         fn = getattr(err, name, None)
         try:
