@@ -72,7 +72,7 @@ async def read_capped(chunks: AsyncIterable[bytes], limit: int, *, what: str = "
 
 
 def read_prefix(chunks: Iterable[bytes], limit: int) -> tuple[bytes, bool]:
-    """The first ``limit`` bytes of ``chunks`` and whether they are all of it (D4.8, D4.13).
+    """The first ``limit`` bytes of ``chunks`` and whether they are all of it (D4.8, D4.14).
 
     For a body that is not an error to receive whole but must not cost more than ``limit``: a
     peer's refusal, a failed answer. Reading stops at the first chunk past the limit, so at

@@ -12,7 +12,7 @@ What an attempt tells the policy (D3.17):
   RESOURCE_EXHAUSTED by default): raised as :class:`FailedAnswer`, whose ``status`` and
   ``headers`` (or ``trailing_metadata()``) are where ``policies._hints`` reads the server's
   ``Retry-After`` or ``grpc-retry-pushback-ms``; its body is read and released first, so a
-  retried answer holds no connection — at most ``REFUSAL_BODY_MAX`` of it (D4.13): a longer
+  retried answer holds no connection — at most ``REFUSAL_BODY_MAX`` of it (D4.14): a longer
   body is closed there, the answer keeps its first bytes and is marked :data:`TRUNCATED`;
 - a connection error, or a ``DeadlineExceeded``: raised as it is; the policy tells the caller's
   spent deadline (never retried, never counted by a breaker) from the attempt's own timeout;
@@ -70,12 +70,12 @@ IDEMPOTENT_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT",
 
 
 #: The attribute set to ``True`` on a failed answer whose body passed ``REFUSAL_BODY_MAX``
-#: (D4.13): its body holds the first that many bytes only, its connection was closed.
+#: (D4.14): its body holds the first that many bytes only, its connection was closed.
 TRUNCATED: Final = "timebound_truncated"
 
 
 def mark_truncated(answer: object) -> None:
-    """Say on a failed answer that its body was cut at ``REFUSAL_BODY_MAX`` (D4.13)."""
+    """Say on a failed answer that its body was cut at ``REFUSAL_BODY_MAX`` (D4.14)."""
     setattr(answer, TRUNCATED, True)
 
 

@@ -1,4 +1,4 @@
-"""A peer answering 503 under ``policy=`` with an endless body (D4.13): every client reads at
+"""A peer answering 503 under ``policy=`` with an endless body (D4.14): every client reads at
 most ``REFUSAL_BODY_MAX`` of each failed answer, closes the rest unread, and returns the last
 answer holding those first bytes, marked truncated; a body of exactly the cap is read whole and
 its connection kept for the retry.

@@ -169,7 +169,7 @@ class DeadlineMiddleware:
         if response.status not in self._retry_statuses:
             return response
         try:
-            # At most REFUSAL_BODY_MAX of the body (D4.13); read to its end, aiohttp gives the
+            # At most REFUSAL_BODY_MAX of the body (D4.14); read to its end, aiohttp gives the
             # connection back to the pool itself.
             body, whole = await aread_prefix(response.content.iter_any(), REFUSAL_BODY_MAX)
         except BaseException:

@@ -175,7 +175,7 @@ def _copy(request: httpx.Request) -> httpx.Request:
 
 
 def _failed(response: httpx.Response, body: bytes, whole: bool, what: str) -> FailedAnswer:
-    """A failed answer whose body was read up to ``REFUSAL_BODY_MAX`` (D4.13): the answer
+    """A failed answer whose body was read up to ``REFUSAL_BODY_MAX`` (D4.14): the answer
     holds those bytes (raw, decoded when read as httpx decodes any body), marked when they are
     not all of it; its original stream is closed."""
     response.stream = httpx.ByteStream(body)

@@ -211,7 +211,7 @@ class DeadlineAdapter(HTTPAdapter):
         if response.status_code not in self._retry_statuses:
             return response
         try:
-            # At most REFUSAL_BODY_MAX of the body (D4.13); read to its end, the connection
+            # At most REFUSAL_BODY_MAX of the body (D4.14); read to its end, the connection
             # goes back to the pool, else it is closed with the rest unread.
             body, whole = read_prefix(response.iter_content(_CHUNK), REFUSAL_BODY_MAX)
         finally:
