@@ -40,8 +40,10 @@ class Peer:
     """Answers every request 503 (``Retry-After: 0``): ``endless`` with a chunked body that
     never ends, else with exactly ``REFUSAL_BODY_MAX`` bytes, keeping the connection open."""
 
-    def __init__(self, *, endless: bool) -> None:
+    def __init__(self, *, endless: bool, delay: float = 0.0) -> None:
         self.endless = endless
+        self.delay = delay  # seconds before the answer's head is sent
+        self.gone = threading.Event()  # a client closed a connection the body was sent on
         self.sent = 0  # body bytes the kernel accepted
         self.requests = 0
         self.connections = 0
@@ -87,12 +89,15 @@ class Peer:
             while self._read_request(conn):
                 with self._lock:
                     self.requests += 1
+                if self._stop.wait(self.delay):
+                    return
                 if self.endless:
                     self._send_endless(conn)
                     return
                 head = f"Content-Length: {REFUSAL_BODY_MAX}\r\n"
                 conn.sendall(self._head(head) + b"x" * REFUSAL_BODY_MAX)
         except OSError:
+            self.gone.set()
             return  # the client closed the connection: what it is expected to do
 
     def _read_request(self, conn: socket.socket) -> bool:
@@ -202,3 +207,21 @@ def test_a_failed_answer_of_exactly_the_cap_is_read_whole_and_its_connection_kep
         status, body, truncated = CLIENTS[client](at_cap.url)
     assert (status, body, truncated) == (503, b"x" * REFUSAL_BODY_MAX, False)
     assert (at_cap.requests, at_cap.connections) == (2, 1)
+
+
+@pytest.mark.asyncio_real
+async def test_a_late_endless_answer_nobody_waits_for_costs_at_most_the_cap() -> None:
+    """The caller left at its deadline; the exchange lives on to release the connection (D4.8)
+    and gets an endless answer: it reads at most the cap, then closes the connection."""
+    with Peer(endless=True, delay=0.3) as peer:
+        async with httpx.AsyncClient(transport=AsyncDeadlineTransport()) as client:
+            with tb.move_on_after(0.05) as scope:
+                await client.get(peer.url, timeout=60)
+            assert scope.expired
+            for _ in range(2000):  # bounded: read whole, the body would never end
+                if peer.gone.is_set():
+                    break
+                await asyncio.sleep(0.01)
+            assert peer.gone.is_set(), f"still reading the late answer ({peer.sent} bytes)"
+    assert peer.requests == 1
+    assert peer.sent < BOUNDED

@@ -920,9 +920,11 @@ async def _aread_short(response: httpx.Response) -> None:
 
 
 async def _release(response: httpx.Response) -> None:
-    """Read a response nobody waits for to its end and close it (the connection is reused)."""
+    """Read a response nobody waits for to its end if it is short and close it (the
+    connection is reused); a body past ``REFUSAL_BODY_MAX`` is closed unread, its connection
+    with it: a late answer costs at most that much memory, whatever its peer sends (D4.8)."""
     try:
-        await response.aread()
+        await _aread_short(response)
     except Exception:  # nobody to tell; httpcore has dropped a broken connection already
         pass
     finally:
