@@ -136,7 +136,7 @@ async def test_deferred_writes_of_a_rolled_back_transaction_are_not_stored(store
 
 async def test_a_deferred_write_not_sent_is_rewritten(store_url: str) -> None:
     """``Tx.rewrite`` replaces a deferred write not yet sent, while nothing since may have
-    changed its row (D6.35); after the write was sent, after another write of the row or after
+    changed its row (D6.36); after the write was sent, after another write of the row or after
     a statement on its table, it does nothing and says so."""
     plain = "INSERT INTO tb_timers (key, kind, stream, due_ms, priority) VALUES (?, ?, ?, ?, ?)"
     store = open_store(store_url)
@@ -166,7 +166,7 @@ async def test_a_deferred_write_not_sent_is_rewritten(store_url: str) -> None:
 @pytest.mark.parametrize("n", [1, 3, 4, 5, 17, 63, 64, 65, 150])
 async def test_many_rows_of_an_insert_are_all_stored_in_order(store_url: str, n: int) -> None:
     """Rows of a plain INSERT sent together (SQLite: multi-row statements of fixed sizes and
-    the rest one by one, D6.36) are all stored, in their order; an INSERT of 21 columns (a
+    the rest one by one, D6.37) are all stored, in their order; an INSERT of 21 columns (a
     token's) stays within the parameters a statement may have."""
     events = "INSERT INTO tb_events (stream, kind, at_ms, data) VALUES (?, ?, ?, ?)"
     wide = ", ".join(f"c{i}" for i in range(21))

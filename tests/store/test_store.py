@@ -146,7 +146,7 @@ async def test_a_read_does_not_wait_for_an_open_write(store_url: str) -> None:
 async def test_run_pages_use_indexes_and_events_only_the_stream_index(tmp_path: Path) -> None:
     """The runs page (newest first, by status) is read through migration 3's indexes, not by
     scanning and sorting every row; the event log keeps only the index its readers use, by
-    stream (D6.36: the metrics read tallies, D8.12, and an index by kind cost every event)."""
+    stream (D6.37: the metrics read tallies, D8.12, and an index by kind cost every event)."""
     store = open_store(f"sqlite:///{tmp_path}/s.db")
     await store.open()
     try:
@@ -190,7 +190,7 @@ async def test_null_and_bool_parameters_bind_as_before_and_an_apps_adapter_stays
     tmp_path: Path,
 ) -> None:
     """SQLite binds ``None`` as NULL and ``bool`` as 0/1 through adapters the store registers
-    (D6.36: without them each such parameter cost a search), and an adapter the application
+    (D6.37: without them each such parameter cost a search), and an adapter the application
     registered for ``bool`` is left as it was."""
     key = (bool, sqlite3.PrepareProtocol)
     saved = sqlite3.adapters.pop(key, None)

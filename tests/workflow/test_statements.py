@@ -91,7 +91,7 @@ async def test_a_step_costs_one_commit_and_no_scheduling_question(
     """One run at a time, each further step costs one commit and six statements (the run's
     and the token's reads, three writes, the events): none of the four scheduling questions a
     turn used to ask every time (eleven statements per step before D6.29), and the next token
-    is inserted begun, not inserted and then begun (seven before D6.35)."""
+    is inserted begun, not inserted and then begun (seven before D6.36)."""
     # No housekeeping sweep during the measure: it is a transaction of its own (D6.29).
     engine = make_engine({"step": step}, chain(5), chain(15), sweep="10min")
     with counting(monkeypatch) as sent:

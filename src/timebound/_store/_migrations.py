@@ -303,7 +303,7 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
     (
         9,
         (
-            # D6.36: every reader of the event log reads one stream (by stream, seq); the
+            # D6.37: every reader of the event log reads one stream (by stream, seq); the
             # index by kind served the metrics' reads of every timeout event, which the
             # tallies replaced (D8.12). It cost each of the ~4 events of a step an insert.
             "DROP INDEX IF EXISTS tb_events_kind",

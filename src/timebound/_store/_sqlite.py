@@ -32,13 +32,13 @@ _SYNC_MODES = ("FULL", "NORMAL", "OFF", "EXTRA")
 
 # An INSERT of one row of parameters and nothing else (no ON CONFLICT, no RETURNING).
 _PLAIN_INSERT = re.compile(r"(INSERT INTO \w+ \([\w, ]+\) VALUES )(\((?:\?, )*\?\))")
-#: How many rows one multi-row INSERT takes (D6.36): fixed sizes, so each is prepared once.
+#: How many rows one multi-row INSERT takes (D6.37): fixed sizes, so each is prepared once.
 _ROWS_AT_ONCE = (64, 16, 4)
 
 
 def _bind_plainly() -> None:
     """Bind ``None`` and ``bool`` parameters without the search that costs Python 3.11's
-    ``sqlite3`` ~2,000 instructions each (D6.36): a value of any type but ``int``, ``float``,
+    ``sqlite3`` ~2,000 instructions each (D6.37): a value of any type but ``int``, ``float``,
     ``str`` and ``bytearray`` is looked up among the registered adapters, then asked for
     ``__adapt__`` and ``__conform__``, each miss formatting an ``AttributeError``. Registered
     adapters are found at the first look; these bind what the default binding binds (``NULL``,
@@ -78,7 +78,7 @@ class _SqliteTx(Tx):
 
     async def _execute_many(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         """The rows of a plain INSERT go by fixed-size multi-row statements, the rest (and any
-        other statement) by ``executemany`` (D6.36): one statement step per row cost SQLite
+        other statement) by ``executemany`` (D6.37): one statement step per row cost SQLite
         ~8,000 instructions more per row (its statement's end, an AUTOINCREMENT table's
         sequence written again) than a row among many in one statement."""
         at, n = 0, len(rows)

@@ -217,7 +217,7 @@ class Outcomes(RunMoves):
             state = decode(run["state"])
             state[tok["node_id"]] = output
             encoded_state = encode(state)
-            keep_decoded(tx, encoded_state, state)  # the next attempt's ctx.state (D6.35)
+            keep_decoded(tx, encoded_state, state)  # the next attempt's ctx.state (D6.36)
             tx.defer(
                 ("run", run["id"]),
                 "UPDATE tb_wf_runs SET state = ? WHERE id = ?",

@@ -82,7 +82,7 @@ _DECODED = "rows.decoded"  # tx.held: (_DECODED, text) -> a value owned by nobod
 def keep_decoded(tx: Tx, text: str, value: Any) -> None:
     """``value`` is what ``text`` decodes to, made fresh and kept by nobody: the next
     :func:`decode_once` of ``text`` in this transaction takes it instead of decoding ``text``
-    (a run's state encoded by one outcome is read back by the attempt begun next, D6.35)."""
+    (a run's state encoded by one outcome is read back by the attempt begun next, D6.36)."""
     tx.held[(_DECODED, text)] = value
 
 

@@ -30,14 +30,14 @@ _BEGIN = (
 _INSERT = (
     f"INSERT INTO tb_wf_tokens ({_COLUMNS}) VALUES ({', '.join('?' * (_COLUMNS.count(',') + 1))})"
 )
-#: A token inserted already begun (D6.35): the columns of :data:`_INSERT` and the claim's.
+#: A token inserted already begun (D6.36): the columns of :data:`_INSERT` and the claim's.
 _BEGUN_COLUMNS = (*_COLUMNS.split(", "), "attempt", "lease_owner", "lease_until")
 _INSERT_BEGUN = (
     f"INSERT INTO tb_wf_tokens ({', '.join(_BEGUN_COLUMNS)}) "
     f"VALUES ({', '.join('?' * len(_BEGUN_COLUMNS))})"
 )
 _begun_values = operator.itemgetter(*_BEGUN_COLUMNS)
-#: tx.held: the write mark of a token's deferred INSERT (D6.35).
+#: tx.held: the write mark of a token's deferred INSERT (D6.36).
 _MADE = "tokens.made"
 
 
@@ -303,7 +303,7 @@ class TokenMoves(HeldRows):
         mark = tx.held.get(_MADE, {}).get(tok["id"])
         if mark is not None and tx.rows_unchanged(mark, key, "tb_wf_tokens"):
             # Nothing in this transaction touched the row since its INSERT: it is pending as
-            # inserted (D6.35). Stored begun by its INSERT if that is not sent yet, else by
+            # inserted (D6.36). Stored begun by its INSERT if that is not sent yet, else by
             # the same UPDATE as begin_attempt's, deferred (batched with the others).
             tok.update(
                 status="executing",
