@@ -188,3 +188,20 @@ async def test_many_rows_of_an_insert_are_all_stored_in_order(store_url: str, n:
         await store.close()
     assert stored == [(f"k{i}", i) for i in range(n)]
     assert [tuple(r.values()) for r in rows] == [(i, *range(i, i + 21)) for i in range(n)]
+
+
+async def test_a_read_of_some_rows_sends_only_writes_that_touch_them(store_url: str) -> None:
+    """``Tx.fetch_rows`` leaves deferred writes of other rows unsent (so a token's INSERT can
+    still be rewritten, D6.36), and sends them first when one touches a row it reads."""
+    store = open_store(store_url)
+    await store.open()
+    try:
+        async with store.transaction() as tx:
+            calls = _count_calls(tx)
+            tx.defer(("t", "a"), INSERT, "a", 1)
+            assert await tx.fetch_rows([("t", "b")], READ, "b") == []
+            assert calls == []
+            assert await tx.fetch_rows([("t", "b"), ("t", "a")], READ, "a") == [{"due_ms": 1}]
+            assert calls == [(INSERT, 1)]
+    finally:
+        await store.close()
