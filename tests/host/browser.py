@@ -33,8 +33,12 @@ def require_chromium() -> None:
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser() -> Iterator[Any]:
+    """One Chromium for the whole session (tests/host/conftest.py registers it): each test gets
+    a fresh context (its own cookies, storage and cache) from :func:`page`, which is what isolates
+    tests, as pytest-playwright does; a launch per module cost seconds each and isolated nothing
+    more."""
     require_chromium()
     from playwright.sync_api import sync_playwright
 

@@ -12,10 +12,8 @@ from typing import Any
 
 import pytest
 
-from .browser import ARGS, CHROMIUM, browser, page
+from .browser import ARGS, CHROMIUM
 from .conftest import Server
-
-__all__ = ["browser", "page"]  # fixtures, used by name
 
 
 class Attacker:
