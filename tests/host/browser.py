@@ -33,12 +33,11 @@ def require_chromium() -> None:
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    """One Chromium for the whole session (tests/host/conftest.py registers it): each test gets
-    a fresh context (its own cookies, storage and cache) from :func:`page`, which is what isolates
-    tests, as pytest-playwright does; a launch per module cost seconds each and isolated nothing
-    more."""
+    """One Chromium per module, a fresh context per test (:func:`page`). Not one per session:
+    while Playwright's sync API is open the thread counts as running an event loop, and the
+    ``asyncio.run`` of a later module's fixture (or test) then fails."""
     require_chromium()
     from playwright.sync_api import sync_playwright
 

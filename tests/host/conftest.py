@@ -18,10 +18,6 @@ from typing import Any
 import httpx
 import pytest
 
-from .browser import browser, page
-
-__all__ = ["browser", "page"]  # fixtures (one Chromium per session), used by name
-
 ROOT = Path(__file__).resolve().parents[2]
 
 QUICK = {

@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 
-from .browser import ARGS, CHROMIUM
+from .browser import ARGS, CHROMIUM, browser, page
 from .conftest import Server
+
+__all__ = ["browser", "page"]  # fixtures, used by name
 
 
 class Attacker:

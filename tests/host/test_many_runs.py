@@ -11,7 +11,10 @@ from typing import Any
 
 import pytest
 
+from .browser import browser, page
 from .conftest import QUICK, Server, launch, stop
+
+__all__ = ["browser", "page"]  # fixtures, used by name
 
 RUNS = 10_000
 PAGE = 50  # the host's default page_size

@@ -15,8 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
-from .browser import DOCS_IMG, pixels, screenshots_wanted
+from .browser import DOCS_IMG, browser, page, pixels, screenshots_wanted
 from .conftest import ROOT, Server, csrf_of
+
+__all__ = ["browser", "page"]  # fixtures, used by name
 
 PLAN = ROOT / "examples" / "one_deadline" / "ranking.py"
 CANDIDATES = [{"id": 101, "popularity": 3.0}, {"id": 102, "popularity": 9.0}]

@@ -5,8 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .browser import DOCS_IMG, pixels, screenshots_wanted
+from .browser import DOCS_IMG, browser, page, pixels, screenshots_wanted
 from .conftest import Server
+
+__all__ = ["browser", "page"]  # fixtures, used by name
 
 # The screenshot docs/host.md shows (retaken with TIMEBOUND_UPDATE_SCREENSHOTS=1).
 DOC_SCREENSHOT = DOCS_IMG / "host-run.png"

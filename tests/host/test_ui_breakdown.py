@@ -5,7 +5,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .browser import browser, page
 from .conftest import Server
+
+__all__ = ["browser", "page"]  # fixtures, used by name
 
 
 def _ms(text: str) -> float:

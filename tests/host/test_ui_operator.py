@@ -13,8 +13,10 @@ from typing import Any
 
 import pytest
 
-from .browser import DOCS_IMG, screenshots_wanted
+from .browser import DOCS_IMG, browser, page, screenshots_wanted
 from .conftest import FANOUT, Server, launch, stop
+
+__all__ = ["browser", "page"]  # fixtures, used by name
 
 FLAKY = {
     "id": "flaky",
