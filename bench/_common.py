@@ -14,7 +14,9 @@ Every script runs through :func:`run_bench`, which gives them one command line:
 - ``--repeats N`` runs the whole measurement N times (3 by default, 1 with ``--quick`` and
   ``--smoke``); each row reports the median over repeats with its min and max, and passes only
   when its worst repeat passes;
-- ``--out PATH`` writes the results there; without it nothing is written (the table is printed).
+- ``--out PATH`` writes the results there; without it nothing is written (the table is printed);
+- SIGTERM and SIGINT end a run as an error does (:func:`signals_unwind`): every ``finally`` runs,
+  so the servers and workers a script started are stopped and the schemas it made dropped.
 
 The results file records the machine: CPU count, the load average before and after, Python.
 
@@ -38,7 +40,9 @@ import json
 import math
 import os
 import platform
+import signal
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -283,6 +287,53 @@ def pick(args: argparse.Namespace, full: Any, quick: Any, smoke: Any) -> Any:
     return {"full": full, "quick": quick, "smoke": smoke}[tier(args)]
 
 
+@contextmanager
+def signals_unwind() -> Iterator[None]:
+    """SIGTERM and SIGINT unwind the run: raised in the main thread as ``SystemExit(143)`` and
+    ``KeyboardInterrupt``, so every ``finally`` and ``with`` on the way out runs — the servers and
+    workers a script started are stopped, the schemas it made dropped — where Python's default
+    SIGTERM would end the process at once and leave them behind. A second signal while that
+    cleanup runs gets the previous handler (the default: stop now). The previous handlers are
+    restored on the way out.
+
+    Both are raised, not left to ``asyncio.run``: its runner turns Ctrl-C into a cancellation of
+    the main task and raises ``KeyboardInterrupt`` only if that task ends cancelled (one that
+    finished in the same turn returned its result, and the interrupt was lost); it installs that
+    handler only over Python's default one. Exit statuses: 143 (128 + SIGTERM), 130 (SIGINT).
+    """
+    signals = (signal.SIGTERM, signal.SIGINT)
+    previous = {sig: signal.getsignal(sig) for sig in signals}
+
+    def unwind(signum: int, frame: Any) -> None:
+        for sig in signals:
+            signal.signal(sig, previous[sig])
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + signum)
+
+    for sig in signals:
+        signal.signal(sig, unwind)
+    try:
+        yield
+    finally:
+        for sig in signals:
+            signal.signal(sig, previous[sig])
+
+
+@contextmanager
+def killed_unless_started(proc: subprocess.Popen[Any]) -> Iterator[None]:
+    """Around the wait for a child process to be ready: if it ends in an error (a signal
+    unwinding the run, a child that never became ready) the child is killed, since nothing
+    owns it yet to stop it."""
+    try:
+        yield
+    except BaseException:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+        raise
+
+
 def run_bench(
     name: str,
     doc: str | None,
@@ -310,10 +361,11 @@ def run_bench(
     started = time.perf_counter()
     before = machine()
     runs = []
-    for i in range(repeats):
-        if repeats > 1:
-            print(f"-- repeat {i + 1} of {repeats}", flush=True)
-        runs.append(measure(args))
+    with signals_unwind():
+        for i in range(repeats):
+            if repeats > 1:
+                print(f"-- repeat {i + 1} of {repeats}", flush=True)
+            runs.append(measure(args))
     rows = merge_repeats(runs)
     after = machine()
     print_table(rows, title=title or f"{name} ({tier(args)}, {repeats} repeat(s))")

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import _workers_actions as handlers
-from _common import Row, percentile
+from _common import Row, killed_unless_started, percentile
 
 from timebound import workflow as wf
 
@@ -83,9 +83,10 @@ class _Worker:
              "--actions", str(HERE / "_workers_actions.py"), *args],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
         )  # fmt: skip
-        assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()  # the readiness line
-        assert line.startswith("worker "), line
+        with killed_unless_started(self.proc):
+            assert self.proc.stdout is not None
+            line = self.proc.stdout.readline()  # the readiness line
+            assert line.startswith("worker "), line
 
     def end(self, sig: int = signal.SIGTERM) -> None:
         if self.proc.poll() is None:
@@ -197,8 +198,10 @@ def rows(new_url: Any, drop: Any, tmp: str, quick: bool) -> list[Row]:
 
     def run(coro_fn: Any, *workers: tuple[str, ...]) -> Any:
         url = new_url()
-        procs = [_Worker(url, log_path, *args) for args in workers]
+        procs: list[_Worker] = []
         try:
+            for args in workers:  # one started, one stopped: none left if the next fails
+                procs.append(_Worker(url, log_path, *args))
             return asyncio.run(coro_fn(url))
         finally:
             for p in procs:
@@ -228,8 +231,10 @@ def rows(new_url: Any, drop: Any, tmp: str, quick: bool) -> list[Row]:
     runs = 100 if quick else 300
     for k in (1, 2, 4):
         url = new_url()
-        procs = [_Worker(url, log_path) for _ in range(k)]
+        procs = []
         try:
+            for _ in range(k):
+                procs.append(_Worker(url, log_path))
             before = _cpu([p.proc.pid for p in procs])
             rate = asyncio.run(_steps(url, runs))
             spent = [b - a for a, b in zip(before, _cpu([p.proc.pid for p in procs]), strict=True)]

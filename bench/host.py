@@ -42,7 +42,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from _common import MS, Row, percentile, pick, run_bench
+from _common import MS, Row, killed_unless_started, percentile, pick, run_bench
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFINITION = {
@@ -85,17 +85,19 @@ def _launch(tmp: Path, db: str) -> tuple[subprocess.Popen[str], str]:
         stderr=subprocess.DEVNULL,
         text=True,
     )
-    assert proc.stdout is not None
-    url = proc.stdout.readline().split("listening on ")[1].split()[0].rstrip("/")
-    # Keep reading: the access log goes to stdout, and a full pipe would stall the server.
-    threading.Thread(target=proc.stdout.read, daemon=True).start()
-    for _ in range(200):
-        try:
-            if httpx.get(url + "/readyz").status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.05)
-    raise RuntimeError("the host did not become ready")
+    with killed_unless_started(proc):
+        assert proc.stdout is not None
+        url = proc.stdout.readline().split("listening on ")[1].split()[0].rstrip("/")
+        # Keep reading: the access log goes to stdout, and a full pipe would stall the server.
+        threading.Thread(target=proc.stdout.read, daemon=True).start()
+        for _ in range(200):
+            try:
+                if httpx.get(url + "/readyz").status_code == 200:
+                    print(f"host pid {proc.pid} ready at {url}", flush=True)
+                    return proc, url
+            except httpx.TransportError:
+                time.sleep(0.05)
+        raise RuntimeError("the host did not become ready")
 
 
 async def _engine_starts(db: str, n: int, width: int) -> float:
@@ -227,10 +229,12 @@ def _pg_reachable(dsn: str) -> bool:
 
 @contextmanager
 def _pg_schema(dsn: str) -> Iterator[str]:
-    """A store URL in a fresh schema, dropped afterwards."""
+    """A store URL in a fresh schema, dropped afterwards (a run stopped by SIGTERM or Ctrl-C
+    too: ``_common.signals_unwind``)."""
     import asyncpg
 
     schema = f"tbbench_{uuid.uuid4().hex[:12]}"
+    print(f"PostgreSQL schema {schema}", flush=True)
     try:
         yield f"{dsn}?schema={schema}"
     finally:

@@ -20,7 +20,11 @@ deadline to the instant the engine stored the timeout, i.e. how late the host fi
   ``--quick``, 300 x 300 otherwise), run last since its work outlives the phase.
 
 Target: p99 lateness <= 100 ms under each load. The machine is shared: the 1-minute load average
-is recorded at the start and the end.
+is recorded at the start and the end. ``--stores postgres`` (or ``sqlite``) runs one store only;
+``--smoke`` runs SQLite only unless ``--stores`` says otherwise.
+
+Each host's pid and each PostgreSQL schema are printed as they start; SIGTERM or Ctrl-C stops
+the host and drops the schema as a normal end does (``_common.signals_unwind``).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _common import Row, percentile, pick, run_bench
+from _common import Row, killed_unless_started, percentile, pick, run_bench
 
 from host import _pg_reachable, _pg_schema
 
@@ -139,17 +143,19 @@ def _launch(tmp: Path, db: str) -> tuple[subprocess.Popen[str], str]:
         stderr=subprocess.DEVNULL,
         text=True,
     )  # fmt: skip
-    assert proc.stdout is not None
-    url = proc.stdout.readline().split("listening on ")[1].split()[0].rstrip("/")
-    threading.Thread(target=proc.stdout.read, daemon=True).start()  # never a full pipe
-    for _ in range(400):
-        try:
-            if httpx.get(url + "/readyz").status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError("the host did not become ready")
+    with killed_unless_started(proc):
+        assert proc.stdout is not None
+        url = proc.stdout.readline().split("listening on ")[1].split()[0].rstrip("/")
+        threading.Thread(target=proc.stdout.read, daemon=True).start()  # never a full pipe
+        for _ in range(400):
+            try:
+                if httpx.get(url + "/readyz").status_code == 200:
+                    print(f"host pid {proc.pid} ready at {url}", flush=True)
+                    return proc, url
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("the host did not become ready")
 
 
 async def _canaries(client: httpx.AsyncClient) -> list[str]:
@@ -297,11 +303,13 @@ def measure(args: argparse.Namespace) -> list[Row]:
     PHASE_S, HISTORY, BOMB = pick(args, (10.0, 400_000, 300), (4.0, 100_000, 100), (1.0, 1000, 5))
     rows: list[Row] = []
     all_phases = ("idle", "scrapers", "large_puts", "fanout_bomb")
-    with tempfile.TemporaryDirectory() as tmp_name:
-        rows += _store_rows(f"sqlite:///{tmp_name}/host.db", "sqlite", all_phases)
+    stores = args.stores or (["sqlite"] if args.smoke else ["sqlite", "postgres"])
+    if "sqlite" in stores:
+        with tempfile.TemporaryDirectory() as tmp_name:
+            rows += _store_rows(f"sqlite:///{tmp_name}/host.db", "sqlite", all_phases)
     pg = os.environ.get("TB_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
-    if args.smoke:
-        print("--smoke: the PostgreSQL rows are left out")
+    if "postgres" not in stores:
+        print("the PostgreSQL rows are left out (--smoke, or --stores)")
     elif _pg_reachable(pg):
         with _pg_schema(pg) as db:
             rows += _store_rows(db, "postgres", all_phases)
@@ -310,5 +318,26 @@ def measure(args: argparse.Namespace) -> list[Row]:
     return rows
 
 
+STORES = ("sqlite", "postgres")
+
+
+def _stores(text: str) -> list[str]:
+    stores = [name.strip() for name in text.split(",")]
+    if not all(name in STORES for name in stores):
+        raise argparse.ArgumentTypeError(
+            f"a comma-separated list of {' and '.join(STORES)}, got {text!r}"
+        )
+    return stores
+
+
+def _options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--stores",
+        type=_stores,
+        default=None,
+        help="comma-separated stores to run: sqlite, postgres (default: both; sqlite with --smoke)",
+    )
+
+
 if __name__ == "__main__":
-    sys.exit(run_bench("host_load", __doc__, measure))
+    sys.exit(run_bench("host_load", __doc__, measure, configure=_options))

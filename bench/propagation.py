@@ -37,7 +37,6 @@ import json
 import math
 import os
 import random
-import signal
 import socket
 import statistics
 import subprocess
@@ -976,10 +975,6 @@ def markdown_table(
 # --- main ---------------------------------------------------------------------------------
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def _options(p: argparse.ArgumentParser) -> None:
     """The propagation benchmark's own options (the shared ones come from ``_common``)."""
     p.add_argument("--modes", default=None, help="comma-separated, e.g. M0,M2")
@@ -1024,12 +1019,7 @@ def measure(args: argparse.Namespace) -> list[Row]:
     global VERBOSE
     VERBOSE = args.verbose
 
-    # SIGINT too, not left to asyncio.run: its runner turns Ctrl-C into a cancellation of the
-    # main task and raises KeyboardInterrupt only if that task ends cancelled; a closed loop that
-    # finished in the same turn returned its result instead, and the interrupt was lost (the
-    # harness went on to the next run). Raised here, it unwinds whatever runs.
-    signal.signal(signal.SIGINT, _interrupt)
-    signal.signal(signal.SIGTERM, _interrupt)
+    # A SIGINT or SIGTERM unwinds whatever runs (run_bench's signals_unwind): services stopped.
     t_start = time.monotonic()
     modes = tuple(args.modes.split(",")) if args.modes else MODES
     loads = tuple(float(x) for x in args.loads.split(",")) if args.loads else LOADS

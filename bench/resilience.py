@@ -49,7 +49,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import US, Row, interleave, percentile, pick, run_bench
+from _common import US, Row, interleave, killed_unless_started, percentile, pick, run_bench
 
 import timebound as tb
 from timebound.policies import CircuitBreaker, Hedge, RetryBudget
@@ -110,13 +110,14 @@ class Server:
         )
 
     def __enter__(self) -> Server:
-        for _ in range(200):
-            try:
-                httpx.get(f"{self.url}/stats", timeout=1)
-                return self
-            except httpx.HTTPError:
-                time.sleep(0.05)
-        raise RuntimeError("the dependency did not start")
+        with killed_unless_started(self.proc):
+            for _ in range(200):
+                try:
+                    httpx.get(f"{self.url}/stats", timeout=1)
+                    return self
+                except httpx.HTTPError:
+                    time.sleep(0.05)
+            raise RuntimeError("the dependency did not start")
 
     def __exit__(self, *exc: object) -> None:
         self.proc.terminate()

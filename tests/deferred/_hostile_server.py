@@ -51,6 +51,12 @@ async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         await send({"type": "http.response.start", "status": 410, "headers": head})
         await send({"type": "http.response.body", "body": body})
         return
+    if path.startswith("/redirect"):
+        # Location: the query string as given (/redirect?http://elsewhere/steal).
+        head = [(b"location", scope["query_string"])]
+        await send({"type": "http.response.start", "status": 302, "headers": head})
+        await send({"type": "http.response.body", "body": b""})
+        return
     if path.startswith("/forbidden"):
         await send({"type": "http.response.start", "status": 403, "headers": []})
         await send({"type": "http.response.body", "body": b"no"})

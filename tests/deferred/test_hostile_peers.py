@@ -88,6 +88,28 @@ async def test_a_foreign_status_href_is_never_requested(peer: str, bystander: st
         assert (await client.get(f"{bystander}/hits")).text == "0"
 
 
+async def test_a_redirect_is_never_followed_even_by_a_client_that_would(
+    peer: str, bystander: str
+) -> None:
+    """A status answered with a redirect fails as redirect-refused, also through a client
+    made with ``follow_redirects=True``: a redirect must not carry a poll past the origin rule
+    (D7.12). The redirect's target sees no request."""
+    from timebound.propagation.httpx import AsyncDeadlineTransport
+
+    client = httpx.AsyncClient(
+        base_url=peer, follow_redirects=True, transport=AsyncDeadlineTransport()
+    )
+    connector = HttpConnector(peer, client)
+    for target in (f"{bystander}/steal", f"{peer}/elsewhere"):
+        with pytest.raises(PollRefused) as err:
+            await connector.status(_Op(f"/redirect?{target}"))  # type: ignore[arg-type]
+        assert err.value.code == "redirect-refused"
+        assert "302" in str(err.value) and target in str(err.value)
+    await client.aclose()
+    async with httpx.AsyncClient() as plain:
+        assert (await plain.get(f"{bystander}/hits")).text == "0"
+
+
 async def _settled(host: Registry, op_id: str) -> Any:
     for _ in range(1000):
         op = await host.get(op_id)

@@ -123,7 +123,10 @@ def launch(
         argv += ["--token-file", str(tmp / "token")]
     # The host reads TIMEBOUND_* variables: only the test's own reach it.
     inherited = {k: v for k, v in os.environ.items() if not k.startswith("TIMEBOUND_")}
-    full_env = {**inherited, "PYTHONPATH": str(ROOT), **(env or {})}
+    # The repository (for ``tests.host``) before what the test run was given (a checkout's
+    # ``src`` ahead of an installed copy): the server runs the code under test.
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    full_env = {**inherited, "PYTHONPATH": path, **(env or {})}
     proc = subprocess.Popen(
         argv, cwd=tmp, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

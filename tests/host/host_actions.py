@@ -84,3 +84,30 @@ async def watched(ctx: Any) -> Any:
 def echo(ctx: Any) -> Any:
     """Answers ``input.output`` (a node whose output the test chooses, such as a trace)."""
     return ctx.input.get("output")
+
+
+def _record_events() -> None:
+    """With ``TB_TEST_EVENT_LOG`` set, the host process's telemetry listener appends each
+    workflow event it hears, pickled (base64, one a line), to that file: what the listener heard
+    in process, for a test to compare with what the wire carried."""
+    import base64
+    import os
+    import pickle
+    from pathlib import Path
+
+    from timebound.telemetry import Event, add_listener
+
+    path = os.environ.get("TB_TEST_EVENT_LOG")
+    if not path:
+        return
+    log = Path(path)
+
+    def record(event: Event) -> None:
+        if event.kind == "workflow":
+            with log.open("ab") as f:
+                f.write(base64.b64encode(pickle.dumps(event)) + b"\n")
+
+    add_listener(record)
+
+
+_record_events()

@@ -44,6 +44,11 @@ def test_terminate_then_retry_completes_the_run(served: Server) -> None:
     assert served.wait_run(run_id)["run"]["error"] == "terminated by api (ann): stuck upstream"
     again = served.client.post(f"/v1/runs/{run_id}/terminate", json={"reason": "x"})
     assert again.status_code == 409 and again.json()["code"] == "run-ended"
+    # Two places to start from are refused before anything changes.
+    both = {"reason": "fixed", "from_node": "a", "from_start": True}
+    refused = served.client.post(f"/v1/runs/{run_id}/retry", json=both)
+    assert refused.status_code == 422 and refused.json()["path"] == "from_start", refused.text
+    assert served.client.get(f"/v1/runs/{run_id}").json()["run"]["status"] == "failed"
     # The retry runs node a again; it still sleeps 30 s past its 200 ms bound: it times out.
     r = served.client.post(f"/v1/runs/{run_id}/retry", json={"reason": "fixed"})
     assert r.status_code == 200 and r.json()["from_node"] == "a"

@@ -32,6 +32,8 @@ def _cut_region() -> tuple[pl.Catalog, pl.Artifact]:
 def _run(
     reg: pl.Catalog, artifact: pl.Artifact, rows: pa.Table
 ) -> tuple[pl.RunOutput, list[Event]]:
+    """The run and the end events its listener heard (the trace's events), in the trace's
+    order; the listener hears them as each span ends, and starts too (D10.11)."""
     heard: list[Event] = []
     remove = add_listener(lambda e: heard.append(e) if e.kind == "pipeline" else None)
     try:
@@ -39,7 +41,9 @@ def _run(
             result = VirtualClock().run(pl.Engine(reg).run(artifact, rows))
     finally:
         remove()
-    return result, heard
+    order = [e.attrs["node_id"] for e in result.trace.events()]
+    ended = [e for e in heard if e.name in ("pipeline.task", "pipeline.region")]
+    return result, sorted(ended, key=lambda e: order.index(e.attrs["node_id"]))
 
 
 def test_a_listener_hears_the_trace_as_events() -> None:

@@ -300,6 +300,37 @@ async def test_turns_sliced_to_one_outcome_each_still_run_everything_right(
     assert [r["branch"] for r in result.output["results"]] == list(range(20))
 
 
+async def test_a_turn_reads_the_rows_of_what_it_stores_not_of_the_whole_backlog(
+    virtual_clock, make_engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With every turn cut after its first outcome (D6.24) and a backlog of 200 outcomes, the
+    turns read the tokens of the outcomes they store, a small window each (D6.35): reading the
+    whole backlog each turn cost n²/2 rows (~20,000 here)."""
+    from timebound._store import _postgres, _sqlite
+    from timebound.workflow import _turns
+
+    monkeypatch.setattr(_turns, "_TURN_SLICE_S", 0.0)
+    monkeypatch.setattr(_turns, "_HOLD_FIRST", 4)
+    read = [0]
+    for cls in (_sqlite._SqliteTx, _postgres._PgTx):
+
+        async def _fetch(self: Any, sql: str, *args: Any, _f: Any = cls._fetch) -> Any:
+            rows = await _f(self, sql, *args)
+            if "FROM tb_wf_tokens WHERE id IN" in sql:
+                read[0] += len(rows)
+            return rows
+
+        monkeypatch.setattr(cls, "_fetch", _fetch)
+    n = 200
+    d = definition(
+        [{"id": "A"}, {"id": "B"}], [{"id": "fan", "from": "A", "to": "B", "spawn_count": n}]
+    )
+    async with make_engine(HANDLERS, d, concurrency=n) as engine:
+        result = await engine.wait(await engine.start("wf", {}), timeout=60)
+    assert result.status == "completed"
+    assert 0 < read[0] <= 10 * n, read[0]
+
+
 def test_freeze_and_thaw_never_recurse_without_bound() -> None:
     """freeze and thaw take a value nested 100,000 deep (objects and arrays) and give it back
     whole, in order (they raised RecursionError at ~500 levels, inside the engine's turn)."""

@@ -63,6 +63,18 @@ async def test_retry_from_the_start_clears_state(virtual_clock, make_engine) -> 
     assert [t["node_id"] for t in tokens] == ["A", "B", "A", "B"]
 
 
+async def test_retry_refuses_from_node_and_from_start_together(virtual_clock, make_engine) -> None:
+    """Two places to start from are a mistake, refused before the run is touched."""
+    async with make_engine({**HANDLERS, "flaky": flaky}, two_step()) as engine:
+        run_id = await engine.start("wf", {"A": 1})
+        await engine.wait(run_id)
+        before = await engine.tokens(run_id)
+        with pytest.raises(tb.ConfigurationError) as info:
+            await engine.retry(run_id, from_node="A", from_start=True, reason="again")
+        assert info.value.option == "from_start"
+        assert await engine.tokens(run_id) == before
+
+
 async def test_retry_refuses_a_running_or_completed_run(virtual_clock, make_engine) -> None:
     """Only a failed or timed-out run is retried: others are refused with a stable code."""
     d = definition([{"id": "A"}])

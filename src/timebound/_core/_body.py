@@ -7,7 +7,7 @@ limit in memory, whatever ``Content-Length`` claims. The cap is checked before a
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 
 from ._errors import InvalidInput
@@ -17,8 +17,10 @@ __all__ = [
     "Disconnected",
     "TooLarge",
     "declared_too_large",
+    "aread_prefix",
     "asgi_chunks",
     "read_capped",
+    "read_prefix",
     "too_large",
 ]
 
@@ -67,6 +69,34 @@ async def read_capped(chunks: AsyncIterable[bytes], limit: int, *, what: str = "
             raise too_large(limit, what)
         body += chunk
     return bytes(body)
+
+
+def read_prefix(chunks: Iterable[bytes], limit: int) -> tuple[bytes, bool]:
+    """The first ``limit`` bytes of ``chunks`` and whether they are all of it (D4.8, D4.14).
+
+    For a body that is not an error to receive whole but must not cost more than ``limit``: a
+    peer's refusal, a failed answer. Reading stops at the first chunk past the limit, so at
+    most ``limit`` bytes plus one chunk are ever held; the caller then closes the stream
+    unread (its connection with it).
+    """
+    body = bytearray()
+    for chunk in chunks:
+        if len(body) + len(chunk) > limit:
+            body += chunk[: limit - len(body)]
+            return bytes(body), False
+        body += chunk
+    return bytes(body), True
+
+
+async def aread_prefix(chunks: AsyncIterable[bytes], limit: int) -> tuple[bytes, bool]:
+    """:func:`read_prefix` for an async stream."""
+    body = bytearray()
+    async for chunk in chunks:
+        if len(body) + len(chunk) > limit:
+            body += chunk[: limit - len(body)]
+            return bytes(body), False
+        body += chunk
+    return bytes(body), True
 
 
 class Disconnected(Exception):

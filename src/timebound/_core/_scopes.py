@@ -1277,6 +1277,12 @@ def current_deadline() -> Deadline:
     return Deadline(eff)
 
 
+def bounded() -> bool:
+    """Whether any bound is in force here: one context-variable read, for an adapter's fast path
+    that hands a call to its library untouched when there is no deadline (D4.13)."""
+    return _frame.get().eff != _INF
+
+
 def remaining() -> float:
     """Seconds until the effective deadline, never negative; ``math.inf`` when there is none."""
     left = _frame.get().eff - _clock.now()

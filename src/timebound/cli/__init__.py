@@ -7,7 +7,6 @@ and a command whose extra is missing says which extra to install.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -17,7 +16,8 @@ from .. import __version__
 # starting Python (mypy treats any name TYPE_CHECKING as true).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    import argparse
+    from collections.abc import Sequence
 del TYPE_CHECKING
 
 __all__ = ["main"]
@@ -71,18 +71,6 @@ _BROKEN_PIPE = 141
 _INTERRUPTED = 130
 
 
-def _missing_extra(command: str, extra: str, missing: str) -> Callable[[argparse.Namespace], int]:
-    def handler(args: argparse.Namespace) -> int:
-        print(
-            f"timebound {command}: needs the '{extra}' extra ({missing} is not installed); "
-            f"install it with: pip install 'timebound[{extra}]'",
-            file=sys.stderr,
-        )
-        return 2
-
-    return handler
-
-
 def _chosen(argv: Sequence[str]) -> str | None:
     """The command named on the command line, if any (the first word that is not an option)."""
     for word in argv:
@@ -91,28 +79,8 @@ def _chosen(argv: Sequence[str]) -> str | None:
     return None
 
 
-class _Formatter(argparse.HelpFormatter):
-    """argparse's help formatter, sized without ``shutil``.
-
-    argparse asks ``shutil.get_terminal_size()`` for the width whenever it builds a formatter
-    (``add_argument`` does, to check a metavar), and ``shutil`` imports ``bz2``, ``lzma`` and
-    ``fnmatch``: a third of what ``timebound --help`` cost beyond starting Python
-    (bench/startup.py). Same rule as ``shutil``: ``$COLUMNS``, else stdout's terminal, else 80.
-    """
-
-    def __init__(
-        self,
-        prog: str,
-        indent_increment: int = 2,
-        max_help_position: int = 24,
-        width: int | None = None,
-    ) -> None:
-        super().__init__(
-            prog, indent_increment, max_help_position, _columns() - 2 if width is None else width
-        )
-
-
-def _columns() -> int:
+def columns() -> int:
+    """The help's width by shutil's rule: ``$COLUMNS``, else stdout's terminal, else 80."""
     try:
         columns = int(os.environ["COLUMNS"])
     except (KeyError, ValueError):
@@ -127,36 +95,74 @@ def _columns() -> int:
 
 def build_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The parser; only the module of the command named in ``argv`` is imported."""
-    parser = argparse.ArgumentParser(
-        prog="timebound",
-        description="One deadline model for Python: run demos and Constellation programs.",
-        formatter_class=_Formatter,
-    )
-    parser.add_argument("--version", action="version", version=f"timebound {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    chosen = next((c for c in _COMMANDS if c.name == _chosen(argv)), None)
-    registered: set[str] = set()
-    if chosen is not None:
-        from importlib import import_module
+    from ._parser import build_parser as build
 
-        try:
-            module = import_module(chosen.module)
-        except ModuleNotFoundError as exc:
-            if exc.name is None or exc.name.startswith("timebound") or chosen.extra is None:
-                raise
-            stub = sub.add_parser(chosen.name, help=chosen.help)
-            stub.add_argument("rest", nargs=argparse.REMAINDER)
-            stub.set_defaults(handler=_missing_extra(chosen.name, chosen.extra, exc.name))
-            registered.add(chosen.name)
+    return build(_COMMANDS, argv)
+
+
+def _top_level_help(columns: int) -> str | None:
+    """``timebound --help`` as argparse prints it, without importing argparse (D15.7).
+
+    argparse's import and formatter are half of what the help costs beyond starting Python;
+    the top-level help is one usage line, the description and two lists, so it is laid out
+    here by argparse's own rules (help column, wrapping with ``textwrap``), and a test compares
+    it with argparse's output at every width. ``None`` (argparse formats it) when the usage line
+    would wrap, a layout not reproduced here.
+    """
+    width = columns - 2
+    usage = "usage: timebound [-h] [--version] COMMAND ..."
+    if len(usage) > width:
+        return None
+    items = [(2, "COMMAND", "")]
+    items += [(4, c.name, c.help) for c in _COMMANDS]
+    options = [(2, "-h, --help", "show this help message and exit")]
+    options.append((2, "--version", "show program's version number and exit"))
+    longest = max(indent + len(name) for indent, name, _ in items + options)
+    position = min(longest + 2, min(24, max(width - 20, 4)))
+    help_width = max(width - position, 11)
+
+    def entry(indent: int, name: str, text: str) -> str:
+        if not text:
+            return f"{'':{indent}}{name}\n"
+        lines = _wrap(text, help_width)
+        if len(name) <= position - indent - 2:
+            head = f"{'':{indent}}{name:{position - indent - 2}}  {lines[0]}\n"
         else:
-            before = set(sub.choices)
-            module.register(sub)
-            registered |= set(sub.choices) - before
-    for command in _COMMANDS:
-        if command.name not in registered:
-            # Listed for --help; never parsed, because a named command is registered above.
-            sub.add_parser(command.name, help=command.help, formatter_class=_Formatter)
-    return parser
+            head = f"{'':{indent}}{name}\n{'':{position}}{lines[0]}\n"
+        return head + "".join(f"{'':{position}}{line}\n" for line in lines[1:])
+
+    description = "\n".join(
+        _wrap(
+            "One deadline model for Python: run demos and Constellation programs.", max(width, 11)
+        )
+    )
+    return (
+        f"{usage}\n\n{description}\n\npositional arguments:\n"
+        + "".join(entry(*item) for item in items)
+        + "\noptions:\n"
+        + "".join(entry(*item) for item in options)
+    )
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """``textwrap.wrap`` of a single-spaced text, imported only when the text does not fit."""
+    if len(text) <= width:
+        return [text]
+    import textwrap
+
+    return textwrap.wrap(text, width)
+
+
+def _fast(words: Sequence[str]) -> tuple[str, int] | None:
+    """What ``timebound``, ``--help`` and ``--version`` print and their exit code, or ``None``
+    for everything else (parsed by argparse)."""
+    if list(words) == ["--version"]:
+        return f"timebound {__version__}\n", 0
+    if list(words) in ([], ["-h"], ["--help"]):
+        text = _top_level_help(columns())
+        if text is not None:
+            return text, 2 if not words else 0
+    return None
 
 
 def _join_values(argv: Sequence[str]) -> list[str]:
@@ -176,6 +182,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     words = _join_values(sys.argv[1:] if argv is None else argv)
     try:
         try:
+            fast = _fast(words)
+            if fast is not None:
+                sys.stdout.write(fast[0])
+                return fast[1]
             parser = build_parser(words)
             args = parser.parse_args(words)
             handler = getattr(args, "handler", None)

@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 
 from .. import ConfigurationError, DeadlineExceeded, InvalidInput, fail_after, format_duration
-from ..host import Client, HostError
-from ..telemetry import Timeline, stored_run_events
+from ..host import Client, HostError, telemetry_event
+from ..telemetry import Timeline
 from ._render import stored_line
 
 __all__ = ["common_options", "register", "remote"]
@@ -267,11 +267,11 @@ def _event_line(event: Any) -> str:
 def _events(client: Client, args: argparse.Namespace) -> None:
     events = client.follow(args.run_id) if args.follow else iter(client.events(args.run_id))
     if args.timeline and not args.json:
-        # The stored rows as the events the run's listeners heard, in the one timeline (D10.9).
+        # The wire's events as the events the run's listeners heard, in the one timeline
+        # (D10.9, D10.12).
         timeline = Timeline(sys.stdout)
         for event in events:
-            for heard in stored_run_events(args.run_id, [{"kind": event["kind"], **event["data"]}]):
-                stored_line(timeline, heard)
+            stored_line(timeline, telemetry_event(event))
             sys.stdout.flush()
         return
     for event in events:

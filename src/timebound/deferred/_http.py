@@ -115,7 +115,16 @@ class HttpConnector:
                 f"{method} {_short(href)}: not on the connector's origin {self.origin}",
             )
         try:
-            async with self._client.stream(method, href) as response:
+            # Never a redirect, whatever the client was made with: it could lead a poll off
+            # the origin the href was checked against (D7.12).
+            async with self._client.stream(method, href, follow_redirects=False) as response:
+                if 300 <= response.status_code < 400:
+                    location = response.headers.get("location", "")
+                    raise PollRefused(
+                        "redirect-refused",
+                        f"{method} {_short(href)}: answered {response.status_code} to "
+                        f"{_short(location)!r}; redirects are not followed",
+                    )
                 if response.status_code == 429 or response.status_code >= 500:
                     raise TransientPollError(
                         f"poll-http-{response.status_code}",

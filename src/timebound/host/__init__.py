@@ -26,6 +26,7 @@ from ._wire import (
     HostUnavailable,
     RunDetail,
     RunPage,
+    telemetry_event,
 )
 
 __all__ = [
@@ -47,4 +48,5 @@ __all__ = [
     "load_config",
     "publish",
     "serve",
+    "telemetry_event",
 ]

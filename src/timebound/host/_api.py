@@ -17,6 +17,7 @@ from starlette.routing import Route
 from .._core import _clock
 from .._core._body import TooLarge, declared_too_large, read_capped
 from .._core._errors import ConfigurationError
+from .._core._problem import deadline_problem
 from .._core._scopes import remaining
 from .._json import MAX_DEPTH, JSONError, TooDeep
 from .._json import check as check_json
@@ -29,7 +30,7 @@ from ._host import Host
 from ._problems import Problem
 from ._timeline import attempts, bound_fired, budget_rows, timeline, timeouts
 
-__all__ = ["api_routes", "decode_cursor", "encode_cursor", "read_json"]
+__all__ = ["api_routes", "decode_cursor", "encode_cursor", "read_json", "wire_events"]
 
 _RUN_STATUSES = ("running", *RUN_TERMINAL)
 # The largest deadline a start takes: ten years, the bound of the definitions' own timeouts.
@@ -295,6 +296,24 @@ async def get_run(request: Request) -> Response:
     return JSONResponse(await run_detail(_host(request), request.path_params["run_id"]))
 
 
+def wire_events(run_id: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A run's stored event rows as the wire carries them (D10.12): each row as it always was
+    (``kind``, ``at_epoch_ms``, its data) and, added, the one event record's ``name``,
+    ``epoch_ms``, ``correlation`` (kind -> id) and ``bound`` (the fired bound as a
+    problem document, or null), read back by the function a listener's events are built with
+    (D10.9)."""
+    return [
+        {
+            **row,
+            "name": event.name,
+            "epoch_ms": event.epoch_ms,
+            "correlation": dict(event.correlation),
+            "bound": None if event.bound is None else deadline_problem(event.bound),
+        }
+        for row, event in zip(rows, stored_run_events(run_id, rows), strict=True)
+    ]
+
+
 async def _sse(host: Host, run_id: str, start: int) -> AsyncIterator[bytes]:
     """Events from number ``start + 1`` on, until the run ends or the caller's deadline passes
     (then an ``event: deadline``: the stream ends cleanly, the run goes on)."""
@@ -309,7 +328,7 @@ async def _sse(host: Host, run_id: str, start: int) -> AsyncIterator[bytes]:
         # between would end the stream without its last events).
         ended = (await host.engine.get_run(run_id))["status"] in RUN_TERMINAL
         events = await host.engine.events(run_id)
-        for seq, event in enumerate(events[seen:], start=seen + 1):
+        for seq, event in enumerate(wire_events(run_id, events[seen:]), start=seen + 1):
             yield f"id: {seq}\nevent: {event['kind']}\ndata: {json.dumps(event)}\n\n".encode()
         seen = max(seen, len(events))
         if ended:
@@ -331,7 +350,7 @@ async def run_events(request: Request) -> Response:
             media_type="text/event-stream",
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
-    return JSONResponse({"events": await host.engine.events(run_id)})
+    return JSONResponse({"events": wire_events(run_id, await host.engine.events(run_id))})
 
 
 async def cancel_run(request: Request) -> Response:

@@ -45,6 +45,7 @@ from ._wire import (
     calls,
     numbered,
     raise_for_problem,
+    wire_event,
 )
 
 __all__ = ["DEFAULT_URL", "AsyncClient", "Client"]
@@ -106,10 +107,10 @@ class _Streamed:
                 continue
             if message.id is None or not message.id.isdigit():
                 continue
-            data = json.loads(message.data) if message.data else {}
-            data.pop("kind", None)
+            raw = json.loads(message.data) if message.data else {}
+            raw.setdefault("kind", message.event)
             self.seq = int(message.id)
-            out.append(Event(seq=self.seq, kind=message.event, data=data))
+            out.append(wire_event(self.seq, raw))
         return out
 
 

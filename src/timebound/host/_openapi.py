@@ -280,7 +280,9 @@ def openapi() -> dict[str, Any]:
                 "get": _op(
                     "getRunEvents",
                     "A run's events as JSON, or as Server-Sent Events with "
-                    "Accept: text/event-stream (resumable with Last-Event-ID)",
+                    "Accept: text/event-stream (resumable with Last-Event-ID); each event is "
+                    "its stored row (kind, at_epoch_ms, its fields) with the telemetry record's "
+                    "name, epoch_ms, correlation and bound (a problem document, or null)",
                     "200",
                     parameters=[_path_param("run_id")],
                 )

@@ -85,6 +85,8 @@ async def act(host: Host, run_id: str, action: str, body: dict[str, Any], who: s
             operator=who,
         ),
     }
+    if action == "retry" and body.get("from_node") is not None and _flag(body.get("from_start")):
+        raise Problem(422, "from_node and from_start: give one, not both", path="from_start")
     try:
         return await calls[action]()
     except OperatorRefused as exc:

@@ -19,6 +19,9 @@ from urllib.parse import quote
 from .._core._deadline import Deadline
 from .._core._durations import Duration, to_ms
 from .._core._errors import InvalidInput, TimeboundError
+from .._core._problem import deadline_from_problem
+from ..telemetry import Event as TelemetryEvent
+from ..telemetry._durable import at_of
 
 __all__ = [
     "Call",
@@ -39,6 +42,8 @@ __all__ = [
     "SseParser",
     "calls",
     "raise_for_problem",
+    "telemetry_event",
+    "wire_event",
 ]
 
 
@@ -84,11 +89,22 @@ class RunDetail(TypedDict):
 
 
 class Event(TypedDict):
-    """One event of a run; ``seq`` is its number (1-based), as the event stream's ``id``."""
+    """One event of a run; ``seq`` is its number (1-based), as the event stream's ``id``;
+    ``kind`` its stored kind and ``data`` the stored row's other fields, as they always were.
+
+    The rest is the one event record every engine emits (D10.1, D10.12): ``name`` (the telemetry
+    event's, ``workflow.<kind>``), ``epoch_ms``, ``correlation`` (kind -> id: ``run``,
+    ``token``, ``node``) and ``bound``, the bound that fired as a problem document
+    (``source``, ``timeout_ms``, ``deadline_epoch_ms``, ``set_by``, ``breakdown``), or ``None``.
+    :func:`telemetry_event` turns it into a :class:`timebound.telemetry.Event`."""
 
     seq: int
     kind: str
     data: dict[str, Any]
+    name: str
+    epoch_ms: int | None
+    correlation: dict[str, str]
+    bound: dict[str, Any] | None
 
 
 #: A deferred operation's operator view (states, instants as RFC 3339, digests; D7).
@@ -417,13 +433,50 @@ class calls:
         return Call("POST", path, route="/v1/deferred-operations/{op_id}/cancel")
 
 
+# The members of a wire event that are the one event record's, beside the stored row (D10.12).
+_RECORD = ("kind", "name", "epoch_ms", "correlation", "bound")
+
+
+def wire_event(seq: int, raw: dict[str, Any]) -> Event:
+    """Event number ``seq`` as the host sent it (a list item, an SSE message's data). From a host
+    older than D10.12, which sent the stored row alone, ``name`` is ``workflow.<kind>``,
+    ``epoch_ms`` the row's ``at_epoch_ms`` and ``correlation`` and ``bound`` are empty."""
+    kind = str(raw.get("kind", ""))
+    correlation = raw.get("correlation")
+    epoch_ms = raw.get("epoch_ms", raw.get("at_epoch_ms"))
+    return Event(
+        seq=seq,
+        kind=kind,
+        data={k: v for k, v in raw.items() if k not in _RECORD},
+        name=str(raw.get("name") or f"workflow.{kind}"),
+        epoch_ms=epoch_ms if isinstance(epoch_ms, int) else None,
+        correlation=dict(correlation) if isinstance(correlation, dict) else {},
+        bound=raw.get("bound") if isinstance(raw.get("bound"), dict) else None,
+    )
+
+
 def numbered(events: Iterable[dict[str, Any]], start: int = 0) -> list[Event]:
     """The host's JSON event list as :class:`Event`\\ s, numbered from ``start + 1``."""
-    out: list[Event] = []
-    for seq, raw in enumerate(events, start=start + 1):
-        data = {k: v for k, v in raw.items() if k != "kind"}
-        out.append(Event(seq=seq, kind=str(raw.get("kind", "")), data=data))
-    return out
+    return [wire_event(seq, raw) for seq, raw in enumerate(events, start=start + 1)]
+
+
+def telemetry_event(event: Event) -> TelemetryEvent:
+    """A wire event as the :class:`timebound.telemetry.Event` the host's listeners heard (D10.12):
+    its ``name``, ``epoch_ms``, ``correlation``, attributes (the stored data; ``at_epoch_ms`` is
+    the record's ``epoch_ms``) and ``bound`` (a :class:`~timebound.DeadlineExceeded` again).
+    Only ``at``, the monotonic instant, is reconstructed (as long before now as ``epoch_ms``
+    is, D10.9). A malformed bound raises :class:`~timebound.ConfigurationError` naming it."""
+    epoch_ms = event["epoch_ms"]
+    bound = event["bound"]
+    where = f"events[{event['seq']}].bound"
+    return TelemetryEvent(
+        event["name"],
+        at_of(epoch_ms),
+        {k: v for k, v in event["data"].items() if k != "at_epoch_ms"},
+        dict(event["correlation"]),
+        epoch_ms,
+        None if bound is None else deadline_from_problem(bound, where=where),
+    )
 
 
 # ---------------------------------------------------------------------------------- SSE

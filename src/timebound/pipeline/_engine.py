@@ -25,7 +25,6 @@ from .._core._errors import ConfigurationError
 from .._core._renamed import renamed
 from .._core._scopes import checkpoint, current_deadline, fail_after
 from .._engine import DagPlan, Group, Node
-from ..telemetry._events import emit_event, enabled
 from ..telemetry._tracing import run_span
 from . import _expr
 from ._artifact import Artifact
@@ -210,16 +209,15 @@ class Engine:
         trace.base = run.base
         # With spans exported: a span for the run, its regions and tasks as children (D10.4).
         with run_span("pipeline.run", plan_digest=artifact.digest) as export:
+            # The listeners hear each task and region as it starts and ends (D10.11).
+            spans, sink = trace.recording()
             try:
-                await compiled.plan.execute(run, record=trace.recording())
+                await compiled.plan.execute(run, record=spans, sink=sink)
             except Exception as exc:
                 _locate(exc, compiled.meta)
                 raise
             finally:
                 export(trace)
-                if enabled():  # the trace's events to the listeners (D10.10)
-                    for event in trace.events():
-                        emit_event(event)
         present = set(rowset.keys())
         keys = [k for k in self.catalog.keys if k in present]
         return RunOutput(rowset.table(keys), trace)

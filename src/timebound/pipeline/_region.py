@@ -101,9 +101,10 @@ def region_group(
         record = run.trace.wrappers[node_id]
         record["success_elapsed_ms"] = (now - state.start) * 1000.0
         record["timed_out"] = True
+        record["chosen_branch"] = "fail_plan" if on_timeout == "fail_plan" else "fail"
+        run.trace.timed_out(node_id)  # heard before the fallback runs (D10.11)
         own = Deadline(state.start + state.timeout_ms / 1000.0)
         if on_timeout == "fail_plan":
-            record["chosen_branch"] = "fail_plan"
             raise PlanTimeout(
                 None
                 if reserve_ms is None
@@ -115,15 +116,15 @@ def region_group(
                 deadline=own if reserve_ms is None else None,
                 reserve_ms=reserve_ms,
             )
-        record["chosen_branch"] = "fail"
         depth = run.rowset.begin()
+        spans, sink = run.trace.recording()
         try:
             if reserve_ms is None:
-                await fail_plan.execute(run, record=run.trace.recording())
+                await fail_plan.execute(run, record=spans, sink=sink)
             else:
                 # D5.9: the fallback runs in the reserve, and the region ends at its deadline.
                 with fail_at(own, source="region", what=f"region {node_id}"):
-                    await fail_plan.execute(run, record=run.trace.recording())
+                    await fail_plan.execute(run, record=spans, sink=sink)
             check_preserved(run.rowset, state, node_id, "fail")
         except DeadlineExceeded as err:
             run.rowset.rollback_to(depth)

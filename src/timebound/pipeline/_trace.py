@@ -3,21 +3,26 @@ listed in docs/pipeline.md), the critical path, JSON export and OpenTelemetry sp
 
 The trace is a view over telemetry events (D10.10): :meth:`Trace.events` turns what the executor
 recorded into one :class:`timebound.telemetry.Event` per task and region that ran, the record every
-engine emits, and :attr:`Trace.spans` reads its spans from those events. The engine emits the same
-events to the telemetry listeners when the run ends, so a listener, the trace viewer and the CLI's
-timeline see one account of the run.
+engine emits, and :attr:`Trace.spans` reads its spans from those events. The listeners hear the
+same events as they happen (D10.11): the executor hands each task's and region's start and end to
+the sink :meth:`Trace.recording` gives it, which builds them with the same function, and a region
+announces its timeout before its fallback runs (:meth:`Trace.timed_out`). A listener, the trace
+viewer and the CLI's timeline see one account of the run.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
+from .._core import _clock
 from .._core._errors import DeadlineExceeded
+from .._engine import Event as Lifecycle
 from .._engine import Span
 from ..telemetry import Event, current_correlation
+from ..telemetry._events import emit_event, enabled
 
 __all__ = ["SPAN_FIELDS", "Trace", "critical_path"]
 
@@ -82,11 +87,26 @@ class Trace:
         # a plain dict, so a trace pickles (a PlanTimeout carries it out of a worker process).
         self._correlation = dict(current_correlation())
 
-    def recording(self) -> list[Span]:
-        """A list for the executor to record one plan's spans in (engine use)."""
+    def recording(self) -> tuple[list[Span], Callable[[Lifecycle], None] | None]:
+        """A list for the executor to record one plan's spans in, and the sink that hands each
+        task's and region's start and end to the telemetry listeners as they happen, or
+        ``None`` when nobody listens as the plan starts: the run's path then pays nothing more
+        (engine use, D10.11)."""
         spans: list[Span] = []
         self._recorded.append(spans)
-        return spans
+        return spans, (self._live(spans) if enabled() else None)
+
+    def _live(self, spans: list[Span]) -> Callable[[Lifecycle], None]:
+        by_key: dict[Hashable, Span] = {}
+
+        def sink(change: Lifecycle) -> None:
+            if change.kind == "ready":
+                return  # a node's readiness is not an event of its own: its start carries it
+            if not by_key:  # the executor has filled the list by its first change
+                by_key.update((s.key, s) for s in spans)
+            emit_event(self._event(by_key[change.key], ended=change.kind == "end"))
+
+        return sink
 
     def events(self) -> list[Event]:
         """The run as telemetry events (D10.10): one per task or region that ran, in the order
@@ -98,52 +118,76 @@ class Trace:
         the ``plan_digest``, a region's also its wrapper record (``wrapper``); its correlation is
         the run's (the request or program run it served) with ``task``: the node id. A region
         whose deadline fired carries that bound (source ``region``, its length, set by the
-        region)."""
-        out = []
+        region). The listeners heard these same events as each span ended (D10.11)."""
+        return [
+            self._event(span, ended=True)
+            for recorded in self._recorded
+            for span in recorded
+            if span.outcome != "pending"  # never ran
+        ]
+
+    def _event(self, span: Span, *, ended: bool) -> Event:
+        """The event of ``span``'s end (``pipeline.task``, ``pipeline.region``), or of its start
+        (``pipeline.task_started``, ``pipeline.region_started``: the fields known by then)."""
         base = self.base
-        started_ms = self.started_epoch_ns // 1_000_000
-        for recorded in self._recorded:
-            for span in recorded:
-                if span.outcome == "pending":
-                    continue  # never ran
-                node_id = str(span.key)
-                m = self._meta[node_id]
-                attrs: dict[str, Any] = {
-                    "node_id": node_id,
-                    "op": m["op"],
-                    "name": m["name"],
-                    "parent": m["parent"],
-                    "deps": m["deps"],
-                    "ready_ms": (span.ready - base) * 1000.0,
-                    "start_ms": (span.start - base) * 1000.0,
-                    "end_ms": (span.end - base) * 1000.0,
-                    "outcome": span.outcome,
-                    "plan_digest": self.plan_digest,
-                }
-                region = m["op"] == "timeout_wrapper"
-                bound = None
-                record = self.wrappers.get(node_id)
-                if region and record is not None:
-                    attrs["wrapper"] = dict(record)
-                    if record.get("timed_out"):
-                        bound = DeadlineExceeded(
-                            f"timeout_wrapper {node_id} timed out after "
-                            f"{record['timeout_ms']:g} ms",
-                            source="region",
-                            timeout=record["timeout_ms"] / 1000.0,
-                            set_by=f"region {node_id}",
-                        )
-                out.append(
-                    Event(
-                        "pipeline.region" if region else "pipeline.task",
-                        span.end,
-                        attrs,
-                        {**self._correlation, "task": node_id},
-                        started_ms + math.floor(attrs["end_ms"]),
-                        bound,
-                    )
-                )
-        return out
+        node_id = str(span.key)
+        m = self._meta[node_id]
+        region = m["op"] == "timeout_wrapper"
+        attrs: dict[str, Any] = {
+            "node_id": node_id,
+            "op": m["op"],
+            "name": m["name"],
+            "parent": m["parent"],
+            "deps": m["deps"],
+            "ready_ms": (span.ready - base) * 1000.0,
+            "start_ms": (span.start - base) * 1000.0,
+        }
+        name = "pipeline.region" if region else "pipeline.task"
+        if not ended:
+            attrs["plan_digest"] = self.plan_digest
+            return self._at(f"{name}_started", span.start, attrs, node_id, None)
+        attrs["end_ms"] = (span.end - base) * 1000.0
+        attrs["outcome"] = span.outcome
+        attrs["plan_digest"] = self.plan_digest
+        bound = None
+        record = self.wrappers.get(node_id) if region else None
+        if record is not None:
+            attrs["wrapper"] = dict(record)
+            bound = _region_bound(node_id, record)
+        return self._at(name, span.end, attrs, node_id, bound)
+
+    def timed_out(self, node_id: str) -> None:
+        """Tell the listeners now that region ``node_id``'s deadline fired
+        (``pipeline.region_timed_out``, with its wrapper record so far and its bound), before
+        its fallback runs (engine use, D10.11)."""
+        if not enabled():
+            return
+        m = self._meta[node_id]
+        record = self.wrappers[node_id]
+        attrs = {
+            "node_id": node_id,
+            "op": m["op"],
+            "name": m["name"],
+            "parent": m["parent"],
+            "deps": m["deps"],
+            "plan_digest": self.plan_digest,
+            "wrapper": dict(record),
+        }
+        bound = _region_bound(node_id, record)
+        emit_event(self._at("pipeline.region_timed_out", _clock.now(), attrs, node_id, bound))
+
+    def _at(
+        self,
+        name: str,
+        at: float,
+        attrs: dict[str, Any],
+        node_id: str,
+        bound: DeadlineExceeded | None,
+    ) -> Event:
+        # The epoch instant: the run's start on the wall clock plus the monotonic offset, in
+        # whole ms (so the trace's exporters and the listeners agree on one wall clock, D1.1).
+        epoch_ms = self.started_epoch_ns // 1_000_000 + math.floor((at - self.base) * 1000.0)
+        return Event(name, at, attrs, {**self._correlation, "task": node_id}, epoch_ms, bound)
 
     @property
     def spans(self) -> list[dict[str, Any]]:
@@ -209,6 +253,19 @@ class Trace:
         ends = {s["node_id"]: s["end_ms"] for s in spans}
         for node_id, otel_span in made.items():
             otel_span.end(end_time=base + int(ends[node_id] * 1_000_000))
+
+
+def _region_bound(node_id: str, record: Mapping[str, Any]) -> DeadlineExceeded | None:
+    """The bound of a region whose deadline fired (source ``region``, its length, set by the
+    region), else ``None``."""
+    if not record.get("timed_out"):
+        return None
+    return DeadlineExceeded(
+        f"timeout_wrapper {node_id} timed out after {record['timeout_ms']:g} ms",
+        source="region",
+        timeout=record["timeout_ms"] / 1000.0,
+        set_by=f"region {node_id}",
+    )
 
 
 def critical_path(

@@ -411,37 +411,30 @@ async def _outcome(attempt: Attempt, index: int) -> tuple[int, bool, Any]:
         return index, False, exc
 
 
-class _InlineRace:
-    """asyncio: the primary runs in the caller's own task (a call that needs no hedge costs a
-    timer, not a task); a hedge is a task started by that timer. A hedge that succeeds while
-    the primary still runs cancels the caller's task and the race takes the cancellation back
-    (``uncancel``, as ``asyncio.timeout`` does), so any other cancellation — the caller's
-    deadline — still goes through."""
+class _RaceBase:
+    """What the asyncio and the thread race share: the attempt of the retry loop being raced,
+    the policy's hedge and latency window, and the caps' bookkeeping — a hedge sent only when
+    :meth:`Hedge.try_send` grants it, its events, and the places it took among the hedges in
+    flight, given back once (:meth:`_give_back`) when the race's attempts have ended."""
 
     __slots__ = (
         "attempt",
         "delay",
         "hedge",
-        "hedges",
         "latencies",
         "number",
         "observer",
         "policy",
-        "primary_running",
-        "self_cancelled",
         "sent",
         "state",
-        "task",
         "tele",
-        "timer",
-        "winner",
     )
 
     def __init__(
         self,
         policy: Policy[Any],
         state: RetryState,
-        attempt: Attempt,
+        attempt: Any,
         number: int,
         delay: float,
         tele: bool,
@@ -459,6 +452,56 @@ class _InlineRace:
         self.observer = observer
         self.hedge = hedge
         self.latencies = latencies
+        self.sent = 0
+
+    def _send(self, left: float) -> bool:
+        """Take a place for the next hedge (``left``: the time the call has); on a refusal,
+        ``hedge.suppressed`` and ``False`` — D3.14: one refusal ends this attempt's hedging."""
+        reason = self.hedge.try_send(self.latencies, self.policy.plan.budget, left)
+        if reason is not None:
+            if self.tele:
+                self.policy.emit(
+                    self.observer, "hedge.suppressed", attempt=self.number, reason=reason
+                )
+            return False
+        self.sent += 1
+        if self.tele:
+            self.policy.emit(self.observer, "hedge.sent", attempt=self.number, hedge=self.sent)
+        return True
+
+    def _won(self, index: int) -> None:
+        """Hedge ``index`` (not the primary) won the race."""
+        self.hedge._won()
+        if self.tele:
+            self.policy.emit(self.observer, "hedge.won", attempt=self.number, hedge=index)
+
+    def _give_back(self) -> None:
+        for _ in range(self.sent):
+            self.hedge.done()
+
+
+class _InlineRace(_RaceBase):
+    """asyncio: the primary runs in the caller's own task (a call that needs no hedge costs a
+    timer, not a task); a hedge is a task started by that timer. A hedge that succeeds while
+    the primary still runs cancels the caller's task and the race takes the cancellation back
+    (``uncancel``, as ``asyncio.timeout`` does), so any other cancellation — the caller's
+    deadline — still goes through."""
+
+    __slots__ = ("hedges", "primary_running", "self_cancelled", "task", "timer", "winner")
+
+    attempt: Attempt
+
+    def __init__(
+        self,
+        policy: Policy[Any],
+        state: RetryState,
+        attempt: Attempt,
+        number: int,
+        delay: float,
+        tele: bool,
+        observer: Observer | None,
+    ) -> None:
+        super().__init__(policy, state, attempt, number, delay, tele, observer)
         import asyncio
 
         self.task = asyncio.current_task()
@@ -466,7 +509,6 @@ class _InlineRace:
         self.winner: tuple[int, Any] | None = None
         self.primary_running = True
         self.self_cancelled = False
-        self.sent = 0
         self.timer: asyncio.TimerHandle | None = None
 
     async def run(self) -> Any:
@@ -484,13 +526,13 @@ class _InlineRace:
                     self.self_cancelled = False
                     assert self.task is not None
                     if self.task.uncancel() == 0 and self.winner is not None:
-                        return self._won(self.winner)
+                        return self._value(self.winner)
                 raise
             except Exception as exc:
                 self.primary_running = False
                 self._take_back()
                 if self.winner is not None:
-                    return self._won(self.winner)
+                    return self._value(self.winner)
                 return await self._after_primary_failed(exc)
             self.primary_running = False
             self._take_back()
@@ -517,17 +559,15 @@ class _InlineRace:
                 if not task.cancelled():
                     index, ok, value = task.result()
                     if ok:
-                        return self._won((index, value))
+                        return self._value((index, value))
             if not pending:
                 raise exc
             finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             done = sorted(finished, key=lambda t: self.hedges.index(t))
 
-    def _won(self, winner: tuple[int, Any]) -> Any:
+    def _value(self, winner: tuple[int, Any]) -> Any:
         index, value = winner
-        self.hedge._won()
-        if self.tele:
-            self.policy.emit(self.observer, "hedge.won", attempt=self.number, hedge=index)
+        self._won(index)
         return value
 
     async def _end(self) -> None:
@@ -544,8 +584,7 @@ class _InlineRace:
                 # The losers end before the call returns: no attempt outlives its call.
                 await asyncio.wait(pending)
         finally:
-            for _ in range(self.sent):
-                self.hedge.done()
+            self._give_back()
 
     def _fire(self) -> None:
         """The hedging delay passed with the primary still running: send a hedge, if allowed."""
@@ -554,15 +593,8 @@ class _InlineRace:
         self.timer = None
         if not self.primary_running or self.winner is not None:
             return
-        policy = self.policy
-        reason = self.hedge.try_send(self.latencies, policy.plan.budget, _left(self.state))
-        if reason is not None:
-            if self.tele:  # D3.14: one refusal ends this attempt's hedging
-                policy.emit(self.observer, "hedge.suppressed", attempt=self.number, reason=reason)
-            return
-        self.sent += 1
-        if self.tele:
-            policy.emit(self.observer, "hedge.sent", attempt=self.number, hedge=self.sent)
+        if not self._send(_left(self.state)):
+            return  # no timer set again: the refusal ends this attempt's hedging
         task = asyncio.get_running_loop().create_task(_outcome(self.attempt, self.sent))
         task.add_done_callback(self._hedge_done)
         self.hedges.append(task)
@@ -681,7 +713,7 @@ def races_in_threads(fn: Callable[..., Any]) -> bool:
     return getattr(fn, _IN_THREADS, False) is True
 
 
-class _ThreadRace:
+class _ThreadRace(_RaceBase):
     """sync: every attempt of the race — the primary too — runs in a thread the race starts and
     owns, while the caller's thread waits for the first success.
 
@@ -701,29 +733,21 @@ class _ThreadRace:
     """
 
     __slots__ = (
-        "attempt",
         "changed",
         "decided",
-        "delay",
         "errors",
-        "hedge",
-        "latencies",
         "lock",
         "loop",
         "may_hedge",
         "next_at",
-        "number",
-        "observer",
-        "policy",
         "released",
         "running",
         "scopes",
-        "sent",
-        "state",
-        "tele",
         "wake",
         "winner",
     )
+
+    attempt: SyncAttempt
 
     def __init__(
         self,
@@ -735,22 +759,10 @@ class _ThreadRace:
         tele: bool,
         observer: Observer | None,
     ) -> None:
-        hedge = policy._hedge
-        latencies = policy._latencies
-        assert hedge is not None and latencies is not None
-        self.policy = policy
-        self.state = state
-        self.attempt = attempt
-        self.number = number
-        self.delay = delay
-        self.tele = tele
-        self.observer = observer
-        self.hedge = hedge
-        self.latencies = latencies
+        super().__init__(policy, state, attempt, number, delay, tele, observer)
         self.lock = threading.Lock()
         self.changed = threading.Event()  # an attempt ended (set under the lock)
         self.running = 0
-        self.sent = 0
         self.decided = False  # the caller left: outcomes arriving now are dropped
         self.released = False
         self.winner: tuple[int, Any] | None = None
@@ -811,8 +823,6 @@ class _ThreadRace:
     def _step(self) -> tuple[bool, Any]:
         """Look at the race: ``(True, the winner's value)``, or ``(False, how long to wait)``
         (``None``: until an attempt ends); raises the race's error. Sends a hedge when due."""
-        policy = self.policy
-        hedge = self.hedge
         while True:
             with self.lock:
                 self.changed.clear()
@@ -821,30 +831,20 @@ class _ThreadRace:
             if winner is not None:
                 index, value = winner
                 if index:
-                    hedge._won()
-                    if self.tele:
-                        policy.emit(self.observer, "hedge.won", attempt=self.number, hedge=index)
+                    self._won(index)
                 return True, value
-            late = current_bound_error(policy.name)
+            late = current_bound_error(self.policy.name)
             if late is not None:
                 raise late  # the caller's own bound, even when it is what made them all fail
             if running == 0:
                 # Every attempt started failed: the primary's error (D3.14), as under asyncio.
                 raise self.errors[min(self.errors)]
             now = _clock.now()
-            hedging = self.may_hedge and self.sent < hedge.max_hedges
+            hedging = self.may_hedge and self.sent < self.hedge.max_hedges
             if hedging and now >= self.next_at:
-                reason = hedge.try_send(self.latencies, policy.plan.budget, remaining())
-                if reason is not None:
-                    self.may_hedge = False  # D3.14: one refusal ends this attempt's hedging
-                    if self.tele:
-                        policy.emit(
-                            self.observer, "hedge.suppressed", attempt=self.number, reason=reason
-                        )
+                if not self._send(remaining()):
+                    self.may_hedge = False
                     continue
-                self.sent += 1
-                if self.tele:
-                    policy.emit(self.observer, "hedge.sent", attempt=self.number, hedge=self.sent)
                 self._start(self.sent)
                 self.next_at = now + self.delay
                 continue
@@ -920,5 +920,4 @@ class _ThreadRace:
         if self.released:
             return
         self.released = True
-        for _ in range(self.sent):
-            self.hedge.done()
+        self._give_back()

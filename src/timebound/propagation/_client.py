@@ -193,9 +193,10 @@ def http_client_setup(
     )
 
 
-#: The most of a refusal's body ("deadline expired", D4.5) a client reads to keep its connection
-#: for the next request (D4.8); a longer body is not read: the connection is closed with it, so a
-#: peer answering 498 with gigabytes costs this much memory at most.
+#: The most of a peer's refusal ("deadline expired", D4.5, D4.8) or failed answer (a 503 under
+#: ``policy=``, D4.14) a client reads: a body this short is read whole and the connection kept
+#: for the next request; a longer one is closed after this many bytes, so a peer answering with
+#: gigabytes (or an endless stream) costs this much memory at most.
 REFUSAL_BODY_MAX = 64 * 1024
 
 

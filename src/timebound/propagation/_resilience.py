@@ -12,7 +12,8 @@ What an attempt tells the policy (D3.17):
   RESOURCE_EXHAUSTED by default): raised as :class:`FailedAnswer`, whose ``status`` and
   ``headers`` (or ``trailing_metadata()``) are where ``policies._hints`` reads the server's
   ``Retry-After`` or ``grpc-retry-pushback-ms``; its body is read and released first, so a
-  retried answer holds no connection;
+  retried answer holds no connection — at most ``REFUSAL_BODY_MAX`` of it (D4.14): a longer
+  body is closed there, the answer keeps its first bytes and is marked :data:`TRUNCATED`;
 - a connection error, or a ``DeadlineExceeded``: raised as it is; the policy tells the caller's
   spent deadline (never retried, never counted by a breaker) from the attempt's own timeout;
 - any other answer is a success; any other error says nothing about the dependency and is
@@ -48,6 +49,7 @@ from ..policies._policy import Policy
 __all__ = [
     "DEFAULT_HEDGE_METHODS",
     "DEFAULT_RETRY_STATUSES",
+    "TRUNCATED",
     "FailedAnswer",
     "Passed",
     "Resilience",
@@ -55,6 +57,7 @@ __all__ = [
     "check_http_methods",
     "check_policy",
     "check_statuses",
+    "mark_truncated",
 ]
 
 #: HTTP answers that are the dependency's failure by default (Polly v8's HttpClient handler:
@@ -64,6 +67,16 @@ DEFAULT_RETRY_STATUSES: Final = frozenset({429, 502, 503, 504})
 DEFAULT_HEDGE_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS"})
 #: The methods that may be hedged at all: idempotent ones (RFC 9110 §9.2.2).
 IDEMPOTENT_METHODS: Final = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
+
+
+#: The attribute set to ``True`` on a failed answer whose body passed ``REFUSAL_BODY_MAX``
+#: (D4.14): its body holds the first that many bytes only, its connection was closed.
+TRUNCATED: Final = "timebound_truncated"
+
+
+def mark_truncated(answer: object) -> None:
+    """Say on a failed answer that its body was cut at ``REFUSAL_BODY_MAX`` (D4.14)."""
+    setattr(answer, TRUNCATED, True)
 
 
 class FailedAnswer(Exception):

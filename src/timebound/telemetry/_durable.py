@@ -23,6 +23,7 @@ from .._core._errors import DeadlineExceeded
 from ._events import Event, emit_event
 
 __all__ = [
+    "at_of",
     "deferred_event",
     "emit_committed",
     "lifetime_breakdown",
@@ -44,8 +45,11 @@ _SOURCES = {
 _IDS = (("workflow_run_id", "run"), ("token_id", "token"), ("node_id", "node"))
 
 
-def _at(epoch_ms: int) -> float:
-    # The monotonic instant of a stored epoch instant: the same distance before now.
+def at_of(epoch_ms: int | None) -> float:
+    """The monotonic instant of a stored epoch instant: the same distance before now (now when
+    none is known)."""
+    if epoch_ms is None:
+        return _clock.now()
     return _clock.now() - max(0.0, _clock.wall_ms() - epoch_ms) / 1000.0
 
 
@@ -73,7 +77,7 @@ def workflow_event(stream: str, kind: str, at_ms: int, data: Mapping[str, Any]) 
         )
         # D13: the stored breakdown of the timed-out node or run, as the error's.
         bound.breakdown = as_breakdown(data.get("breakdown"))
-    return Event(f"workflow.{kind}", _at(at_ms), dict(data), ids, at_ms, bound)
+    return Event(f"workflow.{kind}", at_of(at_ms), dict(data), ids, at_ms, bound)
 
 
 def _set_by(data: Mapping[str, Any]) -> str | None:
@@ -127,7 +131,7 @@ def deferred_event(
             set_by=set_by,
         )
     attrs = {"operation_id": op_id, "status": status, "code": code, "digest": digest}
-    return Event(f"deferred.{status}", _at(at_ms), attrs, ids, at_ms, bound)
+    return Event(f"deferred.{status}", at_of(at_ms), attrs, ids, at_ms, bound)
 
 
 #: The most history rows an expiry's breakdown reads (the states an operation went through).

@@ -78,11 +78,16 @@ def _deferred(event: Event) -> str | None:
 def _pipeline(event: Event) -> str:
     attrs = event.attrs
     node = attrs.get("node_id")
-    if event.name == "pipeline.region" and event.bound is not None:
+    name = event.name.removeprefix("pipeline.")
+    what = "region" if name.startswith("region") else "task"
+    if name.endswith("_started"):
+        return f"{what} {node}: started"
+    if what == "region" and event.bound is not None:
         chosen = (attrs.get("wrapper") or {}).get("chosen_branch")
         then = f" -> {chosen} branch" if chosen else ""
-        return f"region {node}: timed out (region bound, {_length(event).rstrip(', ')}){then}"
-    what = "region" if event.name == "pipeline.region" else "task"
+        # The moment the deadline fired (D10.11), then the region's end after its fallback.
+        how = "deadline reached" if name == "region_timed_out" else "timed out"
+        return f"region {node}: {how} (region bound, {_length(event).rstrip(', ')}){then}"
     return f"{what} {node}: {attrs.get('outcome')}"
 
 

@@ -16,7 +16,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from .._core._durations import Duration, ceil_ms, format_duration, to_seconds
-from .._core._errors import TimeboundError
+from .._core._errors import ConfigurationError, TimeboundError
 from .._store import Tx
 from ._bounds import run_bound, stored_bound
 from ._machine import Machine
@@ -350,7 +350,12 @@ class OperatorActions:
         operator: str = "operator",
     ) -> dict[str, Any]:
         """Run a failed or timed-out run again from the node that failed (or ``from_node``, or
-        the start), with a fresh workflow timeout (D6.25); :class:`OperatorRefused` otherwise."""
+        the start), with a fresh workflow timeout (D6.25); :class:`OperatorRefused` otherwise.
+        ``from_node`` and ``from_start`` together are refused: they name two different places."""
+        if from_node is not None and from_start:
+            raise ConfigurationError(
+                "from_node and from_start: give one, not both", option="from_start"
+            )
         async with self._txn() as tx:
             return await self._operator.retry(
                 tx, run_id, from_node, from_start, reason, operator, self._now()

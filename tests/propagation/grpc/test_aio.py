@@ -228,7 +228,7 @@ async def test_lowered_timeout_expiry_raises_propagated() -> None:
     state, done = in_request()
     try:
         async with channel(port) as ch:
-            with tb.inherit_deadline(tb.Deadline.after(0.2)):
+            with tb.inherit_deadline(tb.Deadline.after(0.2), set_by="the test's caller"):
                 with pytest.raises(AioPropagatedDeadlineExceeded) as info:
                     await ch.unary_unary(LEAF)(b"", timeout=30.0)
     finally:
@@ -236,6 +236,8 @@ async def test_lowered_timeout_expiry_raises_propagated() -> None:
         await server.stop(None)
     err = info.value
     assert err.source == "propagated"
+    # Where the bound that lowered the call was set, and its instant, as over HTTP.
+    assert err.set_by == "the test's caller" and err.deadline is not None
     assert isinstance(err, grpc.aio.AioRpcError)
     assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert isinstance(err.__cause__, grpc.aio.AioRpcError)

@@ -248,12 +248,14 @@ def test_lowered_timeout_expiry_raises_propagated(
     impl, port = leaf
     impl.mode = "block"
     channel = leaf_channel(port)
-    with tb.inherit_deadline(tb.Deadline.after(0.2)):
+    with tb.inherit_deadline(tb.Deadline.after(0.2), set_by="the test's caller"):
         with pytest.raises(PropagatedDeadlineExceeded) as info:
             channel.unary_unary(LEAF)(b"", timeout=30.0)
     channel.close()
     err = info.value
     assert err.source == "propagated"
+    # Where the bound that lowered the call was set, and its instant, as over HTTP.
+    assert err.set_by == "the test's caller" and err.deadline is not None
     assert isinstance(err, grpc.RpcError) and isinstance(err, TimeoutError)
     assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert isinstance(err.__cause__, grpc.RpcError)

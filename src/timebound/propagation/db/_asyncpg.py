@@ -9,6 +9,7 @@ from types import TracebackType
 from typing import Any, Final, TypeVar
 
 from ..._core._errors import ConfigurationError, DeadlineExceeded
+from ..._core._scopes import bounded
 from ...telemetry._tracing import CallSpan
 from .._client import Attempt, AttemptTimeoutBase, begin
 from ._common import Guard, options, query_span, run_guarded, traced
@@ -91,6 +92,8 @@ class DeadlineConnection(asyncpg.Connection):  # type: ignore[misc]
         if self._timebound_bypass or _TX_CONTROL.match(query):
             return await call(timeout)
         span = query_span("postgresql", query)
+        if span is None and not bounded():
+            return await call(timeout)  # no deadline, nothing traced: asyncpg as it is (D4.13)
         return await traced(span, self._timebound_bounded(query, call, timeout, span))
 
     async def _timebound_bounded(

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterat
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, Final, TypeVar
 
+from ..._core._scopes import bounded
 from ...telemetry._tracing import CallSpan
 from .._client import Attempt, AttemptTimeoutBase, begin
 from ._common import Guard, options, query_span, run_guarded, traced
@@ -121,6 +122,8 @@ class DeadlineCursor(psycopg.Cursor[Row]):
     def _bounded(self, query: Any, run: Callable[[], _T]) -> _T:
         span = query_span("postgresql", query)
         if span is None:
+            if not bounded():
+                return run()  # no deadline, nothing traced: psycopg as it is (D4.13)
             return self._run_bounded(query, run, None)
         try:
             result = self._run_bounded(query, run, span)
@@ -196,6 +199,8 @@ class AsyncDeadlineCursor(psycopg.AsyncCursor[Row]):
 
     async def _bounded(self, query: Any, run: Callable[[], Awaitable[_T]]) -> _T:
         span = query_span("postgresql", query)
+        if span is None and not bounded():
+            return await run()  # no deadline, nothing traced: psycopg as it is (D4.13)
         return await traced(span, self._run_bounded(query, run, span))
 
     async def _run_bounded(

@@ -186,9 +186,16 @@ class PropagatedDeadlineExceeded(DeadlineExceeded, grpc.RpcError):  # type: igno
         timeout: float | None = None,
         deadline: Any = None,
         what: str | None = None,
+        set_by: str | None = None,
     ) -> None:
         DeadlineExceeded.__init__(
-            self, message, source="propagated", timeout=timeout, deadline=deadline, what=what
+            self,
+            message,
+            source="propagated",
+            timeout=timeout,
+            deadline=deadline,
+            what=what,
+            set_by=set_by,
         )
         self._details = details
         self._initial_metadata = initial_metadata
@@ -220,8 +227,11 @@ class AioPropagatedDeadlineExceeded(
 
 
 def _propagated_from(
-    cls: type[PropagatedDeadlineExceeded], err: Any, timeout: float | None, destination: str
+    cls: type[PropagatedDeadlineExceeded], err: Any, attempt: Attempt, destination: str
 ) -> PropagatedDeadlineExceeded:
+    """The call's ``DEADLINE_EXCEEDED`` as ours: the attempt's timeout and deadline, and where
+    the bound that lowered it was set (a reserve names itself, as over HTTP)."""
+
     def _get(name: str) -> Any:
         fn = getattr(err, name, None)
         try:
@@ -236,8 +246,10 @@ def _propagated_from(
         initial_metadata=_get("initial_metadata"),
         trailing_metadata=_get("trailing_metadata"),
         debug_error_string=_get("debug_error_string"),
-        timeout=timeout,
+        timeout=attempt.clamped.seconds,
+        deadline=None if attempt.end is None else Deadline(attempt.end),
         what=f"gRPC {destination}",
+        set_by=attempt.set_by,
     )
 
 
@@ -873,7 +885,7 @@ class _PropagatingOutcome(grpc.Call, grpc.Future):  # type: ignore[misc]
             return err  # type: ignore[no-any-return]
         if self._converted is None:
             conv = _propagated_from(
-                PropagatedDeadlineExceeded, err, self._clamp.timeout, self._clamp.destination
+                PropagatedDeadlineExceeded, err, self._clamp.attempt, self._clamp.destination
             )
             conv.breakdown = _caller_breakdown(self._clamp.attempt, "DEADLINE_EXCEEDED")
             conv.__cause__ = err
@@ -1073,7 +1085,7 @@ class _AioClientBase(_ClientBase):
             if not clamp.propagated:
                 raise
             conv = _propagated_from(
-                AioPropagatedDeadlineExceeded, err, clamp.timeout, clamp.destination
+                AioPropagatedDeadlineExceeded, err, clamp.attempt, clamp.destination
             )
             conv.breakdown = _caller_breakdown(clamp.attempt, err.code().name)
             raise conv from err

@@ -31,6 +31,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "timebound.propagation.aiohttp needs aiohttp: pip install 'timebound[aiohttp]'"
     ) from exc
 
+from ..._core._body import aread_prefix
 from ..._core._durations import Duration
 from ..._core._errors import DeadlineExceeded
 from ...policies._policy import Policy
@@ -46,7 +47,13 @@ from .._client import (
     http_client_setup,
 )
 from .._codec import ABSOLUTE_HEADER, EXPIRED_HEADER, TIMEOUT_HEADER
-from .._resilience import DEFAULT_HEDGE_METHODS, DEFAULT_RETRY_STATUSES, FailedAnswer, Passed
+from .._resilience import (
+    DEFAULT_HEDGE_METHODS,
+    DEFAULT_RETRY_STATUSES,
+    FailedAnswer,
+    Passed,
+    mark_truncated,
+)
 
 __all__ = ["AttemptTimeout", "DeadlineMiddleware"]
 
@@ -162,9 +169,19 @@ class DeadlineMiddleware:
         if response.status not in self._retry_statuses:
             return response
         try:
-            await response.read()  # the short answer is kept; its connection is released
-        finally:
-            response.release()
+            # At most REFUSAL_BODY_MAX of the body (D4.14); read to its end, aiohttp gives the
+            # connection back to the pool itself.
+            body, whole = await aread_prefix(response.content.iter_any(), REFUSAL_BODY_MAX)
+        except BaseException:
+            response.close()
+            raise
+        response._body = body  # where aiohttp keeps a read body (``read()``, ``text()``)
+        if not whole:
+            # The rest is never read: the connection goes with it. Closing the response
+            # itself would make its ``read()`` refuse the bytes it holds.
+            if response.connection is not None:
+                response.connection.close()
+            mark_truncated(response)
         raise FailedAnswer(
             response, self._options.what, status=response.status, headers=response.headers
         )
@@ -269,9 +286,6 @@ class _BoundedContent:
 async def _read_short(response: aiohttp.ClientResponse) -> None:
     """Read a refusal's body to its end if it is short; past ``REFUSAL_BODY_MAX`` the
     connection is closed unread."""
-    got = 0
-    async for chunk in response.content.iter_any():
-        got += len(chunk)
-        if got > REFUSAL_BODY_MAX:
-            response.close()
-            return
+    _, whole = await aread_prefix(response.content.iter_any(), REFUSAL_BODY_MAX)
+    if not whole:
+        response.close()

@@ -53,6 +53,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     ) from exc
 
 from ..._core import _clock
+from ..._core._body import aread_prefix, read_prefix
 from ..._core._deadline import Deadline
 from ..._core._durations import Duration
 from ..._core._errors import DeadlineExceeded
@@ -76,6 +77,7 @@ from .._resilience import (
     DEFAULT_RETRY_STATUSES,
     FailedAnswer,
     Passed,
+    mark_truncated,
 )
 
 __all__ = ["AsyncDeadlineTransport", "AttemptTimeout", "DeadlineTransport"]
@@ -172,7 +174,13 @@ def _copy(request: httpx.Request) -> httpx.Request:
     )
 
 
-def _failed(response: httpx.Response, what: str) -> FailedAnswer:
+def _failed(response: httpx.Response, body: bytes, whole: bool, what: str) -> FailedAnswer:
+    """A failed answer whose body was read up to ``REFUSAL_BODY_MAX`` (D4.14): the answer
+    holds those bytes (raw, decoded when read as httpx decodes any body), marked when they are
+    not all of it; its original stream is closed."""
+    response.stream = httpx.ByteStream(body)
+    if not whole:
+        mark_truncated(response)
     return FailedAnswer(response, what, status=response.status_code, headers=response.headers)
 
 
@@ -270,11 +278,13 @@ class DeadlineTransport(_Base, httpx.BaseTransport):
             return Passed(exc)
         if response.status_code not in self._retry_statuses:
             return response
+        stream = response.stream
+        assert isinstance(stream, httpx.SyncByteStream)  # as httpx's own sync reads require
         try:
-            response.read()  # the short answer is kept; its connection goes back to the pool
+            body, whole = read_prefix(stream, REFUSAL_BODY_MAX)
         finally:
-            response.close()
-        raise _failed(response, self._options.what)
+            stream.close()  # read to its end: the connection goes back to the pool
+        raise _failed(response, body, whole, self._options.what)
 
     def _send(self, request: httpx.Request) -> httpx.Response:
         if not tracing_active():
@@ -551,11 +561,13 @@ class AsyncDeadlineTransport(_Base, httpx.AsyncBaseTransport):
             return Passed(exc)
         if response.status_code not in self._retry_statuses:
             return response
+        stream = response.stream
+        assert isinstance(stream, httpx.AsyncByteStream)  # as httpx's own async reads require
         try:
-            await response.aread()  # the short answer is kept; its connection is released
+            body, whole = await aread_prefix(stream, REFUSAL_BODY_MAX)
         finally:
-            await response.aclose()
-        raise _failed(response, self._options.what)
+            await stream.aclose()  # read to its end: the connection goes back to the pool
+        raise _failed(response, body, whole, self._options.what)
 
     def _send(self, request: httpx.Request) -> Coroutine[Any, Any, httpx.Response]:
         # Not a coroutine of its own: the untraced call costs no extra frame per request.
@@ -897,30 +909,22 @@ def _start(coro: Coroutine[Any, Any, None], loop: asyncio.AbstractEventLoop) -> 
 def _read_short(response: httpx.Response) -> None:
     """Read a refusal's body to its end if it is short; stop past ``REFUSAL_BODY_MAX`` (the
     response is then closed unread, and its connection with it)."""
-    if response.is_stream_consumed:  # read already (a transport that answers in memory)
-        return
-    got = 0
-    for chunk in response.iter_raw():
-        got += len(chunk)
-        if got > REFUSAL_BODY_MAX:
-            return
+    if not response.is_stream_consumed:  # else read already (a transport answering in memory)
+        read_prefix(response.iter_raw(), REFUSAL_BODY_MAX)
 
 
 async def _aread_short(response: httpx.Response) -> None:
     """:func:`_read_short` for an async response."""
-    if response.is_stream_consumed:
-        return
-    got = 0
-    async for chunk in response.aiter_raw():
-        got += len(chunk)
-        if got > REFUSAL_BODY_MAX:
-            return
+    if not response.is_stream_consumed:
+        await aread_prefix(response.aiter_raw(), REFUSAL_BODY_MAX)
 
 
 async def _release(response: httpx.Response) -> None:
-    """Read a response nobody waits for to its end and close it (the connection is reused)."""
+    """Read a response nobody waits for to its end if it is short and close it (the
+    connection is reused); a body past ``REFUSAL_BODY_MAX`` is closed unread, its connection
+    with it: a late answer costs at most that much memory, whatever its peer sends (D4.8)."""
     try:
-        await response.aread()
+        await _aread_short(response)
     except Exception:  # nobody to tell; httpcore has dropped a broken connection already
         pass
     finally:

@@ -36,6 +36,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "timebound.propagation.requests needs requests: pip install 'timebound[requests]'"
     ) from exc
 
+from ..._core._body import read_prefix
 from ..._core._durations import Duration
 from ..._core._errors import DeadlineExceeded
 from ...policies._policy import Policy
@@ -56,9 +57,13 @@ from .._resilience import (
     DEFAULT_RETRY_STATUSES,
     FailedAnswer,
     Passed,
+    mark_truncated,
 )
 
 __all__ = ["AttemptTimeout", "DeadlineAdapter"]
+
+#: The chunk size a body is read in up to its cap (decoded bytes).
+_CHUNK = 65536
 
 _TIMEOUTS: tuple[type[BaseException], ...] = (requests.exceptions.Timeout, ReadTimeoutError)
 #: The errors of an attempt that say the dependency failed (D3.17): the connection broke or
@@ -206,9 +211,16 @@ class DeadlineAdapter(HTTPAdapter):
         if response.status_code not in self._retry_statuses:
             return response
         try:
-            _ = response.content  # the short answer is kept; its connection goes back
+            # At most REFUSAL_BODY_MAX of the body (D4.14); read to its end, the connection
+            # goes back to the pool, else it is closed with the rest unread.
+            body, whole = read_prefix(response.iter_content(_CHUNK), REFUSAL_BODY_MAX)
         finally:
             response.close()
+        # requests keeps a read body there itself (``Response.content``).
+        response._content = body
+        response._content_consumed = True
+        if not whole:
+            mark_truncated(response)
         raise FailedAnswer(
             response,
             self._options.what,
@@ -289,11 +301,7 @@ class DeadlineAdapter(HTTPAdapter):
             # Read the short body so the connection returns to the pool intact (D4.8); a long
             # one is closed unread.
             try:
-                got = 0
-                for chunk in response.iter_content(65536):
-                    got += len(chunk)
-                    if got > REFUSAL_BODY_MAX:
-                        break
+                read_prefix(response.iter_content(_CHUNK), REFUSAL_BODY_MAX)
             finally:
                 response.close()
             raise attempt.refused(refusal)
