@@ -7,9 +7,11 @@ Where a server is absent the tests that need it skip with a clear reason — exc
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 
@@ -23,6 +25,36 @@ PG_HOST, PG_PORT = "127.0.0.1", 5432
 REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
 PG_DSN = f"postgresql://postgres@{PG_HOST}:{PG_PORT}/test"
 REDIS_URL = f"redis://{REDIS_HOST}:{REDIS_PORT}/0"
+
+
+#: What pytest_configure changed in the environment, restored by pytest_unconfigure.
+_BYTECODE_ENV: dict[str, str | None] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Let the suite's child processes cache their bytecode, outside the repository.
+
+    Hundreds of tests start Python processes (hosts, workers, the CLI, the benchmarks' smoke
+    runs). Under ``PYTHONDONTWRITEBYTECODE`` (set in many shells) each compiled timebound's
+    sources again, about a quarter of a process's start. The children write their bytecode under
+    a directory of the session's own (``PYTHONPYCACHEPREFIX``), removed at the end: nothing is
+    written into the checkout, and what the children run is the same source (Python checks each
+    cached file against its source's size and modification time)."""
+    if not os.environ.get("PYTHONDONTWRITEBYTECODE") or "PYTHONPYCACHEPREFIX" in os.environ:
+        return
+    _BYTECODE_ENV.update(PYTHONDONTWRITEBYTECODE=os.environ.pop("PYTHONDONTWRITEBYTECODE"))
+    _BYTECODE_ENV["PYTHONPYCACHEPREFIX"] = None
+    os.environ["PYTHONPYCACHEPREFIX"] = tempfile.mkdtemp(prefix="timebound-tests-pyc-")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not _BYTECODE_ENV:
+        return
+    shutil.rmtree(os.environ.pop("PYTHONPYCACHEPREFIX"), ignore_errors=True)
+    for name, value in _BYTECODE_ENV.items():
+        if value is not None:
+            os.environ[name] = value
+    _BYTECODE_ENV.clear()
 
 
 def _reachable(host: str, port: int) -> bool:

@@ -29,6 +29,16 @@ SCRIPTS = sorted(
 NEEDS_INPUT = {"dsl_corpus"}
 #: Scripts whose smoke run has a test module of its own (which also checks what it writes).
 SMOKED_ELSEWHERE = {"propagation"}
+#: Rows (or the start of their names) a script's smoke table must print, beyond the table itself:
+#: one per measured path, so that a path the smoke tier stops running is noticed.
+SMOKE_ROWS = {
+    "pipeline": (
+        "pipeline.overlay.commit.1k_rows_x50_keys",
+        "pipeline.overlay.rollback.10k_rows_x50_keys",
+        "pipeline.dispatch.20_tasks_1000_rows.cpu",
+        "pipeline.ranking.",
+    ),
+}
 
 
 def _results() -> dict[str, tuple[int, int]]:
@@ -76,6 +86,8 @@ def test_smoke_run_writes_nothing_without_out(script: str, tmp_path: Path) -> No
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert " rows, " in done.stdout
     assert "load average" in done.stdout
+    for row in SMOKE_ROWS.get(script, ()):
+        assert row in done.stdout, row
     assert _results() == before
     assert not list(tmp_path.iterdir())
 

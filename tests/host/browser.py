@@ -35,6 +35,9 @@ def require_chromium() -> None:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """One Chromium per module, a fresh context per test (:func:`page`). Not one per session:
+    while Playwright's sync API is open the thread counts as running an event loop, and the
+    ``asyncio.run`` of a later module's fixture (or test) then fails."""
     require_chromium()
     from playwright.sync_api import sync_playwright
 

@@ -331,6 +331,26 @@ async def test_a_turn_reads_the_rows_of_what_it_stores_not_of_the_whole_backlog(
     assert 0 < read[0] <= 10 * n, read[0]
 
 
+def test_a_turn_stores_every_runs_first_outcome_before_any_runs_second() -> None:
+    """The order a turn stores outcomes in (D6.35): one run with a backlog of 60 outcomes and
+    ten runs with one each, whose ids sort before and after it: every run's first outcome comes
+    before any run's second, runs in id order within a round (the order their locks are taken
+    in), and a run's own outcomes keep the order they came in. In plain run-id order, a turn that
+    stores a few outcomes kept storing the backlog's while the runs sorting after it waited."""
+    from timebound.workflow._attempts import Report
+    from timebound.workflow._turns import _fair
+
+    def report(run_id: str, n: int) -> Report:
+        return Report(run_id, f"{run_id}-t{n}", 1, None)  # type: ignore[arg-type]
+
+    backlog = [report("r5", n) for n in range(60)]
+    others = [report(f"r{k}", 0) for k in (9, 0, 7, 2, 8, 1, 6, 3, 4, 10)]
+    ordered = _fair(backlog[:30] + others + backlog[30:])
+    assert [r.run_id for r in ordered[:11]] == sorted({"r5", *(r.run_id for r in others)})
+    assert [r for r in ordered if r.run_id == "r5"] == backlog
+    assert ordered[11:] == backlog[1:]
+
+
 def test_freeze_and_thaw_never_recurse_without_bound() -> None:
     """freeze and thaw take a value nested 100,000 deep (objects and arrays) and give it back
     whole, in order (they raised RecursionError at ~500 levels, inside the engine's turn)."""

@@ -75,26 +75,23 @@ def _status_param(statuses: tuple[str, ...] | list[str]) -> dict[str, Any]:
     }
 
 
-def _action_body(**fields: Any) -> dict[str, Any]:
-    """An operator action's body: ``reason`` (recorded in the run's events) and ``fields``."""
+def _action_body(*, exclusive: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
+    """An operator action's body: ``reason`` (recorded in the run's events) and ``fields``;
+    ``exclusive``: a combination of values the body must not have (``not``)."""
     text = {"type": "string", "minLength": 1, "maxLength": 1000}
-    return {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "required": ["reason", *(k for k, v in fields.items() if v.pop("_req", 0))],
-                    "properties": {
-                        "reason": text,
-                        "operator": {"type": ["string", "null"], "minLength": 1, "maxLength": 100},
-                        **fields,
-                    },
-                }
-            }
+    schema: dict[str, Any] = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["reason", *(k for k, v in fields.items() if v.pop("_req", 0))],
+        "properties": {
+            "reason": text,
+            "operator": {"type": ["string", "null"], "minLength": 1, "maxLength": 100},
+            **fields,
         },
     }
+    if exclusive is not None:
+        schema["not"] = {"required": list(exclusive), "properties": exclusive}
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
 
 
 def _operator_paths() -> dict[str, Any]:
@@ -110,7 +107,10 @@ def _operator_paths() -> dict[str, Any]:
                 "200",
                 parameters=[_path_param("run_id")],
                 requestBody=_action_body(
-                    from_node=dict(node), from_start={"type": ["boolean", "null"]}
+                    from_node=dict(node),
+                    from_start={"type": ["boolean", "null"]},
+                    # Two places to start from: refused (422).
+                    exclusive={"from_node": {"type": "string"}, "from_start": {"const": True}},
                 ),
             )
         },

@@ -38,6 +38,25 @@ _TURN_SLICE_S = 0.01
 _HOLD_FIRST = 100
 
 
+def _fair(outcomes: list[Report]) -> list[Report]:
+    """The order a turn stores outcomes in: every run's first outcome, then every run's second,
+    and so on; runs in id order within each round, a run's own outcomes in the order they came.
+
+    A turn stores what fits its slice (D6.24): in plain run-id order, a run with a backlog of
+    thousands of outcomes (a fan-out) went first in every turn until it drained whenever its
+    id sorted before another run's, and that run's steps waited minutes. Run locks are still
+    taken in id order: a run first appears in the first round, which is sorted by id (D6.35).
+    """
+    rank: dict[str, int] = {}
+    keyed = []
+    for report in outcomes:
+        n = rank.get(report.run_id, 0)
+        rank[report.run_id] = n + 1
+        keyed.append((n, report.run_id, report))
+    keyed.sort(key=lambda k: (k[0], k[1]))  # stable: a run's own outcomes keep their order
+    return [k[2] for k in keyed]
+
+
 class Turns(Attempts):
     """The worker loop and its turns (a part of the engine, which provides the attributes
     below and ``_read()``, a read transaction of committed state)."""
@@ -189,7 +208,7 @@ class Turns(Attempts):
             self._reporting = {r.token_id for r in outcomes}  # their attempts ran here
             # D6.24: a turn stores outcomes for at most _TURN_SLICE_S; the rest go to the next
             # turn, which fires the timers due by then first (one outcome may fan out 10,000).
-            ordered = sorted(outcomes, key=lambda r: r.run_id)
+            ordered = _fair(outcomes)
             slice_end = _clock.now() + _TURN_SLICE_S
             held = 0  # ordered[:held]: their runs read and locked, their tokens read ahead
             for i, report in enumerate(ordered):
