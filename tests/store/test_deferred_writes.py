@@ -132,3 +132,76 @@ async def test_deferred_writes_of_a_rolled_back_transaction_are_not_stored(store
         assert await _due(store, "k") is None
     finally:
         await store.close()
+
+
+async def test_a_deferred_write_not_sent_is_rewritten(store_url: str) -> None:
+    """``Tx.rewrite`` replaces a deferred write not yet sent, while nothing since may have
+    changed its row (D6.36); after the write was sent, after another write of the row or after
+    a statement on its table, it does nothing and says so."""
+    plain = "INSERT INTO tb_timers (key, kind, stream, due_ms, priority) VALUES (?, ?, ?, ?, ?)"
+    store = open_store(store_url)
+    await store.open()
+    try:
+        async with store.transaction() as tx:
+            tx.defer(("t", "a"), plain, "a", "run", "s", 1, 0)
+            mark_a = tx.write_mark()
+            tx.defer(("t", "b"), plain, "b", "run", "s", 2, 0)
+            mark_b = tx.write_mark()
+            tx.defer(("t", "c"), plain, "c", "run", "s", 3, 0)
+            mark_c = tx.write_mark()
+            tx.defer(("t", "b"), MOVE, 20, "b")  # b written again since its mark
+            assert tx.rewrite(("t", "a"), mark_a, plain, "a", "run", "s", 10, 0)
+            assert not tx.rewrite(("t", "b"), mark_b, plain, "b", "run", "s", 99, 0)
+            await tx.execute(MOVE, 30, "c")  # a statement on the table: c may have changed
+            assert not tx.rewrite(("t", "c"), mark_c, plain, "c", "run", "s", 99, 0)
+            tx.defer(("t", "d"), plain, "d", "run", "s", 4, 0)
+            mark_d = tx.write_mark()
+            await tx.fetch(READ, "a")  # sends the deferred writes
+            assert not tx.rewrite(("t", "d"), mark_d, plain, "d", "run", "s", 99, 0)
+        assert [await _due(store, k) for k in "abcd"] == [10, 20, 30, 4]
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("n", [1, 3, 4, 5, 17, 63, 64, 65, 150])
+async def test_many_rows_of_an_insert_are_all_stored_in_order(store_url: str, n: int) -> None:
+    """Rows of a plain INSERT sent together (SQLite: multi-row statements of fixed sizes and
+    the rest one by one, D6.37) are all stored, in their order; an INSERT of 21 columns (a
+    token's) stays within the parameters a statement may have."""
+    events = "INSERT INTO tb_events (stream, kind, at_ms, data) VALUES (?, ?, ?, ?)"
+    wide = ", ".join(f"c{i}" for i in range(21))
+    store = open_store(store_url)
+    await store.open()
+    try:
+        async with store.transaction() as tx:
+            columns = ", ".join(f"c{i} INTEGER" for i in range(21))
+            await tx.execute(f"CREATE TABLE t_wide (k INTEGER PRIMARY KEY, {columns})")
+            await tx.execute_many(events, [("s", f"k{i}", i, "{}") for i in range(n)])
+            await tx.execute_many(
+                f"INSERT INTO t_wide (k, {wide}) VALUES ({', '.join('?' * 22)})",
+                [(i, *range(i, i + 21)) for i in range(n)],
+            )
+        async with store.read() as tx:
+            stored = [(e["kind"], e["at_epoch_ms"]) for e in await tx.events("s")]
+            rows = await tx.fetch("SELECT * FROM t_wide ORDER BY k")
+    finally:
+        await store.close()
+    assert stored == [(f"k{i}", i) for i in range(n)]
+    assert [tuple(r.values()) for r in rows] == [(i, *range(i, i + 21)) for i in range(n)]
+
+
+async def test_a_read_of_some_rows_sends_only_writes_that_touch_them(store_url: str) -> None:
+    """``Tx.fetch_rows`` leaves deferred writes of other rows unsent (so a token's INSERT can
+    still be rewritten, D6.36), and sends them first when one touches a row it reads."""
+    store = open_store(store_url)
+    await store.open()
+    try:
+        async with store.transaction() as tx:
+            calls = _count_calls(tx)
+            tx.defer(("t", "a"), INSERT, "a", 1)
+            assert await tx.fetch_rows([("t", "b")], READ, "b") == []
+            assert calls == []
+            assert await tx.fetch_rows([("t", "b"), ("t", "a")], READ, "a") == [{"due_ms": 1}]
+            assert calls == [(INSERT, 1)]
+    finally:
+        await store.close()

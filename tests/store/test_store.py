@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -142,9 +143,10 @@ async def test_a_read_does_not_wait_for_an_open_write(store_url: str) -> None:
     assert seen == ["before"]
 
 
-async def test_run_pages_and_timeout_metrics_use_indexes(tmp_path: Path) -> None:
-    """The runs page (newest first, by status) and the metrics' timeout events are read through
-    migration 3's indexes, not by scanning and sorting every row."""
+async def test_run_pages_use_indexes_and_events_only_the_stream_index(tmp_path: Path) -> None:
+    """The runs page (newest first, by status) is read through migration 3's indexes, not by
+    scanning and sorting every row; the event log keeps only the index its readers use, by
+    stream (D6.37: the metrics read tallies, D8.12, and an index by kind cost every event)."""
     store = open_store(f"sqlite:///{tmp_path}/s.db")
     await store.open()
     try:
@@ -161,11 +163,54 @@ async def test_run_pages_and_timeout_metrics_use_indexes(tmp_path: Path) -> None
                         "ORDER BY started_at DESC, id DESC",
                         ("running",),
                     ),
-                    ("timeouts", "SELECT data FROM tb_events WHERE kind IN (?, ?)", ("a", "b")),
+                    (
+                        "events",
+                        "SELECT kind, at_ms, data FROM tb_events WHERE stream = ? ORDER BY seq",
+                        ("r",),
+                    ),
                 )
             }
+            indexes = [
+                r["name"]
+                for r in await tx.fetch(
+                    "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ? "
+                    "AND sql IS NOT NULL",
+                    "tb_events",
+                )
+            ]
     finally:
         await store.close()
     assert "tb_wf_runs_started" in plans["page"] and "TEMP B-TREE" not in plans["page"], plans
     assert "tb_wf_runs_status" in plans["status"] and "TEMP B-TREE" not in plans["status"], plans
-    assert "tb_events_kind" in plans["timeouts"], plans
+    assert "tb_events_stream" in plans["events"] and "TEMP B-TREE" not in plans["events"], plans
+    assert indexes == ["tb_events_stream"]
+
+
+async def test_null_and_bool_parameters_bind_as_before_and_an_apps_adapter_stays(
+    tmp_path: Path,
+) -> None:
+    """SQLite binds ``None`` as NULL and ``bool`` as 0/1 through adapters the store registers
+    (D6.37: without them each such parameter cost a search), and an adapter the application
+    registered for ``bool`` is left as it was."""
+    key = (bool, sqlite3.PrepareProtocol)
+    saved = sqlite3.adapters.pop(key, None)
+    sqlite3.register_adapter(bool, str)  # the application's own choice
+    try:
+        store = open_store(f"sqlite:///{tmp_path}/s.db")
+        await store.open()
+        try:
+            assert sqlite3.adapters[key] is str
+            assert sqlite3.adapters[(type(None), sqlite3.PrepareProtocol)](None) is None
+            async with store.transaction() as tx:
+                await tx.execute("CREATE TABLE t (a, b, c)")
+                await tx.execute("INSERT INTO t VALUES (?, ?, ?)", None, None, 7)
+                row = await tx.fetchone("SELECT a IS NULL AS n, typeof(b) AS b FROM t")
+        finally:
+            await store.close()
+    finally:
+        if saved is None:
+            del sqlite3.adapters[key]
+        else:
+            sqlite3.adapters[key] = saved
+    assert row == {"n": 1, "b": "null"}
+    assert sqlite3.adapters.get(key) is saved

@@ -88,9 +88,10 @@ async def _cost(engine: wf.Engine, sent: list[str], steps: int) -> tuple[int, in
 async def test_a_step_costs_one_commit_and_no_scheduling_question(
     virtual_clock, make_engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """One run at a time, each further step costs one commit and seven statements (the run's
-    and the token's reads, four writes, the events): none of the four scheduling questions a
-    turn used to ask every time (eleven statements per step before)."""
+    """One run at a time, each further step costs one commit and six statements (the run's
+    and the token's reads, three writes, the events): none of the four scheduling questions a
+    turn used to ask every time (eleven statements per step before D6.29), and the next token
+    is inserted begun, not inserted and then begun (seven before D6.36)."""
     # No housekeeping sweep during the measure: it is a transaction of its own (D6.29).
     engine = make_engine({"step": step}, chain(5), chain(15), sweep="10min")
     with counting(monkeypatch) as sent:
@@ -102,5 +103,5 @@ async def test_a_step_costs_one_commit_and_no_scheduling_question(
     statements, commits, asked = (b - a for a, b in zip(short, long, strict=True))
     assert commits == 10  # one per step
     assert asked == 0
-    assert statements == 7 * 10
+    assert statements == 6 * 10
     assert short[1] == 5 + 1  # the start's commit, then one per step: no extra turn

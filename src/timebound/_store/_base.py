@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Any
 
 from .._core._deadline import Deadline
@@ -100,7 +100,8 @@ class Tx:
         self._announced: list[Event] = []  # telemetry events, emitted after the commit (D10.3)
         self._after_commit: list[Callable[[], None]] = []
         self._writes: list[tuple[Hashable, str, tuple[Any, ...]]] = []
-        self._written: set[Hashable] = set()  # the rows the deferred writes touch
+        # The rows the deferred writes touch: where in _writes each one's last write is.
+        self._written: dict[Hashable, int] = {}
         self._tallies: dict[tuple[str, str, str], int] = {}
         self.held: dict[Any, Any] = {}
         #: The earliest due instant of the timers this transaction set (``None``: it set none).
@@ -161,10 +162,26 @@ class Tx:
     def defer(self, key: Hashable, sql: str, *args: Any) -> None:
         """Write later (before the next statement that may see it, and before the commit):
         ``sql`` changes only the row ``key`` names, and nobody reads its row count."""
+        self._written[key] = len(self._writes)
         self._writes.append((key, sql, args))
-        self._written.add(key)
         self._serial += 1
         self._row_marks[key] = self._serial
+
+    def rewrite(self, key: Hashable, mark: int, sql: str, *args: Any) -> bool:
+        """Replace the deferred write of the row ``key`` made just before ``mark`` (its
+        :meth:`write_mark`) by ``sql`` with ``args``, which stands for that write and a change
+        of the same row after it: one write instead of two, the same row at the commit. Done
+        only while that write is not sent yet and nothing written since may have changed the
+        row (:meth:`rows_unchanged`); ``False`` (nothing done) otherwise."""
+        at = self._written.get(key)
+        if at is None or self._row_marks.get(key) != mark:
+            return False
+        if not self.rows_unchanged(mark, key, _written_table(sql)):
+            return False
+        self._writes[at] = (key, sql, args)
+        self._serial += 1
+        self._row_marks[key] = self._serial
+        return True
 
     async def fetch_row(self, key: Hashable, sql: str, *args: Any) -> dict[str, Any] | None:
         """Read the one row ``key`` names (``sql`` reads nothing else), sending first only the
@@ -173,6 +190,17 @@ class Tx:
             await self.flush_writes()
         rows = await self._fetch(sql, *args)
         return rows[0] if rows else None
+
+    async def fetch_rows(
+        self, keys: Iterable[Hashable], sql: str, *args: Any
+    ) -> list[dict[str, Any]]:
+        """Read the rows ``keys`` name (``sql`` reads nothing else), sending first the deferred
+        writes only if one of them touches one of those rows: a turn reading the rows of its
+        next outcomes leaves the INSERTs of the tokens it made unsent (D6.36)."""
+        written = self._written
+        if any(key in written for key in keys):
+            await self.flush_writes()
+        return await self._fetch(sql, *args)
 
     async def flush_writes(self) -> None:
         """Send the deferred writes: grouped by statement when that keeps every row's writes
@@ -219,7 +247,9 @@ class Tx:
     ) -> None:
         if self.timers_set_min is None or due_ms < self.timers_set_min:
             self.timers_set_min = due_ms
-        await self.execute(
+        # Deferred (a timer's row is its key's alone): a turn's timers go as one batch.
+        self.defer(
+            ("timer", key),
             "INSERT INTO tb_timers (key, kind, stream, due_ms, priority) VALUES (?, ?, ?, ?, ?) "
             "ON CONFLICT (key) DO UPDATE SET due_ms = excluded.due_ms, "
             "priority = excluded.priority",
@@ -231,7 +261,7 @@ class Tx:
         )
 
     async def clear_timer(self, key: str) -> None:
-        await self.execute("DELETE FROM tb_timers WHERE key = ?", key)
+        self.defer(("timer", key), "DELETE FROM tb_timers WHERE key = ?", key)
 
     async def clear_stream_timers(self, stream: str) -> None:
         await self.execute("DELETE FROM tb_timers WHERE stream = ?", stream)

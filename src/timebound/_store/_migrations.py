@@ -300,6 +300,15 @@ MIGRATIONS: tuple[tuple[int, tuple[str, ...]], ...] = (
             "ALTER TABLE tb_deferred_ops ADD COLUMN expires_set_by TEXT",
         ),
     ),
+    (
+        9,
+        (
+            # D6.37: every reader of the event log reads one stream (by stream, seq); the
+            # index by kind served the metrics' reads of every timeout event, which the
+            # tallies replaced (D8.12). It cost each of the ~4 events of a step an insert.
+            "DROP INDEX IF EXISTS tb_events_kind",
+        ),
+    ),
 )
 
 

@@ -27,6 +27,7 @@ from .._core._scopes import fail_at, frame_breakdown
 from .._json import JSONError, TooDeep
 from .._json import check as check_json
 from .._json import loads as loads_json
+from ._rows import decode
 
 __all__ = ["ActionContext", "Outcome", "handlers", "is_deferral", "run_http", "run_python"]
 
@@ -176,7 +177,7 @@ def _json_value(value: Any, what: str) -> Outcome:
         check_json(
             value, what=f"the output of {what}", arrays=(list, tuple), objects=(dict, Mapping)
         )
-        return Outcome("ok", json.loads(json.dumps(value, allow_nan=False, default=_thawed)))
+        return Outcome("ok", decode(_OUTPUT.encode(value)))
     except TooDeep as exc:
         return Outcome("error", error=f"{exc.code}: {exc} (at {exc.path})")
     except (TypeError, ValueError) as exc:  # JSONError included
@@ -188,6 +189,10 @@ def _thawed(obj: Any) -> Any:
     if isinstance(obj, MappingProxyType):
         return dict(obj)
     raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
+#: What ``json.dumps(value, allow_nan=False, default=_thawed)`` makes for each call, made once.
+_OUTPUT = json.JSONEncoder(allow_nan=False, default=_thawed)
 
 
 def _describe(exc: BaseException) -> str:

@@ -20,6 +20,7 @@ from ._bounds import call_key
 from ._deferral import Deferrals, plan_attempt
 from ._definition import Definition
 from ._machine import Machine
+from ._rows import decode_once
 from ._workers import InFlight
 
 __all__ = ["Attempts", "Plan", "Report"]
@@ -82,33 +83,34 @@ class Attempts:
         tok: dict[str, Any],
         now: int,
         *,
-        hand_off: tuple[str, int] | None = None,
+        hand_off: tuple[str, int, dict[str, Any], Definition] | None = None,
     ) -> Plan | None:
         """``dispatched`` → ``executing``; the attempt to run, or ``None`` if there is none. The
         claim, not yet written, goes with begin_attempt's UPDATE; any other way out writes it.
 
-        ``hand_off`` (owner, lease): a token this transaction made, claimed here too and only
-        while still pending (D6.29); the caller has checked that its run is live and held."""
+        ``hand_off`` (owner, lease, run, definition): a token this transaction made, claimed
+        here too and only while still pending (D6.29); the caller has checked that its run is
+        live and held, and gives it with its definition."""
         machine = self._machine
-        run = await machine.run(tx, tok["run_id"], lock=self._store.lock_clause())
-        token_due = tok["timeout_at"] is not None and now >= tok["timeout_at"]
         if hand_off is not None:
-            assert run is not None and not token_due and machine.run_live(run, now)
-        elif run is None or token_due or not machine.run_live(run, now):
-            await machine.write_claim(tx, tok, now)
-            if run is None or await machine.check_run_deadline(tx, run, now):
-                return None
-            await machine.token_timeout(tx, run, tok, now)
-            return None
-        definition = await machine.definition(tx, run)
-        node = definition.nodes[tok["node_id"]]
-        action = definition.actions[node.action_id]
-        if hand_off is None:
-            timeout_at = await machine.begin_attempt(tx, tok, definition, now)
-        else:
-            taken, timeout_at = await machine.hand_off(tx, tok, *hand_off, definition, now)
+            owner, lease, run, definition = hand_off
+            taken, timeout_at = await machine.hand_off(tx, tok, owner, lease, definition, now)
             if not taken:
                 return None
+        else:
+            found = await machine.run(tx, tok["run_id"], lock=self._store.lock_clause())
+            token_due = tok["timeout_at"] is not None and now >= tok["timeout_at"]
+            if found is None or token_due or not machine.run_live(found, now):
+                await machine.write_claim(tx, tok, now)
+                if found is None or await machine.check_run_deadline(tx, found, now):
+                    return None
+                await machine.token_timeout(tx, found, tok, now)
+                return None
+            run = found
+            definition = await machine.definition(tx, run)
+            timeout_at = await machine.begin_attempt(tx, tok, definition, now)
+        node = definition.nodes[tok["node_id"]]
+        action = definition.actions[node.action_id]
         if action.kind == "workflow_call":
             await self._start_child(tx, run, tok, definition, now)
             return None
@@ -231,11 +233,7 @@ class Attempts:
                 await machine.late_result(tx, run["id"], token_id, attempt, now)
             return
         deadline_reached = tok["timeout_at"] is not None and now >= tok["timeout_at"]
-        bounds = [b for b in (tok["timeout_at"], run["timeout_at"]) if b is not None]
-        extended = report.deadline_ms is not None and min(bounds, default=math.inf) > max(
-            report.deadline_ms, now
-        )
-        if outcome.kind == "timeout" and not deadline_reached and extended:
+        if outcome.kind == "timeout" and not deadline_reached and _extended(report, tok, run, now):
             # D6.28: the attempt was cut at the deadline it began with, which an operator has
             # since extended: it runs again under the new one (no retry spent, nothing early).
             await self._requeue(tx, "id = ?", token_id, reason="deadline_extended")
@@ -288,10 +286,19 @@ class Attempts:
         await self._machine.children.start_child(tx, run, tok, node, child, now)
 
 
+def _extended(report: Report, tok: dict[str, Any], run: dict[str, Any], now: int) -> bool:
+    """Whether the token's (and run's) deadline now lies later than the one the reported
+    attempt began with (D6.28)."""
+    bounds = [b for b in (tok["timeout_at"], run["timeout_at"]) if b is not None]
+    return report.deadline_ms is not None and min(bounds, default=math.inf) > max(
+        report.deadline_ms, now
+    )
+
+
 def _frozen(tx: Tx, text: str) -> Any:
     """The read-only value of a stored JSON text, made once per transaction: the tokens of one
     fan-out share their run's input (256 claims froze the same 1,000 items 256 times, D6.24)."""
     key = ("frozen", text)
     if key not in tx.held:
-        tx.held[key] = freeze(json.loads(text))
+        tx.held[key] = freeze(decode_once(tx, text))
     return tx.held[key]

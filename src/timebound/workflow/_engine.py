@@ -37,7 +37,7 @@ from ._operator import Operator, OperatorActions, ms_of
 from ._published import store_definition
 from ._reads import RunReads
 from ._retention import Retention
-from ._rows import RUN_TERMINAL, RunEnd, RunResult
+from ._rows import RUN_TERMINAL, RunEnd, RunResult, new_id
 from ._schedule import Schedule
 from ._starts import (
     Start,
@@ -432,7 +432,7 @@ class Engine(Turns, RunReads, OperatorActions):
             input,
             loop.create_future(),
             deadline_at,
-            chosen or uuid.uuid4().hex,
+            chosen or new_id(),
             key,
             digest,
             loop.create_future(),

@@ -48,8 +48,10 @@ class HeldRows:
         for i in range(0, len(wanted), 500):
             chunk = wanted[i : i + 500]
             marks = ", ".join("?" * len(chunk))
-            for row in await tx.fetch(
-                f"SELECT * FROM tb_wf_runs WHERE id IN ({marks}) ORDER BY id{lock}", *chunk
+            for row in await tx.fetch_rows(
+                [("run", r) for r in chunk],
+                f"SELECT * FROM tb_wf_runs WHERE id IN ({marks}) ORDER BY id{lock}",
+                *chunk,
             ):
                 tx.held[("run", row["id"])] = row
 
@@ -82,7 +84,11 @@ class HeldRows:
         for i in range(0, len(wanted), 500):
             chunk = wanted[i : i + 500]
             marks = ", ".join("?" * len(chunk))
-            for row in await tx.fetch(f"SELECT * FROM tb_wf_tokens WHERE id IN ({marks})", *chunk):
+            for row in await tx.fetch_rows(
+                [("tok", t) for t in chunk],
+                f"SELECT * FROM tb_wf_tokens WHERE id IN ({marks})",
+                *chunk,
+            ):
                 tx.held[("tok-ahead", row["id"])] = (mark, row)
 
     async def definition(self, tx: Tx, run: dict[str, Any]) -> Definition:

@@ -12,7 +12,7 @@ from ._bounds import NODE_TIMEOUT
 from ._definition import RetryBlock, Transition
 from ._joins import Joins
 from ._limits import RunLimitExceeded, check_growth
-from ._rows import PRIORITY_TOKEN, decode, encode
+from ._rows import PRIORITY_TOKEN, decode, encode, keep_decoded
 from ._runs import RunMoves
 from ._schedule import made_pending
 
@@ -217,6 +217,7 @@ class Outcomes(RunMoves):
             state = decode(run["state"])
             state[tok["node_id"]] = output
             encoded_state = encode(state)
+            keep_decoded(tx, encoded_state, state)  # the next attempt's ctx.state (D6.36)
             tx.defer(
                 ("run", run["id"]),
                 "UPDATE tb_wf_runs SET state = ? WHERE id = ?",

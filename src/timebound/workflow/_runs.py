@@ -4,7 +4,6 @@ completed when its last token ends (a part of :class:`~timebound.workflow._machi
 from __future__ import annotations
 
 import functools
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +12,7 @@ from .._store import Tx
 from ..telemetry._tracing import open_run
 from ._bounds import WORKFLOW_TIMEOUT, WORKFLOW_TIMEOUT_ERROR, run_bound, stored_bound
 from ._definition import Definition
-from ._rows import LIVE_SQL, PRIORITY_RUN, TERMINAL, RunEnd, decode, encode
+from ._rows import LIVE_SQL, PRIORITY_RUN, TERMINAL, RunEnd, decode, encode, new_id
 from ._tokens import TokenMoves
 
 __all__ = ["BULK_CANCEL_AFTER", "RunMoves"]
@@ -53,7 +52,7 @@ class RunMoves(TokenMoves):
         parent run). Which of them it is, is stored with the run (D6.17): a tie goes to the
         inherited one, the larger scope (as D6.4).
         """
-        run_id = run_id or uuid.uuid4().hex
+        run_id = run_id or new_id()
         # The run's span, child of the caller's (D10.5); its context is stored with the run.
         traceparent = open_run(
             run_id, traceparent, definition_id=definition.id, definition_version=definition.version

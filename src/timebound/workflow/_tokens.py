@@ -3,7 +3,7 @@ the same transaction (a part of :class:`~timebound.workflow._machine.Machine`)."
 
 from __future__ import annotations
 
-import uuid
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -12,7 +12,7 @@ from ._children import Children
 from ._definition import Definition
 from ._held import HeldRows
 from ._metrics import tally_timeout
-from ._rows import PRIORITY_TOKEN, TERMINAL, decode, encode
+from ._rows import PRIORITY_TOKEN, TERMINAL, decode, encode, new_id
 from ._schedule import made_pending
 
 __all__ = ["TokenMoves"]
@@ -30,6 +30,15 @@ _BEGIN = (
 _INSERT = (
     f"INSERT INTO tb_wf_tokens ({_COLUMNS}) VALUES ({', '.join('?' * (_COLUMNS.count(',') + 1))})"
 )
+#: A token inserted already begun (D6.36): the columns of :data:`_INSERT` and the claim's.
+_BEGUN_COLUMNS = (*_COLUMNS.split(", "), "attempt", "lease_owner", "lease_until")
+_INSERT_BEGUN = (
+    f"INSERT INTO tb_wf_tokens ({', '.join(_BEGUN_COLUMNS)}) "
+    f"VALUES ({', '.join('?' * len(_BEGUN_COLUMNS))})"
+)
+_begun_values = operator.itemgetter(*_BEGUN_COLUMNS)
+#: tx.held: the write mark of a token's deferred INSERT (D6.36).
+_MADE = "tokens.made"
 
 
 class TokenMoves(HeldRows):
@@ -51,7 +60,7 @@ class TokenMoves(HeldRows):
         *,
         branch: dict[str, Any] | None,
     ) -> str:
-        token_id = uuid.uuid4().hex
+        token_id = new_id()
         tx.wake_others = True
         # Creation order without a query: increasing in this process, and across processes
         # ordered by the creation millisecond.
@@ -80,11 +89,8 @@ class TokenMoves(HeldRows):
             "created_at": now,
             "updated_at": now,
         }
-        tx.defer(
-            ("tok", token_id),
-            _INSERT,
-            *row.values(),
-        )
+        tx.defer(("tok", token_id), _INSERT, *row.values())
+        tx.held.setdefault(_MADE, {})[token_id] = tx.write_mark()
         # The loop may begin it in this transaction without looking for it (D6.29).
         row.update(
             child_run_id=None,
@@ -293,7 +299,26 @@ class TokenMoves(HeldRows):
         have cancelled it). ``(False, None)`` and nothing written or recorded when it was not;
         else ``(True, deadline)``."""
         attempt, timeout_at, state_data = self._next_attempt(tok, definition, now)
-        taken = await tx.execute(
+        key = ("tok", tok["id"])
+        mark = tx.held.get(_MADE, {}).get(tok["id"])
+        if mark is not None and tx.rows_unchanged(mark, key, "tb_wf_tokens"):
+            # Nothing in this transaction touched the row since its INSERT: it is pending as
+            # inserted (D6.36). Stored begun by its INSERT if that is not sent yet, else by
+            # the same UPDATE as begin_attempt's, deferred (batched with the others).
+            tok.update(
+                status="executing",
+                attempt=attempt,
+                timeout_at=timeout_at,
+                state_data=state_data,
+                updated_at=now,
+                lease_owner=owner,
+                lease_until=lease_until,
+            )
+            if not tx.rewrite(key, mark, _INSERT_BEGUN, *_begun_values(tok)):
+                tx.defer(
+                    key, _BEGIN, attempt, timeout_at, state_data, now, owner, lease_until, tok["id"]
+                )
+        elif not await tx.execute(
             _BEGIN + " AND status = 'pending'",
             attempt,
             timeout_at,
@@ -302,8 +327,7 @@ class TokenMoves(HeldRows):
             owner,
             lease_until,
             tok["id"],
-        )
-        if not taken:
+        ):
             return False, None
         await self.claim(tx, tok, owner, lease_until, now, write=False)
         await self._began(tx, tok, attempt, timeout_at, state_data, now)

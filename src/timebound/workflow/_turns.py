@@ -363,12 +363,14 @@ class Turns(Attempts):
                 and handler not in self._handlers
             ):
                 return None
-            checked.append(tok)
+            checked.append((tok, run, definition))
         plans = []
-        for tok in checked:
+        for tok, run, definition in checked:
             lease = now + self._lease_ms
             try:
-                plan = await self._begin(tx, tok, now, hand_off=(self.worker_id, lease))
+                plan = await self._begin(
+                    tx, tok, now, hand_off=(self.worker_id, lease, run, definition)
+                )
             except Exception as exc:
                 raise attribute(exc, tok["run_id"]) from exc
             if plan is not None:
