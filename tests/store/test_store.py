@@ -186,31 +186,18 @@ async def test_run_pages_use_indexes_and_events_only_the_stream_index(tmp_path: 
     assert indexes == ["tb_events_stream"]
 
 
-async def test_null_and_bool_parameters_bind_as_before_and_an_apps_adapter_stays(
-    tmp_path: Path,
-) -> None:
-    """SQLite binds ``None`` as NULL and ``bool`` as 0/1 through adapters the store registers
-    (D6.37: without them each such parameter cost a search), and an adapter the application
-    registered for ``bool`` is left as it was."""
-    key = (bool, sqlite3.PrepareProtocol)
-    saved = sqlite3.adapters.pop(key, None)
-    sqlite3.register_adapter(bool, str)  # the application's own choice
+async def test_a_store_leaves_sqlite3s_process_wide_adapters_alone(tmp_path: Path) -> None:
+    """``sqlite3.adapters`` is one registry for the whole process, the application's too: a
+    store never registers in it (D6.37), and binds ``None`` as NULL and ``bool`` as 0/1."""
+    before = dict(sqlite3.adapters)
+    store = open_store(f"sqlite:///{tmp_path}/s.db")
+    await store.open()
     try:
-        store = open_store(f"sqlite:///{tmp_path}/s.db")
-        await store.open()
-        try:
-            assert sqlite3.adapters[key] is str
-            assert sqlite3.adapters[(type(None), sqlite3.PrepareProtocol)](None) is None
-            async with store.transaction() as tx:
-                await tx.execute("CREATE TABLE t (a, b, c)")
-                await tx.execute("INSERT INTO t VALUES (?, ?, ?)", None, None, 7)
-                row = await tx.fetchone("SELECT a IS NULL AS n, typeof(b) AS b FROM t")
-        finally:
-            await store.close()
+        async with store.transaction() as tx:
+            await tx.execute("CREATE TABLE t (a, b, c)")
+            await tx.execute("INSERT INTO t VALUES (?, ?, ?)", None, True, 7)
+            row = await tx.fetchone("SELECT a IS NULL AS n, typeof(b) AS b, b AS v FROM t")
     finally:
-        if saved is None:
-            del sqlite3.adapters[key]
-        else:
-            sqlite3.adapters[key] = saved
-    assert row == {"n": 1, "b": "null"}
-    assert sqlite3.adapters.get(key) is saved
+        await store.close()
+    assert sqlite3.adapters == before
+    assert row == {"n": 1, "b": "integer", "v": 1}

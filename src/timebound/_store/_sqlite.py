@@ -36,23 +36,6 @@ _PLAIN_INSERT = re.compile(r"(INSERT INTO \w+ \([\w, ]+\) VALUES )(\((?:\?, )*\?
 _ROWS_AT_ONCE = (64, 16, 4)
 
 
-def _bind_plainly() -> None:
-    """Bind ``None`` and ``bool`` parameters without the search that costs Python 3.11's
-    ``sqlite3`` ~2,000 instructions each (D6.37): a value of any type but ``int``, ``float``,
-    ``str`` and ``bytearray`` is looked up among the registered adapters, then asked for
-    ``__adapt__`` and ``__conform__``, each miss formatting an ``AttributeError``. Registered
-    adapters are found at the first look; these bind what the default binding binds (``NULL``,
-    ``0``/``1``), and an adapter the application registered for either type is left alone."""
-    if (type(None), sqlite3.PrepareProtocol) not in sqlite3.adapters:
-        sqlite3.register_adapter(type(None), _null)
-    if (bool, sqlite3.PrepareProtocol) not in sqlite3.adapters:
-        sqlite3.register_adapter(bool, int)
-
-
-def _null(value: None) -> None:
-    return value
-
-
 #: The parameters one statement may have on any SQLite (999 before 3.32).
 _MAX_PARAMETERS = 999
 
@@ -116,7 +99,6 @@ class SqliteStore(Store):
     async def open(self) -> None:
         if self._conn is not None:
             return
-        _bind_plainly()
         if self.path != ":memory:":
             self._take_writer_lock()
         try:
